@@ -1,0 +1,87 @@
+//! The canonical little-endian encoding shared by every Florin offline-cash object.
+
+use thiserror::Error;
+
+/// Why bytes are not a valid encoding. Decoders never panic on any input.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The input ended before the object did.
+    #[error("truncated: needed {needed} more bytes for {what}")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// How many bytes were missing.
+        needed: usize,
+    },
+    /// Bytes remain after the object.
+    #[error("{0} trailing bytes after the object")]
+    TrailingBytes(usize),
+    /// The version byte is not one this build understands.
+    #[error("unknown {what} version {found}")]
+    UnknownVersion {
+        /// The object.
+        what: &'static str,
+        /// The version found.
+        found: u8,
+    },
+    /// The value byte maps to no denomination.
+    #[error("invalid denomination byte {0}")]
+    InvalidDenomination(u8),
+    /// A field holds a value outside its range.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+}
+
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+
+    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Truncated { what, needed: n - self.buf.len() });
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    pub(crate) fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N, what)?);
+        Ok(out)
+    }
+
+    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>(what)?[0])
+    }
+
+    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+
+    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub(crate) fn finish(self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes(self.buf.len()))
+        }
+    }
+}
