@@ -1,0 +1,18 @@
+//! The Florin wallet: one key, a purse of tokens, payment requests it issued, proofs it has
+//! accepted, payments it made and deposits in flight.
+//!
+//! Every operation changes the in-memory [`Wallet`]; the caller persists it through a
+//! [`WalletStore`] *before* anything leaves the wallet (a payment file, a deposit request), so
+//! a crash never makes the wallet sign the same token twice. Paying the same request again
+//! re-emits the same payment instead of signing anew.
+
+mod select;
+mod store;
+mod wallet;
+
+pub use select::select_exact;
+pub use store::{FileStore, StoreError, WalletStore};
+pub use wallet::{
+    Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet, WalletError,
+    DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS,
+};

@@ -1,0 +1,117 @@
+//! Where a wallet lives. The file store writes atomically: a crash leaves either the old or the
+//! new wallet, never a torn one.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::wallet::Wallet;
+
+/// Why a wallet could not be loaded or saved.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The file is missing.
+    #[error("no wallet at {0} (create one with `florin wallet new`)")]
+    NotFound(PathBuf),
+    /// The file exists already.
+    #[error("a wallet already exists at {0}; refusing to overwrite it")]
+    Exists(PathBuf),
+    /// I/O failure.
+    #[error("wallet file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a wallet.
+    #[error("wallet file {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Persistence for a wallet.
+pub trait WalletStore {
+    /// Loads the wallet.
+    fn load(&self) -> Result<Wallet, StoreError>;
+    /// Saves the wallet durably.
+    fn save(&self, wallet: &Wallet) -> Result<(), StoreError>;
+    /// Saves a new wallet, refusing to overwrite an existing one.
+    fn create(&self, wallet: &Wallet) -> Result<(), StoreError>;
+}
+
+/// A wallet in one JSON file (mode 0600 on Unix).
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    path: PathBuf,
+}
+
+impl FileStore {
+    /// A store at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        FileStore { path: path.into() }
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&self, source: std::io::Error) -> StoreError {
+        StoreError::Io { path: self.path.clone(), source }
+    }
+}
+
+impl WalletStore for FileStore {
+    fn load(&self) -> Result<Wallet, StoreError> {
+        let bytes = match fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::NotFound(self.path.clone()))
+            }
+            Err(e) => return Err(self.io(e)),
+        };
+        Wallet::from_json(&bytes)
+            .map_err(|reason| StoreError::Corrupt { path: self.path.clone(), reason })
+    }
+
+    fn save(&self, wallet: &Wallet) -> Result<(), StoreError> {
+        let json = wallet.to_json();
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts.open(&tmp).map_err(|e| self.io(e))?;
+        f.write_all(&json).map_err(|e| self.io(e))?;
+        f.sync_all().map_err(|e| self.io(e))?;
+        drop(f);
+        fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
+        if let Ok(d) = fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+
+    fn create(&self, wallet: &Wallet) -> Result<(), StoreError> {
+        if self.path.exists() {
+            return Err(StoreError::Exists(self.path.clone()));
+        }
+        self.save(wallet)
+    }
+}

@@ -1,0 +1,608 @@
+//! Wallet state and the operations on it.
+
+use std::collections::{BTreeMap, HashSet};
+
+use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
+use florin_token::amount::format_cents;
+use florin_token::verify::{client_precheck, verify_chains};
+use florin_token::{
+    ClientPolicy, Denomination, FraudProof, Handshake, Payment, PaymentRequest, Serial, Token,
+    TokenError,
+};
+use rand::{CryptoRng, RngCore};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::select::select_exact;
+use crate::store::StoreError;
+
+/// Default most offline hops accepted in an incoming token.
+pub const DEFAULT_MAX_HOPS: usize = 64;
+/// Default most money held as tokens received offline: €1,000.
+pub const DEFAULT_MAX_OFFLINE_CENTS: u64 = 100_000;
+const FILE_FORMAT: u32 = 1;
+
+/// Why a wallet operation failed. Nothing in the wallet changes when one is returned.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum WalletError {
+    /// Loading or saving failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The wallet does not know which authority to trust yet.
+    #[error("this wallet trusts no authority yet: connect it to a node (faucet) or pass --authority")]
+    NoAuthority,
+    /// Not enough money.
+    #[error("insufficient funds: €{} held, €{} needed", format_cents(*have), format_cents(*need))]
+    InsufficientFunds {
+        /// Cents held.
+        have: u64,
+        /// Cents needed.
+        need: u64,
+    },
+    /// No subset of the held tokens adds up to the amount.
+    #[error("exact change is impossible: no combination of your tokens ({holdings}) makes €{}; \
+             ask for another amount or deposit to re-anchor", format_cents(*amount))]
+    NoExactChange {
+        /// The amount.
+        amount: u64,
+        /// What the wallet holds, by denomination.
+        holdings: String,
+    },
+    /// A payment whose handshake this wallet did not issue, or already used.
+    #[error("this payment answers no open request of this wallet (replayed, or already accepted)")]
+    UnknownRequest,
+    /// A payment or request addressed to another key.
+    #[error("payment is addressed to {0}, not to this wallet")]
+    WrongPayee(PublicKey),
+    /// The payment does not carry the amount requested.
+    #[error("payment carries €{}, the request asked for €{}", format_cents(*got), format_cents(*asked))]
+    AmountMismatch {
+        /// Requested.
+        asked: u64,
+        /// Carried.
+        got: u64,
+    },
+    /// A token failed verification.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    /// A serial appears twice, or is already in the purse.
+    #[error("token {0} appears twice or is already held (replay)")]
+    DuplicateSerial(String),
+    /// Accepting would exceed the offline holding limit.
+    #[error("accepting would hold €{} received offline, over the limit of €{}; deposit first",
+            format_cents(*would_hold), format_cents(*limit))]
+    OfflineLimit {
+        /// The limit.
+        limit: u64,
+        /// Offline money after accepting.
+        would_hold: u64,
+    },
+    /// Paying oneself.
+    #[error("refusing to pay this wallet's own request")]
+    PayingSelf,
+    /// Signing failed.
+    #[error("signing failed: {0}")]
+    Signing(String),
+}
+
+/// How the wallet holds a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenState {
+    /// Issued or re-anchored by the authority directly to this wallet (one link).
+    Verified,
+    /// Received offline: the chain verifies, but the authority has not seen it yet.
+    Offline,
+}
+
+#[derive(Serialize, Deserialize)]
+struct HeldToken {
+    state: TokenState,
+    token: String,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct IssuedRequest {
+    handshake: String,
+    amount_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+struct SentPayment {
+    handshake: String,
+    payee: PublicKey,
+    payment: String,
+}
+
+/// Tokens signed over to the authority whose deposit has not been answered yet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingDeposit {
+    /// The handshake the re-anchored tokens must carry.
+    pub handshake: String,
+    /// The tokens, hex, each ending with a link to the authority.
+    pub tokens: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WalletFile {
+    format: u32,
+    secret_key: String,
+    public_key: PublicKey,
+    authority: Option<PublicKey>,
+    max_hops: usize,
+    max_offline_cents: u64,
+    tokens: Vec<HeldToken>,
+    requests: Vec<IssuedRequest>,
+    seen_proofs: Vec<String>,
+    sent: Vec<SentPayment>,
+    pending_deposit: Option<PendingDeposit>,
+}
+
+/// Count and value of one denomination.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct DenominationCount {
+    /// e.g. "5.00".
+    pub denomination: String,
+    /// Tokens of it.
+    pub count: usize,
+    /// Their value.
+    pub cents: u64,
+}
+
+/// What the wallet holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Balance {
+    /// The wallet's address.
+    pub address: String,
+    /// Tokens issued to this wallet by the authority.
+    pub verified: Vec<DenominationCount>,
+    /// Their value.
+    pub verified_cents: u64,
+    /// Tokens received offline, not yet seen by the authority.
+    pub offline: Vec<DenominationCount>,
+    /// Their value.
+    pub offline_cents: u64,
+    /// Value signed to the authority, awaiting its answer.
+    pub pending_deposit_cents: u64,
+    /// All money the wallet holds.
+    pub total_cents: u64,
+}
+
+/// The outcome of one deposited token, as the authority answered.
+#[derive(Debug, Clone)]
+pub enum DepositItem {
+    /// Clean: the re-anchored token.
+    Reanchored(Token),
+    /// Double spent somewhere in its history.
+    DoubleSpend {
+        /// The serial.
+        serial: Serial,
+        /// The proof.
+        proof: Box<FraudProof>,
+    },
+    /// Refused.
+    Refused {
+        /// The serial.
+        serial: Serial,
+        /// The authority's reason.
+        reason: String,
+        /// Whether retrying later may succeed (the token stays pending).
+        retry: bool,
+    },
+}
+
+/// What a finished deposit did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DepositResult {
+    /// Value credited back as verified tokens.
+    pub credited_cents: u64,
+    /// Tokens re-anchored.
+    pub reanchored: usize,
+    /// Fraud found: (serial hex, culprit address, proof hex).
+    pub fraud: Vec<(String, String, String)>,
+    /// Tokens refused: (serial hex, reason).
+    pub refused: Vec<(String, String)>,
+    /// Value lost to fraud or refusal.
+    pub lost_cents: u64,
+    /// Tokens still pending (to retry).
+    pub still_pending: usize,
+}
+
+/// A wallet in memory.
+pub struct Wallet {
+    signer: LocalSigner,
+    authority: Option<PublicKey>,
+    /// Most offline hops accepted.
+    pub max_hops: usize,
+    /// Most money held as offline tokens.
+    pub max_offline_cents: u64,
+    tokens: Vec<(Token, TokenState)>,
+    requests: Vec<IssuedRequest>,
+    seen: HashSet<Signature>,
+    sent: Vec<SentPayment>,
+    pending: Option<PendingDeposit>,
+}
+
+fn hex32(s: &str) -> Option<[u8; 32]> {
+    hex::decode(s).ok().and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+}
+
+fn counts(tokens: &[&Token]) -> (Vec<DenominationCount>, u64) {
+    let mut m: BTreeMap<Denomination, usize> = BTreeMap::new();
+    for t in tokens {
+        *m.entry(t.value).or_default() += 1;
+    }
+    let v: Vec<_> = m
+        .iter()
+        .rev()
+        .map(|(d, c)| DenominationCount {
+            denomination: format_cents(d.cents()),
+            count: *c,
+            cents: d.cents() * *c as u64,
+        })
+        .collect();
+    let total = v.iter().map(|x| x.cents).sum();
+    (v, total)
+}
+
+impl Wallet {
+    /// A new wallet with a fresh key.
+    pub fn generate<R: RngCore + CryptoRng>(rng: &mut R, authority: Option<PublicKey>) -> Wallet {
+        Wallet {
+            signer: LocalSigner::new(SecretKey::generate(rng)),
+            authority,
+            max_hops: DEFAULT_MAX_HOPS,
+            max_offline_cents: DEFAULT_MAX_OFFLINE_CENTS,
+            tokens: Vec::new(),
+            requests: Vec::new(),
+            seen: HashSet::new(),
+            sent: Vec::new(),
+            pending: None,
+        }
+    }
+
+    /// The wallet's key.
+    pub fn public_key(&self) -> PublicKey {
+        self.signer.public_key()
+    }
+
+    /// The trusted authority, if known.
+    pub fn authority(&self) -> Option<PublicKey> {
+        self.authority
+    }
+
+    /// Sets the trusted authority.
+    pub fn set_authority(&mut self, key: PublicKey) {
+        self.authority = Some(key);
+    }
+
+    fn policy(&self) -> Result<ClientPolicy, WalletError> {
+        Ok(ClientPolicy {
+            trusted_authorities: vec![self.authority.ok_or(WalletError::NoAuthority)?],
+            max_hops: self.max_hops,
+        })
+    }
+
+    /// Tokens held, with their state.
+    pub fn tokens(&self) -> impl Iterator<Item = (&Token, TokenState)> {
+        self.tokens.iter().map(|(t, s)| (t, *s))
+    }
+
+    /// What the wallet holds.
+    pub fn balance(&self) -> Balance {
+        let of = |st: TokenState| -> Vec<&Token> {
+            self.tokens.iter().filter(|(_, s)| *s == st).map(|(t, _)| t).collect()
+        };
+        let (verified, verified_cents) = counts(&of(TokenState::Verified));
+        let (offline, offline_cents) = counts(&of(TokenState::Offline));
+        let pending_deposit_cents = self.pending_tokens().iter().map(|t| t.value.cents()).sum();
+        Balance {
+            address: self.public_key().to_address(),
+            verified,
+            verified_cents,
+            offline,
+            offline_cents,
+            pending_deposit_cents,
+            total_cents: verified_cents + offline_cents + pending_deposit_cents,
+        }
+    }
+
+    fn pending_tokens(&self) -> Vec<Token> {
+        self.pending
+            .iter()
+            .flat_map(|p| p.tokens.iter())
+            .filter_map(|h| hex::decode(h).ok().and_then(|b| Token::decode(&b).ok()))
+            .collect()
+    }
+
+    /// A fresh handshake for tokens the authority issues to this wallet (faucet).
+    pub fn fresh_handshake<R: RngCore + CryptoRng>(rng: &mut R) -> Handshake {
+        let mut h = [0u8; 32];
+        rng.fill_bytes(&mut h);
+        h
+    }
+
+    /// Verifies tokens issued directly by the authority under `handshake` and adds them.
+    pub fn accept_issued<R: RngCore + CryptoRng>(
+        &mut self,
+        tokens: Vec<Token>,
+        handshake: &Handshake,
+        rng: &mut R,
+    ) -> Result<u64, WalletError> {
+        let policy = ClientPolicy { max_hops: 0, ..self.policy()? };
+        self.check_incoming(&tokens, handshake, &policy, rng)?;
+        let total = tokens.iter().map(|t| t.value.cents()).sum();
+        for t in tokens {
+            self.remember(&t);
+            self.tokens.push((t, TokenState::Verified));
+        }
+        Ok(total)
+    }
+
+    fn remember(&mut self, t: &Token) {
+        if let Some(l) = t.links.last() {
+            self.seen.insert(l.proof);
+        }
+    }
+
+    /// All-or-nothing verification of incoming tokens (client verification, batched).
+    fn check_incoming<R: RngCore + CryptoRng>(
+        &self,
+        tokens: &[Token],
+        handshake: &Handshake,
+        policy: &ClientPolicy,
+        rng: &mut R,
+    ) -> Result<(), WalletError> {
+        let me = self.public_key();
+        let mut serials = HashSet::new();
+        let held: HashSet<Serial> = self.tokens.iter().map(|(t, _)| t.serial).collect();
+        for t in tokens {
+            if !serials.insert((t.authority, t.serial)) || held.contains(&t.serial) {
+                return Err(WalletError::DuplicateSerial(t.serial_hex()));
+            }
+            client_precheck(t, &me, Some(handshake), &self.seen, policy)?;
+        }
+        let refs: Vec<&Token> = tokens.iter().collect();
+        for r in verify_chains(&refs, rng) {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Issues a payment request for `amount_cents` (payee side).
+    pub fn request<R: RngCore + CryptoRng>(&mut self, amount_cents: u64, rng: &mut R) -> PaymentRequest {
+        let handshake = Self::fresh_handshake(rng);
+        self.requests.push(IssuedRequest { handshake: hex::encode(handshake), amount_cents });
+        PaymentRequest { amount_cents, payee: self.public_key(), handshake }
+    }
+
+    /// Pays a request (payer side): chooses tokens making exact change and passes them on.
+    /// Paying the same request twice returns the same payment.
+    pub fn pay(&mut self, req: &PaymentRequest) -> Result<Payment, WalletError> {
+        if req.payee == self.public_key() {
+            return Err(WalletError::PayingSelf);
+        }
+        let hs = hex::encode(req.handshake);
+        if let Some(s) = self.sent.iter().find(|s| s.handshake == hs && s.payee == req.payee) {
+            if let Some(p) = hex::decode(&s.payment).ok().and_then(|b| Payment::decode(&b).ok()) {
+                return Ok(p);
+            }
+        }
+        let have: u64 = self.tokens.iter().map(|(t, _)| t.value.cents()).sum();
+        if have < req.amount_cents {
+            return Err(WalletError::InsufficientFunds { have, need: req.amount_cents });
+        }
+        // Prefer tokens with short chains: sort by hops so selection sees them first.
+        let mut order: Vec<usize> = (0..self.tokens.len()).collect();
+        order.sort_by_key(|&i| self.tokens[i].0.hops());
+        let denoms: Vec<Denomination> = order.iter().map(|&i| self.tokens[i].0.value).collect();
+        let chosen = select_exact(&denoms, req.amount_cents).ok_or_else(|| {
+            let refs: Vec<&Token> = self.tokens.iter().map(|(t, _)| t).collect();
+            let holdings = counts(&refs)
+                .0
+                .iter()
+                .map(|c| format!("{}×€{}", c.count, c.denomination))
+                .collect::<Vec<_>>()
+                .join(", ");
+            WalletError::NoExactChange { amount: req.amount_cents, holdings }
+        })?;
+        let mut idx: Vec<usize> = chosen.iter().map(|&k| order[k]).collect();
+        idx.sort_unstable();
+        let mut out = Vec::with_capacity(idx.len());
+        for &i in &idx {
+            let t = self.tokens[i]
+                .0
+                .transfer(&self.signer, req.payee, req.handshake)
+                .map_err(|e| WalletError::Signing(e.to_string()))?;
+            out.push(t);
+        }
+        for &i in idx.iter().rev() {
+            self.tokens.remove(i);
+        }
+        let payment = Payment { payee: req.payee, handshake: req.handshake, tokens: out };
+        self.sent.push(SentPayment {
+            handshake: hs,
+            payee: req.payee,
+            payment: hex::encode(payment.encode()),
+        });
+        Ok(payment)
+    }
+
+    /// Accepts a payment (payee side): verifies every token, all or nothing.
+    pub fn accept<R: RngCore + CryptoRng>(&mut self, payment: &Payment, rng: &mut R) -> Result<u64, WalletError> {
+        if payment.payee != self.public_key() {
+            return Err(WalletError::WrongPayee(payment.payee));
+        }
+        let hs = hex::encode(payment.handshake);
+        let ri = self.requests.iter().position(|r| r.handshake == hs).ok_or(WalletError::UnknownRequest)?;
+        let asked = self.requests[ri].amount_cents;
+        let got = payment.amount_cents();
+        if got != asked {
+            return Err(WalletError::AmountMismatch { asked, got });
+        }
+        let policy = self.policy()?;
+        self.check_incoming(&payment.tokens, &payment.handshake, &policy, rng)?;
+        let would_hold = self.balance().offline_cents + got;
+        if would_hold > self.max_offline_cents {
+            return Err(WalletError::OfflineLimit { limit: self.max_offline_cents, would_hold });
+        }
+        for t in &payment.tokens {
+            self.remember(t);
+            self.tokens.push((t.clone(), TokenState::Offline));
+        }
+        self.requests.remove(ri);
+        Ok(got)
+    }
+
+    /// Starts (or resumes) a deposit of every offline token: signs each over to the authority.
+    /// Returns `None` when there is nothing to deposit. Persist the wallet before sending.
+    pub fn prepare_deposit<R: RngCore + CryptoRng>(
+        &mut self,
+        rng: &mut R,
+    ) -> Result<Option<(Handshake, Vec<Token>)>, WalletError> {
+        let authority = self.authority.ok_or(WalletError::NoAuthority)?;
+        if let Some(p) = &self.pending {
+            let hs = hex32(&p.handshake).unwrap_or_default();
+            return Ok(Some((hs, self.pending_tokens())));
+        }
+        let offline: Vec<usize> = (0..self.tokens.len())
+            .filter(|&i| self.tokens[i].1 == TokenState::Offline)
+            .collect();
+        if offline.is_empty() {
+            return Ok(None);
+        }
+        let handshake = Self::fresh_handshake(rng);
+        let mut signed = Vec::with_capacity(offline.len());
+        for &i in &offline {
+            let t = self.tokens[i]
+                .0
+                .transfer(&self.signer, authority, Self::fresh_handshake(rng))
+                .map_err(|e| WalletError::Signing(e.to_string()))?;
+            signed.push(t);
+        }
+        for &i in offline.iter().rev() {
+            self.tokens.remove(i);
+        }
+        self.pending = Some(PendingDeposit {
+            handshake: hex::encode(handshake),
+            tokens: signed.iter().map(|t| hex::encode(t.encode())).collect(),
+        });
+        Ok(Some((handshake, signed)))
+    }
+
+    /// Applies the authority's answer to the pending deposit.
+    pub fn finish_deposit<R: RngCore + CryptoRng>(
+        &mut self,
+        items: Vec<DepositItem>,
+        rng: &mut R,
+    ) -> Result<DepositResult, WalletError> {
+        let Some(pending) = self.pending.clone() else {
+            return Ok(DepositResult::default());
+        };
+        let handshake = hex32(&pending.handshake).unwrap_or_default();
+        let mut remaining: Vec<Token> = self.pending_tokens();
+        let mut res = DepositResult::default();
+        let policy = ClientPolicy { max_hops: 0, ..self.policy()? };
+        for item in items {
+            let serial = match &item {
+                DepositItem::Reanchored(t) => t.serial,
+                DepositItem::DoubleSpend { serial, .. } | DepositItem::Refused { serial, .. } => *serial,
+            };
+            let Some(pos) = remaining.iter().position(|t| t.serial == serial) else { continue };
+            let value = remaining[pos].value.cents();
+            match item {
+                DepositItem::Reanchored(t) => {
+                    if t.value != remaining[pos].value {
+                        res.refused.push((hex::encode(serial), "authority returned another value".into()));
+                        continue;
+                    }
+                    self.check_incoming(std::slice::from_ref(&t), &handshake, &policy, rng)?;
+                    remaining.remove(pos);
+                    self.remember(&t);
+                    self.tokens.push((t, TokenState::Verified));
+                    res.credited_cents += value;
+                    res.reanchored += 1;
+                }
+                DepositItem::DoubleSpend { proof, .. } => {
+                    remaining.remove(pos);
+                    let culprit = proof.culprit().map(|c| c.to_address()).unwrap_or_default();
+                    res.fraud.push((hex::encode(serial), culprit, hex::encode(proof.encode())));
+                    res.lost_cents += value;
+                }
+                DepositItem::Refused { reason, retry, .. } => {
+                    if !retry {
+                        remaining.remove(pos);
+                        res.lost_cents += value;
+                    }
+                    res.refused.push((hex::encode(serial), reason));
+                }
+            }
+        }
+        res.still_pending = remaining.len();
+        self.pending = if remaining.is_empty() {
+            None
+        } else {
+            Some(PendingDeposit {
+                handshake: pending.handshake,
+                tokens: remaining.iter().map(|t| hex::encode(t.encode())).collect(),
+            })
+        };
+        Ok(res)
+    }
+
+    /// Serializes the wallet (JSON).
+    pub fn to_json(&self) -> Vec<u8> {
+        let file = WalletFile {
+            format: FILE_FORMAT,
+            secret_key: self.signer.secret().to_hex(),
+            public_key: self.public_key(),
+            authority: self.authority,
+            max_hops: self.max_hops,
+            max_offline_cents: self.max_offline_cents,
+            tokens: self
+                .tokens
+                .iter()
+                .map(|(t, s)| HeldToken { state: *s, token: hex::encode(t.encode()) })
+                .collect(),
+            requests: self.requests.clone(),
+            seen_proofs: self.seen.iter().map(|s| hex::encode(s.0)).collect(),
+            sent: self.sent.clone(),
+            pending_deposit: self.pending.clone(),
+        };
+        serde_json::to_vec_pretty(&file).unwrap_or_default()
+    }
+
+    /// Parses a wallet file.
+    pub fn from_json(bytes: &[u8]) -> Result<Wallet, String> {
+        let f: WalletFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if f.format != FILE_FORMAT {
+            return Err(format!("unknown wallet format {}", f.format));
+        }
+        let secret = SecretKey::from_hex(&f.secret_key).map_err(|e| e.to_string())?;
+        if secret.public_key() != f.public_key {
+            return Err("secret key does not match public key".into());
+        }
+        let mut tokens = Vec::with_capacity(f.tokens.len());
+        for h in f.tokens {
+            let bytes = hex::decode(&h.token).map_err(|e| e.to_string())?;
+            tokens.push((Token::decode(&bytes).map_err(|e| e.to_string())?, h.state));
+        }
+        let mut seen = HashSet::new();
+        for s in f.seen_proofs {
+            let b = hex::decode(&s).map_err(|e| e.to_string())?;
+            seen.insert(Signature(<[u8; 64]>::try_from(b.as_slice()).map_err(|_| "bad proof length")?));
+        }
+        Ok(Wallet {
+            signer: LocalSigner::new(secret),
+            authority: f.authority,
+            max_hops: f.max_hops,
+            max_offline_cents: f.max_offline_cents,
+            tokens,
+            requests: f.requests,
+            seen,
+            sent: f.sent,
+            pending: f.pending_deposit,
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! Wallet logic without a node: the authority is played by a local signer.
+
+use florin_crypto::{LocalSigner, SecretKey, Signer};
+use florin_token::{Denomination, Payment, PaymentRequest, Token};
+use florin_wallet::{DepositItem, FileStore, Wallet, WalletError, WalletStore};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+fn authority() -> LocalSigner {
+    LocalSigner::new(SecretKey::from_seed(&[250; 32]))
+}
+
+fn funded(rng: &mut StdRng, denoms: &[Denomination]) -> Wallet {
+    let auth = authority();
+    let mut w = Wallet::generate(rng, Some(auth.public_key()));
+    let hs = Wallet::fresh_handshake(rng);
+    let tokens: Vec<Token> = denoms
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut serial = [0u8; 8];
+            serial[..4].copy_from_slice(&(i as u32).to_le_bytes());
+            serial[7] = w.public_key().0[0];
+            Token::mint(&auth, serial, *d, [i as u8; 64], w.public_key(), hs).unwrap()
+        })
+        .collect();
+    w.accept_issued(tokens, &hs, rng).unwrap();
+    w
+}
+
+#[test]
+fn pay_and_accept_with_exact_change() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut alice = funded(&mut rng, &[Denomination::E50, Denomination::E20, Denomination::E20, Denomination::E20]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let req = bob.request(6000, &mut rng);
+    let req = PaymentRequest::decode(&req.encode()).unwrap();
+    let payment = alice.pay(&req).unwrap();
+    assert_eq!(payment.tokens.len(), 3);
+    // Paying the same request again re-emits the same payment: no second signature.
+    assert_eq!(alice.pay(&req).unwrap(), payment);
+    assert_eq!(alice.balance().total_cents, 5000);
+    let wire = Payment::decode(&payment.encode()).unwrap();
+    assert_eq!(bob.accept(&wire, &mut rng).unwrap(), 6000);
+    let b = bob.balance();
+    assert_eq!((b.offline_cents, b.verified_cents, b.total_cents), (6000, 0, 6000));
+    // The replayed payment is refused and changes nothing.
+    assert!(matches!(bob.accept(&wire, &mut rng), Err(WalletError::UnknownRequest)));
+    assert_eq!(bob.balance().total_cents, 6000);
+}
+
+#[test]
+fn replay_against_a_new_request_is_refused() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E5]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let first = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    bob.accept(&first, &mut rng).unwrap();
+    // Bob asks again; someone re-sends the old payment re-labelled with the new handshake.
+    let req2 = bob.request(500, &mut rng);
+    let mut forged = first.clone();
+    forged.handshake = req2.handshake;
+    let err = bob.accept(&forged, &mut rng).unwrap_err();
+    assert!(matches!(err, WalletError::Token(_) | WalletError::DuplicateSerial(_)), "{err}");
+}
+
+#[test]
+fn errors_are_typed_and_change_nothing() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E5]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    assert!(matches!(alice.pay(&bob.request(2000, &mut rng)), Err(WalletError::InsufficientFunds { .. })));
+    assert!(matches!(alice.pay(&bob.request(700, &mut rng)), Err(WalletError::NoExactChange { .. })));
+    let own = alice.request(500, &mut rng);
+    assert!(matches!(alice.pay(&own), Err(WalletError::PayingSelf)));
+    assert_eq!(alice.balance().total_cents, 1000);
+    // A payment for another payee.
+    let mut carol = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let p = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    assert!(matches!(carol.accept(&p, &mut rng), Err(WalletError::WrongPayee(_))));
+    // Wrong amount.
+    let req = bob.request(1000, &mut rng);
+    let mut short = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    short.handshake = req.handshake;
+    assert!(bob.accept(&short, &mut rng).is_err());
+    // Offline limit.
+    bob.max_offline_cents = 100;
+    let mut rich = funded(&mut rng, &[Denomination::E5]);
+    let p = rich.pay(&bob.request(500, &mut rng)).unwrap();
+    assert!(matches!(bob.accept(&p, &mut rng), Err(WalletError::OfflineLimit { .. })));
+    assert_eq!(bob.balance().total_cents, 0);
+}
+
+#[test]
+fn deposit_flow_reanchors_and_reports_fraud() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let auth = authority();
+    let mut alice = funded(&mut rng, &[Denomination::E10, Denomination::E20]);
+    let mut bob = Wallet::generate(&mut rng, Some(auth.public_key()));
+    let p = alice.pay(&bob.request(3000, &mut rng)).unwrap();
+    bob.accept(&p, &mut rng).unwrap();
+    let (hs, signed) = bob.prepare_deposit(&mut rng).unwrap().unwrap();
+    assert_eq!(signed.len(), 2);
+    // Resuming returns the same signed tokens.
+    let (hs2, again) = bob.prepare_deposit(&mut rng).unwrap().unwrap();
+    assert_eq!((hs2, &again), (hs, &signed));
+    assert_eq!(bob.balance().pending_deposit_cents, 3000);
+    let fresh = Token::mint(&auth, signed[0].serial, signed[0].value, [3; 64], bob.public_key(), hs).unwrap();
+    let items = vec![
+        DepositItem::Reanchored(fresh),
+        DepositItem::Refused { serial: signed[1].serial, reason: "busy".into(), retry: true },
+    ];
+    let r = bob.finish_deposit(items, &mut rng).unwrap();
+    assert_eq!((r.credited_cents, r.reanchored, r.still_pending), (signed[0].value.cents(), 1, 1));
+    assert_eq!(bob.balance().total_cents, 3000);
+}
+
+#[test]
+fn file_store_roundtrip_and_refuses_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.json");
+    let store = FileStore::new(&path);
+    let mut rng = StdRng::seed_from_u64(5);
+    let w = funded(&mut rng, &[Denomination::C1, Denomination::E500]);
+    store.create(&w).unwrap();
+    assert!(store.create(&w).is_err());
+    let back = store.load().unwrap();
+    assert_eq!(back.public_key(), w.public_key());
+    assert_eq!(back.balance().total_cents, 50_001);
+    std::fs::write(&path, b"{not json").unwrap();
+    assert!(store.load().is_err());
+    assert!(FileStore::new(dir.path().join("missing")).load().is_err());
+}
