@@ -115,6 +115,31 @@ impl Denomination {
     }
 }
 
+impl Denomination {
+    /// Splits `cents` so that the tokens can pay most amounts up to the total in exact change:
+    /// for each decade (1c, 10c, €1, €10, €100) that the amount can afford, one change set
+    /// {1, 2, 2, 5} × decade (which makes every multiple of the decade from 0 to 9), then the
+    /// fewest tokens for the rest.
+    pub fn spendable_split(cents: u64) -> Vec<Denomination> {
+        let mut out = Vec::new();
+        let mut rest = cents;
+        for decade in [1u64, 10, 100, 1_000, 10_000] {
+            if rest < decade * 10 {
+                break;
+            }
+            for unit in [1u64, 2, 2, 5] {
+                if let Some(d) = Self::from_cents(unit * decade) {
+                    out.push(d);
+                }
+            }
+            rest -= decade * 10;
+        }
+        out.extend(Self::decompose(rest));
+        out.sort();
+        out
+    }
+}
+
 impl fmt::Display for Denomination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "€{}", format_cents(self.cents()))
@@ -133,6 +158,24 @@ mod tests {
         for b in [0u8, 16, 17, 128, 255] {
             assert_eq!(Denomination::from_byte(b), Err(DecodeError::InvalidDenomination(b)));
         }
+    }
+
+    #[test]
+    fn spendable_split_sums_and_makes_change() {
+        for cents in [0u64, 1, 9, 10, 99, 1250, 88_888, 1_000_000] {
+            let parts = Denomination::spendable_split(cents);
+            assert_eq!(parts.iter().map(|d| d.cents()).sum::<u64>(), cents);
+        }
+        // Every whole-cent amount up to €12.50 can be paid exactly from a €12.50 split.
+        let parts = Denomination::spendable_split(1250);
+        let mut reach = vec![false; 1251];
+        reach[0] = true;
+        for d in &parts {
+            for v in (d.cents() as usize..=1250).rev() {
+                reach[v] |= reach[v - d.cents() as usize];
+            }
+        }
+        assert!(reach.iter().all(|r| *r));
     }
 
     #[test]

@@ -1,0 +1,122 @@
+//! The HTTP/JSON API's request and response bodies, shared by the server and clients.
+//! Binary objects (tokens, fraud proofs) travel as hex of their canonical encoding.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    /// "ok".
+    pub status: String,
+}
+
+/// `GET /v1/info`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Info {
+    /// The authority's address.
+    pub authority: String,
+    /// Florin version.
+    pub version: String,
+    /// Whether the faucet is on (devnet).
+    pub faucet: bool,
+    /// Largest faucet request, in cents.
+    pub max_faucet_cents: u64,
+}
+
+/// `POST /v1/faucet`: mint tokens straight to a wallet (devnet only).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FaucetRequest {
+    /// The recipient's address.
+    pub recipient: String,
+    /// Amount in cents.
+    pub amount_cents: u64,
+    /// The recipient's handshake (hex, 32 bytes).
+    pub handshake: String,
+}
+
+/// Tokens issued.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FaucetResponse {
+    /// Tokens (hex).
+    pub tokens: Vec<String>,
+}
+
+/// `POST /v1/deposit`: tokens signed over to the authority.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DepositRequest {
+    /// The depositor's address (each token's penultimate recipient).
+    pub depositor: String,
+    /// The depositor's handshake for the re-anchored tokens (hex, 32 bytes).
+    pub handshake: String,
+    /// Tokens (hex), each with the authority as last recipient.
+    pub tokens: Vec<String>,
+}
+
+/// A detected double spend.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FraudInfo {
+    /// The proof's id (hex).
+    pub id: String,
+    /// Serial (hex).
+    pub serial: String,
+    /// Value in cents.
+    pub value_cents: u64,
+    /// Address of the key that signed twice.
+    pub culprit: String,
+    /// Unix seconds when first detected.
+    pub detected_at: u64,
+    /// The proof (hex).
+    pub proof: String,
+}
+
+/// The outcome of one deposited token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DepositReport {
+    /// Serial (hex).
+    pub serial: String,
+    /// Value in cents.
+    pub value_cents: u64,
+    /// "reanchored", "repeated", "double_spend" or "refused".
+    pub outcome: String,
+    /// The re-anchored token (hex), for "reanchored" and "repeated".
+    pub token: Option<String>,
+    /// The fraud found, for "double_spend".
+    pub fraud: Option<FraudInfo>,
+    /// Why it was refused.
+    pub error: Option<String>,
+    /// Whether a refused token may succeed later.
+    pub retry: bool,
+}
+
+/// `POST /v1/deposit` response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DepositResponse {
+    /// One report per token, in request order.
+    pub results: Vec<DepositReport>,
+}
+
+/// `GET /v1/tokens/{serial}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// Serial (hex).
+    pub serial: String,
+    /// Value in cents.
+    pub value_cents: u64,
+    /// "in_circulation", "deposited" or "blacklisted".
+    pub status: String,
+    /// Links in the stored history.
+    pub history_links: usize,
+    /// Anchors (mint and re-anchors).
+    pub anchors: usize,
+    /// Current holder's address.
+    pub holder: String,
+}
+
+/// Error body of every non-2xx answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable code.
+    pub code: String,
+    /// Human-readable message.
+    pub error: String,
+}

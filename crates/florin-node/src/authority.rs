@@ -1,0 +1,430 @@
+//! The token authority: minting, deposits (the six steps of IV-E), fraud registry.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use florin_crypto::{PublicKey, Signer};
+use florin_token::authority::{settle, Outcome, Reanchor};
+use florin_token::registry::{TokenRecord, TokenStatus};
+use florin_token::verify::{authority_precheck, verify_chains};
+use florin_token::{Denomination, FraudProof, Handshake, Token, TokenError};
+use rand::rngs::{OsRng, StdRng};
+use rand::{RngCore, SeedableRng};
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::api::{DepositReport, FraudInfo, TokenInfo};
+use crate::error::NodeError;
+use crate::store::{self, serial_key, FRAUD, META, TOKENS};
+
+/// How the authority runs.
+#[derive(Debug, Clone)]
+pub struct AuthorityConfig {
+    /// Where the registry lives.
+    pub data_dir: PathBuf,
+    /// Whether wallets may mint directly (devnet).
+    pub faucet: bool,
+    /// Largest faucet request in cents.
+    pub max_faucet_cents: u64,
+    /// Threads for batched signature verification (0: all cores).
+    pub verify_threads: usize,
+}
+
+impl AuthorityConfig {
+    /// Devnet defaults for `data_dir`.
+    pub fn devnet(data_dir: impl Into<PathBuf>) -> Self {
+        AuthorityConfig {
+            data_dir: data_dir.into(),
+            faucet: true,
+            max_faucet_cents: 1_000_000,
+            verify_threads: 0,
+        }
+    }
+}
+
+/// The token authority.
+pub struct Authority {
+    db: redb::Database,
+    signer: Arc<dyn Signer>,
+    key: PublicKey,
+    config: AuthorityConfig,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+        .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
+}
+
+/// Parses an address or hex key from a request.
+pub(crate) fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
+    PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
+}
+
+impl Authority {
+    /// Opens (or creates) the registry in `config.data_dir` with `signer` as the authority key.
+    pub fn open(config: AuthorityConfig, signer: Arc<dyn Signer>) -> Result<Self, NodeError> {
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| NodeError::Io(format!("data dir {}: {e}", config.data_dir.display())))?;
+        let db = redb::Database::create(config.data_dir.join("authority.redb"))?;
+        store::init(&db)?;
+        let key = signer.public_key();
+        Ok(Authority { db, signer, key, config })
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
+    }
+
+    /// The authority's public key.
+    pub fn public_key(&self) -> PublicKey {
+        self.key
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AuthorityConfig {
+        &self.config
+    }
+
+    /// Mints `amount_cents` to `recipient` (IV-B), split so that the tokens make change
+    /// ([`Denomination::spendable_split`]).
+    /// Durable before it returns.
+    pub fn mint(
+        &self,
+        recipient: PublicKey,
+        amount_cents: u64,
+        handshake: Handshake,
+    ) -> Result<Vec<Token>, NodeError> {
+        if amount_cents == 0 {
+            return Err(NodeError::BadRequest("amount must be positive".into()));
+        }
+        self.mint_tokens(recipient, &Denomination::spendable_split(amount_cents), handshake)
+    }
+
+    /// Mints one token per entry of `denominations` to `recipient`, in one durable transaction.
+    pub fn mint_tokens(
+        &self,
+        recipient: PublicKey,
+        denominations: &[Denomination],
+        handshake: Handshake,
+    ) -> Result<Vec<Token>, NodeError> {
+        let amount_cents: u64 = denominations.iter().map(|d| d.cents()).sum();
+        let denoms = denominations.iter().copied();
+        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
+        let tx = self.db.begin_write()?;
+        let mut tokens = Vec::with_capacity(denominations.len());
+        {
+            let mut table = tx.open_table(TOKENS)?;
+            for d in denoms {
+                let serial = loop {
+                    let mut s = [0u8; 8];
+                    rng.fill_bytes(&mut s);
+                    if table.get(serial_key(&s))?.is_none() {
+                        break s;
+                    }
+                };
+                let mut nonce = [0u8; 64];
+                rng.fill_bytes(&mut nonce);
+                let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)
+                    .map_err(|e| NodeError::Signer(e.to_string()))?;
+                table.insert(serial_key(&serial), TokenRecord::minted(&t).encode().as_slice())?;
+                tokens.push(t);
+            }
+            let mut meta = tx.open_table(META)?;
+            let count = meta.get("minted_count")?.map(|v| v.value()).unwrap_or(0);
+            let cents = meta.get("minted_cents")?.map(|v| v.value()).unwrap_or(0);
+            meta.insert("minted_count", count + tokens.len() as u64)?;
+            meta.insert("minted_cents", cents + amount_cents)?;
+        }
+        tx.commit()?;
+        Ok(tokens)
+    }
+
+    /// The faucet: minting on request, devnet only, bounded per request.
+    pub fn faucet(&self, recipient: &str, amount_cents: u64, handshake: &str) -> Result<Vec<Token>, NodeError> {
+        if !self.config.faucet {
+            return Err(NodeError::Forbidden("the faucet is off on this node".into()));
+        }
+        if amount_cents > self.config.max_faucet_cents {
+            return Err(NodeError::BadRequest(format!(
+                "faucet gives at most {} cents per request",
+                self.config.max_faucet_cents
+            )));
+        }
+        let recipient = parse_key(recipient, "recipient")?;
+        let handshake = parse_hex32(handshake, "handshake")?;
+        self.mint(recipient, amount_cents, handshake)
+    }
+
+    /// Verifies the signature chains of `tokens` in batches spread over the configured threads.
+    fn verify_parallel(&self, tokens: &[&Token]) -> Vec<Result<(), TokenError>> {
+        let threads = match self.config.verify_threads {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        parallel_verify(tokens, threads)
+    }
+
+    /// Deposits tokens (IV-E): structural checks, one batched signature check for all tokens,
+    /// then, in one durable transaction, the fork check and the re-anchor of each clean token.
+    pub fn deposit(
+        &self,
+        depositor: &str,
+        handshake: &str,
+        tokens_hex: &[String],
+    ) -> Result<Vec<DepositReport>, NodeError> {
+        let depositor = parse_key(depositor, "depositor")?;
+        let handshake = parse_hex32(handshake, "handshake")?;
+        let decoded: Vec<Result<Token, String>> = tokens_hex
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .map_err(|_| "token is not hex".to_string())
+                    .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
+            })
+            .collect();
+        self.deposit_tokens(&depositor, handshake, &decoded)
+    }
+
+    /// [`Authority::deposit`] for tokens already decoded (an `Err` is a token that failed to
+    /// decode, reported back as refused).
+    pub fn deposit_tokens(
+        &self,
+        depositor: &PublicKey,
+        handshake: Handshake,
+        decoded: &[Result<Token, String>],
+    ) -> Result<Vec<DepositReport>, NodeError> {
+        let depositor = *depositor;
+        // Steps 1–3a, then step 4 for everything that passed.
+        let mut checked: Vec<Option<Result<(), TokenError>>> = decoded
+            .iter()
+            .map(|d| d.as_ref().ok().map(|t| authority_precheck(t, &self.key, &depositor)))
+            .collect();
+        let to_verify: Vec<(usize, &Token)> = decoded
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| match (d, &checked[i]) {
+                (Ok(t), Some(Ok(()))) => Some((i, t)),
+                _ => None,
+            })
+            .collect();
+        let refs: Vec<&Token> = to_verify.iter().map(|x| x.1).collect();
+        for ((i, _), verdict) in to_verify.iter().zip(self.verify_parallel(&refs)) {
+            checked[*i] = Some(verdict);
+        }
+
+        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
+        let detected_at = now();
+        let tx = self.db.begin_write()?;
+        let mut reports = Vec::with_capacity(decoded.len());
+        {
+            let mut table = tx.open_table(TOKENS)?;
+            let mut fraud = tx.open_table(FRAUD)?;
+            for (i, d) in decoded.iter().enumerate() {
+                let t = match d {
+                    Ok(t) => t,
+                    Err(e) => {
+                        reports.push(refused(String::new(), 0, e.clone(), false));
+                        continue;
+                    }
+                };
+                let verdict = checked[i].clone().unwrap_or(Ok(()));
+                let key = serial_key(&t.serial);
+                let mut record = match table.get(key)? {
+                    Some(v) => Some(
+                        TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?,
+                    ),
+                    None => None,
+                };
+                let mut nonce = [0u8; 64];
+                rng.fill_bytes(&mut nonce);
+                let reanchor = Reanchor { signer: self.signer.as_ref(), nonce, handshake };
+                let (outcome, changed) = settle(record.as_mut(), t, verdict, &depositor, reanchor);
+                if changed {
+                    if let Some(r) = &record {
+                        table.insert(key, r.encode().as_slice())?;
+                    }
+                }
+                let serial = t.serial_hex();
+                let value = t.value.cents();
+                reports.push(match outcome {
+                    Outcome::Reanchored(n) => report(serial, value, "reanchored", Some(&n)),
+                    Outcome::Repeated(n) => report(serial, value, "repeated", Some(&n)),
+                    Outcome::DoubleSpend(proof) => {
+                        let id = proof.id();
+                        let existing = fraud.get(id.as_slice())?.map(|v| v.value().to_vec());
+                        let at = match existing {
+                            Some(v) if v.len() >= 8 => {
+                                u64::from_le_bytes(<[u8; 8]>::try_from(&v[..8]).unwrap_or_default())
+                            }
+                            _ => {
+                                let mut v = detected_at.to_le_bytes().to_vec();
+                                v.extend_from_slice(&proof.encode());
+                                fraud.insert(id.as_slice(), v.as_slice())?;
+                                detected_at
+                            }
+                        };
+                        let mut r = report(serial, value, "double_spend", None);
+                        r.fraud = Some(fraud_info(&proof, at));
+                        r
+                    }
+                    Outcome::Refused(e) => {
+                        let retry = matches!(e, florin_token::authority::DepositError::Signer(_));
+                        refused(serial, value, e.to_string(), retry)
+                    }
+                });
+            }
+        }
+        tx.commit()?;
+        Ok(reports)
+    }
+
+    /// Every fraud proof recorded, oldest first.
+    pub fn fraud_list(&self) -> Result<Vec<FraudInfo>, NodeError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(FRAUD)?;
+        let mut out = Vec::new();
+        for item in table.iter()? {
+            let (_, v) = item?;
+            let v = v.value();
+            if v.len() < 8 {
+                return Err(NodeError::Corrupt("fraud entry too short".into()));
+            }
+            let at = u64::from_le_bytes(<[u8; 8]>::try_from(&v[..8]).unwrap_or_default());
+            let proof = FraudProof::decode(&v[8..]).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            out.push(fraud_info(&proof, at));
+        }
+        out.sort_by(|a, b| a.detected_at.cmp(&b.detected_at).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// One token's state.
+    pub fn token(&self, serial_hex: &str) -> Result<TokenInfo, NodeError> {
+        let serial: [u8; 8] = hex::decode(serial_hex)
+            .ok()
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))?;
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(TOKENS)?;
+        let v = table
+            .get(serial_key(&serial))?
+            .ok_or_else(|| NodeError::NotFound(format!("token {serial_hex} is unknown")))?;
+        let r = TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+        Ok(TokenInfo {
+            serial: serial_hex.to_string(),
+            value_cents: r.value.cents(),
+            status: match r.status {
+                TokenStatus::InCirculation => "in_circulation",
+                TokenStatus::Deposited => "deposited",
+                TokenStatus::Blacklisted => "blacklisted",
+            }
+            .into(),
+            history_links: r.links.len(),
+            anchors: r.epochs.len(),
+            holder: r.links.last().map(|l| l.recipient.to_address()).unwrap_or_default(),
+        })
+    }
+
+    /// Takes a token out of circulation (lost or stolen, or by policy). Durable.
+    pub fn blacklist(&self, serial_hex: &str) -> Result<(), NodeError> {
+        let serial: [u8; 8] = hex::decode(serial_hex)
+            .ok()
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))?;
+        let tx = self.db.begin_write()?;
+        {
+            let mut table = tx.open_table(TOKENS)?;
+            let bytes = table
+                .get(serial_key(&serial))?
+                .map(|v| v.value().to_vec())
+                .ok_or_else(|| NodeError::NotFound(format!("token {serial_hex} is unknown")))?;
+            let mut r = TokenRecord::decode(&bytes).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            r.status = TokenStatus::Blacklisted;
+            table.insert(serial_key(&serial), r.encode().as_slice())?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// (tokens minted, cents minted) since the registry was created.
+    pub fn minted(&self) -> Result<(u64, u64), NodeError> {
+        let tx = self.db.begin_read()?;
+        let meta = tx.open_table(META)?;
+        let c = meta.get("minted_count")?.map(|v| v.value()).unwrap_or(0);
+        let v = meta.get("minted_cents")?.map(|v| v.value()).unwrap_or(0);
+        Ok((c, v))
+    }
+}
+
+/// Verifies token chains with batch verification, split evenly over `threads` threads.
+pub fn parallel_verify(tokens: &[&Token], threads: usize) -> Vec<Result<(), TokenError>> {
+    let threads = threads.max(1).min(tokens.len().max(1));
+    if threads == 1 {
+        let mut rng = StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
+        return verify_chains(tokens, &mut rng);
+    }
+    let chunk = tokens.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = tokens
+            .chunks(chunk)
+            .map(|c| {
+                let h = s.spawn(move || {
+                    let mut rng =
+                        StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
+                    verify_chains(c, &mut rng)
+                });
+                (c.len(), h)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(n, h)| {
+                // A panicking verifier would be a bug; its tokens are refused, never accepted.
+                h.join().unwrap_or_else(|_| {
+                    vec![Err(TokenError::Decode(florin_token::DecodeError::Invalid("verifier failed"))); n]
+                })
+            })
+            .collect()
+    })
+}
+
+fn report(serial: String, value_cents: u64, outcome: &str, token: Option<&Token>) -> DepositReport {
+    DepositReport {
+        serial,
+        value_cents,
+        outcome: outcome.into(),
+        token: token.map(|t| hex::encode(t.encode())),
+        fraud: None,
+        error: None,
+        retry: false,
+    }
+}
+
+fn refused(serial: String, value_cents: u64, error: String, retry: bool) -> DepositReport {
+    DepositReport {
+        serial,
+        value_cents,
+        outcome: "refused".into(),
+        token: None,
+        fraud: None,
+        error: Some(error),
+        retry,
+    }
+}
+
+fn fraud_info(p: &FraudProof, detected_at: u64) -> FraudInfo {
+    FraudInfo {
+        id: hex::encode(p.id()),
+        serial: hex::encode(p.serial),
+        value_cents: p.value.cents(),
+        culprit: p.culprit().map(|c| c.to_address()).unwrap_or_default(),
+        detected_at,
+        proof: hex::encode(p.encode()),
+    }
+}

@@ -1,0 +1,36 @@
+//! The authority's key on disk: created on first start, 0600, written atomically.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use florin_crypto::SecretKey;
+use rand::rngs::OsRng;
+
+use crate::error::NodeError;
+
+/// Loads the key at `path`, or creates it if the file does not exist.
+pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
+    match fs::read_to_string(path) {
+        Ok(s) => SecretKey::from_hex(&s)
+            .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = SecretKey::generate(&mut OsRng);
+            let tmp = path.with_extension("tmp");
+            let io = |e: std::io::Error| NodeError::Io(format!("key file {}: {e}", path.display()));
+            let mut opts = fs::OpenOptions::new();
+            opts.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            let mut f = opts.open(&tmp).map_err(io)?;
+            f.write_all(key.to_hex().as_bytes()).map_err(io)?;
+            f.sync_all().map_err(io)?;
+            fs::rename(&tmp, path).map_err(io)?;
+            Ok(key)
+        }
+        Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),
+    }
+}

@@ -1,0 +1,18 @@
+//! Florin's services. For now: the token authority — a durable registry of every token's
+//! verified history in redb, a fraud registry, minting (the devnet faucet) and deposits — and
+//! the HTTP/JSON API wallets talk to.
+//!
+//! Protocol decisions come from `florin-token` (pure); this crate adds storage, parallel
+//! batched verification, keys on disk and the network.
+
+pub mod api;
+mod authority;
+mod error;
+mod keyfile;
+mod server;
+mod store;
+
+pub use authority::{parallel_verify, Authority, AuthorityConfig};
+pub use error::NodeError;
+pub use keyfile::load_or_create_key;
+pub use server::{router, serve};

@@ -1,0 +1,151 @@
+//! `florin bench <suite>`: system-level benchmarks printing the JSON shape of
+//! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
+
+mod libsodium;
+mod offline;
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// Options of `florin bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Which suite.
+    suite: Suite,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Smoke-test sizes (under 30 s).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// Long variants.
+    #[arg(long)]
+    full: bool,
+    /// Override the number of tokens per measurement.
+    #[arg(long)]
+    tokens: Option<usize>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Suite {
+    /// Offline cash: minting, client and authority verification, the thesis's Table I.
+    Offline,
+}
+
+/// A figure from a source document or a peer measured in the same run.
+#[derive(Serialize, Clone)]
+pub struct Reference {
+    /// The figure.
+    pub value: f64,
+    /// Where it comes from.
+    pub source: String,
+}
+
+/// One result.
+#[derive(Serialize)]
+pub struct BenchResult {
+    /// Stable name.
+    pub name: String,
+    /// The figure.
+    pub value: f64,
+    /// Unit.
+    pub unit: String,
+    /// Parameters of this point.
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub params: Value,
+    /// The source document's figure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<Reference>,
+    /// A peer measured in the same run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Reference>,
+}
+
+/// Collects results and reports progress on stderr.
+pub struct Recorder {
+    results: Vec<BenchResult>,
+    started: Instant,
+}
+
+impl Recorder {
+    fn new() -> Self {
+        Recorder { results: Vec::new(), started: Instant::now() }
+    }
+
+    /// Records a result.
+    pub fn add(&mut self, name: &str, value: f64, unit: &str, params: Value, seed: Option<Reference>, baseline: Option<Reference>) {
+        eprintln!("[{:>6.1}s] {name} {params} = {value:.1} {unit}", self.started.elapsed().as_secs_f64());
+        self.results.push(BenchResult { name: name.into(), value, unit: unit.into(), params, seed, baseline });
+    }
+}
+
+/// Sizes of a run.
+#[derive(Clone, Copy)]
+pub struct Scale {
+    /// Tokens per measurement.
+    pub tokens: usize,
+    /// Long variants.
+    pub full: bool,
+}
+
+fn machine() -> Value {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|x| x.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    json!({ "cores": cores, "cpu": cpu })
+}
+
+/// Runs a suite.
+pub fn run(args: BenchArgs) -> Result<ExitCode> {
+    if cfg!(debug_assertions) {
+        eprintln!("warning: this is a debug build; benchmark figures are meaningful only with --release");
+    }
+    let tokens = args.tokens.unwrap_or(if args.quick {
+        2_000
+    } else if args.full {
+        100_000
+    } else {
+        20_000
+    });
+    let scale = Scale { tokens: tokens.max(10), full: args.full };
+    let mut rec = Recorder::new();
+    let suite = match args.suite {
+        Suite::Offline => {
+            offline::run(&mut rec, scale)?;
+            "offline"
+        }
+    };
+    if args.json {
+        let out = json!({
+            "suite": suite,
+            "florin_version": env!("CARGO_PKG_VERSION"),
+            "machine": machine(),
+            "results": rec.results,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("{:<46} {:>14} {:<14} {:>12}  params / source", "result", "florin", "unit", "reference");
+        for r in &rec.results {
+            let (refv, src) = match (&r.seed, &r.baseline) {
+                (_, Some(b)) => (format!("{:.1}", b.value), b.source.clone()),
+                (Some(s), None) => (format!("{:.1}", s.value), s.source.clone()),
+                _ => (String::new(), String::new()),
+            };
+            let params = if r.params.is_null() { String::new() } else { r.params.to_string() };
+            println!("{:<46} {:>14.1} {:<14} {:>12}  {params} {src}", r.name, r.value, r.unit, refv);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

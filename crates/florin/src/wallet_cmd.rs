@@ -1,0 +1,356 @@
+//! `florin wallet …`: a wallet file and the commands a user needs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use florin_crypto::PublicKey;
+use florin_node::api::{DepositRequest, FaucetRequest};
+use florin_token::amount::{format_cents, parse_euros};
+use florin_token::{FraudProof, Payment, PaymentRequest, Token};
+use florin_wallet::{DepositItem, FileStore, Wallet, WalletStore};
+use rand::rngs::OsRng;
+use serde_json::json;
+
+use crate::client::{runtime, NodeClient};
+use crate::util::{print_json, read, write_atomic};
+
+/// Options of `florin wallet`.
+#[derive(Args)]
+pub struct WalletArgs {
+    /// The wallet file.
+    #[arg(long, env = "FLORIN_WALLET", default_value = "florin-wallet.json")]
+    wallet: PathBuf,
+    /// The node's API.
+    #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+    node: String,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: WalletCommand,
+}
+
+#[derive(Subcommand)]
+enum WalletCommand {
+    /// Create a wallet with a fresh key.
+    New {
+        /// The authority to trust (address); fetched from the node when omitted.
+        #[arg(long)]
+        authority: Option<String>,
+        /// Most offline hops accepted in an incoming token.
+        #[arg(long)]
+        max_hops: Option<usize>,
+        /// Most money held as tokens received offline, in euros.
+        #[arg(long)]
+        max_offline: Option<String>,
+    },
+    /// Print the wallet's address.
+    Address,
+    /// Show verified and offline money, by denomination.
+    Balance,
+    /// Get tokens from the devnet faucet.
+    Faucet {
+        /// Amount in euros, e.g. 12.50.
+        #[arg(allow_hyphen_values = true)]
+        amount: String,
+    },
+    /// Offline payments: files stand in for NFC, QR codes or Bluetooth.
+    Offline {
+        #[command(subcommand)]
+        command: OfflineCommand,
+    },
+    /// Send tokens received offline to the authority: verified, re-anchored to this wallet.
+    Deposit,
+}
+
+#[derive(Subcommand)]
+enum OfflineCommand {
+    /// Payee: write a payment request (amount, this wallet's key, a fresh nonce).
+    Request {
+        /// Amount in euros.
+        #[arg(allow_hyphen_values = true)]
+        amount: String,
+        /// Where to write the request.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Payer: pay a request with exact change and write the payment.
+    Pay {
+        /// The request file.
+        request: PathBuf,
+        /// Where to write the payment.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Payee: verify a payment and keep its tokens.
+    Accept {
+        /// The payment file.
+        payment: PathBuf,
+    },
+}
+
+/// Runs a wallet command.
+pub fn run(args: WalletArgs) -> Result<ExitCode> {
+    let store = FileStore::new(&args.wallet);
+    let json = args.json;
+    match args.command {
+        WalletCommand::New { authority, max_hops, max_offline } => {
+            let authority = match authority {
+                Some(a) => Some(PublicKey::parse(&a).context("--authority")?),
+                None => fetch_authority(&args.node).ok(),
+            };
+            let mut w = Wallet::generate(&mut OsRng, authority);
+            if let Some(h) = max_hops {
+                w.max_hops = h;
+            }
+            if let Some(m) = max_offline {
+                w.max_offline_cents = parse_euros(&m)?;
+            }
+            store.create(&w)?;
+            let out = json!({
+                "wallet": args.wallet.display().to_string(),
+                "address": w.public_key().to_address(),
+                "authority": w.authority().map(|a| a.to_address()),
+            });
+            if json {
+                print_json(&out);
+            } else {
+                println!("created {} for {}", args.wallet.display(), w.public_key());
+                if w.authority().is_none() {
+                    println!("no node reachable: the authority will be fetched on first use");
+                }
+            }
+        }
+        WalletCommand::Address => {
+            let w = store.load()?;
+            if json {
+                print_json(&json!({ "address": w.public_key().to_address() }));
+            } else {
+                println!("{}", w.public_key());
+            }
+        }
+        WalletCommand::Balance => {
+            let w = store.load()?;
+            let b = w.balance();
+            if json {
+                print_json(&serde_json::to_value(&b)?);
+            } else {
+                println!("address   {}", b.address);
+                println!("verified  €{}", format_cents(b.verified_cents));
+                for d in &b.verified {
+                    println!("            {:>4} × €{}", d.count, d.denomination);
+                }
+                println!("offline   €{}  (received offline, not yet deposited)", format_cents(b.offline_cents));
+                for d in &b.offline {
+                    println!("            {:>4} × €{}", d.count, d.denomination);
+                }
+                if b.pending_deposit_cents > 0 {
+                    println!("pending   €{}  (deposit awaiting the authority)", format_cents(b.pending_deposit_cents));
+                }
+                println!("total     €{}", format_cents(b.total_cents));
+            }
+        }
+        WalletCommand::Faucet { amount } => {
+            let cents = parse_euros(&amount)?;
+            let mut w = store.load()?;
+            ensure_authority(&mut w, &args.node)?;
+            let hs = Wallet::fresh_handshake(&mut OsRng);
+            let client = NodeClient::new(&args.node)?;
+            let req = FaucetRequest {
+                recipient: w.public_key().to_address(),
+                amount_cents: cents,
+                handshake: hex::encode(hs),
+            };
+            let resp = runtime()?.block_on(client.faucet(&req))?;
+            let tokens = decode_tokens(&resp.tokens)?;
+            let n = tokens.len();
+            let got = w.accept_issued(tokens, &hs, &mut OsRng)?;
+            store.save(&w)?;
+            if json {
+                print_json(&json!({ "received_cents": got, "tokens": n, "total_cents": w.balance().total_cents }));
+            } else {
+                println!("received €{} as {n} tokens", format_cents(got));
+            }
+        }
+        WalletCommand::Offline { command } => return offline(command, &store, &args.node, json),
+        WalletCommand::Deposit => return deposit(&store, &args.node, json),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn offline(cmd: OfflineCommand, store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
+    match cmd {
+        OfflineCommand::Request { amount, out } => {
+            let cents = parse_euros(&amount)?;
+            if cents == 0 {
+                bail!("the amount must be positive");
+            }
+            let mut w = store.load()?;
+            let req = w.request(cents, &mut OsRng);
+            store.save(&w)?;
+            write_atomic(&out, &req.encode())?;
+            if json {
+                print_json(&json!({
+                    "request": out.display().to_string(),
+                    "amount_cents": cents,
+                    "payee": req.payee.to_address(),
+                    "handshake": hex::encode(req.handshake),
+                }));
+            } else {
+                println!("request for €{} written to {}", format_cents(cents), out.display());
+            }
+        }
+        OfflineCommand::Pay { request, out } => {
+            let req = PaymentRequest::decode(&read(&request)?)
+                .with_context(|| format!("{} is not a payment request", request.display()))?;
+            let mut w = store.load()?;
+            let payment = w.pay(&req)?;
+            // The wallet is saved before the payment leaves it, so a crash never signs twice.
+            store.save(&w)?;
+            write_atomic(&out, &payment.encode())?;
+            if json {
+                print_json(&json!({
+                    "payment": out.display().to_string(),
+                    "amount_cents": payment.amount_cents(),
+                    "tokens": payment.tokens.len(),
+                    "payee": payment.payee.to_address(),
+                }));
+            } else {
+                println!(
+                    "paid €{} with {} tokens to {}; payment written to {}",
+                    format_cents(payment.amount_cents()),
+                    payment.tokens.len(),
+                    payment.payee,
+                    out.display()
+                );
+            }
+        }
+        OfflineCommand::Accept { payment } => {
+            let p = Payment::decode(&read(&payment)?)
+                .with_context(|| format!("{} is not a valid payment", payment.display()))?;
+            let mut w = store.load()?;
+            if w.authority().is_none() {
+                ensure_authority(&mut w, node)?;
+            }
+            let got = w.accept(&p, &mut OsRng)?;
+            store.save(&w)?;
+            if json {
+                print_json(&json!({ "accepted_cents": got, "tokens": p.tokens.len(), "total_cents": w.balance().total_cents }));
+            } else {
+                println!("accepted €{} in {} tokens", format_cents(got), p.tokens.len());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
+    let mut w = store.load()?;
+    ensure_authority(&mut w, node)?;
+    let Some((handshake, tokens)) = w.prepare_deposit(&mut OsRng)? else {
+        if json {
+            print_json(&json!({ "credited_cents": 0, "reanchored": 0, "fraud": [], "refused": [], "lost_cents": 0, "still_pending": 0 }));
+        } else {
+            println!("nothing to deposit: no tokens received offline");
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    // Signed over to the authority: persist before sending, so a retry resends the same bytes.
+    store.save(&w)?;
+    let req = DepositRequest {
+        depositor: w.public_key().to_address(),
+        handshake: hex::encode(handshake),
+        tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect(),
+    };
+    let client = NodeClient::new(node)?;
+    let resp = runtime()?
+        .block_on(client.deposit(&req))
+        .context("deposit is pending; run `florin wallet deposit` again to retry")?;
+    let mut items = Vec::with_capacity(resp.results.len());
+    for (r, sent) in resp.results.iter().zip(&tokens) {
+        let item = match r.outcome.as_str() {
+            "reanchored" | "repeated" => {
+                let hexed = r.token.as_deref().ok_or_else(|| anyhow!("node sent no token"))?;
+                DepositItem::Reanchored(decode_token(hexed)?)
+            }
+            "double_spend" => {
+                let f = r.fraud.as_ref().ok_or_else(|| anyhow!("node sent no fraud proof"))?;
+                let proof = FraudProof::decode(&hex::decode(&f.proof)?)?;
+                // Check the authority's claim ourselves before writing the money off.
+                proof.verify(w.authority().as_ref()).context("node sent an invalid fraud proof")?;
+                DepositItem::DoubleSpend { serial: sent.serial, proof: Box::new(proof) }
+            }
+            _ => DepositItem::Refused {
+                serial: sent.serial,
+                reason: r.error.clone().unwrap_or_default(),
+                retry: r.retry,
+            },
+        };
+        items.push(item);
+    }
+    let res = w.finish_deposit(items, &mut OsRng)?;
+    store.save(&w)?;
+    if json {
+        let fraud: Vec<_> = res
+            .fraud
+            .iter()
+            .map(|(s, c, p)| json!({ "serial": s, "culprit": c, "proof": p }))
+            .collect();
+        let refused: Vec<_> = res.refused.iter().map(|(s, r)| json!({ "serial": s, "reason": r })).collect();
+        print_json(&json!({
+            "credited_cents": res.credited_cents,
+            "reanchored": res.reanchored,
+            "fraud": fraud,
+            "refused": refused,
+            "lost_cents": res.lost_cents,
+            "still_pending": res.still_pending,
+        }));
+    } else {
+        println!("credited €{} ({} tokens re-anchored to this wallet)", format_cents(res.credited_cents), res.reanchored);
+        for (s, c, _) in &res.fraud {
+            println!("fraud: token {s} was double spent by {c}; it is lost to this wallet");
+        }
+        for (s, r) in &res.refused {
+            println!("refused: token {s}: {r}");
+        }
+        if res.still_pending > 0 {
+            println!("{} tokens still pending; run deposit again later", res.still_pending);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fetch_authority(node: &str) -> Result<PublicKey> {
+    let client = NodeClient::new(node)?;
+    let info = runtime()?.block_on(client.info())?;
+    Ok(PublicKey::parse(&info.authority)?)
+}
+
+/// Learns the authority from the node on first use; afterwards insists it stays the same.
+fn ensure_authority(w: &mut Wallet, node: &str) -> Result<()> {
+    match w.authority() {
+        Some(a) => {
+            if let Ok(k) = fetch_authority(node) {
+                if k != a {
+                    bail!("the node at {node} is authority {k}, but this wallet trusts {a}");
+                }
+            }
+            Ok(())
+        }
+        None => {
+            let k = fetch_authority(node).context("this wallet trusts no authority yet")?;
+            w.set_authority(k);
+            Ok(())
+        }
+    }
+}
+
+fn decode_token(h: &str) -> Result<Token> {
+    Ok(Token::decode(&hex::decode(h).context("token is not hex")?)?)
+}
+
+fn decode_tokens(hs: &[String]) -> Result<Vec<Token>> {
+    hs.iter().map(|h| decode_token(h)).collect()
+}

@@ -1,0 +1,284 @@
+//! The `florin` CLI as a user runs it: a real devnet process on loopback, wallet files, payment
+//! files, deposits, fraud proofs, and a `kill -9` in the middle.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_florin");
+
+struct Devnet {
+    child: Child,
+    url: String,
+}
+
+impl Devnet {
+    fn start(data: &Path) -> Devnet {
+        let mut child = Command::new(BIN)
+            .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start devnet");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line.trim().strip_prefix("listening on ").expect("devnet prints its URL").to_string();
+        let d = Devnet { child, url };
+        d.wait_healthy();
+        d
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let addr = self.url.trim_start_matches("http://").to_string();
+        while Instant::now() < deadline {
+            if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /v1/health HTTP/1.0\r\n\r\n");
+                let mut buf = String::new();
+                let _ = s.read_to_string(&mut buf);
+                if buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("devnet did not become healthy");
+    }
+
+    /// `kill -9`.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Devnet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct User<'a> {
+    dir: &'a Path,
+    node: String,
+}
+
+impl User<'_> {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN).current_dir(self.dir).env("FLORIN_NODE", &self.node).args(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "florin {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(!out.status.success(), "florin {args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(err.trim().lines().count(), 1, "errors are one line: {err}");
+        assert!(err.starts_with("error: "));
+        err
+    }
+
+    fn wallet(&self, name: &str, args: &[&str]) -> Value {
+        let mut a = vec!["wallet", "--wallet", name, "--json"];
+        a.extend_from_slice(args);
+        self.ok(&a)
+    }
+
+    fn total(&self, name: &str) -> u64 {
+        self.wallet(name, &["balance"])["total_cents"].as_u64().unwrap()
+    }
+
+    /// `payee` requests `amount` from `payer`, who pays; `payee` accepts.
+    fn pay(&self, payer: &str, payee: &str, amount: &str, tag: &str) {
+        let req = format!("{tag}.req");
+        let pay = format!("{tag}.pay");
+        self.wallet(payee, &["offline", "request", amount, "--out", &req]);
+        self.wallet(payer, &["offline", "pay", &req, "--out", &pay]);
+        self.wallet(payee, &["offline", "accept", &pay]);
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    (dir, data)
+}
+
+#[test]
+fn faucet_five_offline_hops_then_deposit() {
+    let (dir, data) = setup();
+    let net = Devnet::start(&data);
+    let u = User { dir: dir.path(), node: net.url.clone() };
+    for w in ["w0", "w1", "w2", "w3", "w4", "w5"] {
+        let v = u.wallet(w, &["new"]);
+        assert!(v["address"].as_str().unwrap().starts_with("eur1"));
+    }
+    let v = u.wallet("w0", &["faucet", "20"]);
+    assert_eq!(v["received_cents"], 2000);
+    // Five hops: w0 → w1 → w2 → w3 → w4 → w5, €5 each time.
+    for i in 0..5 {
+        u.pay(&format!("w{i}"), &format!("w{}", i + 1), "5", &format!("hop{i}"));
+    }
+    let b = u.wallet("w5", &["balance"]);
+    assert_eq!(b["offline_cents"], 500);
+    assert_eq!(b["total_cents"], 500);
+    assert_eq!(u.total("w0"), 1500);
+    let d = u.wallet("w5", &["deposit"]);
+    assert_eq!(d["credited_cents"], 500);
+    assert_eq!(d["fraud"].as_array().unwrap().len(), 0);
+    let b = u.wallet("w5", &["balance"]);
+    assert_eq!((b["verified_cents"].as_u64(), b["offline_cents"].as_u64()), (Some(500), Some(0)));
+    // The re-anchored tokens are spendable again.
+    u.wallet("w6", &["new"]);
+    u.pay("w5", "w6", "5", "again");
+    assert_eq!(u.total("w6"), 500);
+    let fraud = u.ok(&["fraud", "list", "--json"]);
+    assert_eq!(fraud.as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
+    let (dir, data) = setup();
+    let net = Devnet::start(&data);
+    let u = User { dir: dir.path(), node: net.url.clone() };
+    for w in ["payer", "alice", "bob"] {
+        u.wallet(w, &["new"]);
+    }
+    u.wallet("payer", &["faucet", "0.05"]); // a single 5-cent token
+    let payer_addr = u.wallet("payer", &["address"])["address"].as_str().unwrap().to_string();
+    std::fs::copy(dir.path().join("payer"), dir.path().join("payer-copy")).unwrap();
+    u.pay("payer", "alice", "0.05", "a");
+    u.pay("payer-copy", "bob", "0.05", "b");
+    let a = u.wallet("alice", &["deposit"]);
+    let b = u.wallet("bob", &["deposit"]);
+    // Exactly one of the two deposits is credited; the other reports the fraud.
+    let credited = a["credited_cents"].as_u64().unwrap() + b["credited_cents"].as_u64().unwrap();
+    assert_eq!(credited, 5);
+    assert_eq!(b["fraud"][0]["culprit"], payer_addr.as_str());
+    let list = u.ok(&["fraud", "list", "--json", "--save", "proofs"]);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 1, "exactly one fraud proof");
+    assert_eq!(list[0]["culprit"], payer_addr.as_str());
+    let proof_file = format!("proofs/{}.proof", list[0]["id"].as_str().unwrap());
+    let authority = u.ok(&["wallet", "--wallet", "alice", "--json", "balance"]); // wallet usable
+    assert!(authority.is_object());
+    let v = u.ok(&["fraud", "verify", &proof_file, "--json"]);
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["culprit"], payer_addr.as_str());
+    // A tampered proof fails with a non-zero exit.
+    let mut bytes = std::fs::read(dir.path().join(&proof_file)).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 1;
+    std::fs::write(dir.path().join("bad.proof"), bytes).unwrap();
+    u.fails(&["fraud", "verify", "bad.proof"]);
+    std::fs::write(dir.path().join("junk.proof"), b"not a proof").unwrap();
+    u.fails(&["fraud", "verify", "junk.proof"]);
+    // Depositing again changes nothing.
+    let again = u.wallet("bob", &["deposit"]);
+    assert_eq!(again["credited_cents"], 0);
+    assert_eq!(u.ok(&["fraud", "list", "--json"]).as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn replayed_payment_and_bad_input_are_refused() {
+    let (dir, data) = setup();
+    let net = Devnet::start(&data);
+    let u = User { dir: dir.path(), node: net.url.clone() };
+    for w in ["a", "b", "c"] {
+        u.wallet(w, &["new"]);
+    }
+    u.wallet("a", &["faucet", "3"]);
+    u.pay("a", "b", "1", "p1");
+    let err = u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
+    assert!(err.contains("replayed") || err.contains("no open request"), "{err}");
+    // The replayed file against a new request of the same payee is refused too.
+    u.wallet("b", &["offline", "request", "1", "--out", "p2.req"]);
+    u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
+    // Someone else's payment.
+    u.fails(&["wallet", "--wallet", "c", "offline", "accept", "p1.pay"]);
+    // Malformed files and amounts.
+    std::fs::write(dir.path().join("garbage"), b"\x01garbage").unwrap();
+    u.fails(&["wallet", "--wallet", "b", "offline", "accept", "garbage"]);
+    u.fails(&["wallet", "--wallet", "a", "offline", "pay", "garbage", "--out", "x"]);
+    u.fails(&["wallet", "--wallet", "a", "faucet", "1.234"]);
+    u.fails(&["wallet", "--wallet", "a", "faucet", "-1"]);
+    u.fails(&["wallet", "--wallet", "missing", "balance"]);
+    u.fails(&["wallet", "--wallet", "a", "new"]);
+    // Exact change impossible is explained.
+    u.wallet("c", &["offline", "request", "50", "--out", "big.req"]);
+    let err = u.fails(&["wallet", "--wallet", "a", "offline", "pay", "big.req", "--out", "x"]);
+    assert!(err.contains("insufficient"), "{err}");
+    assert_eq!(u.total("a"), 200);
+    assert_eq!(u.total("b"), 100);
+}
+
+#[test]
+fn acknowledged_state_survives_kill_9() {
+    let (dir, data) = setup();
+    let net = Devnet::start(&data);
+    let u = User { dir: dir.path(), node: net.url.clone() };
+    for w in ["a", "b", "c"] {
+        u.wallet(w, &["new"]);
+    }
+    u.wallet("a", &["faucet", "2"]);
+    std::fs::copy(dir.path().join("a"), dir.path().join("a-copy")).unwrap();
+    u.pay("a", "b", "2", "x");
+    u.wallet("b", &["deposit"]);
+    net.kill();
+
+    // Restart on the same data: same authority key, history kept.
+    let net = Devnet::start(&data);
+    let u = User { dir: dir.path(), node: net.url.clone() };
+    u.pay("a-copy", "c", "2", "y");
+    let d = u.wallet("c", &["deposit"]);
+    assert_eq!(d["credited_cents"], 0, "the history from before the crash catches the double spend");
+    assert!(!d["fraud"].as_array().unwrap().is_empty());
+    // b's re-anchored tokens from before the crash still deposit cleanly after more hops.
+    u.pay("b", "c", "2", "z");
+    let d = u.wallet("c", &["deposit"]);
+    assert_eq!(d["credited_cents"], 200);
+}
+
+#[test]
+fn bench_offline_quick_prints_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(dir.path())
+        .args(["bench", "offline", "--json", "--quick", "--tokens", "60"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["suite"], "offline");
+    assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+    let names: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for n in [
+        "mint_tokens_per_s",
+        "client_verify_tokens_per_s",
+        "authority_verify_sigs_per_s_per_core",
+        "e2e_authority_sign_tokens_per_s",
+        "e2e_recipient1_validate_tokens_per_s",
+        "e2e_recipient2_validate_tokens_per_s",
+        "e2e_authority_validate_tokens_per_s",
+    ] {
+        assert!(names.contains(&n), "missing {n}");
+    }
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
