@@ -36,7 +36,9 @@ pub(crate) fn decode(s: &str) -> Result<[u8; 32], AddressError> {
         .map_err(|e| AddressError::Encoding(e.to_string()))?;
     let hrp = checked.hrp();
     if hrp.as_str() != ADDRESS_HRP {
-        return Err(AddressError::WrongHrp { found: hrp.to_string() });
+        return Err(AddressError::WrongHrp {
+            found: hrp.to_string(),
+        });
     }
     let data: Vec<u8> = checked.byte_iter().collect();
     <[u8; 32]>::try_from(data.as_slice()).map_err(|_| AddressError::WrongLength(data.len()))

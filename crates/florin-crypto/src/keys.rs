@@ -151,7 +151,11 @@ impl Clone for SecretKey {
 
 impl fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretKey(<redacted>, public: {})", self.public_key().to_address())
+        write!(
+            f,
+            "SecretKey(<redacted>, public: {})",
+            self.public_key().to_address()
+        )
     }
 }
 
@@ -180,15 +184,15 @@ mod tests {
         bad[last] = if bad[last] == b'q' { b'p' } else { b'q' };
         assert!(PublicKey::from_address(std::str::from_utf8(&bad).unwrap()).is_err());
         // Another HRP is refused.
-        let other = bech32::encode::<bech32::Bech32m>(bech32::Hrp::parse_unchecked("btc"), &pk.0)
-            .unwrap();
+        let other =
+            bech32::encode::<bech32::Bech32m>(bech32::Hrp::parse_unchecked("btc"), &pk.0).unwrap();
         assert!(matches!(
             PublicKey::from_address(&other),
             Err(AddressError::WrongHrp { .. })
         ));
         // Bech32 (not m) is refused.
-        let legacy = bech32::encode::<bech32::Bech32>(bech32::Hrp::parse_unchecked("eur"), &pk.0)
-            .unwrap();
+        let legacy =
+            bech32::encode::<bech32::Bech32>(bech32::Hrp::parse_unchecked("eur"), &pk.0).unwrap();
         assert!(PublicKey::from_address(&legacy).is_err());
         assert_eq!(PublicKey::parse("abcd"), Err(KeyError::WrongLength(2)));
     }

@@ -96,7 +96,12 @@ fn parse_s(bytes: [u8; 32]) -> Result<Scalar, SignatureError> {
 }
 
 fn challenge(r: &[u8; 32], a: &[u8; 32], msg: &[u8]) -> Scalar {
-    Scalar::from_hash(Sha512::new().chain_update(r).chain_update(a).chain_update(msg))
+    Scalar::from_hash(
+        Sha512::new()
+            .chain_update(r)
+            .chain_update(a)
+            .chain_update(msg),
+    )
 }
 
 /// The cofactored equation for one signature: `[8]([s]B − [k]A − R) = 0`.
@@ -155,7 +160,9 @@ impl BatchVerifier {
 
     /// An empty batch with room for `n` signatures.
     pub fn with_capacity(n: usize) -> Self {
-        BatchVerifier { items: Vec::with_capacity(n) }
+        BatchVerifier {
+            items: Vec::with_capacity(n),
+        }
     }
 
     /// Number of queued signatures.
@@ -172,7 +179,12 @@ impl BatchVerifier {
     pub fn queue(&mut self, key: &PublicKey, msg: &[u8], sig: &Signature) {
         let (r, s) = split(sig);
         let k = challenge(&r, &key.0, msg);
-        self.items.push(Item { key: key.0, r, s, k });
+        self.items.push(Item {
+            key: key.0,
+            r,
+            s,
+            k,
+        });
     }
 
     /// Verifies every queued signature. `Ok` means all are valid.
@@ -216,7 +228,9 @@ impl BatchVerifier {
             }
         }
 
-        let scalars = std::iter::once(&b_coeff).chain(r_coeffs.iter()).chain(key_coeffs.iter());
+        let scalars = std::iter::once(&b_coeff)
+            .chain(r_coeffs.iter())
+            .chain(key_coeffs.iter());
         let points = std::iter::once(&ED25519_BASEPOINT_POINT)
             .chain(r_points.iter())
             .chain(key_points.iter());

@@ -51,7 +51,10 @@ pub struct Authority {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
@@ -74,7 +77,12 @@ impl Authority {
         let db = redb::Database::create(config.data_dir.join("authority.redb"))?;
         store::init(&db)?;
         let key = signer.public_key();
-        Ok(Authority { db, signer, key, config })
+        Ok(Authority {
+            db,
+            signer,
+            key,
+            config,
+        })
     }
 
     /// The data directory.
@@ -104,7 +112,11 @@ impl Authority {
         if amount_cents == 0 {
             return Err(NodeError::BadRequest("amount must be positive".into()));
         }
-        self.mint_tokens(recipient, &Denomination::spendable_split(amount_cents), handshake)
+        self.mint_tokens(
+            recipient,
+            &Denomination::spendable_split(amount_cents),
+            handshake,
+        )
     }
 
     /// Mints one token per entry of `denominations` to `recipient`, in one durable transaction.
@@ -133,7 +145,10 @@ impl Authority {
                 rng.fill_bytes(&mut nonce);
                 let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)
                     .map_err(|e| NodeError::Signer(e.to_string()))?;
-                table.insert(serial_key(&serial), TokenRecord::minted(&t).encode().as_slice())?;
+                table.insert(
+                    serial_key(&serial),
+                    TokenRecord::minted(&t).encode().as_slice(),
+                )?;
                 tokens.push(t);
             }
             let mut meta = tx.open_table(META)?;
@@ -147,9 +162,16 @@ impl Authority {
     }
 
     /// The faucet: minting on request, devnet only, bounded per request.
-    pub fn faucet(&self, recipient: &str, amount_cents: u64, handshake: &str) -> Result<Vec<Token>, NodeError> {
+    pub fn faucet(
+        &self,
+        recipient: &str,
+        amount_cents: u64,
+        handshake: &str,
+    ) -> Result<Vec<Token>, NodeError> {
         if !self.config.faucet {
-            return Err(NodeError::Forbidden("the faucet is off on this node".into()));
+            return Err(NodeError::Forbidden(
+                "the faucet is off on this node".into(),
+            ));
         }
         if amount_cents > self.config.max_faucet_cents {
             return Err(NodeError::BadRequest(format!(
@@ -165,7 +187,9 @@ impl Authority {
     /// Verifies the signature chains of `tokens` in batches spread over the configured threads.
     fn verify_parallel(&self, tokens: &[&Token]) -> Vec<Result<(), TokenError>> {
         let threads = match self.config.verify_threads {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             n => n,
         };
         parallel_verify(tokens, threads)
@@ -204,7 +228,11 @@ impl Authority {
         // Steps 1–3a, then step 4 for everything that passed.
         let mut checked: Vec<Option<Result<(), TokenError>>> = decoded
             .iter()
-            .map(|d| d.as_ref().ok().map(|t| authority_precheck(t, &self.key, &depositor)))
+            .map(|d| {
+                d.as_ref()
+                    .ok()
+                    .map(|t| authority_precheck(t, &self.key, &depositor))
+            })
             .collect();
         let to_verify: Vec<(usize, &Token)> = decoded
             .iter()
@@ -238,13 +266,18 @@ impl Authority {
                 let key = serial_key(&t.serial);
                 let mut record = match table.get(key)? {
                     Some(v) => Some(
-                        TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?,
+                        TokenRecord::decode(v.value())
+                            .map_err(|e| NodeError::Corrupt(e.to_string()))?,
                     ),
                     None => None,
                 };
                 let mut nonce = [0u8; 64];
                 rng.fill_bytes(&mut nonce);
-                let reanchor = Reanchor { signer: self.signer.as_ref(), nonce, handshake };
+                let reanchor = Reanchor {
+                    signer: self.signer.as_ref(),
+                    nonce,
+                    handshake,
+                };
                 let (outcome, changed) = settle(record.as_mut(), t, verdict, &depositor, reanchor);
                 if changed {
                     if let Some(r) = &record {
@@ -297,7 +330,8 @@ impl Authority {
                 return Err(NodeError::Corrupt("fraud entry too short".into()));
             }
             let at = u64::from_le_bytes(<[u8; 8]>::try_from(&v[..8]).unwrap_or_default());
-            let proof = FraudProof::decode(&v[8..]).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            let proof =
+                FraudProof::decode(&v[8..]).map_err(|e| NodeError::Corrupt(e.to_string()))?;
             out.push(fraud_info(&proof, at));
         }
         out.sort_by(|a, b| a.detected_at.cmp(&b.detected_at).then(a.id.cmp(&b.id)));
@@ -327,7 +361,11 @@ impl Authority {
             .into(),
             history_links: r.links.len(),
             anchors: r.epochs.len(),
-            holder: r.links.last().map(|l| l.recipient.to_address()).unwrap_or_default(),
+            holder: r
+                .links
+                .last()
+                .map(|l| l.recipient.to_address())
+                .unwrap_or_default(),
         })
     }
 
@@ -344,7 +382,8 @@ impl Authority {
                 .get(serial_key(&serial))?
                 .map(|v| v.value().to_vec())
                 .ok_or_else(|| NodeError::NotFound(format!("token {serial_hex} is unknown")))?;
-            let mut r = TokenRecord::decode(&bytes).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            let mut r =
+                TokenRecord::decode(&bytes).map_err(|e| NodeError::Corrupt(e.to_string()))?;
             r.status = TokenStatus::Blacklisted;
             table.insert(serial_key(&serial), r.encode().as_slice())?;
         }
@@ -387,7 +426,12 @@ pub fn parallel_verify(tokens: &[&Token], threads: usize) -> Vec<Result<(), Toke
             .flat_map(|(n, h)| {
                 // A panicking verifier would be a bug; its tokens are refused, never accepted.
                 h.join().unwrap_or_else(|_| {
-                    vec![Err(TokenError::Decode(florin_token::DecodeError::Invalid("verifier failed"))); n]
+                    vec![
+                        Err(TokenError::Decode(florin_token::DecodeError::Invalid(
+                            "verifier failed"
+                        )));
+                        n
+                    ]
                 })
             })
             .collect()

@@ -29,7 +29,10 @@ impl IntoResponse for NodeError {
             NodeError::Signer(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let body = ApiError { code: self.code().into(), error: self.to_string() };
+        let body = ApiError {
+            code: self.code().into(),
+            error: self.to_string(),
+        };
         (status, Json(body)).into_response()
     }
 }
@@ -45,7 +48,9 @@ where
 }
 
 async fn health() -> Json<Health> {
-    Json(Health { status: "ok".into() })
+    Json(Health {
+        status: "ok".into(),
+    })
 }
 
 async fn info(State(a): State<Arc<Authority>>) -> Json<Info> {
@@ -61,8 +66,11 @@ async fn faucet(
     State(a): State<Arc<Authority>>,
     Json(req): Json<FaucetRequest>,
 ) -> Result<Json<FaucetResponse>, NodeError> {
-    let tokens = blocking(move || a.faucet(&req.recipient, req.amount_cents, &req.handshake)).await?;
-    Ok(Json(FaucetResponse { tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect() }))
+    let tokens =
+        blocking(move || a.faucet(&req.recipient, req.amount_cents, &req.handshake)).await?;
+    Ok(Json(FaucetResponse {
+        tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect(),
+    }))
 }
 
 async fn deposit(
@@ -70,7 +78,9 @@ async fn deposit(
     Json(req): Json<DepositRequest>,
 ) -> Result<Json<DepositResponse>, NodeError> {
     if req.tokens.is_empty() {
-        return Err(NodeError::BadRequest("a deposit needs at least one token".into()));
+        return Err(NodeError::BadRequest(
+            "a deposit needs at least one token".into(),
+        ));
     }
     let results = blocking(move || a.deposit(&req.depositor, &req.handshake, &req.tokens)).await?;
     Ok(Json(DepositResponse { results }))
@@ -81,7 +91,10 @@ async fn fraud(State(a): State<Arc<Authority>>) -> Result<Response, NodeError> {
     Ok(Json(list).into_response())
 }
 
-async fn token(State(a): State<Arc<Authority>>, Path(serial): Path<String>) -> Result<Response, NodeError> {
+async fn token(
+    State(a): State<Arc<Authority>>,
+    Path(serial): Path<String>,
+) -> Result<Response, NodeError> {
     let info = blocking(move || a.token(&serial)).await?;
     Ok(Json(info).into_response())
 }
@@ -105,7 +118,10 @@ pub async fn serve(
     authority: Arc<Authority>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(authority).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router(authority).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

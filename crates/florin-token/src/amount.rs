@@ -37,7 +37,9 @@ pub fn parse_euros(s: &str) -> Result<u64, AmountError> {
     let whole: u64 = if whole.is_empty() {
         0
     } else {
-        whole.parse().map_err(|_| AmountError::TooLarge(s.to_string()))?
+        whole
+            .parse()
+            .map_err(|_| AmountError::TooLarge(s.to_string()))?
     };
     let frac_cents: u64 = match frac.len() {
         0 => 0,
@@ -68,10 +70,19 @@ mod tests {
         assert_eq!(parse_euros(".05"), Ok(5));
         assert_eq!(parse_euros("€3"), Ok(300));
         for bad in ["", ".", "1.", "-1", "1,50", "abc", "1.2.3", "1e3"] {
-            assert!(matches!(parse_euros(bad), Err(AmountError::Syntax(_))), "{bad}");
+            assert!(
+                matches!(parse_euros(bad), Err(AmountError::Syntax(_))),
+                "{bad}"
+            );
         }
-        assert!(matches!(parse_euros("1.234"), Err(AmountError::TooPrecise(_))));
-        assert!(matches!(parse_euros("999999999999999999999"), Err(AmountError::TooLarge(_))));
+        assert!(matches!(
+            parse_euros("1.234"),
+            Err(AmountError::TooPrecise(_))
+        ));
+        assert!(matches!(
+            parse_euros("999999999999999999999"),
+            Err(AmountError::TooLarge(_))
+        ));
         assert_eq!(format_cents(1250), "12.50");
         assert_eq!(format_cents(5), "0.05");
     }

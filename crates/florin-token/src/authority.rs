@@ -84,15 +84,23 @@ pub fn settle(
             (Outcome::Refused(DepositError::Conflict(serial)), false)
         }
         Reconcile::DoubleSpend(proof) => (Outcome::DoubleSpend(proof), false),
-        Reconcile::Known { next: Some(next) } if next.anchor().map(|a| a.recipient) == Some(*depositor) => {
+        Reconcile::Known { next: Some(next) }
+            if next.anchor().map(|a| a.recipient) == Some(*depositor) =>
+        {
             (Outcome::Repeated(next), false)
         }
-        Reconcile::Known { .. } => (Outcome::Refused(DepositError::AlreadyDeposited(serial)), false),
+        Reconcile::Known { .. } => (
+            Outcome::Refused(DepositError::AlreadyDeposited(serial)),
+            false,
+        ),
         Reconcile::Extends { new_links } => match record.status {
-            TokenStatus::Blacklisted => (Outcome::Refused(DepositError::Blacklisted(serial)), false),
-            TokenStatus::Deposited => {
-                (Outcome::Refused(DepositError::AlreadyDeposited(serial)), false)
+            TokenStatus::Blacklisted => {
+                (Outcome::Refused(DepositError::Blacklisted(serial)), false)
             }
+            TokenStatus::Deposited => (
+                Outcome::Refused(DepositError::AlreadyDeposited(serial)),
+                false,
+            ),
             TokenStatus::InCirculation => {
                 let fresh = match Token::mint(
                     reanchor.signer,
@@ -103,7 +111,9 @@ pub fn settle(
                     reanchor.handshake,
                 ) {
                     Ok(t) => t,
-                    Err(e) => return (Outcome::Refused(DepositError::Signer(e.to_string())), false),
+                    Err(e) => {
+                        return (Outcome::Refused(DepositError::Signer(e.to_string())), false)
+                    }
                 };
                 record.extend(incoming, new_links);
                 record.reanchor(&fresh);

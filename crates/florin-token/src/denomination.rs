@@ -86,7 +86,10 @@ impl Denomination {
 
     /// The wire byte.
     pub fn to_byte(self) -> u8 {
-        Self::ALL.iter().position(|d| *d == self).map_or(0, |i| i as u8 + 1)
+        Self::ALL
+            .iter()
+            .position(|d| *d == self)
+            .map_or(0, |i| i as u8 + 1)
     }
 
     /// Parses the wire byte.
@@ -156,7 +159,10 @@ mod tests {
             assert_eq!(Denomination::from_byte(d.to_byte()), Ok(d));
         }
         for b in [0u8, 16, 17, 128, 255] {
-            assert_eq!(Denomination::from_byte(b), Err(DecodeError::InvalidDenomination(b)));
+            assert_eq!(
+                Denomination::from_byte(b),
+                Err(DecodeError::InvalidDenomination(b))
+            );
         }
     }
 

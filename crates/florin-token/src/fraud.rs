@@ -122,22 +122,32 @@ impl FraudProof {
     ///
     /// With `expected_authority`, the proof must be anchored by that key; without it the
     /// authority named inside the proof is used (the caller should then compare it).
-    pub fn verify(&self, expected_authority: Option<&PublicKey>) -> Result<PublicKey, FraudProofError> {
+    pub fn verify(
+        &self,
+        expected_authority: Option<&PublicKey>,
+    ) -> Result<PublicKey, FraudProofError> {
         if let Some(exp) = expected_authority {
             if *exp != self.authority {
-                return Err(FraudProofError::WrongAuthority { expected: *exp, found: self.authority });
+                return Err(FraudProofError::WrongAuthority {
+                    expected: *exp,
+                    found: self.authority,
+                });
             }
         }
         if self.prefix.is_empty() {
             return Err(FraudProofError::Shape("empty prefix"));
         }
         if self.branch_a.is_empty() || self.branch_a.len() != self.branch_b.len() {
-            return Err(FraudProofError::Shape("branches empty or of unequal length"));
+            return Err(FraudProofError::Shape(
+                "branches empty or of unequal length",
+            ));
         }
         let n = self.branch_a.len();
         for i in 0..n - 1 {
             if !self.branch_a[i].same_payment(&self.branch_b[i]) {
-                return Err(FraudProofError::Shape("branches diverge before their last link"));
+                return Err(FraudProofError::Shape(
+                    "branches diverge before their last link",
+                ));
             }
         }
         if self.branch_a[n - 1].same_payment(&self.branch_b[n - 1]) {
@@ -167,7 +177,11 @@ impl FraudProof {
                     } else {
                         (name, i - self.prefix.len())
                     };
-                    FraudProofError::BadSignature { branch, link, reason }
+                    FraudProofError::BadSignature {
+                        branch,
+                        link,
+                        reason,
+                    }
                 })?;
             }
         }
@@ -184,7 +198,12 @@ impl FraudProof {
         out.extend_from_slice(&self.nonce);
         out.extend_from_slice(&(self.prefix.len() as u16).to_le_bytes());
         out.extend_from_slice(&(self.branch_a.len() as u16).to_le_bytes());
-        for l in self.prefix.iter().chain(&self.branch_a).chain(&self.branch_b) {
+        for l in self
+            .prefix
+            .iter()
+            .chain(&self.branch_a)
+            .chain(&self.branch_b)
+        {
             l.encode_into(&mut out);
         }
         out
@@ -195,7 +214,11 @@ impl FraudProof {
         let mut r = Reader::new(bytes);
         let version = r.u8("fraud proof version")?;
         if version != FRAUD_PROOF_VERSION {
-            return Err(DecodeError::UnknownVersion { what: "fraud proof", found: version }.into());
+            return Err(DecodeError::UnknownVersion {
+                what: "fraud proof",
+                found: version,
+            }
+            .into());
         }
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
@@ -205,14 +228,30 @@ impl FraudProof {
         let nb = r.u16("branch length")? as usize;
         let need = (np + 2 * nb) * 128;
         if r.remaining() < need {
-            return Err(DecodeError::Truncated { what: "links", needed: need - r.remaining() }.into());
+            return Err(DecodeError::Truncated {
+                what: "links",
+                needed: need - r.remaining(),
+            }
+            .into());
         }
-        let mut read = |n: usize| (0..n).map(|_| Link::decode_from(&mut r)).collect::<Result<Vec<_>, _>>();
+        let mut read = |n: usize| {
+            (0..n)
+                .map(|_| Link::decode_from(&mut r))
+                .collect::<Result<Vec<_>, _>>()
+        };
         let prefix = read(np)?;
         let branch_a = read(nb)?;
         let branch_b = read(nb)?;
         r.finish()?;
-        Ok(FraudProof { serial, value, authority, nonce, prefix, branch_a, branch_b })
+        Ok(FraudProof {
+            serial,
+            value,
+            authority,
+            nonce,
+            prefix,
+            branch_a,
+            branch_b,
+        })
     }
 }
 

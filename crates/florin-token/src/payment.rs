@@ -44,7 +44,10 @@ impl PaymentRequest {
         let mut r = Reader::new(bytes);
         let v = r.u8("request version")?;
         if v != REQUEST_VERSION {
-            return Err(DecodeError::UnknownVersion { what: "payment request", found: v });
+            return Err(DecodeError::UnknownVersion {
+                what: "payment request",
+                found: v,
+            });
         }
         let amount_cents = r.u64("amount")?;
         if amount_cents == 0 {
@@ -53,7 +56,11 @@ impl PaymentRequest {
         let payee = PublicKey(r.array("payee")?);
         let handshake = r.array("handshake")?;
         r.finish()?;
-        Ok(PaymentRequest { amount_cents, payee, handshake })
+        Ok(PaymentRequest {
+            amount_cents,
+            payee,
+            handshake,
+        })
     }
 }
 
@@ -93,7 +100,10 @@ impl Payment {
         let mut r = Reader::new(bytes);
         let v = r.u8("payment version")?;
         if v != PAYMENT_VERSION {
-            return Err(DecodeError::UnknownVersion { what: "payment", found: v });
+            return Err(DecodeError::UnknownVersion {
+                what: "payment",
+                found: v,
+            });
         }
         let payee = PublicKey(r.array("payee")?);
         let handshake = r.array("handshake")?;
@@ -108,6 +118,10 @@ impl Payment {
             tokens.push(Token::decode(bytes)?);
         }
         r.finish()?;
-        Ok(Payment { payee, handshake, tokens })
+        Ok(Payment {
+            payee,
+            handshake,
+            tokens,
+        })
     }
 }

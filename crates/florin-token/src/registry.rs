@@ -102,14 +102,20 @@ impl TokenRecord {
             value: token.value,
             authority: token.authority,
             status: TokenStatus::InCirculation,
-            epochs: vec![Epoch { start: 0, nonce: token.nonce }],
+            epochs: vec![Epoch {
+                start: 0,
+                nonce: token.nonce,
+            }],
             links: token.links.clone(),
         }
     }
 
     fn epoch_range(&self, e: usize) -> std::ops::Range<usize> {
         let start = self.epochs[e].start as usize;
-        let end = self.epochs.get(e + 1).map_or(self.links.len(), |n| n.start as usize);
+        let end = self
+            .epochs
+            .get(e + 1)
+            .map_or(self.links.len(), |n| n.start as usize);
         start..end.min(self.links.len())
     }
 
@@ -142,14 +148,22 @@ impl TokenRecord {
             return Reconcile::UnknownAnchor;
         };
         let history = &self.links[self.epoch_range(e)];
-        let common = history.iter().zip(&incoming.links).take_while(|(a, b)| a == b).count();
+        let common = history
+            .iter()
+            .zip(&incoming.links)
+            .take_while(|(a, b)| a == b)
+            .count();
         let last_epoch = e + 1 == self.epochs.len();
         if common == incoming.links.len() {
-            return Reconcile::Known { next: self.epoch_token(e + 1) };
+            return Reconcile::Known {
+                next: self.epoch_token(e + 1),
+            };
         }
         if common == history.len() {
             return if last_epoch {
-                Reconcile::Extends { new_links: incoming.links.len() - common }
+                Reconcile::Extends {
+                    new_links: incoming.links.len() - common,
+                }
             } else {
                 // The history moved on from here (a deposit ended this epoch); going on from
                 // its end would need the authority's signature on a transfer, which it never
@@ -172,7 +186,10 @@ impl TokenRecord {
 
     /// Records a re-anchor (IV-E step 6): `token` is the fresh one-link token.
     pub fn reanchor(&mut self, token: &Token) {
-        self.epochs.push(Epoch { start: self.links.len() as u32, nonce: token.nonce });
+        self.epochs.push(Epoch {
+            start: self.links.len() as u32,
+            nonce: token.nonce,
+        });
         self.links.extend_from_slice(&token.links);
     }
 
@@ -201,7 +218,10 @@ impl TokenRecord {
         let mut r = Reader::new(bytes);
         let v = r.u8("record version")?;
         if v != RECORD_VERSION {
-            return Err(DecodeError::UnknownVersion { what: "token record", found: v });
+            return Err(DecodeError::UnknownVersion {
+                what: "token record",
+                found: v,
+            });
         }
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
@@ -213,13 +233,21 @@ impl TokenRecord {
         }
         let mut epochs = Vec::with_capacity(ne);
         for _ in 0..ne {
-            epochs.push(Epoch { start: r.u32("epoch start")?, nonce: r.array("epoch nonce")? });
+            epochs.push(Epoch {
+                start: r.u32("epoch start")?,
+                nonce: r.array("epoch nonce")?,
+            });
         }
         let nl = r.u32("link count")? as usize;
         if r.remaining() < nl * 128 {
-            return Err(DecodeError::Truncated { what: "links", needed: nl * 128 - r.remaining() });
+            return Err(DecodeError::Truncated {
+                what: "links",
+                needed: nl * 128 - r.remaining(),
+            });
         }
-        let links = (0..nl).map(|_| Link::decode_from(&mut r)).collect::<Result<Vec<_>, _>>()?;
+        let links = (0..nl)
+            .map(|_| Link::decode_from(&mut r))
+            .collect::<Result<Vec<_>, _>>()?;
         r.finish()?;
         let mut prev = None;
         for ep in &epochs {
@@ -228,6 +256,13 @@ impl TokenRecord {
             }
             prev = Some(ep.start);
         }
-        Ok(TokenRecord { serial, value, authority, status, epochs, links })
+        Ok(TokenRecord {
+            serial,
+            value,
+            authority,
+            status,
+            epochs,
+            links,
+        })
     }
 }

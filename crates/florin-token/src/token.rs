@@ -133,14 +133,25 @@ impl Token {
         handshake: Handshake,
     ) -> Result<Token, SignerError> {
         let authority_key = authority.public_key();
-        let msg = anchor_message(&serial, value, &authority_key, &nonce, &recipient, &handshake);
+        let msg = anchor_message(
+            &serial,
+            value,
+            &authority_key,
+            &nonce,
+            &recipient,
+            &handshake,
+        );
         let proof = authority.sign(&msg)?;
         Ok(Token {
             serial,
             value,
             authority: authority_key,
             nonce,
-            links: vec![Link { recipient, handshake, proof }],
+            links: vec![Link {
+                recipient,
+                handshake,
+                proof,
+            }],
         })
     }
 
@@ -213,7 +224,11 @@ impl Token {
         let msg = link_message(&self.serial, &last.proof, &recipient, &handshake);
         let proof = holder.sign(&msg)?;
         let mut next = self.clone();
-        next.links.push(Link { recipient, handshake, proof });
+        next.links.push(Link {
+            recipient,
+            handshake,
+            proof,
+        });
         Ok(next)
     }
 
@@ -252,7 +267,10 @@ impl Token {
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Token, DecodeError> {
         let version = r.u8("token version")?;
         if version != TOKEN_VERSION {
-            return Err(DecodeError::UnknownVersion { what: "token", found: version });
+            return Err(DecodeError::UnknownVersion {
+                what: "token",
+                found: version,
+            });
         }
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
@@ -268,7 +286,15 @@ impl Token {
                 needed: n * LINK_LEN - r.remaining(),
             });
         }
-        let links = (0..n).map(|_| Link::decode_from(r)).collect::<Result<_, _>>()?;
-        Ok(Token { serial, value, authority, nonce, links })
+        let links = (0..n)
+            .map(|_| Link::decode_from(r))
+            .collect::<Result<_, _>>()?;
+        Ok(Token {
+            serial,
+            value,
+            authority,
+            nonce,
+            links,
+        })
     }
 }

@@ -54,7 +54,9 @@ pub enum TokenError {
         max: usize,
     },
     /// Replay prevention: the last link carries another handshake than the one issued.
-    #[error("token {serial} was not made for this payment request (handshake mismatch: a replay?)")]
+    #[error(
+        "token {serial} was not made for this payment request (handshake mismatch: a replay?)"
+    )]
     WrongHandshake {
         /// Serial (hex).
         serial: String,
@@ -116,15 +118,28 @@ pub fn client_precheck(
     policy: &ClientPolicy,
 ) -> Result<(), TokenError> {
     let serial = token.serial_hex();
-    let last = token.links.last().ok_or(DecodeError::Invalid("token without links"))?;
+    let last = token
+        .links
+        .last()
+        .ok_or(DecodeError::Invalid("token without links"))?;
     if last.recipient != *me {
-        return Err(TokenError::NotForMe { serial, to: last.recipient });
+        return Err(TokenError::NotForMe {
+            serial,
+            to: last.recipient,
+        });
     }
     if !policy.trusted_authorities.contains(&token.authority) {
-        return Err(TokenError::UnknownAuthority { serial, authority: token.authority });
+        return Err(TokenError::UnknownAuthority {
+            serial,
+            authority: token.authority,
+        });
     }
     if token.hops() > policy.max_hops {
-        return Err(TokenError::TooManyHops { serial, hops: token.hops(), max: policy.max_hops });
+        return Err(TokenError::TooManyHops {
+            serial,
+            hops: token.hops(),
+            max: policy.max_hops,
+        });
     }
     if let Some(h) = expected_handshake {
         if last.handshake != *h {
@@ -146,7 +161,10 @@ pub fn authority_precheck(
 ) -> Result<(), TokenError> {
     let serial = token.serial_hex();
     if token.authority != *authority {
-        return Err(TokenError::WrongAuthority { serial, authority: token.authority });
+        return Err(TokenError::WrongAuthority {
+            serial,
+            authority: token.authority,
+        });
     }
     let n = token.links.len();
     if n < 3 {
@@ -156,7 +174,10 @@ pub fn authority_precheck(
         return Err(TokenError::AuthorityNotLastRecipient { serial });
     }
     if token.links[n - 2].recipient != *depositor {
-        return Err(TokenError::NotFromDepositor { serial, depositor: *depositor });
+        return Err(TokenError::NotFromDepositor {
+            serial,
+            depositor: *depositor,
+        });
     }
     Ok(())
 }

@@ -1,13 +1,17 @@
 //! The offline-cash protocol end to end, without I/O: mint, hops, client and authority
 //! verification, replay prevention, double-spend detection and fraud proofs.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashSet;
 
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_token::authority::{settle, Outcome, Reanchor};
 use florin_token::registry::{Reconcile, TokenRecord};
 use florin_token::verify::{authority_precheck, client_precheck, verify_chain, verify_chains};
-use florin_token::{ClientPolicy, DecodeError, Denomination, FraudProof, Payment, PaymentRequest, Token, TokenError};
+use florin_token::{
+    ClientPolicy, DecodeError, Denomination, FraudProof, Payment, PaymentRequest, Token, TokenError,
+};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -25,19 +29,32 @@ fn authority() -> LocalSigner {
 }
 
 fn mint_to(holder: &PublicKey, serial: u8) -> Token {
-    Token::mint(&authority(), [serial; 8], Denomination::E5, [9; 64], *holder, [1; 32]).unwrap()
+    Token::mint(
+        &authority(),
+        [serial; 8],
+        Denomination::E5,
+        [9; 64],
+        *holder,
+        [1; 32],
+    )
+    .unwrap()
 }
 
 /// Passes `token` along `holders[1..]`, each hop with its own handshake.
 fn hop(mut token: Token, holders: &[LocalSigner], salt: u8) -> Token {
     for w in holders.windows(2) {
-        token = token.transfer(&w[0], w[1].public_key(), [salt; 32]).unwrap();
+        token = token
+            .transfer(&w[0], w[1].public_key(), [salt; 32])
+            .unwrap();
     }
     token
 }
 
 fn policy() -> ClientPolicy {
-    ClientPolicy { trusted_authorities: vec![authority().public_key()], max_hops: 32 }
+    ClientPolicy {
+        trusted_authorities: vec![authority().public_key()],
+        max_hops: 32,
+    }
 }
 
 fn client_ok(token: &Token, me: &PublicKey) -> Result<(), TokenError> {
@@ -52,27 +69,50 @@ fn honest_chain_verifies_for_its_holder_only() {
     assert_eq!(t.hops(), 5);
     assert_eq!(t.encoded_len(), 108 + 6 * 128);
     assert_eq!(client_ok(&t, &w[5].public_key()), Ok(()));
-    assert!(matches!(client_ok(&t, &w[4].public_key()), Err(TokenError::NotForMe { .. })));
+    assert!(matches!(
+        client_ok(&t, &w[4].public_key()),
+        Err(TokenError::NotForMe { .. })
+    ));
 }
 
 #[test]
 fn only_the_holder_can_transfer() {
     let t = mint_to(&signer(1).public_key(), 1);
-    assert!(t.transfer(&signer(2), signer(3).public_key(), [0; 32]).is_err());
+    assert!(t
+        .transfer(&signer(2), signer(3).public_key(), [0; 32])
+        .is_err());
 }
 
 #[test]
 fn unknown_authority_and_hop_limit() {
     let fake = signer(99);
     let me = signer(1);
-    let t = Token::mint(&fake, [1; 8], Denomination::C1, [0; 64], me.public_key(), [0; 32]).unwrap();
-    assert!(matches!(client_ok(&t, &me.public_key()), Err(TokenError::UnknownAuthority { .. })));
+    let t = Token::mint(
+        &fake,
+        [1; 8],
+        Denomination::C1,
+        [0; 64],
+        me.public_key(),
+        [0; 32],
+    )
+    .unwrap();
+    assert!(matches!(
+        client_ok(&t, &me.public_key()),
+        Err(TokenError::UnknownAuthority { .. })
+    ));
     let w: Vec<_> = (1..=5).map(signer).collect();
     let long = hop(mint_to(&w[0].public_key(), 2), &w, 1);
-    let tight = ClientPolicy { max_hops: 3, ..policy() };
+    let tight = ClientPolicy {
+        max_hops: 3,
+        ..policy()
+    };
     assert!(matches!(
         client_precheck(&long, &w[4].public_key(), None, &HashSet::new(), &tight),
-        Err(TokenError::TooManyHops { hops: 4, max: 3, .. })
+        Err(TokenError::TooManyHops {
+            hops: 4,
+            max: 3,
+            ..
+        })
     ));
 }
 
@@ -82,7 +122,13 @@ fn replay_is_refused_by_handshake_and_seen_proof() {
     let t = mint_to(&a.public_key(), 1);
     let paid = t.transfer(&a, b.public_key(), [5; 32]).unwrap();
     // The payee issued a new handshake: the old payment does not carry it.
-    let r = client_precheck(&paid, &b.public_key(), Some(&[6; 32]), &HashSet::new(), &policy());
+    let r = client_precheck(
+        &paid,
+        &b.public_key(),
+        Some(&[6; 32]),
+        &HashSet::new(),
+        &policy(),
+    );
     assert!(matches!(r, Err(TokenError::WrongHandshake { .. })));
     // Even with the right handshake, a proof already accepted is refused.
     let seen: HashSet<_> = [paid.links.last().unwrap().proof].into_iter().collect();
@@ -97,7 +143,10 @@ fn a_token_may_come_back_to_a_previous_holder() {
     let to_b = t.transfer(&a, b.public_key(), [5; 32]).unwrap();
     let seen: HashSet<_> = [t.links[0].proof].into_iter().collect(); // a accepted the anchor
     let back = to_b.transfer(&b, a.public_key(), [6; 32]).unwrap();
-    assert_eq!(client_precheck(&back, &a.public_key(), Some(&[6; 32]), &seen, &policy()), Ok(()));
+    assert_eq!(
+        client_precheck(&back, &a.public_key(), Some(&[6; 32]), &seen, &policy()),
+        Ok(())
+    );
 }
 
 #[test]
@@ -110,12 +159,21 @@ fn decoders_reject_malformed_bytes() {
     assert_eq!(Token::decode(&trailing), Err(DecodeError::TrailingBytes(1)));
     let mut version = bytes.clone();
     version[0] = 2;
-    assert!(matches!(Token::decode(&version), Err(DecodeError::UnknownVersion { found: 2, .. })));
+    assert!(matches!(
+        Token::decode(&version),
+        Err(DecodeError::UnknownVersion { found: 2, .. })
+    ));
     let mut value = bytes.clone();
     value[9] = 0;
-    assert_eq!(Token::decode(&value), Err(DecodeError::InvalidDenomination(0)));
+    assert_eq!(
+        Token::decode(&value),
+        Err(DecodeError::InvalidDenomination(0))
+    );
     value[9] = 16;
-    assert_eq!(Token::decode(&value), Err(DecodeError::InvalidDenomination(16)));
+    assert_eq!(
+        Token::decode(&value),
+        Err(DecodeError::InvalidDenomination(16))
+    );
     for cut in 0..bytes.len() {
         assert!(Token::decode(&bytes[..cut]).is_err());
     }
@@ -126,7 +184,10 @@ fn decoders_reject_malformed_bytes() {
     let mut huge = bytes.clone();
     huge[106] = 0xff;
     huge[107] = 0xff;
-    assert!(matches!(Token::decode(&huge), Err(DecodeError::Truncated { .. })));
+    assert!(matches!(
+        Token::decode(&huge),
+        Err(DecodeError::Truncated { .. })
+    ));
     assert!(Payment::decode(&[]).is_err());
     assert!(PaymentRequest::decode(&[1, 0]).is_err());
 }
@@ -134,21 +195,39 @@ fn decoders_reject_malformed_bytes() {
 #[test]
 fn token_encoding_is_pinned() {
     let (a, b) = (signer(1), signer(2));
-    let t = mint_to(&a.public_key(), 1).transfer(&a, b.public_key(), [5; 32]).unwrap();
+    let t = mint_to(&a.public_key(), 1)
+        .transfer(&a, b.public_key(), [5; 32])
+        .unwrap();
     let expected = include_str!("vectors/token_v1.hex").trim();
     assert_eq!(hex::encode(t.encode()), expected, "token encoding changed");
-    let req = PaymentRequest { amount_cents: 1250, payee: b.public_key(), handshake: [5; 32] };
+    let req = PaymentRequest {
+        amount_cents: 1250,
+        payee: b.public_key(),
+        handshake: [5; 32],
+    };
     let expected = include_str!("vectors/request_v1.hex").trim();
-    assert_eq!(hex::encode(req.encode()), expected, "request encoding changed");
+    assert_eq!(
+        hex::encode(req.encode()),
+        expected,
+        "request encoding changed"
+    );
 }
 
 #[test]
 fn payment_roundtrip() {
     let (a, b) = (signer(1), signer(2));
     let tokens: Vec<_> = (0..3)
-        .map(|i| mint_to(&a.public_key(), i).transfer(&a, b.public_key(), [5; 32]).unwrap())
+        .map(|i| {
+            mint_to(&a.public_key(), i)
+                .transfer(&a, b.public_key(), [5; 32])
+                .unwrap()
+        })
         .collect();
-    let p = Payment { payee: b.public_key(), handshake: [5; 32], tokens };
+    let p = Payment {
+        payee: b.public_key(),
+        handshake: [5; 32],
+        tokens,
+    };
     assert_eq!(Payment::decode(&p.encode()), Ok(p.clone()));
     assert_eq!(p.amount_cents(), 1500);
     let mut extra = p.encode();
@@ -166,7 +245,11 @@ fn deposit(record: &mut TokenRecord, token: &Token, depositor: &LocalSigner) -> 
         token,
         checked,
         &depositor.public_key(),
-        Reanchor { signer: &auth, nonce: [77; 64], handshake: [78; 32] },
+        Reanchor {
+            signer: &auth,
+            nonce: [77; 64],
+            handshake: [78; 32],
+        },
     )
     .0
 }
@@ -177,8 +260,12 @@ fn clean_deposit_reanchors_and_keeps_history() {
     let w: Vec<_> = (1..=3).map(signer).collect();
     let minted = mint_to(&w[0].public_key(), 1);
     let mut rec = TokenRecord::minted(&minted);
-    let t = hop(minted, &w, 2).transfer(&w[2], auth.public_key(), [4; 32]).unwrap();
-    let Outcome::Reanchored(fresh) = deposit(&mut rec, &t, &w[2]) else { panic!() };
+    let t = hop(minted, &w, 2)
+        .transfer(&w[2], auth.public_key(), [4; 32])
+        .unwrap();
+    let Outcome::Reanchored(fresh) = deposit(&mut rec, &t, &w[2]) else {
+        panic!()
+    };
     assert_eq!(fresh.links.len(), 1);
     assert_eq!(fresh.holder(), Some(w[2].public_key()));
     assert_eq!(client_ok(&fresh, &w[2].public_key()), Ok(()));
@@ -186,12 +273,20 @@ fn clean_deposit_reanchors_and_keeps_history() {
     assert_eq!(rec.epochs.len(), 2);
     // Retrying the same deposit returns the same token and changes nothing.
     let before = rec.clone();
-    assert_eq!(deposit(&mut rec, &t, &w[2]), Outcome::Repeated(fresh.clone()));
+    assert_eq!(
+        deposit(&mut rec, &t, &w[2]),
+        Outcome::Repeated(fresh.clone())
+    );
     assert_eq!(rec, before);
     // The re-anchored token circulates and comes back cleanly again.
     let w2: Vec<_> = vec![w[2].clone(), signer(4), signer(5)];
-    let t2 = hop(fresh, &w2, 8).transfer(&w2[2], auth.public_key(), [9; 32]).unwrap();
-    assert!(matches!(deposit(&mut rec, &t2, &w2[2]), Outcome::Reanchored(_)));
+    let t2 = hop(fresh, &w2, 8)
+        .transfer(&w2[2], auth.public_key(), [9; 32])
+        .unwrap();
+    assert!(matches!(
+        deposit(&mut rec, &t2, &w2[2]),
+        Outcome::Reanchored(_)
+    ));
     assert_eq!(TokenRecord::decode(&rec.encode()), Ok(rec.clone()));
 }
 
@@ -203,7 +298,10 @@ fn deposit_structure_is_checked() {
     let mut rec = TokenRecord::minted(&minted);
     // Only two links: never spent offline.
     let direct = minted.transfer(&a, auth.public_key(), [0; 32]).unwrap();
-    assert!(matches!(deposit(&mut rec, &direct, &a), Outcome::Refused(_)));
+    assert!(matches!(
+        deposit(&mut rec, &direct, &a),
+        Outcome::Refused(_)
+    ));
     // Not addressed to the authority.
     let to_b = minted.transfer(&a, b.public_key(), [0; 32]).unwrap();
     let to_a = to_b.transfer(&b, a.public_key(), [0; 32]).unwrap();
@@ -214,13 +312,20 @@ fn deposit_structure_is_checked() {
     // A forged link.
     let mut forged = ok.clone();
     forged.links[1].proof.0[0] ^= 1;
-    assert!(matches!(deposit(&mut rec, &forged, &b), Outcome::Refused(_)));
+    assert!(matches!(
+        deposit(&mut rec, &forged, &b),
+        Outcome::Refused(_)
+    ));
     assert_eq!(rec, TokenRecord::minted(&minted));
 }
 
 /// Builds two copies of a token that `culprit_at` paid twice; the rest of each branch is
 /// honest hops to fresh wallets, ending at the authority.
-fn double_spend(prefix_len: usize, tail_a: usize, tail_b: usize) -> (Token, Token, Token, PublicKey, LocalSigner, LocalSigner) {
+fn double_spend(
+    prefix_len: usize,
+    tail_a: usize,
+    tail_b: usize,
+) -> (Token, Token, Token, PublicKey, LocalSigner, LocalSigner) {
     let auth = authority();
     let common: Vec<_> = (1..=prefix_len as u8).map(signer).collect();
     let minted = mint_to(&common[0].public_key(), 1);
@@ -244,9 +349,18 @@ fn double_spend_names_the_payer_whichever_copy_arrives_first() {
     for first_a in [true, false] {
         let (minted, a, b, culprit, a_dep, b_dep) = double_spend(3, 2, 1);
         let mut rec = TokenRecord::minted(&minted);
-        let (first, second, d1, d2) = if first_a { (&a, &b, &a_dep, &b_dep) } else { (&b, &a, &b_dep, &a_dep) };
-        assert!(matches!(deposit(&mut rec, first, d1), Outcome::Reanchored(_)));
-        let Outcome::DoubleSpend(proof) = deposit(&mut rec, second, d2) else { panic!() };
+        let (first, second, d1, d2) = if first_a {
+            (&a, &b, &a_dep, &b_dep)
+        } else {
+            (&b, &a, &b_dep, &a_dep)
+        };
+        assert!(matches!(
+            deposit(&mut rec, first, d1),
+            Outcome::Reanchored(_)
+        ));
+        let Outcome::DoubleSpend(proof) = deposit(&mut rec, second, d2) else {
+            panic!()
+        };
         assert_eq!(proof.verify(Some(&authority().public_key())), Ok(culprit));
         assert_eq!(FraudProof::decode(&proof.encode()), Ok((*proof).clone()));
         // Tampering with any byte of the proof's links invalidates it or changes nothing.
@@ -272,10 +386,15 @@ fn deposit_then_spend_again_is_caught() {
     let mut rec = TokenRecord::minted(&minted);
     let at_b = minted.transfer(&a, b.public_key(), [1; 32]).unwrap();
     let deposited = at_b.transfer(&b, auth.public_key(), [2; 32]).unwrap();
-    assert!(matches!(deposit(&mut rec, &deposited, &b), Outcome::Reanchored(_)));
+    assert!(matches!(
+        deposit(&mut rec, &deposited, &b),
+        Outcome::Reanchored(_)
+    ));
     let to_c = at_b.transfer(&b, c.public_key(), [3; 32]).unwrap();
     let back = to_c.transfer(&c, auth.public_key(), [4; 32]).unwrap();
-    let Outcome::DoubleSpend(proof) = deposit(&mut rec, &back, &c) else { panic!() };
+    let Outcome::DoubleSpend(proof) = deposit(&mut rec, &back, &c) else {
+        panic!()
+    };
     assert_eq!(proof.verify(None), Ok(b.public_key()));
 }
 
@@ -284,7 +403,15 @@ fn unknown_anchor_is_refused() {
     let (a, b) = (signer(1), signer(2));
     let minted = mint_to(&a.public_key(), 1);
     let rec = TokenRecord::minted(&minted);
-    let other = Token::mint(&authority(), [1; 8], Denomination::E5, [8; 64], a.public_key(), [1; 32]).unwrap();
+    let other = Token::mint(
+        &authority(),
+        [1; 8],
+        Denomination::E5,
+        [8; 64],
+        a.public_key(),
+        [1; 32],
+    )
+    .unwrap();
     let t = other.transfer(&a, b.public_key(), [0; 32]).unwrap();
     assert_eq!(rec.reconcile(&t), Reconcile::UnknownAnchor);
 }
@@ -292,7 +419,9 @@ fn unknown_anchor_is_refused() {
 #[test]
 fn batched_chain_check_names_the_bad_token() {
     let w: Vec<_> = (1..=3).map(signer).collect();
-    let mut tokens: Vec<_> = (0..10).map(|i| hop(mint_to(&w[0].public_key(), i), &w, i)).collect();
+    let mut tokens: Vec<_> = (0..10)
+        .map(|i| hop(mint_to(&w[0].public_key(), i), &w, i))
+        .collect();
     tokens[6].links[2].handshake[0] ^= 1;
     let refs: Vec<&Token> = tokens.iter().collect();
     let res = verify_chains(&refs, &mut rng());

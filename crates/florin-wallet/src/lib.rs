@@ -13,6 +13,6 @@ mod wallet;
 pub use select::select_exact;
 pub use store::{FileStore, StoreError, WalletStore};
 pub use wallet::{
-    Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet, WalletError,
-    DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS,
+    Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet,
+    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS,
 };

@@ -57,7 +57,14 @@ fn dfs(
     let max = (remaining / value).min(by[i].1.len() as u64) as usize;
     for k in (0..=max).rev() {
         counts[i] = k;
-        if dfs(by, suffix, i + 1, remaining - value * k as u64, counts, budget) {
+        if dfs(
+            by,
+            suffix,
+            i + 1,
+            remaining - value * k as u64,
+            counts,
+            budget,
+        ) {
             return true;
         }
     }

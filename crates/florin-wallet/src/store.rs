@@ -65,7 +65,10 @@ impl FileStore {
     }
 
     fn io(&self, source: std::io::Error) -> StoreError {
-        StoreError::Io { path: self.path.clone(), source }
+        StoreError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 }
 
@@ -78,8 +81,10 @@ impl WalletStore for FileStore {
             }
             Err(e) => return Err(self.io(e)),
         };
-        Wallet::from_json(&bytes)
-            .map_err(|reason| StoreError::Corrupt { path: self.path.clone(), reason })
+        Wallet::from_json(&bytes).map_err(|reason| StoreError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        })
     }
 
     fn save(&self, wallet: &Wallet) -> Result<(), StoreError> {
@@ -88,7 +93,11 @@ impl WalletStore for FileStore {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{name}.tmp"));
         let mut opts = fs::OpenOptions::new();
         opts.write(true).create(true).truncate(true);

@@ -30,7 +30,9 @@ pub enum WalletError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The wallet does not know which authority to trust yet.
-    #[error("this wallet trusts no authority yet: connect it to a node (faucet) or pass --authority")]
+    #[error(
+        "this wallet trusts no authority yet: connect it to a node (faucet) or pass --authority"
+    )]
     NoAuthority,
     /// Not enough money.
     #[error("insufficient funds: €{} held, €{} needed", format_cents(*have), format_cents(*need))]
@@ -225,7 +227,9 @@ pub struct Wallet {
 }
 
 fn hex32(s: &str) -> Option<[u8; 32]> {
-    hex::decode(s).ok().and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+    hex::decode(s)
+        .ok()
+        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
 }
 
 fn counts(tokens: &[&Token]) -> (Vec<DenominationCount>, u64) {
@@ -292,7 +296,11 @@ impl Wallet {
     /// What the wallet holds.
     pub fn balance(&self) -> Balance {
         let of = |st: TokenState| -> Vec<&Token> {
-            self.tokens.iter().filter(|(_, s)| *s == st).map(|(t, _)| t).collect()
+            self.tokens
+                .iter()
+                .filter(|(_, s)| *s == st)
+                .map(|(t, _)| t)
+                .collect()
         };
         let (verified, verified_cents) = counts(&of(TokenState::Verified));
         let (offline, offline_cents) = counts(&of(TokenState::Offline));
@@ -330,7 +338,10 @@ impl Wallet {
         handshake: &Handshake,
         rng: &mut R,
     ) -> Result<u64, WalletError> {
-        let policy = ClientPolicy { max_hops: 0, ..self.policy()? };
+        let policy = ClientPolicy {
+            max_hops: 0,
+            ..self.policy()?
+        };
         self.check_incoming(&tokens, handshake, &policy, rng)?;
         let total = tokens.iter().map(|t| t.value.cents()).sum();
         for t in tokens {
@@ -371,10 +382,21 @@ impl Wallet {
     }
 
     /// Issues a payment request for `amount_cents` (payee side).
-    pub fn request<R: RngCore + CryptoRng>(&mut self, amount_cents: u64, rng: &mut R) -> PaymentRequest {
+    pub fn request<R: RngCore + CryptoRng>(
+        &mut self,
+        amount_cents: u64,
+        rng: &mut R,
+    ) -> PaymentRequest {
         let handshake = Self::fresh_handshake(rng);
-        self.requests.push(IssuedRequest { handshake: hex::encode(handshake), amount_cents });
-        PaymentRequest { amount_cents, payee: self.public_key(), handshake }
+        self.requests.push(IssuedRequest {
+            handshake: hex::encode(handshake),
+            amount_cents,
+        });
+        PaymentRequest {
+            amount_cents,
+            payee: self.public_key(),
+            handshake,
+        }
     }
 
     /// Pays a request (payer side): chooses tokens making exact change and passes them on.
@@ -384,14 +406,24 @@ impl Wallet {
             return Err(WalletError::PayingSelf);
         }
         let hs = hex::encode(req.handshake);
-        if let Some(s) = self.sent.iter().find(|s| s.handshake == hs && s.payee == req.payee) {
-            if let Some(p) = hex::decode(&s.payment).ok().and_then(|b| Payment::decode(&b).ok()) {
+        if let Some(s) = self
+            .sent
+            .iter()
+            .find(|s| s.handshake == hs && s.payee == req.payee)
+        {
+            if let Some(p) = hex::decode(&s.payment)
+                .ok()
+                .and_then(|b| Payment::decode(&b).ok())
+            {
                 return Ok(p);
             }
         }
         let have: u64 = self.tokens.iter().map(|(t, _)| t.value.cents()).sum();
         if have < req.amount_cents {
-            return Err(WalletError::InsufficientFunds { have, need: req.amount_cents });
+            return Err(WalletError::InsufficientFunds {
+                have,
+                need: req.amount_cents,
+            });
         }
         // Prefer tokens with short chains: sort by hops so selection sees them first.
         let mut order: Vec<usize> = (0..self.tokens.len()).collect();
@@ -405,7 +437,10 @@ impl Wallet {
                 .map(|c| format!("{}×€{}", c.count, c.denomination))
                 .collect::<Vec<_>>()
                 .join(", ");
-            WalletError::NoExactChange { amount: req.amount_cents, holdings }
+            WalletError::NoExactChange {
+                amount: req.amount_cents,
+                holdings,
+            }
         })?;
         let mut idx: Vec<usize> = chosen.iter().map(|&k| order[k]).collect();
         idx.sort_unstable();
@@ -420,7 +455,11 @@ impl Wallet {
         for &i in idx.iter().rev() {
             self.tokens.remove(i);
         }
-        let payment = Payment { payee: req.payee, handshake: req.handshake, tokens: out };
+        let payment = Payment {
+            payee: req.payee,
+            handshake: req.handshake,
+            tokens: out,
+        };
         self.sent.push(SentPayment {
             handshake: hs,
             payee: req.payee,
@@ -430,12 +469,20 @@ impl Wallet {
     }
 
     /// Accepts a payment (payee side): verifies every token, all or nothing.
-    pub fn accept<R: RngCore + CryptoRng>(&mut self, payment: &Payment, rng: &mut R) -> Result<u64, WalletError> {
+    pub fn accept<R: RngCore + CryptoRng>(
+        &mut self,
+        payment: &Payment,
+        rng: &mut R,
+    ) -> Result<u64, WalletError> {
         if payment.payee != self.public_key() {
             return Err(WalletError::WrongPayee(payment.payee));
         }
         let hs = hex::encode(payment.handshake);
-        let ri = self.requests.iter().position(|r| r.handshake == hs).ok_or(WalletError::UnknownRequest)?;
+        let ri = self
+            .requests
+            .iter()
+            .position(|r| r.handshake == hs)
+            .ok_or(WalletError::UnknownRequest)?;
         let asked = self.requests[ri].amount_cents;
         let got = payment.amount_cents();
         if got != asked {
@@ -445,7 +492,10 @@ impl Wallet {
         self.check_incoming(&payment.tokens, &payment.handshake, &policy, rng)?;
         let would_hold = self.balance().offline_cents + got;
         if would_hold > self.max_offline_cents {
-            return Err(WalletError::OfflineLimit { limit: self.max_offline_cents, would_hold });
+            return Err(WalletError::OfflineLimit {
+                limit: self.max_offline_cents,
+                would_hold,
+            });
         }
         for t in &payment.tokens {
             self.remember(t);
@@ -503,18 +553,28 @@ impl Wallet {
         let handshake = hex32(&pending.handshake).unwrap_or_default();
         let mut remaining: Vec<Token> = self.pending_tokens();
         let mut res = DepositResult::default();
-        let policy = ClientPolicy { max_hops: 0, ..self.policy()? };
+        let policy = ClientPolicy {
+            max_hops: 0,
+            ..self.policy()?
+        };
         for item in items {
             let serial = match &item {
                 DepositItem::Reanchored(t) => t.serial,
-                DepositItem::DoubleSpend { serial, .. } | DepositItem::Refused { serial, .. } => *serial,
+                DepositItem::DoubleSpend { serial, .. } | DepositItem::Refused { serial, .. } => {
+                    *serial
+                }
             };
-            let Some(pos) = remaining.iter().position(|t| t.serial == serial) else { continue };
+            let Some(pos) = remaining.iter().position(|t| t.serial == serial) else {
+                continue;
+            };
             let value = remaining[pos].value.cents();
             match item {
                 DepositItem::Reanchored(t) => {
                     if t.value != remaining[pos].value {
-                        res.refused.push((hex::encode(serial), "authority returned another value".into()));
+                        res.refused.push((
+                            hex::encode(serial),
+                            "authority returned another value".into(),
+                        ));
                         continue;
                     }
                     self.check_incoming(std::slice::from_ref(&t), &handshake, &policy, rng)?;
@@ -527,7 +587,8 @@ impl Wallet {
                 DepositItem::DoubleSpend { proof, .. } => {
                     remaining.remove(pos);
                     let culprit = proof.culprit().map(|c| c.to_address()).unwrap_or_default();
-                    res.fraud.push((hex::encode(serial), culprit, hex::encode(proof.encode())));
+                    res.fraud
+                        .push((hex::encode(serial), culprit, hex::encode(proof.encode())));
                     res.lost_cents += value;
                 }
                 DepositItem::Refused { reason, retry, .. } => {
@@ -563,7 +624,10 @@ impl Wallet {
             tokens: self
                 .tokens
                 .iter()
-                .map(|(t, s)| HeldToken { state: *s, token: hex::encode(t.encode()) })
+                .map(|(t, s)| HeldToken {
+                    state: *s,
+                    token: hex::encode(t.encode()),
+                })
                 .collect(),
             requests: self.requests.clone(),
             seen_proofs: self.seen.iter().map(|s| hex::encode(s.0)).collect(),
@@ -591,7 +655,9 @@ impl Wallet {
         let mut seen = HashSet::new();
         for s in f.seen_proofs {
             let b = hex::decode(&s).map_err(|e| e.to_string())?;
-            seen.insert(Signature(<[u8; 64]>::try_from(b.as_slice()).map_err(|_| "bad proof length")?));
+            seen.insert(Signature(
+                <[u8; 64]>::try_from(b.as_slice()).map_err(|_| "bad proof length")?,
+            ));
         }
         Ok(Wallet {
             signer: LocalSigner::new(secret),

@@ -1,5 +1,7 @@
 //! Wallet logic without a node: the authority is played by a local signer.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use florin_crypto::{LocalSigner, SecretKey, Signer};
 use florin_token::{Denomination, Payment, PaymentRequest, Token};
 use florin_wallet::{DepositItem, FileStore, Wallet, WalletError, WalletStore};
@@ -31,7 +33,15 @@ fn funded(rng: &mut StdRng, denoms: &[Denomination]) -> Wallet {
 #[test]
 fn pay_and_accept_with_exact_change() {
     let mut rng = StdRng::seed_from_u64(1);
-    let mut alice = funded(&mut rng, &[Denomination::E50, Denomination::E20, Denomination::E20, Denomination::E20]);
+    let mut alice = funded(
+        &mut rng,
+        &[
+            Denomination::E50,
+            Denomination::E20,
+            Denomination::E20,
+            Denomination::E20,
+        ],
+    );
     let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
     let req = bob.request(6000, &mut rng);
     let req = PaymentRequest::decode(&req.encode()).unwrap();
@@ -43,9 +53,15 @@ fn pay_and_accept_with_exact_change() {
     let wire = Payment::decode(&payment.encode()).unwrap();
     assert_eq!(bob.accept(&wire, &mut rng).unwrap(), 6000);
     let b = bob.balance();
-    assert_eq!((b.offline_cents, b.verified_cents, b.total_cents), (6000, 0, 6000));
+    assert_eq!(
+        (b.offline_cents, b.verified_cents, b.total_cents),
+        (6000, 0, 6000)
+    );
     // The replayed payment is refused and changes nothing.
-    assert!(matches!(bob.accept(&wire, &mut rng), Err(WalletError::UnknownRequest)));
+    assert!(matches!(
+        bob.accept(&wire, &mut rng),
+        Err(WalletError::UnknownRequest)
+    ));
     assert_eq!(bob.balance().total_cents, 6000);
 }
 
@@ -61,7 +77,10 @@ fn replay_against_a_new_request_is_refused() {
     let mut forged = first.clone();
     forged.handshake = req2.handshake;
     let err = bob.accept(&forged, &mut rng).unwrap_err();
-    assert!(matches!(err, WalletError::Token(_) | WalletError::DuplicateSerial(_)), "{err}");
+    assert!(
+        matches!(err, WalletError::Token(_) | WalletError::DuplicateSerial(_)),
+        "{err}"
+    );
 }
 
 #[test]
@@ -69,15 +88,24 @@ fn errors_are_typed_and_change_nothing() {
     let mut rng = StdRng::seed_from_u64(3);
     let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E5]);
     let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
-    assert!(matches!(alice.pay(&bob.request(2000, &mut rng)), Err(WalletError::InsufficientFunds { .. })));
-    assert!(matches!(alice.pay(&bob.request(700, &mut rng)), Err(WalletError::NoExactChange { .. })));
+    assert!(matches!(
+        alice.pay(&bob.request(2000, &mut rng)),
+        Err(WalletError::InsufficientFunds { .. })
+    ));
+    assert!(matches!(
+        alice.pay(&bob.request(700, &mut rng)),
+        Err(WalletError::NoExactChange { .. })
+    ));
     let own = alice.request(500, &mut rng);
     assert!(matches!(alice.pay(&own), Err(WalletError::PayingSelf)));
     assert_eq!(alice.balance().total_cents, 1000);
     // A payment for another payee.
     let mut carol = Wallet::generate(&mut rng, Some(authority().public_key()));
     let p = alice.pay(&bob.request(500, &mut rng)).unwrap();
-    assert!(matches!(carol.accept(&p, &mut rng), Err(WalletError::WrongPayee(_))));
+    assert!(matches!(
+        carol.accept(&p, &mut rng),
+        Err(WalletError::WrongPayee(_))
+    ));
     // Wrong amount.
     let req = bob.request(1000, &mut rng);
     let mut short = alice.pay(&bob.request(500, &mut rng)).unwrap();
@@ -87,7 +115,10 @@ fn errors_are_typed_and_change_nothing() {
     bob.max_offline_cents = 100;
     let mut rich = funded(&mut rng, &[Denomination::E5]);
     let p = rich.pay(&bob.request(500, &mut rng)).unwrap();
-    assert!(matches!(bob.accept(&p, &mut rng), Err(WalletError::OfflineLimit { .. })));
+    assert!(matches!(
+        bob.accept(&p, &mut rng),
+        Err(WalletError::OfflineLimit { .. })
+    ));
     assert_eq!(bob.balance().total_cents, 0);
 }
 
@@ -105,13 +136,28 @@ fn deposit_flow_reanchors_and_reports_fraud() {
     let (hs2, again) = bob.prepare_deposit(&mut rng).unwrap().unwrap();
     assert_eq!((hs2, &again), (hs, &signed));
     assert_eq!(bob.balance().pending_deposit_cents, 3000);
-    let fresh = Token::mint(&auth, signed[0].serial, signed[0].value, [3; 64], bob.public_key(), hs).unwrap();
+    let fresh = Token::mint(
+        &auth,
+        signed[0].serial,
+        signed[0].value,
+        [3; 64],
+        bob.public_key(),
+        hs,
+    )
+    .unwrap();
     let items = vec![
         DepositItem::Reanchored(fresh),
-        DepositItem::Refused { serial: signed[1].serial, reason: "busy".into(), retry: true },
+        DepositItem::Refused {
+            serial: signed[1].serial,
+            reason: "busy".into(),
+            retry: true,
+        },
     ];
     let r = bob.finish_deposit(items, &mut rng).unwrap();
-    assert_eq!((r.credited_cents, r.reanchored, r.still_pending), (signed[0].value.cents(), 1, 1));
+    assert_eq!(
+        (r.credited_cents, r.reanchored, r.still_pending),
+        (signed[0].value.cents(), 1, 1)
+    );
     assert_eq!(bob.balance().total_cents, 3000);
 }
 

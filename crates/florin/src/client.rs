@@ -22,7 +22,10 @@ impl NodeClient {
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(600))
             .build()?;
-        Ok(NodeClient { base: base.trim_end_matches('/').to_string(), http })
+        Ok(NodeClient {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        })
     }
 
     async fn decode<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T> {
@@ -81,5 +84,7 @@ impl NodeClient {
 
 /// A current-thread runtime for one command.
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }

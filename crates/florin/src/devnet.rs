@@ -33,7 +33,9 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
     let authority = Arc::new(Authority::open(config, signer)?);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

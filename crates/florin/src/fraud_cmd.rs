@@ -50,7 +50,10 @@ pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
             if let Some(dir) = &save {
                 std::fs::create_dir_all(dir)?;
                 for f in &list {
-                    write_atomic(&dir.join(format!("{}.proof", f.id)), &hex::decode(&f.proof)?)?;
+                    write_atomic(
+                        &dir.join(format!("{}.proof", f.id)),
+                        &hex::decode(&f.proof)?,
+                    )?;
                 }
             }
             if json {
@@ -59,12 +62,22 @@ pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
                 println!("no fraud detected");
             } else {
                 for f in &list {
-                    println!("token {} (€{}) double spent by {}  [proof {}]", f.serial, format_cents(f.value_cents), f.culprit, &f.id[..16]);
+                    println!(
+                        "token {} (€{}) double spent by {}  [proof {}]",
+                        f.serial,
+                        format_cents(f.value_cents),
+                        f.culprit,
+                        &f.id[..16]
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)
         }
-        FraudCommand::Verify { proof, authority, json } => {
+        FraudCommand::Verify {
+            proof,
+            authority,
+            json,
+        } => {
             let bytes = read(&proof)?;
             // Accept hex as printed by `fraud list --json`, or raw bytes.
             let text = std::str::from_utf8(&bytes).ok().map(str::trim);
@@ -72,8 +85,13 @@ pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
                 Some(b) => b,
                 None => bytes,
             };
-            let pinned = authority.as_deref().map(PublicKey::parse).transpose().context("--authority")?;
-            let p = FraudProof::decode(&raw).with_context(|| format!("{} is not a fraud proof", proof.display()))?;
+            let pinned = authority
+                .as_deref()
+                .map(PublicKey::parse)
+                .transpose()
+                .context("--authority")?;
+            let p = FraudProof::decode(&raw)
+                .with_context(|| format!("{} is not a fraud proof", proof.display()))?;
             let culprit = p.verify(pinned.as_ref()).context("invalid fraud proof")?;
             if json {
                 print_json(&json!({
@@ -85,7 +103,11 @@ pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
                     "authority_pinned": pinned.is_some(),
                 }));
             } else {
-                println!("valid: {} signed token {} twice", culprit, hex::encode(p.serial));
+                println!(
+                    "valid: {} signed token {} twice",
+                    culprit,
+                    hex::encode(p.serial)
+                );
                 if pinned.is_none() {
                     println!("note: checked against the authority named in the proof ({}); pin it with --authority", p.authority);
                 }

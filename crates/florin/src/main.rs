@@ -13,7 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "florin", version, about = "Florin: digital cash, online and offline")]
+#[command(
+    name = "florin",
+    version,
+    about = "Florin: digital cash, online and offline"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -96,7 +96,11 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
     let store = FileStore::new(&args.wallet);
     let json = args.json;
     match args.command {
-        WalletCommand::New { authority, max_hops, max_offline } => {
+        WalletCommand::New {
+            authority,
+            max_hops,
+            max_offline,
+        } => {
             let authority = match authority {
                 Some(a) => Some(PublicKey::parse(&a).context("--authority")?),
                 None => fetch_authority(&args.node).ok(),
@@ -142,12 +146,18 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
                 for d in &b.verified {
                     println!("            {:>4} × €{}", d.count, d.denomination);
                 }
-                println!("offline   €{}  (received offline, not yet deposited)", format_cents(b.offline_cents));
+                println!(
+                    "offline   €{}  (received offline, not yet deposited)",
+                    format_cents(b.offline_cents)
+                );
                 for d in &b.offline {
                     println!("            {:>4} × €{}", d.count, d.denomination);
                 }
                 if b.pending_deposit_cents > 0 {
-                    println!("pending   €{}  (deposit awaiting the authority)", format_cents(b.pending_deposit_cents));
+                    println!(
+                        "pending   €{}  (deposit awaiting the authority)",
+                        format_cents(b.pending_deposit_cents)
+                    );
                 }
                 println!("total     €{}", format_cents(b.total_cents));
             }
@@ -169,7 +179,9 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let got = w.accept_issued(tokens, &hs, &mut OsRng)?;
             store.save(&w)?;
             if json {
-                print_json(&json!({ "received_cents": got, "tokens": n, "total_cents": w.balance().total_cents }));
+                print_json(
+                    &json!({ "received_cents": got, "tokens": n, "total_cents": w.balance().total_cents }),
+                );
             } else {
                 println!("received €{} as {n} tokens", format_cents(got));
             }
@@ -199,7 +211,11 @@ fn offline(cmd: OfflineCommand, store: &FileStore, node: &str, json: bool) -> Re
                     "handshake": hex::encode(req.handshake),
                 }));
             } else {
-                println!("request for €{} written to {}", format_cents(cents), out.display());
+                println!(
+                    "request for €{} written to {}",
+                    format_cents(cents),
+                    out.display()
+                );
             }
         }
         OfflineCommand::Pay { request, out } => {
@@ -237,9 +253,15 @@ fn offline(cmd: OfflineCommand, store: &FileStore, node: &str, json: bool) -> Re
             let got = w.accept(&p, &mut OsRng)?;
             store.save(&w)?;
             if json {
-                print_json(&json!({ "accepted_cents": got, "tokens": p.tokens.len(), "total_cents": w.balance().total_cents }));
+                print_json(
+                    &json!({ "accepted_cents": got, "tokens": p.tokens.len(), "total_cents": w.balance().total_cents }),
+                );
             } else {
-                println!("accepted €{} in {} tokens", format_cents(got), p.tokens.len());
+                println!(
+                    "accepted €{} in {} tokens",
+                    format_cents(got),
+                    p.tokens.len()
+                );
             }
         }
     }
@@ -251,7 +273,9 @@ fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
     ensure_authority(&mut w, node)?;
     let Some((handshake, tokens)) = w.prepare_deposit(&mut OsRng)? else {
         if json {
-            print_json(&json!({ "credited_cents": 0, "reanchored": 0, "fraud": [], "refused": [], "lost_cents": 0, "still_pending": 0 }));
+            print_json(
+                &json!({ "credited_cents": 0, "reanchored": 0, "fraud": [], "refused": [], "lost_cents": 0, "still_pending": 0 }),
+            );
         } else {
             println!("nothing to deposit: no tokens received offline");
         }
@@ -272,15 +296,26 @@ fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
     for (r, sent) in resp.results.iter().zip(&tokens) {
         let item = match r.outcome.as_str() {
             "reanchored" | "repeated" => {
-                let hexed = r.token.as_deref().ok_or_else(|| anyhow!("node sent no token"))?;
+                let hexed = r
+                    .token
+                    .as_deref()
+                    .ok_or_else(|| anyhow!("node sent no token"))?;
                 DepositItem::Reanchored(decode_token(hexed)?)
             }
             "double_spend" => {
-                let f = r.fraud.as_ref().ok_or_else(|| anyhow!("node sent no fraud proof"))?;
+                let f = r
+                    .fraud
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("node sent no fraud proof"))?;
                 let proof = FraudProof::decode(&hex::decode(&f.proof)?)?;
                 // Check the authority's claim ourselves before writing the money off.
-                proof.verify(w.authority().as_ref()).context("node sent an invalid fraud proof")?;
-                DepositItem::DoubleSpend { serial: sent.serial, proof: Box::new(proof) }
+                proof
+                    .verify(w.authority().as_ref())
+                    .context("node sent an invalid fraud proof")?;
+                DepositItem::DoubleSpend {
+                    serial: sent.serial,
+                    proof: Box::new(proof),
+                }
             }
             _ => DepositItem::Refused {
                 serial: sent.serial,
@@ -298,7 +333,11 @@ fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
             .iter()
             .map(|(s, c, p)| json!({ "serial": s, "culprit": c, "proof": p }))
             .collect();
-        let refused: Vec<_> = res.refused.iter().map(|(s, r)| json!({ "serial": s, "reason": r })).collect();
+        let refused: Vec<_> = res
+            .refused
+            .iter()
+            .map(|(s, r)| json!({ "serial": s, "reason": r }))
+            .collect();
         print_json(&json!({
             "credited_cents": res.credited_cents,
             "reanchored": res.reanchored,
@@ -308,7 +347,11 @@ fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
             "still_pending": res.still_pending,
         }));
     } else {
-        println!("credited €{} ({} tokens re-anchored to this wallet)", format_cents(res.credited_cents), res.reanchored);
+        println!(
+            "credited €{} ({} tokens re-anchored to this wallet)",
+            format_cents(res.credited_cents),
+            res.reanchored
+        );
         for (s, c, _) in &res.fraud {
             println!("fraud: token {s} was double spent by {c}; it is lost to this wallet");
         }
@@ -316,7 +359,10 @@ fn deposit(store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
             println!("refused: token {s}: {r}");
         }
         if res.still_pending > 0 {
-            println!("{} tokens still pending; run deposit again later", res.still_pending);
+            println!(
+                "{} tokens still pending; run deposit again later",
+                res.still_pending
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

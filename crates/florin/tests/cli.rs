@@ -1,6 +1,8 @@
 //! The `florin` CLI as a user runs it: a real devnet process on loopback, wallet files, payment
 //! files, deposits, fraud proofs, and a `kill -9` in the middle.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -25,8 +27,14 @@ impl Devnet {
             .spawn()
             .expect("start devnet");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line.trim().strip_prefix("listening on ").expect("devnet prints its URL").to_string();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("devnet prints its URL")
+            .to_string();
         let d = Devnet { child, url };
         d.wait_healthy();
         d
@@ -71,7 +79,12 @@ struct User<'a> {
 
 impl User<'_> {
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN).current_dir(self.dir).env("FLORIN_NODE", &self.node).args(args).output().unwrap()
+        Command::new(BIN)
+            .current_dir(self.dir)
+            .env("FLORIN_NODE", &self.node)
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     fn ok(&self, args: &[&str]) -> Value {
@@ -100,7 +113,9 @@ impl User<'_> {
     }
 
     fn total(&self, name: &str) -> u64 {
-        self.wallet(name, &["balance"])["total_cents"].as_u64().unwrap()
+        self.wallet(name, &["balance"])["total_cents"]
+            .as_u64()
+            .unwrap()
     }
 
     /// `payee` requests `amount` from `payer`, who pays; `payee` accepts.
@@ -123,7 +138,10 @@ fn setup() -> (tempfile::TempDir, PathBuf) {
 fn faucet_five_offline_hops_then_deposit() {
     let (dir, data) = setup();
     let net = Devnet::start(&data);
-    let u = User { dir: dir.path(), node: net.url.clone() };
+    let u = User {
+        dir: dir.path(),
+        node: net.url.clone(),
+    };
     for w in ["w0", "w1", "w2", "w3", "w4", "w5"] {
         let v = u.wallet(w, &["new"]);
         assert!(v["address"].as_str().unwrap().starts_with("eur1"));
@@ -132,7 +150,12 @@ fn faucet_five_offline_hops_then_deposit() {
     assert_eq!(v["received_cents"], 2000);
     // Five hops: w0 → w1 → w2 → w3 → w4 → w5, €5 each time.
     for i in 0..5 {
-        u.pay(&format!("w{i}"), &format!("w{}", i + 1), "5", &format!("hop{i}"));
+        u.pay(
+            &format!("w{i}"),
+            &format!("w{}", i + 1),
+            "5",
+            &format!("hop{i}"),
+        );
     }
     let b = u.wallet("w5", &["balance"]);
     assert_eq!(b["offline_cents"], 500);
@@ -142,7 +165,10 @@ fn faucet_five_offline_hops_then_deposit() {
     assert_eq!(d["credited_cents"], 500);
     assert_eq!(d["fraud"].as_array().unwrap().len(), 0);
     let b = u.wallet("w5", &["balance"]);
-    assert_eq!((b["verified_cents"].as_u64(), b["offline_cents"].as_u64()), (Some(500), Some(0)));
+    assert_eq!(
+        (b["verified_cents"].as_u64(), b["offline_cents"].as_u64()),
+        (Some(500), Some(0))
+    );
     // The re-anchored tokens are spendable again.
     u.wallet("w6", &["new"]);
     u.pay("w5", "w6", "5", "again");
@@ -155,12 +181,18 @@ fn faucet_five_offline_hops_then_deposit() {
 fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
     let (dir, data) = setup();
     let net = Devnet::start(&data);
-    let u = User { dir: dir.path(), node: net.url.clone() };
+    let u = User {
+        dir: dir.path(),
+        node: net.url.clone(),
+    };
     for w in ["payer", "alice", "bob"] {
         u.wallet(w, &["new"]);
     }
     u.wallet("payer", &["faucet", "0.05"]); // a single 5-cent token
-    let payer_addr = u.wallet("payer", &["address"])["address"].as_str().unwrap().to_string();
+    let payer_addr = u.wallet("payer", &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     std::fs::copy(dir.path().join("payer"), dir.path().join("payer-copy")).unwrap();
     u.pay("payer", "alice", "0.05", "a");
     u.pay("payer-copy", "bob", "0.05", "b");
@@ -191,21 +223,30 @@ fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
     // Depositing again changes nothing.
     let again = u.wallet("bob", &["deposit"]);
     assert_eq!(again["credited_cents"], 0);
-    assert_eq!(u.ok(&["fraud", "list", "--json"]).as_array().unwrap().len(), 1);
+    assert_eq!(
+        u.ok(&["fraud", "list", "--json"]).as_array().unwrap().len(),
+        1
+    );
 }
 
 #[test]
 fn replayed_payment_and_bad_input_are_refused() {
     let (dir, data) = setup();
     let net = Devnet::start(&data);
-    let u = User { dir: dir.path(), node: net.url.clone() };
+    let u = User {
+        dir: dir.path(),
+        node: net.url.clone(),
+    };
     for w in ["a", "b", "c"] {
         u.wallet(w, &["new"]);
     }
     u.wallet("a", &["faucet", "3"]);
     u.pay("a", "b", "1", "p1");
     let err = u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
-    assert!(err.contains("replayed") || err.contains("no open request"), "{err}");
+    assert!(
+        err.contains("replayed") || err.contains("no open request"),
+        "{err}"
+    );
     // The replayed file against a new request of the same payee is refused too.
     u.wallet("b", &["offline", "request", "1", "--out", "p2.req"]);
     u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
@@ -214,14 +255,18 @@ fn replayed_payment_and_bad_input_are_refused() {
     // Malformed files and amounts.
     std::fs::write(dir.path().join("garbage"), b"\x01garbage").unwrap();
     u.fails(&["wallet", "--wallet", "b", "offline", "accept", "garbage"]);
-    u.fails(&["wallet", "--wallet", "a", "offline", "pay", "garbage", "--out", "x"]);
+    u.fails(&[
+        "wallet", "--wallet", "a", "offline", "pay", "garbage", "--out", "x",
+    ]);
     u.fails(&["wallet", "--wallet", "a", "faucet", "1.234"]);
     u.fails(&["wallet", "--wallet", "a", "faucet", "-1"]);
     u.fails(&["wallet", "--wallet", "missing", "balance"]);
     u.fails(&["wallet", "--wallet", "a", "new"]);
     // Exact change impossible is explained.
     u.wallet("c", &["offline", "request", "50", "--out", "big.req"]);
-    let err = u.fails(&["wallet", "--wallet", "a", "offline", "pay", "big.req", "--out", "x"]);
+    let err = u.fails(&[
+        "wallet", "--wallet", "a", "offline", "pay", "big.req", "--out", "x",
+    ]);
     assert!(err.contains("insufficient"), "{err}");
     assert_eq!(u.total("a"), 200);
     assert_eq!(u.total("b"), 100);
@@ -231,7 +276,10 @@ fn replayed_payment_and_bad_input_are_refused() {
 fn acknowledged_state_survives_kill_9() {
     let (dir, data) = setup();
     let net = Devnet::start(&data);
-    let u = User { dir: dir.path(), node: net.url.clone() };
+    let u = User {
+        dir: dir.path(),
+        node: net.url.clone(),
+    };
     for w in ["a", "b", "c"] {
         u.wallet(w, &["new"]);
     }
@@ -243,10 +291,16 @@ fn acknowledged_state_survives_kill_9() {
 
     // Restart on the same data: same authority key, history kept.
     let net = Devnet::start(&data);
-    let u = User { dir: dir.path(), node: net.url.clone() };
+    let u = User {
+        dir: dir.path(),
+        node: net.url.clone(),
+    };
     u.pay("a-copy", "c", "2", "y");
     let d = u.wallet("c", &["deposit"]);
-    assert_eq!(d["credited_cents"], 0, "the history from before the crash catches the double spend");
+    assert_eq!(
+        d["credited_cents"], 0,
+        "the history from before the crash catches the double spend"
+    );
     assert!(!d["fraud"].as_array().unwrap().is_empty());
     // b's re-anchored tokens from before the crash still deposit cleanly after more hops.
     u.pay("b", "c", "2", "z");
@@ -262,11 +316,20 @@ fn bench_offline_quick_prints_the_contract() {
         .args(["bench", "offline", "--json", "--quick", "--tokens", "60"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["suite"], "offline");
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
-    let names: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     for n in [
         "mint_tokens_per_s",
         "client_verify_tokens_per_s",

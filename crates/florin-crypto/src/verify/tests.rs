@@ -15,7 +15,9 @@ fn both(key: &PublicKey, msg: &[u8], sig: &Signature) -> (Result<(), SignatureEr
     let single = verify(key, msg, sig);
     // Surround the signature with valid ones so the batch is a real batch.
     let mut b = BatchVerifier::new();
-    let honest: Vec<_> = (0..5u8).map(|i| SecretKey::from_seed(&[i + 100; 32])).collect();
+    let honest: Vec<_> = (0..5u8)
+        .map(|i| SecretKey::from_seed(&[i + 100; 32]))
+        .collect();
     for (i, sk) in honest.iter().enumerate() {
         b.queue(&sk.public_key(), &[i as u8], &sk.sign(&[i as u8]));
     }
@@ -24,7 +26,10 @@ fn both(key: &PublicKey, msg: &[u8], sig: &Signature) -> (Result<(), SignatureEr
         Ok(()) => true,
         Err(e) => {
             // Only the crafted one (position 5) may be blamed, with the same reason.
-            assert_eq!(e.invalid, vec![(5, single.expect_err("batch failed but single passed"))]);
+            assert_eq!(
+                e.invalid,
+                vec![(5, single.expect_err("batch failed but single passed"))]
+            );
             false
         }
     };
@@ -38,7 +43,13 @@ fn agree(key: &PublicKey, msg: &[u8], sig: &Signature) -> Result<(), SignatureEr
 }
 
 /// Signs with an explicit secret scalar and an explicit R (possibly with torsion).
-fn craft(a: &Scalar, a_point: &EdwardsPoint, r: &Scalar, torsion: &EdwardsPoint, msg: &[u8]) -> (PublicKey, Signature) {
+fn craft(
+    a: &Scalar,
+    a_point: &EdwardsPoint,
+    r: &Scalar,
+    torsion: &EdwardsPoint,
+    msg: &[u8],
+) -> (PublicKey, Signature) {
     let big_r = ED25519_BASEPOINT_POINT * r + torsion;
     let r_bytes = big_r.compress().to_bytes();
     let a_bytes = a_point.compress().to_bytes();
@@ -58,7 +69,9 @@ fn honest_signatures_verify_and_match_dalek() {
         let sig = sk.sign(&msg);
         assert_eq!(agree(&sk.public_key(), &msg, &sig), Ok(()));
         let vk = ed25519_dalek::VerifyingKey::from_bytes(&sk.public_key().0).unwrap();
-        assert!(vk.verify_strict(&msg, &ed25519_dalek::Signature::from_bytes(&sig.0)).is_ok());
+        assert!(vk
+            .verify_strict(&msg, &ed25519_dalek::Signature::from_bytes(&sig.0))
+            .is_ok());
     }
 }
 
@@ -67,8 +80,14 @@ fn wrong_message_key_or_signature_fails() {
     let sk = SecretKey::from_seed(&[1; 32]);
     let other = SecretKey::from_seed(&[2; 32]);
     let sig = sk.sign(b"pay 5");
-    assert_eq!(agree(&sk.public_key(), b"pay 6", &sig), Err(SignatureError::Equation));
-    assert_eq!(agree(&other.public_key(), b"pay 5", &sig), Err(SignatureError::Equation));
+    assert_eq!(
+        agree(&sk.public_key(), b"pay 6", &sig),
+        Err(SignatureError::Equation)
+    );
+    assert_eq!(
+        agree(&other.public_key(), b"pay 5", &sig),
+        Err(SignatureError::Equation)
+    );
     let mut flipped = sig;
     flipped.0[40] ^= 1;
     assert!(agree(&sk.public_key(), b"pay 5", &flipped).is_err());
@@ -79,15 +98,22 @@ fn non_canonical_s_is_rejected() {
     let sk = SecretKey::from_seed(&[3; 32]);
     let mut sig = sk.sign(b"m");
     // s + ℓ: the same point equation, a different byte string (malleability).
-    let l: [u8; 32] = curve25519_dalek::constants::BASEPOINT_ORDER.to_bytes();
+    // ℓ = 2^252 + 27742317777372353535851937790883648493, little-endian.
+    let l: [u8; 32] = [
+        0xed, 0xd3, 0xf5, 0x5c, 0x1a, 0x63, 0x12, 0x58, 0xd6, 0x9c, 0xf7, 0xa2, 0xde, 0xf9, 0xde,
+        0x14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+    ];
     let mut carry = 0u16;
-    for i in 0..32 {
-        let v = sig.0[32 + i] as u16 + l[i] as u16 + carry;
-        sig.0[32 + i] = v as u8;
+    for (byte, lb) in sig.0[32..].iter_mut().zip(l) {
+        let v = *byte as u16 + lb as u16 + carry;
+        *byte = v as u8;
         carry = v >> 8;
     }
     assert_eq!(carry, 0);
-    assert_eq!(agree(&sk.public_key(), b"m", &sig), Err(SignatureError::NonCanonicalS));
+    assert_eq!(
+        agree(&sk.public_key(), b"m", &sig),
+        Err(SignatureError::NonCanonicalS)
+    );
 }
 
 #[test]
@@ -120,7 +146,10 @@ fn small_order_r_is_rejected() {
     for t in EIGHT_TORSION.iter() {
         let mut sig = sk.sign(b"m");
         sig.0[..32].copy_from_slice(&t.compress().to_bytes());
-        assert_eq!(agree(&sk.public_key(), b"m", &sig), Err(SignatureError::SmallOrderR));
+        assert_eq!(
+            agree(&sk.public_key(), b"m", &sig),
+            Err(SignatureError::SmallOrderR)
+        );
     }
 }
 
@@ -133,13 +162,22 @@ fn non_canonical_encodings_are_rejected() {
     let sk = SecretKey::from_seed(&[5; 32]);
     let mut sig = sk.sign(b"m");
     sig.0[..32].copy_from_slice(&y);
-    assert_eq!(agree(&sk.public_key(), b"m", &sig), Err(SignatureError::NonCanonicalR));
+    assert_eq!(
+        agree(&sk.public_key(), b"m", &sig),
+        Err(SignatureError::NonCanonicalR)
+    );
     let good = sk.sign(b"m");
-    assert_eq!(agree(&PublicKey(y), b"m", &good), Err(SignatureError::NonCanonicalKey));
+    assert_eq!(
+        agree(&PublicKey(y), b"m", &good),
+        Err(SignatureError::NonCanonicalKey)
+    );
     // The same with the sign bit set.
     y[31] |= 0x80;
     sig.0[..32].copy_from_slice(&y);
-    assert_eq!(agree(&sk.public_key(), b"m", &sig), Err(SignatureError::NonCanonicalR));
+    assert_eq!(
+        agree(&sk.public_key(), b"m", &sig),
+        Err(SignatureError::NonCanonicalR)
+    );
 }
 
 #[test]
@@ -150,8 +188,14 @@ fn not_on_curve_is_rejected() {
     let sk = SecretKey::from_seed(&[6; 32]);
     let mut sig = sk.sign(b"m");
     sig.0[..32].copy_from_slice(&y);
-    assert_eq!(agree(&sk.public_key(), b"m", &sig), Err(SignatureError::InvalidR));
-    assert_eq!(agree(&PublicKey(y), b"m", &sk.sign(b"m")), Err(SignatureError::InvalidKey));
+    assert_eq!(
+        agree(&sk.public_key(), b"m", &sig),
+        Err(SignatureError::InvalidR)
+    );
+    assert_eq!(
+        agree(&PublicKey(y), b"m", &sk.sign(b"m")),
+        Err(SignatureError::InvalidKey)
+    );
 }
 
 #[test]
@@ -172,7 +216,10 @@ fn mixed_order_r_is_accepted_by_both_paths() {
         }
         let vk = ed25519_dalek::VerifyingKey::from_bytes(&key.0).unwrap();
         let dsig = ed25519_dalek::Signature::from_bytes(&sig.0);
-        assert!(vk.verify_strict(&msg, &dsig).is_err(), "dalek's cofactorless rule differs here");
+        assert!(
+            vk.verify_strict(&msg, &dsig).is_err(),
+            "dalek's cofactorless rule differs here"
+        );
     }
 }
 
@@ -182,7 +229,13 @@ fn mixed_order_key_is_treated_alike() {
     let a_point = ED25519_BASEPOINT_POINT * a + EIGHT_TORSION[3];
     for i in 0..8u8 {
         let msg = [i; 3];
-        let (key, sig) = craft(&a, &a_point, &Scalar::from(77u64 + i as u64), &EIGHT_TORSION[0], &msg);
+        let (key, sig) = craft(
+            &a,
+            &a_point,
+            &Scalar::from(77u64 + i as u64),
+            &EIGHT_TORSION[0],
+            &msg,
+        );
         // Accepted by the cofactored rule whatever k is; both paths agree.
         assert_eq!(agree(&key, &msg, &sig), Ok(()));
     }

@@ -19,7 +19,12 @@ impl Sodium {
     /// Loads libsodium, or explains why not.
     pub fn load() -> Result<Sodium, String> {
         let mut last = String::new();
-        for name in ["libsodium.so.23", "libsodium.so.26", "libsodium.so", "libsodium.dylib"] {
+        for name in [
+            "libsodium.so.23",
+            "libsodium.so.26",
+            "libsodium.so",
+            "libsodium.dylib",
+        ] {
             // SAFETY: loading a well-known system library whose initialisers are benign.
             match unsafe { libloading::Library::new(name) } {
                 Ok(lib) => {
@@ -27,8 +32,9 @@ impl Sodium {
                     let (init, verify) = unsafe {
                         let init: libloading::Symbol<SodiumInit> =
                             lib.get(b"sodium_init\0").map_err(|e| e.to_string())?;
-                        let verify: libloading::Symbol<VerifyDetached> =
-                            lib.get(b"crypto_sign_verify_detached\0").map_err(|e| e.to_string())?;
+                        let verify: libloading::Symbol<VerifyDetached> = lib
+                            .get(b"crypto_sign_verify_detached\0")
+                            .map_err(|e| e.to_string())?;
                         (*init, *verify)
                     };
                     // SAFETY: sodium_init takes no arguments and may be called repeatedly.
@@ -40,12 +46,21 @@ impl Sodium {
                 Err(e) => last = e.to_string(),
             }
         }
-        Err(format!("libsodium not found ({last}); install Debian's libsodium23"))
+        Err(format!(
+            "libsodium not found ({last}); install Debian's libsodium23"
+        ))
     }
 
     /// Verifies one detached signature.
     pub fn verify(&self, sig: &[u8; 64], msg: &[u8], key: &[u8; 32]) -> bool {
         // SAFETY: pointers are valid for the given lengths for the duration of the call.
-        unsafe { (self.verify)(sig.as_ptr(), msg.as_ptr(), msg.len() as c_ulonglong, key.as_ptr()) == 0 }
+        unsafe {
+            (self.verify)(
+                sig.as_ptr(),
+                msg.as_ptr(),
+                msg.len() as c_ulonglong,
+                key.as_ptr(),
+            ) == 0
+        }
     }
 }

@@ -74,13 +74,34 @@ pub struct Recorder {
 
 impl Recorder {
     fn new() -> Self {
-        Recorder { results: Vec::new(), started: Instant::now() }
+        Recorder {
+            results: Vec::new(),
+            started: Instant::now(),
+        }
     }
 
     /// Records a result.
-    pub fn add(&mut self, name: &str, value: f64, unit: &str, params: Value, seed: Option<Reference>, baseline: Option<Reference>) {
-        eprintln!("[{:>6.1}s] {name} {params} = {value:.1} {unit}", self.started.elapsed().as_secs_f64());
-        self.results.push(BenchResult { name: name.into(), value, unit: unit.into(), params, seed, baseline });
+    pub fn add(
+        &mut self,
+        name: &str,
+        value: f64,
+        unit: &str,
+        params: Value,
+        seed: Option<Reference>,
+        baseline: Option<Reference>,
+    ) {
+        eprintln!(
+            "[{:>6.1}s] {name} {params} = {value:.1} {unit}",
+            self.started.elapsed().as_secs_f64()
+        );
+        self.results.push(BenchResult {
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            params,
+            seed,
+            baseline,
+        });
     }
 }
 
@@ -94,7 +115,9 @@ pub struct Scale {
 }
 
 fn machine() -> Value {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -110,7 +133,9 @@ fn machine() -> Value {
 /// Runs a suite.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if cfg!(debug_assertions) {
-        eprintln!("warning: this is a debug build; benchmark figures are meaningful only with --release");
+        eprintln!(
+            "warning: this is a debug build; benchmark figures are meaningful only with --release"
+        );
     }
     let tokens = args.tokens.unwrap_or(if args.quick {
         2_000
@@ -119,7 +144,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     } else {
         20_000
     });
-    let scale = Scale { tokens: tokens.max(10), full: args.full };
+    let scale = Scale {
+        tokens: tokens.max(10),
+        full: args.full,
+    };
     let mut rec = Recorder::new();
     let suite = match args.suite {
         Suite::Offline => {
@@ -136,15 +164,25 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("{:<46} {:>14} {:<14} {:>12}  params / source", "result", "florin", "unit", "reference");
+        println!(
+            "{:<46} {:>14} {:<14} {:>12}  params / source",
+            "result", "florin", "unit", "reference"
+        );
         for r in &rec.results {
             let (refv, src) = match (&r.seed, &r.baseline) {
                 (_, Some(b)) => (format!("{:.1}", b.value), b.source.clone()),
                 (Some(s), None) => (format!("{:.1}", s.value), s.source.clone()),
                 _ => (String::new(), String::new()),
             };
-            let params = if r.params.is_null() { String::new() } else { r.params.to_string() };
-            println!("{:<46} {:>14.1} {:<14} {:>12}  {params} {src}", r.name, r.value, r.unit, refv);
+            let params = if r.params.is_null() {
+                String::new()
+            } else {
+                r.params.to_string()
+            };
+            println!(
+                "{:<46} {:>14.1} {:<14} {:>12}  {params} {src}",
+                r.name, r.value, r.unit, refv
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

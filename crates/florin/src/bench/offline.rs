@@ -26,7 +26,10 @@ use super::{Recorder, Reference, Scale};
 const THESIS: &str = "001_… (TU Delft thesis, final)";
 
 fn seed(value: f64, what: &str) -> Option<Reference> {
-    Some(Reference { value, source: format!("{THESIS} {what}") })
+    Some(Reference {
+        value,
+        source: format!("{THESIS} {what}"),
+    })
 }
 
 fn rate(n: usize, secs: f64) -> f64 {
@@ -52,10 +55,22 @@ fn serial(i: usize) -> [u8; 8] {
 
 /// `count` deposit-shaped tokens with `links` links: anchor, `links − 2` offline hops between
 /// two wallets, and the last hop to the authority.
-fn deposit_shaped(auth: &LocalSigner, w: &[LocalSigner; 2], links: usize, count: usize) -> Result<Vec<Token>> {
+fn deposit_shaped(
+    auth: &LocalSigner,
+    w: &[LocalSigner; 2],
+    links: usize,
+    count: usize,
+) -> Result<Vec<Token>> {
     let mut out = Vec::with_capacity(count);
     for i in 0..count {
-        let mut t = Token::mint(auth, serial(i), Denomination::E1, [i as u8; 64], w[0].public_key(), [1; 32])?;
+        let mut t = Token::mint(
+            auth,
+            serial(i),
+            Denomination::E1,
+            [i as u8; 64],
+            w[0].public_key(),
+            [1; 32],
+        )?;
         for h in 0..links.saturating_sub(2) {
             let (from, to) = (&w[h % 2], &w[(h + 1) % 2]);
             t = t.transfer(from, to.public_key(), [h as u8; 32])?;
@@ -80,7 +95,11 @@ fn triples(tokens: &[Token]) -> Vec<([u8; 32], [u8; 32], [u8; 64])> {
     v
 }
 
-fn sodium_rate(s: &Sodium, triples: &[([u8; 32], [u8; 32], [u8; 64])], threads: usize) -> Result<f64> {
+fn sodium_rate(
+    s: &Sodium,
+    triples: &[([u8; 32], [u8; 32], [u8; 64])],
+    threads: usize,
+) -> Result<f64> {
     let chunk = triples.len().div_ceil(threads.max(1));
     let t = Instant::now();
     let ok = std::thread::scope(|sc| {
@@ -100,21 +119,44 @@ fn sodium_rate(s: &Sodium, triples: &[([u8; 32], [u8; 32], [u8; 64])], threads: 
 /// Runs the suite.
 pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     let n = scale.tokens;
-    let cores = std::thread::available_parallelism().map(|c| c.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
     let auth = LocalSigner::new(SecretKey::generate(&mut OsRng));
-    let w = [LocalSigner::new(SecretKey::generate(&mut OsRng)), LocalSigner::new(SecretKey::generate(&mut OsRng))];
+    let w = [
+        LocalSigner::new(SecretKey::generate(&mut OsRng)),
+        LocalSigner::new(SecretKey::generate(&mut OsRng)),
+    ];
     let one = json!({ "threads": 1 });
 
     // Minting: one signature per token.
     let t = Instant::now();
     let minted: Vec<Token> = (0..n)
-        .map(|i| Token::mint(&auth, serial(i), Denomination::E1, [3; 64], w[0].public_key(), [1; 32]))
+        .map(|i| {
+            Token::mint(
+                &auth,
+                serial(i),
+                Denomination::E1,
+                [3; 64],
+                w[0].public_key(),
+                [1; 32],
+            )
+        })
         .collect::<Result<_, _>>()?;
-    rec.add("mint_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), "tokens/s", one.clone(),
-        seed(38239.0, "VI-A, Fig. 3: signing on 1 CPU"), None);
+    rec.add(
+        "mint_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        "tokens/s",
+        one.clone(),
+        seed(38239.0, "VI-A, Fig. 3: signing on 1 CPU"),
+        None,
+    );
 
     // Client verification of freshly minted tokens (three steps; signatures batched).
-    let policy = ClientPolicy { trusted_authorities: vec![auth.public_key()], max_hops: 64 };
+    let policy = ClientPolicy {
+        trusted_authorities: vec![auth.public_key()],
+        max_hops: 64,
+    };
     let seen = HashSet::new();
     let refs: Vec<&Token> = minted.iter().collect();
     let r = median_rate(n, || {
@@ -123,12 +165,25 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         }
         let _ = verify_chains(&refs, &mut OsRng);
     });
-    rec.add("client_verify_tokens_per_s", r, "tokens/s", one.clone(),
-        seed(17477.0, "Table I: recipient #1 validates tokens from authority"), None);
+    rec.add(
+        "client_verify_tokens_per_s",
+        r,
+        "tokens/s",
+        one.clone(),
+        seed(
+            17477.0,
+            "Table I: recipient #1 validates tokens from authority",
+        ),
+        None,
+    );
 
     // Authority verification by chain length (Fig. 5), one thread.
     let sigs_target = n * 3;
-    let lengths: &[usize] = if scale.full { &[2, 3, 4, 5, 6, 8, 10, 12, 15, 20] } else { &[2, 3, 5, 10, 20] };
+    let lengths: &[usize] = if scale.full {
+        &[2, 3, 4, 5, 6, 8, 10, 12, 15, 20]
+    } else {
+        &[2, 3, 5, 10, 20]
+    };
     let mut base_tokens = Vec::new();
     for &links in lengths {
         let count = (sigs_target / links).max(50);
@@ -137,8 +192,17 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         let r = median_rate(count * links, || {
             let _ = parallel_verify(&refs, 1);
         });
-        rec.add("authority_verify_sigs_per_s_per_core", r, "signatures/s", json!({ "threads": 1, "links": links }),
-            seed(17000.0, "VI-D: ≈17,000 signatures/s per thread, any chain length"), None);
+        rec.add(
+            "authority_verify_sigs_per_s_per_core",
+            r,
+            "signatures/s",
+            json!({ "threads": 1, "links": links }),
+            seed(
+                17000.0,
+                "VI-D: ≈17,000 signatures/s per thread, any chain length",
+            ),
+            None,
+        );
         if links == 3 {
             base_tokens = tokens;
         }
@@ -147,16 +211,22 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     // By thread count (Fig. 3), three links (the online case: anchor, transfer, authority).
     let refs: Vec<&Token> = base_tokens.iter().collect();
     let sigs = base_tokens.len() * 3;
-    let mut total_by_threads = vec![0.0f64; cores + 1];
+    // total_by_threads[t]: all threads together, t threads (index 0 unused).
+    let mut total_by_threads = vec![0.0f64];
     for threads in 1..=cores {
         let total = median_rate(sigs, || {
             let _ = parallel_verify(&refs, threads);
         });
-        total_by_threads[threads] = total;
+        total_by_threads.push(total);
         if threads > 1 {
-            rec.add("authority_verify_sigs_per_s_per_core", total / threads as f64, "signatures/s",
+            rec.add(
+                "authority_verify_sigs_per_s_per_core",
+                total / threads as f64,
+                "signatures/s",
                 json!({ "threads": threads, "links": 3 }),
-                seed(17000.0, "VI-D: ≈17,000 signatures/s per thread"), None);
+                seed(17000.0, "VI-D: ≈17,000 signatures/s per thread"),
+                None,
+            );
         }
     }
 
@@ -165,7 +235,9 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     let sodium = Sodium::load();
     let sodium_1 = match &sodium {
         Ok(s) => {
-            let mut rs: Vec<f64> = (0..3).map(|_| sodium_rate(s, &tri, 1)).collect::<Result<_>>()?;
+            let mut rs: Vec<f64> = (0..3)
+                .map(|_| sodium_rate(s, &tri, 1))
+                .collect::<Result<_>>()?;
             rs.sort_by(|a, b| a.total_cmp(b));
             Some(rs[1])
         }
@@ -178,17 +250,45 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         (Ok(s), true) => Some(sodium_rate(s, &tri, 2)?),
         _ => None,
     };
-    let lib_ref = |v: f64, what: &str| Some(Reference { value: v, source: format!("libsodium {what}, same signatures, same run") });
+    let lib_ref = |v: f64, what: &str| {
+        Some(Reference {
+            value: v,
+            source: format!("libsodium {what}, same signatures, same run"),
+        })
+    };
     if let Some(s1) = sodium_1 {
-        rec.add("libsodium_verify_sigs_per_s_per_core", s1, "signatures/s", json!({ "threads": 1 }),
-            seed(15429.0, "Table I: authority validates (libsodium via Kotlin), signatures/s"), None);
-        rec.add("authority_vs_libsodium_ratio", total_by_threads[1] / s1, "ratio", json!({ "threads": 1, "links": 3 }),
-            None, lib_ref(1.0, "crypto_sign_verify_detached = 1.0"));
+        rec.add(
+            "libsodium_verify_sigs_per_s_per_core",
+            s1,
+            "signatures/s",
+            json!({ "threads": 1 }),
+            seed(
+                15429.0,
+                "Table I: authority validates (libsodium via Kotlin), signatures/s",
+            ),
+            None,
+        );
+        rec.add(
+            "authority_vs_libsodium_ratio",
+            total_by_threads[1] / s1,
+            "ratio",
+            json!({ "threads": 1, "links": 3 }),
+            None,
+            lib_ref(1.0, "crypto_sign_verify_detached = 1.0"),
+        );
     }
     if cores >= 2 {
         let scaling = total_by_threads[2] / total_by_threads[1];
-        rec.add("authority_verify_scaling_2_threads", scaling, "ratio", json!({ "links": 3 }),
-            None, sodium_1.zip(sodium_2).and_then(|(a, b)| lib_ref(b / a, "2-thread scaling")));
+        rec.add(
+            "authority_verify_scaling_2_threads",
+            scaling,
+            "ratio",
+            json!({ "links": 3 }),
+            None,
+            sodium_1
+                .zip(sodium_2)
+                .and_then(|(a, b)| lib_ref(b / a, "2-thread scaling")),
+        );
     }
 
     e2e(rec, n)
@@ -208,52 +308,103 @@ fn e2e(rec: &mut Recorder, n: usize) -> Result<()> {
     w2.max_offline_cents = u64::MAX;
     let one = json!({ "threads": 1, "tokens": n });
     let row = |name: &str, v: f64, s: f64, what: &str, rec: &mut Recorder| {
-        rec.add(name, v, "tokens/s", one.clone(), if s > 0.0 { seed(s, what) } else { None }, None);
+        rec.add(
+            name,
+            v,
+            "tokens/s",
+            one.clone(),
+            if s > 0.0 { seed(s, what) } else { None },
+            None,
+        );
     };
 
     let hs = Wallet::fresh_handshake(&mut OsRng);
     let t = Instant::now();
     let tokens = authority.mint_tokens(w1.public_key(), &vec![Denomination::E1; n], hs)?;
-    row("e2e_authority_sign_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 37663.0,
-        "Table I: authority signs tokens for recipient #1", rec);
+    row(
+        "e2e_authority_sign_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        37663.0,
+        "Table I: authority signs tokens for recipient #1",
+        rec,
+    );
     let wire: Vec<Vec<u8>> = tokens.iter().map(|t| t.encode()).collect();
 
     let t = Instant::now();
-    let received: Vec<Token> = wire.iter().map(|b| Token::decode(b)).collect::<Result<_, _>>()?;
+    let received: Vec<Token> = wire
+        .iter()
+        .map(|b| Token::decode(b))
+        .collect::<Result<_, _>>()?;
     row("e2e_recipient1_receive_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 43523.0,
         "Table I: recipient #1 receives tokens from authority (here: decoding; the network is `bench transfer`)", rec);
 
     let t = Instant::now();
     w1.accept_issued(received, &hs, &mut OsRng)?;
-    row("e2e_recipient1_validate_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 17477.0,
-        "Table I: recipient #1 validates tokens from authority", rec);
+    row(
+        "e2e_recipient1_validate_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        17477.0,
+        "Table I: recipient #1 validates tokens from authority",
+        rec,
+    );
 
     let req = w2.request(n as u64 * 100, &mut OsRng);
     let t = Instant::now();
     let payment = w1.pay(&req)?;
     let bytes = payment.encode();
-    row("e2e_recipient1_transfer_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 0.0, "", rec);
+    row(
+        "e2e_recipient1_transfer_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        0.0,
+        "",
+        rec,
+    );
 
     let t = Instant::now();
     let payment = Payment::decode(&bytes)?;
-    row("e2e_recipient2_receive_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 34223.0,
-        "Table I: recipient #2 receives tokens from recipient #1 (here: decoding)", rec);
+    row(
+        "e2e_recipient2_receive_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        34223.0,
+        "Table I: recipient #2 receives tokens from recipient #1 (here: decoding)",
+        rec,
+    );
 
     let t = Instant::now();
     w2.accept(&payment, &mut OsRng)?;
-    row("e2e_recipient2_validate_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 8797.0,
-        "Table I: recipient #2 validates tokens from recipient #1", rec);
+    row(
+        "e2e_recipient2_validate_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        8797.0,
+        "Table I: recipient #2 validates tokens from recipient #1",
+        rec,
+    );
 
     let t = Instant::now();
-    let (dep_hs, signed) = w2.prepare_deposit(&mut OsRng)?.ok_or_else(|| anyhow!("nothing to deposit"))?;
+    let (dep_hs, signed) = w2
+        .prepare_deposit(&mut OsRng)?
+        .ok_or_else(|| anyhow!("nothing to deposit"))?;
     let wire: Vec<Vec<u8>> = signed.iter().map(|t| t.encode()).collect();
-    row("e2e_recipient2_transfer_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 0.0, "", rec);
+    row(
+        "e2e_recipient2_transfer_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        0.0,
+        "",
+        rec,
+    );
 
     let t = Instant::now();
-    let decoded: Vec<Result<Token, String>> =
-        wire.iter().map(|b| Token::decode(b).map_err(|e| e.to_string())).collect();
-    row("e2e_authority_receive_tokens_per_s", rate(n, t.elapsed().as_secs_f64()), 23452.0,
-        "Table I: authority receives tokens from recipient #2 (here: decoding)", rec);
+    let decoded: Vec<Result<Token, String>> = wire
+        .iter()
+        .map(|b| Token::decode(b).map_err(|e| e.to_string()))
+        .collect();
+    row(
+        "e2e_authority_receive_tokens_per_s",
+        rate(n, t.elapsed().as_secs_f64()),
+        23452.0,
+        "Table I: authority receives tokens from recipient #2 (here: decoding)",
+        rec,
+    );
 
     let t = Instant::now();
     let reports = authority.deposit_tokens(&w2.public_key(), dep_hs, &decoded)?;
