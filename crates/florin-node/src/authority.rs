@@ -401,41 +401,78 @@ impl Authority {
     }
 }
 
-/// Verifies token chains with batch verification, split evenly over `threads` threads.
+/// Signatures per batch: large enough for the multi-scalar multiplication to pay off, small
+/// enough to spread a deposit over every core and keep memory bounded.
+pub const BATCH_SIGNATURES: usize = 2048;
+
+/// Verifies token chains in batches of about [`BATCH_SIGNATURES`] signatures, handed to
+/// `threads` threads from a shared queue. Results are in token order.
 pub fn parallel_verify(tokens: &[&Token], threads: usize) -> Vec<Result<(), TokenError>> {
-    let threads = threads.max(1).min(tokens.len().max(1));
-    if threads == 1 {
-        let mut rng = StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
-        return verify_chains(tokens, &mut rng);
+    // Cut the tokens into batches by signature count.
+    let mut bounds = vec![0usize];
+    let mut sigs = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        sigs += t.links.len();
+        if sigs >= BATCH_SIGNATURES {
+            bounds.push(i + 1);
+            sigs = 0;
+        }
     }
-    let chunk = tokens.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = tokens
-            .chunks(chunk)
-            .map(|c| {
-                let h = s.spawn(move || {
-                    let mut rng =
-                        StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
-                    verify_chains(c, &mut rng)
-                });
-                (c.len(), h)
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|(n, h)| {
-                // A panicking verifier would be a bug; its tokens are refused, never accepted.
-                h.join().unwrap_or_else(|_| {
-                    vec![
-                        Err(TokenError::Decode(florin_token::DecodeError::Invalid(
-                            "verifier failed"
-                        )));
-                        n
-                    ]
+    if *bounds.last().unwrap_or(&0) != tokens.len() {
+        bounds.push(tokens.len());
+    }
+    let batches: Vec<&[&Token]> = bounds.windows(2).map(|w| &tokens[w[0]..w[1]]).collect();
+    let threads = threads.max(1).min(batches.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = |out: &mut Vec<(usize, Vec<Result<(), TokenError>>)>| {
+        let mut rng = StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
+        loop {
+            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(batch) = batches.get(b) else { break };
+            out.push((b, verify_chains(batch, &mut rng)));
+        }
+    };
+    let mut done: Vec<(usize, Vec<Result<(), TokenError>>)> = Vec::with_capacity(batches.len());
+    if threads == 1 {
+        work(&mut done);
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut out = Vec::new();
+                        work(&mut out);
+                        out
+                    })
                 })
+                .collect();
+            for h in handles {
+                // A panicking verifier would be a bug; its batches stay missing and are
+                // refused below, never accepted.
+                if let Ok(v) = h.join() {
+                    done.extend(v);
+                }
+            }
+        });
+    }
+    let mut by_batch: Vec<Option<Vec<Result<(), TokenError>>>> = vec![None; batches.len()];
+    for (b, r) in done {
+        by_batch[b] = Some(r);
+    }
+    by_batch
+        .into_iter()
+        .zip(&batches)
+        .flat_map(|(r, batch)| {
+            r.unwrap_or_else(|| {
+                vec![
+                    Err(TokenError::Decode(florin_token::DecodeError::Invalid(
+                        "verifier failed"
+                    )));
+                    batch.len()
+                ]
             })
-            .collect()
-    })
+        })
+        .collect()
 }
 
 fn report(serial: String, value_cents: u64, outcome: &str, token: Option<&Token>) -> DepositReport {

@@ -12,7 +12,7 @@ mod keyfile;
 mod server;
 mod store;
 
-pub use authority::{parallel_verify, Authority, AuthorityConfig};
+pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
 pub use error::NodeError;
 pub use keyfile::load_or_create_key;
 pub use server::{router, serve};

@@ -1,0 +1,208 @@
+//! The authority service on a real redb file and a real socket.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use florin_crypto::{LocalSigner, SecretKey, Signer};
+use florin_node::{Authority, AuthorityConfig, NodeError};
+use florin_token::Token;
+
+fn open(dir: &std::path::Path, seed: u8) -> (Authority, LocalSigner) {
+    let signer = LocalSigner::new(SecretKey::from_seed(&[seed; 32]));
+    let a = Authority::open(AuthorityConfig::devnet(dir), Arc::new(signer.clone())).unwrap();
+    (a, signer)
+}
+
+fn wallet(i: u8) -> LocalSigner {
+    LocalSigner::new(SecretKey::from_seed(&[i; 32]))
+}
+
+/// Mints a token to w1, passes it to w2, and signs it over to the authority.
+fn deposit_ready(a: &Authority, auth: &LocalSigner) -> (Token, LocalSigner) {
+    let (w1, w2) = (wallet(1), wallet(2));
+    let t = a.mint(w1.public_key(), 500, [1; 32]).unwrap().remove(0);
+    let t = t.transfer(&w1, w2.public_key(), [2; 32]).unwrap();
+    (t.transfer(&w2, auth.public_key(), [3; 32]).unwrap(), w2)
+}
+
+#[test]
+fn registry_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (serial, signed, depositor) = {
+        let (a, auth) = open(dir.path(), 9);
+        let (t, w2) = deposit_ready(&a, &auth);
+        (t.serial_hex(), t, w2)
+    };
+    let (a, _) = open(dir.path(), 9);
+    assert_eq!(a.token(&serial).unwrap().status, "in_circulation");
+    assert_eq!(a.minted().unwrap(), (1, 500));
+    let hexed = vec![hex::encode(signed.encode())];
+    let r = a
+        .deposit(
+            &depositor.public_key().to_address(),
+            &hex::encode([4u8; 32]),
+            &hexed,
+        )
+        .unwrap();
+    assert_eq!(r[0].outcome, "reanchored");
+    drop(a);
+    let (a, _) = open(dir.path(), 9);
+    let info = a.token(&serial).unwrap();
+    assert_eq!(
+        (info.anchors, info.holder),
+        (2, depositor.public_key().to_address())
+    );
+    // The same deposit again is answered with the same re-anchored token.
+    let again = a
+        .deposit(
+            &depositor.public_key().to_address(),
+            &hex::encode([4u8; 32]),
+            &hexed,
+        )
+        .unwrap();
+    assert_eq!(again[0].outcome, "repeated");
+    assert_eq!(again[0].token, r[0].token);
+}
+
+#[test]
+fn bad_deposits_get_typed_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, auth) = open(dir.path(), 9);
+    let (t, w2) = deposit_ready(&a, &auth);
+    let dep = w2.public_key().to_address();
+    let hs = hex::encode([4u8; 32]);
+    assert!(matches!(
+        a.deposit("nonsense", &hs, &[]),
+        Err(NodeError::BadRequest(_))
+    ));
+    assert!(matches!(
+        a.deposit(&dep, "zz", &[]),
+        Err(NodeError::BadRequest(_))
+    ));
+    let mut forged = t.clone();
+    forged.links[1].proof.0[5] ^= 1;
+    let mut bad_bytes = t.encode();
+    bad_bytes.push(0);
+    let items = vec![
+        "not hex".to_string(),
+        hex::encode(&bad_bytes),
+        hex::encode(forged.encode()),
+        hex::encode(t.encode()),
+    ];
+    let wrong_depositor = wallet(1).public_key().to_address();
+    let r = a.deposit(&wrong_depositor, &hs, &items).unwrap();
+    assert!(
+        r.iter()
+            .all(|x| x.outcome == "refused" && x.error.is_some()),
+        "{r:?}"
+    );
+    assert_eq!(a.token(&t.serial_hex()).unwrap().anchors, 1);
+    assert!(a.fraud_list().unwrap().is_empty());
+    // Another authority's token.
+    let other = LocalSigner::new(SecretKey::from_seed(&[77; 32]));
+    let foreign = Token::mint(
+        &other,
+        [5; 8],
+        t.value,
+        [0; 64],
+        wallet(1).public_key(),
+        [0; 32],
+    )
+    .unwrap();
+    let r = a
+        .deposit(&dep, &hs, &[hex::encode(foreign.encode())])
+        .unwrap();
+    assert_eq!(r[0].outcome, "refused");
+    // Blacklisted tokens are refused.
+    a.blacklist(&t.serial_hex()).unwrap();
+    let r = a.deposit(&dep, &hs, &[hex::encode(t.encode())]).unwrap();
+    assert!(r[0].error.as_deref().unwrap().contains("blacklisted"));
+    assert!(matches!(a.token("00"), Err(NodeError::BadRequest(_))));
+    assert!(matches!(
+        a.token("0000000000000000"),
+        Err(NodeError::NotFound(_))
+    ));
+}
+
+#[test]
+fn faucet_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = open(dir.path(), 9);
+    let w = wallet(1).public_key().to_address();
+    let hs = hex::encode([0u8; 32]);
+    assert!(matches!(
+        a.faucet(&w, 0, &hs),
+        Err(NodeError::BadRequest(_))
+    ));
+    assert!(matches!(
+        a.faucet(&w, 100_000_000, &hs),
+        Err(NodeError::BadRequest(_))
+    ));
+    assert!(matches!(
+        a.faucet("eur1xyz", 100, &hs),
+        Err(NodeError::BadRequest(_))
+    ));
+    let tokens = a.faucet(&w, 1250, &hs).unwrap();
+    assert_eq!(tokens.iter().map(|t| t.value.cents()).sum::<u64>(), 1250);
+}
+
+fn http(addr: std::net::SocketAddr, req: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn http_api_answers_bad_input_with_4xx() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = open(dir.path(), 9);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(florin_node::serve(listener, Arc::new(a), async {
+        let _ = rx.await;
+    }));
+    let post = |path: &str, body: &str| {
+        http(addr, &format!(
+            "POST {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    assert!(http(addr, "GET /v1/health HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200"));
+    assert!(http(addr, "GET /v1/info HTTP/1.0\r\n\r\n").contains("eur1"));
+    assert!(post("/v1/deposit", "{not json").contains(" 400 "));
+    assert!(post(
+        "/v1/deposit",
+        r#"{"depositor":"x","handshake":"00","tokens":[]}"#
+    )
+    .contains(" 400 "));
+    assert!(post(
+        "/v1/faucet",
+        r#"{"recipient":"bad","amount_cents":5,"handshake":"00"}"#
+    )
+    .contains(" 400 "));
+    assert!(http(addr, "GET /v1/tokens/abc HTTP/1.0\r\n\r\n").contains(" 400 "));
+    assert!(http(addr, "GET /v1/tokens/0000000000000000 HTTP/1.0\r\n\r\n").contains(" 404 "));
+    let w = wallet(3).public_key().to_address();
+    let ok = post(
+        "/v1/faucet",
+        &format!(
+            r#"{{"recipient":"{w}","amount_cents":5,"handshake":"{}"}}"#,
+            hex::encode([0u8; 32])
+        ),
+    );
+    assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
+    let _ = tx.send(());
+    rt.block_on(server).unwrap().unwrap();
+}
