@@ -64,6 +64,13 @@ fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
         .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
 }
 
+fn parse_serial(s: &str) -> Result<[u8; 8], NodeError> {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+        .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))
+}
+
 /// Parses an address or hex key from a request.
 pub(crate) fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
     PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
@@ -340,10 +347,7 @@ impl Authority {
 
     /// One token's state.
     pub fn token(&self, serial_hex: &str) -> Result<TokenInfo, NodeError> {
-        let serial: [u8; 8] = hex::decode(serial_hex)
-            .ok()
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))?;
+        let serial = parse_serial(serial_hex)?;
         let tx = self.db.begin_read()?;
         let table = tx.open_table(TOKENS)?;
         let v = table
@@ -371,10 +375,7 @@ impl Authority {
 
     /// Takes a token out of circulation (lost or stolen, or by policy). Durable.
     pub fn blacklist(&self, serial_hex: &str) -> Result<(), NodeError> {
-        let serial: [u8; 8] = hex::decode(serial_hex)
-            .ok()
-            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-            .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))?;
+        let serial = parse_serial(serial_hex)?;
         let tx = self.db.begin_write()?;
         {
             let mut table = tx.open_table(TOKENS)?;

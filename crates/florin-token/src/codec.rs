@@ -79,6 +79,14 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
+    /// Reads the version byte and insists it is `expected`.
+    pub(crate) fn version(&mut self, expected: u8, what: &'static str) -> Result<(), DecodeError> {
+        match self.u8(what)? {
+            v if v == expected => Ok(()),
+            found => Err(DecodeError::UnknownVersion { what, found }),
+        }
+    }
+
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len()
     }

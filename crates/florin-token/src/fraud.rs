@@ -212,14 +212,7 @@ impl FraudProof {
     /// Decodes a proof, rejecting trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<FraudProof, FraudProofError> {
         let mut r = Reader::new(bytes);
-        let version = r.u8("fraud proof version")?;
-        if version != FRAUD_PROOF_VERSION {
-            return Err(DecodeError::UnknownVersion {
-                what: "fraud proof",
-                found: version,
-            }
-            .into());
-        }
+        r.version(FRAUD_PROOF_VERSION, "fraud proof")?;
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
         let authority = PublicKey(r.array("authority")?);

@@ -42,13 +42,7 @@ impl PaymentRequest {
     /// Decodes a request, rejecting trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
-        let v = r.u8("request version")?;
-        if v != REQUEST_VERSION {
-            return Err(DecodeError::UnknownVersion {
-                what: "payment request",
-                found: v,
-            });
-        }
+        r.version(REQUEST_VERSION, "payment request")?;
         let amount_cents = r.u64("amount")?;
         if amount_cents == 0 {
             return Err(DecodeError::Invalid("zero amount"));
@@ -98,13 +92,7 @@ impl Payment {
     /// Decodes a payment, rejecting trailing bytes and any malformed token.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
-        let v = r.u8("payment version")?;
-        if v != PAYMENT_VERSION {
-            return Err(DecodeError::UnknownVersion {
-                what: "payment",
-                found: v,
-            });
-        }
+        r.version(PAYMENT_VERSION, "payment")?;
         let payee = PublicKey(r.array("payee")?);
         let handshake = r.array("handshake")?;
         let n = r.u32("token count")? as usize;

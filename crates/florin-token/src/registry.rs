@@ -216,13 +216,7 @@ impl TokenRecord {
     /// Decodes a stored record.
     pub fn decode(bytes: &[u8]) -> Result<TokenRecord, DecodeError> {
         let mut r = Reader::new(bytes);
-        let v = r.u8("record version")?;
-        if v != RECORD_VERSION {
-            return Err(DecodeError::UnknownVersion {
-                what: "token record",
-                found: v,
-            });
-        }
+        r.version(RECORD_VERSION, "token record")?;
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
         let authority = PublicKey(r.array("authority")?);

@@ -265,13 +265,7 @@ impl Token {
     }
 
     pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<Token, DecodeError> {
-        let version = r.u8("token version")?;
-        if version != TOKEN_VERSION {
-            return Err(DecodeError::UnknownVersion {
-                what: "token",
-                found: version,
-            });
-        }
+        r.version(TOKEN_VERSION, "token")?;
         let serial = r.array("serial")?;
         let value = Denomination::from_byte(r.u8("value")?)?;
         let authority = PublicKey(r.array("authority key")?);

@@ -72,15 +72,15 @@ impl Drop for Devnet {
     }
 }
 
-struct User<'a> {
-    dir: &'a Path,
+struct User {
+    dir: PathBuf,
     node: String,
 }
 
-impl User<'_> {
+impl User {
     fn run(&self, args: &[&str]) -> Output {
         Command::new(BIN)
-            .current_dir(self.dir)
+            .current_dir(&self.dir)
             .env("FLORIN_NODE", &self.node)
             .args(args)
             .output()
@@ -128,24 +128,24 @@ impl User<'_> {
     }
 }
 
-fn setup() -> (tempfile::TempDir, PathBuf) {
+/// A devnet on a fresh data directory, and a user with `wallets` created.
+fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    (dir, data)
+    let net = Devnet::start(&dir.path().join("data"));
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    for w in wallets {
+        let v = u.wallet(w, &["new"]);
+        assert!(v["address"].as_str().unwrap().starts_with("eur1"));
+    }
+    (dir, net, u)
 }
 
 #[test]
 fn faucet_five_offline_hops_then_deposit() {
-    let (dir, data) = setup();
-    let net = Devnet::start(&data);
-    let u = User {
-        dir: dir.path(),
-        node: net.url.clone(),
-    };
-    for w in ["w0", "w1", "w2", "w3", "w4", "w5"] {
-        let v = u.wallet(w, &["new"]);
-        assert!(v["address"].as_str().unwrap().starts_with("eur1"));
-    }
+    let (_dir, _net, u) = setup(&["w0", "w1", "w2", "w3", "w4", "w5"]);
     let v = u.wallet("w0", &["faucet", "20"]);
     assert_eq!(v["received_cents"], 2000);
     // Five hops: w0 → w1 → w2 → w3 → w4 → w5, €5 each time.
@@ -179,15 +179,7 @@ fn faucet_five_offline_hops_then_deposit() {
 
 #[test]
 fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
-    let (dir, data) = setup();
-    let net = Devnet::start(&data);
-    let u = User {
-        dir: dir.path(),
-        node: net.url.clone(),
-    };
-    for w in ["payer", "alice", "bob"] {
-        u.wallet(w, &["new"]);
-    }
+    let (dir, _net, u) = setup(&["payer", "alice", "bob"]);
     u.wallet("payer", &["faucet", "0.05"]); // a single 5-cent token
     let payer_addr = u.wallet("payer", &["address"])["address"]
         .as_str()
@@ -231,15 +223,7 @@ fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
 
 #[test]
 fn replayed_payment_and_bad_input_are_refused() {
-    let (dir, data) = setup();
-    let net = Devnet::start(&data);
-    let u = User {
-        dir: dir.path(),
-        node: net.url.clone(),
-    };
-    for w in ["a", "b", "c"] {
-        u.wallet(w, &["new"]);
-    }
+    let (dir, _net, u) = setup(&["a", "b", "c"]);
     u.wallet("a", &["faucet", "3"]);
     u.pay("a", "b", "1", "p1");
     let err = u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
@@ -274,15 +258,7 @@ fn replayed_payment_and_bad_input_are_refused() {
 
 #[test]
 fn acknowledged_state_survives_kill_9() {
-    let (dir, data) = setup();
-    let net = Devnet::start(&data);
-    let u = User {
-        dir: dir.path(),
-        node: net.url.clone(),
-    };
-    for w in ["a", "b", "c"] {
-        u.wallet(w, &["new"]);
-    }
+    let (dir, net, u) = setup(&["a", "b", "c"]);
     u.wallet("a", &["faucet", "2"]);
     std::fs::copy(dir.path().join("a"), dir.path().join("a-copy")).unwrap();
     u.pay("a", "b", "2", "x");
@@ -290,9 +266,9 @@ fn acknowledged_state_survives_kill_9() {
     net.kill();
 
     // Restart on the same data: same authority key, history kept.
-    let net = Devnet::start(&data);
+    let net = Devnet::start(&dir.path().join("data"));
     let u = User {
-        dir: dir.path(),
+        dir: dir.path().to_path_buf(),
         node: net.url.clone(),
     };
     u.pay("a-copy", "c", "2", "y");
