@@ -1,0 +1,76 @@
+//! Compact transactions: what the swap engine sees once a sentinel has validated a transaction.
+
+use florin_crypto::Digest;
+
+use crate::tx::{Transaction, UhsId};
+
+/// What kind of transaction a compact transaction came from (for supply accounting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TxKind {
+    /// Value moves; inputs and outputs balance.
+    Transfer,
+    /// Value enters the ledger.
+    Mint,
+    /// Value leaves the ledger.
+    Redeem,
+}
+
+impl TxKind {
+    /// The wire byte.
+    pub fn to_byte(self) -> u8 {
+        match self {
+            TxKind::Transfer => 1,
+            TxKind::Mint => 2,
+            TxKind::Redeem => 3,
+        }
+    }
+
+    /// From the wire byte.
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(TxKind::Transfer),
+            2 => Some(TxKind::Mint),
+            3 => Some(TxKind::Redeem),
+            _ => None,
+        }
+    }
+}
+
+/// Input ids to remove and output ids (with their values, for auditing) to insert.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompactTx {
+    /// The transaction's id (remembered by the store: a replay changes nothing).
+    pub txid: Digest,
+    /// Its kind.
+    pub kind: TxKind,
+    /// UHS ids that must exist and are removed.
+    pub inputs: Vec<UhsId>,
+    /// UHS ids created, with their values in cents.
+    pub outputs: Vec<(UhsId, u64)>,
+}
+
+impl CompactTx {
+    /// Compacts a transaction (the sentinel does this after validation).
+    pub fn from_tx(tx: &Transaction) -> CompactTx {
+        match tx {
+            Transaction::Transfer(t) => CompactTx {
+                txid: t.txid(),
+                kind: TxKind::Transfer,
+                inputs: t.inputs.iter().map(|u| u.id()).collect(),
+                outputs: t.output_utxos().iter().map(|u| (u.id(), u.value)).collect(),
+            },
+            Transaction::Mint(m) => CompactTx {
+                txid: m.txid(),
+                kind: TxKind::Mint,
+                inputs: Vec::new(),
+                outputs: m.output_utxos().iter().map(|u| (u.id(), u.value)).collect(),
+            },
+            Transaction::Redeem(d) => CompactTx {
+                txid: d.txid(),
+                kind: TxKind::Redeem,
+                inputs: d.inputs.iter().map(|u| u.id()).collect(),
+                outputs: Vec::new(),
+            },
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! The online ledger (Hamilton, `003_…` sections 2–3): UTXOs committed to by 32-byte hashes in
+//! the UTXO hash set (UHS), transaction-local validation by sentinels, compaction, and the one
+//! primitive the state needs, `swap`.
+//!
+//! The format and validation modules do no I/O. Stores implement [`SwapStore`]; the in-memory
+//! one lives here, durable ones beside it.
+
+mod codec;
+pub mod compact;
+pub mod memory;
+pub mod store;
+pub mod tx;
+pub mod validate;
+
+pub use codec::DecodeError;
+pub use compact::{CompactTx, TxKind};
+pub use store::{StoreError, Supply, SwapOutcome, SwapStore};
+pub use tx::{Encumbrance, Mint, Output, Redeem, Transaction, Transfer, UhsId, Utxo, Witness};
+pub use validate::{validate, ValidationError};

@@ -1,0 +1,114 @@
+//! The in-memory swap store: for tests and simulation. Not durable.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use florin_crypto::Digest;
+
+use crate::compact::{CompactTx, TxKind};
+use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
+use crate::tx::UhsId;
+
+/// The UHS state, shared by the in-memory and the embedded durable store.
+#[derive(Default)]
+pub struct UhsState {
+    /// Unspent ids and their values.
+    pub unspent: HashMap<UhsId, u64>,
+    /// Confirmed txids.
+    pub applied: HashSet<Digest>,
+    /// Cents ever minted.
+    pub minted: u64,
+    /// Cents ever redeemed.
+    pub redeemed: u64,
+}
+
+impl UhsState {
+    /// Applies one compact transaction (the swap primitive).
+    pub fn apply(&mut self, tx: &CompactTx) -> SwapOutcome {
+        if self.applied.contains(&tx.txid) {
+            return SwapOutcome::AlreadyApplied;
+        }
+        if !tx.inputs.iter().all(|i| self.unspent.contains_key(i))
+            || tx.outputs.iter().any(|(o, _)| self.unspent.contains_key(o))
+        {
+            return SwapOutcome::MissingInput;
+        }
+        let mut removed = 0u64;
+        for i in &tx.inputs {
+            removed = removed.saturating_add(self.unspent.remove(i).unwrap_or(0));
+        }
+        let mut added = 0u64;
+        for (o, v) in &tx.outputs {
+            self.unspent.insert(*o, *v);
+            added = added.saturating_add(*v);
+        }
+        match tx.kind {
+            TxKind::Mint => self.minted = self.minted.saturating_add(added),
+            TxKind::Redeem => self.redeemed = self.redeemed.saturating_add(removed),
+            TxKind::Transfer => {}
+        }
+        self.applied.insert(tx.txid);
+        SwapOutcome::Confirmed
+    }
+
+    /// The books.
+    pub fn supply(&self) -> Supply {
+        Supply {
+            minted_cents: self.minted,
+            redeemed_cents: self.redeemed,
+            unspent_cents: self
+                .unspent
+                .values()
+                .fold(0u64, |a, v| a.saturating_add(*v)),
+            unspent_count: self.unspent.len() as u64,
+        }
+    }
+}
+
+/// A swap store in memory.
+#[derive(Default)]
+pub struct MemoryStore {
+    state: Mutex<UhsState>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, UhsState>, StoreError> {
+        self.state
+            .lock()
+            .map_err(|_| StoreError::Corrupt("a writer panicked".into()))
+    }
+}
+
+impl SwapStore for MemoryStore {
+    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+        let mut s = self.lock()?;
+        Ok(batch.iter().map(|tx| s.apply(tx)).collect())
+    }
+
+    fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError> {
+        Ok(self.lock()?.unspent.contains_key(id))
+    }
+
+    fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError> {
+        Ok(self.lock()?.applied.contains(txid))
+    }
+
+    fn supply(&self) -> Result<Supply, StoreError> {
+        Ok(self.lock()?.supply())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_suite() {
+        crate::store::testing::run_suite(MemoryStore::new, |s| s);
+    }
+}

@@ -1,0 +1,188 @@
+//! The swap engine's contract, shared by every store (in-memory, embedded durable,
+//! PostgreSQL), and the one test suite every store must pass ([`testing::run_suite`]).
+
+use florin_crypto::Digest;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::compact::CompactTx;
+use crate::tx::UhsId;
+
+/// What a swap did to one compact transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapOutcome {
+    /// Committed and durable: inputs removed, outputs inserted.
+    Confirmed,
+    /// An input is missing (spent, or never existed): nothing changed. State-invalid.
+    MissingInput,
+    /// The transaction was applied before; nothing changed (a replay).
+    AlreadyApplied,
+}
+
+/// The ledger's books, for the supply audit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Supply {
+    /// Cents ever minted.
+    pub minted_cents: u64,
+    /// Cents ever redeemed.
+    pub redeemed_cents: u64,
+    /// Cents in unspent outputs (summed from the values stored beside the ids).
+    pub unspent_cents: u64,
+    /// Unspent outputs.
+    pub unspent_count: u64,
+}
+
+/// Why a store failed. A failed call changed nothing.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// I/O failure.
+    #[error("store I/O: {0}")]
+    Io(String),
+    /// Stored data is corrupt.
+    #[error("store corrupt: {0}")]
+    Corrupt(String),
+    /// The backend (a database) refused.
+    #[error("store backend: {0}")]
+    Backend(String),
+}
+
+/// A set of UHS ids with one atomic primitive.
+pub trait SwapStore: Send + Sync {
+    /// Applies compact transactions in order. For each: if its txid was applied before,
+    /// [`SwapOutcome::AlreadyApplied`]; else if all inputs exist, removes them and inserts the
+    /// outputs ([`SwapOutcome::Confirmed`]); otherwise changes nothing
+    /// ([`SwapOutcome::MissingInput`]). The whole batch is durable when this returns.
+    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError>;
+    /// Whether an id is unspent.
+    fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError>;
+    /// Whether a transaction was confirmed.
+    fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError>;
+    /// The books.
+    fn supply(&self) -> Result<Supply, StoreError>;
+}
+
+/// The shared store suite and its helpers. It is a test suite: it panics on the first failed
+/// check, so it allows `unwrap`.
+#[allow(clippy::unwrap_used)]
+pub mod testing {
+    use super::*;
+    use crate::compact::TxKind;
+
+    /// A deterministic id.
+    pub fn id(n: u64) -> UhsId {
+        florin_crypto::hash("florin/ledger/test-id", &[&n.to_le_bytes()])
+    }
+
+    /// A mint of the given (id, value) outputs under `txid`.
+    pub fn mint(txid: u64, outputs: &[(u64, u64)]) -> CompactTx {
+        CompactTx {
+            txid: id(1 << 40 | txid),
+            kind: TxKind::Mint,
+            inputs: vec![],
+            outputs: outputs.iter().map(|(i, v)| (id(*i), *v)).collect(),
+        }
+    }
+
+    /// A transfer spending `inputs` into (id, value) `outputs`.
+    pub fn transfer(txid: u64, inputs: &[u64], outputs: &[(u64, u64)]) -> CompactTx {
+        CompactTx {
+            txid: id(2 << 40 | txid),
+            kind: TxKind::Transfer,
+            inputs: inputs.iter().map(|i| id(*i)).collect(),
+            outputs: outputs.iter().map(|(i, v)| (id(*i), *v)).collect(),
+        }
+    }
+
+    /// A redeem of `inputs`.
+    pub fn redeem(txid: u64, inputs: &[u64]) -> CompactTx {
+        CompactTx {
+            txid: id(3 << 40 | txid),
+            kind: TxKind::Redeem,
+            inputs: inputs.iter().map(|i| id(*i)).collect(),
+            outputs: vec![],
+        }
+    }
+
+    /// The shared suite: every store must pass every check. `open` returns a fresh store, and
+    /// for durable stores `reopen` returns the same store after a restart (else it may return
+    /// the same handle).
+    pub fn run_suite<S: SwapStore>(open: impl Fn() -> S, reopen: impl Fn(S) -> S) {
+        use SwapOutcome::*;
+        // Double spend: the second spender fails, its other inputs stay unspent.
+        let s = open();
+        assert_eq!(
+            s.swap(&[mint(1, &[(1, 100), (2, 50), (3, 25)])]).unwrap(),
+            vec![Confirmed]
+        );
+        let out = s
+            .swap(&[
+                transfer(1, &[1, 2], &[(10, 150)]),
+                transfer(2, &[2, 3], &[(11, 75)]),
+            ])
+            .unwrap();
+        assert_eq!(out, vec![Confirmed, MissingInput]);
+        assert!(
+            s.is_unspent(&id(3)).unwrap(),
+            "the loser's other input stays unspent"
+        );
+        assert!(!s.is_unspent(&id(1)).unwrap() && !s.is_unspent(&id(2)).unwrap());
+        assert!(s.is_unspent(&id(10)).unwrap() && !s.is_unspent(&id(11)).unwrap());
+        assert!(s.is_confirmed(&transfer(1, &[], &[]).txid).unwrap());
+        assert!(!s.is_confirmed(&transfer(2, &[], &[]).txid).unwrap());
+
+        // A replayed transaction changes nothing.
+        assert_eq!(
+            s.swap(&[transfer(1, &[1, 2], &[(10, 150)])]).unwrap(),
+            vec![AlreadyApplied]
+        );
+        // A replayed mint creates nothing, even after its outputs were spent.
+        assert_eq!(
+            s.swap(&[transfer(3, &[10], &[(12, 150)])]).unwrap(),
+            vec![Confirmed]
+        );
+        assert_eq!(
+            s.swap(&[mint(1, &[(1, 100), (2, 50), (3, 25)])]).unwrap(),
+            vec![AlreadyApplied]
+        );
+        assert!(!s.is_unspent(&id(1)).unwrap(), "a spent id never returns");
+        // A batch with a conflict applies the rest.
+        let out = s
+            .swap(&[
+                mint(2, &[(20, 5), (21, 5)]),
+                transfer(4, &[20], &[(22, 5)]),
+                transfer(5, &[20], &[(23, 5)]),
+                transfer(6, &[21], &[(24, 5)]),
+            ])
+            .unwrap();
+        assert_eq!(out, vec![Confirmed, Confirmed, MissingInput, Confirmed]);
+        // Unknown inputs.
+        assert_eq!(
+            s.swap(&[transfer(7, &[999], &[(25, 1)])]).unwrap(),
+            vec![MissingInput]
+        );
+        // Redeem destroys value.
+        assert_eq!(s.swap(&[redeem(1, &[22])]).unwrap(), vec![Confirmed]);
+        let books = s.supply().unwrap();
+        assert_eq!(books.minted_cents, 185);
+        assert_eq!(books.redeemed_cents, 5);
+        assert_eq!(books.unspent_cents, 180);
+        assert_eq!(books.unspent_count, 3); // 3 (25), 12 (150), 24 (5)
+                                            // Everything above survives a restart.
+        let s = reopen(s);
+        assert_eq!(s.supply().unwrap(), books);
+        assert!(s.is_unspent(&id(12)).unwrap() && !s.is_unspent(&id(10)).unwrap());
+        assert_eq!(
+            s.swap(&[transfer(1, &[1, 2], &[(10, 150)])]).unwrap(),
+            vec![AlreadyApplied]
+        );
+        assert_eq!(
+            s.swap(&[transfer(8, &[12], &[(30, 100), (31, 50)])])
+                .unwrap(),
+            vec![Confirmed]
+        );
+        // An empty batch is fine.
+        assert!(s.swap(&[]).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,344 @@
+//! UTXOs and transactions (Hamilton 3.4), with one canonical encoding each.
+//!
+//! - A UTXO is `(value in cents, encumbrance, serial)`; its UHS id is the domain-separated
+//!   SHA-256 of its encoding. The ledger stores only ids (and, for auditing, values).
+//! - A Transfer's txid hashes its full input UTXOs and its outputs, not the witnesses; every
+//!   witness signs the txid. Output serials are `H(txid, index)`, so every output ever created is
+//!   unique and a spent id can never come back.
+//! - A Mint carries an issuer-chosen random nonce and the issuer's signature; the ledger
+//!   remembers applied txids, so replaying a mint creates nothing.
+//! - A Redeem destroys value: signed by the owners of its inputs and by the issuer.
+
+use florin_crypto::{hash, Digest, PublicKey, Signature};
+
+use crate::codec::{DecodeError, Reader};
+
+/// A UHS id: the hash of a UTXO.
+pub type UhsId = Digest;
+/// The Ed25519 encumbrance / witness scheme tag.
+pub const SCHEME_ED25519: u8 = 1;
+/// Version byte of the transaction encoding.
+pub const TX_VERSION: u8 = 1;
+/// Most inputs or outputs in one transaction.
+pub const MAX_IO: usize = 1024;
+
+/// Who may spend an output: a signature scheme tag and a public key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Encumbrance {
+    /// Scheme tag; only [`SCHEME_ED25519`] is valid today.
+    pub scheme: u8,
+    /// The key.
+    pub key: [u8; 32],
+}
+
+impl Encumbrance {
+    /// An Ed25519 key.
+    pub fn ed25519(key: &PublicKey) -> Self {
+        Encumbrance {
+            scheme: SCHEME_ED25519,
+            key: key.0,
+        }
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.push(self.scheme);
+        out.extend_from_slice(&self.key);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Encumbrance {
+            scheme: r.u8("scheme")?,
+            key: r.array("key")?,
+        })
+    }
+}
+
+/// An output to be created: value and encumbrance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Output {
+    /// Value in euro cents.
+    pub value: u64,
+    /// Who may spend it.
+    pub encumbrance: Encumbrance,
+}
+
+impl Output {
+    const LEN: usize = 8 + 33;
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.value.to_le_bytes());
+        self.encumbrance.encode_into(out);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Output {
+            value: r.u64("value")?,
+            encumbrance: Encumbrance::decode(r)?,
+        })
+    }
+}
+
+/// An unspent transaction output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Utxo {
+    /// Value in euro cents.
+    pub value: u64,
+    /// Who may spend it.
+    pub encumbrance: Encumbrance,
+    /// Globally unique serial.
+    pub serial: [u8; 32],
+}
+
+impl Utxo {
+    const LEN: usize = 8 + 33 + 32;
+
+    /// The canonical encoding (73 bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::LEN);
+        self.encode_into(&mut out);
+        out
+    }
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.value.to_le_bytes());
+        self.encumbrance.encode_into(out);
+        out.extend_from_slice(&self.serial);
+    }
+
+    /// Decodes a UTXO, rejecting trailing bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        let u = Self::decode_from(&mut r)?;
+        r.finish()?;
+        Ok(u)
+    }
+
+    fn decode_from(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Utxo {
+            value: r.u64("value")?,
+            encumbrance: Encumbrance::decode(r)?,
+            serial: r.array("serial")?,
+        })
+    }
+
+    /// The UHS id.
+    pub fn id(&self) -> UhsId {
+        hash("florin/ledger/uhs/v1", &[&self.encode()])
+    }
+}
+
+/// A witness: the spender's key and signature over the txid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Witness {
+    /// Scheme tag; must match the input's encumbrance.
+    pub scheme: u8,
+    /// The signing key; must equal the input's encumbrance key.
+    pub key: [u8; 32],
+    /// The signature over the txid.
+    pub signature: Signature,
+}
+
+impl Witness {
+    const LEN: usize = 1 + 32 + 64;
+
+    fn encode_into(&self, out: &mut Vec<u8>) {
+        out.push(self.scheme);
+        out.extend_from_slice(&self.key);
+        out.extend_from_slice(&self.signature.0);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Witness {
+            scheme: r.u8("witness scheme")?,
+            key: r.array("witness key")?,
+            signature: Signature(r.array("witness signature")?),
+        })
+    }
+}
+
+/// Derives output `index`'s serial from the creating transaction's id.
+pub fn output_serial(txid: &Digest, index: usize) -> [u8; 32] {
+    hash(
+        "florin/ledger/serial/v1",
+        &[txid, &(index as u32).to_le_bytes()],
+    )
+}
+
+fn outputs_to_utxos(txid: &Digest, outputs: &[Output]) -> Vec<Utxo> {
+    outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| Utxo {
+            value: o.value,
+            encumbrance: o.encumbrance,
+            serial: output_serial(txid, i),
+        })
+        .collect()
+}
+
+/// k inputs → l outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    /// Full input UTXOs.
+    pub inputs: Vec<Utxo>,
+    /// Outputs to create.
+    pub outputs: Vec<Output>,
+    /// One per input.
+    pub witnesses: Vec<Witness>,
+}
+
+impl Transfer {
+    /// The txid: inputs and outputs, not witnesses.
+    pub fn txid(&self) -> Digest {
+        let mut body = Vec::with_capacity(
+            4 + self.inputs.len() * Utxo::LEN + self.outputs.len() * Output::LEN,
+        );
+        encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
+        encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
+        hash("florin/ledger/transfer/v1", &[&body])
+    }
+
+    /// The UTXOs this transfer creates.
+    pub fn output_utxos(&self) -> Vec<Utxo> {
+        outputs_to_utxos(&self.txid(), &self.outputs)
+    }
+}
+
+/// The issuer creates money.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mint {
+    /// A fresh random nonce: makes every mint's outputs unique.
+    pub nonce: [u8; 32],
+    /// Outputs to create.
+    pub outputs: Vec<Output>,
+    /// The issuer's signature over the txid.
+    pub issuer_signature: Signature,
+}
+
+impl Mint {
+    /// The txid.
+    pub fn txid(&self) -> Digest {
+        let mut body = self.nonce.to_vec();
+        encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
+        hash("florin/ledger/mint/v1", &[&body])
+    }
+
+    /// The UTXOs this mint creates.
+    pub fn output_utxos(&self) -> Vec<Utxo> {
+        outputs_to_utxos(&self.txid(), &self.outputs)
+    }
+}
+
+/// Value leaves the ledger (redemption), authorized by the inputs' owners and the issuer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redeem {
+    /// Inputs destroyed.
+    pub inputs: Vec<Utxo>,
+    /// One per input.
+    pub witnesses: Vec<Witness>,
+    /// The issuer's signature over the txid.
+    pub issuer_signature: Signature,
+}
+
+impl Redeem {
+    /// The txid.
+    pub fn txid(&self) -> Digest {
+        let mut body = Vec::new();
+        encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
+        hash("florin/ledger/redeem/v1", &[&body])
+    }
+}
+
+/// Any ledger transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transaction {
+    /// Move money.
+    Transfer(Transfer),
+    /// Create money.
+    Mint(Mint),
+    /// Destroy money.
+    Redeem(Redeem),
+}
+
+fn encode_list<T>(out: &mut Vec<u8>, items: &[T], f: impl Fn(&T, &mut Vec<u8>)) {
+    out.extend_from_slice(&(items.len() as u16).to_le_bytes());
+    for i in items {
+        f(i, out);
+    }
+}
+
+fn decode_list<T>(
+    r: &mut Reader<'_>,
+    what: &'static str,
+    len: usize,
+    f: impl Fn(&mut Reader<'_>) -> Result<T, DecodeError>,
+) -> Result<Vec<T>, DecodeError> {
+    let n = r.count(what, len)?;
+    if n > MAX_IO {
+        return Err(DecodeError::Invalid(what));
+    }
+    (0..n).map(|_| f(r)).collect()
+}
+
+impl Transaction {
+    /// The txid.
+    pub fn txid(&self) -> Digest {
+        match self {
+            Transaction::Transfer(t) => t.txid(),
+            Transaction::Mint(m) => m.txid(),
+            Transaction::Redeem(d) => d.txid(),
+        }
+    }
+
+    /// The canonical encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![TX_VERSION];
+        match self {
+            Transaction::Transfer(t) => {
+                out.push(1);
+                encode_list(&mut out, &t.inputs, |u, o| u.encode_into(o));
+                encode_list(&mut out, &t.outputs, |x, o| x.encode_into(o));
+                encode_list(&mut out, &t.witnesses, |w, o| w.encode_into(o));
+            }
+            Transaction::Mint(m) => {
+                out.push(2);
+                out.extend_from_slice(&m.nonce);
+                encode_list(&mut out, &m.outputs, |x, o| x.encode_into(o));
+                out.extend_from_slice(&m.issuer_signature.0);
+            }
+            Transaction::Redeem(d) => {
+                out.push(3);
+                encode_list(&mut out, &d.inputs, |u, o| u.encode_into(o));
+                encode_list(&mut out, &d.witnesses, |w, o| w.encode_into(o));
+                out.extend_from_slice(&d.issuer_signature.0);
+            }
+        }
+        out
+    }
+
+    /// Decodes a transaction, rejecting trailing bytes and unknown versions or kinds.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes);
+        r.version(TX_VERSION, "transaction")?;
+        let tx = match r.u8("transaction kind")? {
+            1 => Transaction::Transfer(Transfer {
+                inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
+                outputs: decode_list(&mut r, "outputs", Output::LEN, Output::decode)?,
+                witnesses: decode_list(&mut r, "witnesses", Witness::LEN, Witness::decode)?,
+            }),
+            2 => Transaction::Mint(Mint {
+                nonce: r.array("nonce")?,
+                outputs: decode_list(&mut r, "outputs", Output::LEN, Output::decode)?,
+                issuer_signature: Signature(r.array("issuer signature")?),
+            }),
+            3 => Transaction::Redeem(Redeem {
+                inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
+                witnesses: decode_list(&mut r, "witnesses", Witness::LEN, Witness::decode)?,
+                issuer_signature: Signature(r.array("issuer signature")?),
+            }),
+            _ => return Err(DecodeError::Invalid("transaction kind")),
+        };
+        r.finish()?;
+        Ok(tx)
+    }
+}

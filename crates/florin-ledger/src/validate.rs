@@ -1,0 +1,274 @@
+//! Sentinel validation (Hamilton 3.5): everything that needs no shared state, in a fixed order,
+//! with one typed error per rule. Signatures are checked in one batch across many transactions.
+
+use std::collections::HashSet;
+
+use florin_crypto::{BatchVerifier, Digest, PublicKey, Signature, SignatureError};
+use rand::{CryptoRng, RngCore};
+use thiserror::Error;
+
+use crate::compact::CompactTx;
+use crate::tx::{Encumbrance, Output, Transaction, Utxo, Witness, SCHEME_ED25519};
+
+/// Why a transaction is statically invalid. Checked in the order of the variants.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// A transfer or redeem without inputs.
+    #[error("transaction has no inputs")]
+    NoInputs,
+    /// A transfer or mint without outputs.
+    #[error("transaction has no outputs")]
+    NoOutputs,
+    /// Witnesses must be exactly one per input.
+    #[error("{witnesses} witnesses for {inputs} inputs")]
+    WitnessCount {
+        /// Inputs.
+        inputs: usize,
+        /// Witnesses.
+        witnesses: usize,
+    },
+    /// The same input twice.
+    #[error("input {0} is spent twice in the same transaction")]
+    DuplicateInput(usize),
+    /// An input or output of zero value.
+    #[error("zero-value {which} {index}")]
+    ZeroValue {
+        /// "input" or "output".
+        which: &'static str,
+        /// Its index.
+        index: usize,
+    },
+    /// The values do not fit in 64 bits.
+    #[error("values overflow")]
+    Overflow,
+    /// Inputs and outputs differ.
+    #[error("unbalanced: inputs {inputs} cents, outputs {outputs} cents")]
+    Unbalanced {
+        /// Sum of inputs.
+        inputs: u64,
+        /// Sum of outputs.
+        outputs: u64,
+    },
+    /// An encumbrance with an unknown signature scheme.
+    #[error("unknown signature scheme {scheme} in {which} {index}")]
+    UnknownScheme {
+        /// "input" or "output".
+        which: &'static str,
+        /// Its index.
+        index: usize,
+        /// The tag.
+        scheme: u8,
+    },
+    /// A witness of another scheme than its input.
+    #[error("witness {0} is malformed for its input's scheme")]
+    MalformedWitness(usize),
+    /// A witness key that does not match its input's encumbrance.
+    #[error("witness {0} is by another key than its input's owner")]
+    KeyMismatch(usize),
+    /// A witness signature that does not verify.
+    #[error("witness {index} signature is invalid ({reason})")]
+    BadSignature {
+        /// Which witness.
+        index: usize,
+        /// Why.
+        reason: SignatureError,
+    },
+    /// The issuer's signature (mint, redeem) does not verify.
+    #[error("issuer signature is invalid ({0})")]
+    BadIssuerSignature(SignatureError),
+}
+
+/// A signature check a transaction needs: (who, message, signature, which witness or issuer).
+type Check = (PublicKey, Digest, Signature, Option<usize>);
+
+fn check_values<'a>(
+    inputs: impl Iterator<Item = &'a Utxo>,
+    outputs: impl Iterator<Item = &'a Output>,
+) -> Result<(u64, u64), ValidationError> {
+    let (mut sum_in, mut sum_out) = (0u64, 0u64);
+    let ins: Vec<&Utxo> = inputs.collect();
+    let outs: Vec<&Output> = outputs.collect();
+    for (i, u) in ins.iter().enumerate() {
+        if u.value == 0 {
+            return Err(ValidationError::ZeroValue {
+                which: "input",
+                index: i,
+            });
+        }
+    }
+    for (i, o) in outs.iter().enumerate() {
+        if o.value == 0 {
+            return Err(ValidationError::ZeroValue {
+                which: "output",
+                index: i,
+            });
+        }
+    }
+    for u in &ins {
+        sum_in = sum_in
+            .checked_add(u.value)
+            .ok_or(ValidationError::Overflow)?;
+    }
+    for o in &outs {
+        sum_out = sum_out
+            .checked_add(o.value)
+            .ok_or(ValidationError::Overflow)?;
+    }
+    Ok((sum_in, sum_out))
+}
+
+fn check_schemes<'a>(
+    inputs: &[Utxo],
+    outputs: impl Iterator<Item = &'a Encumbrance>,
+) -> Result<(), ValidationError> {
+    for (i, u) in inputs.iter().enumerate() {
+        if u.encumbrance.scheme != SCHEME_ED25519 {
+            return Err(ValidationError::UnknownScheme {
+                which: "input",
+                index: i,
+                scheme: u.encumbrance.scheme,
+            });
+        }
+    }
+    for (i, e) in outputs.enumerate() {
+        if e.scheme != SCHEME_ED25519 {
+            return Err(ValidationError::UnknownScheme {
+                which: "output",
+                index: i,
+                scheme: e.scheme,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_inputs(inputs: &[Utxo], witnesses: &[Witness]) -> Result<(), ValidationError> {
+    if witnesses.len() != inputs.len() {
+        return Err(ValidationError::WitnessCount {
+            inputs: inputs.len(),
+            witnesses: witnesses.len(),
+        });
+    }
+    let mut seen = HashSet::with_capacity(inputs.len());
+    for (i, u) in inputs.iter().enumerate() {
+        if !seen.insert(u) {
+            return Err(ValidationError::DuplicateInput(i));
+        }
+    }
+    Ok(())
+}
+
+fn witness_checks(
+    inputs: &[Utxo],
+    witnesses: &[Witness],
+    txid: &Digest,
+    out: &mut Vec<Check>,
+) -> Result<(), ValidationError> {
+    for (i, (u, w)) in inputs.iter().zip(witnesses).enumerate() {
+        if w.scheme != u.encumbrance.scheme {
+            return Err(ValidationError::MalformedWitness(i));
+        }
+        if w.key != u.encumbrance.key {
+            return Err(ValidationError::KeyMismatch(i));
+        }
+        out.push((PublicKey(w.key), *txid, w.signature, Some(i)));
+    }
+    Ok(())
+}
+
+/// Every stateless check but the signatures; returns the signature checks still to do.
+fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Vec<Check>, ValidationError> {
+    let mut checks = Vec::new();
+    match tx {
+        Transaction::Transfer(t) => {
+            if t.inputs.is_empty() {
+                return Err(ValidationError::NoInputs);
+            }
+            if t.outputs.is_empty() {
+                return Err(ValidationError::NoOutputs);
+            }
+            check_inputs(&t.inputs, &t.witnesses)?;
+            let (i, o) = check_values(t.inputs.iter(), t.outputs.iter())?;
+            if i != o {
+                return Err(ValidationError::Unbalanced {
+                    inputs: i,
+                    outputs: o,
+                });
+            }
+            check_schemes(&t.inputs, t.outputs.iter().map(|o| &o.encumbrance))?;
+            witness_checks(&t.inputs, &t.witnesses, &t.txid(), &mut checks)?;
+        }
+        Transaction::Mint(m) => {
+            if m.outputs.is_empty() {
+                return Err(ValidationError::NoOutputs);
+            }
+            check_values(std::iter::empty(), m.outputs.iter())?;
+            check_schemes(&[], m.outputs.iter().map(|o| &o.encumbrance))?;
+            checks.push((*issuer, m.txid(), m.issuer_signature, None));
+        }
+        Transaction::Redeem(d) => {
+            if d.inputs.is_empty() {
+                return Err(ValidationError::NoInputs);
+            }
+            check_inputs(&d.inputs, &d.witnesses)?;
+            check_values(d.inputs.iter(), std::iter::empty())?;
+            check_schemes(&d.inputs, std::iter::empty())?;
+            let txid = d.txid();
+            witness_checks(&d.inputs, &d.witnesses, &txid, &mut checks)?;
+            checks.push((*issuer, txid, d.issuer_signature, None));
+        }
+    }
+    Ok(checks)
+}
+
+/// Validates transactions and compacts the valid ones. Signatures of all of them are checked
+/// in one batch; a bad one is pinned to its transaction and witness.
+pub fn validate_many<R: RngCore + CryptoRng>(
+    txs: &[&Transaction],
+    issuer: &PublicKey,
+    rng: &mut R,
+) -> Vec<Result<CompactTx, ValidationError>> {
+    let mut results: Vec<Result<(), ValidationError>> = Vec::with_capacity(txs.len());
+    let mut batch = BatchVerifier::with_capacity(txs.len() * 2);
+    let mut owner: Vec<(usize, Option<usize>)> = Vec::new();
+    for (ti, tx) in txs.iter().enumerate() {
+        match precheck(tx, issuer) {
+            Ok(checks) => {
+                for (k, m, s, w) in checks {
+                    batch.queue(&k, &m, &s);
+                    owner.push((ti, w));
+                }
+                results.push(Ok(()));
+            }
+            Err(e) => results.push(Err(e)),
+        }
+    }
+    if let Err(e) = batch.verify(rng) {
+        for (pos, reason) in e.invalid {
+            let (ti, w) = owner[pos];
+            if results[ti].is_ok() {
+                results[ti] = Err(match w {
+                    Some(index) => ValidationError::BadSignature { index, reason },
+                    None => ValidationError::BadIssuerSignature(reason),
+                });
+            }
+        }
+    }
+    results
+        .into_iter()
+        .zip(txs)
+        .map(|(r, tx)| r.map(|()| CompactTx::from_tx(tx)))
+        .collect()
+}
+
+/// Validates one transaction.
+pub fn validate<R: RngCore + CryptoRng>(
+    tx: &Transaction,
+    issuer: &PublicKey,
+    rng: &mut R,
+) -> Result<CompactTx, ValidationError> {
+    validate_many(&[tx], issuer, rng)
+        .pop()
+        .unwrap_or(Err(ValidationError::NoInputs))
+}
