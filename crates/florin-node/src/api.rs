@@ -46,9 +46,8 @@ pub struct FaucetResponse {
 pub struct DepositRequest {
     /// The depositor's address (each token's penultimate recipient).
     pub depositor: String,
-    /// The depositor's handshake for the re-anchored tokens (hex, 32 bytes).
-    pub handshake: String,
-    /// Tokens (hex), each with the authority as last recipient.
+    /// Tokens (hex), each with the authority as last recipient. The handshake of that last
+    /// link is the one the re-anchored token will carry.
     pub tokens: Vec<String>,
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use florin_crypto::{PublicKey, Signer};
-use florin_token::authority::{settle, Outcome, Reanchor};
+use florin_token::authority::{settle, DepositError, Outcome, Reanchor};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::verify::{authority_precheck, verify_chains};
 use florin_token::{Denomination, FraudProof, Handshake, Token, TokenError};
@@ -28,6 +28,10 @@ pub struct AuthorityConfig {
     pub max_faucet_cents: u64,
     /// Threads for batched signature verification (0: all cores).
     pub verify_threads: usize,
+    /// Most offline hops accepted in a deposited token (bounds the work and the history).
+    pub max_hops: usize,
+    /// Most tokens in one deposit request.
+    pub max_deposit_tokens: usize,
 }
 
 impl AuthorityConfig {
@@ -38,6 +42,8 @@ impl AuthorityConfig {
             faucet: true,
             max_faucet_cents: 1_000_000,
             verify_threads: 0,
+            max_hops: 64,
+            max_deposit_tokens: 100_000,
         }
     }
 }
@@ -202,16 +208,23 @@ impl Authority {
         parallel_verify(tokens, threads)
     }
 
-    /// Deposits tokens (IV-E): structural checks, one batched signature check for all tokens,
-    /// then, in one durable transaction, the fork check and the re-anchor of each clean token.
+    /// Deposits tokens (IV-E): structural checks, a registry look-up (unknown serials and
+    /// anchors are refused before any signature work), one batched signature check for the
+    /// rest spread over all cores, then, in one durable transaction, the fork check and the
+    /// re-anchor of each clean token. The re-anchored token carries the handshake of the
+    /// depositor's signed link to the authority.
     pub fn deposit(
         &self,
         depositor: &str,
-        handshake: &str,
         tokens_hex: &[String],
     ) -> Result<Vec<DepositReport>, NodeError> {
         let depositor = parse_key(depositor, "depositor")?;
-        let handshake = parse_hex32(handshake, "handshake")?;
+        if tokens_hex.len() > self.config.max_deposit_tokens {
+            return Err(NodeError::BadRequest(format!(
+                "a deposit may carry at most {} tokens",
+                self.config.max_deposit_tokens
+            )));
+        }
         let decoded: Vec<Result<Token, String>> = tokens_hex
             .iter()
             .map(|h| {
@@ -220,7 +233,7 @@ impl Authority {
                     .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
             })
             .collect();
-        self.deposit_tokens(&depositor, handshake, &decoded)
+        self.deposit_tokens(&depositor, &decoded)
     }
 
     /// [`Authority::deposit`] for tokens already decoded (an `Err` is a token that failed to
@@ -228,19 +241,44 @@ impl Authority {
     pub fn deposit_tokens(
         &self,
         depositor: &PublicKey,
-        handshake: Handshake,
         decoded: &[Result<Token, String>],
     ) -> Result<Vec<DepositReport>, NodeError> {
         let depositor = *depositor;
-        // Steps 1–3a, then step 4 for everything that passed.
-        let mut checked: Vec<Option<Result<(), TokenError>>> = decoded
+        // A verdict per token; `None` only for tokens that failed to decode.
+        let mut checked: Vec<Option<Result<(), String>>> = decoded
             .iter()
             .map(|d| {
-                d.as_ref()
-                    .ok()
-                    .map(|t| authority_precheck(t, &self.key, &depositor))
+                d.as_ref().ok().map(|t| {
+                    authority_precheck(t, &self.key, &depositor, self.config.max_hops)
+                        .map_err(|e| e.to_string())
+                })
             })
             .collect();
+        // Steps 3a: the registry must know the serial and the anchor; otherwise no signature
+        // work is spent on the token.
+        {
+            let tx = self.db.begin_read()?;
+            let table = tx.open_table(TOKENS)?;
+            for (d, c) in decoded.iter().zip(checked.iter_mut()) {
+                let (Ok(t), Some(Ok(()))) = (d, &c) else {
+                    continue;
+                };
+                let known = match table.get(serial_key(&t.serial))? {
+                    None => Err(DepositError::UnknownToken(t.serial_hex())),
+                    Some(v) => {
+                        let r = TokenRecord::decode(v.value())
+                            .map_err(|e| NodeError::Corrupt(e.to_string()))?;
+                        if r.knows_anchor(t) {
+                            Ok(())
+                        } else {
+                            Err(DepositError::UnknownAnchor(t.serial_hex()))
+                        }
+                    }
+                };
+                *c = Some(known.map_err(|e| e.to_string()));
+            }
+        }
+        // Step 4, batched across tokens and cores.
         let to_verify: Vec<(usize, &Token)> = decoded
             .iter()
             .enumerate()
@@ -251,7 +289,7 @@ impl Authority {
             .collect();
         let refs: Vec<&Token> = to_verify.iter().map(|x| x.1).collect();
         for ((i, _), verdict) in to_verify.iter().zip(self.verify_parallel(&refs)) {
-            checked[*i] = Some(verdict);
+            checked[*i] = Some(verdict.map_err(|e| e.to_string()));
         }
 
         let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
@@ -269,7 +307,22 @@ impl Authority {
                         continue;
                     }
                 };
-                let verdict = checked[i].clone().unwrap_or(Ok(()));
+                match checked[i].clone() {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => {
+                        reports.push(refused(t.serial_hex(), t.value.cents(), e, false));
+                        continue;
+                    }
+                    None => {
+                        reports.push(refused(
+                            t.serial_hex(),
+                            t.value.cents(),
+                            "not verified".into(),
+                            true,
+                        ));
+                        continue;
+                    }
+                }
                 let key = serial_key(&t.serial);
                 let mut record = match table.get(key)? {
                     Some(v) => Some(
@@ -283,9 +336,8 @@ impl Authority {
                 let reanchor = Reanchor {
                     signer: self.signer.as_ref(),
                     nonce,
-                    handshake,
                 };
-                let (outcome, changed) = settle(record.as_mut(), t, verdict, &depositor, reanchor);
+                let (outcome, changed) = settle(record.as_mut(), t, Ok(()), &depositor, reanchor);
                 if changed {
                     if let Some(r) = &record {
                         table.insert(key, r.encode().as_slice())?;
@@ -426,7 +478,11 @@ pub fn parallel_verify(tokens: &[&Token], threads: usize) -> Vec<Result<(), Toke
     let threads = threads.max(1).min(batches.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let work = |out: &mut Vec<(usize, Vec<Result<(), TokenError>>)>| {
-        let mut rng = StdRng::from_rng(OsRng).unwrap_or_else(|_| StdRng::seed_from_u64(now()));
+        // Batch verification is sound only with unpredictable weights: without the OS's
+        // randomness this worker verifies nothing, and its batches are refused below.
+        let Ok(mut rng) = StdRng::from_rng(OsRng) else {
+            return;
+        };
         loop {
             let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some(batch) = batches.get(b) else { break };

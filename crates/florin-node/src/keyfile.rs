@@ -16,10 +16,12 @@ pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
             .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = SecretKey::generate(&mut OsRng);
-            let tmp = path.with_extension("tmp");
+            let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+            let _ = fs::remove_file(&tmp);
             let io = |e: std::io::Error| NodeError::Io(format!("key file {}: {e}", path.display()));
             let mut opts = fs::OpenOptions::new();
-            opts.write(true).create(true).truncate(true);
+            // create_new: the mode applies to a file we create, never to a leftover.
+            opts.write(true).create_new(true);
             #[cfg(unix)]
             {
                 use std::os::unix::fs::OpenOptionsExt;
@@ -29,6 +31,10 @@ pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
             f.write_all(key.to_hex().as_bytes()).map_err(io)?;
             f.sync_all().map_err(io)?;
             fs::rename(&tmp, path).map_err(io)?;
+            // The rename is durable only once the directory is synced.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+            }
             Ok(key)
         }
         Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),

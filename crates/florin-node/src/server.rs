@@ -82,7 +82,7 @@ async fn deposit(
             "a deposit needs at least one token".into(),
         ));
     }
-    let results = blocking(move || a.deposit(&req.depositor, &req.handshake, &req.tokens)).await?;
+    let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
     Ok(Json(DepositResponse { results }))
 }
 

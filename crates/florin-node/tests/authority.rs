@@ -41,11 +41,7 @@ fn registry_survives_reopen() {
     assert_eq!(a.minted().unwrap(), (split, 500));
     let hexed = vec![hex::encode(signed.encode())];
     let r = a
-        .deposit(
-            &depositor.public_key().to_address(),
-            &hex::encode([4u8; 32]),
-            &hexed,
-        )
+        .deposit(&depositor.public_key().to_address(), &hexed)
         .unwrap();
     assert_eq!(r[0].outcome, "reanchored");
     drop(a);
@@ -57,11 +53,7 @@ fn registry_survives_reopen() {
     );
     // The same deposit again is answered with the same re-anchored token.
     let again = a
-        .deposit(
-            &depositor.public_key().to_address(),
-            &hex::encode([4u8; 32]),
-            &hexed,
-        )
+        .deposit(&depositor.public_key().to_address(), &hexed)
         .unwrap();
     assert_eq!(again[0].outcome, "repeated");
     assert_eq!(again[0].token, r[0].token);
@@ -73,13 +65,8 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
     let (a, auth) = open(dir.path(), 9);
     let (t, w2) = deposit_ready(&a, &auth);
     let dep = w2.public_key().to_address();
-    let hs = hex::encode([4u8; 32]);
     assert!(matches!(
-        a.deposit("nonsense", &hs, &[]),
-        Err(NodeError::BadRequest(_))
-    ));
-    assert!(matches!(
-        a.deposit(&dep, "zz", &[]),
+        a.deposit("nonsense", &[]),
         Err(NodeError::BadRequest(_))
     ));
     let mut forged = t.clone();
@@ -93,7 +80,7 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
         hex::encode(t.encode()),
     ];
     let wrong_depositor = wallet(1).public_key().to_address();
-    let r = a.deposit(&wrong_depositor, &hs, &items).unwrap();
+    let r = a.deposit(&wrong_depositor, &items).unwrap();
     assert!(
         r.iter()
             .all(|x| x.outcome == "refused" && x.error.is_some()),
@@ -112,15 +99,18 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
         [0; 32],
     )
     .unwrap();
-    let r = a
-        .deposit(&dep, &hs, &[hex::encode(foreign.encode())])
-        .unwrap();
+    let r = a.deposit(&dep, &[hex::encode(foreign.encode())]).unwrap();
     assert_eq!(r[0].outcome, "refused");
     // Blacklisted tokens are refused.
     a.blacklist(&t.serial_hex()).unwrap();
-    let r = a.deposit(&dep, &hs, &[hex::encode(t.encode())]).unwrap();
+    let r = a.deposit(&dep, &[hex::encode(t.encode())]).unwrap();
     assert!(r[0].error.as_deref().unwrap().contains("blacklisted"));
     assert!(matches!(a.token("00"), Err(NodeError::BadRequest(_))));
+    // Unknown serials are refused (before any signature work).
+    let mut unknown = t.clone();
+    unknown.serial = [0xee; 8];
+    let r = a.deposit(&dep, &[hex::encode(unknown.encode())]).unwrap();
+    assert!(r[0].error.as_deref().unwrap().contains("unknown"), "{r:?}");
     assert!(matches!(
         a.token("0000000000000000"),
         Err(NodeError::NotFound(_))

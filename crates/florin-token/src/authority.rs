@@ -51,14 +51,14 @@ pub enum Outcome {
     Refused(DepositError),
 }
 
-/// Fresh values the authority needs to re-anchor a token.
+/// Fresh values the authority needs to re-anchor a token. The re-anchored token carries the
+/// handshake of the depositor's link to the authority — covered by the depositor's signature,
+/// so nobody relaying the deposit can change it.
 pub struct Reanchor<'a> {
     /// The authority's signer.
     pub signer: &'a dyn Signer,
     /// A fresh random 64-byte nonce for the new anchor.
     pub nonce: MintNonce,
-    /// The depositor's handshake for the re-anchored token.
-    pub handshake: Handshake,
 }
 
 /// Settles one token whose chain has already been verified (`checked` is the verdict of the
@@ -102,13 +102,18 @@ pub fn settle(
                 false,
             ),
             TokenStatus::InCirculation => {
+                let handshake: Handshake = incoming
+                    .links
+                    .last()
+                    .map(|l| l.handshake)
+                    .unwrap_or_default();
                 let fresh = match Token::mint(
                     reanchor.signer,
                     incoming.serial,
                     incoming.value,
                     reanchor.nonce,
                     *depositor,
-                    reanchor.handshake,
+                    handshake,
                 ) {
                     Ok(t) => t,
                     Err(e) => {

@@ -113,6 +113,24 @@ impl FraudProof {
         }
     }
 
+    /// Whether this proof is about `token`'s history: same serial and anchor nonce, and one of
+    /// the two branches (with the prefix) is a prefix of `token`'s chain. A wallet checks this
+    /// before writing a token off on the authority's word.
+    pub fn concerns(&self, token: &Token) -> bool {
+        if self.serial != token.serial
+            || self.nonce != token.nonce
+            || self.authority != token.authority
+        {
+            return false;
+        }
+        [&self.branch_a, &self.branch_b].iter().any(|branch| {
+            let n = self.prefix.len() + branch.len();
+            token.links.len() >= n
+                && token.links[..self.prefix.len()] == self.prefix[..]
+                && token.links[self.prefix.len()..n] == branch[..]
+        })
+    }
+
     /// A stable identifier: the hash of the encoding.
     pub fn id(&self) -> Digest {
         hash("florin/fraud-proof/id/v1", &[&self.encode()])

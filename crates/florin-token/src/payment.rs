@@ -26,16 +26,19 @@ pub struct PaymentRequest {
     pub payee: PublicKey,
     /// The fresh handshake nonce.
     pub handshake: Handshake,
+    /// Most offline hops the payee accepts in a token (the payer picks tokens within it).
+    pub max_hops: u16,
 }
 
 impl PaymentRequest {
     /// The canonical encoding.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(73);
+        let mut out = Vec::with_capacity(75);
         out.push(REQUEST_VERSION);
         out.extend_from_slice(&self.amount_cents.to_le_bytes());
         out.extend_from_slice(&self.payee.0);
         out.extend_from_slice(&self.handshake);
+        out.extend_from_slice(&self.max_hops.to_le_bytes());
         out
     }
 
@@ -49,11 +52,13 @@ impl PaymentRequest {
         }
         let payee = PublicKey(r.array("payee")?);
         let handshake = r.array("handshake")?;
+        let max_hops = r.u16("max hops")?;
         r.finish()?;
         Ok(PaymentRequest {
             amount_cents,
             payee,
             handshake,
+            max_hops,
         })
     }
 }

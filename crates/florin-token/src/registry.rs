@@ -136,6 +136,17 @@ impl TokenRecord {
         self.epoch_token(self.epochs.len().checked_sub(1)?)
     }
 
+    /// Whether `token` starts from an anchor in this history (a byte comparison; no
+    /// signature is checked).
+    pub fn knows_anchor(&self, token: &Token) -> bool {
+        let Some(first) = token.links.first() else {
+            return false;
+        };
+        self.epochs.iter().enumerate().any(|(e, ep)| {
+            ep.nonce == token.nonce && self.links.get(self.epoch_range(e).start) == Some(first)
+        })
+    }
+
     /// Compares an incoming chain (already verified) with the history (IV-E step 5, IV-F).
     pub fn reconcile(&self, incoming: &Token) -> Reconcile {
         let Some(first) = incoming.links.first() else {
@@ -155,9 +166,13 @@ impl TokenRecord {
             .count();
         let last_epoch = e + 1 == self.epochs.len();
         if common == incoming.links.len() {
-            return Reconcile::Known {
-                next: self.epoch_token(e + 1),
-            };
+            // Only the anchor of the next epoch: that is what the authority issued then; the
+            // links after it are the holder's later history, not part of the answer.
+            let next = self.epoch_token(e + 1).map(|mut t| {
+                t.links.truncate(1);
+                t
+            });
+            return Reconcile::Known { next };
         }
         if common == history.len() {
             return if last_epoch {

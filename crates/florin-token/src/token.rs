@@ -16,6 +16,8 @@ pub type MintNonce = [u8; 64];
 pub type Handshake = [u8; 32];
 
 const LINK_LEN: usize = 32 + 32 + 64;
+/// Most links a token can carry (the link count is 16 bits).
+pub const MAX_LINKS: usize = u16::MAX as usize;
 /// Bytes of a token before its links.
 pub const HEADER_LEN: usize = 1 + 8 + 1 + 32 + 64 + 2;
 
@@ -117,6 +119,9 @@ pub enum TransferError {
         /// Who tried to sign.
         signer: PublicKey,
     },
+    /// The chain is as long as the encoding allows.
+    #[error("token {0} cannot take another link")]
+    ChainFull(String),
     /// The signer failed.
     #[error(transparent)]
     Signer(#[from] SignerError),
@@ -221,6 +226,9 @@ impl Token {
                 })
             }
         };
+        if self.links.len() >= MAX_LINKS {
+            return Err(TransferError::ChainFull(self.serial_hex()));
+        }
         let msg = link_message(&self.serial, &last.proof, &recipient, &handshake);
         let proof = holder.sign(&msg)?;
         let mut next = self.clone();

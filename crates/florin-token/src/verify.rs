@@ -158,6 +158,7 @@ pub fn authority_precheck(
     token: &Token,
     authority: &PublicKey,
     depositor: &PublicKey,
+    max_hops: usize,
 ) -> Result<(), TokenError> {
     let serial = token.serial_hex();
     if token.authority != *authority {
@@ -167,6 +168,14 @@ pub fn authority_precheck(
         });
     }
     let n = token.links.len();
+    // The last hop is to the authority itself.
+    if n.saturating_sub(2) > max_hops {
+        return Err(TokenError::TooManyHops {
+            serial,
+            hops: n - 2,
+            max: max_hops,
+        });
+    }
     if n < 3 {
         return Err(TokenError::NotEnoughLinks { serial, links: n });
     }

@@ -204,6 +204,7 @@ fn token_encoding_is_pinned() {
         amount_cents: 1250,
         payee: b.public_key(),
         handshake: [5; 32],
+        max_hops: 64,
     };
     let expected = include_str!("vectors/request_v1.hex").trim();
     assert_eq!(
@@ -238,7 +239,7 @@ fn payment_roundtrip() {
 /// Runs the authority side for `token` deposited by its penultimate holder.
 fn deposit(record: &mut TokenRecord, token: &Token, depositor: &LocalSigner) -> Outcome {
     let auth = authority();
-    let checked = authority_precheck(token, &auth.public_key(), &depositor.public_key())
+    let checked = authority_precheck(token, &auth.public_key(), &depositor.public_key(), 64)
         .and_then(|()| verify_chain(token, &mut rng()));
     settle(
         Some(record),
@@ -248,7 +249,6 @@ fn deposit(record: &mut TokenRecord, token: &Token, depositor: &LocalSigner) -> 
         Reanchor {
             signer: &auth,
             nonce: [77; 64],
-            handshake: [78; 32],
         },
     )
     .0
@@ -268,6 +268,8 @@ fn clean_deposit_reanchors_and_keeps_history() {
     };
     assert_eq!(fresh.links.len(), 1);
     assert_eq!(fresh.holder(), Some(w[2].public_key()));
+    // The re-anchored token carries the handshake of the depositor's signed link.
+    assert_eq!(fresh.links[0].handshake, [4; 32]);
     assert_eq!(client_ok(&fresh, &w[2].public_key()), Ok(()));
     assert_eq!(rec.links.len(), t.links.len() + 1);
     assert_eq!(rec.epochs.len(), 2);
@@ -280,13 +282,19 @@ fn clean_deposit_reanchors_and_keeps_history() {
     assert_eq!(rec, before);
     // The re-anchored token circulates and comes back cleanly again.
     let w2: Vec<_> = vec![w[2].clone(), signer(4), signer(5)];
-    let t2 = hop(fresh, &w2, 8)
+    let t2 = hop(fresh.clone(), &w2, 8)
         .transfer(&w2[2], auth.public_key(), [9; 32])
         .unwrap();
     assert!(matches!(
         deposit(&mut rec, &t2, &w2[2]),
         Outcome::Reanchored(_)
     ));
+    // Retrying the first deposit after the token moved on still answers with the one-link
+    // token issued then.
+    assert_eq!(
+        deposit(&mut rec, &t, &w[2]),
+        Outcome::Repeated(fresh.clone())
+    );
     assert_eq!(TokenRecord::decode(&rec.encode()), Ok(rec.clone()));
 }
 
@@ -362,6 +370,10 @@ fn double_spend_names_the_payer_whichever_copy_arrives_first() {
             panic!()
         };
         assert_eq!(proof.verify(Some(&authority().public_key())), Ok(culprit));
+        // The proof concerns both copies, and not another token.
+        assert!(proof.concerns(first) && proof.concerns(second));
+        let other = mint_to(&signer(1).public_key(), 99);
+        assert!(!proof.concerns(&other));
         assert_eq!(FraudProof::decode(&proof.encode()), Ok((*proof).clone()));
         // Tampering with any byte of the proof's links invalidates it or changes nothing.
         let bytes = proof.encode();

@@ -11,8 +11,8 @@ mod store;
 mod wallet;
 
 pub use select::select_exact;
-pub use store::{FileStore, StoreError, WalletStore};
+pub use store::{FileStore, StoreError, WalletLock, WalletStore};
 pub use wallet::{
     Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet,
-    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS,
+    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS, MAX_HOPS_LIMIT,
 };

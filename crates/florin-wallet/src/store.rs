@@ -72,6 +72,29 @@ impl FileStore {
     }
 }
 
+/// An exclusive lock on a wallet file, held from load to save so that two commands never
+/// spend the same tokens at once. Released on drop.
+#[derive(Debug)]
+pub struct WalletLock {
+    _file: fs::File,
+}
+
+impl FileStore {
+    /// Waits for and takes the wallet's exclusive lock (a `.lock` file beside it).
+    pub fn lock(&self) -> Result<WalletLock, StoreError> {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(".lock");
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(PathBuf::from(name))
+            .map_err(|e| self.io(e))?;
+        file.lock().map_err(|e| self.io(e))?;
+        Ok(WalletLock { _file: file })
+    }
+}
+
 impl WalletStore for FileStore {
     fn load(&self) -> Result<Wallet, StoreError> {
         let bytes = match fs::read(&self.path) {
@@ -98,9 +121,11 @@ impl WalletStore for FileStore {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.tmp"));
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        let _ = fs::remove_file(&tmp);
         let mut opts = fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
+        // create_new: the 0600 mode applies to a file this call creates, never to a leftover.
+        opts.write(true).create_new(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;

@@ -1,6 +1,6 @@
 //! Wallet state and the operations on it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
 use florin_token::amount::format_cents;
@@ -20,6 +20,8 @@ use crate::store::StoreError;
 pub const DEFAULT_MAX_HOPS: usize = 64;
 /// Default most money held as tokens received offline: €1,000.
 pub const DEFAULT_MAX_OFFLINE_CENTS: u64 = 100_000;
+/// Largest hop limit a wallet may set (bounds token size and verification work).
+pub const MAX_HOPS_LIMIT: usize = 1024;
 const FILE_FORMAT: u32 = 1;
 
 /// Why a wallet operation failed. Nothing in the wallet changes when one is returned.
@@ -79,6 +81,15 @@ pub enum WalletError {
         limit: u64,
         /// Offline money after accepting.
         would_hold: u64,
+    },
+    /// Not enough tokens within the payee's hop limit.
+    #[error("only €{} of your tokens are within the payee's limit of {max_hops} offline hops; \
+             deposit to re-anchor them", format_cents(*eligible))]
+    TooManyHops {
+        /// The payee's limit.
+        max_hops: u16,
+        /// Value of the tokens within it.
+        eligible: u64,
     },
     /// Paying oneself.
     #[error("refusing to pay this wallet's own request")]
@@ -381,22 +392,32 @@ impl Wallet {
         Ok(())
     }
 
-    /// Issues a payment request for `amount_cents` (payee side).
+    /// Issues a payment request for `amount_cents` (payee side). The request carries this
+    /// wallet's hop limit so the payer picks tokens it will accept; a request that the offline
+    /// limit could not accept is refused now rather than after the payer has signed.
     pub fn request<R: RngCore + CryptoRng>(
         &mut self,
         amount_cents: u64,
         rng: &mut R,
-    ) -> PaymentRequest {
+    ) -> Result<PaymentRequest, WalletError> {
+        let would_hold = self.balance().offline_cents.saturating_add(amount_cents);
+        if would_hold > self.max_offline_cents {
+            return Err(WalletError::OfflineLimit {
+                limit: self.max_offline_cents,
+                would_hold,
+            });
+        }
         let handshake = Self::fresh_handshake(rng);
         self.requests.push(IssuedRequest {
             handshake: hex::encode(handshake),
             amount_cents,
         });
-        PaymentRequest {
+        Ok(PaymentRequest {
             amount_cents,
             payee: self.public_key(),
             handshake,
-        }
+            max_hops: self.max_hops.min(MAX_HOPS_LIMIT) as u16,
+        })
     }
 
     /// Pays a request (payer side): chooses tokens making exact change and passes them on.
@@ -425,12 +446,22 @@ impl Wallet {
                 need: req.amount_cents,
             });
         }
-        // Prefer tokens with short chains: sort by hops so selection sees them first.
-        let mut order: Vec<usize> = (0..self.tokens.len()).collect();
+        // Only tokens the payee will accept (one more hop within its limit); short chains
+        // first so selection prefers them.
+        let mut order: Vec<usize> = (0..self.tokens.len())
+            .filter(|&i| self.tokens[i].0.hops() < req.max_hops as usize)
+            .collect();
+        let eligible: u64 = order.iter().map(|&i| self.tokens[i].0.value.cents()).sum();
+        if eligible < req.amount_cents {
+            return Err(WalletError::TooManyHops {
+                max_hops: req.max_hops,
+                eligible,
+            });
+        }
         order.sort_by_key(|&i| self.tokens[i].0.hops());
         let denoms: Vec<Denomination> = order.iter().map(|&i| self.tokens[i].0.value).collect();
         let chosen = select_exact(&denoms, req.amount_cents).ok_or_else(|| {
-            let refs: Vec<&Token> = self.tokens.iter().map(|(t, _)| t).collect();
+            let refs: Vec<&Token> = order.iter().map(|&i| &self.tokens[i].0).collect();
             let holdings = counts(&refs)
                 .0
                 .iter()
@@ -505,8 +536,10 @@ impl Wallet {
         Ok(got)
     }
 
-    /// Starts (or resumes) a deposit of every offline token: signs each over to the authority.
-    /// Returns `None` when there is nothing to deposit. Persist the wallet before sending.
+    /// Starts (or resumes) a deposit of every offline token: signs each over to the authority,
+    /// with one fresh handshake that the re-anchored tokens must carry (the authority takes it
+    /// from these signed links). Returns `None` when there is nothing to deposit. Persist the
+    /// wallet before sending.
     pub fn prepare_deposit<R: RngCore + CryptoRng>(
         &mut self,
         rng: &mut R,
@@ -527,7 +560,7 @@ impl Wallet {
         for &i in &offline {
             let t = self.tokens[i]
                 .0
-                .transfer(&self.signer, authority, Self::fresh_handshake(rng))
+                .transfer(&self.signer, authority, handshake)
                 .map_err(|e| WalletError::Signing(e.to_string()))?;
             signed.push(t);
         }
@@ -541,7 +574,10 @@ impl Wallet {
         Ok(Some((handshake, signed)))
     }
 
-    /// Applies the authority's answer to the pending deposit.
+    /// Applies the authority's answer to the pending deposit, item by item. An answer the
+    /// wallet cannot check — a re-anchored token that does not verify, a fraud proof that is
+    /// invalid or about another token — leaves that token pending, to retry; it is never
+    /// written off on the authority's word alone.
     pub fn finish_deposit<R: RngCore + CryptoRng>(
         &mut self,
         items: Vec<DepositItem>,
@@ -550,63 +586,107 @@ impl Wallet {
         let Some(pending) = self.pending.clone() else {
             return Ok(DepositResult::default());
         };
+        let authority = self.authority.ok_or(WalletError::NoAuthority)?;
         let handshake = hex32(&pending.handshake).unwrap_or_default();
-        let mut remaining: Vec<Token> = self.pending_tokens();
+        let mut remaining: HashMap<Serial, Token> = self
+            .pending_tokens()
+            .into_iter()
+            .map(|t| (t.serial, t))
+            .collect();
         let mut res = DepositResult::default();
         let policy = ClientPolicy {
+            trusted_authorities: vec![authority],
             max_hops: 0,
-            ..self.policy()?
         };
+        let me = self.public_key();
+        let held: HashSet<Serial> = self.tokens.iter().map(|(t, _)| t.serial).collect();
+
+        // Re-anchored tokens: structural checks one by one, signatures in one batch.
+        let mut fresh: Vec<(Token, u64)> = Vec::new();
         for item in items {
-            let serial = match &item {
-                DepositItem::Reanchored(t) => t.serial,
-                DepositItem::DoubleSpend { serial, .. } | DepositItem::Refused { serial, .. } => {
-                    *serial
-                }
-            };
-            let Some(pos) = remaining.iter().position(|t| t.serial == serial) else {
-                continue;
-            };
-            let value = remaining[pos].value.cents();
             match item {
                 DepositItem::Reanchored(t) => {
-                    if t.value != remaining[pos].value {
+                    let Some(sent) = remaining.get(&t.serial) else {
+                        continue;
+                    };
+                    let ok = t.value == sent.value
+                        && !held.contains(&t.serial)
+                        && client_precheck(&t, &me, Some(&handshake), &self.seen, &policy).is_ok();
+                    if ok {
+                        let v = t.value.cents();
+                        fresh.push((t, v));
+                    } else {
+                        res.refused.push((
+                            t.serial_hex(),
+                            "the authority's answer did not verify; kept pending".into(),
+                        ));
+                    }
+                }
+                DepositItem::DoubleSpend { serial, proof } => {
+                    let Some(sent) = remaining.get(&serial) else {
+                        continue;
+                    };
+                    if proof.concerns(sent) && proof.verify(Some(&authority)).is_ok() {
+                        let value = sent.value.cents();
+                        remaining.remove(&serial);
+                        let culprit = proof.culprit().map(|c| c.to_address()).unwrap_or_default();
+                        res.fraud
+                            .push((hex::encode(serial), culprit, hex::encode(proof.encode())));
+                        res.lost_cents += value;
+                    } else {
                         res.refused.push((
                             hex::encode(serial),
-                            "authority returned another value".into(),
+                            "the authority sent a fraud proof about another history; kept pending"
+                                .into(),
                         ));
-                        continue;
                     }
-                    self.check_incoming(std::slice::from_ref(&t), &handshake, &policy, rng)?;
-                    remaining.remove(pos);
-                    self.remember(&t);
-                    self.tokens.push((t, TokenState::Verified));
-                    res.credited_cents += value;
-                    res.reanchored += 1;
                 }
-                DepositItem::DoubleSpend { proof, .. } => {
-                    remaining.remove(pos);
-                    let culprit = proof.culprit().map(|c| c.to_address()).unwrap_or_default();
-                    res.fraud
-                        .push((hex::encode(serial), culprit, hex::encode(proof.encode())));
-                    res.lost_cents += value;
-                }
-                DepositItem::Refused { reason, retry, .. } => {
+                DepositItem::Refused {
+                    serial,
+                    reason,
+                    retry,
+                } => {
+                    let Some(sent) = remaining.get(&serial) else {
+                        continue;
+                    };
                     if !retry {
-                        remaining.remove(pos);
-                        res.lost_cents += value;
+                        res.lost_cents += sent.value.cents();
+                        remaining.remove(&serial);
                     }
                     res.refused.push((hex::encode(serial), reason));
                 }
             }
         }
+        let refs: Vec<&Token> = fresh.iter().map(|(t, _)| t).collect();
+        let verdicts = verify_chains(&refs, rng);
+        for ((t, v), verdict) in fresh.into_iter().zip(verdicts) {
+            if verdict.is_err() {
+                res.refused.push((
+                    t.serial_hex(),
+                    "the re-anchored token does not verify; kept pending".into(),
+                ));
+                continue;
+            }
+            remaining.remove(&t.serial);
+            self.remember(&t);
+            self.tokens.push((t, TokenState::Verified));
+            res.credited_cents += v;
+            res.reanchored += 1;
+        }
         res.still_pending = remaining.len();
         self.pending = if remaining.is_empty() {
             None
         } else {
+            // Keep the original order of what is still pending.
+            let tokens = self
+                .pending_tokens()
+                .into_iter()
+                .filter(|t| remaining.contains_key(&t.serial))
+                .map(|t| hex::encode(t.encode()))
+                .collect();
             Some(PendingDeposit {
                 handshake: pending.handshake,
-                tokens: remaining.iter().map(|t| hex::encode(t.encode())).collect(),
+                tokens,
             })
         };
         Ok(res)

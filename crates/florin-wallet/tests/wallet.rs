@@ -43,7 +43,7 @@ fn pay_and_accept_with_exact_change() {
         ],
     );
     let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
-    let req = bob.request(6000, &mut rng);
+    let req = bob.request(6000, &mut rng).unwrap();
     let req = PaymentRequest::decode(&req.encode()).unwrap();
     let payment = alice.pay(&req).unwrap();
     assert_eq!(payment.tokens.len(), 3);
@@ -70,10 +70,10 @@ fn replay_against_a_new_request_is_refused() {
     let mut rng = StdRng::seed_from_u64(2);
     let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E5]);
     let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
-    let first = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    let first = alice.pay(&bob.request(500, &mut rng).unwrap()).unwrap();
     bob.accept(&first, &mut rng).unwrap();
     // Bob asks again; someone re-sends the old payment re-labelled with the new handshake.
-    let req2 = bob.request(500, &mut rng);
+    let req2 = bob.request(500, &mut rng).unwrap();
     let mut forged = first.clone();
     forged.handshake = req2.handshake;
     let err = bob.accept(&forged, &mut rng).unwrap_err();
@@ -89,32 +89,37 @@ fn errors_are_typed_and_change_nothing() {
     let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E5]);
     let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
     assert!(matches!(
-        alice.pay(&bob.request(2000, &mut rng)),
+        alice.pay(&bob.request(2000, &mut rng).unwrap()),
         Err(WalletError::InsufficientFunds { .. })
     ));
     assert!(matches!(
-        alice.pay(&bob.request(700, &mut rng)),
+        alice.pay(&bob.request(700, &mut rng).unwrap()),
         Err(WalletError::NoExactChange { .. })
     ));
-    let own = alice.request(500, &mut rng);
+    let own = alice.request(500, &mut rng).unwrap();
     assert!(matches!(alice.pay(&own), Err(WalletError::PayingSelf)));
     assert_eq!(alice.balance().total_cents, 1000);
     // A payment for another payee.
     let mut carol = Wallet::generate(&mut rng, Some(authority().public_key()));
-    let p = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    let p = alice.pay(&bob.request(500, &mut rng).unwrap()).unwrap();
     assert!(matches!(
         carol.accept(&p, &mut rng),
         Err(WalletError::WrongPayee(_))
     ));
     // Wrong amount.
-    let req = bob.request(1000, &mut rng);
-    let mut short = alice.pay(&bob.request(500, &mut rng)).unwrap();
+    let req = bob.request(1000, &mut rng).unwrap();
+    let mut short = alice.pay(&bob.request(500, &mut rng).unwrap()).unwrap();
     short.handshake = req.handshake;
     assert!(bob.accept(&short, &mut rng).is_err());
-    // Offline limit.
-    bob.max_offline_cents = 100;
+    // Offline limit: refused when requesting, and checked again when accepting.
     let mut rich = funded(&mut rng, &[Denomination::E5]);
-    let p = rich.pay(&bob.request(500, &mut rng)).unwrap();
+    let req = bob.request(500, &mut rng).unwrap();
+    bob.max_offline_cents = 100;
+    assert!(matches!(
+        bob.request(500, &mut rng),
+        Err(WalletError::OfflineLimit { .. })
+    ));
+    let p = rich.pay(&req).unwrap();
     assert!(matches!(
         bob.accept(&p, &mut rng),
         Err(WalletError::OfflineLimit { .. })
@@ -123,12 +128,88 @@ fn errors_are_typed_and_change_nothing() {
 }
 
 #[test]
+fn payer_only_uses_tokens_within_the_payees_hop_limit() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let mut alice = funded(&mut rng, &[Denomination::E5]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let p = alice.pay(&bob.request(500, &mut rng).unwrap()).unwrap();
+    bob.accept(&p, &mut rng).unwrap();
+    // Bob's token has one hop; Carol accepts at most one.
+    let mut carol = Wallet::generate(&mut rng, Some(authority().public_key()));
+    carol.max_hops = 1;
+    let req = carol.request(500, &mut rng).unwrap();
+    assert_eq!(req.max_hops, 1);
+    assert!(matches!(
+        bob.pay(&req),
+        Err(WalletError::TooManyHops {
+            max_hops: 1,
+            eligible: 0
+        })
+    ));
+    assert_eq!(bob.balance().total_cents, 500, "nothing signed");
+}
+
+#[test]
+fn deposit_answers_are_checked_before_money_is_written_off() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let auth = authority();
+    let mut alice = funded(&mut rng, &[Denomination::E10]);
+    let mut bob = Wallet::generate(&mut rng, Some(auth.public_key()));
+    let p = alice.pay(&bob.request(1000, &mut rng).unwrap()).unwrap();
+    bob.accept(&p, &mut rng).unwrap();
+    let (hs, signed) = bob.prepare_deposit(&mut rng).unwrap().unwrap();
+    // A proof about some other token's history, and a re-anchored token under another
+    // handshake: both are refused and the token stays pending.
+    let x = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
+    let (y, z) = (
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[3; 32])),
+    );
+    let to_x = Token::mint(
+        &auth,
+        [9; 8],
+        Denomination::E10,
+        [1; 64],
+        x.public_key(),
+        [0; 32],
+    )
+    .unwrap();
+    let a = to_x.transfer(&x, y.public_key(), [1; 32]).unwrap();
+    let b = to_x.transfer(&x, z.public_key(), [2; 32]).unwrap();
+    let foreign = florin_token::FraudProof::from_fork(&a, &a.links, &b.links).unwrap();
+    let wrong_hs = Token::mint(
+        &auth,
+        signed[0].serial,
+        signed[0].value,
+        [3; 64],
+        bob.public_key(),
+        [7; 32],
+    )
+    .unwrap();
+    assert_ne!(hs, [7; 32]);
+    let r = bob
+        .finish_deposit(
+            vec![
+                DepositItem::DoubleSpend {
+                    serial: signed[0].serial,
+                    proof: Box::new(foreign),
+                },
+                DepositItem::Reanchored(wrong_hs),
+            ],
+            &mut rng,
+        )
+        .unwrap();
+    assert_eq!((r.lost_cents, r.credited_cents, r.still_pending), (0, 0, 1));
+    assert_eq!(bob.balance().total_cents, 1000);
+}
+
+#[test]
 fn deposit_flow_reanchors_and_reports_fraud() {
     let mut rng = StdRng::seed_from_u64(4);
     let auth = authority();
     let mut alice = funded(&mut rng, &[Denomination::E10, Denomination::E20]);
     let mut bob = Wallet::generate(&mut rng, Some(auth.public_key()));
-    let p = alice.pay(&bob.request(3000, &mut rng)).unwrap();
+    let p = alice.pay(&bob.request(3000, &mut rng).unwrap()).unwrap();
     bob.accept(&p, &mut rng).unwrap();
     let (hs, signed) = bob.prepare_deposit(&mut rng).unwrap().unwrap();
     assert_eq!(signed.len(), 2);

@@ -67,7 +67,7 @@ pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
                         f.serial,
                         format_cents(f.value_cents),
                         f.culprit,
-                        &f.id[..16]
+                        f.id.get(..16).unwrap_or(&f.id)
                     );
                 }
             }

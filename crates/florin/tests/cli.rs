@@ -246,7 +246,21 @@ fn replayed_payment_and_bad_input_are_refused() {
     u.fails(&["wallet", "--wallet", "a", "faucet", "-1"]);
     u.fails(&["wallet", "--wallet", "missing", "balance"]);
     u.fails(&["wallet", "--wallet", "a", "new"]);
-    // Exact change impossible is explained.
+    // Exact change impossible is explained (a single 5-cent token cannot pay 3 cents).
+    u.wallet("c", &["faucet", "0.05"]);
+    u.wallet("b", &["offline", "request", "0.03", "--out", "three.req"]);
+    let err = u.fails(&[
+        "wallet",
+        "--wallet",
+        "c",
+        "offline",
+        "pay",
+        "three.req",
+        "--out",
+        "x",
+    ]);
+    assert!(err.contains("exact change is impossible"), "{err}");
+    // Insufficient funds is explained.
     u.wallet("c", &["offline", "request", "50", "--out", "big.req"]);
     let err = u.fails(&[
         "wallet", "--wallet", "a", "offline", "pay", "big.req", "--out", "x",
@@ -254,6 +268,48 @@ fn replayed_payment_and_bad_input_are_refused() {
     assert!(err.contains("insufficient"), "{err}");
     assert_eq!(u.total("a"), 200);
     assert_eq!(u.total("b"), 100);
+}
+
+#[test]
+fn concurrent_commands_on_one_wallet_never_sign_a_token_twice() {
+    let (dir, _net, u) = setup(&["payer", "p1", "p2", "p3", "p4"]);
+    u.wallet("payer", &["faucet", "0.05"]); // one token
+    let payees = ["p1", "p2", "p3", "p4"];
+    for p in payees {
+        u.wallet(
+            p,
+            &["offline", "request", "0.05", "--out", &format!("{p}.req")],
+        );
+    }
+    // Four payments of the same token at once: the wallet lock lets exactly one through.
+    let children: Vec<_> = payees
+        .iter()
+        .map(|p| {
+            Command::new(BIN)
+                .current_dir(dir.path())
+                .args([
+                    "wallet",
+                    "--wallet",
+                    "payer",
+                    "offline",
+                    "pay",
+                    &format!("{p}.req"),
+                    "--out",
+                    &format!("{p}.pay"),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let ok = children
+        .into_iter()
+        .map(|mut c| c.wait().unwrap().success())
+        .filter(|s| *s)
+        .count();
+    assert_eq!(ok, 1, "exactly one payment may spend the token");
+    assert_eq!(u.total("payer"), 0);
 }
 
 #[test]

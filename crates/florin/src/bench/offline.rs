@@ -365,7 +365,7 @@ fn e2e(rec: &mut Recorder, n: usize) -> Result<()> {
         rec,
     );
 
-    let req = w2.request(n as u64 * 100, &mut OsRng);
+    let req = w2.request(n as u64 * 100, &mut OsRng)?;
     let t = Instant::now();
     let payment = w1.pay(&req)?;
     let bytes = payment.encode();
@@ -398,7 +398,7 @@ fn e2e(rec: &mut Recorder, n: usize) -> Result<()> {
     );
 
     let t = Instant::now();
-    let (dep_hs, signed) = w2
+    let (_handshake, signed) = w2
         .prepare_deposit(&mut OsRng)?
         .ok_or_else(|| anyhow!("nothing to deposit"))?;
     let wire: Vec<Vec<u8>> = signed.iter().map(|t| t.encode()).collect();
@@ -424,7 +424,7 @@ fn e2e(rec: &mut Recorder, n: usize) -> Result<()> {
     );
 
     let t = Instant::now();
-    let reports = authority.deposit_tokens(&w2.public_key(), dep_hs, &decoded)?;
+    let reports = authority.deposit_tokens(&w2.public_key(), &decoded)?;
     let secs = t.elapsed().as_secs_f64();
     let clean = reports.iter().filter(|r| r.outcome == "reanchored").count();
     if clean != n {
