@@ -7,6 +7,7 @@
 
 mod codec;
 pub mod compact;
+pub mod embedded;
 pub mod memory;
 pub mod store;
 pub mod tx;
