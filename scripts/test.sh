@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
 
-# System packages the suite uses. libsodium is the peer baseline of `florin bench offline`
+# System packages the suite uses. PostgreSQL is installed (if missing) and started below;
+# libsodium is the peer baseline of `florin bench offline`
 # (loaded at run time; the bench smoke test runs with or without it).
 need=()
 ldconfig -p 2>/dev/null | grep -q 'libsodium\.so' || need+=(libsodium23)
@@ -19,6 +20,12 @@ if [ ${#need[@]} -gt 0 ]; then
     echo "note: ${need[*]} not installed (needs root and apt-get); continuing without it"
   fi
 fi
+
+# A private PostgreSQL on loopback for the PostgreSQL store's suite.
+. scripts/pg-test-server.sh
+log "starting PostgreSQL for the tests"
+start_test_postgres
+trap stop_test_postgres EXIT
 
 log "cargo fmt --check"
 cargo fmt --all -- --check

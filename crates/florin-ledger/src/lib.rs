@@ -9,6 +9,7 @@ mod codec;
 pub mod compact;
 pub mod embedded;
 pub mod memory;
+pub mod pg;
 pub mod store;
 pub mod tx;
 pub mod validate;

@@ -1,0 +1,43 @@
+# Sourced by scripts/test.sh: installs PostgreSQL from Debian if missing, starts a private
+# server on 127.0.0.1 for the test run, exports FLORIN_TEST_PG, and stops it on exit.
+
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+
+start_test_postgres() {
+  if [ -z "$(pg_bin)" ]; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      echo "installing postgresql from Debian packages"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    fi
+  fi
+  local bin; bin=$(pg_bin)
+  if [ -z "$bin" ]; then
+    echo "error: PostgreSQL is not installed and cannot be installed here" >&2
+    return 1
+  fi
+  PG_TEST_DIR=$(mktemp -d /tmp/florin-pg.XXXXXX)
+  local as=()
+  if [ "$(id -u)" = 0 ]; then
+    chown postgres: "$PG_TEST_DIR"
+    as=(runuser -u postgres --)
+  fi
+  local port
+  for port in 54329 54339 54349 54359; do
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+  done
+  "${as[@]}" "$bin/initdb" -D "$PG_TEST_DIR/data" --auth=trust -U postgres >/dev/null
+  "${as[@]}" "$bin/pg_ctl" -D "$PG_TEST_DIR/data" -l "$PG_TEST_DIR/log" -w \
+    -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_TEST_DIR -c fsync=on -c synchronous_commit=on" start >/dev/null
+  PG_TEST_AS=("${as[@]}")
+  PG_TEST_BIN=$bin
+  export FLORIN_TEST_PG="host=127.0.0.1 port=$port user=postgres dbname=postgres"
+  export FLORIN_REQUIRE_PG=1
+  echo "PostgreSQL ($("$bin/postgres" --version)) on 127.0.0.1:$port"
+}
+
+stop_test_postgres() {
+  if [ -n "${PG_TEST_DIR:-}" ]; then
+    "${PG_TEST_AS[@]}" "$PG_TEST_BIN/pg_ctl" -D "$PG_TEST_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+    rm -rf "$PG_TEST_DIR"
+  fi
+}
