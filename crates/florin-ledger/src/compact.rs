@@ -2,7 +2,7 @@
 
 use florin_crypto::Digest;
 
-use crate::tx::{Transaction, UhsId};
+use crate::tx::{outputs_to_utxos, Transaction, UhsId};
 
 /// What kind of transaction a compact transaction came from (for supply accounting).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,21 +52,32 @@ pub struct CompactTx {
 impl CompactTx {
     /// Compacts a transaction (the sentinel does this after validation).
     pub fn from_tx(tx: &Transaction) -> CompactTx {
+        Self::with_txid(tx, tx.txid())
+    }
+
+    /// Compacts a transaction whose txid the caller already computed.
+    pub(crate) fn with_txid(tx: &Transaction, txid: Digest) -> CompactTx {
+        let outputs = |outs: &[crate::tx::Output]| -> Vec<(UhsId, u64)> {
+            outputs_to_utxos(&txid, outs)
+                .iter()
+                .map(|u| (u.id(), u.value))
+                .collect()
+        };
         match tx {
             Transaction::Transfer(t) => CompactTx {
-                txid: t.txid(),
+                txid,
                 kind: TxKind::Transfer,
                 inputs: t.inputs.iter().map(|u| u.id()).collect(),
-                outputs: t.output_utxos().iter().map(|u| (u.id(), u.value)).collect(),
+                outputs: outputs(&t.outputs),
             },
             Transaction::Mint(m) => CompactTx {
-                txid: m.txid(),
+                txid,
                 kind: TxKind::Mint,
                 inputs: Vec::new(),
-                outputs: m.output_utxos().iter().map(|u| (u.id(), u.value)).collect(),
+                outputs: outputs(&m.outputs),
             },
             Transaction::Redeem(d) => CompactTx {
-                txid: d.txid(),
+                txid,
                 kind: TxKind::Redeem,
                 inputs: d.inputs.iter().map(|u| u.id()).collect(),
                 outputs: Vec::new(),

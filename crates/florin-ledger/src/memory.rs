@@ -9,13 +9,17 @@ use crate::compact::{CompactTx, TxKind};
 use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
 use crate::tx::UhsId;
 
+/// Ids are SHA-256 outputs, so a fast keyed hasher (randomly seeded per process) is enough;
+/// SipHash would spend more time hashing than the set spends on everything else.
+type Fast = foldhash::fast::RandomState;
+
 /// The UHS state, shared by the in-memory and the embedded durable store.
 #[derive(Default)]
 pub struct UhsState {
     /// Unspent ids and their values.
-    pub unspent: HashMap<UhsId, u64>,
+    pub unspent: HashMap<UhsId, u64, Fast>,
     /// Confirmed txids.
-    pub applied: HashSet<Digest>,
+    pub applied: HashSet<Digest, Fast>,
     /// Cents ever minted.
     pub minted: u64,
     /// Cents ever redeemed.

@@ -96,6 +96,27 @@ impl PgStore {
         })
     }
 
+    /// Loads unspent ids in bulk, counted as minted (benchmarks' preloading: 1 M ids in seconds
+    /// instead of a million function calls).
+    pub fn bulk_load(&self, ids: &[(UhsId, u64)]) -> Result<(), StoreError> {
+        let mut c = self.client()?;
+        for chunk in ids.chunks(50_000) {
+            let keys: Vec<&[u8]> = chunk.iter().map(|(i, _)| i.as_slice()).collect();
+            let values: Vec<i64> = chunk.iter().map(|(_, v)| *v as i64).collect();
+            let total: i64 = values.iter().sum();
+            let mut tx = c.transaction().map_err(db)?;
+            tx.execute(
+                "INSERT INTO uhs (id, value) SELECT * FROM unnest($1::bytea[], $2::bigint[])",
+                &[&keys, &values],
+            )
+            .map_err(db)?;
+            tx.execute("UPDATE books SET v = v + $1 WHERE k = 'minted'", &[&total])
+                .map_err(db)?;
+            tx.commit().map_err(db)?;
+        }
+        Ok(())
+    }
+
     fn client(&self) -> Result<std::sync::MutexGuard<'_, Client>, StoreError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
         // Try the chosen client, else wait for any.

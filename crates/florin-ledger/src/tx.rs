@@ -164,7 +164,7 @@ pub fn output_serial(txid: &Digest, index: usize) -> [u8; 32] {
     )
 }
 
-fn outputs_to_utxos(txid: &Digest, outputs: &[Output]) -> Vec<Utxo> {
+pub(crate) fn outputs_to_utxos(txid: &Digest, outputs: &[Output]) -> Vec<Utxo> {
     outputs
         .iter()
         .enumerate()

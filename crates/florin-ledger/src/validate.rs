@@ -178,8 +178,9 @@ fn witness_checks(
 }
 
 /// Every stateless check but the signatures; returns the signature checks still to do.
-fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Vec<Check>, ValidationError> {
+fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<(Digest, Vec<Check>), ValidationError> {
     let mut checks = Vec::new();
+    let txid;
     match tx {
         Transaction::Transfer(t) => {
             if t.inputs.is_empty() {
@@ -197,7 +198,8 @@ fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Vec<Check>, Validati
                 });
             }
             check_schemes(&t.inputs, t.outputs.iter().map(|o| &o.encumbrance))?;
-            witness_checks(&t.inputs, &t.witnesses, &t.txid(), &mut checks)?;
+            txid = t.txid();
+            witness_checks(&t.inputs, &t.witnesses, &txid, &mut checks)?;
         }
         Transaction::Mint(m) => {
             if m.outputs.is_empty() {
@@ -205,7 +207,8 @@ fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Vec<Check>, Validati
             }
             check_values(std::iter::empty(), m.outputs.iter())?;
             check_schemes(&[], m.outputs.iter().map(|o| &o.encumbrance))?;
-            checks.push((*issuer, m.txid(), m.issuer_signature, None));
+            txid = m.txid();
+            checks.push((*issuer, txid, m.issuer_signature, None));
         }
         Transaction::Redeem(d) => {
             if d.inputs.is_empty() {
@@ -214,12 +217,12 @@ fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Vec<Check>, Validati
             check_inputs(&d.inputs, &d.witnesses)?;
             check_values(d.inputs.iter(), std::iter::empty())?;
             check_schemes(&d.inputs, std::iter::empty())?;
-            let txid = d.txid();
+            txid = d.txid();
             witness_checks(&d.inputs, &d.witnesses, &txid, &mut checks)?;
             checks.push((*issuer, txid, d.issuer_signature, None));
         }
     }
-    Ok(checks)
+    Ok((txid, checks))
 }
 
 /// Validates transactions and compacts the valid ones. Signatures of all of them are checked
@@ -229,17 +232,17 @@ pub fn validate_many<R: RngCore + CryptoRng>(
     issuer: &PublicKey,
     rng: &mut R,
 ) -> Vec<Result<CompactTx, ValidationError>> {
-    let mut results: Vec<Result<(), ValidationError>> = Vec::with_capacity(txs.len());
+    let mut results: Vec<Result<Digest, ValidationError>> = Vec::with_capacity(txs.len());
     let mut batch = BatchVerifier::with_capacity(txs.len() * 2);
     let mut owner: Vec<(usize, Option<usize>)> = Vec::new();
     for (ti, tx) in txs.iter().enumerate() {
         match precheck(tx, issuer) {
-            Ok(checks) => {
+            Ok((txid, checks)) => {
                 for (k, m, s, w) in checks {
                     batch.queue(&k, &m, &s);
                     owner.push((ti, w));
                 }
-                results.push(Ok(()));
+                results.push(Ok(txid));
             }
             Err(e) => results.push(Err(e)),
         }
@@ -258,7 +261,7 @@ pub fn validate_many<R: RngCore + CryptoRng>(
     results
         .into_iter()
         .zip(txs)
-        .map(|(r, tx)| r.map(|()| CompactTx::from_tx(tx)))
+        .map(|(r, tx)| r.map(|txid| CompactTx::with_txid(tx, txid)))
         .collect()
 }
 

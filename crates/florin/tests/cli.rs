@@ -377,3 +377,31 @@ fn bench_offline_quick_prints_the_contract() {
         assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+#[test]
+fn bench_ledger_quick_prints_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(dir.path())
+        .env_remove("FLORIN_BENCH_PG")
+        .args(["bench", "ledger", "--json", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["suite"], "ledger");
+    let results = v["results"].as_array().unwrap();
+    let has = |name: &str, store: Option<&str>| {
+        results
+            .iter()
+            .any(|r| r["name"] == name && store.is_none_or(|s| r["params"]["store"] == s))
+    };
+    assert!(has("swap_per_s", Some("memory")) && has("swap_per_s", Some("embedded")));
+    assert!(has("sentinel_tx_per_s_per_core", None) && has("sentinel_tx_per_s_all_cores", None));
+    // Without a PostgreSQL URL the PostgreSQL store is skipped, and says so.
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL store skipped"));
+}

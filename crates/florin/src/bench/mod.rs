@@ -1,6 +1,7 @@
 //! `florin bench <suite>`: system-level benchmarks printing the JSON shape of
 //! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
 
+mod ledger;
 mod libsodium;
 mod offline;
 
@@ -29,12 +30,18 @@ pub struct BenchArgs {
     /// Override the number of tokens per measurement.
     #[arg(long)]
     tokens: Option<usize>,
+    /// PostgreSQL connection string for the ledger suite's PostgreSQL store (default: the
+    /// `FLORIN_BENCH_PG` environment variable; skipped with a message when unset).
+    #[arg(long, env = "FLORIN_BENCH_PG")]
+    postgres: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Suite {
     /// Offline cash: minting, client and authority verification, the thesis's Table I.
     Offline,
+    /// Online ledger: swap stores side by side, sentinel validation (Hamilton section 6).
+    Ledger,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -153,6 +160,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Offline => {
             offline::run(&mut rec, scale)?;
             "offline"
+        }
+        Suite::Ledger => {
+            ledger::run(&mut rec, scale, args.postgres.as_deref())?;
+            "ledger"
         }
     };
     if args.json {

@@ -1,0 +1,255 @@
+//! `florin bench ledger`: the swap stores side by side on the same workload, and sentinel
+//! validation per core and on all cores (Hamilton, `003_…` section 6).
+//!
+//! Workload: 1,000,000 preloaded unspent ids (`--quick`: 100,000); 2-in/2-out compact
+//! transactions spending them; batches of 1,000 per durable commit.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use florin_crypto::{hash, LocalSigner, SecretKey, Signature, Signer};
+use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_ledger::memory::MemoryStore;
+use florin_ledger::pg::PgStore;
+use florin_ledger::tx::SCHEME_ED25519;
+use florin_ledger::validate::validate_many;
+use florin_ledger::{
+    CompactTx, Encumbrance, Mint, Output, SwapOutcome, SwapStore, Transaction, Transfer, TxKind,
+    UhsId, Witness,
+};
+use rand::rngs::OsRng;
+use serde_json::json;
+
+use super::{Recorder, Reference, Scale};
+
+const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
+
+fn id(n: u64) -> UhsId {
+    hash("florin/bench/id", &[&n.to_le_bytes()])
+}
+
+/// Compact mints creating ids `0..n` (1,000 per transaction).
+fn preload_txs(n: u64) -> Vec<CompactTx> {
+    (0..n.div_ceil(1000))
+        .map(|m| CompactTx {
+            txid: hash("florin/bench/mint", &[&m.to_le_bytes()]),
+            kind: TxKind::Mint,
+            inputs: vec![],
+            outputs: (m * 1000..((m + 1) * 1000).min(n))
+                .map(|i| (id(i), 10))
+                .collect(),
+        })
+        .collect()
+}
+
+/// 2-in/2-out transfers spending preloaded ids pairwise: transaction `k` spends `2k, 2k+1`.
+fn workload(count: u64, offset: u64) -> Vec<CompactTx> {
+    (offset..offset + count)
+        .map(|k| CompactTx {
+            txid: hash("florin/bench/tx", &[&k.to_le_bytes()]),
+            kind: TxKind::Transfer,
+            inputs: vec![id(2 * k), id(2 * k + 1)],
+            outputs: vec![(id((1 << 40) + 2 * k), 10), (id((1 << 40) + 2 * k + 1), 10)],
+        })
+        .collect()
+}
+
+fn measure(store: &dyn SwapStore, txs: &[CompactTx], batch: usize) -> Result<f64> {
+    let t = Instant::now();
+    for b in txs.chunks(batch) {
+        let out = store.swap(b)?;
+        if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
+            anyhow::bail!("benchmark transaction unexpectedly refused");
+        }
+    }
+    Ok(txs.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Runs the suite.
+pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<()> {
+    let preload: u64 = if scale.tokens <= 2_000 {
+        100_000
+    } else {
+        1_000_000
+    };
+    let n_tx: u64 = if scale.tokens <= 2_000 {
+        50_000
+    } else {
+        200_000
+    }
+    .min(preload / 2);
+    let seed_pg = Some(Reference {
+        value: 61_000.0,
+        source: format!("{HAMILTON}: PostgreSQL 13.8 swap function, 32-vCPU c5a.8xlarge"),
+    });
+    let pre = preload_txs(preload);
+    let work = workload(n_tx, 0);
+    eprintln!("preloaded ids: {preload}; measured transactions per store: {n_tx} (2-in/2-out, batches of 1,000)");
+
+    // In memory.
+    let mem = MemoryStore::new();
+    mem.swap(&pre)?;
+    let r = measure(&mem, &work, 1000)?;
+    rec.add(
+        "swap_per_s",
+        r,
+        "transactions/s",
+        json!({ "store": "memory", "preloaded": preload }),
+        None,
+        None,
+    );
+
+    // Embedded durable store: fdatasync per batch.
+    let dir = tempfile::tempdir()?;
+    let emb = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
+    for chunk in pre.chunks(100) {
+        emb.swap(chunk)?;
+    }
+    let embedded = measure(&emb, &work, 1000)?;
+    rec.add(
+        "swap_per_s",
+        embedded,
+        "transactions/s",
+        json!({ "store": "embedded", "preloaded": preload, "sync": "fdatasync per batch" }),
+        Some(Reference {
+            value: 1_700_000.0,
+            source: format!("{HAMILTON}: whole geo-distributed cluster"),
+        }),
+        None,
+    );
+
+    // PostgreSQL, the same workload, 4 client threads.
+    match postgres {
+        None => eprintln!("PostgreSQL store skipped: pass --postgres URL or set FLORIN_BENCH_PG (scripts/pg-test-server.sh starts one)"),
+        Some(url) => {
+            let schema = format!("florin_bench_{}", std::process::id());
+            let pg = PgStore::connect(url, &schema, 4).context("PostgreSQL")?;
+            let ids: Vec<(UhsId, u64)> = pre.iter().flat_map(|t| t.outputs.iter().copied()).collect();
+            pg.bulk_load(&ids)?;
+            let pg_tx = (n_tx / 20).max(2_000) as usize;
+            let chunks: Vec<&[CompactTx]> = work[..pg_tx].chunks(pg_tx.div_ceil(4)).collect();
+            let t = Instant::now();
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = chunks.iter().map(|c| s.spawn(|| measure(&pg, c, 100))).collect();
+                for h in hs {
+                    h.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+                }
+                Ok(())
+            })?;
+            let r = pg_tx as f64 / t.elapsed().as_secs_f64();
+            rec.add("swap_per_s", r, "transactions/s", json!({ "store": "postgres", "preloaded": preload, "clients": 4, "batch": 100 }), seed_pg, None);
+            rec.add("embedded_vs_postgres_swap_ratio", embedded / r, "ratio", json!({}),
+                Some(Reference { value: 26.0, source: format!("{HAMILTON}: Hamilton cluster vs PostgreSQL") }),
+                Some(Reference { value: 1.0, source: "PostgreSQL swap function, same workload, same run".into() }));
+            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
+            }
+        }
+    }
+
+    sentinel(rec, if scale.tokens <= 2_000 { 4_000 } else { 20_000 })
+}
+
+/// Sentinel validation of real signed 2-in/2-out transfers, each input owned by its own key.
+fn sentinel(rec: &mut Recorder, n: usize) -> Result<()> {
+    let issuer = LocalSigner::new(SecretKey::generate(&mut OsRng));
+    let owners: Vec<LocalSigner> = (0..2 * n)
+        .map(|_| LocalSigner::new(SecretKey::generate(&mut OsRng)))
+        .collect();
+    let mint = Mint {
+        nonce: [7; 32],
+        outputs: owners
+            .iter()
+            .map(|o| Output {
+                value: 500,
+                encumbrance: Encumbrance::ed25519(&o.public_key()),
+            })
+            .collect(),
+        issuer_signature: Signature([0; 64]),
+    };
+    let utxos = mint.output_utxos();
+    let txs: Vec<Transaction> = (0..n)
+        .map(|k| {
+            let (a, b) = (&owners[2 * k], &owners[2 * k + 1]);
+            let mut t = Transfer {
+                inputs: vec![utxos[2 * k], utxos[2 * k + 1]],
+                outputs: vec![
+                    Output {
+                        value: 600,
+                        encumbrance: Encumbrance::ed25519(&b.public_key()),
+                    },
+                    Output {
+                        value: 400,
+                        encumbrance: Encumbrance::ed25519(&a.public_key()),
+                    },
+                ],
+                witnesses: vec![],
+            };
+            let txid = t.txid();
+            t.witnesses = [a, b]
+                .iter()
+                .map(|o| Witness {
+                    scheme: SCHEME_ED25519,
+                    key: o.public_key().0,
+                    signature: o.sign(&txid).unwrap_or(Signature([0; 64])),
+                })
+                .collect();
+            Transaction::Transfer(t)
+        })
+        .collect();
+    let refs: Vec<&Transaction> = txs.iter().collect();
+    let ik = issuer.public_key();
+    let batch = 256;
+    let run = |threads: usize| -> Result<f64> {
+        let chunks: Vec<&[&Transaction]> = refs.chunks(batch).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let t = Instant::now();
+        let ok = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut good = 0usize;
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(c) = chunks.get(i) else { break };
+                            good += validate_many(c, &ik, &mut OsRng)
+                                .iter()
+                                .filter(|r| r.is_ok())
+                                .count();
+                        }
+                        good
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum::<usize>()
+        });
+        if ok != refs.len() {
+            anyhow::bail!("sentinel rejected {} valid transactions", refs.len() - ok);
+        }
+        Ok(refs.len() as f64 / t.elapsed().as_secs_f64())
+    };
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let mut one: Vec<f64> = (0..3).map(|_| run(1)).collect::<Result<_>>()?;
+    one.sort_by(|a, b| a.total_cmp(b));
+    rec.add(
+        "sentinel_tx_per_s_per_core",
+        one[1],
+        "transactions/s",
+        json!({ "threads": 1, "io": "2-in/2-out", "batch": batch }),
+        None,
+        None,
+    );
+    let mut all: Vec<f64> = (0..3).map(|_| run(cores)).collect::<Result<_>>()?;
+    all.sort_by(|a, b| a.total_cmp(b));
+    rec.add(
+        "sentinel_tx_per_s_all_cores",
+        all[1],
+        "transactions/s",
+        json!({ "threads": cores, "io": "2-in/2-out", "batch": batch }),
+        None,
+        None,
+    );
+    Ok(())
+}
