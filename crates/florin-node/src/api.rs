@@ -119,3 +119,48 @@ pub struct ApiError {
     /// Human-readable message.
     pub error: String,
 }
+
+/// `POST /v1/ledger/transactions`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitTx {
+    /// The transaction (hex of its canonical encoding).
+    pub tx: String,
+}
+
+/// A ledger transaction's status.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LedgerTxStatus {
+    /// The txid (hex).
+    pub txid: String,
+    /// "pending", "static_invalid", "state_invalid" or "confirmed" (committed and durable).
+    pub status: String,
+    /// Why it is invalid.
+    pub error: Option<String>,
+}
+
+/// `GET /v1/ledger/unspent/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Unspent {
+    /// The UHS id (hex).
+    pub id: String,
+    /// Whether it is unspent now.
+    pub unspent: bool,
+}
+
+/// `POST /v1/ledger/faucet` (devnet only).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LedgerFaucet {
+    /// The owner's address.
+    pub owner: String,
+    /// Amount in cents.
+    pub amount_cents: u64,
+}
+
+/// The minted outputs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LedgerFaucetAnswer {
+    /// The mint's txid (hex).
+    pub txid: String,
+    /// The created UTXOs (hex), confirmed and durable.
+    pub outputs: Vec<String>,
+}

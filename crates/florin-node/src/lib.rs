@@ -9,10 +9,12 @@ pub mod api;
 mod authority;
 mod error;
 mod keyfile;
+pub mod ledger;
 mod server;
 mod store;
 
 pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
 pub use error::NodeError;
 pub use keyfile::load_or_create_key;
-pub use server::{router, serve};
+pub use ledger::{Ledger, TxStatus};
+pub use server::{router, serve, AppState};

@@ -13,9 +13,28 @@ use tokio::net::TcpListener;
 
 use crate::api::{
     ApiError, DepositRequest, DepositResponse, FaucetRequest, FaucetResponse, Health, Info,
+    LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent,
 };
 use crate::authority::Authority;
 use crate::error::NodeError;
+use crate::ledger::{Ledger, TxStatus};
+
+/// What the API serves: the token authority and, when running, the ledger.
+#[derive(Clone)]
+pub struct AppState {
+    /// The token authority.
+    pub authority: Arc<Authority>,
+    /// The ledger service.
+    pub ledger: Option<Arc<Ledger>>,
+}
+
+impl AppState {
+    fn ledger(&self) -> Result<Arc<Ledger>, NodeError> {
+        self.ledger
+            .clone()
+            .ok_or_else(|| NodeError::NotFound("this node runs no ledger".into()))
+    }
+}
 
 /// Largest request body: a deposit of ~100,000 tokens.
 const MAX_BODY: usize = 256 * 1024 * 1024;
@@ -53,7 +72,8 @@ async fn health() -> Json<Health> {
     })
 }
 
-async fn info(State(a): State<Arc<Authority>>) -> Json<Info> {
+async fn info(State(st): State<AppState>) -> Json<Info> {
+    let a = &st.authority;
     Json(Info {
         authority: a.public_key().to_address(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -63,9 +83,10 @@ async fn info(State(a): State<Arc<Authority>>) -> Json<Info> {
 }
 
 async fn faucet(
-    State(a): State<Arc<Authority>>,
+    State(st): State<AppState>,
     Json(req): Json<FaucetRequest>,
 ) -> Result<Json<FaucetResponse>, NodeError> {
+    let a = st.authority.clone();
     let tokens =
         blocking(move || a.faucet(&req.recipient, req.amount_cents, &req.handshake)).await?;
     Ok(Json(FaucetResponse {
@@ -74,7 +95,7 @@ async fn faucet(
 }
 
 async fn deposit(
-    State(a): State<Arc<Authority>>,
+    State(st): State<AppState>,
     Json(req): Json<DepositRequest>,
 ) -> Result<Json<DepositResponse>, NodeError> {
     if req.tokens.is_empty() {
@@ -82,25 +103,116 @@ async fn deposit(
             "a deposit needs at least one token".into(),
         ));
     }
+    let a = st.authority.clone();
     let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
     Ok(Json(DepositResponse { results }))
 }
 
-async fn fraud(State(a): State<Arc<Authority>>) -> Result<Response, NodeError> {
+async fn fraud(State(st): State<AppState>) -> Result<Response, NodeError> {
+    let a = st.authority.clone();
     let list = blocking(move || a.fraud_list()).await?;
     Ok(Json(list).into_response())
 }
 
 async fn token(
-    State(a): State<Arc<Authority>>,
+    State(st): State<AppState>,
     Path(serial): Path<String>,
 ) -> Result<Response, NodeError> {
+    let a = st.authority.clone();
     let info = blocking(move || a.token(&serial)).await?;
     Ok(Json(info).into_response())
 }
 
+fn hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+        .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
+}
+
+fn tx_answer(txid: &[u8; 32], status: &TxStatus) -> LedgerTxStatus {
+    let (s, error) = match status {
+        TxStatus::Pending => ("pending", None),
+        TxStatus::StaticInvalid(e) => ("static_invalid", Some(e.clone())),
+        TxStatus::StateInvalid(e) => ("state_invalid", Some(e.clone())),
+        TxStatus::Confirmed => ("confirmed", None),
+    };
+    LedgerTxStatus {
+        txid: hex::encode(txid),
+        status: s.into(),
+        error,
+    }
+}
+
+async fn submit_tx(
+    State(st): State<AppState>,
+    Json(req): Json<SubmitTx>,
+) -> Result<Json<LedgerTxStatus>, NodeError> {
+    let ledger = st.ledger()?;
+    let bytes = hex::decode(&req.tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
+    let tx = florin_ledger::Transaction::decode(&bytes)
+        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))?;
+    let (txid, status) = ledger.submit(tx).await?;
+    Ok(Json(tx_answer(&txid, &status)))
+}
+
+async fn tx_status(
+    State(st): State<AppState>,
+    Path(txid): Path<String>,
+) -> Result<Json<LedgerTxStatus>, NodeError> {
+    let ledger = st.ledger()?;
+    let id = hex32(&txid, "txid")?;
+    let status = blocking(move || ledger.status(&id)).await?;
+    match status {
+        Some(s) => Ok(Json(tx_answer(&id, &s))),
+        None => Err(NodeError::NotFound(format!(
+            "transaction {txid} is unknown"
+        ))),
+    }
+}
+
+async fn unspent(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Unspent>, NodeError> {
+    let ledger = st.ledger()?;
+    let uid = hex32(&id, "id")?;
+    let unspent = blocking(move || ledger.is_unspent(&uid)).await?;
+    Ok(Json(Unspent { id, unspent }))
+}
+
+async fn supply(State(st): State<AppState>) -> Result<Json<florin_ledger::Supply>, NodeError> {
+    let ledger = st.ledger()?;
+    Ok(Json(blocking(move || ledger.supply()).await?))
+}
+
+async fn ledger_faucet(
+    State(st): State<AppState>,
+    Json(req): Json<LedgerFaucet>,
+) -> Result<Json<LedgerFaucetAnswer>, NodeError> {
+    if !st.authority.config().faucet {
+        return Err(NodeError::Forbidden(
+            "the faucet is off on this node".into(),
+        ));
+    }
+    if req.amount_cents > st.authority.config().max_faucet_cents {
+        return Err(NodeError::BadRequest(format!(
+            "faucet gives at most {} cents per request",
+            st.authority.config().max_faucet_cents
+        )));
+    }
+    let ledger = st.ledger()?;
+    let owner = florin_crypto::PublicKey::parse(&req.owner)
+        .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?;
+    let (txid, utxos) = ledger.mint_to(owner, req.amount_cents).await?;
+    Ok(Json(LedgerFaucetAnswer {
+        txid: hex::encode(txid),
+        outputs: utxos.iter().map(|u| hex::encode(u.encode())).collect(),
+    }))
+}
+
 /// The API routes.
-pub fn router(authority: Arc<Authority>) -> Router {
+pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/info", get(info))
@@ -108,19 +220,24 @@ pub fn router(authority: Arc<Authority>) -> Router {
         .route("/v1/deposit", post(deposit))
         .route("/v1/fraud", get(fraud))
         .route("/v1/tokens/{serial}", get(token))
+        .route("/v1/ledger/transactions", post(submit_tx))
+        .route("/v1/ledger/transactions/{txid}", get(tx_status))
+        .route("/v1/ledger/unspent/{id}", get(unspent))
+        .route("/v1/ledger/supply", get(supply))
+        .route("/v1/ledger/faucet", post(ledger_faucet))
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(authority)
+        .with_state(state)
 }
 
 /// Serves the API on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,
-    authority: Arc<Authority>,
+    state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     axum::serve(
         listener,
-        router(authority).into_make_service_with_connect_info::<SocketAddr>(),
+        router(state).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

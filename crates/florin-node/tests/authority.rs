@@ -161,7 +161,11 @@ fn http_api_answers_bad_input_with_4xx() {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(florin_node::serve(listener, Arc::new(a), async {
+    let state = florin_node::AppState {
+        authority: Arc::new(a),
+        ledger: None,
+    };
+    let server = rt.spawn(florin_node::serve(listener, state, async {
         let _ = rx.await;
     }));
     let post = |path: &str, body: &str| {

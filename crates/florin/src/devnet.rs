@@ -1,4 +1,5 @@
-//! `florin devnet`: the authority with embedded storage, one process, no set-up.
+//! `florin devnet`: the token authority and the ledger (sentinel, embedded swap engine,
+//! issuer) with embedded storage, one process, no set-up.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +9,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Args;
 use florin_crypto::LocalSigner;
-use florin_node::{load_or_create_key, serve, Authority, AuthorityConfig};
+use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
 
 /// Options of `florin devnet`.
 #[derive(Args)]
@@ -33,6 +35,17 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
     let authority = Arc::new(Authority::open(config, signer)?);
+    // The ledger: the embedded durable swap store and the issuer's key.
+    let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
+        .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
+    let issuer = Arc::new(LocalSigner::new(load_or_create_key(
+        &args.data.join("issuer.key"),
+    )?));
+    let ledger = Ledger::start(Arc::new(store), issuer);
+    let state = AppState {
+        authority: authority.clone(),
+        ledger: Some(ledger.clone()),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -43,9 +56,10 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         let addr = listener.local_addr()?;
         eprintln!("florin devnet");
         eprintln!("  authority  {}", authority.public_key().to_address());
+        eprintln!("  issuer     {}", ledger.issuer().to_address());
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
-        serve(listener, authority, shutdown_signal()).await?;
+        serve(listener, state, shutdown_signal()).await?;
         eprintln!("florin devnet stopped");
         Ok(ExitCode::SUCCESS)
     })

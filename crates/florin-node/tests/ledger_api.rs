@@ -1,0 +1,206 @@
+//! The ledger API over a real socket, on the embedded durable store.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use florin_crypto::{LocalSigner, SecretKey, Signer};
+use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_ledger::tx::SCHEME_ED25519;
+use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
+use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use serde_json::Value;
+
+fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let req = match body {
+        Some(b) => format!("{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()),
+        None => format!("{method} {path} HTTP/1.0\r\n\r\n"),
+    };
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code: u16 = out[9..12].parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) -> Transaction {
+    let total: u64 = inputs.iter().map(|u| u.value).sum();
+    let mut outputs = vec![Output {
+        value: amount,
+        encumbrance: Encumbrance::ed25519(&to.public_key()),
+    }];
+    if total > amount {
+        outputs.push(Output {
+            value: total - amount,
+            encumbrance: Encumbrance::ed25519(&owner.public_key()),
+        });
+    }
+    let mut t = Transfer {
+        inputs,
+        outputs,
+        witnesses: vec![],
+    };
+    let txid = t.txid();
+    t.witnesses = t
+        .inputs
+        .iter()
+        .map(|_| Witness {
+            scheme: SCHEME_ED25519,
+            key: owner.public_key().0,
+            signature: owner.sign(&txid).unwrap(),
+        })
+        .collect();
+    Transaction::Transfer(t)
+}
+
+#[test]
+fn submit_status_unspent_and_idempotency() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
+    let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
+    let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
+    let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let state = AppState {
+        authority: Arc::new(authority),
+        ledger: Some(ledger),
+    };
+    let server = rt.spawn(florin_node::serve(listener, state, async {
+        let _ = rx.await;
+    }));
+
+    let (alice, bob) = (
+        LocalSigner::new(SecretKey::from_seed(&[1; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+    );
+    let (code, minted) = http(
+        addr,
+        "POST",
+        "/v1/ledger/faucet",
+        Some(&format!(
+            r#"{{"owner":"{}","amount_cents":1250}}"#,
+            alice.public_key()
+        )),
+    );
+    assert_eq!(code, 200, "{minted}");
+    let utxos: Vec<Utxo> = minted["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
+        .collect();
+    assert_eq!(utxos.iter().map(|u| u.value).sum::<u64>(), 1250);
+    let id0 = hex::encode(utxos[0].id());
+    assert_eq!(
+        http(addr, "GET", &format!("/v1/ledger/unspent/{id0}"), None).1["unspent"],
+        true
+    );
+
+    // Pay Bob with the first output.
+    let tx = pay(vec![utxos[0]], &alice, &bob, 100.min(utxos[0].value));
+    let body = format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()));
+    let (code, ans) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+    assert_eq!(
+        (code, ans["status"].as_str()),
+        (200, Some("confirmed")),
+        "{ans}"
+    );
+    let txid = ans["txid"].as_str().unwrap().to_string();
+    assert_eq!(
+        http(addr, "GET", &format!("/v1/ledger/unspent/{id0}"), None).1["unspent"],
+        false
+    );
+    // Resubmitting returns its status and changes nothing.
+    let before = http(addr, "GET", "/v1/ledger/supply", None).1;
+    let (_, again) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+    assert_eq!(again["status"], "confirmed");
+    assert_eq!(http(addr, "GET", "/v1/ledger/supply", None).1, before);
+    assert_eq!(
+        http(
+            addr,
+            "GET",
+            &format!("/v1/ledger/transactions/{txid}"),
+            None
+        )
+        .1["status"],
+        "confirmed"
+    );
+    // A double spend of the same input is state-invalid, never confirmed.
+    let dbl = pay(vec![utxos[0]], &alice, &alice, utxos[0].value);
+    let (_, ans) = http(
+        addr,
+        "POST",
+        "/v1/ledger/transactions",
+        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(dbl.encode()))),
+    );
+    assert_eq!(ans["status"], "state_invalid", "{ans}");
+    let dbl_id = ans["txid"].as_str().unwrap().to_string();
+    assert_eq!(
+        http(
+            addr,
+            "GET",
+            &format!("/v1/ledger/transactions/{dbl_id}"),
+            None
+        )
+        .1["status"],
+        "state_invalid"
+    );
+    // Bob cannot spend Alice's output: static-invalid with the rule named.
+    let theft = pay(vec![utxos[1]], &bob, &bob, utxos[1].value);
+    let (_, ans) = http(
+        addr,
+        "POST",
+        "/v1/ledger/transactions",
+        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(theft.encode()))),
+    );
+    assert_eq!(ans["status"], "static_invalid");
+    assert!(
+        ans["error"].as_str().unwrap().contains("another key"),
+        "{ans}"
+    );
+    // Malformed input is a 400; unknown ids are 404.
+    assert_eq!(
+        http(
+            addr,
+            "POST",
+            "/v1/ledger/transactions",
+            Some(r#"{"tx":"0102"}"#)
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        http(addr, "POST", "/v1/ledger/transactions", Some("{")).0,
+        400
+    );
+    assert_eq!(
+        http(
+            addr,
+            "GET",
+            &format!("/v1/ledger/transactions/{}", "00".repeat(32)),
+            None
+        )
+        .0,
+        404
+    );
+    assert_eq!(http(addr, "GET", "/v1/ledger/unspent/xyz", None).0, 400);
+    // The books add up.
+    let s = http(addr, "GET", "/v1/ledger/supply", None).1;
+    assert_eq!(s["minted_cents"], 1250);
+    assert_eq!(s["unspent_cents"], 1250);
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+}
