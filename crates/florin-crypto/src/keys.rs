@@ -137,6 +137,26 @@ impl SecretKey {
         PublicKey(self.0.verifying_key().to_bytes())
     }
 
+    /// The secret scalar (for X25519 key agreement in sealed boxes). Handle with care.
+    pub(crate) fn scalar(&self) -> curve25519_dalek::scalar::Scalar {
+        self.0.to_scalar()
+    }
+
+    /// A key derived from this one for `purpose` and `index` (for example a fresh key per
+    /// ledger output): the derivation is one-way, so derived keys reveal nothing about this one.
+    pub fn derive(&self, purpose: &str, index: u64) -> SecretKey {
+        let mut seed = self.0.to_bytes();
+        let mut child = crate::hash::Hasher::new("florin/key/derive/v1")
+            .chain(&seed)
+            .chain(purpose.as_bytes())
+            .chain(&index.to_le_bytes())
+            .finalize();
+        seed.zeroize();
+        let k = SecretKey::from_seed(&child);
+        child.zeroize();
+        k
+    }
+
     /// Signs `msg` (deterministic Ed25519, RFC 8032).
     pub fn sign(&self, msg: &[u8]) -> Signature {
         Signature(self.0.sign(msg).to_bytes())

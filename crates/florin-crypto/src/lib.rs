@@ -23,6 +23,7 @@
 mod address;
 mod hash;
 mod keys;
+pub mod sealed;
 mod signer;
 mod verify;
 

@@ -49,6 +49,33 @@ pub struct DepositRequest {
     /// Tokens (hex), each with the authority as last recipient. The handshake of that last
     /// link is the one the re-anchored token will carry.
     pub tokens: Vec<String>,
+    /// Credit clean tokens to the depositor on the ledger (instead of re-anchoring them).
+    #[serde(default)]
+    pub credit: bool,
+}
+
+/// A ledger credit for a deposit: the depositor's new output.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreditInfo {
+    /// The credit transaction (hex txid).
+    pub txid: String,
+    /// "confirmed" once durable on the ledger.
+    pub status: String,
+    /// The depositor's output (hex of the UTXO).
+    pub output: String,
+}
+
+/// `POST /v1/withdraw`: tokens against a confirmed payment to the reserve.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WithdrawRequest {
+    /// The ledger transfer paying the reserve (hex).
+    pub tx: String,
+    /// Which of its outputs pays the reserve.
+    pub output: usize,
+    /// The tokens' first recipient (address).
+    pub recipient: String,
+    /// The recipient's handshake (64 hex).
+    pub handshake: String,
 }
 
 /// A detected double spend.
@@ -92,6 +119,9 @@ pub struct DepositReport {
 pub struct DepositResponse {
     /// One report per token, in request order.
     pub results: Vec<DepositReport>,
+    /// The ledger credit, for a crediting deposit with clean tokens.
+    #[serde(default)]
+    pub credit: Option<CreditInfo>,
 }
 
 /// `GET /v1/tokens/{serial}`.
@@ -163,4 +193,29 @@ pub struct LedgerFaucetAnswer {
     pub txid: String,
     /// The created UTXOs (hex), confirmed and durable.
     pub outputs: Vec<String>,
+}
+
+/// `POST /v1/mailbox`: leave a sealed message (the payment handoff).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MailboxPut {
+    /// The recipient's address.
+    pub to: String,
+    /// The sealed message (hex).
+    pub message: String,
+}
+
+/// One mailbox message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MailboxMessage {
+    /// Sequence number within the recipient's mailbox (from 1).
+    pub seq: u64,
+    /// The sealed message (hex).
+    pub message: String,
+}
+
+/// `GET /v1/mailbox/{address}?after=N`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MailboxList {
+    /// Messages after `after`, oldest first (at most 1,000).
+    pub messages: Vec<MailboxMessage>,
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use florin_crypto::{PublicKey, Signer};
-use florin_token::authority::{settle, DepositError, Outcome, Reanchor};
+use florin_token::authority::{settle, DepositError, Outcome, Reanchor, SettleMode};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::verify::{authority_precheck, verify_chains};
 use florin_token::{Denomination, FraudProof, Handshake, Token, TokenError};
@@ -14,8 +14,12 @@ use rand::{RngCore, SeedableRng};
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::api::{DepositReport, FraudInfo, TokenInfo};
+use crate::bridge::CreditIntent;
 use crate::error::NodeError;
-use crate::store::{self, serial_key, FRAUD, META, TOKENS};
+use crate::store::{self, serial_key, FRAUD, MAILBOX, META, TOKENS};
+
+/// Largest mailbox message.
+pub const MAX_MAILBOX_MESSAGE: usize = 64 * 1024;
 
 /// How the authority runs.
 #[derive(Debug, Clone)]
@@ -139,39 +143,57 @@ impl Authority {
         denominations: &[Denomination],
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
-        let amount_cents: u64 = denominations.iter().map(|d| d.cents()).sum();
-        let denoms = denominations.iter().copied();
-        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
         let tx = self.db.begin_write()?;
-        let mut tokens = Vec::with_capacity(denominations.len());
-        {
-            let mut table = tx.open_table(TOKENS)?;
-            for d in denoms {
-                let serial = loop {
-                    let mut s = [0u8; 8];
-                    rng.fill_bytes(&mut s);
-                    if table.get(serial_key(&s))?.is_none() {
-                        break s;
-                    }
-                };
-                let mut nonce = [0u8; 64];
-                rng.fill_bytes(&mut nonce);
-                let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)
-                    .map_err(|e| NodeError::Signer(e.to_string()))?;
-                table.insert(
-                    serial_key(&serial),
-                    TokenRecord::minted(&t).encode().as_slice(),
-                )?;
-                tokens.push(t);
-            }
-            let mut meta = tx.open_table(META)?;
-            let count = meta.get("minted_count")?.map(|v| v.value()).unwrap_or(0);
-            let cents = meta.get("minted_cents")?.map(|v| v.value()).unwrap_or(0);
-            meta.insert("minted_count", count + tokens.len() as u64)?;
-            meta.insert("minted_cents", cents + amount_cents)?;
-        }
+        let tokens = self.mint_in(&tx, recipient, denominations, handshake)?;
         tx.commit()?;
         Ok(tokens)
+    }
+
+    /// Mints inside an open write transaction (so minting commits with whatever else the
+    /// caller records, e.g. a withdrawal).
+    pub(crate) fn mint_in(
+        &self,
+        tx: &redb::WriteTransaction,
+        recipient: PublicKey,
+        denominations: &[Denomination],
+        handshake: Handshake,
+    ) -> Result<Vec<Token>, NodeError> {
+        let amount_cents: u64 = denominations.iter().map(|d| d.cents()).sum();
+        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
+        let mut tokens = Vec::with_capacity(denominations.len());
+        let mut table = tx.open_table(TOKENS)?;
+        for &d in denominations {
+            let serial = loop {
+                let mut s = [0u8; 8];
+                rng.fill_bytes(&mut s);
+                if table.get(serial_key(&s))?.is_none() {
+                    break s;
+                }
+            };
+            let mut nonce = [0u8; 64];
+            rng.fill_bytes(&mut nonce);
+            let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)
+                .map_err(|e| NodeError::Signer(e.to_string()))?;
+            table.insert(
+                serial_key(&serial),
+                TokenRecord::minted(&t).encode().as_slice(),
+            )?;
+            tokens.push(t);
+        }
+        let mut meta = tx.open_table(META)?;
+        let count = meta.get("minted_count")?.map(|v| v.value()).unwrap_or(0);
+        let cents = meta.get("minted_cents")?.map(|v| v.value()).unwrap_or(0);
+        meta.insert("minted_count", count + tokens.len() as u64)?;
+        meta.insert("minted_cents", cents + amount_cents)?;
+        Ok(tokens)
+    }
+
+    pub(crate) fn db(&self) -> &redb::Database {
+        &self.db
+    }
+
+    pub(crate) fn signer(&self) -> &dyn Signer {
+        self.signer.as_ref()
     }
 
     /// The faucet: minting on request, devnet only, bounded per request.
@@ -243,6 +265,44 @@ impl Authority {
         depositor: &PublicKey,
         decoded: &[Result<Token, String>],
     ) -> Result<Vec<DepositReport>, NodeError> {
+        self.deposit_mode(depositor, decoded, SettleMode::Reanchor)
+            .map(|(r, _)| r)
+    }
+
+    /// Deposits tokens whose value is credited on the ledger: clean tokens leave circulation
+    /// and, in the same durable transaction, the authority records a ledger payment from its
+    /// reserve to the depositor (the [`CreditIntent`] the caller must submit and then
+    /// [`Authority::finish_credit`]). Pending intents survive restarts
+    /// ([`Authority::pending_credits`]).
+    pub fn deposit_credit(
+        &self,
+        depositor: &str,
+        tokens_hex: &[String],
+    ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
+        let depositor = parse_key(depositor, "depositor")?;
+        if tokens_hex.len() > self.config.max_deposit_tokens {
+            return Err(NodeError::BadRequest(format!(
+                "a deposit may carry at most {} tokens",
+                self.config.max_deposit_tokens
+            )));
+        }
+        let decoded: Vec<Result<Token, String>> = tokens_hex
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .map_err(|_| "token is not hex".to_string())
+                    .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
+            })
+            .collect();
+        self.deposit_mode(&depositor, &decoded, SettleMode::Redeem)
+    }
+
+    fn deposit_mode(
+        &self,
+        depositor: &PublicKey,
+        decoded: &[Result<Token, String>],
+        mode: SettleMode,
+    ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
         let depositor = *depositor;
         // A verdict per token; `None` only for tokens that failed to decode.
         let mut checked: Vec<Option<Result<(), String>>> = decoded
@@ -296,6 +356,8 @@ impl Authority {
         let detected_at = now();
         let tx = self.db.begin_write()?;
         let mut reports = Vec::with_capacity(decoded.len());
+        let mut credited = 0u64;
+        let mut intent = None;
         {
             let mut table = tx.open_table(TOKENS)?;
             let mut fraud = tx.open_table(FRAUD)?;
@@ -337,7 +399,8 @@ impl Authority {
                     signer: self.signer.as_ref(),
                     nonce,
                 };
-                let (outcome, changed) = settle(record.as_mut(), t, Ok(()), &depositor, reanchor);
+                let (outcome, changed) =
+                    settle(record.as_mut(), t, Ok(()), &depositor, reanchor, mode);
                 if changed {
                     if let Some(r) = &record {
                         table.insert(key, r.encode().as_slice())?;
@@ -347,6 +410,10 @@ impl Authority {
                 let value = t.value.cents();
                 reports.push(match outcome {
                     Outcome::Reanchored(n) => report(serial, value, "reanchored", Some(&n)),
+                    Outcome::Redeemed => {
+                        credited += value;
+                        report(serial, value, "credited", None)
+                    }
                     Outcome::Repeated(n) => report(serial, value, "repeated", Some(&n)),
                     Outcome::DoubleSpend(proof) => {
                         let id = proof.id();
@@ -366,15 +433,25 @@ impl Authority {
                         r.fraud = Some(fraud_info(&proof, at));
                         r
                     }
+                    Outcome::Refused(DepositError::AlreadyDeposited(_))
+                        if mode == SettleMode::Redeem =>
+                    {
+                        // This exact deposit was credited before (a retry): its credit went to
+                        // the depositor's mailbox then.
+                        report(serial, value, "already_credited", None)
+                    }
                     Outcome::Refused(e) => {
                         let retry = matches!(e, florin_token::authority::DepositError::Signer(_));
                         refused(serial, value, e.to_string(), retry)
                     }
                 });
             }
+            if credited > 0 {
+                intent = Some(self.record_credit(&tx, &depositor, credited)?);
+            }
         }
         tx.commit()?;
-        Ok(reports)
+        Ok((reports, intent))
     }
 
     /// Every fraud proof recorded, oldest first.
@@ -442,6 +519,60 @@ impl Authority {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Leaves a sealed message for `to` (the payment handoff). Durable before it returns.
+    pub fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64, NodeError> {
+        let to = parse_key(to, "to")?;
+        if message.is_empty() || message.len() > MAX_MAILBOX_MESSAGE {
+            return Err(NodeError::BadRequest(format!(
+                "a message is 1 to {MAX_MAILBOX_MESSAGE} bytes"
+            )));
+        }
+        let tx = self.db.begin_write()?;
+        let seq;
+        {
+            let mut t = tx.open_table(MAILBOX)?;
+            let mut lo = to.0.to_vec();
+            lo.extend_from_slice(&[0u8; 8]);
+            let mut hi = to.0.to_vec();
+            hi.extend_from_slice(&[0xffu8; 8]);
+            let last_seq = {
+                let last = t
+                    .range(lo.as_slice()..=hi.as_slice())?
+                    .next_back()
+                    .transpose()?;
+                last.map(|(k, _)| {
+                    let k = k.value();
+                    u64::from_be_bytes(<[u8; 8]>::try_from(&k[32..40]).unwrap_or_default())
+                })
+            };
+            seq = last_seq.unwrap_or(0) + 1;
+            let mut key = to.0.to_vec();
+            key.extend_from_slice(&seq.to_be_bytes());
+            t.insert(key.as_slice(), message)?;
+        }
+        tx.commit()?;
+        Ok(seq)
+    }
+
+    /// Messages for `to` with sequence numbers above `after` (at most 1,000).
+    pub fn mailbox_get(&self, to: &str, after: u64) -> Result<Vec<(u64, Vec<u8>)>, NodeError> {
+        let to = parse_key(to, "address")?;
+        let tx = self.db.begin_read()?;
+        let t = tx.open_table(MAILBOX)?;
+        let mut lo = to.0.to_vec();
+        lo.extend_from_slice(&after.saturating_add(1).to_be_bytes());
+        let mut hi = to.0.to_vec();
+        hi.extend_from_slice(&[0xffu8; 8]);
+        let mut out = Vec::new();
+        for item in t.range(lo.as_slice()..=hi.as_slice())?.take(1000) {
+            let (k, v) = item?;
+            let k = k.value();
+            let seq = u64::from_be_bytes(<[u8; 8]>::try_from(&k[32..40]).unwrap_or_default());
+            out.push((seq, v.value().to_vec()));
+        }
+        Ok(out)
     }
 
     /// (tokens minted, cents minted) since the registry was created.

@@ -7,6 +7,7 @@
 
 pub mod api;
 mod authority;
+pub mod bridge;
 mod error;
 mod keyfile;
 pub mod ledger;
@@ -17,4 +18,4 @@ pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURE
 pub use error::NodeError;
 pub use keyfile::load_or_create_key;
 pub use ledger::{Ledger, TxStatus};
-pub use server::{router, serve, AppState};
+pub use server::{router, serve, settle_credit, AppState};

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -12,10 +12,12 @@ use axum::{Json, Router};
 use tokio::net::TcpListener;
 
 use crate::api::{
-    ApiError, DepositRequest, DepositResponse, FaucetRequest, FaucetResponse, Health, Info,
-    LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent,
+    ApiError, CreditInfo, DepositRequest, DepositResponse, FaucetResponse, Health, Info,
+    LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut,
+    SubmitTx, Unspent, WithdrawRequest,
 };
 use crate::authority::Authority;
+use crate::bridge::CreditIntent;
 use crate::error::NodeError;
 use crate::ledger::{Ledger, TxStatus};
 
@@ -82,18 +84,6 @@ async fn info(State(st): State<AppState>) -> Json<Info> {
     })
 }
 
-async fn faucet(
-    State(st): State<AppState>,
-    Json(req): Json<FaucetRequest>,
-) -> Result<Json<FaucetResponse>, NodeError> {
-    let a = st.authority.clone();
-    let tokens =
-        blocking(move || a.faucet(&req.recipient, req.amount_cents, &req.handshake)).await?;
-    Ok(Json(FaucetResponse {
-        tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect(),
-    }))
-}
-
 async fn deposit(
     State(st): State<AppState>,
     Json(req): Json<DepositRequest>,
@@ -104,8 +94,104 @@ async fn deposit(
         ));
     }
     let a = st.authority.clone();
-    let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
-    Ok(Json(DepositResponse { results }))
+    if !req.credit {
+        let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
+        return Ok(Json(DepositResponse {
+            results,
+            credit: None,
+        }));
+    }
+    let ledger = st.ledger()?;
+    let (results, intent) = blocking(move || a.deposit_credit(&req.depositor, &req.tokens)).await?;
+    let credit = match intent {
+        None => None,
+        Some(intent) => Some(settle_credit(&st.authority, &ledger, intent).await?),
+    };
+    Ok(Json(DepositResponse { results, credit }))
+}
+
+/// A handoff message carrying one UTXO preimage (the wallet's format: version, count, UTXOs).
+fn florin_wallet_handoff(u: &florin_ledger::Utxo) -> Vec<u8> {
+    let mut out = vec![1u8];
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&u.encode());
+    out
+}
+
+/// Submits a recorded credit to the ledger and, once confirmed, hands the new output off to
+/// the depositor's mailbox and finishes it.
+pub async fn settle_credit(
+    authority: &Arc<Authority>,
+    ledger: &Arc<Ledger>,
+    intent: CreditIntent,
+) -> Result<CreditInfo, NodeError> {
+    let (txid, status) = ledger.submit(intent.tx.clone()).await?;
+    let answer = tx_answer(&txid, &status);
+    if status == TxStatus::Confirmed {
+        let a = authority.clone();
+        let i = intent.clone();
+        blocking(move || {
+            // The handoff (Hamilton 3.7): the depositor's wallet collects the preimage of its
+            // new output from its mailbox, even if this answer is lost.
+            let owner = florin_crypto::PublicKey(i.credit.encumbrance.key);
+            let msg = florin_wallet_handoff(&i.credit);
+            let sealed = florin_crypto::sealed::seal(&owner, &msg, &mut rand::rngs::OsRng)
+                .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+            a.mailbox_put(&owner.to_address(), &sealed)?;
+            a.finish_credit(&i)
+        })
+        .await?;
+    }
+    Ok(CreditInfo {
+        txid: answer.txid,
+        status: answer.status,
+        output: hex::encode(intent.credit.encode()),
+    })
+}
+
+async fn withdraw(
+    State(st): State<AppState>,
+    Json(req): Json<WithdrawRequest>,
+) -> Result<Json<FaucetResponse>, NodeError> {
+    let ledger = st.ledger()?;
+    let bytes = hex::decode(&req.tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
+    let tx = florin_ledger::Transaction::decode(&bytes)
+        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))?;
+    let handshake = hex32(&req.handshake, "handshake")?;
+    let a = st.authority.clone();
+    let tokens = blocking(move || {
+        let txid = tx.txid();
+        let confirmed = ledger.status(&txid)? == Some(TxStatus::Confirmed);
+        let out_id = match &tx {
+            florin_ledger::Transaction::Transfer(t) => {
+                t.output_utxos().get(req.output).map(|u| u.id())
+            }
+            _ => None,
+        };
+        let unspent = match out_id {
+            Some(id) => ledger.is_unspent(&id)?,
+            None => false,
+        };
+        a.withdraw(
+            &tx,
+            req.output,
+            &req.recipient,
+            handshake,
+            confirmed,
+            unspent,
+        )
+    })
+    .await?;
+    Ok(Json(FaucetResponse {
+        tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect(),
+    }))
+}
+
+async fn audit_books(State(st): State<AppState>) -> Result<Json<crate::bridge::Audit>, NodeError> {
+    let ledger = st.ledger()?;
+    let a = st.authority.clone();
+    let (supply, parts) = blocking(move || Ok((ledger.supply()?, a.audit_parts()?))).await?;
+    Ok(Json(crate::bridge::audit(supply, parts.0, parts.1)))
 }
 
 async fn fraud(State(st): State<AppState>) -> Result<Response, NodeError> {
@@ -211,12 +297,48 @@ async fn ledger_faucet(
     }))
 }
 
+async fn mailbox_put(
+    State(st): State<AppState>,
+    Json(req): Json<MailboxPut>,
+) -> Result<Json<MailboxMessage>, NodeError> {
+    let msg = hex::decode(&req.message)
+        .map_err(|_| NodeError::BadRequest("message is not hex".into()))?;
+    let a = st.authority.clone();
+    let seq = blocking(move || a.mailbox_put(&req.to, &msg)).await?;
+    Ok(Json(MailboxMessage {
+        seq,
+        message: String::new(),
+    }))
+}
+
+#[derive(serde::Deserialize)]
+struct After {
+    after: Option<u64>,
+}
+
+async fn mailbox_get(
+    State(st): State<AppState>,
+    Path(address): Path<String>,
+    Query(q): Query<After>,
+) -> Result<Json<MailboxList>, NodeError> {
+    let a = st.authority.clone();
+    let list = blocking(move || a.mailbox_get(&address, q.after.unwrap_or(0))).await?;
+    Ok(Json(MailboxList {
+        messages: list
+            .into_iter()
+            .map(|(seq, m)| MailboxMessage {
+                seq,
+                message: hex::encode(m),
+            })
+            .collect(),
+    }))
+}
+
 /// The API routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/info", get(info))
-        .route("/v1/faucet", post(faucet))
         .route("/v1/deposit", post(deposit))
         .route("/v1/fraud", get(fraud))
         .route("/v1/tokens/{serial}", get(token))
@@ -225,6 +347,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/ledger/unspent/{id}", get(unspent))
         .route("/v1/ledger/supply", get(supply))
         .route("/v1/ledger/faucet", post(ledger_faucet))
+        .route("/v1/withdraw", post(withdraw))
+        .route("/v1/audit", get(audit_books))
+        .route("/v1/mailbox", post(mailbox_put))
+        .route("/v1/mailbox/{address}", get(mailbox_get))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

@@ -12,6 +12,15 @@ use redb::{ReadableDatabase, TableDefinition};
 pub(crate) const TOKENS: TableDefinition<u64, &[u8]> = TableDefinition::new("tokens_v1");
 /// proof id (32 bytes) → detected_at (u64 LE) ‖ encoded `FraudProof`.
 pub(crate) const FRAUD: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fraud_v1");
+/// payment-handoff mailbox: recipient key (32) ‖ sequence (u64 big-endian) → sealed message.
+pub(crate) const MAILBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("mailbox_v1");
+/// the authority's reserve on the ledger: UHS id → UTXO encoding (spendable by the authority).
+pub(crate) const RESERVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("reserve_v1");
+/// credits recorded but not yet confirmed on the ledger: txid → transaction ‖ change UTXO.
+pub(crate) const CREDITS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("credits_v1");
+/// withdrawals served: reserve output id → the tokens issued for it.
+pub(crate) const WITHDRAWALS: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("withdrawals_v1");
 /// counters: "minted_count", "minted_cents".
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta_v1");
 
@@ -26,6 +35,10 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(TOKENS)?;
         tx.open_table(FRAUD)?;
         tx.open_table(META)?;
+        tx.open_table(MAILBOX)?;
+        tx.open_table(RESERVE)?;
+        tx.open_table(CREDITS)?;
+        tx.open_table(WITHDRAWALS)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;

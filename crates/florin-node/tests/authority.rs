@@ -182,20 +182,17 @@ fn http_api_answers_bad_input_with_4xx() {
         r#"{"depositor":"x","handshake":"00","tokens":[]}"#
     )
     .contains(" 400 "));
-    assert!(post(
-        "/v1/faucet",
-        r#"{"recipient":"bad","amount_cents":5,"handshake":"00"}"#
-    )
-    .contains(" 400 "));
+    assert!(post("/v1/mailbox", r#"{"to":"bad","message":"00"}"#).contains(" 400 "));
+    assert!(post("/v1/mailbox", r#"{"to":"bad","message":"zz"}"#).contains(" 400 "));
+    assert!(http(addr, "GET /v1/mailbox/bad HTTP/1.0\r\n\r\n").contains(" 400 "));
+    // Without a ledger, ledger routes say so.
+    assert!(http(addr, "GET /v1/ledger/supply HTTP/1.0\r\n\r\n").contains(" 404 "));
     assert!(http(addr, "GET /v1/tokens/abc HTTP/1.0\r\n\r\n").contains(" 400 "));
     assert!(http(addr, "GET /v1/tokens/0000000000000000 HTTP/1.0\r\n\r\n").contains(" 404 "));
     let w = wallet(3).public_key().to_address();
     let ok = post(
-        "/v1/faucet",
-        &format!(
-            r#"{{"recipient":"{w}","amount_cents":5,"handshake":"{}"}}"#,
-            hex::encode([0u8; 32])
-        ),
+        "/v1/mailbox",
+        &format!(r#"{{"to":"{w}","message":"0102"}}"#),
     );
     assert!(ok.starts_with("HTTP/1.0 200"), "{ok}");
     let _ = tx.send(());

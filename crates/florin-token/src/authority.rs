@@ -43,12 +43,24 @@ pub enum Outcome {
     /// Clean: the history was extended and the token re-issued to the depositor with a fresh
     /// one-link chain.
     Reanchored(Token),
+    /// Clean: the history was extended and the token taken out of circulation (its value is
+    /// credited on the ledger by the caller).
+    Redeemed,
     /// The same deposit was made before; here is what the authority issued then.
     Repeated(Token),
     /// The token was double spent. The history is unchanged (first come keeps the token).
     DoubleSpend(Box<FraudProof>),
     /// Refused.
     Refused(DepositError),
+}
+
+/// What to do with a clean token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleMode {
+    /// Re-issue it to the depositor with a fresh one-link chain.
+    Reanchor,
+    /// Take it out of circulation (status `Deposited`); the value goes to the ledger.
+    Redeem,
 }
 
 /// Fresh values the authority needs to re-anchor a token. The re-anchored token carries the
@@ -70,6 +82,7 @@ pub fn settle(
     checked: Result<(), TokenError>,
     depositor: &PublicKey,
     reanchor: Reanchor<'_>,
+    mode: SettleMode,
 ) -> (Outcome, bool) {
     let serial = incoming.serial_hex();
     if let Err(e) = checked {
@@ -101,6 +114,11 @@ pub fn settle(
                 Outcome::Refused(DepositError::AlreadyDeposited(serial)),
                 false,
             ),
+            TokenStatus::InCirculation if mode == SettleMode::Redeem => {
+                record.extend(incoming, new_links);
+                record.status = TokenStatus::Deposited;
+                (Outcome::Redeemed, true)
+            }
             TokenStatus::InCirculation => {
                 let handshake: Handshake = incoming
                     .links

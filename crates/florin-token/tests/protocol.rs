@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
-use florin_token::authority::{settle, Outcome, Reanchor};
+use florin_token::authority::{settle, Outcome, Reanchor, SettleMode};
 use florin_token::registry::{Reconcile, TokenRecord};
 use florin_token::verify::{authority_precheck, client_precheck, verify_chain, verify_chains};
 use florin_token::{
@@ -250,8 +250,49 @@ fn deposit(record: &mut TokenRecord, token: &Token, depositor: &LocalSigner) -> 
             signer: &auth,
             nonce: [77; 64],
         },
+        SettleMode::Reanchor,
     )
     .0
+}
+
+#[test]
+fn redeem_mode_takes_the_token_out_of_circulation() {
+    let auth = authority();
+    let w: Vec<_> = (1..=3).map(signer).collect();
+    let minted = mint_to(&w[0].public_key(), 1);
+    let mut rec = TokenRecord::minted(&minted);
+    let t = hop(minted, &w, 2)
+        .transfer(&w[2], auth.public_key(), [4; 32])
+        .unwrap();
+    let checked = verify_chain(&t, &mut rng());
+    let r = Reanchor {
+        signer: &auth,
+        nonce: [1; 64],
+    };
+    let (out, changed) = settle(
+        Some(&mut rec),
+        &t,
+        checked,
+        &w[2].public_key(),
+        r,
+        SettleMode::Redeem,
+    );
+    assert_eq!((out, changed), (Outcome::Redeemed, true));
+    assert_eq!(rec.status, florin_token::registry::TokenStatus::Deposited);
+    // Depositing it again is refused, and a fork of it is still caught.
+    let r = Reanchor {
+        signer: &auth,
+        nonce: [1; 64],
+    };
+    let (again, _) = settle(
+        Some(&mut rec),
+        &t,
+        Ok(()),
+        &w[2].public_key(),
+        r,
+        SettleMode::Redeem,
+    );
+    assert!(matches!(again, Outcome::Refused(_)));
 }
 
 #[test]

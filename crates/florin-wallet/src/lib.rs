@@ -6,6 +6,7 @@
 //! a crash never makes the wallet sign the same token twice. Paying the same request again
 //! re-emits the same payment instead of signing anew.
 
+pub mod online;
 mod select;
 mod store;
 mod wallet;

@@ -91,6 +91,9 @@ pub enum WalletError {
         /// Value of the tokens within it.
         eligible: u64,
     },
+    /// A ledger transaction is already in flight.
+    #[error("a ledger transaction is still in flight: run `florin wallet sync` to settle it")]
+    Busy,
     /// Paying oneself.
     #[error("refusing to pay this wallet's own request")]
     PayingSelf,
@@ -135,6 +138,9 @@ pub struct PendingDeposit {
     pub handshake: String,
     /// The tokens, hex, each ending with a link to the authority.
     pub tokens: Vec<String>,
+    /// Credit the ledger (true) or re-anchor (false); a resumed deposit keeps its mode.
+    #[serde(default)]
+    pub credit: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -150,6 +156,8 @@ struct WalletFile {
     seen_proofs: Vec<String>,
     sent: Vec<SentPayment>,
     pending_deposit: Option<PendingDeposit>,
+    #[serde(default)]
+    online: crate::online::OnlinePurse,
 }
 
 /// Count and value of one denomination.
@@ -178,6 +186,10 @@ pub struct Balance {
     pub offline_cents: u64,
     /// Value signed to the authority, awaiting its answer.
     pub pending_deposit_cents: u64,
+    /// Money on the online ledger.
+    pub online_cents: u64,
+    /// Paid to the reserve, tokens not yet received.
+    pub withdrawing_cents: u64,
     /// All money the wallet holds.
     pub total_cents: u64,
 }
@@ -193,6 +205,11 @@ pub enum DepositItem {
         serial: Serial,
         /// The proof.
         proof: Box<FraudProof>,
+    },
+    /// Clean: taken out of circulation, its value credited on the ledger.
+    Credited {
+        /// The serial.
+        serial: Serial,
     },
     /// Refused.
     Refused {
@@ -235,6 +252,7 @@ pub struct Wallet {
     seen: HashSet<Signature>,
     sent: Vec<SentPayment>,
     pending: Option<PendingDeposit>,
+    pub(crate) online: crate::online::OnlinePurse,
 }
 
 fn hex32(s: &str) -> Option<[u8; 32]> {
@@ -274,12 +292,17 @@ impl Wallet {
             seen: HashSet::new(),
             sent: Vec::new(),
             pending: None,
+            online: Default::default(),
         }
     }
 
     /// The wallet's key.
     pub fn public_key(&self) -> PublicKey {
         self.signer.public_key()
+    }
+
+    pub(crate) fn signer(&self) -> &LocalSigner {
+        &self.signer
     }
 
     /// The trusted authority, if known.
@@ -323,7 +346,18 @@ impl Wallet {
             offline,
             offline_cents,
             pending_deposit_cents,
-            total_cents: verified_cents + offline_cents + pending_deposit_cents,
+            online_cents: self.online_cents(),
+            withdrawing_cents: self.online.awaiting_tokens.iter().map(|a| a.cents).sum(),
+            total_cents: verified_cents
+                + offline_cents
+                + pending_deposit_cents
+                + self.online_cents()
+                + self
+                    .online
+                    .awaiting_tokens
+                    .iter()
+                    .map(|a| a.cents)
+                    .sum::<u64>(),
         }
     }
 
@@ -544,6 +578,20 @@ impl Wallet {
         &mut self,
         rng: &mut R,
     ) -> Result<Option<(Handshake, Vec<Token>)>, WalletError> {
+        self.prepare_deposit_mode(rng, false)
+    }
+
+    /// Whether the deposit in flight credits the ledger.
+    pub fn pending_deposit_credits(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.credit)
+    }
+
+    /// [`Wallet::prepare_deposit`] choosing to credit the ledger (`credit`) or re-anchor.
+    pub fn prepare_deposit_mode<R: RngCore + CryptoRng>(
+        &mut self,
+        rng: &mut R,
+        credit: bool,
+    ) -> Result<Option<(Handshake, Vec<Token>)>, WalletError> {
         let authority = self.authority.ok_or(WalletError::NoAuthority)?;
         if let Some(p) = &self.pending {
             let hs = hex32(&p.handshake).unwrap_or_default();
@@ -570,6 +618,7 @@ impl Wallet {
         self.pending = Some(PendingDeposit {
             handshake: hex::encode(handshake),
             tokens: signed.iter().map(|t| hex::encode(t.encode())).collect(),
+            credit,
         });
         Ok(Some((handshake, signed)))
     }
@@ -641,6 +690,12 @@ impl Wallet {
                         ));
                     }
                 }
+                DepositItem::Credited { serial } => {
+                    let Some(sent) = remaining.remove(&serial) else {
+                        continue;
+                    };
+                    res.credited_cents += sent.value.cents();
+                }
                 DepositItem::Refused {
                     serial,
                     reason,
@@ -687,6 +742,7 @@ impl Wallet {
             Some(PendingDeposit {
                 handshake: pending.handshake,
                 tokens,
+                credit: pending.credit,
             })
         };
         Ok(res)
@@ -713,6 +769,7 @@ impl Wallet {
             seen_proofs: self.seen.iter().map(|s| hex::encode(s.0)).collect(),
             sent: self.sent.clone(),
             pending_deposit: self.pending.clone(),
+            online: self.online.clone(),
         };
         serde_json::to_vec_pretty(&file).unwrap_or_default()
     }
@@ -749,6 +806,7 @@ impl Wallet {
             seen,
             sent: f.sent,
             pending: f.pending_deposit,
+            online: f.online,
         })
     }
 }

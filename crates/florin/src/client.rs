@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use florin_node::api::{
-    ApiError, DepositRequest, DepositResponse, FaucetRequest, FaucetResponse, FraudInfo, Info,
+    ApiError, DepositRequest, DepositResponse, FaucetResponse, FraudInfo, Info, LedgerFaucet,
+    LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitTx, Unspent,
+    WithdrawRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -66,9 +68,53 @@ impl NodeClient {
         self.get("/v1/info").await
     }
 
-    /// `POST /v1/faucet`.
-    pub async fn faucet(&self, req: &FaucetRequest) -> Result<FaucetResponse> {
-        self.post("/v1/faucet", req).await
+    /// `POST /v1/ledger/faucet`.
+    pub async fn ledger_faucet(&self, req: &LedgerFaucet) -> Result<LedgerFaucetAnswer> {
+        self.post("/v1/ledger/faucet", req).await
+    }
+
+    /// `POST /v1/ledger/transactions`.
+    pub async fn submit(&self, tx_hex: String) -> Result<LedgerTxStatus> {
+        self.post("/v1/ledger/transactions", &SubmitTx { tx: tx_hex })
+            .await
+    }
+
+    /// `GET /v1/ledger/unspent/{id}`.
+    pub async fn unspent(&self, id: &[u8; 32]) -> Result<bool> {
+        let u: Unspent = self
+            .get(&format!("/v1/ledger/unspent/{}", hex::encode(id)))
+            .await?;
+        Ok(u.unspent)
+    }
+
+    /// `POST /v1/mailbox`.
+    pub async fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64> {
+        let m: MailboxMessage = self
+            .post(
+                "/v1/mailbox",
+                &MailboxPut {
+                    to: to.into(),
+                    message: hex::encode(message),
+                },
+            )
+            .await?;
+        Ok(m.seq)
+    }
+
+    /// `GET /v1/mailbox/{address}?after=N`.
+    pub async fn mailbox_get(&self, address: &str, after: u64) -> Result<MailboxList> {
+        self.get(&format!("/v1/mailbox/{address}?after={after}"))
+            .await
+    }
+
+    /// `POST /v1/withdraw`.
+    pub async fn withdraw(&self, req: &WithdrawRequest) -> Result<FaucetResponse> {
+        self.post("/v1/withdraw", req).await
+    }
+
+    /// `GET /v1/audit`.
+    pub async fn audit(&self) -> Result<serde_json::Value> {
+        self.get("/v1/audit").await
     }
 
     /// `POST /v1/deposit`.

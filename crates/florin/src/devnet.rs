@@ -54,6 +54,10 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        // Credits recorded before a crash but not confirmed: finish them now.
+        for intent in authority.pending_credits()? {
+            florin_node::settle_credit(&authority, &ledger, intent).await?;
+        }
         eprintln!("florin devnet");
         eprintln!("  authority  {}", authority.public_key().to_address());
         eprintln!("  issuer     {}", ledger.issuer().to_address());

@@ -36,6 +36,15 @@ enum Command {
     },
     /// Run a benchmark suite (see docs/benchmarks.md).
     Bench(bench::BenchArgs),
+    /// Check the books: minted − redeemed = ledger money + tokens outstanding.
+    Audit {
+        /// The node's API.
+        #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+        node: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +54,7 @@ fn main() -> ExitCode {
         Command::Wallet(a) => wallet_cmd::run(a),
         Command::Fraud { command } => fraud_cmd::run(command),
         Command::Bench(a) => bench::run(a),
+        Command::Audit { node, json } => audit(&node, json),
     };
     match result {
         Ok(code) => code,
@@ -55,6 +65,36 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn audit(node: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let client = client::NodeClient::new(node)?;
+    let a = client::runtime()?.block_on(client.audit())?;
+    let balanced = a["balanced"].as_bool().unwrap_or(false);
+    if json {
+        util::print_json(&a);
+    } else {
+        let c = |k: &str| florin_token::amount::format_cents(a[k].as_u64().unwrap_or(0));
+        println!("minted               €{}", c("minted_cents"));
+        println!("redeemed             €{}", c("redeemed_cents"));
+        println!("ledger supply        €{}", c("ledger_supply_cents"));
+        println!("  authority reserve  €{}", c("reserve_cents"));
+        println!("  held by users      €{}", c("ledger_circulating_cents"));
+        println!("tokens outstanding   €{}", c("tokens_outstanding_cents"));
+        println!(
+            "{}",
+            if balanced {
+                "balanced: minted − redeemed = ledger money + tokens outstanding"
+            } else {
+                "NOT BALANCED"
+            }
+        );
+    }
+    Ok(if balanced {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Default data directory of the devnet.

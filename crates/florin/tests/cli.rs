@@ -112,6 +112,13 @@ impl User {
         self.ok(&a)
     }
 
+    /// Ledger funds from the faucet, withdrawn into tokens.
+    fn tokens(&self, name: &str, amount: &str) {
+        self.wallet(name, &["faucet", amount]);
+        let w = self.wallet(name, &["withdraw", amount]);
+        assert!(w["withdrawn_cents"].as_u64().unwrap() > 0, "{w}");
+    }
+
     fn total(&self, name: &str) -> u64 {
         self.wallet(name, &["balance"])["total_cents"]
             .as_u64()
@@ -146,8 +153,8 @@ fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
 #[test]
 fn faucet_five_offline_hops_then_deposit() {
     let (_dir, _net, u) = setup(&["w0", "w1", "w2", "w3", "w4", "w5"]);
-    let v = u.wallet("w0", &["faucet", "20"]);
-    assert_eq!(v["received_cents"], 2000);
+    u.tokens("w0", "20");
+    assert_eq!(u.wallet("w0", &["balance"])["verified_cents"], 2000);
     // Five hops: w0 → w1 → w2 → w3 → w4 → w5, €5 each time.
     for i in 0..5 {
         u.pay(
@@ -161,7 +168,7 @@ fn faucet_five_offline_hops_then_deposit() {
     assert_eq!(b["offline_cents"], 500);
     assert_eq!(b["total_cents"], 500);
     assert_eq!(u.total("w0"), 1500);
-    let d = u.wallet("w5", &["deposit"]);
+    let d = u.wallet("w5", &["deposit", "--reanchor"]);
     assert_eq!(d["credited_cents"], 500);
     assert_eq!(d["fraud"].as_array().unwrap().len(), 0);
     let b = u.wallet("w5", &["balance"]);
@@ -180,7 +187,7 @@ fn faucet_five_offline_hops_then_deposit() {
 #[test]
 fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
     let (dir, _net, u) = setup(&["payer", "alice", "bob"]);
-    u.wallet("payer", &["faucet", "0.05"]); // a single 5-cent token
+    u.tokens("payer", "0.05"); // a single 5-cent token
     let payer_addr = u.wallet("payer", &["address"])["address"]
         .as_str()
         .unwrap()
@@ -224,7 +231,7 @@ fn copied_wallet_double_spend_yields_one_proof_naming_the_payer() {
 #[test]
 fn replayed_payment_and_bad_input_are_refused() {
     let (dir, _net, u) = setup(&["a", "b", "c"]);
-    u.wallet("a", &["faucet", "3"]);
+    u.tokens("a", "3");
     u.pay("a", "b", "1", "p1");
     let err = u.fails(&["wallet", "--wallet", "b", "offline", "accept", "p1.pay"]);
     assert!(
@@ -247,7 +254,7 @@ fn replayed_payment_and_bad_input_are_refused() {
     u.fails(&["wallet", "--wallet", "missing", "balance"]);
     u.fails(&["wallet", "--wallet", "a", "new"]);
     // Exact change impossible is explained (a single 5-cent token cannot pay 3 cents).
-    u.wallet("c", &["faucet", "0.05"]);
+    u.tokens("c", "0.05");
     u.wallet("b", &["offline", "request", "0.03", "--out", "three.req"]);
     let err = u.fails(&[
         "wallet",
@@ -273,7 +280,7 @@ fn replayed_payment_and_bad_input_are_refused() {
 #[test]
 fn concurrent_commands_on_one_wallet_never_sign_a_token_twice() {
     let (dir, _net, u) = setup(&["payer", "p1", "p2", "p3", "p4"]);
-    u.wallet("payer", &["faucet", "0.05"]); // one token
+    u.tokens("payer", "0.05"); // one token
     let payees = ["p1", "p2", "p3", "p4"];
     for p in payees {
         u.wallet(
@@ -315,10 +322,10 @@ fn concurrent_commands_on_one_wallet_never_sign_a_token_twice() {
 #[test]
 fn acknowledged_state_survives_kill_9() {
     let (dir, net, u) = setup(&["a", "b", "c"]);
-    u.wallet("a", &["faucet", "2"]);
+    u.tokens("a", "2");
     std::fs::copy(dir.path().join("a"), dir.path().join("a-copy")).unwrap();
     u.pay("a", "b", "2", "x");
-    u.wallet("b", &["deposit"]);
+    u.wallet("b", &["deposit", "--reanchor"]);
     net.kill();
 
     // Restart on the same data: same authority key, history kept.
@@ -404,4 +411,144 @@ fn bench_ledger_quick_prints_the_contract() {
     assert!(has("sentinel_tx_per_s_per_core", None) && has("sentinel_tx_per_s_all_cores", None));
     // Without a PostgreSQL URL the PostgreSQL store is skipped, and says so.
     assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL store skipped"));
+}
+
+#[test]
+fn walkthrough_faucet_pay_sync_withdraw_offline_deposit_audit() {
+    let (_dir, _net, u) = setup(&["alice", "bob", "carol"]);
+    u.wallet("alice", &["faucet", "50"]);
+    let bob = u.wallet("bob", &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let p = u.wallet("alice", &["pay", &bob, "12.50"]);
+    assert_eq!(p["status"], "confirmed");
+    // Bob counts the money only after sync: handoff from the mailbox, checked unspent.
+    assert_eq!(u.wallet("bob", &["balance"])["online_cents"], 0);
+    assert_eq!(u.wallet("bob", &["sync"])["received_cents"], 1250);
+    assert_eq!(
+        u.wallet("bob", &["sync"])["received_cents"],
+        0,
+        "a handoff counts once"
+    );
+    // Withdraw into tokens, pay Carol offline, Carol deposits back to the ledger.
+    let w = u.wallet("bob", &["withdraw", "10"]);
+    assert_eq!(w["withdrawn_cents"], 1000);
+    u.pay("bob", "carol", "7.50", "off");
+    let d = u.wallet("carol", &["deposit"]);
+    assert_eq!(d["credited_cents"], 750);
+    let c = u.wallet("carol", &["balance"]);
+    assert_eq!(
+        (c["online_cents"].as_u64(), c["offline_cents"].as_u64()),
+        (Some(750), Some(0))
+    );
+    let b = u.wallet("bob", &["balance"]);
+    assert_eq!(
+        (b["online_cents"].as_u64(), b["verified_cents"].as_u64()),
+        (Some(250), Some(250))
+    );
+    assert_eq!(u.total("alice"), 3750);
+    // The books add up: €50 minted = €40 on the ledger with users + €2.50 in tokens (backed by
+    // the reserve) ... exactly.
+    let a = u.ok(&["audit", "--json"]);
+    assert_eq!(a["balanced"], true, "{a}");
+    assert_eq!(a["minted_cents"], 5000);
+    assert_eq!(a["tokens_outstanding_cents"], 250);
+    assert_eq!(a["reserve_cents"], 250);
+    assert_eq!(a["ledger_circulating_cents"], 4750);
+    // Bad input: paying more than held, a malformed address.
+    u.fails(&["wallet", "--wallet", "bob", "pay", &bob, "1000"]);
+    u.fails(&["wallet", "--wallet", "bob", "pay", "eur1nonsense", "1"]);
+}
+
+#[test]
+fn kill_9_under_load_loses_no_acknowledged_transaction() {
+    let names = ["p0", "p1", "p2", "p3"];
+    let (dir, net, u) = setup(&names);
+    for n in names {
+        u.wallet(n, &["faucet", "100"]);
+    }
+    let addrs: Vec<String> = names
+        .iter()
+        .map(|n| {
+            u.wallet(n, &["address"])["address"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    // Each payer pays its neighbour in a loop until the node dies; every confirmed answer is
+    // an acknowledgement that must survive.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..names.len())
+        .map(|i| {
+            let (dir, node, stop) = (dir.path().to_path_buf(), net.url.clone(), stop.clone());
+            let (payer, payee) = (names[i].to_string(), addrs[(i + 1) % names.len()].clone());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for _ in 0..200 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let out = Command::new(BIN)
+                        .current_dir(&dir)
+                        .env("FLORIN_NODE", &node)
+                        .args([
+                            "wallet", "--wallet", &payer, "--json", "pay", &payee, "0.01",
+                        ])
+                        .output()
+                        .unwrap();
+                    if !out.status.success() {
+                        break;
+                    }
+                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    if v["status"] == "confirmed" {
+                        acked.push(v["txid"].as_str().unwrap().to_string());
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    net.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acked: Vec<String> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    assert!(
+        acked.len() >= 4,
+        "the load ran ({} acknowledged)",
+        acked.len()
+    );
+
+    let net = Devnet::start(&dir.path().join("data"));
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    let addr = net.url.trim_start_matches("http://").to_string();
+    for txid in &acked {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(format!("GET /v1/ledger/transactions/{txid} HTTP/1.0\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(
+            body.contains("\"confirmed\""),
+            "acknowledged transaction {txid} lost: {body}"
+        );
+    }
+    // Wallets resume whatever was in flight (a payer delivers handoffs its crash left in its
+    // outbox on its own sync, so a second round lets every payee collect), and the books add up.
+    for _round in 0..2 {
+        for n in names {
+            u.wallet(n, &["sync"]);
+        }
+    }
+    let total: u64 = names.iter().map(|n| u.total(n)).sum();
+    assert_eq!(total, 40_000, "no money created or lost");
+    assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
 }

@@ -1,0 +1,321 @@
+//! Where the two money forms meet: withdrawing ledger funds into tokens, crediting deposited
+//! tokens back to the ledger, and the supply audit.
+//!
+//! The authority keeps a **reserve** on the ledger: outputs locked to its key. Withdrawing pays
+//! the reserve and the authority mints tokens of the same value against that confirmed output;
+//! crediting a deposit pays the depositor from the reserve. So the reserve always equals the
+//! tokens in circulation, and the books balance:
+//! `minted − redeemed = (ledger supply − reserve) + tokens outstanding`.
+
+use florin_crypto::{Digest, PublicKey, Signature};
+use florin_ledger::tx::SCHEME_ED25519;
+use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
+use florin_token::registry::{TokenRecord, TokenStatus};
+use florin_token::{Denomination, Token};
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use serde::Serialize;
+
+use crate::authority::{parse_key, Authority};
+use crate::error::NodeError;
+use crate::store::{CREDITS, RESERVE, TOKENS, WITHDRAWALS};
+
+/// A ledger payment from the reserve to a depositor, recorded durably before it is submitted.
+#[derive(Debug, Clone)]
+pub struct CreditIntent {
+    /// The transaction.
+    pub tx: Transaction,
+    /// The depositor's new output.
+    pub credit: Utxo,
+    /// Change back to the reserve, if any.
+    pub change: Option<Utxo>,
+}
+
+impl CreditIntent {
+    fn encode(&self) -> Vec<u8> {
+        let tx = self.tx.encode();
+        let mut out = (tx.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&tx);
+        out.extend_from_slice(&self.credit.encode());
+        if let Some(c) = &self.change {
+            out.extend_from_slice(&c.encode());
+        }
+        out
+    }
+
+    fn decode(b: &[u8]) -> Option<CreditIntent> {
+        let n = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+        let tx = Transaction::decode(b.get(4..4 + n)?).ok()?;
+        let rest = b.get(4 + n..)?;
+        let credit = Utxo::decode(rest.get(..73)?).ok()?;
+        let change = match rest.len() {
+            73 => None,
+            146 => Some(Utxo::decode(&rest[73..]).ok()?),
+            _ => return None,
+        };
+        Some(CreditIntent { tx, credit, change })
+    }
+}
+
+/// The supply audit.
+#[derive(Debug, Clone, Serialize)]
+pub struct Audit {
+    /// Cents the issuer minted on the ledger.
+    pub minted_cents: u64,
+    /// Cents redeemed out of the ledger.
+    pub redeemed_cents: u64,
+    /// Cents in unspent ledger outputs (summed over the UHS).
+    pub ledger_supply_cents: u64,
+    /// The authority's reserve (backs the tokens).
+    pub reserve_cents: u64,
+    /// Ledger money held by users: supply − reserve.
+    pub ledger_circulating_cents: u64,
+    /// Value of tokens in circulation at the authority.
+    pub tokens_outstanding_cents: u64,
+    /// Whether `minted − redeemed = ledger circulating + tokens outstanding` and the ledger's
+    /// own books agree (`supply = minted − redeemed`).
+    pub balanced: bool,
+}
+
+impl Authority {
+    /// Records a credit of `cents` to `depositor` from the reserve, inside the deposit's write
+    /// transaction: the reserve outputs it spends leave the reserve table and the intent is
+    /// stored, all or nothing with the tokens leaving circulation.
+    pub(crate) fn record_credit(
+        &self,
+        tx: &WriteTransaction,
+        depositor: &PublicKey,
+        cents: u64,
+    ) -> Result<CreditIntent, NodeError> {
+        let mut reserve = tx.open_table(RESERVE)?;
+        let mut chosen: Vec<Utxo> = Vec::new();
+        let mut sum = 0u64;
+        for item in reserve.iter()? {
+            if sum >= cents {
+                break;
+            }
+            let (_, v) = item?;
+            let u = Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            sum += u.value;
+            chosen.push(u);
+        }
+        if sum < cents {
+            return Err(NodeError::Storage(format!(
+                "the reserve holds {sum} cents, less than the {cents} to credit: tokens not backed by the reserve"
+            )));
+        }
+        let me = Encumbrance::ed25519(&self.public_key());
+        let mut outputs = vec![Output {
+            value: cents,
+            encumbrance: Encumbrance::ed25519(depositor),
+        }];
+        if sum > cents {
+            outputs.push(Output {
+                value: sum - cents,
+                encumbrance: me,
+            });
+        }
+        let mut t = Transfer {
+            inputs: chosen.clone(),
+            outputs,
+            witnesses: vec![],
+        };
+        let txid = t.txid();
+        let sig: Signature = self
+            .signer()
+            .sign(&txid)
+            .map_err(|e| NodeError::Signer(e.to_string()))?;
+        t.witnesses = chosen
+            .iter()
+            .map(|_| Witness {
+                scheme: SCHEME_ED25519,
+                key: self.public_key().0,
+                signature: sig,
+            })
+            .collect();
+        let created = t.output_utxos();
+        let intent = CreditIntent {
+            tx: Transaction::Transfer(t),
+            credit: created[0],
+            change: created.get(1).copied(),
+        };
+        for u in &chosen {
+            reserve.remove(u.id().as_slice())?;
+        }
+        tx.open_table(CREDITS)?
+            .insert(txid.as_slice(), intent.encode().as_slice())?;
+        Ok(intent)
+    }
+
+    /// Marks a credit confirmed on the ledger: its change joins the reserve.
+    pub fn finish_credit(&self, intent: &CreditIntent) -> Result<(), NodeError> {
+        let txid = intent.tx.txid();
+        let tx = self.db().begin_write()?;
+        {
+            let mut credits = tx.open_table(CREDITS)?;
+            if credits.remove(txid.as_slice())?.is_some() {
+                if let Some(c) = &intent.change {
+                    tx.open_table(RESERVE)?
+                        .insert(c.id().as_slice(), c.encode().as_slice())?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Credits recorded but not confirmed (to resubmit after a restart).
+    pub fn pending_credits(&self) -> Result<Vec<CreditIntent>, NodeError> {
+        let tx = self.db().begin_read()?;
+        let t = tx.open_table(CREDITS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (_, v) = item?;
+            out.push(
+                CreditIntent::decode(v.value())
+                    .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Withdraws: `tx` is a confirmed ledger transfer whose output `index` pays the reserve;
+    /// the authority mints tokens of that value to `recipient` under `handshake`. Asking again
+    /// for the same output returns the same tokens. `confirmed` and `unspent` are the ledger's
+    /// answers for the transfer and the output.
+    pub fn withdraw(
+        &self,
+        tx: &Transaction,
+        index: usize,
+        recipient: &str,
+        handshake: [u8; 32],
+        confirmed: bool,
+        unspent: bool,
+    ) -> Result<Vec<Token>, NodeError> {
+        let recipient = parse_key(recipient, "recipient")?;
+        let Transaction::Transfer(t) = tx else {
+            return Err(NodeError::BadRequest(
+                "a withdrawal is paid by a transfer".into(),
+            ));
+        };
+        let out = t
+            .output_utxos()
+            .get(index)
+            .copied()
+            .ok_or_else(|| NodeError::BadRequest("no such output".into()))?;
+        if out.encumbrance != Encumbrance::ed25519(&self.public_key()) {
+            return Err(NodeError::BadRequest(
+                "that output does not pay the authority's reserve".into(),
+            ));
+        }
+        if !confirmed {
+            return Err(NodeError::BadRequest(
+                "the payment to the reserve is not confirmed".into(),
+            ));
+        }
+        let id = out.id();
+        let wtx = self.db().begin_write()?;
+        let tokens;
+        {
+            let mut w = wtx.open_table(WITHDRAWALS)?;
+            if let Some(v) = w.get(id.as_slice())? {
+                return decode_tokens(v.value());
+            }
+            if !unspent {
+                return Err(NodeError::BadRequest(
+                    "that reserve output is already spent".into(),
+                ));
+            }
+            tokens = self.mint_in(
+                &wtx,
+                recipient,
+                &Denomination::spendable_split(out.value),
+                handshake,
+            )?;
+            w.insert(id.as_slice(), encode_tokens(&tokens).as_slice())?;
+            wtx.open_table(RESERVE)?
+                .insert(id.as_slice(), out.encode().as_slice())?;
+        }
+        wtx.commit()?;
+        Ok(tokens)
+    }
+
+    /// The authority's side of the audit: (reserve cents, tokens outstanding cents). Reserve
+    /// outputs being spent by a credit in flight still count until the credit is confirmed.
+    pub fn audit_parts(&self) -> Result<(u64, u64), NodeError> {
+        let tx = self.db().begin_read()?;
+        let mut reserve = 0u64;
+        for item in tx.open_table(RESERVE)?.iter()? {
+            let (_, v) = item?;
+            reserve += Utxo::decode(v.value())
+                .map_err(|e| NodeError::Corrupt(e.to_string()))?
+                .value;
+        }
+        for item in tx.open_table(CREDITS)?.iter()? {
+            let (_, v) = item?;
+            let i = CreditIntent::decode(v.value())
+                .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?;
+            if let Transaction::Transfer(t) = &i.tx {
+                reserve += t.inputs.iter().map(|u| u.value).sum::<u64>();
+            }
+        }
+        let mut outstanding = 0u64;
+        for item in tx.open_table(TOKENS)?.iter()? {
+            let (_, v) = item?;
+            let r =
+                TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            if r.status == TokenStatus::InCirculation {
+                outstanding += r.value.cents();
+            }
+        }
+        Ok((reserve, outstanding))
+    }
+}
+
+/// Combines the ledger's books and the authority's into the audit.
+pub fn audit(supply: florin_ledger::Supply, reserve: u64, outstanding: u64) -> Audit {
+    let circulating = supply.unspent_cents.saturating_sub(reserve);
+    let issued = supply.minted_cents.saturating_sub(supply.redeemed_cents);
+    Audit {
+        minted_cents: supply.minted_cents,
+        redeemed_cents: supply.redeemed_cents,
+        ledger_supply_cents: supply.unspent_cents,
+        reserve_cents: reserve,
+        ledger_circulating_cents: circulating,
+        tokens_outstanding_cents: outstanding,
+        balanced: supply.unspent_cents >= reserve
+            && supply.unspent_cents == issued
+            && issued == circulating + outstanding,
+    }
+}
+
+fn encode_tokens(tokens: &[Token]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for t in tokens {
+        let b = t.encode();
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+fn decode_tokens(mut b: &[u8]) -> Result<Vec<Token>, NodeError> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let n = b
+            .get(..4)
+            .and_then(|x| x.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| NodeError::Corrupt("withdrawal".into()))? as usize;
+        let t = b
+            .get(4..4 + n)
+            .ok_or_else(|| NodeError::Corrupt("withdrawal".into()))?;
+        out.push(Token::decode(t).map_err(|e| NodeError::Corrupt(e.to_string()))?);
+        b = &b[4 + n..];
+    }
+    Ok(out)
+}
+
+/// The txid of an intent.
+pub fn intent_txid(i: &CreditIntent) -> Digest {
+    i.tx.txid()
+}

@@ -1,0 +1,335 @@
+//! The wallet's online money: UTXOs on the ledger, each locked to a key derived from the
+//! wallet's secret (a fresh key per change output), payments with change, and the handoff of
+//! output preimages to payees (Hamilton 3.7).
+
+use florin_crypto::{LocalSigner, PublicKey, Signature, Signer};
+use florin_ledger::tx::SCHEME_ED25519;
+use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
+use serde::{Deserialize, Serialize};
+
+use crate::wallet::{Wallet, WalletError};
+
+/// Version byte of a handoff message.
+pub const HANDOFF_VERSION: u8 = 1;
+
+/// A UTXO the wallet can spend.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OwnedUtxo {
+    /// The UTXO (hex of its encoding).
+    pub utxo: String,
+    /// The derived key index; `None` for the wallet's main key (its address).
+    pub key: Option<u64>,
+}
+
+/// A ledger transaction built and saved but not yet known to be confirmed. Retried (the
+/// ledger's submission is idempotent) until decided.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingTx {
+    /// The transaction (hex).
+    pub tx: String,
+    /// The inputs it spends (restored if it fails).
+    pub inputs: Vec<OwnedUtxo>,
+    /// Change coming back, with its key index.
+    pub change: Option<OwnedUtxo>,
+    /// The output for the payee, to hand off once confirmed: (payee, UTXO hex).
+    pub handoff: Option<(PublicKey, String)>,
+    /// What it is for: "pay" or "withdraw".
+    pub purpose: String,
+    /// For a withdrawal: the handshake the tokens must carry (hex).
+    #[serde(default)]
+    pub handshake: Option<String>,
+}
+
+/// A confirmed payment to the reserve whose tokens have not arrived yet.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AwaitingTokens {
+    /// The transaction (hex).
+    pub tx: String,
+    /// The handshake the tokens carry (hex).
+    pub handshake: String,
+    /// The value.
+    pub cents: u64,
+}
+
+/// Online state kept in the wallet file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct OnlinePurse {
+    /// Next derived key index.
+    pub next_key: u64,
+    /// Spendable UTXOs.
+    pub utxos: Vec<OwnedUtxo>,
+    /// Highest mailbox sequence number read.
+    pub mailbox_cursor: u64,
+    /// A transaction in flight.
+    pub pending: Option<PendingTx>,
+    /// Handoffs confirmed on the ledger but not yet delivered: (payee, UTXO hex).
+    pub outbox: Vec<(PublicKey, String)>,
+    /// Withdrawals paid on the ledger, tokens not yet received.
+    #[serde(default)]
+    pub awaiting_tokens: Vec<AwaitingTokens>,
+}
+
+/// Encodes a handoff message: the preimages of outputs for the payee.
+pub fn encode_handoff(utxos: &[Utxo]) -> Vec<u8> {
+    let mut out = vec![HANDOFF_VERSION];
+    out.extend_from_slice(&(utxos.len() as u16).to_le_bytes());
+    for u in utxos {
+        out.extend_from_slice(&u.encode());
+    }
+    out
+}
+
+/// Decodes a handoff message; `None` if malformed.
+pub fn decode_handoff(b: &[u8]) -> Option<Vec<Utxo>> {
+    if b.len() < 3 || b[0] != HANDOFF_VERSION {
+        return None;
+    }
+    let n = u16::from_le_bytes([b[1], b[2]]) as usize;
+    let body = &b[3..];
+    if body.len() != n * 73 {
+        return None;
+    }
+    body.chunks(73).map(|c| Utxo::decode(c).ok()).collect()
+}
+
+fn decode_utxo(h: &str) -> Option<Utxo> {
+    hex::decode(h).ok().and_then(|b| Utxo::decode(&b).ok())
+}
+
+impl Wallet {
+    fn ledger_signer(&self, key: Option<u64>) -> LocalSigner {
+        match key {
+            None => self.signer().clone(),
+            Some(i) => LocalSigner::new(self.signer().secret().derive("florin/wallet/ledger", i)),
+        }
+    }
+
+    /// Money on the ledger, in cents (including change of a transaction in flight).
+    pub fn online_cents(&self) -> u64 {
+        let held: u64 = self
+            .online
+            .utxos
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo))
+            .map(|u| u.value)
+            .sum();
+        let pending: u64 = self
+            .online
+            .pending
+            .iter()
+            .flat_map(|p| p.inputs.iter())
+            .filter_map(|o| decode_utxo(&o.utxo))
+            .map(|u| u.value)
+            .sum();
+        held + pending
+    }
+
+    /// Adds UTXOs locked to this wallet's main key (faucet, handoffs). Returns the value added;
+    /// UTXOs for other keys or already held are ignored. The caller checks they are unspent.
+    pub fn receive_utxos(&mut self, utxos: &[Utxo]) -> u64 {
+        let me = Encumbrance::ed25519(&self.public_key());
+        let mut added = 0;
+        for u in utxos {
+            let h = hex::encode(u.encode());
+            if u.encumbrance != me || self.online.utxos.iter().any(|o| o.utxo == h) {
+                continue;
+            }
+            self.online.utxos.push(OwnedUtxo { utxo: h, key: None });
+            added += u.value;
+        }
+        added
+    }
+
+    /// Builds and signs a payment of `amount_cents` to `payee` (largest UTXOs first, change to
+    /// a fresh derived key) and records it as pending. Persist the wallet, then submit.
+    pub fn build_payment(
+        &mut self,
+        payee: PublicKey,
+        amount_cents: u64,
+        purpose: &str,
+    ) -> Result<Transaction, WalletError> {
+        if self.online.pending.is_some() {
+            return Err(WalletError::Busy);
+        }
+        if amount_cents == 0 {
+            return Err(WalletError::InsufficientFunds { have: 0, need: 0 });
+        }
+        let mut owned: Vec<(Utxo, OwnedUtxo)> = self
+            .online
+            .utxos
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (u, o.clone())))
+            .collect();
+        owned.sort_by_key(|b| std::cmp::Reverse(b.0.value));
+        let have: u64 = owned.iter().map(|(u, _)| u.value).sum();
+        if have < amount_cents {
+            return Err(WalletError::InsufficientFunds {
+                have,
+                need: amount_cents,
+            });
+        }
+        let mut chosen = Vec::new();
+        let mut sum = 0u64;
+        for (u, o) in owned {
+            if sum >= amount_cents {
+                break;
+            }
+            sum += u.value;
+            chosen.push((u, o));
+        }
+        let mut outputs = vec![Output {
+            value: amount_cents,
+            encumbrance: Encumbrance::ed25519(&payee),
+        }];
+        let mut change_key = None;
+        if sum > amount_cents {
+            let idx = self.online.next_key;
+            self.online.next_key += 1;
+            let k = self.ledger_signer(Some(idx)).public_key();
+            outputs.push(Output {
+                value: sum - amount_cents,
+                encumbrance: Encumbrance::ed25519(&k),
+            });
+            change_key = Some(idx);
+        }
+        let mut t = Transfer {
+            inputs: chosen.iter().map(|(u, _)| *u).collect(),
+            outputs,
+            witnesses: vec![],
+        };
+        let txid = t.txid();
+        let mut witnesses = Vec::with_capacity(chosen.len());
+        for (_, o) in &chosen {
+            let s = self.ledger_signer(o.key);
+            let sig: Signature = s
+                .sign(&txid)
+                .map_err(|e| WalletError::Signing(e.to_string()))?;
+            witnesses.push(Witness {
+                scheme: SCHEME_ED25519,
+                key: s.public_key().0,
+                signature: sig,
+            });
+        }
+        t.witnesses = witnesses;
+        let created = t.output_utxos();
+        let change = change_key.map(|k| OwnedUtxo {
+            utxo: hex::encode(created[1].encode()),
+            key: Some(k),
+        });
+        let spent: Vec<String> = chosen.iter().map(|(_, o)| o.utxo.clone()).collect();
+        self.online.utxos.retain(|o| !spent.contains(&o.utxo));
+        let tx = Transaction::Transfer(t);
+        self.online.pending = Some(PendingTx {
+            tx: hex::encode(tx.encode()),
+            inputs: chosen.into_iter().map(|(_, o)| o).collect(),
+            change,
+            handoff: Some((payee, hex::encode(created[0].encode()))),
+            purpose: purpose.into(),
+            handshake: (purpose == "withdraw")
+                .then(|| hex::encode(Self::fresh_handshake(&mut rand::rngs::OsRng))),
+        });
+        Ok(tx)
+    }
+
+    /// The transaction in flight, if any.
+    pub fn pending_tx(&self) -> Option<&PendingTx> {
+        self.online.pending.as_ref()
+    }
+
+    /// Settles the transaction in flight: `confirmed` adds the change and queues the handoff;
+    /// otherwise the inputs come back (the ledger changed nothing). Returns the pending record.
+    pub fn settle_pending(&mut self, confirmed: bool) -> Option<PendingTx> {
+        let p = self.online.pending.take()?;
+        if confirmed {
+            if let Some(c) = &p.change {
+                self.online.utxos.push(c.clone());
+            }
+            if let Some(h) = &p.handoff {
+                if p.purpose == "pay" {
+                    self.online.outbox.push(h.clone());
+                }
+            }
+            if p.purpose == "withdraw" {
+                let cents = p
+                    .handoff
+                    .as_ref()
+                    .and_then(|(_, u)| decode_utxo(u))
+                    .map(|u| u.value)
+                    .unwrap_or(0);
+                self.online.awaiting_tokens.push(AwaitingTokens {
+                    tx: p.tx.clone(),
+                    handshake: p.handshake.clone().unwrap_or_default(),
+                    cents,
+                });
+            }
+        } else {
+            self.online.utxos.extend(p.inputs.iter().cloned());
+        }
+        Some(p)
+    }
+
+    /// Handoffs waiting to be delivered.
+    pub fn outbox(&self) -> &[(PublicKey, String)] {
+        &self.online.outbox
+    }
+
+    /// Marks a handoff delivered.
+    pub fn delivered(&mut self, payee: &PublicKey, utxo: &str) {
+        self.online
+            .outbox
+            .retain(|(p, u)| !(p == payee && u == utxo));
+    }
+
+    /// Withdrawals waiting for their tokens.
+    pub fn awaiting_tokens(&self) -> &[AwaitingTokens] {
+        &self.online.awaiting_tokens
+    }
+
+    /// Receives a withdrawal's tokens: verified like any tokens from the authority, then the
+    /// withdrawal is done.
+    pub fn receive_withdrawal<R: rand::RngCore + rand::CryptoRng>(
+        &mut self,
+        tx: &str,
+        tokens: Vec<florin_token::Token>,
+        rng: &mut R,
+    ) -> Result<u64, WalletError> {
+        let Some(pos) = self.online.awaiting_tokens.iter().position(|a| a.tx == tx) else {
+            return Ok(0);
+        };
+        let a = self.online.awaiting_tokens[pos].clone();
+        let got: u64 = tokens.iter().map(|t| t.value.cents()).sum();
+        if got != a.cents {
+            return Err(WalletError::AmountMismatch {
+                asked: a.cents,
+                got,
+            });
+        }
+        let hs = hex::decode(&a.handshake)
+            .ok()
+            .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+            .unwrap_or_default();
+        let n = self.accept_issued(tokens, &hs, rng)?;
+        self.online.awaiting_tokens.remove(pos);
+        Ok(n)
+    }
+
+    /// Highest mailbox message read.
+    pub fn mailbox_cursor(&self) -> u64 {
+        self.online.mailbox_cursor
+    }
+
+    /// Advances the mailbox cursor.
+    pub fn set_mailbox_cursor(&mut self, seq: u64) {
+        self.online.mailbox_cursor = self.online.mailbox_cursor.max(seq);
+    }
+
+    /// Opens a sealed box addressed to this wallet's key.
+    pub fn open_sealed(&self, sealed: &[u8]) -> Option<Vec<u8>> {
+        florin_crypto::sealed::open(self.signer().secret(), sealed).ok()
+    }
+
+    /// The UTXO a handoff string names.
+    pub fn handoff_utxo(h: &str) -> Option<Utxo> {
+        decode_utxo(h)
+    }
+}
