@@ -74,6 +74,18 @@ fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
         .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
 }
 
+/// Decodes hex tokens; a bad one becomes an `Err` reported back as refused.
+fn decode_hex_tokens(tokens_hex: &[String]) -> Vec<Result<Token, String>> {
+    tokens_hex
+        .iter()
+        .map(|h| {
+            hex::decode(h)
+                .map_err(|_| "token is not hex".to_string())
+                .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
+        })
+        .collect()
+}
+
 fn parse_serial(s: &str) -> Result<[u8; 8], NodeError> {
     hex::decode(s)
         .ok()
@@ -100,6 +112,16 @@ impl Authority {
             key,
             config,
         })
+    }
+
+    fn check_deposit_size(&self, n: usize) -> Result<(), NodeError> {
+        if n > self.config.max_deposit_tokens {
+            return Err(NodeError::BadRequest(format!(
+                "a deposit may carry at most {} tokens",
+                self.config.max_deposit_tokens
+            )));
+        }
+        Ok(())
     }
 
     /// The data directory.
@@ -241,20 +263,8 @@ impl Authority {
         tokens_hex: &[String],
     ) -> Result<Vec<DepositReport>, NodeError> {
         let depositor = parse_key(depositor, "depositor")?;
-        if tokens_hex.len() > self.config.max_deposit_tokens {
-            return Err(NodeError::BadRequest(format!(
-                "a deposit may carry at most {} tokens",
-                self.config.max_deposit_tokens
-            )));
-        }
-        let decoded: Vec<Result<Token, String>> = tokens_hex
-            .iter()
-            .map(|h| {
-                hex::decode(h)
-                    .map_err(|_| "token is not hex".to_string())
-                    .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
-            })
-            .collect();
+        self.check_deposit_size(tokens_hex.len())?;
+        let decoded = decode_hex_tokens(tokens_hex);
         self.deposit_tokens(&depositor, &decoded)
     }
 
@@ -280,20 +290,8 @@ impl Authority {
         tokens_hex: &[String],
     ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
         let depositor = parse_key(depositor, "depositor")?;
-        if tokens_hex.len() > self.config.max_deposit_tokens {
-            return Err(NodeError::BadRequest(format!(
-                "a deposit may carry at most {} tokens",
-                self.config.max_deposit_tokens
-            )));
-        }
-        let decoded: Vec<Result<Token, String>> = tokens_hex
-            .iter()
-            .map(|h| {
-                hex::decode(h)
-                    .map_err(|_| "token is not hex".to_string())
-                    .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
-            })
-            .collect();
+        self.check_deposit_size(tokens_hex.len())?;
+        let decoded = decode_hex_tokens(tokens_hex);
         self.deposit_mode(&depositor, &decoded, SettleMode::Redeem)
     }
 
