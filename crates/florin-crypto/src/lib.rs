@@ -21,6 +21,7 @@
 //! `ed25519-dalek`'s `verify` versus `verify_batch` on crafted mixed-order signatures.
 
 mod address;
+pub mod codec;
 mod hash;
 mod keys;
 pub mod sealed;

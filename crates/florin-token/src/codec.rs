@@ -33,69 +33,17 @@ pub enum DecodeError {
     Invalid(&'static str),
 }
 
-pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
-}
+pub(crate) use florin_crypto::codec::Reader;
 
-impl<'a> Reader<'a> {
-    pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Reader { buf }
-    }
-
-    pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        if self.buf.len() < n {
-            return Err(DecodeError::Truncated {
-                what,
-                needed: n - self.buf.len(),
-            });
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-
-    pub(crate) fn array<const N: usize>(
-        &mut self,
-        what: &'static str,
-    ) -> Result<[u8; N], DecodeError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N, what)?);
-        Ok(out)
-    }
-
-    pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>(what)?[0])
-    }
-
-    pub(crate) fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.array(what)?))
-    }
-
-    pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-
-    pub(crate) fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    /// Reads the version byte and insists it is `expected`.
-    pub(crate) fn version(&mut self, expected: u8, what: &'static str) -> Result<(), DecodeError> {
-        match self.u8(what)? {
-            v if v == expected => Ok(()),
-            found => Err(DecodeError::UnknownVersion { what, found }),
-        }
-    }
-
-    pub(crate) fn remaining(&self) -> usize {
-        self.buf.len()
-    }
-
-    pub(crate) fn finish(self) -> Result<(), DecodeError> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(DecodeError::TrailingBytes(self.buf.len()))
+impl From<florin_crypto::codec::DecodeError> for DecodeError {
+    fn from(e: florin_crypto::codec::DecodeError) -> Self {
+        use florin_crypto::codec::DecodeError as C;
+        match e {
+            C::Truncated { what, needed } => DecodeError::Truncated { what, needed },
+            C::TrailingBytes(n) => DecodeError::TrailingBytes(n),
+            C::UnknownVersion { what, found } => DecodeError::UnknownVersion { what, found },
+            C::Invalid(what) => DecodeError::Invalid(what),
+            _ => DecodeError::Invalid("encoding"),
         }
     }
 }
