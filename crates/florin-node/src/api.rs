@@ -157,6 +157,20 @@ pub struct SubmitTx {
     pub tx: String,
 }
 
+/// `POST /v1/ledger/batch` (JSON form).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitBatch {
+    /// The transactions (hex of their canonical encodings), at most 4,096.
+    pub txs: Vec<String>,
+}
+
+/// The answer to a batch: one status per transaction, in the order given.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SubmitBatchAnswer {
+    /// Statuses.
+    pub results: Vec<LedgerTxStatus>,
+}
+
 /// A ledger transaction's status.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LedgerTxStatus {

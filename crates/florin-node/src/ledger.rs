@@ -1,11 +1,14 @@
 //! The ledger service: sentinel validation and the swap engine behind one queue.
 //!
-//! Submissions go to a single engine thread that drains everything waiting (up to
-//! [`MAX_BATCH`]), validates it as one signature batch spread over all cores, applies the valid
-//! transactions with one `swap` — one durable commit for the whole batch (group commit) — and
-//! answers each submitter. "Confirmed" is only ever reported after that commit returned.
+//! A two-stage pipeline. Validator threads (one per core) take whatever submissions are waiting
+//! and check each group as one signature batch (sentinel validation); the committer thread
+//! drains everything validated, applies the valid transactions with one `swap` — one durable
+//! commit for the whole group (group commit) — and answers each submitter. Validation keeps
+//! running while the committer waits on the disk. "Confirmed" is only ever reported after that
+//! commit returned.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
@@ -50,6 +53,8 @@ pub struct Ledger {
     store: Arc<dyn SwapStore>,
     issuer: Arc<dyn Signer>,
     jobs: Mutex<mpsc::Sender<Job>>,
+    /// Submissions not yet taken by a validator.
+    queued: Arc<AtomicUsize>,
     recent: Arc<Mutex<HashMap<Digest, TxStatus>>>,
 }
 
@@ -61,14 +66,29 @@ impl Ledger {
         let engine_store = store.clone();
         let engine_recent = recent.clone();
         let issuer_key = issuer.public_key();
+        let (validated_tx, validated_rx) = mpsc::channel::<Validated>();
+        let rx = Arc::new(Mutex::new(rx));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        for i in 0..threads {
+            let (rx, out, queued) = (rx.clone(), validated_tx.clone(), queued.clone());
+            std::thread::Builder::new()
+                .name(format!("florin-sentinel-{i}"))
+                .spawn(move || validator(rx, out, issuer_key, queued, threads))
+                .ok();
+        }
+        drop(validated_tx);
         std::thread::Builder::new()
             .name("florin-swap-engine".into())
-            .spawn(move || engine(rx, engine_store, issuer_key, engine_recent))
+            .spawn(move || committer(validated_rx, engine_store, engine_recent))
             .ok();
         Arc::new(Ledger {
             store,
             issuer,
             jobs: Mutex::new(tx),
+            queued,
             recent,
         })
     }
@@ -81,14 +101,39 @@ impl Ledger {
     /// Submits a transaction and waits until it is decided (and, if valid, durable).
     /// Resubmitting a transaction returns its status and changes nothing.
     pub async fn submit(&self, tx: Transaction) -> Result<(Digest, TxStatus), NodeError> {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        self.jobs
-            .lock()
-            .map_err(|_| NodeError::Storage("engine queue poisoned".into()))?
-            .send(Job { tx, reply })
-            .map_err(|_| NodeError::Storage("the swap engine stopped".into()))?;
-        rx.await
-            .map_err(|_| NodeError::Storage("the swap engine failed; see the node's log".into()))
+        let mut out = self.submit_many(vec![tx]).await?;
+        out.pop()
+            .ok_or_else(|| NodeError::Storage("the swap engine answered nothing".into()))
+    }
+
+    /// Submits several transactions at once (they are validated and committed as the engine
+    /// batches them, not atomically together) and waits until every one is decided. Answers
+    /// come in the order given.
+    pub async fn submit_many(
+        &self,
+        txs: Vec<Transaction>,
+    ) -> Result<Vec<(Digest, TxStatus)>, NodeError> {
+        let mut waits = Vec::with_capacity(txs.len());
+        {
+            let jobs = self
+                .jobs
+                .lock()
+                .map_err(|_| NodeError::Storage("engine queue poisoned".into()))?;
+            for tx in txs {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                self.queued.fetch_add(1, Ordering::Relaxed);
+                jobs.send(Job { tx, reply })
+                    .map_err(|_| NodeError::Storage("the swap engine stopped".into()))?;
+                waits.push(rx);
+            }
+        }
+        let mut out = Vec::with_capacity(waits.len());
+        for rx in waits {
+            out.push(rx.await.map_err(|_| {
+                NodeError::Storage("the swap engine failed; see the node's log".into())
+            })?);
+        }
+        Ok(out)
     }
 
     /// A transaction's status: confirmed from the store, else what the engine decided
@@ -163,28 +208,70 @@ impl Ledger {
     }
 }
 
-fn engine(
-    rx: mpsc::Receiver<Job>,
-    store: Arc<dyn SwapStore>,
+/// Most transactions one validator takes from the queue at a time.
+const VALIDATE_BATCH: usize = 256;
+/// A validator takes at least this many when they are waiting (batch verification pays off).
+const VALIDATE_MIN: usize = 16;
+
+/// Validated jobs on their way to the committer.
+type Validated = (Vec<Job>, Vec<Result<CompactTx, ValidationError>>);
+
+/// Validator threads: each takes its share of what is waiting (between [`VALIDATE_MIN`] and
+/// [`VALIDATE_BATCH`], so that every core gets work) and validates it as one signature batch.
+/// Validation runs on every core while the committer waits on the disk.
+fn validator(
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    out: mpsc::Sender<Validated>,
     issuer: PublicKey,
+    queued: Arc<AtomicUsize>,
+    threads: usize,
+) {
+    loop {
+        let jobs = {
+            let Ok(rx) = rx.lock() else { return };
+            let Ok(first) = rx.recv() else { return };
+            let share =
+                (queued.load(Ordering::Relaxed) / threads).clamp(VALIDATE_MIN, VALIDATE_BATCH);
+            let mut jobs = vec![first];
+            while jobs.len() < share {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+            queued.fetch_sub(jobs.len(), Ordering::Relaxed);
+            jobs
+        };
+        let txs: Vec<&Transaction> = jobs.iter().map(|j| &j.tx).collect();
+        let verdicts = validate_many(&txs, &issuer, &mut OsRng);
+        if out.send((jobs, verdicts)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The committer: drains everything validated (up to [`MAX_BATCH`] transactions), applies it
+/// with one `swap` — one durable commit — and only then answers the submitters.
+fn committer(
+    rx: mpsc::Receiver<Validated>,
+    store: Arc<dyn SwapStore>,
     recent: Arc<Mutex<HashMap<Digest, TxStatus>>>,
 ) {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
     while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
+        let mut batch = vec![first];
+        let mut n = batch[0].0.len();
+        while n < MAX_BATCH {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
+                Ok(b) => {
+                    n += b.0.len();
+                    batch.push(b);
+                }
                 Err(_) => break,
             }
         }
-        let txs: Vec<&Transaction> = jobs.iter().map(|j| &j.tx).collect();
-        let verdicts = validate_parallel(&txs, &issuer, threads);
-        let valid: Vec<CompactTx> = verdicts
+        let valid: Vec<CompactTx> = batch
             .iter()
-            .filter_map(|v| v.as_ref().ok().cloned())
+            .flat_map(|(_, verdicts)| verdicts.iter().filter_map(|v| v.as_ref().ok().cloned()))
             .collect();
         let outcomes = match store.swap(&valid) {
             Ok(o) => o,
@@ -195,64 +282,38 @@ fn engine(
             }
         };
         let mut outcomes = outcomes.into_iter();
-        let mut decided = Vec::with_capacity(jobs.len());
-        for (job, verdict) in jobs.into_iter().zip(verdicts) {
-            let (txid, status) = match verdict {
-                Err(e) => (job.tx.txid(), TxStatus::StaticInvalid(e.to_string())),
-                Ok(c) => (
-                    c.txid,
-                    match outcomes.next() {
-                        Some(SwapOutcome::Confirmed) | Some(SwapOutcome::AlreadyApplied) => {
-                            TxStatus::Confirmed
-                        }
-                        Some(SwapOutcome::MissingInput) => {
-                            TxStatus::StateInvalid("an input is spent or does not exist".into())
-                        }
-                        None => TxStatus::Pending,
-                    },
-                ),
-            };
-            decided.push((txid, status.clone()));
-            let _ = job.reply.send((txid, status));
+        let mut decided = Vec::with_capacity(n);
+        for (jobs, verdicts) in batch {
+            for (job, verdict) in jobs.into_iter().zip(verdicts) {
+                let (txid, status) = match verdict {
+                    Err(e) => (job.tx.txid(), TxStatus::StaticInvalid(e.to_string())),
+                    Ok(c) => (
+                        c.txid,
+                        match outcomes.next() {
+                            Some(SwapOutcome::Confirmed) | Some(SwapOutcome::AlreadyApplied) => {
+                                TxStatus::Confirmed
+                            }
+                            Some(SwapOutcome::MissingInput) => {
+                                TxStatus::StateInvalid("an input is spent or does not exist".into())
+                            }
+                            None => TxStatus::Pending,
+                        },
+                    ),
+                };
+                if status != TxStatus::Confirmed {
+                    decided.push((txid, status.clone()));
+                }
+                let _ = job.reply.send((txid, status));
+            }
+        }
+        if decided.is_empty() {
+            continue;
         }
         if let Ok(mut r) = recent.lock() {
             if r.len() > RECENT_LIMIT {
                 r.clear();
             }
-            for (txid, s) in decided {
-                if s != TxStatus::Confirmed {
-                    r.insert(txid, s);
-                }
-            }
+            r.extend(decided);
         }
     }
-}
-
-/// Sentinel validation of `txs`, split into chunks over `threads` threads.
-fn validate_parallel(
-    txs: &[&Transaction],
-    issuer: &PublicKey,
-    threads: usize,
-) -> Vec<Result<CompactTx, ValidationError>> {
-    if txs.len() < 512 || threads < 2 {
-        return validate_many(txs, issuer, &mut OsRng);
-    }
-    let chunk = txs.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let hs: Vec<_> = txs
-            .chunks(chunk)
-            .map(|c| {
-                (
-                    c.len(),
-                    s.spawn(move || validate_many(c, issuer, &mut OsRng)),
-                )
-            })
-            .collect();
-        hs.into_iter()
-            .flat_map(|(n, h)| {
-                h.join()
-                    .unwrap_or_else(|_| vec![Err(ValidationError::NoInputs); n])
-            })
-            .collect()
-    })
 }

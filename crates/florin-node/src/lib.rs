@@ -18,4 +18,4 @@ pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURE
 pub use error::NodeError;
 pub use keyfile::load_or_create_key;
 pub use ledger::{Ledger, TxStatus};
-pub use server::{router, serve, settle_credit, AppState};
+pub use server::{router, serve, settle_credit, AppState, MAX_SUBMIT_BATCH};

@@ -4,8 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,7 +15,7 @@ use tokio::net::TcpListener;
 use crate::api::{
     ApiError, CreditInfo, DepositRequest, DepositResponse, FaucetResponse, Health, Info,
     LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut,
-    SubmitTx, Unspent, WithdrawRequest,
+    SubmitBatch, SubmitBatchAnswer, SubmitTx, Unspent, WithdrawRequest,
 };
 use crate::authority::Authority;
 use crate::bridge::CreditIntent;
@@ -230,16 +231,105 @@ fn tx_answer(txid: &[u8; 32], status: &TxStatus) -> LedgerTxStatus {
     }
 }
 
+/// Most transactions in one batch submission.
+pub const MAX_SUBMIT_BATCH: usize = 4096;
+
+fn is_binary(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/octet-stream"))
+}
+
+fn decode_tx(bytes: &[u8]) -> Result<florin_ledger::Transaction, NodeError> {
+    florin_ledger::Transaction::decode(bytes)
+        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))
+}
+
+fn decode_hex_tx(hex_tx: &str) -> Result<florin_ledger::Transaction, NodeError> {
+    let bytes = hex::decode(hex_tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
+    decode_tx(&bytes)
+}
+
+/// One transaction: JSON `{"tx": hex}`, or its canonical bytes as `application/octet-stream`.
 async fn submit_tx(
     State(st): State<AppState>,
-    Json(req): Json<SubmitTx>,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Json<LedgerTxStatus>, NodeError> {
     let ledger = st.ledger()?;
-    let bytes = hex::decode(&req.tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
-    let tx = florin_ledger::Transaction::decode(&bytes)
-        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))?;
+    let tx = if is_binary(&headers) {
+        decode_tx(&body)?
+    } else {
+        let req: SubmitTx = serde_json::from_slice(&body)
+            .map_err(|e| NodeError::BadRequest(format!("bad JSON: {e}")))?;
+        decode_hex_tx(&req.tx)?
+    };
     let (txid, status) = ledger.submit(tx).await?;
     Ok(Json(tx_answer(&txid, &status)))
+}
+
+/// Splits a binary batch: frames of a little-endian `u32` length and that many bytes.
+fn split_frames(mut body: &[u8]) -> Result<Vec<florin_ledger::Transaction>, NodeError> {
+    let mut txs = Vec::new();
+    while !body.is_empty() {
+        if txs.len() == MAX_SUBMIT_BATCH {
+            return Err(NodeError::BadRequest(format!(
+                "more than {MAX_SUBMIT_BATCH} transactions in one batch"
+            )));
+        }
+        let (len, rest) = body
+            .split_first_chunk::<4>()
+            .ok_or_else(|| NodeError::BadRequest("truncated frame length".into()))?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(NodeError::BadRequest(format!(
+                "frame {} claims {len} bytes, {} remain",
+                txs.len(),
+                rest.len()
+            )));
+        }
+        txs.push(decode_tx(&rest[..len]).map_err(|e| {
+            NodeError::BadRequest(format!("transaction {} in the batch: {e}", txs.len()))
+        })?);
+        body = &rest[len..];
+    }
+    Ok(txs)
+}
+
+/// Many transactions in one request (a payment service provider forwarding its users'):
+/// JSON `{"txs": [hex, ...]}` or length-prefixed frames as `application/octet-stream`. All are
+/// decoded before any is submitted: one malformed transaction refuses the whole request.
+async fn submit_batch(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<SubmitBatchAnswer>, NodeError> {
+    let ledger = st.ledger()?;
+    let txs = if is_binary(&headers) {
+        split_frames(&body)?
+    } else {
+        let req: SubmitBatch = serde_json::from_slice(&body)
+            .map_err(|e| NodeError::BadRequest(format!("bad JSON: {e}")))?;
+        if req.txs.len() > MAX_SUBMIT_BATCH {
+            return Err(NodeError::BadRequest(format!(
+                "more than {MAX_SUBMIT_BATCH} transactions in one batch"
+            )));
+        }
+        req.txs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                decode_hex_tx(t).map_err(|e| {
+                    NodeError::BadRequest(format!("transaction {i} in the batch: {e}"))
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let answers = ledger.submit_many(txs).await?;
+    Ok(Json(SubmitBatchAnswer {
+        results: answers.iter().map(|(t, s)| tx_answer(t, s)).collect(),
+    }))
 }
 
 async fn tx_status(
@@ -343,6 +433,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/fraud", get(fraud))
         .route("/v1/tokens/{serial}", get(token))
         .route("/v1/ledger/transactions", post(submit_tx))
+        .route("/v1/ledger/batch", post(submit_batch))
         .route("/v1/ledger/transactions/{txid}", get(tx_status))
         .route("/v1/ledger/unspent/{id}", get(unspent))
         .route("/v1/ledger/supply", get(supply))

@@ -204,3 +204,140 @@ fn submit_status_unspent_and_idempotency() {
     let _ = stop.send(());
     rt.block_on(server).unwrap().unwrap();
 }
+
+fn http_bytes(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> (u16, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut req = format!(
+        "POST {path} HTTP/1.0\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    s.write_all(&req).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code: u16 = out[9..12].parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn frames(txs: &[&Transaction]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for t in txs {
+        let b = t.encode();
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+#[test]
+fn binary_and_batch_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
+    let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
+    let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
+    let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let state = AppState {
+        authority: Arc::new(authority),
+        ledger: Some(ledger),
+    };
+    let server = rt.spawn(florin_node::serve(listener, state, async {
+        let _ = rx.await;
+    }));
+    let (alice, bob) = (
+        LocalSigner::new(SecretKey::from_seed(&[1; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+    );
+    let (_, minted) = http(
+        addr,
+        "POST",
+        "/v1/ledger/faucet",
+        Some(&format!(
+            r#"{{"owner":"{}","amount_cents":38880}}"#,
+            alice.public_key()
+        )),
+    );
+    let utxos: Vec<Utxo> = minted["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
+        .collect();
+    assert!(utxos.len() >= 4, "{minted}");
+
+    // One transaction as raw bytes.
+    let t0 = pay(vec![utxos[0]], &alice, &bob, 1);
+    let (code, ans) = http_bytes(addr, "/v1/ledger/transactions", &t0.encode());
+    assert_eq!(
+        (code, ans["status"].as_str()),
+        (200, Some("confirmed")),
+        "{ans}"
+    );
+
+    // A batch: a fresh payment, a replay of t0 (still confirmed, changes nothing), a double
+    // spend of t0's input and a theft; answers come in order.
+    let t1 = pay(vec![utxos[1]], &alice, &bob, 1);
+    let dbl = pay(vec![utxos[0]], &alice, &alice, utxos[0].value);
+    let theft = pay(vec![utxos[2]], &bob, &bob, utxos[2].value);
+    let (code, ans) = http_bytes(addr, "/v1/ledger/batch", &frames(&[&t1, &t0, &dbl, &theft]));
+    assert_eq!(code, 200, "{ans}");
+    let statuses: Vec<&str> = ans["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["confirmed", "confirmed", "state_invalid", "static_invalid"]
+    );
+    assert_eq!(ans["results"][0]["txid"], hex::encode(t1.txid()));
+
+    // The JSON form.
+    let t3 = pay(vec![utxos[3]], &alice, &bob, 1);
+    let body = format!(r#"{{"txs":["{}"]}}"#, hex::encode(t3.encode()));
+    let (code, ans) = http(addr, "POST", "/v1/ledger/batch", Some(&body));
+    assert_eq!(
+        (code, ans["results"][0]["status"].as_str()),
+        (200, Some("confirmed"))
+    );
+
+    // Bad batches are refused whole, before anything is submitted.
+    let spare = pay(vec![utxos[utxos.len() - 1]], &alice, &bob, 1);
+    let mut truncated = frames(&[&spare]);
+    truncated.pop();
+    for bad in [
+        truncated,
+        vec![1, 0],
+        [frames(&[&spare]), vec![3, 0, 0, 0, 1, 2, 3]].concat(),
+    ] {
+        let (code, ans) = http_bytes(addr, "/v1/ledger/batch", &bad);
+        assert_eq!(code, 400, "{ans}");
+    }
+    let (code, _) = http(addr, "POST", "/v1/ledger/batch", Some(r#"{"txs":["zz"]}"#));
+    assert_eq!(code, 400);
+    let (code, _) = http_bytes(addr, "/v1/ledger/transactions", &[1, 2, 3]);
+    assert_eq!(code, 400);
+    let too_many = frames(&vec![&spare; florin_node::MAX_SUBMIT_BATCH + 1]);
+    assert_eq!(http_bytes(addr, "/v1/ledger/batch", &too_many).0, 400);
+    // None of the refused batches spent the spare output.
+    let id = hex::encode(utxos[utxos.len() - 1].id());
+    assert_eq!(
+        http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"],
+        true
+    );
+    let _ = stop.send(());
+    rt.block_on(server).unwrap().unwrap();
+}

@@ -409,6 +409,25 @@ fn bench_ledger_quick_prints_the_contract() {
     };
     assert!(has("swap_per_s", Some("memory")) && has("swap_per_s", Some("embedded")));
     assert!(has("sentinel_tx_per_s_per_core", None) && has("sentinel_tx_per_s_all_cores", None));
+    for name in [
+        "e2e_tx_per_s",
+        "e2e_latency_ms_p50",
+        "e2e_latency_ms_p99",
+        "e2e_latency_ms_p999",
+        "e2e_vs_sentinel_ratio",
+    ] {
+        assert!(has(name, None), "{name} missing");
+    }
+    // Hamilton Fig. 7: both axes from 0 to 30 %.
+    let mix = |ds: u64, large: u64| {
+        results.iter().any(|r| {
+            r["name"] == "mix_valid_tx_per_s"
+                && r["params"]["double_spend_pct"] == ds
+                && r["params"]["large_pct"] == large
+                && r["value"].as_f64().unwrap() > 0.0
+        })
+    };
+    assert!(mix(0, 0) && mix(30, 0) && mix(0, 30));
     // Without a PostgreSQL URL the PostgreSQL store is skipped, and says so.
     assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL store skipped"));
 }

@@ -29,7 +29,7 @@ fn id(n: u64) -> UhsId {
 }
 
 /// Compact mints creating ids `0..n` (1,000 per transaction).
-fn preload_txs(n: u64) -> Vec<CompactTx> {
+pub(super) fn preload_txs(n: u64) -> Vec<CompactTx> {
     (0..n.div_ceil(1000))
         .map(|m| CompactTx {
             txid: hash("florin/bench/mint", &[&m.to_le_bytes()]),
@@ -147,11 +147,13 @@ pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<(
         }
     }
 
-    sentinel(rec, if scale.tokens <= 2_000 { 4_000 } else { 20_000 })
+    let bound = sentinel(rec, if scale.tokens <= 2_000 { 4_000 } else { 20_000 })?;
+    drop((mem, emb, dir));
+    super::ledger_e2e::run(rec, scale, &pre, preload, bound)
 }
 
 /// Sentinel validation of real signed 2-in/2-out transfers, each input owned by its own key.
-fn sentinel(rec: &mut Recorder, n: usize) -> Result<()> {
+fn sentinel(rec: &mut Recorder, n: usize) -> Result<f64> {
     let issuer = LocalSigner::new(SecretKey::generate(&mut OsRng));
     let owners: Vec<LocalSigner> = (0..2 * n)
         .map(|_| LocalSigner::new(SecretKey::generate(&mut OsRng)))
@@ -251,5 +253,5 @@ fn sentinel(rec: &mut Recorder, n: usize) -> Result<()> {
         None,
         None,
     );
-    Ok(())
+    Ok(all[1])
 }

@@ -2,6 +2,7 @@
 //! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
 
 mod ledger;
+mod ledger_e2e;
 mod libsodium;
 mod offline;
 
