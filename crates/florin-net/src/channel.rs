@@ -1,0 +1,398 @@
+//! The channel: Noise (`XX`, X25519, ChaCha20-Poly1305 or AES-256-GCM) over TCP, with each side's
+//! Noise key bound to its Florin identity (an Ed25519 key) by a signature carried inside the
+//! handshake.
+//!
+//! TCP gives reliability, ordering and congestion control; Noise gives confidentiality, integrity
+//! and mutual authentication. A peer's identity is its wallet key, as in IPv8: the side that
+//! dials may name the key it expects and the handshake fails with [`NetError::WrongPeer`] if the
+//! other side holds another.
+//!
+//! Messages of any size up to [`MAX_MESSAGE`] are carried as a plaintext stream (`u32` length,
+//! then the bytes) cut into Noise transport messages of at most 65,535 bytes, each sent as a
+//! `u16` length and the ciphertext.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use florin_crypto::{hash, verify, PublicKey, Signature, Signer};
+use thiserror::Error;
+
+/// The Noise protocol used by default.
+pub const NOISE_CHACHA: &str = "Noise_XX_25519_ChaChaPoly_BLAKE2s";
+/// The same handshake with AES-256-GCM (faster where the CPU has AES instructions).
+pub const NOISE_AESGCM: &str = "Noise_XX_25519_AESGCM_SHA256";
+/// Largest message.
+pub const MAX_MESSAGE: usize = 256 << 20;
+/// Largest Noise message on the wire.
+const NOISE_MAX: usize = 65_535;
+/// Authentication tag per Noise message.
+const TAG: usize = 16;
+/// Plaintext per Noise message.
+const CHUNK: usize = NOISE_MAX - TAG;
+/// Identity proof: Ed25519 key and its signature over the Noise static key.
+const PROOF_LEN: usize = 96;
+/// Domain of the identity proof.
+const BIND_DOMAIN: &str = "florin/net/noise-static/v1";
+
+/// Why the channel failed.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum NetError {
+    /// The socket failed or timed out.
+    #[error("network: {0}")]
+    Io(#[from] std::io::Error),
+    /// The Noise handshake or a transport message failed (tampered, or not a Florin peer).
+    #[error("secure channel: {0}")]
+    Noise(String),
+    /// The peer proved another key than the one asked for.
+    #[error("the peer is {got}, not the requested {expected}")]
+    WrongPeer {
+        /// The key asked for.
+        expected: PublicKey,
+        /// The key the peer proved.
+        got: PublicKey,
+    },
+    /// The peer's identity proof is malformed or its signature is wrong.
+    #[error("the peer's identity proof is invalid")]
+    BadIdentity,
+    /// A message over [`MAX_MESSAGE`].
+    #[error("message of {0} bytes is over the limit")]
+    TooLarge(usize),
+    /// The peer closed the connection.
+    #[error("the peer closed the connection")]
+    Closed,
+    /// The peer broke the payment protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+fn noise_err(e: snow::Error) -> NetError {
+    NetError::Noise(e.to_string())
+}
+
+/// Options of a channel.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// The Noise protocol name ([`NOISE_CHACHA`] or [`NOISE_AESGCM`]).
+    pub noise: &'static str,
+    /// Longest wait for any read (and for connecting).
+    pub timeout: Duration,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            noise: NOISE_CHACHA,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// An authenticated, encrypted link to one peer.
+pub struct Channel {
+    stream: TcpStream,
+    noise: snow::TransportState,
+    peer: PublicKey,
+    /// Plaintext waiting to be encrypted.
+    out: Vec<u8>,
+    /// Decrypted plaintext not yet consumed, from `inp_pos`.
+    inp: Vec<u8>,
+    inp_pos: usize,
+    wire: Vec<u8>,
+}
+
+fn identity_proof(signer: &dyn Signer, noise_static: &[u8]) -> Result<Vec<u8>, NetError> {
+    let digest = hash(BIND_DOMAIN, &[noise_static]);
+    let sig = signer
+        .sign(&digest)
+        .map_err(|e| NetError::Noise(format!("cannot sign the identity proof: {e}")))?;
+    let mut p = signer.public_key().0.to_vec();
+    p.extend_from_slice(&sig.0);
+    Ok(p)
+}
+
+fn check_identity(proof: &[u8], noise_static: Option<&[u8]>) -> Result<PublicKey, NetError> {
+    let noise_static = noise_static.ok_or(NetError::BadIdentity)?;
+    if proof.len() != PROOF_LEN {
+        return Err(NetError::BadIdentity);
+    }
+    let key = PublicKey(proof[..32].try_into().map_err(|_| NetError::BadIdentity)?);
+    let sig = Signature(proof[32..].try_into().map_err(|_| NetError::BadIdentity)?);
+    verify(&key, &hash(BIND_DOMAIN, &[noise_static]), &sig).map_err(|_| NetError::BadIdentity)?;
+    Ok(key)
+}
+
+fn send_frame(stream: &mut TcpStream, msg: &[u8]) -> Result<(), NetError> {
+    let mut b = Vec::with_capacity(2 + msg.len());
+    b.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    b.extend_from_slice(msg);
+    stream.write_all(&b)?;
+    Ok(())
+}
+
+fn recv_frame(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), NetError> {
+    let mut len = [0u8; 2];
+    read_exact_or_closed(stream, &mut len)?;
+    buf.resize(u16::from_be_bytes(len) as usize, 0);
+    read_exact_or_closed(stream, buf)
+}
+
+fn read_exact_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), NetError> {
+    stream.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            NetError::Closed
+        } else {
+            NetError::Io(e)
+        }
+    })
+}
+
+fn prepare(stream: &TcpStream, cfg: &ChannelConfig) -> Result<(), NetError> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(cfg.timeout))?;
+    stream.set_write_timeout(Some(cfg.timeout))?;
+    Ok(())
+}
+
+fn builder(cfg: &ChannelConfig) -> Result<(snow::Builder<'static>, snow::Keypair), NetError> {
+    let params: snow::params::NoiseParams = cfg.noise.parse().map_err(noise_err)?;
+    let kp = snow::Builder::new(params.clone())
+        .generate_keypair()
+        .map_err(noise_err)?;
+    Ok((snow::Builder::new(params), kp))
+}
+
+/// Dials `addr` and runs the handshake as initiator. With `expected`, refuses a peer holding
+/// another key.
+pub fn connect(
+    addr: impl ToSocketAddrs,
+    signer: &dyn Signer,
+    expected: Option<PublicKey>,
+    cfg: &ChannelConfig,
+) -> Result<Channel, NetError> {
+    let addr = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| NetError::Protocol("no address to dial".into()))?;
+    let mut stream = TcpStream::connect_timeout(&addr, cfg.timeout)?;
+    prepare(&stream, cfg)?;
+    let (b, kp) = builder(cfg)?;
+    let mut hs = b
+        .local_private_key(&kp.private)
+        .map_err(noise_err)?
+        .build_initiator()
+        .map_err(noise_err)?;
+    let mut msg = vec![0u8; NOISE_MAX];
+    let mut buf = Vec::new();
+    // -> e
+    let n = hs.write_message(&[], &mut msg).map_err(noise_err)?;
+    send_frame(&mut stream, &msg[..n])?;
+    // <- e, ee, s, es, responder's identity proof
+    recv_frame(&mut stream, &mut buf)?;
+    let mut payload = vec![0u8; NOISE_MAX];
+    let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
+    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
+    if let Some(expected) = expected {
+        if expected != peer {
+            return Err(NetError::WrongPeer {
+                expected,
+                got: peer,
+            });
+        }
+    }
+    // -> s, se, our identity proof
+    let proof = identity_proof(signer, &kp.public)?;
+    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
+    send_frame(&mut stream, &msg[..n])?;
+    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    Ok(Channel::new(stream, noise, peer))
+}
+
+/// A listening socket that accepts channels.
+pub struct Listener {
+    inner: TcpListener,
+    cfg: ChannelConfig,
+}
+
+impl Listener {
+    /// Listens on `addr`.
+    pub fn bind(addr: impl ToSocketAddrs, cfg: ChannelConfig) -> Result<Listener, NetError> {
+        Ok(Listener {
+            inner: TcpListener::bind(addr)?,
+            cfg,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr, NetError> {
+        Ok(self.inner.local_addr()?)
+    }
+
+    /// Waits for the next peer and runs the handshake as responder. A failed handshake is an
+    /// error for that connection only; the listener stays usable.
+    pub fn accept(&self, signer: &dyn Signer) -> Result<Channel, NetError> {
+        let (stream, _) = self.inner.accept()?;
+        accept_on(stream, signer, &self.cfg)
+    }
+}
+
+/// Runs the responder's handshake on an accepted connection.
+pub fn accept_on(
+    mut stream: TcpStream,
+    signer: &dyn Signer,
+    cfg: &ChannelConfig,
+) -> Result<Channel, NetError> {
+    prepare(&stream, cfg)?;
+    let (b, kp) = builder(cfg)?;
+    let mut hs = b
+        .local_private_key(&kp.private)
+        .map_err(noise_err)?
+        .build_responder()
+        .map_err(noise_err)?;
+    let mut msg = vec![0u8; NOISE_MAX];
+    let mut buf = Vec::new();
+    let mut payload = vec![0u8; NOISE_MAX];
+    // <- e
+    recv_frame(&mut stream, &mut buf)?;
+    hs.read_message(&buf, &mut payload).map_err(noise_err)?;
+    // -> e, ee, s, es, our identity proof
+    let proof = identity_proof(signer, &kp.public)?;
+    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
+    send_frame(&mut stream, &msg[..n])?;
+    // <- s, se, initiator's identity proof
+    recv_frame(&mut stream, &mut buf)?;
+    let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
+    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
+    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    Ok(Channel::new(stream, noise, peer))
+}
+
+impl Channel {
+    fn new(stream: TcpStream, noise: snow::TransportState, peer: PublicKey) -> Channel {
+        Channel {
+            stream,
+            noise,
+            peer,
+            out: Vec::with_capacity(CHUNK),
+            inp: Vec::new(),
+            inp_pos: 0,
+            wire: vec![0u8; 2 + NOISE_MAX],
+        }
+    }
+
+    /// The peer's proven identity.
+    pub fn peer(&self) -> PublicKey {
+        self.peer
+    }
+
+    /// The peer's socket address.
+    pub fn peer_addr(&self) -> Result<SocketAddr, NetError> {
+        Ok(self.stream.peer_addr()?)
+    }
+
+    /// Sets the longest wait for a read.
+    pub fn set_timeout(&self, t: Duration) -> Result<(), NetError> {
+        self.stream.set_read_timeout(Some(t))?;
+        Ok(())
+    }
+
+    fn seal_out(&mut self) -> Result<(), NetError> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let n = self
+            .noise
+            .write_message(&self.out, &mut self.wire[2..])
+            .map_err(noise_err)?;
+        self.wire[..2].copy_from_slice(&(n as u16).to_be_bytes());
+        self.stream.write_all(&self.wire[..2 + n])?;
+        self.out.clear();
+        Ok(())
+    }
+
+    fn write_plain(&mut self, mut data: &[u8]) -> Result<(), NetError> {
+        while !data.is_empty() {
+            let take = (CHUNK - self.out.len()).min(data.len());
+            self.out.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if self.out.len() == CHUNK {
+                self.seal_out()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one message.
+    pub fn send(&mut self, msg: &[u8]) -> Result<(), NetError> {
+        self.send_with_progress(msg, |_, _| {})
+    }
+
+    /// Sends one message, reporting (bytes sent, total) after each encrypted chunk.
+    pub fn send_with_progress(
+        &mut self,
+        msg: &[u8],
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<(), NetError> {
+        if msg.len() > MAX_MESSAGE {
+            return Err(NetError::TooLarge(msg.len()));
+        }
+        self.write_plain(&(msg.len() as u32).to_le_bytes())?;
+        for (i, part) in msg.chunks(CHUNK).enumerate() {
+            self.write_plain(part)?;
+            progress((i * CHUNK + part.len()).min(msg.len()), msg.len());
+        }
+        self.seal_out()?;
+        self.stream.flush()?;
+        Ok(())
+    }
+
+    fn fill(&mut self) -> Result<(), NetError> {
+        let mut len = [0u8; 2];
+        read_exact_or_closed(&mut self.stream, &mut len)?;
+        let len = u16::from_be_bytes(len) as usize;
+        if len <= TAG {
+            return Err(NetError::Noise("empty transport message".into()));
+        }
+        read_exact_or_closed(&mut self.stream, &mut self.wire[..len])?;
+        if self.inp_pos == self.inp.len() {
+            self.inp.clear();
+            self.inp_pos = 0;
+        }
+        let at = self.inp.len();
+        self.inp.resize(at + len - TAG, 0);
+        let n = self
+            .noise
+            .read_message(&self.wire[..len], &mut self.inp[at..])
+            .map_err(noise_err)?;
+        self.inp.truncate(at + n);
+        Ok(())
+    }
+
+    fn read_plain(&mut self, out: &mut [u8]) -> Result<(), NetError> {
+        let mut done = 0;
+        while done < out.len() {
+            if self.inp_pos == self.inp.len() {
+                self.fill()?;
+            }
+            let take = (self.inp.len() - self.inp_pos).min(out.len() - done);
+            out[done..done + take].copy_from_slice(&self.inp[self.inp_pos..self.inp_pos + take]);
+            self.inp_pos += take;
+            done += take;
+        }
+        Ok(())
+    }
+
+    /// Receives one message (at most `limit` bytes).
+    pub fn recv(&mut self, limit: usize) -> Result<Vec<u8>, NetError> {
+        let mut len = [0u8; 4];
+        self.read_plain(&mut len)?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len > limit.min(MAX_MESSAGE) {
+            return Err(NetError::TooLarge(len));
+        }
+        let mut msg = vec![0u8; len];
+        self.read_plain(&mut msg)?;
+        Ok(msg)
+    }
+}

@@ -1,0 +1,108 @@
+//! Finding nearby wallets: a listening wallet announces its key and port by UDP multicast on the
+//! local network (group 239.255.70.77, port 7477) once a second; a payer collects announcements
+//! for a moment and dials the one whose key it wants. Announcements are not trusted: the channel
+//! handshake proves the key, so a false announcement can only waste a connection attempt.
+//! Direct addressing (`--peer HOST:PORT`) needs no discovery.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use florin_crypto::PublicKey;
+use socket2::{Domain, Protocol, Socket, Type};
+
+use crate::channel::NetError;
+
+/// The multicast group.
+pub const GROUP: Ipv4Addr = Ipv4Addr::new(239, 255, 70, 77);
+/// The discovery port.
+pub const PORT: u16 = 7477;
+const MAGIC: &[u8; 8] = b"FLORINP1";
+
+fn announcement(key: &PublicKey, port: u16) -> Vec<u8> {
+    [&MAGIC[..], &key.0, &port.to_le_bytes()].concat()
+}
+
+fn parse(b: &[u8]) -> Option<(PublicKey, u16)> {
+    if b.len() != 42 || &b[..8] != MAGIC {
+        return None;
+    }
+    let key = PublicKey(b[8..40].try_into().ok()?);
+    Some((key, u16::from_le_bytes([b[40], b[41]])))
+}
+
+/// Announces until dropped.
+pub struct Announcer {
+    stop: Arc<AtomicBool>,
+}
+
+impl Announcer {
+    /// Starts announcing `key` listening on `port` (at `to`, by default the multicast group).
+    pub fn start(key: PublicKey, port: u16, to: Option<SocketAddr>) -> Result<Announcer, NetError> {
+        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        sock.set_multicast_loop_v4(true)?;
+        sock.set_multicast_ttl_v4(1)?;
+        let to = to.unwrap_or(SocketAddr::V4(SocketAddrV4::new(GROUP, PORT)));
+        let msg = announcement(&key, port);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("florin-announce".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    // A network without multicast makes this fail; direct addressing still works.
+                    let _ = sock.send_to(&msg, to);
+                    for _ in 0..10 {
+                        if flag.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            })?;
+        Ok(Announcer { stop })
+    }
+}
+
+impl Drop for Announcer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Listens for announcements for up to `wait` (returning early once `want` is seen) and
+/// returns each key heard with the address to dial.
+pub fn discover(
+    wait: Duration,
+    want: Option<PublicKey>,
+) -> Result<Vec<(PublicKey, SocketAddr)>, NetError> {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, PORT)).into())?;
+    s.join_multicast_v4(&GROUP, &Ipv4Addr::UNSPECIFIED)?;
+    let sock: UdpSocket = s.into();
+    let deadline = Instant::now() + wait;
+    let mut found: Vec<(PublicKey, SocketAddr)> = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        sock.set_read_timeout(Some(left.min(Duration::from_millis(200))))?;
+        let Ok((n, from)) = sock.recv_from(&mut buf) else {
+            continue;
+        };
+        if let Some((key, port)) = parse(&buf[..n]) {
+            let addr = SocketAddr::new(from.ip(), port);
+            if !found.iter().any(|(k, _)| *k == key) {
+                found.push((key, addr));
+            }
+            if want == Some(key) {
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
