@@ -20,16 +20,28 @@ pub const GROUP: Ipv4Addr = Ipv4Addr::new(239, 255, 70, 77);
 pub const PORT: u16 = 7477;
 const MAGIC: &[u8; 8] = b"FLORINP1";
 
-fn announcement(key: &PublicKey, port: u16) -> Vec<u8> {
-    [&MAGIC[..], &key.0, &port.to_le_bytes()].concat()
+/// Key, the listening address (0.0.0.0: "the address this announcement came from") and port.
+fn announcement(key: &PublicKey, at: SocketAddr) -> Vec<u8> {
+    let ip = match at.ip() {
+        std::net::IpAddr::V4(v4) => v4,
+        std::net::IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    };
+    [&MAGIC[..], &key.0, &ip.octets(), &at.port().to_le_bytes()].concat()
 }
 
-fn parse(b: &[u8]) -> Option<(PublicKey, u16)> {
-    if b.len() != 42 || &b[..8] != MAGIC {
+fn parse(b: &[u8], from: SocketAddr) -> Option<(PublicKey, SocketAddr)> {
+    if b.len() != 46 || &b[..8] != MAGIC {
         return None;
     }
     let key = PublicKey(b[8..40].try_into().ok()?);
-    Some((key, u16::from_le_bytes([b[40], b[41]])))
+    let ip = Ipv4Addr::new(b[40], b[41], b[42], b[43]);
+    let port = u16::from_le_bytes([b[44], b[45]]);
+    let host = if ip.is_unspecified() {
+        from.ip()
+    } else {
+        ip.into()
+    };
+    Some((key, SocketAddr::new(host, port)))
 }
 
 /// Announces until dropped.
@@ -38,13 +50,18 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    /// Starts announcing `key` listening on `port` (at `to`, by default the multicast group).
-    pub fn start(key: PublicKey, port: u16, to: Option<SocketAddr>) -> Result<Announcer, NetError> {
+    /// Starts announcing `key` listening at `listening` (sent to `to`, by default the multicast
+    /// group). A listener on 0.0.0.0 is announced as "dial the address this came from".
+    pub fn start(
+        key: PublicKey,
+        listening: SocketAddr,
+        to: Option<SocketAddr>,
+    ) -> Result<Announcer, NetError> {
         let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
         sock.set_multicast_loop_v4(true)?;
         sock.set_multicast_ttl_v4(1)?;
         let to = to.unwrap_or(SocketAddr::V4(SocketAddrV4::new(GROUP, PORT)));
-        let msg = announcement(&key, port);
+        let msg = announcement(&key, listening);
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         std::thread::Builder::new()
@@ -94,8 +111,7 @@ pub fn discover(
         let Ok((n, from)) = sock.recv_from(&mut buf) else {
             continue;
         };
-        if let Some((key, port)) = parse(&buf[..n]) {
-            let addr = SocketAddr::new(from.ip(), port);
+        if let Some((key, addr)) = parse(&buf[..n], from) {
             if !found.iter().any(|(k, _)| *k == key) {
                 found.push((key, addr));
             }

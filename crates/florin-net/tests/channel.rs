@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
-use florin_net::channel::{accept_on, NOISE_AESGCM};
+use florin_net::channel::{accept_on, NOISE_CHACHA};
 use florin_net::{connect, ChannelConfig, Listener, Msg, NetError};
 
 fn key(i: u8) -> LocalSigner {
@@ -18,7 +18,7 @@ fn messages_of_every_size_both_ways_and_identities_proven() {
     for noise in [
         ChannelConfig::default(),
         ChannelConfig {
-            noise: NOISE_AESGCM,
+            noise: NOISE_CHACHA,
             ..Default::default()
         },
     ] {

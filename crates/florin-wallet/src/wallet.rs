@@ -129,6 +129,30 @@ struct SentPayment {
     handshake: String,
     payee: PublicKey,
     payment: String,
+    /// Sent over a device channel: a receipt is expected.
+    #[serde(default)]
+    via_peer: bool,
+    /// Amount, for the balance of undelivered payments.
+    #[serde(default)]
+    amount_cents: u64,
+    /// The payee's receipt came back.
+    #[serde(default)]
+    delivered: bool,
+}
+
+/// A payment this wallet accepted: a retried delivery of it is acknowledged, not counted again.
+#[derive(Serialize, Deserialize, Clone)]
+struct ReceivedPayment {
+    handshake: String,
+    digest: String,
+    amount_cents: u64,
+}
+
+fn payment_digest(p: &Payment) -> String {
+    hex::encode(florin_crypto::hash(
+        "florin/wallet/received/v1",
+        &[&p.encode()],
+    ))
 }
 
 /// Tokens signed over to the authority whose deposit has not been answered yet.
@@ -156,6 +180,8 @@ struct WalletFile {
     seen_proofs: Vec<String>,
     sent: Vec<SentPayment>,
     pending_deposit: Option<PendingDeposit>,
+    #[serde(default)]
+    received: Vec<ReceivedPayment>,
     #[serde(default)]
     online: crate::online::OnlinePurse,
 }
@@ -190,6 +216,9 @@ pub struct Balance {
     pub online_cents: u64,
     /// Paid to the reserve, tokens not yet received.
     pub withdrawing_cents: u64,
+    /// Paid over a device channel, the payee's receipt not yet received (no longer this
+    /// wallet's money; not in the total).
+    pub undelivered_cents: u64,
     /// All money the wallet holds.
     pub total_cents: u64,
 }
@@ -251,6 +280,7 @@ pub struct Wallet {
     requests: Vec<IssuedRequest>,
     seen: HashSet<Signature>,
     sent: Vec<SentPayment>,
+    received: Vec<ReceivedPayment>,
     pending: Option<PendingDeposit>,
     pub(crate) online: crate::online::OnlinePurse,
 }
@@ -291,6 +321,7 @@ impl Wallet {
             requests: Vec::new(),
             seen: HashSet::new(),
             sent: Vec::new(),
+            received: Vec::new(),
             pending: None,
             online: Default::default(),
         }
@@ -301,7 +332,8 @@ impl Wallet {
         self.signer.public_key()
     }
 
-    pub(crate) fn signer(&self) -> &LocalSigner {
+    /// The wallet's signer (also its identity on device channels).
+    pub fn signer(&self) -> &LocalSigner {
         &self.signer
     }
 
@@ -348,6 +380,12 @@ impl Wallet {
             pending_deposit_cents,
             online_cents: self.online_cents(),
             withdrawing_cents: self.online.awaiting_tokens.iter().map(|a| a.cents).sum(),
+            undelivered_cents: self
+                .sent
+                .iter()
+                .filter(|s| s.via_peer && !s.delivered)
+                .map(|s| s.amount_cents)
+                .sum(),
             total_cents: verified_cents
                 + offline_cents
                 + pending_deposit_cents
@@ -529,6 +567,9 @@ impl Wallet {
             handshake: hs,
             payee: req.payee,
             payment: hex::encode(payment.encode()),
+            via_peer: false,
+            amount_cents: payment.amount_cents(),
+            delivered: false,
         });
         Ok(payment)
     }
@@ -567,7 +608,76 @@ impl Wallet {
             self.tokens.push((t.clone(), TokenState::Offline));
         }
         self.requests.remove(ri);
+        self.received.push(ReceivedPayment {
+            handshake: hs,
+            digest: payment_digest(payment),
+            amount_cents: got,
+        });
         Ok(got)
+    }
+
+    /// Accepts a payment delivered over a device channel: like [`Wallet::accept`], except that
+    /// a payment this wallet has already accepted (a retried delivery whose receipt was lost)
+    /// returns its value again with `false` and changes nothing. Returns (value, newly accepted).
+    pub fn accept_once<R: RngCore + CryptoRng>(
+        &mut self,
+        payment: &Payment,
+        rng: &mut R,
+    ) -> Result<(u64, bool), WalletError> {
+        let hs = hex::encode(payment.handshake);
+        if let Some(r) = self.received.iter().find(|r| r.handshake == hs) {
+            if r.digest == payment_digest(payment) && payment.payee == self.public_key() {
+                return Ok((r.amount_cents, false));
+            }
+            return Err(WalletError::UnknownRequest);
+        }
+        self.accept(payment, rng).map(|v| (v, true))
+    }
+
+    /// Pays a request received over a device channel: like [`Wallet::pay`], and the payment is
+    /// remembered as undelivered until [`Wallet::mark_delivered`].
+    pub fn pay_to_peer(&mut self, req: &PaymentRequest) -> Result<Payment, WalletError> {
+        let p = self.pay(req)?;
+        let hs = hex::encode(req.handshake);
+        if let Some(s) = self
+            .sent
+            .iter_mut()
+            .find(|s| s.handshake == hs && s.payee == req.payee)
+        {
+            if !s.delivered {
+                s.via_peer = true;
+            }
+        }
+        Ok(p)
+    }
+
+    /// Channel payments to `payee` whose receipt has not come back, oldest first.
+    pub fn undelivered(&self, payee: &PublicKey) -> Vec<Payment> {
+        self.sent
+            .iter()
+            .filter(|s| s.via_peer && !s.delivered && s.payee == *payee)
+            .filter_map(|s| {
+                hex::decode(&s.payment)
+                    .ok()
+                    .and_then(|b| Payment::decode(&b).ok())
+            })
+            .collect()
+    }
+
+    /// Records the payee's receipt for the payment answering `handshake`.
+    pub fn mark_delivered(&mut self, payee: &PublicKey, handshake: &Handshake) -> bool {
+        let hs = hex::encode(handshake);
+        match self
+            .sent
+            .iter_mut()
+            .find(|s| s.handshake == hs && s.payee == *payee)
+        {
+            Some(s) => {
+                s.delivered = true;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Starts (or resumes) a deposit of every offline token: signs each over to the authority,
@@ -769,6 +879,7 @@ impl Wallet {
             seen_proofs: self.seen.iter().map(|s| hex::encode(s.0)).collect(),
             sent: self.sent.clone(),
             pending_deposit: self.pending.clone(),
+            received: self.received.clone(),
             online: self.online.clone(),
         };
         serde_json::to_vec_pretty(&file).unwrap_or_default()
@@ -805,6 +916,7 @@ impl Wallet {
             requests: f.requests,
             seen,
             sent: f.sent,
+            received: f.received,
             pending: f.pending_deposit,
             online: f.online,
         })

@@ -4,6 +4,7 @@ mod bench;
 mod client;
 mod devnet;
 mod fraud_cmd;
+mod offline_cmd;
 mod util;
 mod wallet_cmd;
 

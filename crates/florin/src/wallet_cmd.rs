@@ -9,14 +9,14 @@ use florin_crypto::PublicKey;
 use florin_ledger::Utxo;
 use florin_node::api::{DepositRequest, LedgerFaucet, WithdrawRequest};
 use florin_token::amount::{format_cents, parse_euros};
-use florin_token::{FraudProof, Payment, PaymentRequest, Token};
+use florin_token::{FraudProof, Token};
 use florin_wallet::online::{decode_handoff, encode_handoff};
 use florin_wallet::{DepositItem, FileStore, Wallet, WalletStore};
 use rand::rngs::OsRng;
 use serde_json::json;
 
 use crate::client::{runtime, NodeClient};
-use crate::util::{print_json, read, write_atomic};
+use crate::util::print_json;
 
 /// Options of `florin wallet`.
 #[derive(Args)]
@@ -76,10 +76,10 @@ enum WalletCommand {
         #[arg(allow_hyphen_values = true)]
         amount: String,
     },
-    /// Offline payments: files stand in for NFC, QR codes or Bluetooth.
+    /// Offline payments: by file, QR code, or a device-to-device channel.
     Offline {
         #[command(subcommand)]
-        command: OfflineCommand,
+        command: crate::offline_cmd::OfflineCommand,
     },
     /// Send tokens received offline to the authority: verified, then credited back to the
     /// ledger (default) or re-anchored to this wallet as fresh tokens (`--reanchor`).
@@ -90,39 +90,16 @@ enum WalletCommand {
     },
 }
 
-#[derive(Subcommand)]
-enum OfflineCommand {
-    /// Payee: write a payment request (amount, this wallet's key, a fresh nonce).
-    Request {
-        /// Amount in euros.
-        #[arg(allow_hyphen_values = true)]
-        amount: String,
-        /// Where to write the request.
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Payer: pay a request with exact change and write the payment.
-    Pay {
-        /// The request file.
-        request: PathBuf,
-        /// Where to write the payment.
-        #[arg(long)]
-        out: PathBuf,
-    },
-    /// Payee: verify a payment and keep its tokens.
-    Accept {
-        /// The payment file.
-        payment: PathBuf,
-    },
-}
-
 /// Runs a wallet command.
 pub fn run(args: WalletArgs) -> Result<ExitCode> {
     let store = FileStore::new(&args.wallet);
     let json = args.json;
     // One command at a time per wallet: two concurrent payments must never spend the same
     // tokens. Held until the command ends.
-    let _lock = store.lock()?;
+    let _lock = match &args.command {
+        WalletCommand::Offline { command } if crate::offline_cmd::locks_itself(command) => None,
+        _ => Some(store.lock()?),
+    };
     match args.command {
         WalletCommand::New {
             authority,
@@ -297,84 +274,13 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
                 println!("withdrew €{} into tokens", format_cents(got));
             }
         }
-        WalletCommand::Offline { command } => return offline(command, &store, &args.node, json),
+        WalletCommand::Offline { command } => {
+            let node = args.node.clone();
+            return crate::offline_cmd::run(command, &store, json, &move |w| {
+                ensure_authority(w, &node)
+            });
+        }
         WalletCommand::Deposit { reanchor } => return deposit(&store, &args.node, json, !reanchor),
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-fn offline(cmd: OfflineCommand, store: &FileStore, node: &str, json: bool) -> Result<ExitCode> {
-    match cmd {
-        OfflineCommand::Request { amount, out } => {
-            let cents = parse_euros(&amount)?;
-            if cents == 0 {
-                bail!("the amount must be positive");
-            }
-            let mut w = store.load()?;
-            let req = w.request(cents, &mut OsRng)?;
-            store.save(&w)?;
-            write_atomic(&out, &req.encode())?;
-            if json {
-                print_json(&json!({
-                    "request": out.display().to_string(),
-                    "amount_cents": cents,
-                    "payee": req.payee.to_address(),
-                    "handshake": hex::encode(req.handshake),
-                }));
-            } else {
-                println!(
-                    "request for €{} written to {}",
-                    format_cents(cents),
-                    out.display()
-                );
-            }
-        }
-        OfflineCommand::Pay { request, out } => {
-            let req = PaymentRequest::decode(&read(&request)?)
-                .with_context(|| format!("{} is not a payment request", request.display()))?;
-            let mut w = store.load()?;
-            let payment = w.pay(&req)?;
-            // The wallet is saved before the payment leaves it, so a crash never signs twice.
-            store.save(&w)?;
-            write_atomic(&out, &payment.encode())?;
-            if json {
-                print_json(&json!({
-                    "payment": out.display().to_string(),
-                    "amount_cents": payment.amount_cents(),
-                    "tokens": payment.tokens.len(),
-                    "payee": payment.payee.to_address(),
-                }));
-            } else {
-                println!(
-                    "paid €{} with {} tokens to {}; payment written to {}",
-                    format_cents(payment.amount_cents()),
-                    payment.tokens.len(),
-                    payment.payee,
-                    out.display()
-                );
-            }
-        }
-        OfflineCommand::Accept { payment } => {
-            let p = Payment::decode(&read(&payment)?)
-                .with_context(|| format!("{} is not a valid payment", payment.display()))?;
-            let mut w = store.load()?;
-            if w.authority().is_none() {
-                ensure_authority(&mut w, node)?;
-            }
-            let got = w.accept(&p, &mut OsRng)?;
-            store.save(&w)?;
-            if json {
-                print_json(
-                    &json!({ "accepted_cents": got, "tokens": p.tokens.len(), "total_cents": w.balance().total_cents }),
-                );
-            } else {
-                println!(
-                    "accepted €{} in {} tokens",
-                    format_cents(got),
-                    p.tokens.len()
-                );
-            }
-        }
     }
     Ok(ExitCode::SUCCESS)
 }

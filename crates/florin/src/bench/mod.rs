@@ -5,6 +5,7 @@ mod ledger;
 mod ledger_e2e;
 mod libsodium;
 mod offline;
+mod transfer;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -43,6 +44,8 @@ enum Suite {
     Offline,
     /// Online ledger: swap stores side by side, sentinel validation (Hamilton section 6).
     Ledger,
+    /// Device-to-device transfer: raw UDP, TCP, the Florin channel, tokens end to end.
+    Transfer,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -165,6 +168,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Ledger => {
             ledger::run(&mut rec, scale, args.postgres.as_deref())?;
             "ledger"
+        }
+        Suite::Transfer => {
+            transfer::run(&mut rec, scale)?;
+            "transfer"
         }
     };
     if args.json {

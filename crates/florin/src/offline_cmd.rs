@@ -1,0 +1,565 @@
+//! `florin wallet offline …`: offline payments by file, QR code, or a device-to-device channel.
+
+use std::io::IsTerminal;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use florin_crypto::PublicKey;
+use florin_net::discovery::{discover, Announcer};
+use florin_net::qr::{self, Kind};
+use florin_net::{connect, payment_digest, ChannelConfig, Listener, Msg, NetError, Receipt};
+use florin_token::amount::{format_cents, parse_euros};
+use florin_token::{Payment, PaymentRequest};
+use florin_wallet::{FileStore, Wallet, WalletStore};
+use rand::rngs::OsRng;
+use serde_json::json;
+
+use crate::util::{print_json, read, write_atomic};
+
+/// Offline payment commands.
+#[derive(Subcommand)]
+pub enum OfflineCommand {
+    /// Payee: issue a payment request (amount, this wallet's key, a fresh nonce) as a file
+    /// and/or a QR code.
+    Request {
+        /// Amount in euros.
+        #[arg(allow_hyphen_values = true)]
+        amount: String,
+        /// Write the request to this file.
+        #[arg(long, required_unless_present = "qr")]
+        out: Option<PathBuf>,
+        /// Write the request as a QR code (PNG).
+        #[arg(long)]
+        qr: Option<PathBuf>,
+    },
+    /// Payer: pay with exact change. Either a request (file, or a photo of its QR code) written
+    /// out as a payment file and/or QR codes, or `--peer` and an amount over a device channel.
+    Pay {
+        /// The request file or image; with `--peer`, the amount in euros.
+        #[arg(allow_hyphen_values = true)]
+        what: String,
+        /// Write the payment to this file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Write the payment as QR codes: FILE.png for one part; FILE-1.png … and FILE.gif for
+        /// several.
+        #[arg(long)]
+        qr: Option<PathBuf>,
+        /// Pay a listening wallet: HOST:PORT, its address (found on the local network), or
+        /// ADDRESS@HOST:PORT.
+        #[arg(long)]
+        peer: Option<String>,
+        /// How long to look for the peer on the local network, in seconds.
+        #[arg(long, default_value = "5")]
+        discover_secs: u64,
+    },
+    /// Payee: verify a payment and keep its tokens (from a file, or from QR images in any
+    /// order: PNGs and/or an animated GIF).
+    Accept {
+        /// The payment file.
+        #[arg(required_unless_present = "qr")]
+        payment: Option<PathBuf>,
+        /// QR images of the payment.
+        #[arg(long, num_args = 1..)]
+        qr: Vec<PathBuf>,
+    },
+    /// Payee: accept payments over the device channel until interrupted (or `--count`).
+    Listen {
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0:7475")]
+        listen: SocketAddr,
+        /// Stop after this many payments received.
+        #[arg(long)]
+        count: Option<usize>,
+        /// Do not announce this wallet on the local network.
+        #[arg(long)]
+        no_announce: bool,
+    },
+    /// List wallets announcing themselves on the local network.
+    Peers {
+        /// How long to listen, in seconds.
+        #[arg(long, default_value = "3")]
+        wait_secs: u64,
+    },
+}
+
+/// Whether the command works without the wallet lock held throughout (it locks per payment).
+pub fn locks_itself(cmd: &OfflineCommand) -> bool {
+    matches!(
+        cmd,
+        OfflineCommand::Listen { .. } | OfflineCommand::Peers { .. }
+    )
+}
+
+/// Runs an offline command. `authority` learns the authority when the wallet knows none.
+pub fn run(
+    cmd: OfflineCommand,
+    store: &FileStore,
+    json: bool,
+    authority: &dyn Fn(&mut Wallet) -> Result<()>,
+) -> Result<ExitCode> {
+    match cmd {
+        OfflineCommand::Request { amount, out, qr } => {
+            let cents = positive(&amount)?;
+            let mut w = store.load()?;
+            let req = w.request(cents, &mut OsRng)?;
+            store.save(&w)?;
+            let bytes = req.encode();
+            if let Some(out) = &out {
+                write_atomic(out, &bytes)?;
+            }
+            let images = match &qr {
+                Some(q) => write_qr(q, Kind::Request, &bytes)?,
+                None => vec![],
+            };
+            if json {
+                print_json(&json!({
+                    "request": out.map(|o| o.display().to_string()),
+                    "qr": images,
+                    "amount_cents": cents,
+                    "payee": req.payee.to_address(),
+                    "handshake": hex::encode(req.handshake),
+                }));
+            } else {
+                println!("request for €{} from {}", format_cents(cents), req.payee);
+                for f in out.iter().map(|o| o.display().to_string()).chain(images) {
+                    println!("  written to {f}");
+                }
+            }
+        }
+        OfflineCommand::Pay {
+            what,
+            out,
+            qr,
+            peer: Some(peer),
+            discover_secs,
+        } => {
+            if out.is_some() || qr.is_some() {
+                bail!("--peer delivers the payment itself: drop --out and --qr");
+            }
+            return pay_peer(store, json, &peer, &what, discover_secs);
+        }
+        OfflineCommand::Pay { what, out, qr, .. } => {
+            if out.is_none() && qr.is_none() {
+                bail!("say where the payment goes: --out FILE, --qr FILE.png, or --peer");
+            }
+            let path = PathBuf::from(&what);
+            let bytes = read(&path)?;
+            let req_bytes = if is_image(&bytes) {
+                let (kind, msg) = qr::join(&qr::read_image(&bytes)?)?;
+                if kind != Kind::Request {
+                    bail!("{what} shows a payment, not a request");
+                }
+                msg
+            } else {
+                bytes
+            };
+            let req = PaymentRequest::decode(&req_bytes)
+                .with_context(|| format!("{what} is not a payment request"))?;
+            let mut w = store.load()?;
+            let payment = w.pay(&req)?;
+            // The wallet is saved before the payment leaves it, so a crash never signs twice.
+            store.save(&w)?;
+            let pb = payment.encode();
+            if let Some(out) = &out {
+                write_atomic(out, &pb)?;
+            }
+            let images = match &qr {
+                Some(q) => write_qr(q, Kind::Payment, &pb)?,
+                None => vec![],
+            };
+            if json {
+                print_json(&json!({
+                    "payment": out.map(|o| o.display().to_string()),
+                    "qr": images,
+                    "amount_cents": payment.amount_cents(),
+                    "tokens": payment.tokens.len(),
+                    "payee": payment.payee.to_address(),
+                }));
+            } else {
+                println!(
+                    "paid €{} with {} tokens to {}",
+                    format_cents(payment.amount_cents()),
+                    payment.tokens.len(),
+                    payment.payee,
+                );
+                for f in out.iter().map(|o| o.display().to_string()).chain(images) {
+                    println!("  written to {f}");
+                }
+            }
+        }
+        OfflineCommand::Accept { payment, qr } => {
+            let bytes = match payment {
+                Some(p) => {
+                    let b = read(&p)?;
+                    if is_image(&b) {
+                        payment_from_images(&[p])?
+                    } else {
+                        b
+                    }
+                }
+                None => payment_from_images(&qr)?,
+            };
+            let p = Payment::decode(&bytes).context("not a valid payment")?;
+            let mut w = store.load()?;
+            if w.authority().is_none() {
+                authority(&mut w)?;
+            }
+            let got = w.accept(&p, &mut OsRng)?;
+            store.save(&w)?;
+            if json {
+                print_json(
+                    &json!({ "accepted_cents": got, "tokens": p.tokens.len(), "total_cents": w.balance().total_cents }),
+                );
+            } else {
+                println!(
+                    "accepted €{} in {} tokens",
+                    format_cents(got),
+                    p.tokens.len()
+                );
+            }
+        }
+        OfflineCommand::Listen {
+            listen,
+            count,
+            no_announce,
+        } => return listen_loop(store, json, listen, count, no_announce, authority),
+        OfflineCommand::Peers { wait_secs } => {
+            let found = discover(Duration::from_secs(wait_secs), None)?;
+            if json {
+                print_json(
+                    &json!({ "peers": found.iter().map(|(k, a)| json!({ "address": k.to_address(), "at": a.to_string() })).collect::<Vec<_>>() }),
+                );
+            } else if found.is_empty() {
+                println!("no wallets announced themselves in {wait_secs} s");
+            } else {
+                for (k, a) in found {
+                    println!("{k}  {a}");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn positive(amount: &str) -> Result<u64> {
+    let cents = parse_euros(amount)?;
+    if cents == 0 {
+        bail!("the amount must be positive");
+    }
+    Ok(cents)
+}
+
+fn is_image(b: &[u8]) -> bool {
+    b.starts_with(b"\x89PNG") || b.starts_with(b"GIF8")
+}
+
+fn payment_from_images(files: &[PathBuf]) -> Result<Vec<u8>> {
+    let mut parts = Vec::new();
+    for f in files {
+        parts.extend(qr::read_image(&read(f)?).with_context(|| f.display().to_string())?);
+    }
+    let (kind, msg) = qr::join(&parts)?;
+    if kind != Kind::Payment {
+        bail!("the codes show a payment request, not a payment");
+    }
+    Ok(msg)
+}
+
+/// Writes QR images: `path` itself for one part; `stem-1.png` … and `stem.gif` for several.
+fn write_qr(path: &Path, kind: Kind, msg: &[u8]) -> Result<Vec<String>> {
+    let pngs = qr::to_pngs(kind, msg)?;
+    if pngs.len() == 1 {
+        write_atomic(path, &pngs[0])?;
+        return Ok(vec![path.display().to_string()]);
+    }
+    let stem = path.with_extension("");
+    let mut written = Vec::new();
+    for (i, png) in pngs.iter().enumerate() {
+        let p = PathBuf::from(format!("{}-{}.png", stem.display(), i + 1));
+        write_atomic(&p, png)?;
+        written.push(p.display().to_string());
+    }
+    let gif = stem.with_extension("gif");
+    write_atomic(&gif, &qr::to_gif(kind, msg)?)?;
+    written.push(gif.display().to_string());
+    Ok(written)
+}
+
+/// `ADDRESS`, `HOST:PORT` or `ADDRESS@HOST:PORT` → where to dial and which key to insist on.
+fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)> {
+    if let Some((key, at)) = peer.split_once('@') {
+        let key = PublicKey::parse(key).context("the key before @ is not a Florin address")?;
+        let addr = at
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| anyhow!("cannot resolve {at}"))?;
+        return Ok((addr, Some(key)));
+    }
+    if let Ok(key) = PublicKey::parse(peer) {
+        let found = discover(wait, Some(key))?;
+        let (_, addr) = found.into_iter().find(|(k, _)| *k == key).ok_or_else(|| {
+            anyhow!(
+                "{key} did not announce itself on the local network within {} s; \
+                 pass --peer {key}@HOST:PORT",
+                wait.as_secs()
+            )
+        })?;
+        return Ok((addr, Some(key)));
+    }
+    let addr = peer
+        .to_socket_addrs()
+        .with_context(|| format!("{peer} is neither an address nor HOST:PORT"))?
+        .next()
+        .ok_or_else(|| anyhow!("cannot resolve {peer}"))?;
+    Ok((addr, None))
+}
+
+fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
+    let show = std::io::stderr().is_terminal();
+    let mut last = 0usize;
+    move |done, total| {
+        if !show || total < (1 << 20) {
+            return;
+        }
+        let pct = done * 100 / total.max(1);
+        if pct != last || done == total {
+            last = pct;
+            let bar = "#".repeat(pct / 4);
+            eprint!(
+                "\r{label} [{bar:<25}] {pct:>3}% {:.1}/{:.1} MB",
+                done as f64 / 1e6,
+                total as f64 / 1e6
+            );
+            if done == total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+/// Delivers `p` and waits for the matching receipt.
+fn deliver(ch: &mut florin_net::Channel, p: &Payment) -> Result<Receipt> {
+    ch.send_msg(&Msg::Deliver(p.clone()), progress_bar("sending"))?;
+    match ch.recv_msg()? {
+        Msg::Receipt(r) => {
+            if r.handshake != p.handshake
+                || r.amount_cents != p.amount_cents()
+                || r.payment != payment_digest(p)
+            {
+                bail!("the payee's receipt does not match the payment sent");
+            }
+            Ok(r)
+        }
+        Msg::Refused(why) => bail!("the payee refused the payment: {why}"),
+        other => bail!("unexpected answer from the payee: {other:?}"),
+    }
+}
+
+fn lost(e: anyhow::Error) -> anyhow::Error {
+    e.context(
+        "the payment is signed and kept as undelivered: run the same command again to finish \
+         it (it is delivered once, never paid twice)",
+    )
+}
+
+fn pay_peer(
+    store: &FileStore,
+    json: bool,
+    peer: &str,
+    amount: &str,
+    discover_secs: u64,
+) -> Result<ExitCode> {
+    let cents = positive(amount)?;
+    let (addr, expected) = resolve(peer, Duration::from_secs(discover_secs))?;
+    let mut w = store.load()?;
+    let cfg = ChannelConfig::default();
+    let mut ch = connect(addr, w.signer(), expected, &cfg)
+        .with_context(|| format!("cannot open a secure channel to {addr}"))?;
+    let payee = ch.peer();
+    // Finish earlier payments to this payee whose receipt never came back.
+    let mut resumed = Vec::new();
+    for p in w.undelivered(&payee) {
+        deliver(&mut ch, &p).map_err(lost)?;
+        w.mark_delivered(&payee, &p.handshake);
+        store.save(&w)?;
+        resumed.push(p.amount_cents());
+    }
+    // A retry of the same command finishes the interrupted payment instead of paying again.
+    let (paid, tokens) = if resumed.contains(&cents) {
+        (0, 0)
+    } else {
+        ch.send_msg(
+            &Msg::Ask {
+                amount_cents: cents,
+            },
+            |_, _| {},
+        )?;
+        let req = match ch.recv_msg()? {
+            Msg::Request(r) => r,
+            Msg::Refused(why) => bail!("the payee refused: {why}"),
+            other => bail!("unexpected answer from the payee: {other:?}"),
+        };
+        if req.payee != payee {
+            return Err(NetError::WrongPeer {
+                expected: payee,
+                got: req.payee,
+            }
+            .into());
+        }
+        if req.amount_cents != cents {
+            bail!(
+                "the payee asked for €{} instead of €{}",
+                format_cents(req.amount_cents),
+                format_cents(cents)
+            );
+        }
+        let payment = w.pay_to_peer(&req)?;
+        // Saved before the payment leaves: a crash never signs twice.
+        store.save(&w)?;
+        deliver(&mut ch, &payment).map_err(lost)?;
+        w.mark_delivered(&payee, &payment.handshake);
+        store.save(&w)?;
+        (payment.amount_cents(), payment.tokens.len())
+    };
+    if json {
+        print_json(&json!({
+            "payee": payee.to_address(),
+            "amount_cents": paid,
+            "tokens": tokens,
+            "resumed_cents": resumed,
+            "delivered": true,
+        }));
+    } else {
+        for r in &resumed {
+            println!(
+                "finished an interrupted payment of €{} to {payee}",
+                format_cents(*r)
+            );
+        }
+        if paid > 0 {
+            println!(
+                "paid €{} with {tokens} tokens to {payee}; receipt received",
+                format_cents(paid)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn event(json: bool, v: serde_json::Value, text: String) {
+    if json {
+        println!("{}", serde_json::to_string(&v).unwrap_or_default());
+    } else {
+        println!("{text}");
+    }
+}
+
+fn listen_loop(
+    store: &FileStore,
+    json: bool,
+    addr: SocketAddr,
+    count: Option<usize>,
+    no_announce: bool,
+    authority: &dyn Fn(&mut Wallet) -> Result<()>,
+) -> Result<ExitCode> {
+    let (signer, key) = {
+        let _l = store.lock()?;
+        let mut w = store.load()?;
+        if w.authority().is_none() {
+            authority(&mut w)?;
+            store.save(&w)?;
+        }
+        (w.signer().clone(), w.public_key())
+    };
+    let listener = Listener::bind(addr, ChannelConfig::default())
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let at = listener.local_addr()?;
+    let _announce = if no_announce {
+        None
+    } else {
+        Announcer::start(key, at, None).ok()
+    };
+    event(
+        json,
+        json!({ "event": "listening", "at": at.to_string(), "address": key.to_address() }),
+        format!("listening on {at} as {key}"),
+    );
+    let mut received = 0usize;
+    while count.is_none_or(|c| received < c) {
+        let mut ch = match listener.accept(&signer) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("refused a connection: {e}");
+                continue;
+            }
+        };
+        let from = ch.peer();
+        loop {
+            let msg = match ch.recv_msg() {
+                Ok(m) => m,
+                Err(NetError::Closed) => break,
+                Err(e) => {
+                    eprintln!("connection from {from} ended: {e}");
+                    break;
+                }
+            };
+            let answer = match msg {
+                Msg::Ask { amount_cents } => {
+                    let _l = store.lock()?;
+                    let mut w = store.load()?;
+                    match w.request(amount_cents, &mut OsRng) {
+                        Ok(req) => {
+                            store.save(&w)?;
+                            Msg::Request(req)
+                        }
+                        Err(e) => Msg::Refused(e.to_string()),
+                    }
+                }
+                Msg::Deliver(p) => {
+                    let _l = store.lock()?;
+                    let mut w = store.load()?;
+                    match w.accept_once(&p, &mut OsRng) {
+                        Ok((v, new)) => {
+                            if new {
+                                store.save(&w)?;
+                                received += 1;
+                                event(
+                                    json,
+                                    json!({ "event": "received", "amount_cents": v, "tokens": p.tokens.len(), "from": from.to_address() }),
+                                    format!(
+                                        "received €{} in {} tokens from {from}",
+                                        format_cents(v),
+                                        p.tokens.len()
+                                    ),
+                                );
+                            }
+                            Msg::Receipt(Receipt {
+                                handshake: p.handshake,
+                                amount_cents: v,
+                                payment: payment_digest(&p),
+                            })
+                        }
+                        Err(e) => {
+                            eprintln!("refused a payment from {from}: {e}");
+                            Msg::Refused(e.to_string())
+                        }
+                    }
+                }
+                other => Msg::Refused(format!(
+                    "unexpected message {:?}",
+                    std::mem::discriminant(&other)
+                )),
+            };
+            if let Err(e) = ch.send_msg(&answer, |_, _| {}) {
+                eprintln!("connection from {from} ended: {e}");
+                break;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
