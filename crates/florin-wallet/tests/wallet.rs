@@ -258,3 +258,34 @@ fn file_store_roundtrip_and_refuses_overwrite() {
     assert!(store.load().is_err());
     assert!(FileStore::new(dir.path().join("missing")).load().is_err());
 }
+
+#[test]
+fn channel_payments_are_acknowledged_once_and_survive_a_reload() {
+    let mut rng = StdRng::seed_from_u64(40);
+    let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E2]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let req = bob.request(500, &mut rng).unwrap();
+    let p = alice.pay_to_peer(&req).unwrap();
+    assert_eq!(alice.balance().undelivered_cents, 500);
+    assert_eq!(alice.undelivered(&bob.public_key()), vec![p.clone()]);
+    // The wallet file keeps the undelivered payment.
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("a.json"));
+    store.save(&alice).unwrap();
+    let mut alice = store.load().unwrap();
+    assert_eq!(alice.undelivered(&bob.public_key()), vec![p.clone()]);
+    // Delivered, the receipt lost, delivered again: counted once.
+    assert_eq!(bob.accept_once(&p, &mut rng).unwrap(), (500, true));
+    assert_eq!(bob.accept_once(&p, &mut rng).unwrap(), (500, false));
+    assert_eq!(bob.balance().offline_cents, 500);
+    // Another payment under the same handshake is refused.
+    let mut carol = funded(&mut rng, &[Denomination::E5]);
+    let forged = carol.pay(&req).unwrap();
+    assert!(matches!(
+        bob.accept_once(&forged, &mut rng),
+        Err(WalletError::UnknownRequest)
+    ));
+    assert!(alice.mark_delivered(&bob.public_key(), &p.handshake));
+    assert!(alice.undelivered(&bob.public_key()).is_empty());
+    assert_eq!(alice.balance().undelivered_cents, 0);
+}

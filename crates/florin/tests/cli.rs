@@ -433,6 +433,37 @@ fn bench_ledger_quick_prints_the_contract() {
 }
 
 #[test]
+fn bench_transfer_quick_prints_the_contract() {
+    let out = Command::new(BIN)
+        .args(["bench", "transfer", "--json", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["suite"], "transfer");
+    let results = v["results"].as_array().unwrap();
+    let get = |name: &str, layer: Option<&str>| {
+        results
+            .iter()
+            .find(|r| r["name"] == name && layer.is_none_or(|l| r["params"]["layer"] == l))
+            .unwrap_or_else(|| panic!("{name} {layer:?} missing"))["value"]
+            .as_f64()
+            .unwrap()
+    };
+    for layer in ["udp_raw", "tcp", "channel"] {
+        assert!(get("transfer_mb_per_s", Some(layer)) > 0.0);
+    }
+    assert!(get("channel_vs_tcp_ratio", None) > 0.0);
+    assert!(get("channel_vs_eva_ratio", None) > 0.0);
+    assert!(get("e2e_tokens_per_s", None) > 0.0);
+    assert_eq!(get("lost_or_duplicated_tokens", None), 0.0);
+}
+
+#[test]
 fn walkthrough_faucet_pay_sync_withdraw_offline_deposit_audit() {
     let (_dir, _net, u) = setup(&["alice", "bob", "carol"]);
     u.wallet("alice", &["faucet", "50"]);
