@@ -13,7 +13,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use florin_crypto::{hash, verify, PublicKey, Signature, Signer};
 use thiserror::Error;
@@ -133,7 +133,17 @@ fn send_frame(stream: &mut TcpStream, msg: &[u8]) -> Result<(), NetError> {
     Ok(())
 }
 
-fn recv_frame(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(), NetError> {
+fn recv_frame(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    deadline: Instant,
+) -> Result<(), NetError> {
+    // The whole handshake must finish by the deadline, however slowly the peer trickles bytes.
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(NetError::Io(std::io::ErrorKind::TimedOut.into()));
+    }
+    stream.set_read_timeout(Some(left))?;
     let mut len = [0u8; 2];
     read_exact_or_closed(stream, &mut len)?;
     buf.resize(u16::from_be_bytes(len) as usize, 0);
@@ -179,6 +189,7 @@ pub fn connect(
         .ok_or_else(|| NetError::Protocol("no address to dial".into()))?;
     let mut stream = TcpStream::connect_timeout(&addr, cfg.timeout)?;
     prepare(&stream, cfg)?;
+    let deadline = Instant::now() + cfg.timeout;
     let (b, kp) = builder(cfg)?;
     let mut hs = b
         .local_private_key(&kp.private)
@@ -191,7 +202,7 @@ pub fn connect(
     let n = hs.write_message(&[], &mut msg).map_err(noise_err)?;
     send_frame(&mut stream, &msg[..n])?;
     // <- e, ee, s, es, responder's identity proof
-    recv_frame(&mut stream, &mut buf)?;
+    recv_frame(&mut stream, &mut buf, deadline)?;
     let mut payload = vec![0u8; NOISE_MAX];
     let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
     let peer = check_identity(&payload[..n], hs.get_remote_static())?;
@@ -208,6 +219,7 @@ pub fn connect(
     let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
     send_frame(&mut stream, &msg[..n])?;
     let noise = hs.into_transport_mode().map_err(noise_err)?;
+    stream.set_read_timeout(Some(cfg.timeout))?;
     Ok(Channel::new(stream, noise, peer))
 }
 
@@ -246,6 +258,7 @@ pub fn accept_on(
     cfg: &ChannelConfig,
 ) -> Result<Channel, NetError> {
     prepare(&stream, cfg)?;
+    let deadline = Instant::now() + cfg.timeout;
     let (b, kp) = builder(cfg)?;
     let mut hs = b
         .local_private_key(&kp.private)
@@ -256,17 +269,18 @@ pub fn accept_on(
     let mut buf = Vec::new();
     let mut payload = vec![0u8; NOISE_MAX];
     // <- e
-    recv_frame(&mut stream, &mut buf)?;
+    recv_frame(&mut stream, &mut buf, deadline)?;
     hs.read_message(&buf, &mut payload).map_err(noise_err)?;
     // -> e, ee, s, es, our identity proof
     let proof = identity_proof(signer, &kp.public)?;
     let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
     send_frame(&mut stream, &msg[..n])?;
     // <- s, se, initiator's identity proof
-    recv_frame(&mut stream, &mut buf)?;
+    recv_frame(&mut stream, &mut buf, deadline)?;
     let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
     let peer = check_identity(&payload[..n], hs.get_remote_static())?;
     let noise = hs.into_transport_mode().map_err(noise_err)?;
+    stream.set_read_timeout(Some(cfg.timeout))?;
     Ok(Channel::new(stream, noise, peer))
 }
 
@@ -410,7 +424,8 @@ impl Channel {
         if len > limit.min(MAX_MESSAGE) {
             return Err(NetError::TooLarge(len));
         }
-        let mut msg = Vec::with_capacity(len);
+        // Grows as data arrives: a length claim alone allocates at most 1 MiB.
+        let mut msg = Vec::with_capacity(len.min(1 << 20));
         // Whatever is already decrypted first, then whole Noise messages straight into place
         // (a Noise message never spans two application messages).
         let buffered = (self.inp.len() - self.inp_pos).min(len);

@@ -248,18 +248,23 @@ fn decode_luma(w: usize, h: usize, luma: &[u8]) -> Result<Part, QrError> {
     if w == 0 || h == 0 || w.saturating_mul(h) > MAX_PIXELS || luma.len() < w * h {
         return Err(QrError::Image("image size out of range".into()));
     }
-    let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| luma[y * w + x]);
-    let mut found = Err(QrError::NoCode);
-    for grid in img.detect_grids() {
-        let mut bytes = Vec::new();
-        if grid.decode_to(&mut bytes).is_ok() {
-            found = parse_part(&bytes);
-            if found.is_ok() {
-                break;
+    // rqrr asserts on some crafted geometries: a panic there is an unreadable image, not a
+    // crash.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut img = rqrr::PreparedImage::prepare_from_greyscale(w, h, |x, y| luma[y * w + x]);
+        let mut found = Err(QrError::NoCode);
+        for grid in img.detect_grids() {
+            let mut bytes = Vec::new();
+            if grid.decode_to(&mut bytes).is_ok() {
+                found = parse_part(&bytes);
+                if found.is_ok() {
+                    break;
+                }
             }
         }
-    }
-    found
+        found
+    }))
+    .unwrap_or(Err(QrError::NoCode))
 }
 
 /// Reads the Florin parts in an image: one from a PNG, one per frame from a GIF.
@@ -277,10 +282,16 @@ pub fn read_image(bytes: &[u8]) -> Result<Vec<Part>, QrError> {
         {
             let (w, h) = (f.width as usize, f.height as usize);
             let luma: Vec<u8> = f.buffer.chunks(4).map(|p| p[1]).collect();
-            parts.push(decode_luma(w, h, &luma)?);
+            // A frame that does not scan is skipped; missing parts are named when joining.
+            if let Ok(p) = decode_luma(w, h, &luma) {
+                parts.push(p);
+            }
             if parts.len() > MAX_PARTS {
                 return Err(QrError::TooLarge(bytes.len()));
             }
+        }
+        if parts.is_empty() {
+            return Err(QrError::NoCode);
         }
         return Ok(parts);
     }

@@ -94,6 +94,9 @@ pub enum WalletError {
     /// A ledger transaction is already in flight.
     #[error("a ledger transaction is still in flight: run `florin wallet sync` to settle it")]
     Busy,
+    /// Too many requests issued and not yet paid.
+    #[error("{0} payment requests are open and unpaid; no more until some are paid")]
+    TooManyOpenRequests(usize),
     /// Paying oneself.
     #[error("refusing to pay this wallet's own request")]
     PayingSelf,
@@ -138,7 +141,13 @@ struct SentPayment {
     /// The payee's receipt came back.
     #[serde(default)]
     delivered: bool,
+    /// The payee refused the payment (its reason); it is not retried.
+    #[serde(default)]
+    refused: Option<String>,
 }
+
+/// Most payment requests open at once.
+pub const MAX_OPEN_REQUESTS: usize = 1_000;
 
 /// A payment this wallet accepted: a retried delivery of it is acknowledged, not counted again.
 #[derive(Serialize, Deserialize, Clone)]
@@ -472,7 +481,17 @@ impl Wallet {
         amount_cents: u64,
         rng: &mut R,
     ) -> Result<PaymentRequest, WalletError> {
-        let would_hold = self.balance().offline_cents.saturating_add(amount_cents);
+        if self.requests.len() >= MAX_OPEN_REQUESTS {
+            return Err(WalletError::TooManyOpenRequests(self.requests.len()));
+        }
+        // Open requests count against the limit: two requests issued before either is paid
+        // cannot together exceed it.
+        let open: u64 = self.requests.iter().map(|r| r.amount_cents).sum();
+        let would_hold = self
+            .balance()
+            .offline_cents
+            .saturating_add(open)
+            .saturating_add(amount_cents);
         if would_hold > self.max_offline_cents {
             return Err(WalletError::OfflineLimit {
                 limit: self.max_offline_cents,
@@ -570,6 +589,7 @@ impl Wallet {
             via_peer: false,
             amount_cents: payment.amount_cents(),
             delivered: false,
+            refused: None,
         });
         Ok(payment)
     }
@@ -655,13 +675,26 @@ impl Wallet {
     pub fn undelivered(&self, payee: &PublicKey) -> Vec<Payment> {
         self.sent
             .iter()
-            .filter(|s| s.via_peer && !s.delivered && s.payee == *payee)
+            .filter(|s| s.via_peer && !s.delivered && s.refused.is_none() && s.payee == *payee)
             .filter_map(|s| {
                 hex::decode(&s.payment)
                     .ok()
                     .and_then(|b| Payment::decode(&b).ok())
             })
             .collect()
+    }
+
+    /// Records that the payee refused the payment answering `handshake`: it is no longer
+    /// retried. The tokens stay signed to the payee (counted in `undelivered_cents`).
+    pub fn mark_refused(&mut self, payee: &PublicKey, handshake: &Handshake, reason: &str) {
+        let hs = hex::encode(handshake);
+        if let Some(s) = self
+            .sent
+            .iter_mut()
+            .find(|s| s.handshake == hs && s.payee == *payee)
+        {
+            s.refused = Some(reason.to_string());
+        }
     }
 
     /// Records the payee's receipt for the payment answering `handshake`.

@@ -289,3 +289,21 @@ fn channel_payments_are_acknowledged_once_and_survive_a_reload() {
     assert!(alice.undelivered(&bob.public_key()).is_empty());
     assert_eq!(alice.balance().undelivered_cents, 0);
 }
+
+#[test]
+fn refused_channel_payments_are_not_retried_and_open_requests_count_against_the_limit() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let mut alice = funded(&mut rng, &[Denomination::E5, Denomination::E2]);
+    let mut bob = Wallet::generate(&mut rng, Some(authority().public_key()));
+    bob.max_offline_cents = 600;
+    let req = bob.request(500, &mut rng).unwrap();
+    // A second request that together with the open one would pass the limit is refused now.
+    assert!(matches!(
+        bob.request(200, &mut rng),
+        Err(WalletError::OfflineLimit { .. })
+    ));
+    let p = alice.pay_to_peer(&req).unwrap();
+    alice.mark_refused(&bob.public_key(), &p.handshake, "limit");
+    assert!(alice.undelivered(&bob.public_key()).is_empty());
+    assert_eq!(alice.balance().undelivered_cents, 500);
+}

@@ -311,12 +311,13 @@ fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)
         })?;
         return Ok((addr, Some(key)));
     }
-    let addr = peer
-        .to_socket_addrs()
-        .with_context(|| format!("{peer} is neither an address nor HOST:PORT"))?
-        .next()
-        .ok_or_else(|| anyhow!("cannot resolve {peer}"))?;
-    Ok((addr, None))
+    if peer.to_socket_addrs().is_ok() {
+        bail!(
+            "name the payee, so that nobody else answering at {peer} can take the payment: \
+             --peer ADDRESS@{peer} (or --peer ADDRESS to find it nearby)"
+        );
+    }
+    bail!("{peer} is neither a Florin address nor ADDRESS@HOST:PORT")
 }
 
 fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
@@ -342,9 +343,12 @@ fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
     }
 }
 
-/// Delivers `p` and waits for the matching receipt.
-fn deliver(ch: &mut florin_net::Channel, p: &Payment) -> Result<Receipt> {
+/// Delivers `p` and waits for the matching receipt: `Ok(Err(reason))` when the payee refused
+/// it (final), `Err` when the connection failed (retry).
+fn deliver(ch: &mut florin_net::Channel, p: &Payment) -> Result<Result<Receipt, String>> {
     ch.send_msg(&Msg::Deliver(p.clone()), progress_bar("sending"))?;
+    // The payee verifies every token before answering: allow time for large payments.
+    ch.set_timeout(Duration::from_secs(30 + p.tokens.len() as u64 / 1_000))?;
     match ch.recv_msg()? {
         Msg::Receipt(r) => {
             if r.handshake != p.handshake
@@ -353,9 +357,9 @@ fn deliver(ch: &mut florin_net::Channel, p: &Payment) -> Result<Receipt> {
             {
                 bail!("the payee's receipt does not match the payment sent");
             }
-            Ok(r)
+            Ok(Ok(r))
         }
-        Msg::Refused(why) => bail!("the payee refused the payment: {why}"),
+        Msg::Refused(why) => Ok(Err(why)),
         other => bail!("unexpected answer from the payee: {other:?}"),
     }
 }
@@ -383,11 +387,23 @@ fn pay_peer(
     let payee = ch.peer();
     // Finish earlier payments to this payee whose receipt never came back.
     let mut resumed = Vec::new();
+    let mut refused = Vec::new();
     for p in w.undelivered(&payee) {
-        deliver(&mut ch, &p).map_err(lost)?;
-        w.mark_delivered(&payee, &p.handshake);
+        match deliver(&mut ch, &p).map_err(lost)? {
+            Ok(_) => {
+                w.mark_delivered(&payee, &p.handshake);
+                resumed.push(p.amount_cents());
+            }
+            Err(why) => {
+                eprintln!(
+                    "the payee refused an earlier payment of €{}: {why}",
+                    format_cents(p.amount_cents())
+                );
+                w.mark_refused(&payee, &p.handshake, &why);
+                refused.push(json!({ "amount_cents": p.amount_cents(), "reason": why }));
+            }
+        }
         store.save(&w)?;
-        resumed.push(p.amount_cents());
     }
     // A retry of the same command finishes the interrupted payment instead of paying again.
     let (paid, tokens) = if resumed.contains(&cents) {
@@ -421,7 +437,14 @@ fn pay_peer(
         let payment = w.pay_to_peer(&req)?;
         // Saved before the payment leaves: a crash never signs twice.
         store.save(&w)?;
-        deliver(&mut ch, &payment).map_err(lost)?;
+        if let Err(why) = deliver(&mut ch, &payment).map_err(lost)? {
+            w.mark_refused(&payee, &payment.handshake, &why);
+            store.save(&w)?;
+            bail!(
+                "the payee refused the payment: {why} (the tokens are signed to the payee; the \
+                 payment is recorded as refused and not retried)"
+            );
+        }
         w.mark_delivered(&payee, &payment.handshake);
         store.save(&w)?;
         (payment.amount_cents(), payment.tokens.len())
@@ -432,6 +455,7 @@ fn pay_peer(
             "amount_cents": paid,
             "tokens": tokens,
             "resumed_cents": resumed,
+            "refused": refused,
             "delivered": true,
         }));
     } else {
@@ -495,11 +519,26 @@ fn listen_loop(
             Ok(c) => c,
             Err(e) => {
                 eprintln!("refused a connection: {e}");
+                // A failing accept (e.g. out of file handles) must not spin.
+                std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
         let from = ch.peer();
+        // One connection may not hold the payee forever: a deadline for the whole session,
+        // at most one request and a few deliveries.
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        let (mut asks, mut messages) = (0, 0);
         loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            messages += 1;
+            if left.is_zero()
+                || messages > 8
+                || ch.set_timeout(left.min(Duration::from_secs(30))).is_err()
+            {
+                eprintln!("connection from {from} ended: session limit");
+                break;
+            }
             let msg = match ch.recv_msg() {
                 Ok(m) => m,
                 Err(NetError::Closed) => break,
@@ -509,7 +548,9 @@ fn listen_loop(
                 }
             };
             let answer = match msg {
+                Msg::Ask { .. } if asks > 0 => Msg::Refused("one request per connection".into()),
                 Msg::Ask { amount_cents } => {
+                    asks += 1;
                     let _l = store.lock()?;
                     let mut w = store.load()?;
                     match w.request(amount_cents, &mut OsRng) {

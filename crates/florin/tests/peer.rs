@@ -143,14 +143,16 @@ fn one_token_then_forty_thousand_between_two_wallet_processes() {
         .as_str()
         .unwrap()
         .to_string();
-    // By HOST:PORT; then by ADDRESS@HOST:PORT, which also insists on the key.
-    let one = ok(&payer, &["offline", "pay", "1", "--peer", &at]);
+    // HOST:PORT alone is refused: the payer must name whom it pays.
+    let anon = wallet(&payer, &["offline", "pay", "1", "--peer", &at]);
+    assert!(String::from_utf8_lossy(&anon.stderr).contains("name the payee"));
+    let keyed = format!("{payee_addr}@{at}");
+    let one = ok(&payer, &["offline", "pay", "1", "--peer", &keyed]);
     assert_eq!(
         (one["amount_cents"].as_u64(), one["tokens"].as_u64()),
         (Some(100), Some(1))
     );
     assert_eq!(l.next_event()["amount_cents"], 100);
-    let keyed = format!("{payee_addr}@{at}");
     let big = ok(&payer, &["offline", "pay", "40000", "--peer", &keyed]);
     assert_eq!(big["tokens"], 40_000);
     let ev = l.next_event();
@@ -234,7 +236,11 @@ fn a_transfer_cut_mid_way_is_finished_once_by_running_the_command_again() {
     let mut l = Listening::start(&payee, 1);
     // 6,000 two-link tokens are about 2.2 MB: cut after 1 MB.
     let (proxy, conns) = flaky_proxy(l.at, 1 << 20);
-    let at = proxy.to_string();
+    let payee_addr = ok(&payee, &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = format!("{payee_addr}@{proxy}");
     let cut = wallet(&payer, &["offline", "pay", "6000", "--peer", &at]);
     assert!(!cut.status.success());
     let err = String::from_utf8_lossy(&cut.stderr);
@@ -283,9 +289,19 @@ fn a_peer_holding_another_key_is_refused_before_anything_is_signed() {
     let mut s = TcpStream::connect(l.at).unwrap();
     s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
     drop(s);
+    let payee_addr = ok(&payee, &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     ok(
         &payer,
-        &["offline", "pay", "1", "--peer", &l.at.to_string()],
+        &[
+            "offline",
+            "pay",
+            "1",
+            "--peer",
+            &format!("{payee_addr}@{}", l.at),
+        ],
     );
     l.wait();
     assert_eq!(balance(&payee)["offline_cents"], 100);
