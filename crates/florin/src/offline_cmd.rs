@@ -311,13 +311,33 @@ fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)
         })?;
         return Ok((addr, Some(key)));
     }
-    if peer.to_socket_addrs().is_ok() {
+    let addr = peer
+        .to_socket_addrs()
+        .with_context(|| format!("{peer} is neither a Florin address nor HOST:PORT"))?
+        .next()
+        .ok_or_else(|| anyhow!("cannot resolve {peer}"))?;
+    Ok((addr, None))
+}
+
+/// With only HOST:PORT, whoever answers there proves its own key: a person at a terminal
+/// confirms it; a script must name the key.
+fn confirm_unnamed_peer(addr: SocketAddr, key: &PublicKey, cents: u64) -> Result<()> {
+    if !std::io::stdin().is_terminal() {
         bail!(
-            "name the payee, so that nobody else answering at {peer} can take the payment: \
-             --peer ADDRESS@{peer} (or --peer ADDRESS to find it nearby)"
+            "name the payee, so that nobody else answering at {addr} can take the payment: \
+             --peer {key}@{addr} if that is the payee (or --peer ADDRESS to find it nearby)"
         );
     }
-    bail!("{peer} is neither a Florin address nor ADDRESS@HOST:PORT")
+    eprint!(
+        "the wallet at {addr} is {key}\npay it €{}? [y/N] ",
+        format_cents(cents)
+    );
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    if !matches!(line.trim(), "y" | "Y" | "yes") {
+        bail!("not paid");
+    }
+    Ok(())
 }
 
 fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
@@ -385,6 +405,9 @@ fn pay_peer(
     let mut ch = connect(addr, w.signer(), expected, &cfg)
         .with_context(|| format!("cannot open a secure channel to {addr}"))?;
     let payee = ch.peer();
+    if expected.is_none() {
+        confirm_unnamed_peer(addr, &payee, cents)?;
+    }
     // Finish earlier payments to this payee whose receipt never came back.
     let mut resumed = Vec::new();
     let mut refused = Vec::new();

@@ -143,7 +143,8 @@ fn one_token_then_forty_thousand_between_two_wallet_processes() {
         .as_str()
         .unwrap()
         .to_string();
-    // HOST:PORT alone is refused: the payer must name whom it pays.
+    // HOST:PORT alone is refused in a script (no terminal to confirm the key on): the payer
+    // must name whom it pays.
     let anon = wallet(&payer, &["offline", "pay", "1", "--peer", &at]);
     assert!(String::from_utf8_lossy(&anon.stderr).contains("name the payee"));
     let keyed = format!("{payee_addr}@{at}");
