@@ -26,6 +26,56 @@ fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<&str>
     (code, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
+/// A node serving the API on loopback: authority, ledger on the embedded store.
+struct TestNode {
+    addr: std::net::SocketAddr,
+    rt: tokio::runtime::Runtime,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestNode {
+    fn start() -> TestNode {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
+        let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
+        let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
+        let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let state = AppState {
+            authority: Arc::new(authority),
+            ledger: Some(ledger),
+        };
+        let server = rt.spawn(florin_node::serve(listener, state, async {
+            let _ = rx.await;
+        }));
+        TestNode {
+            addr,
+            rt,
+            stop,
+            server,
+            _dir: dir,
+        }
+    }
+
+    /// Stops the server and checks it ended cleanly.
+    fn stop(self) {
+        let _ = self.stop.send(());
+        self.rt.block_on(self.server).unwrap().unwrap();
+    }
+}
+
 fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) -> Transaction {
     let total: u64 = inputs.iter().map(|u| u.value).sum();
     let mut outputs = vec![Output {
@@ -58,29 +108,8 @@ fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) ->
 
 #[test]
 fn submit_status_unspent_and_idempotency() {
-    let dir = tempfile::tempdir().unwrap();
-    let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
-    let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
-    let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
-    let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let state = AppState {
-        authority: Arc::new(authority),
-        ledger: Some(ledger),
-    };
-    let server = rt.spawn(florin_node::serve(listener, state, async {
-        let _ = rx.await;
-    }));
+    let node = TestNode::start();
+    let addr = node.addr;
 
     let (alice, bob) = (
         LocalSigner::new(SecretKey::from_seed(&[1; 32])),
@@ -201,8 +230,7 @@ fn submit_status_unspent_and_idempotency() {
     let s = http(addr, "GET", "/v1/ledger/supply", None).1;
     assert_eq!(s["minted_cents"], 1250);
     assert_eq!(s["unspent_cents"], 1250);
-    let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    node.stop();
 }
 
 fn http_bytes(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> (u16, Value) {
@@ -233,29 +261,8 @@ fn frames(txs: &[&Transaction]) -> Vec<u8> {
 
 #[test]
 fn binary_and_batch_submission() {
-    let dir = tempfile::tempdir().unwrap();
-    let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
-    let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
-    let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
-    let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let state = AppState {
-        authority: Arc::new(authority),
-        ledger: Some(ledger),
-    };
-    let server = rt.spawn(florin_node::serve(listener, state, async {
-        let _ = rx.await;
-    }));
+    let node = TestNode::start();
+    let addr = node.addr;
     let (alice, bob) = (
         LocalSigner::new(SecretKey::from_seed(&[1; 32])),
         LocalSigner::new(SecretKey::from_seed(&[2; 32])),
@@ -338,6 +345,5 @@ fn binary_and_batch_submission() {
         http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"],
         true
     );
-    let _ = stop.send(());
-    rt.block_on(server).unwrap().unwrap();
+    node.stop();
 }
