@@ -167,12 +167,25 @@ fn prepare(stream: &TcpStream, cfg: &ChannelConfig) -> Result<(), NetError> {
     Ok(())
 }
 
-fn builder(cfg: &ChannelConfig) -> Result<(snow::Builder<'static>, snow::Keypair), NetError> {
+/// A fresh Noise static key for this connection and the handshake state using it.
+fn handshake(
+    cfg: &ChannelConfig,
+    initiator: bool,
+) -> Result<(snow::HandshakeState, snow::Keypair), NetError> {
     let params: snow::params::NoiseParams = cfg.noise.parse().map_err(noise_err)?;
     let kp = snow::Builder::new(params.clone())
         .generate_keypair()
         .map_err(noise_err)?;
-    Ok((snow::Builder::new(params), kp))
+    let b = snow::Builder::new(params)
+        .local_private_key(&kp.private)
+        .map_err(noise_err)?;
+    let hs = if initiator {
+        b.build_initiator()
+    } else {
+        b.build_responder()
+    }
+    .map_err(noise_err)?;
+    Ok((hs, kp))
 }
 
 /// Dials `addr` and runs the handshake as initiator. With `expected`, refuses a peer holding
@@ -190,12 +203,7 @@ pub fn connect(
     let mut stream = TcpStream::connect_timeout(&addr, cfg.timeout)?;
     prepare(&stream, cfg)?;
     let deadline = Instant::now() + cfg.timeout;
-    let (b, kp) = builder(cfg)?;
-    let mut hs = b
-        .local_private_key(&kp.private)
-        .map_err(noise_err)?
-        .build_initiator()
-        .map_err(noise_err)?;
+    let (mut hs, kp) = handshake(cfg, true)?;
     let mut msg = vec![0u8; NOISE_MAX];
     let mut buf = Vec::new();
     // -> e
@@ -259,12 +267,7 @@ pub fn accept_on(
 ) -> Result<Channel, NetError> {
     prepare(&stream, cfg)?;
     let deadline = Instant::now() + cfg.timeout;
-    let (b, kp) = builder(cfg)?;
-    let mut hs = b
-        .local_private_key(&kp.private)
-        .map_err(noise_err)?
-        .build_responder()
-        .map_err(noise_err)?;
+    let (mut hs, kp) = handshake(cfg, false)?;
     let mut msg = vec![0u8; NOISE_MAX];
     let mut buf = Vec::new();
     let mut payload = vec![0u8; NOISE_MAX];

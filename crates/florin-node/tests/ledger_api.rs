@@ -106,6 +106,26 @@ fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) ->
     Transaction::Transfer(t)
 }
 
+/// The devnet faucet mints `cents` to `owner`; returns the created UTXOs.
+fn faucet(addr: std::net::SocketAddr, owner: &LocalSigner, cents: u64) -> Vec<Utxo> {
+    let (code, minted) = http(
+        addr,
+        "POST",
+        "/v1/ledger/faucet",
+        Some(&format!(
+            r#"{{"owner":"{}","amount_cents":{cents}}}"#,
+            owner.public_key()
+        )),
+    );
+    assert_eq!(code, 200, "{minted}");
+    minted["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
+        .collect()
+}
+
 #[test]
 fn submit_status_unspent_and_idempotency() {
     let node = TestNode::start();
@@ -115,22 +135,7 @@ fn submit_status_unspent_and_idempotency() {
         LocalSigner::new(SecretKey::from_seed(&[1; 32])),
         LocalSigner::new(SecretKey::from_seed(&[2; 32])),
     );
-    let (code, minted) = http(
-        addr,
-        "POST",
-        "/v1/ledger/faucet",
-        Some(&format!(
-            r#"{{"owner":"{}","amount_cents":1250}}"#,
-            alice.public_key()
-        )),
-    );
-    assert_eq!(code, 200, "{minted}");
-    let utxos: Vec<Utxo> = minted["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
-        .collect();
+    let utxos = faucet(addr, &alice, 1250);
     assert_eq!(utxos.iter().map(|u| u.value).sum::<u64>(), 1250);
     let id0 = hex::encode(utxos[0].id());
     assert_eq!(
@@ -267,22 +272,8 @@ fn binary_and_batch_submission() {
         LocalSigner::new(SecretKey::from_seed(&[1; 32])),
         LocalSigner::new(SecretKey::from_seed(&[2; 32])),
     );
-    let (_, minted) = http(
-        addr,
-        "POST",
-        "/v1/ledger/faucet",
-        Some(&format!(
-            r#"{{"owner":"{}","amount_cents":38880}}"#,
-            alice.public_key()
-        )),
-    );
-    let utxos: Vec<Utxo> = minted["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
-        .collect();
-    assert!(utxos.len() >= 4, "{minted}");
+    let utxos = faucet(addr, &alice, 38880);
+    assert!(utxos.len() >= 4, "{utxos:?}");
 
     // One transaction as raw bytes.
     let t0 = pay(vec![utxos[0]], &alice, &bob, 1);
