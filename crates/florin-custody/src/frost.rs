@@ -1,0 +1,999 @@
+//! Ed25519 threshold keys with FROST (RFC 9591).
+//!
+//! Roles and what they compute:
+//! - every node: [`DkgParty`] (distributed key generation, three steps), [`NoncePool`]
+//!   (nonce commitments made ahead of time), [`sign_share`] (its signature share);
+//! - the coordinator: [`SigningPackage::new`] (message plus the chosen nodes' commitments) and
+//!   [`aggregate`] (one Ed25519 signature, or the name of the node whose share is bad);
+//! - whoever imports or exports a key: [`split_ed25519_seed`], [`reconstruct`].
+//!
+//! Shares and group keys encode to bytes for the wire and for the vault; decoding another
+//! party's bytes never panics and names the party on failure.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use curve25519_dalek::Scalar;
+use florin_crypto::{hash, PublicKey, Signature};
+use frost_ed25519 as frost;
+use frost_ed25519::keys::dkg;
+use frost_ed25519::{Identifier, SigningKey};
+use rand::{CryptoRng, RngCore};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha512};
+use zeroize::Zeroizing;
+
+use crate::{CustodyError, PartyId};
+
+/// Largest network this code accepts (the source document measured up to 52 nodes).
+pub const MAX_PARTIES: u16 = 255;
+
+const ECHO_DOMAIN: &str = "florin/custody/dkg-echo/v1";
+
+fn ident(p: PartyId) -> Result<Identifier, CustodyError> {
+    Identifier::try_from(p).map_err(|_| CustodyError::BadParameters(format!("party {p}")))
+}
+
+/// The party number of a FROST identifier made by [`ident`].
+fn party_of(id: &Identifier) -> PartyId {
+    let b = id.serialize();
+    if b.len() == 32 && b[2..].iter().all(|&x| x == 0) {
+        u16::from_le_bytes([b[0], b[1]])
+    } else {
+        0
+    }
+}
+
+fn frost_err(e: frost::Error) -> CustodyError {
+    CustodyError::Frost(e.to_string())
+}
+
+/// Maps a FROST error that names culprits to [`CustodyError::Misbehaved`].
+fn culprit_err(e: frost::Error, reason: &str) -> CustodyError {
+    match e.culprits().first() {
+        Some(c) => CustodyError::Misbehaved {
+            party: party_of(c),
+            reason: format!("{reason}: {e}"),
+        },
+        None => frost_err(e),
+    }
+}
+
+fn check_params(t: u16, n: u16) -> Result<(), CustodyError> {
+    if t < 2 || t > n || n > MAX_PARTIES {
+        return Err(CustodyError::BadParameters(format!(
+            "threshold {t} of {n}: need 2 ≤ t ≤ n ≤ {MAX_PARTIES}"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct GroupRepr {
+    v: u8,
+    key_id: String,
+    t: u16,
+    n: u16,
+    package: Vec<u8>,
+}
+
+/// The public side of a threshold key: what a coordinator needs, no secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupKey {
+    key_id: String,
+    t: u16,
+    n: u16,
+    package: frost::keys::PublicKeyPackage,
+}
+
+impl GroupKey {
+    /// The key's name in the network (e.g. `issuer`).
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// Shares needed to sign.
+    pub fn threshold(&self) -> u16 {
+        self.t
+    }
+
+    /// Shares in existence.
+    pub fn parties(&self) -> u16 {
+        self.n
+    }
+
+    /// The Ed25519 public key every aggregate signature verifies under.
+    pub fn public_key(&self) -> PublicKey {
+        let b = self.package.verifying_key().serialize().unwrap_or_default();
+        let mut k = [0u8; 32];
+        if b.len() == 32 {
+            k.copy_from_slice(&b);
+        }
+        PublicKey(k)
+    }
+
+    /// Encodes for the wire and for disk.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let repr = GroupRepr {
+            v: 1,
+            key_id: self.key_id.clone(),
+            t: self.t,
+            n: self.n,
+            package: self.package.serialize().unwrap_or_default(),
+        };
+        postcard::to_allocvec(&repr).unwrap_or_default()
+    }
+
+    /// Decodes [`GroupKey::to_bytes`].
+    pub fn from_bytes(b: &[u8]) -> Result<GroupKey, CustodyError> {
+        let bad = || CustodyError::malformed("group key");
+        let r: GroupRepr = postcard::from_bytes(b).map_err(|_| bad())?;
+        if r.v != 1 {
+            return Err(bad());
+        }
+        check_params(r.t, r.n)?;
+        let package = frost::keys::PublicKeyPackage::deserialize(&r.package).map_err(|_| bad())?;
+        if package.verifying_shares().len() != r.n as usize {
+            return Err(bad());
+        }
+        Ok(GroupKey {
+            key_id: r.key_id,
+            t: r.t,
+            n: r.n,
+            package,
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct ShareRepr {
+    v: u8,
+    party: PartyId,
+    key_package: Vec<u8>,
+    group: Vec<u8>,
+}
+
+/// One node's share of a threshold key, with the group's public side.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyShare {
+    party: PartyId,
+    key_package: frost::keys::KeyPackage,
+    group: GroupKey,
+}
+
+impl KeyShare {
+    /// This share's party.
+    pub fn party(&self) -> PartyId {
+        self.party
+    }
+
+    /// The key this share belongs to.
+    pub fn group(&self) -> &GroupKey {
+        &self.group
+    }
+
+    /// Encodes, secret share included: store it only through [`crate::vault`].
+    pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
+        let repr = ShareRepr {
+            v: 1,
+            party: self.party,
+            key_package: self.key_package.serialize().unwrap_or_default(),
+            group: self.group.to_bytes(),
+        };
+        Zeroizing::new(postcard::to_allocvec(&repr).unwrap_or_default())
+    }
+
+    /// Decodes [`KeyShare::to_bytes`] and checks the share against the group's public
+    /// verification share for this party.
+    pub fn from_bytes(b: &[u8]) -> Result<KeyShare, CustodyError> {
+        let bad = || CustodyError::malformed("key share");
+        let r: ShareRepr = postcard::from_bytes(b).map_err(|_| bad())?;
+        if r.v != 1 {
+            return Err(bad());
+        }
+        let group = GroupKey::from_bytes(&r.group)?;
+        let key_package =
+            frost::keys::KeyPackage::deserialize(&r.key_package).map_err(|_| bad())?;
+        let id = ident(r.party)?;
+        let expected = group.package.verifying_shares().get(&id).ok_or_else(bad)?;
+        let own = frost::keys::VerifyingShare::from(*key_package.signing_share());
+        if *key_package.identifier() != id
+            || &own != expected
+            || key_package.verifying_key() != group.package.verifying_key()
+        {
+            return Err(CustodyError::malformed(
+                "key share: does not match its group key",
+            ));
+        }
+        Ok(KeyShare {
+            party: r.party,
+            key_package,
+            group,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distributed key generation
+
+enum DkgStep {
+    /// Round 1 sent; waiting for everyone's round-1 packages.
+    Round1(Box<dkg::round1::SecretPackage>),
+    /// Round 2 sent; waiting for echoes and the shares addressed to us.
+    Round2 {
+        secret: Box<dkg::round2::SecretPackage>,
+        round1: BTreeMap<Identifier, dkg::round1::Package>,
+        digests: BTreeMap<PartyId, [u8; 32]>,
+    },
+    Done,
+}
+
+/// One node's side of a distributed key generation (Pedersen DKG with proofs of knowledge, as
+/// in FROST), plus an echo round: every node reports digests of the round-1 packages it got,
+/// so a node that sent different packages to different nodes is caught and named before any
+/// share is used.
+///
+/// Steps: [`DkgParty::start`] → broadcast its output; [`DkgParty::round2`] with everyone
+/// else's round-1 output → broadcast the echo, send each direct message to its party only (it
+/// carries a secret share: seal it); [`DkgParty::finish`] with everyone else's echo and the
+/// direct messages addressed to us → the [`KeyShare`].
+pub struct DkgParty {
+    key_id: String,
+    me: PartyId,
+    t: u16,
+    n: u16,
+    own_round1: Vec<u8>,
+    step: DkgStep,
+}
+
+/// What [`DkgParty::round2`] sends.
+pub struct Round2Out {
+    /// Broadcast to every party: digests of the round-1 packages this party saw.
+    pub echo: Vec<u8>,
+    /// One message per other party, secret: deliver only to that party, sealed.
+    pub direct: BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
+}
+
+impl DkgParty {
+    /// Starts the DKG of key `key_id` as party `me` of `n`, threshold `t`. Returns the round-1
+    /// message to broadcast.
+    pub fn start<R: RngCore + CryptoRng>(
+        key_id: &str,
+        me: PartyId,
+        t: u16,
+        n: u16,
+        rng: &mut R,
+    ) -> Result<(DkgParty, Vec<u8>), CustodyError> {
+        check_params(t, n)?;
+        if me == 0 || me > n {
+            return Err(CustodyError::BadParameters(format!("party {me} of {n}")));
+        }
+        let (secret, package) = dkg::part1(ident(me)?, n, t, &mut *rng).map_err(frost_err)?;
+        let own_round1 = package.serialize().map_err(frost_err)?;
+        Ok((
+            DkgParty {
+                key_id: key_id.to_string(),
+                me,
+                t,
+                n,
+                own_round1: own_round1.clone(),
+                step: DkgStep::Round1(Box::new(secret)),
+            },
+            own_round1,
+        ))
+    }
+
+    /// This party's number.
+    pub fn party(&self) -> PartyId {
+        self.me
+    }
+
+    fn others(&self) -> impl Iterator<Item = PartyId> + '_ {
+        (1..=self.n).filter(move |&p| p != self.me)
+    }
+
+    fn expect_all<T>(&self, m: &BTreeMap<PartyId, T>, what: &str) -> Result<(), CustodyError> {
+        let missing: Vec<PartyId> = self.others().filter(|p| !m.contains_key(p)).collect();
+        if !missing.is_empty() {
+            return Err(CustodyError::OutOfOrder(format!(
+                "{what}: nothing from parties {missing:?}"
+            )));
+        }
+        if let Some(p) = m.keys().find(|&&p| p == self.me || p == 0 || p > self.n) {
+            return Err(CustodyError::BadParameters(format!(
+                "{what}: unexpected party {p}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn digest(&self, party: PartyId, bytes: &[u8]) -> [u8; 32] {
+        hash(
+            ECHO_DOMAIN,
+            &[self.key_id.as_bytes(), &party.to_le_bytes(), bytes],
+        )
+    }
+
+    /// Round 2: takes every other party's round-1 message.
+    pub fn round2(
+        &mut self,
+        round1: &BTreeMap<PartyId, Vec<u8>>,
+    ) -> Result<Round2Out, CustodyError> {
+        self.expect_all(round1, "round 1")?;
+        let secret = match std::mem::replace(&mut self.step, DkgStep::Done) {
+            DkgStep::Round1(s) => s,
+            other => {
+                self.step = other;
+                return Err(CustodyError::OutOfOrder("round 2 already done".into()));
+            }
+        };
+        let mut packages = BTreeMap::new();
+        let mut digests = BTreeMap::new();
+        digests.insert(self.me, self.digest(self.me, &self.own_round1));
+        for (&p, bytes) in round1 {
+            let pkg =
+                dkg::round1::Package::deserialize(bytes).map_err(|_| CustodyError::Misbehaved {
+                    party: p,
+                    reason: "malformed round-1 package".into(),
+                })?;
+            packages.insert(ident(p)?, pkg);
+            digests.insert(p, self.digest(p, bytes));
+        }
+        let (secret2, out) = dkg::part2(*secret, &packages)
+            .map_err(|e| culprit_err(e, "invalid round-1 package"))?;
+        let mut direct = BTreeMap::new();
+        for (id, pkg) in out {
+            let bytes = pkg.serialize().map_err(frost_err)?;
+            direct.insert(party_of(&id), Zeroizing::new(bytes));
+        }
+        let echo = postcard::to_allocvec(&digests).map_err(|_| CustodyError::malformed("echo"))?;
+        self.step = DkgStep::Round2 {
+            secret: Box::new(secret2),
+            round1: packages,
+            digests,
+        };
+        Ok(Round2Out { echo, direct })
+    }
+
+    /// Round 3: checks every other party's echo against what this party saw, then the shares
+    /// addressed to it. Returns this party's share of the new key.
+    pub fn finish(
+        &mut self,
+        echoes: &BTreeMap<PartyId, Vec<u8>>,
+        direct: &BTreeMap<PartyId, Vec<u8>>,
+    ) -> Result<KeyShare, CustodyError> {
+        self.expect_all(echoes, "echo")?;
+        self.expect_all(direct, "round 2")?;
+        let DkgStep::Round2 {
+            secret,
+            round1,
+            digests,
+        } = &self.step
+        else {
+            return Err(CustodyError::OutOfOrder(
+                "finish before round 2, or twice".into(),
+            ));
+        };
+        for (&witness, bytes) in echoes {
+            let theirs: BTreeMap<PartyId, [u8; 32]> =
+                postcard::from_bytes(bytes).map_err(|_| CustodyError::Misbehaved {
+                    party: witness,
+                    reason: "malformed echo".into(),
+                })?;
+            if theirs.len() != digests.len() {
+                return Err(CustodyError::Misbehaved {
+                    party: witness,
+                    reason: "echo does not cover every party".into(),
+                });
+            }
+            for (p, d) in digests {
+                match theirs.get(p) {
+                    Some(x) if x == d => {}
+                    Some(_) => {
+                        return Err(CustodyError::Equivocation {
+                            culprit: *p,
+                            witness,
+                        })
+                    }
+                    None => {
+                        return Err(CustodyError::Misbehaved {
+                            party: witness,
+                            reason: format!("echo leaves out party {p}"),
+                        })
+                    }
+                }
+            }
+        }
+        let mut packages = BTreeMap::new();
+        for (&p, bytes) in direct {
+            let pkg =
+                dkg::round2::Package::deserialize(bytes).map_err(|_| CustodyError::Misbehaved {
+                    party: p,
+                    reason: "malformed round-2 package".into(),
+                })?;
+            packages.insert(ident(p)?, pkg);
+        }
+        let (key_package, public) = dkg::part3(secret, round1, &packages)
+            .map_err(|e| culprit_err(e, "invalid secret share"))?;
+        self.step = DkgStep::Done;
+        Ok(KeyShare {
+            party: self.me,
+            key_package,
+            group: GroupKey {
+                key_id: self.key_id.clone(),
+                t: self.t,
+                n: self.n,
+                package: public,
+            },
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Import and export
+
+/// The Ed25519 signing scalar of a 32-byte seed (RFC 8032: SHA-512, clamp, reduce).
+fn seed_scalar(seed: &[u8; 32]) -> Zeroizing<[u8; 32]> {
+    let h = Sha512::digest(seed);
+    let mut a = Zeroizing::new([0u8; 32]);
+    a.copy_from_slice(&h[..32]);
+    a[0] &= 248;
+    a[31] &= 127;
+    a[31] |= 64;
+    Zeroizing::new(Scalar::from_bytes_mod_order(*a).to_bytes())
+}
+
+fn split_key<R: RngCore + CryptoRng>(
+    key_id: &str,
+    key: &SigningKey,
+    t: u16,
+    n: u16,
+    rng: &mut R,
+) -> Result<(GroupKey, Vec<KeyShare>), CustodyError> {
+    check_params(t, n)?;
+    let (shares, public) = frost::keys::split(key, n, t, frost::keys::IdentifierList::Default, rng)
+        .map_err(frost_err)?;
+    let group = GroupKey {
+        key_id: key_id.to_string(),
+        t,
+        n,
+        package: public,
+    };
+    let mut out = Vec::with_capacity(n as usize);
+    for (id, share) in shares {
+        let key_package = frost::keys::KeyPackage::try_from(share).map_err(frost_err)?;
+        out.push(KeyShare {
+            party: party_of(&id),
+            key_package,
+            group: group.clone(),
+        });
+    }
+    Ok((group, out))
+}
+
+/// Trusted-dealer import (R5) of an existing Ed25519 key given by its 32-byte seed (the
+/// format of Florin's key files): n shares, any t of which sign under the same public key,
+/// so everything the key signed before stays valid. The dealer must erase the seed
+/// afterwards.
+pub fn split_ed25519_seed<R: RngCore + CryptoRng>(
+    key_id: &str,
+    seed: &[u8; 32],
+    t: u16,
+    n: u16,
+    rng: &mut R,
+) -> Result<(GroupKey, Vec<KeyShare>), CustodyError> {
+    let scalar = seed_scalar(seed);
+    let key = SigningKey::deserialize(&scalar[..]).map_err(frost_err)?;
+    split_key(key_id, &key, t, n, rng)
+}
+
+/// A fresh key split by a trusted dealer (for tests and for the benchmark's many custodial
+/// keys; the nodes' own [`DkgParty`] is the way to make a key nobody ever held).
+pub fn generate_with_dealer<R: RngCore + CryptoRng>(
+    key_id: &str,
+    t: u16,
+    n: u16,
+    rng: &mut R,
+) -> Result<(GroupKey, Vec<KeyShare>), CustodyError> {
+    let key = SigningKey::new(&mut *rng);
+    split_key(key_id, &key, t, n, rng)
+}
+
+/// Key export (R4): the signing scalar rebuilt from at least t shares of one key, checked
+/// against the group's public key. The result signs alone: handle it like the key file it
+/// replaces.
+pub fn reconstruct(shares: &[KeyShare]) -> Result<Zeroizing<[u8; 32]>, CustodyError> {
+    let first = shares
+        .first()
+        .ok_or(CustodyError::TooFewParties { have: 0, need: 2 })?;
+    let group = &first.group;
+    let mut parties: Vec<PartyId> = shares.iter().map(|s| s.party).collect();
+    parties.sort_unstable();
+    parties.dedup();
+    if parties.len() < group.t as usize {
+        return Err(CustodyError::TooFewParties {
+            have: parties.len(),
+            need: group.t as usize,
+        });
+    }
+    if let Some(s) = shares.iter().find(|s| s.group != *group) {
+        return Err(CustodyError::BadParameters(format!(
+            "share of party {} belongs to another key",
+            s.party
+        )));
+    }
+    let packages: Vec<_> = shares.iter().map(|s| s.key_package.clone()).collect();
+    let key = frost::keys::reconstruct(&packages).map_err(frost_err)?;
+    if frost::VerifyingKey::from(&key) != *group.package.verifying_key() {
+        return Err(CustodyError::Frost(
+            "the shares do not rebuild the group key".into(),
+        ));
+    }
+    let mut out = Zeroizing::new([0u8; 32]);
+    out.copy_from_slice(&key.serialize());
+    Ok(out)
+}
+
+/// The public key of a signing scalar from [`reconstruct`].
+pub fn scalar_public_key(scalar: &[u8; 32]) -> Result<PublicKey, CustodyError> {
+    let key = SigningKey::deserialize(scalar).map_err(frost_err)?;
+    let b = frost::VerifyingKey::from(&key)
+        .serialize()
+        .map_err(frost_err)?;
+    let mut k = [0u8; 32];
+    k.copy_from_slice(&b);
+    Ok(PublicKey(k))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signing
+
+/// A node's nonces made ahead of time ("presignatures" in FROST's sense: round one of
+/// signing, done before the message is known). Each nonce is handed out once with an id and
+/// removed when it signs, so no nonce ever signs twice; nonces live only in memory, so a
+/// restarted node cannot reuse one either (its old ids are simply unknown).
+pub struct NoncePool {
+    ready: VecDeque<(
+        frost::round1::SigningNonces,
+        frost::round1::SigningCommitments,
+    )>,
+    issued: BTreeMap<u64, frost::round1::SigningNonces>,
+    next_id: u64,
+    max_issued: usize,
+}
+
+/// A batch of nonces made by [`NoncePool::generate`], outside any lock.
+pub type NonceBatch = Vec<(
+    frost::round1::SigningNonces,
+    frost::round1::SigningCommitments,
+)>;
+
+impl NoncePool {
+    /// An empty pool. `first_id` should be random, so ids of a previous run never match.
+    /// At most `max_issued` handed-out nonces wait for their signing request; older ones are
+    /// dropped (a coordinator that asked for more than it used gets [`CustodyError::UnknownNonce`]
+    /// and asks again).
+    pub fn new(first_id: u64, max_issued: usize) -> NoncePool {
+        NoncePool {
+            ready: VecDeque::new(),
+            issued: BTreeMap::new(),
+            next_id: first_id,
+            max_issued: max_issued.max(1),
+        }
+    }
+
+    /// Makes `count` nonces for `share` (two base-point multiplications each).
+    pub fn generate<R: RngCore + CryptoRng>(
+        share: &KeyShare,
+        count: usize,
+        rng: &mut R,
+    ) -> NonceBatch {
+        (0..count)
+            .map(|_| frost::round1::commit(share.key_package.signing_share(), &mut *rng))
+            .collect()
+    }
+
+    /// Adds generated nonces.
+    pub fn add(&mut self, batch: NonceBatch) {
+        self.ready.extend(batch);
+    }
+
+    /// Nonces ready to hand out.
+    pub fn ready(&self) -> usize {
+        self.ready.len()
+    }
+
+    /// Hands out up to `count` ready nonces' commitments, each with its id.
+    pub fn issue(&mut self, count: usize) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::with_capacity(count.min(self.ready.len()));
+        while out.len() < count {
+            let Some((nonces, commitments)) = self.ready.pop_front() else {
+                break;
+            };
+            let Ok(bytes) = commitments.serialize() else {
+                continue;
+            };
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1);
+            self.issued.insert(id, nonces);
+            out.push((id, bytes));
+        }
+        while self.issued.len() > self.max_issued {
+            self.issued.pop_first();
+        }
+        out
+    }
+
+    /// Removes and returns the nonces handed out as `id`.
+    pub fn take(&mut self, id: u64) -> Result<frost::round1::SigningNonces, CustodyError> {
+        self.issued
+            .remove(&id)
+            .ok_or(CustodyError::UnknownNonce(id))
+    }
+}
+
+/// What a coordinator sends the chosen nodes: the message and their commitments.
+#[derive(Clone)]
+pub struct SigningPackage(frost::SigningPackage);
+
+impl SigningPackage {
+    /// Builds the package from each chosen party's commitment bytes (from
+    /// [`NoncePool::issue`]).
+    pub fn new(
+        commitments: &BTreeMap<PartyId, Vec<u8>>,
+        msg: &[u8],
+    ) -> Result<SigningPackage, CustodyError> {
+        let mut m = BTreeMap::new();
+        for (&p, bytes) in commitments {
+            let c = frost::round1::SigningCommitments::deserialize(bytes).map_err(|_| {
+                CustodyError::Misbehaved {
+                    party: p,
+                    reason: "malformed nonce commitment".into(),
+                }
+            })?;
+            m.insert(ident(p)?, c);
+        }
+        Ok(SigningPackage(frost::SigningPackage::new(m, msg)))
+    }
+
+    /// Encodes for the wire.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, CustodyError> {
+        self.0.serialize().map_err(frost_err)
+    }
+
+    /// Decodes [`SigningPackage::to_bytes`].
+    pub fn from_bytes(b: &[u8]) -> Result<SigningPackage, CustodyError> {
+        frost::SigningPackage::deserialize(b)
+            .map(SigningPackage)
+            .map_err(|_| CustodyError::malformed("signing package"))
+    }
+
+    /// The message being signed.
+    pub fn message(&self) -> &[u8] {
+        self.0.message()
+    }
+}
+
+/// A node's signature share: signs `package` with the nonces it handed out (taken from its
+/// pool) and its key share. Refuses a package whose commitment for this node is not the one
+/// these nonces made.
+pub fn sign_share(
+    share: &KeyShare,
+    nonces: &frost::round1::SigningNonces,
+    package: &SigningPackage,
+) -> Result<Vec<u8>, CustodyError> {
+    frost::round2::sign(&package.0, nonces, &share.key_package)
+        .map(|s| s.serialize())
+        .map_err(frost_err)
+}
+
+/// Combines the chosen parties' signature shares into one Ed25519 signature. A share that
+/// does not decode or does not verify names its sender ([`CustodyError::Misbehaved`]).
+pub fn aggregate(
+    group: &GroupKey,
+    package: &SigningPackage,
+    shares: &BTreeMap<PartyId, Vec<u8>>,
+) -> Result<Signature, CustodyError> {
+    let mut m = BTreeMap::new();
+    for (&p, bytes) in shares {
+        let s = frost::round2::SignatureShare::deserialize(bytes).map_err(|_| {
+            CustodyError::Misbehaved {
+                party: p,
+                reason: "malformed signature share".into(),
+            }
+        })?;
+        m.insert(ident(p)?, s);
+    }
+    if m.len() < group.t as usize {
+        return Err(CustodyError::TooFewParties {
+            have: m.len(),
+            need: group.t as usize,
+        });
+    }
+    let sig = frost::aggregate(&package.0, &m, &group.package)
+        .map_err(|e| culprit_err(e, "invalid signature share"))?;
+    let b = sig.serialize().map_err(frost_err)?;
+    let mut out = [0u8; 64];
+    if b.len() != 64 {
+        return Err(CustodyError::Frost("signature is not 64 bytes".into()));
+    }
+    out.copy_from_slice(&b);
+    Ok(Signature(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use florin_crypto::{verify, SecretKey};
+    use rand::rngs::OsRng;
+
+    type R<T> = Result<T, CustodyError>;
+
+    /// Runs a DKG among `n` in-memory parties.
+    fn dkg(t: u16, n: u16) -> R<Vec<KeyShare>> {
+        let mut parties = Vec::new();
+        let mut r1 = BTreeMap::new();
+        for p in 1..=n {
+            let (party, msg) = DkgParty::start("k", p, t, n, &mut OsRng)?;
+            parties.push(party);
+            r1.insert(p, msg);
+        }
+        let mut echoes = BTreeMap::new();
+        let mut direct: BTreeMap<PartyId, BTreeMap<PartyId, Vec<u8>>> = BTreeMap::new();
+        for party in parties.iter_mut() {
+            let me = party.party();
+            let mine: BTreeMap<_, _> = r1
+                .iter()
+                .filter(|(p, _)| **p != me)
+                .map(|(p, m)| (*p, m.clone()))
+                .collect();
+            let out = party.round2(&mine)?;
+            echoes.insert(me, out.echo);
+            for (to, m) in out.direct {
+                direct.entry(to).or_default().insert(me, m.to_vec());
+            }
+        }
+        let mut shares = Vec::new();
+        for party in parties.iter_mut() {
+            let me = party.party();
+            let e: BTreeMap<_, _> = echoes
+                .iter()
+                .filter(|(p, _)| **p != me)
+                .map(|(p, m)| (*p, m.clone()))
+                .collect();
+            shares.push(party.finish(&e, &direct[&me])?);
+        }
+        Ok(shares)
+    }
+
+    fn sign_with(shares: &[&KeyShare], msg: &[u8]) -> R<Signature> {
+        let mut pools: Vec<NoncePool> = shares.iter().map(|_| NoncePool::new(7, 100)).collect();
+        let mut commitments = BTreeMap::new();
+        let mut ids = Vec::new();
+        for (s, pool) in shares.iter().zip(pools.iter_mut()) {
+            pool.add(NoncePool::generate(s, 2, &mut OsRng));
+            let (id, c) = pool.issue(1).remove(0);
+            ids.push(id);
+            commitments.insert(s.party(), c);
+        }
+        let package = SigningPackage::new(&commitments, msg)?;
+        let wire = SigningPackage::from_bytes(&package.to_bytes()?)?;
+        let mut out = BTreeMap::new();
+        for ((s, pool), id) in shares.iter().zip(pools.iter_mut()).zip(ids) {
+            let nonces = pool.take(id)?;
+            out.insert(s.party(), sign_share(s, &nonces, &wire)?);
+            // A nonce signs once.
+            assert!(matches!(pool.take(id), Err(CustodyError::UnknownNonce(_))));
+        }
+        aggregate(shares[0].group(), &package, &out)
+    }
+
+    #[test]
+    fn any_t_of_n_sign_and_plain_ed25519_verifies() -> R<()> {
+        let shares = dkg(2, 3)?;
+        let pk = shares[0].group().public_key();
+        assert!(shares.iter().all(|s| s.group().public_key() == pk));
+        for pair in [[0, 1], [0, 2], [1, 2]] {
+            let msg = format!("pair {pair:?}");
+            let sig = sign_with(&[&shares[pair[0]], &shares[pair[1]]], msg.as_bytes())?;
+            assert!(verify(&pk, msg.as_bytes(), &sig).is_ok());
+            // ed25519-dalek's strict verification, independent of Florin's verifier.
+            let vk = ed25519_dalek::VerifyingKey::from_bytes(&pk.0)
+                .map_err(|e| CustodyError::Frost(e.to_string()))?;
+            assert!(vk
+                .verify_strict(
+                    msg.as_bytes(),
+                    &ed25519_dalek::Signature::from_bytes(&sig.0)
+                )
+                .is_ok());
+        }
+        // All three sign too.
+        let sig = sign_with(&[&shares[0], &shares[1], &shares[2]], b"all")?;
+        assert!(verify(&pk, b"all", &sig).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn t_minus_one_cannot_sign_or_export() -> R<()> {
+        let shares = dkg(3, 5)?;
+        let err = sign_with(&[&shares[0], &shares[1]], b"m");
+        assert!(err.is_err(), "two of a 3-of-5 key signed");
+        assert!(matches!(
+            reconstruct(&shares[..2]),
+            Err(CustodyError::TooFewParties { have: 2, need: 3 })
+        ));
+        // The same share twice is still one party.
+        assert!(matches!(
+            reconstruct(&[shares[0].clone(), shares[0].clone(), shares[1].clone()]),
+            Err(CustodyError::TooFewParties { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn corrupted_signature_share_names_its_sender() -> R<()> {
+        let shares = dkg(2, 3)?;
+        let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
+        let mut commitments = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            pool.add(NoncePool::generate(s, 1, &mut OsRng));
+            commitments.insert(s.party(), pool.issue(1).remove(0).1);
+        }
+        let package = SigningPackage::new(&commitments, b"m")?;
+        let mut out = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            out.insert(s.party(), sign_share(s, &pool.take(1)?, &package)?);
+        }
+        // Party 2's share is replaced by another valid scalar.
+        let mut bad = out.clone();
+        let mut b = bad[&2].clone();
+        b[0] ^= 1;
+        bad.insert(2, b);
+        match aggregate(shares[0].group(), &package, &bad) {
+            Err(CustodyError::Misbehaved { party: 2, .. }) => {}
+            other => panic!("expected party 2 named, got {other:?}"),
+        }
+        // Bytes that are not a scalar at all.
+        bad.insert(1, vec![0xff; 32]);
+        assert!(matches!(
+            aggregate(shares[0].group(), &package, &bad),
+            Err(CustodyError::Misbehaved { party: 1, .. })
+        ));
+        assert!(aggregate(shares[0].group(), &package, &out).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn corrupted_dkg_share_names_its_sender() -> R<()> {
+        let (t, n) = (2, 3);
+        let mut parties = Vec::new();
+        let mut r1 = BTreeMap::new();
+        for p in 1..=n {
+            let (party, msg) = DkgParty::start("k", p, t, n, &mut OsRng)?;
+            parties.push(party);
+            r1.insert(p, msg);
+        }
+        let others = |me: PartyId, m: &BTreeMap<PartyId, Vec<u8>>| -> BTreeMap<PartyId, Vec<u8>> {
+            m.iter()
+                .filter(|(p, _)| **p != me)
+                .map(|(p, v)| (*p, v.clone()))
+                .collect()
+        };
+        let mut echoes = BTreeMap::new();
+        let mut to_one = BTreeMap::new();
+        for party in parties.iter_mut() {
+            let me = party.party();
+            let out = party.round2(&others(me, &r1))?;
+            echoes.insert(me, out.echo);
+            if let Some(m) = out.direct.get(&1) {
+                let mut m = m.to_vec();
+                if me == 3 {
+                    // Party 3 sends party 1 a share that does not match its commitment.
+                    let pos = m.len() - 5;
+                    m[pos] ^= 0x01;
+                }
+                to_one.insert(me, m);
+            }
+        }
+        match parties[0].finish(&others(1, &echoes), &to_one) {
+            Err(CustodyError::Misbehaved { party: 3, .. }) => Ok(()),
+            other => panic!("expected party 3 named, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn equivocation_in_round_one_is_caught_by_the_echo() -> R<()> {
+        let (t, n) = (2, 3);
+        let mut parties = Vec::new();
+        let mut r1 = BTreeMap::new();
+        for p in 1..=n {
+            let (party, msg) = DkgParty::start("k", p, t, n, &mut OsRng)?;
+            parties.push(party);
+            r1.insert(p, msg);
+        }
+        // Party 3 shows party 1 another round-1 package than the one party 2 sees.
+        let (_, other3) = DkgParty::start("k", 3, t, n, &mut OsRng)?;
+        let to1: BTreeMap<_, _> = [(2, r1[&2].clone()), (3, other3)].into();
+        let to2: BTreeMap<_, _> = [(1, r1[&1].clone()), (3, r1[&3].clone())].into();
+        parties[0].round2(&to1)?;
+        let e2 = parties[1].round2(&to2)?.echo;
+        let e3 = parties[2].round2(&[(1, r1[&1].clone()), (2, r1[&2].clone())].into())?;
+        let echoes: BTreeMap<_, _> = [(2, e2), (3, e3.echo)].into();
+        let direct: BTreeMap<_, _> = [(2, vec![0u8; 4]), (3, vec![0u8; 4])].into();
+        match parties[0].finish(&echoes, &direct) {
+            Err(CustodyError::Equivocation { culprit: 3, .. }) => Ok(()),
+            other => panic!("expected equivocation by 3, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn import_then_export_round_trips_the_same_key() -> R<()> {
+        let seed = [42u8; 32];
+        let sk = SecretKey::from_seed(&seed);
+        let (group, shares) = split_ed25519_seed("authority", &seed, 2, 3, &mut OsRng)?;
+        assert_eq!(group.public_key(), sk.public_key());
+        // Threshold signatures verify under the old key.
+        let sig = sign_with(&[&shares[2], &shares[0]], b"token")?;
+        assert!(verify(&sk.public_key(), b"token", &sig).is_ok());
+        let scalar = reconstruct(&shares[1..])?;
+        assert_eq!(scalar_public_key(&scalar)?, sk.public_key());
+        assert_eq!(*scalar, *seed_scalar(&seed));
+        // Re-import of the exported key's shares (split again) keeps the public key.
+        let (again, _) = split_key(
+            "authority",
+            &SigningKey::deserialize(&scalar[..]).map_err(frost_err)?,
+            3,
+            5,
+            &mut OsRng,
+        )?;
+        assert_eq!(again.public_key(), sk.public_key());
+        Ok(())
+    }
+
+    #[test]
+    fn shares_and_groups_round_trip_and_refuse_garbage() -> R<()> {
+        let shares = dkg(2, 3)?;
+        for s in &shares {
+            assert_eq!(&KeyShare::from_bytes(&s.to_bytes())?, s);
+            assert_eq!(&GroupKey::from_bytes(&s.group().to_bytes())?, s.group());
+        }
+        let mut b = shares[0].to_bytes().to_vec();
+        let last = b.len() - 40;
+        b[last] ^= 0x55;
+        assert!(KeyShare::from_bytes(&b).is_err());
+        assert!(KeyShare::from_bytes(&[]).is_err());
+        assert!(GroupKey::from_bytes(&[1, 2, 3]).is_err());
+        // A share presented with another key's group is refused.
+        let other = dkg(2, 3)?;
+        let mixed = KeyShare {
+            party: 1,
+            key_package: shares[0].key_package.clone(),
+            group: other[0].group().clone(),
+        };
+        assert!(KeyShare::from_bytes(&mixed.to_bytes()).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn dkg_refuses_bad_parameters_and_out_of_order_steps() -> R<()> {
+        assert!(DkgParty::start("k", 1, 1, 3, &mut OsRng).is_err());
+        assert!(DkgParty::start("k", 1, 4, 3, &mut OsRng).is_err());
+        assert!(DkgParty::start("k", 4, 2, 3, &mut OsRng).is_err());
+        let (mut p, _) = DkgParty::start("k", 1, 2, 3, &mut OsRng)?;
+        assert!(matches!(
+            p.finish(&BTreeMap::new(), &BTreeMap::new()),
+            Err(CustodyError::OutOfOrder(_))
+        ));
+        // Missing party 3.
+        let (_, m2) = DkgParty::start("k", 2, 2, 3, &mut OsRng)?;
+        assert!(matches!(
+            p.round2(&[(2, m2.clone())].into()),
+            Err(CustodyError::OutOfOrder(_))
+        ));
+        // Garbage from party 3 names party 3.
+        assert!(matches!(
+            p.round2(&[(2, m2), (3, vec![1, 2, 3])].into()),
+            Err(CustodyError::Misbehaved { party: 3, .. })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! Florin's key management network (KMN), as pure protocol code: no sockets, no files.
+//!
+//! Keys that must never sit on one machine — the issuer's minting key, the authority's
+//! token-signing key, custodial wallet keys — are held as t-of-n shares by key-management
+//! nodes. This crate holds what the nodes and the coordinator compute; the caller
+//! (`florin-node`'s custody service) moves the bytes and stores them.
+//!
+//! - [`frost`]: Ed25519 threshold keys with FROST (RFC 9591, the Zcash Foundation's audited
+//!   `frost-ed25519`). The aggregate signature is an ordinary Ed25519 signature, so tokens,
+//!   mints and ledger witnesses do not change and an observer cannot tell a threshold key
+//!   from a single one. Distributed key generation with an echo check ([`frost::DkgParty`]),
+//!   trusted-dealer import of an existing key ([`frost::split_ed25519_seed`]), export by
+//!   reconstruction ([`frost::reconstruct`]), nonce pools so that online signing is one
+//!   round ([`frost::NoncePool`]), and aggregation that names a node sending a bad share
+//!   ([`frost::aggregate`]).
+//! - [`envelope`]: node-to-node protocol messages, signed by the sender's identity key and,
+//!   when they carry secret shares, sealed to the recipient, so a coordinator that relays
+//!   them can neither read nor forge them.
+//! - [`vault`]: key shares encrypted at rest.
+//! - [`wire`]: the requests a coordinator sends a node, and the answers.
+//!
+//! Every function that reads bytes from another party returns a typed [`CustodyError`]; a
+//! party that provably misbehaved is named in it.
+
+pub mod envelope;
+pub mod frost;
+pub mod vault;
+pub mod wire;
+
+use thiserror::Error;
+
+/// A party's number in a key-management network, 1 to n.
+pub type PartyId = u16;
+
+/// Why a custody operation failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CustodyError {
+    /// Bytes that do not decode (from a party, from disk, from a request).
+    #[error("malformed {what}")]
+    Malformed {
+        /// What could not be decoded.
+        what: String,
+    },
+    /// A party provably misbehaved: a bad share, a bad proof, a bad signature on its message.
+    #[error("party {party} misbehaved: {reason}")]
+    Misbehaved {
+        /// The culprit.
+        party: PartyId,
+        /// What it did.
+        reason: String,
+    },
+    /// A party sent different round-one messages to different parties (caught by the echo
+    /// check); `witness` reported the copy that differs from ours.
+    #[error(
+        "party {culprit} sent different messages to different parties (seen by party {witness})"
+    )]
+    Equivocation {
+        /// The party whose message differs between recipients.
+        culprit: PartyId,
+        /// The party that reported the other copy.
+        witness: PartyId,
+    },
+    /// Fewer parties than the threshold took part.
+    #[error("{have} of the {need} parties needed")]
+    TooFewParties {
+        /// Parties available.
+        have: usize,
+        /// Parties required.
+        need: usize,
+    },
+    /// Threshold and party count that make no sense (t < 2, t > n, duplicate parties, ...).
+    #[error("bad parameters: {0}")]
+    BadParameters(String),
+    /// A signing request names a nonce this node never issued or already used.
+    #[error("unknown or already used nonce {0}")]
+    UnknownNonce(u64),
+    /// A message arrived for a protocol step that is not the current one.
+    #[error("out of order: {0}")]
+    OutOfOrder(String),
+    /// Decryption of a sealed share failed: wrong key, or the bytes were changed.
+    #[error("cannot open sealed {0}: wrong key or tampered")]
+    Sealed(String),
+    /// The FROST library refused (message carries its reason).
+    #[error("frost: {0}")]
+    Frost(String),
+}
+
+impl CustodyError {
+    pub(crate) fn malformed(what: impl Into<String>) -> Self {
+        CustodyError::Malformed { what: what.into() }
+    }
+}

@@ -1,0 +1,178 @@
+//! What a coordinator asks a key-management node, and the answers. Encoded with postcard;
+//! carried over an authenticated, encrypted channel (`florin-net`), one request, one answer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::Envelope;
+use crate::{CustodyError, PartyId};
+
+/// Largest encoded request or answer a node or coordinator accepts.
+pub const MAX_WIRE: usize = 16 << 20;
+
+/// Most nonce commitments one [`Request::Commitments`] hands out.
+pub const MAX_COMMITMENTS: u32 = 4096;
+
+/// A coordinator's request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Request {
+    /// The node's party number and the keys it holds.
+    Status,
+    /// Starts a distributed key generation of `key_id`; the answer is the node's round-1
+    /// broadcast.
+    DkgStart {
+        /// The run.
+        session: [u8; 16],
+        /// The new key's name.
+        key_id: String,
+        /// Threshold.
+        t: u16,
+        /// Parties.
+        n: u16,
+    },
+    /// Every other party's round-1 broadcast; the answer is the echo and the sealed shares.
+    DkgRound2 {
+        /// The run.
+        session: [u8; 16],
+        /// Round-1 envelopes of the other parties.
+        round1: Vec<Envelope>,
+    },
+    /// Every other party's echo and the shares addressed to this node; the node checks them,
+    /// stores its share and answers with the group key.
+    DkgFinish {
+        /// The run.
+        session: [u8; 16],
+        /// Echo envelopes of the other parties.
+        echoes: Vec<Envelope>,
+        /// Round-2 envelopes addressed to this node.
+        direct: Vec<Envelope>,
+    },
+    /// Stores a share made by a trusted dealer (key import).
+    Import {
+        /// The key's name.
+        key_id: String,
+        /// `KeyShare::to_bytes` of this node's share.
+        share: Vec<u8>,
+    },
+    /// Hands out nonce commitments for future signatures with `key_id`.
+    Commitments {
+        /// The key.
+        key_id: String,
+        /// How many (at most [`MAX_COMMITMENTS`]).
+        count: u32,
+    },
+    /// Signs: the node's signature share for `package` with the nonce handed out as `nonce`.
+    Sign {
+        /// The key.
+        key_id: String,
+        /// The nonce's id from [`Request::Commitments`].
+        nonce: u64,
+        /// `SigningPackage::to_bytes`.
+        package: Vec<u8>,
+    },
+    /// Key export: this node's share (only to an administrator key).
+    Export {
+        /// The key.
+        key_id: String,
+    },
+}
+
+/// One key a node holds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// Name.
+    pub key_id: String,
+    /// `GroupKey::to_bytes`.
+    pub group: Vec<u8>,
+    /// Nonces ready to hand out.
+    pub nonces_ready: u64,
+}
+
+/// Why a node refused, as the coordinator sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Refusal {
+    /// The error's text.
+    pub message: String,
+    /// A party the node proved misbehaved (a bad share in a DKG).
+    pub culprit: Option<PartyId>,
+    /// The nonce was unknown (the node restarted or dropped it): ask for new commitments.
+    pub stale_nonce: bool,
+}
+
+impl From<&CustodyError> for Refusal {
+    fn from(e: &CustodyError) -> Self {
+        Refusal {
+            message: e.to_string(),
+            culprit: match e {
+                CustodyError::Misbehaved { party, .. } => Some(*party),
+                CustodyError::Equivocation { culprit, .. } => Some(*culprit),
+                _ => None,
+            },
+            stale_nonce: matches!(e, CustodyError::UnknownNonce(_)),
+        }
+    }
+}
+
+/// A node's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Response {
+    /// To [`Request::Status`].
+    Status {
+        /// The node's party number.
+        party: PartyId,
+        /// Keys held.
+        keys: Vec<KeyInfo>,
+    },
+    /// To [`Request::DkgStart`].
+    DkgRound1(Envelope),
+    /// To [`Request::DkgRound2`].
+    DkgRound2 {
+        /// Broadcast.
+        echo: Envelope,
+        /// One sealed envelope per other party.
+        direct: Vec<Envelope>,
+    },
+    /// To [`Request::DkgFinish`] and [`Request::Import`]: `GroupKey::to_bytes`.
+    Key(Vec<u8>),
+    /// To [`Request::Commitments`]: (nonce id, commitment bytes).
+    Commitments(Vec<(u64, Vec<u8>)>),
+    /// To [`Request::Sign`]: the signature share.
+    Share(Vec<u8>),
+    /// To [`Request::Export`]: `KeyShare::to_bytes`.
+    Exported(Vec<u8>),
+    /// The request was refused.
+    Refused(Refusal),
+}
+
+/// Encodes a request or answer.
+pub fn encode<T: Serialize>(m: &T) -> Vec<u8> {
+    postcard::to_allocvec(m).unwrap_or_default()
+}
+
+/// Decodes a request or answer; trailing bytes are refused.
+pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8], what: &str) -> Result<T, CustodyError> {
+    match postcard::take_from_bytes::<T>(b) {
+        Ok((m, rest)) if rest.is_empty() => Ok(m),
+        _ => Err(CustodyError::malformed(what)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_garbage() {
+        let r = Request::Sign {
+            key_id: "issuer".into(),
+            nonce: 7,
+            package: vec![1, 2, 3],
+        };
+        let b = encode(&r);
+        assert_eq!(decode::<Request>(&b, "request"), Ok(r));
+        assert!(decode::<Request>(&[0xff, 0xff, 0xff], "request").is_err());
+        let mut long = b.clone();
+        long.push(0);
+        assert!(decode::<Request>(&long, "request").is_err());
+        assert!(decode::<Response>(&[], "answer").is_err());
+    }
+}
