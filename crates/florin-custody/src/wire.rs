@@ -151,7 +151,7 @@ pub fn encode<T: Serialize>(m: &T) -> Vec<u8> {
 /// Decodes a request or answer; trailing bytes are refused.
 pub fn decode<T: for<'de> Deserialize<'de>>(b: &[u8], what: &str) -> Result<T, CustodyError> {
     match postcard::take_from_bytes::<T>(b) {
-        Ok((m, rest)) if rest.is_empty() => Ok(m),
+        Ok((m, [])) => Ok(m),
         _ => Err(CustodyError::malformed(what)),
     }
 }
