@@ -1,4 +1,4 @@
-//! The authority's key on disk: created on first start, 0600, written atomically.
+//! Keys on disk: created on first start, 0600, written atomically.
 
 use std::fs;
 use std::io::Write;
@@ -12,31 +12,38 @@ use crate::error::NodeError;
 /// Loads the key at `path`, or creates it if the file does not exist.
 pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
     match fs::read_to_string(path) {
-        Ok(s) => SecretKey::from_hex(&s)
+        Ok(s) => SecretKey::from_hex(s.trim())
             .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = SecretKey::generate(&mut OsRng);
-            let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-            let _ = fs::remove_file(&tmp);
-            let io = |e: std::io::Error| NodeError::Io(format!("key file {}: {e}", path.display()));
-            let mut opts = fs::OpenOptions::new();
-            // create_new: the mode applies to a file we create, never to a leftover.
-            opts.write(true).create_new(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                opts.mode(0o600);
-            }
-            let mut f = opts.open(&tmp).map_err(io)?;
-            f.write_all(key.to_hex().as_bytes()).map_err(io)?;
-            f.sync_all().map_err(io)?;
-            fs::rename(&tmp, path).map_err(io)?;
-            // The rename is durable only once the directory is synced.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-            }
+            write_private(path, key.to_hex().as_bytes())?;
             Ok(key)
         }
         Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),
     }
+}
+
+/// Writes `bytes` to `path` atomically and durably, readable by the owner only: a temporary
+/// file created with mode 0600, synced, renamed over `path`, and the directory synced.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    let io = |e: std::io::Error| NodeError::Io(format!("{}: {e}", path.display()));
+    let mut opts = fs::OpenOptions::new();
+    // create_new: the mode applies to a file we create, never to a leftover.
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    let mut f = opts.open(&tmp).map_err(io)?;
+    f.write_all(bytes).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    fs::rename(&tmp, path).map_err(io)?;
+    // The rename is durable only once the directory is synced.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@
 pub mod api;
 mod authority;
 pub mod bridge;
+pub mod custody;
 mod error;
 mod keyfile;
 pub mod ledger;
@@ -16,6 +17,6 @@ mod store;
 
 pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
 pub use error::NodeError;
-pub use keyfile::load_or_create_key;
+pub use keyfile::{load_or_create_key, write_private};
 pub use ledger::{Ledger, TxStatus};
 pub use server::{router, serve, settle_credit, AppState, MAX_SUBMIT_BATCH};

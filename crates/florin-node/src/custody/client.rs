@@ -1,0 +1,803 @@
+//! The coordinator's side of the key-management network: it relays key generation among the
+//! nodes, and signs through them as a [`Signer`], so the issuer, the authority or a payment
+//! provider use a threshold key exactly as they use a key file.
+//!
+//! Signing is one round trip to t nodes in parallel: nonce commitments are fetched ahead, in
+//! batches of [`COMMIT_BATCH`], and the chosen nodes rotate so the load spreads over all n.
+//! A node that does not answer is skipped (and retried after [`DOWN_FOR`]); a node whose
+//! share is bad is named and left out; with fewer than t nodes answering, signing fails at
+//! once with the list of what each node said.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use florin_crypto::{LocalSigner, PublicKey, Signature, Signer, SignerError};
+use florin_custody::envelope::Envelope;
+use florin_custody::frost::{self, GroupKey, KeyShare, SigningPackage};
+use florin_custody::wire::{self, Request, Response, MAX_WIRE};
+use florin_custody::{CustodyError, PartyId};
+use florin_net::channel::{connect, Channel, ChannelConfig};
+use rand::rngs::OsRng;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use zeroize::Zeroizing;
+
+use super::node::Member;
+
+/// Nonce commitments fetched from a node at a time.
+pub const COMMIT_BATCH: u32 = 512;
+/// How long a node that failed is skipped.
+pub const DOWN_FOR: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const SIGN_TIMEOUT: Duration = Duration::from_secs(10);
+const DKG_TIMEOUT: Duration = Duration::from_secs(120);
+/// Idle connections kept per node.
+const MAX_IDLE: usize = 64;
+
+/// The network as a coordinator sees it (`network.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkConfig {
+    /// Threshold for keys made on this network.
+    pub t: u16,
+    /// The nodes.
+    pub members: Vec<Member>,
+}
+
+impl NetworkConfig {
+    /// Reads a `network.json`.
+    pub fn load(path: &Path) -> Result<Self, KmnError> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| KmnError::Config(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&s).map_err(|e| KmnError::Config(format!("{}: {e}", path.display())))
+    }
+}
+
+/// Why the network could not do what was asked.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum KmnError {
+    /// Too few nodes answered.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A node refused; `culprit` is a party it proved misbehaved.
+    #[error("node {party} refused: {message}")]
+    Refused {
+        /// The node that refused.
+        party: PartyId,
+        /// Its reason.
+        message: String,
+        /// The party it blames, if any.
+        culprit: Option<PartyId>,
+    },
+    /// Protocol data was invalid; a culprit is named in it when one is known.
+    #[error(transparent)]
+    Protocol(#[from] CustodyError),
+    /// The configuration is unusable.
+    #[error("config: {0}")]
+    Config(String),
+}
+
+struct Link {
+    party: PartyId,
+    addr: SocketAddr,
+    key: PublicKey,
+    idle: Mutex<Vec<Channel>>,
+    down_until: Mutex<Option<Instant>>,
+}
+
+struct Pending<'a> {
+    link: &'a Link,
+    ch: Option<Channel>,
+    reused: bool,
+    req: Vec<u8>,
+}
+
+impl Link {
+    fn is_down(&self) -> bool {
+        self.down_until
+            .lock()
+            .map(|d| d.is_some_and(|t| Instant::now() < t))
+            .unwrap_or(false)
+    }
+
+    fn mark_down(&self) {
+        if let Ok(mut d) = self.down_until.lock() {
+            *d = Some(Instant::now() + DOWN_FOR);
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
+    fn fresh(&self, me: &LocalSigner) -> Result<Channel, String> {
+        let cfg = ChannelConfig {
+            timeout: CONNECT_TIMEOUT,
+            ..ChannelConfig::default()
+        };
+        connect(self.addr, me, Some(self.key), &cfg).map_err(|e| {
+            self.mark_down();
+            format!("node {} at {}: {e}", self.party, self.addr)
+        })
+    }
+
+    /// Sends `req`; [`Pending::finish`] reads the answer. Sending to several nodes before
+    /// reading any lets them work in parallel.
+    fn send(&self, me: &LocalSigner, req: &Request) -> Result<Pending<'_>, String> {
+        let req = wire::encode(req);
+        let pooled = self.idle.lock().ok().and_then(|mut v| v.pop());
+        let (mut ch, reused) = match pooled {
+            Some(c) => (c, true),
+            None => (self.fresh(me)?, false),
+        };
+        if ch.send(&req).is_err() {
+            if !reused {
+                self.mark_down();
+                return Err(format!("node {}: connection lost", self.party));
+            }
+            // A pooled connection the node closed while idle: one fresh try.
+            ch = self.fresh(me)?;
+            ch.send(&req).map_err(|e| {
+                self.mark_down();
+                format!("node {}: {e}", self.party)
+            })?;
+            return Ok(Pending {
+                link: self,
+                ch: Some(ch),
+                reused: false,
+                req,
+            });
+        }
+        Ok(Pending {
+            link: self,
+            ch: Some(ch),
+            reused,
+            req,
+        })
+    }
+}
+
+impl Pending<'_> {
+    fn finish(mut self, me: &LocalSigner, timeout: Duration) -> Result<Response, String> {
+        let link = self.link;
+        let Some(mut ch) = self.ch.take() else {
+            return Err("no channel".into());
+        };
+        let _ = ch.set_timeout(timeout);
+        let answer = match ch.recv(MAX_WIRE) {
+            Ok(b) => b,
+            Err(first) => {
+                if !self.reused {
+                    link.mark_down();
+                    return Err(format!("node {}: {first}", link.party));
+                }
+                ch = link.fresh(me)?;
+                let _ = ch.set_timeout(timeout);
+                ch.send(&self.req)
+                    .and_then(|_| ch.recv(MAX_WIRE))
+                    .map_err(|e| {
+                        link.mark_down();
+                        format!("node {}: {e}", link.party)
+                    })?
+            }
+        };
+        let resp = wire::decode::<Response>(&answer, "answer").map_err(|e| {
+            link.mark_down();
+            format!("node {}: {e}", link.party)
+        })?;
+        if let Ok(mut idle) = link.idle.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(ch);
+            }
+        }
+        Ok(resp)
+    }
+}
+
+/// A coordinator's handle on the network.
+pub struct Kmn {
+    t: u16,
+    links: Vec<Link>,
+    me: LocalSigner,
+}
+
+/// One node as `status` saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeState {
+    /// Party number.
+    pub party: PartyId,
+    /// Address.
+    pub addr: SocketAddr,
+    /// Identity key.
+    pub key: String,
+    /// Whether it answered.
+    pub up: bool,
+    /// Why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Keys it holds: (name, public key, nonces ready).
+    pub keys: Vec<(String, String, u64)>,
+}
+
+fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
+    KmnError::Refused {
+        party,
+        message: r.message,
+        culprit: r.culprit,
+    }
+}
+
+fn unexpected(party: PartyId) -> KmnError {
+    KmnError::Unavailable(format!("node {party} answered out of protocol"))
+}
+
+impl Kmn {
+    /// A handle on `net`, authenticating as `me` (a key the nodes list as client or admin).
+    pub fn new(net: &NetworkConfig, me: LocalSigner) -> Result<Arc<Kmn>, KmnError> {
+        let mut links = Vec::with_capacity(net.members.len());
+        for m in &net.members {
+            let key = PublicKey::parse(&m.key)
+                .map_err(|e| KmnError::Config(format!("member {}: {e}", m.party)))?;
+            links.push(Link {
+                party: m.party,
+                addr: m.addr,
+                key,
+                idle: Mutex::new(Vec::new()),
+                down_until: Mutex::new(None),
+            });
+        }
+        links.sort_by_key(|l| l.party);
+        if net.t < 2 || net.t as usize > links.len() {
+            return Err(KmnError::Config(format!(
+                "threshold {} of {} nodes",
+                net.t,
+                links.len()
+            )));
+        }
+        Ok(Arc::new(Kmn {
+            t: net.t,
+            links,
+            me,
+        }))
+    }
+
+    /// Nodes in the network.
+    pub fn n(&self) -> u16 {
+        self.links.len() as u16
+    }
+
+    /// Threshold.
+    pub fn t(&self) -> u16 {
+        self.t
+    }
+
+    fn link(&self, party: PartyId) -> Option<&Link> {
+        self.links.iter().find(|l| l.party == party)
+    }
+
+    /// Sends one request to each listed node, then reads every answer.
+    fn round(
+        &self,
+        reqs: Vec<(PartyId, Request)>,
+        timeout: Duration,
+    ) -> Vec<(PartyId, Result<Response, String>)> {
+        let mut pending = Vec::with_capacity(reqs.len());
+        for (p, req) in reqs {
+            match self.link(p) {
+                Some(l) => pending.push((p, l.send(&self.me, &req))),
+                None => pending.push((p, Err(format!("no node {p}")))),
+            }
+        }
+        pending
+            .into_iter()
+            .map(|(p, r)| (p, r.and_then(|pd| pd.finish(&self.me, timeout))))
+            .collect()
+    }
+
+    /// Asks every node for its state.
+    pub fn status(&self) -> Vec<NodeState> {
+        let reqs = self
+            .links
+            .iter()
+            .map(|l| (l.party, Request::Status))
+            .collect();
+        self.round(reqs, SIGN_TIMEOUT)
+            .into_iter()
+            .map(|(p, r)| {
+                let l = self.link(p);
+                let mut s = NodeState {
+                    party: p,
+                    addr: l
+                        .map(|l| l.addr)
+                        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
+                    key: l.map(|l| l.key.to_address()).unwrap_or_default(),
+                    up: false,
+                    error: None,
+                    keys: vec![],
+                };
+                match r {
+                    Ok(Response::Status { keys, .. }) => {
+                        s.up = true;
+                        s.keys = keys
+                            .into_iter()
+                            .map(|k| {
+                                let pk = GroupKey::from_bytes(&k.group)
+                                    .map(|g| g.public_key().to_address())
+                                    .unwrap_or_else(|e| format!("({e})"));
+                                (k.key_id, pk, k.nonces_ready)
+                            })
+                            .collect();
+                    }
+                    Ok(Response::Refused(r)) => s.error = Some(r.message),
+                    Ok(_) => s.error = Some("answered out of protocol".into()),
+                    Err(e) => s.error = Some(e),
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// The group key `key_id` as the nodes hold it: at least t nodes must report the same one.
+    pub fn group(&self, key_id: &str) -> Result<GroupKey, KmnError> {
+        let reqs = self
+            .links
+            .iter()
+            .map(|l| (l.party, Request::Status))
+            .collect();
+        let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut errors = Vec::new();
+        for (p, r) in self.round(reqs, SIGN_TIMEOUT) {
+            match r {
+                Ok(Response::Status { keys, .. }) => {
+                    if let Some(k) = keys.into_iter().find(|k| k.key_id == key_id) {
+                        *seen.entry(k.group).or_default() += 1;
+                    }
+                }
+                Ok(_) => errors.push(format!("node {p}: unexpected answer")),
+                Err(e) => errors.push(e),
+            }
+        }
+        match seen.into_iter().max_by_key(|(_, c)| *c) {
+            Some((g, c)) if c >= self.t as usize => Ok(GroupKey::from_bytes(&g)?),
+            Some((_, c)) => Err(KmnError::Unavailable(format!(
+                "only {c} node(s) report key {key_id}, {} needed; {}",
+                self.t,
+                errors.join("; ")
+            ))),
+            None if errors.len() + (self.t as usize) > self.links.len() => {
+                Err(KmnError::Unavailable(format!(
+                    "key {key_id}: too few nodes answer ({})",
+                    errors.join("; ")
+                )))
+            }
+            None => Err(KmnError::Config(format!(
+                "the network holds no key {key_id}"
+            ))),
+        }
+    }
+
+    /// Distributed key generation of a new key `key_id` among all n nodes: no machine ever
+    /// holds the whole key. The coordinator only relays signed envelopes; shares travel sealed
+    /// to their recipient.
+    pub fn dkg(&self, key_id: &str) -> Result<GroupKey, KmnError> {
+        let mut session = [0u8; 16];
+        OsRng.fill_bytes(&mut session);
+        let n = self.n();
+        let parties: Vec<PartyId> = self.links.iter().map(|l| l.party).collect();
+        let all = |rs: Vec<(PartyId, Result<Response, String>)>| -> Result<Vec<(PartyId, Response)>, KmnError> {
+            let mut out = Vec::with_capacity(rs.len());
+            let mut down = Vec::new();
+            for (p, r) in rs {
+                match r {
+                    Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                    Ok(x) => out.push((p, x)),
+                    Err(e) => down.push(e),
+                }
+            }
+            if down.is_empty() {
+                Ok(out)
+            } else {
+                Err(KmnError::Unavailable(format!(
+                    "key generation needs all {n} nodes: {}",
+                    down.join("; ")
+                )))
+            }
+        };
+        // Round 1.
+        let r1 = all(self.round(
+            parties
+                .iter()
+                .map(|&p| {
+                    (
+                        p,
+                        Request::DkgStart {
+                            session,
+                            key_id: key_id.to_string(),
+                            t: self.t,
+                            n,
+                        },
+                    )
+                })
+                .collect(),
+            DKG_TIMEOUT,
+        ))?;
+        let mut round1 = Vec::new();
+        for (p, r) in r1 {
+            match r {
+                Response::DkgRound1(e) if e.from == p => round1.push(e),
+                _ => return Err(unexpected(p)),
+            }
+        }
+        // Round 2.
+        let r2 = all(self.round(
+            parties
+                .iter()
+                .map(|&p| {
+                    let others = round1.iter().filter(|e| e.from != p).cloned().collect();
+                    (
+                        p,
+                        Request::DkgRound2 {
+                            session,
+                            round1: others,
+                        },
+                    )
+                })
+                .collect(),
+            DKG_TIMEOUT,
+        ))?;
+        let mut echoes: Vec<Envelope> = Vec::new();
+        let mut direct: Vec<Envelope> = Vec::new();
+        for (p, r) in r2 {
+            match r {
+                Response::DkgRound2 { echo, direct: d } if echo.from == p => {
+                    echoes.push(echo);
+                    direct.extend(d.into_iter().filter(|e| e.from == p));
+                }
+                _ => return Err(unexpected(p)),
+            }
+        }
+        // Round 3.
+        let r3 = all(self.round(
+            parties
+                .iter()
+                .map(|&p| {
+                    (
+                        p,
+                        Request::DkgFinish {
+                            session,
+                            echoes: echoes.iter().filter(|e| e.from != p).cloned().collect(),
+                            direct: direct.iter().filter(|e| e.to == p).cloned().collect(),
+                        },
+                    )
+                })
+                .collect(),
+            DKG_TIMEOUT,
+        ))?;
+        let mut group: Option<Vec<u8>> = None;
+        for (p, r) in r3 {
+            let Response::Key(g) = r else {
+                return Err(unexpected(p));
+            };
+            match &group {
+                None => group = Some(g),
+                Some(x) if *x == g => {}
+                Some(_) => {
+                    return Err(KmnError::Unavailable(format!(
+                        "node {p} ended the key generation with another group key"
+                    )))
+                }
+            }
+        }
+        let g = group.ok_or_else(|| KmnError::Config("empty network".into()))?;
+        Ok(GroupKey::from_bytes(&g)?)
+    }
+
+    /// Key import (trusted dealer): splits an existing Ed25519 key (its 32-byte seed, as in
+    /// Florin's key files) into shares and gives each node its own. All n nodes must take it.
+    pub fn import_seed(&self, key_id: &str, seed: &[u8; 32]) -> Result<GroupKey, KmnError> {
+        let (group, shares) =
+            frost::split_ed25519_seed(key_id, seed, self.t, self.n(), &mut OsRng)?;
+        self.install(key_id, &group, &shares)?;
+        Ok(group)
+    }
+
+    fn install(&self, key_id: &str, group: &GroupKey, shares: &[KeyShare]) -> Result<(), KmnError> {
+        let reqs = shares
+            .iter()
+            .map(|s| {
+                (
+                    s.party(),
+                    Request::Import {
+                        key_id: key_id.to_string(),
+                        share: s.to_bytes().to_vec(),
+                    },
+                )
+            })
+            .collect();
+        let mut down = Vec::new();
+        for (p, r) in self.round(reqs, SIGN_TIMEOUT) {
+            match r {
+                Ok(Response::Key(g)) if g == group.to_bytes() => {}
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => down.push(e),
+            }
+        }
+        if !down.is_empty() {
+            return Err(KmnError::Unavailable(format!(
+                "import needs all {} nodes: {}",
+                self.n(),
+                down.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Key export (R4): collects t shares and rebuilds the signing scalar, checked against the
+    /// group key. Needs an administrator key.
+    pub fn export(&self, key_id: &str) -> Result<Zeroizing<[u8; 32]>, KmnError> {
+        let group = self.group(key_id)?;
+        let reqs = self
+            .links
+            .iter()
+            .map(|l| {
+                (
+                    l.party,
+                    Request::Export {
+                        key_id: key_id.to_string(),
+                    },
+                )
+            })
+            .collect();
+        let mut shares = Vec::new();
+        let mut errors = Vec::new();
+        for (p, r) in self.round(reqs, SIGN_TIMEOUT) {
+            match r {
+                Ok(Response::Exported(b)) => match KeyShare::from_bytes(&b) {
+                    Ok(s) if s.party() == p && *s.group() == group => shares.push(s),
+                    _ => errors.push(format!("node {p}: share does not match the key")),
+                },
+                Ok(Response::Refused(r)) => errors.push(format!("node {p}: {}", r.message)),
+                Ok(_) => errors.push(format!("node {p}: unexpected answer")),
+                Err(e) => errors.push(e),
+            }
+        }
+        if shares.len() < self.t as usize {
+            return Err(KmnError::Unavailable(format!(
+                "export needs {} shares, got {}: {}",
+                self.t,
+                shares.len(),
+                errors.join("; ")
+            )));
+        }
+        Ok(frost::reconstruct(&shares)?)
+    }
+
+    /// A signer for `key_id`.
+    pub fn signer(self: &Arc<Self>, key_id: &str) -> Result<ThresholdSigner, KmnError> {
+        let group = self.group(key_id)?;
+        Ok(ThresholdSigner::new(self.clone(), group))
+    }
+}
+
+/// Nonce commitments a node handed out and no signature used yet: (nonce id, bytes).
+type CommitmentQueue = VecDeque<(u64, Vec<u8>)>;
+
+/// Signs with a threshold key held by the network. Its signatures are ordinary Ed25519
+/// signatures under [`GroupKey::public_key`].
+pub struct ThresholdSigner {
+    kmn: Arc<Kmn>,
+    group: GroupKey,
+    key_id: String,
+    caches: HashMap<PartyId, Mutex<CommitmentQueue>>,
+    next: AtomicUsize,
+}
+
+impl ThresholdSigner {
+    /// A signer for `group` on `kmn`.
+    pub fn new(kmn: Arc<Kmn>, group: GroupKey) -> ThresholdSigner {
+        let caches = kmn
+            .links
+            .iter()
+            .map(|l| (l.party, Mutex::new(VecDeque::new())))
+            .collect();
+        ThresholdSigner {
+            key_id: group.key_id().to_string(),
+            kmn,
+            group,
+            caches,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The key's public side.
+    pub fn group(&self) -> &GroupKey {
+        &self.group
+    }
+
+    /// t nodes to ask, rotating, nodes that recently failed last.
+    fn choose(&self, excluded: &[PartyId]) -> Vec<PartyId> {
+        let links = &self.kmn.links;
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let order: Vec<&Link> = (0..links.len())
+            .map(|i| &links[(start + i) % links.len()])
+            .filter(|l| !excluded.contains(&l.party))
+            .collect();
+        let mut up: Vec<PartyId> = order
+            .iter()
+            .filter(|l| !l.is_down())
+            .map(|l| l.party)
+            .collect();
+        up.extend(order.iter().filter(|l| l.is_down()).map(|l| l.party));
+        up.truncate(self.group.threshold() as usize);
+        up
+    }
+
+    fn pop(&self, p: PartyId) -> Option<(u64, Vec<u8>)> {
+        self.caches.get(&p)?.lock().ok()?.pop_front()
+    }
+
+    fn push_back(&self, p: PartyId, c: (u64, Vec<u8>)) {
+        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+            q.push_front(c);
+        }
+    }
+
+    fn clear(&self, p: PartyId) {
+        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+            q.clear();
+        }
+    }
+
+    /// Signs `msg`: see the module documentation for what happens when nodes fail.
+    pub fn sign_msg(&self, msg: &[u8]) -> Result<Signature, KmnError> {
+        let t = self.group.threshold() as usize;
+        let mut excluded: Vec<PartyId> = Vec::new();
+        let mut errors: Vec<String> = Vec::new();
+        for _attempt in 0..(self.kmn.links.len() + 2) {
+            let chosen = self.choose(&excluded);
+            if chosen.len() < t {
+                break;
+            }
+            // Commitments: from the cache, else one batch fetch from the nodes that ran out.
+            let mut commitments: BTreeMap<PartyId, (u64, Vec<u8>)> = BTreeMap::new();
+            let mut fetch = Vec::new();
+            for &p in &chosen {
+                match self.pop(p) {
+                    Some(c) => {
+                        commitments.insert(p, c);
+                    }
+                    None => fetch.push((
+                        p,
+                        Request::Commitments {
+                            key_id: self.key_id.clone(),
+                            count: COMMIT_BATCH,
+                        },
+                    )),
+                }
+            }
+            let mut failed = false;
+            for (p, r) in self.kmn.round(fetch, SIGN_TIMEOUT) {
+                match r {
+                    Ok(Response::Commitments(list)) if !list.is_empty() => {
+                        let mut it = list.into_iter();
+                        if let Some(first) = it.next() {
+                            commitments.insert(p, first);
+                        }
+                        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+                            q.extend(it);
+                        }
+                    }
+                    Ok(Response::Refused(r)) => {
+                        errors.push(format!("node {p}: {}", r.message));
+                        excluded.push(p);
+                        failed = true;
+                    }
+                    Ok(_) => {
+                        errors.push(format!("node {p}: unexpected answer"));
+                        excluded.push(p);
+                        failed = true;
+                    }
+                    Err(e) => {
+                        errors.push(e);
+                        excluded.push(p);
+                        failed = true;
+                    }
+                }
+            }
+            if failed {
+                // Unused commitments stay valid for the next attempt.
+                for (p, c) in commitments {
+                    self.push_back(p, c);
+                }
+                continue;
+            }
+            let plain: BTreeMap<PartyId, Vec<u8>> =
+                commitments.iter().map(|(p, c)| (*p, c.1.clone())).collect();
+            let package = match SigningPackage::new(&plain, msg) {
+                Ok(pk) => pk,
+                Err(CustodyError::Misbehaved { party, reason }) => {
+                    errors.push(format!("node {party}: {reason}"));
+                    excluded.push(party);
+                    self.clear(party);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let bytes = package.to_bytes()?;
+            let reqs = commitments
+                .iter()
+                .map(|(p, c)| {
+                    (
+                        *p,
+                        Request::Sign {
+                            key_id: self.key_id.clone(),
+                            nonce: c.0,
+                            package: bytes.clone(),
+                        },
+                    )
+                })
+                .collect();
+            let mut shares = BTreeMap::new();
+            for (p, r) in self.kmn.round(reqs, SIGN_TIMEOUT) {
+                match r {
+                    Ok(Response::Share(s)) => {
+                        shares.insert(p, s);
+                    }
+                    Ok(Response::Refused(r)) if r.stale_nonce => {
+                        // The node restarted or dropped the nonce: fresh commitments next time.
+                        self.clear(p);
+                        errors.push(format!("node {p}: {}", r.message));
+                    }
+                    Ok(Response::Refused(r)) => {
+                        errors.push(format!("node {p}: {}", r.message));
+                        excluded.push(p);
+                    }
+                    Ok(_) => {
+                        errors.push(format!("node {p}: unexpected answer"));
+                        excluded.push(p);
+                    }
+                    Err(e) => {
+                        errors.push(e);
+                        excluded.push(p);
+                    }
+                }
+            }
+            if shares.len() < t {
+                continue;
+            }
+            match frost::aggregate(&self.group, &package, &shares) {
+                Ok(sig) => return Ok(sig),
+                Err(CustodyError::Misbehaved { party, reason }) => {
+                    errors.push(format!("node {party} sent a bad signature share: {reason}"));
+                    excluded.push(party);
+                    self.clear(party);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        errors.dedup();
+        Err(KmnError::Unavailable(format!(
+            "cannot sign with {}: {} of {} key-management nodes needed; {}",
+            self.key_id,
+            t,
+            self.kmn.links.len(),
+            errors.join("; ")
+        )))
+    }
+}
+
+impl Signer for ThresholdSigner {
+    fn public_key(&self) -> PublicKey {
+        self.group.public_key()
+    }
+
+    fn sign(&self, msg: &[u8]) -> Result<Signature, SignerError> {
+        self.sign_msg(msg)
+            .map_err(|e| SignerError::Unavailable(e.to_string()))
+    }
+}

@@ -1,0 +1,155 @@
+//! The key-management network's services: the node ([`node`]), the coordinator's client and
+//! threshold signer ([`client`]), and the on-disk layout of a local network ([`Layout`]) that
+//! `florin custody up` and `florin devnet --custody threshold` share.
+
+pub mod client;
+pub mod node;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use florin_crypto::{LocalSigner, Signer};
+use florin_custody::PartyId;
+
+pub use client::{Kmn, KmnError, NetworkConfig, ThresholdSigner};
+pub use node::{CustodyNode, CustodyNodeConfig, Member, RunningNode};
+
+use crate::error::NodeError;
+use crate::keyfile::{load_or_create_key, write_private};
+
+/// Where a local network keeps its files:
+///
+/// ```text
+/// DIR/network.json          threshold and members (what a coordinator needs)
+/// DIR/coordinator.key       the coordinator's identity (a client and admin of every node)
+/// DIR/node-P/node.json      node P's config
+/// DIR/node-P/identity.key   node P's identity (its Noise channel and envelope signatures)
+/// DIR/node-P/seal.key       node P's key-encryption key
+/// DIR/node-P/shares/K.share node P's share of key K, encrypted
+/// ```
+#[derive(Debug, Clone)]
+pub struct Layout {
+    dir: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `dir`.
+    pub fn new(dir: &Path) -> Layout {
+        Layout {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The network's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `network.json`.
+    pub fn network_file(&self) -> PathBuf {
+        self.dir.join("network.json")
+    }
+
+    /// The coordinator's key file.
+    pub fn coordinator_key(&self) -> PathBuf {
+        self.dir.join("coordinator.key")
+    }
+
+    /// Node `p`'s directory.
+    pub fn node_dir(&self, p: PartyId) -> PathBuf {
+        self.dir.join(format!("node-{p}"))
+    }
+
+    /// Node `p`'s config file.
+    pub fn node_config(&self, p: PartyId) -> PathBuf {
+        self.node_dir(p).join("node.json")
+    }
+
+    /// Whether a network was created here.
+    pub fn exists(&self) -> bool {
+        self.network_file().exists()
+    }
+
+    /// Creates a t-of-n network whose node `i` listens on `addrs[i]`: identities, configs,
+    /// the coordinator's key. Refuses to overwrite an existing network.
+    pub fn create(&self, t: u16, addrs: &[SocketAddr]) -> Result<NetworkConfig, NodeError> {
+        if self.exists() {
+            return Err(NodeError::BadRequest(format!(
+                "a network already exists in {}",
+                self.dir.display()
+            )));
+        }
+        let n = addrs.len();
+        if t < 2 || t as usize > n || n > florin_custody::frost::MAX_PARTIES as usize {
+            return Err(NodeError::BadRequest(format!("threshold {t} of {n} nodes")));
+        }
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| NodeError::Io(format!("{}: {e}", self.dir.display())))?;
+        let coordinator = LocalSigner::new(load_or_create_key(&self.coordinator_key())?);
+        let mut members = Vec::with_capacity(n);
+        for (i, addr) in addrs.iter().enumerate() {
+            let p = (i + 1) as PartyId;
+            let d = self.node_dir(p);
+            std::fs::create_dir_all(&d)
+                .map_err(|e| NodeError::Io(format!("{}: {e}", d.display())))?;
+            let id = load_or_create_key(&d.join("identity.key"))?;
+            members.push(Member {
+                party: p,
+                addr: *addr,
+                key: id.public_key().to_address(),
+            });
+        }
+        let me = coordinator.public_key().to_address();
+        for m in &members {
+            let cfg = CustodyNodeConfig {
+                party: m.party,
+                listen: m.addr,
+                dir: self.node_dir(m.party),
+                seal_key: None,
+                t,
+                members: members.clone(),
+                clients: vec![me.clone()],
+                admins: vec![me.clone()],
+            };
+            let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
+            write_private(&self.node_config(m.party), &json)?;
+        }
+        let net = NetworkConfig { t, members };
+        let json = serde_json::to_vec_pretty(&net).map_err(|e| NodeError::Io(e.to_string()))?;
+        write_private(&self.network_file(), &json)?;
+        Ok(net)
+    }
+
+    /// Reads the network and the coordinator's key.
+    pub fn load(&self) -> Result<(NetworkConfig, LocalSigner), NodeError> {
+        let net = NetworkConfig::load(&self.network_file())
+            .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let me = LocalSigner::new(load_or_create_key(&self.coordinator_key())?);
+        Ok((net, me))
+    }
+
+    /// Starts every node in this process (background threads, real sockets): for tests,
+    /// benchmarks and single-process demos.
+    pub fn start_in_process(&self) -> Result<Vec<RunningNode>, NodeError> {
+        let (net, _) = self.load()?;
+        let mut out = Vec::new();
+        for m in &net.members {
+            let cfg = CustodyNodeConfig::load(&self.node_config(m.party))?;
+            let listener = std::net::TcpListener::bind(cfg.listen)
+                .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+            out.push(CustodyNode::open(&cfg)?.start(listener)?);
+        }
+        Ok(out)
+    }
+}
+
+/// `n` free loopback ports (bound and released; another process could take one in between).
+pub fn free_loopback_addrs(n: usize) -> Result<Vec<SocketAddr>, NodeError> {
+    let ls: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .map_err(|e| NodeError::Io(e.to_string()))?;
+    ls.iter()
+        .map(|l| l.local_addr().map_err(|e| NodeError::Io(e.to_string())))
+        .collect()
+}

@@ -1,0 +1,669 @@
+//! A key-management node: holds one share of each threshold key, encrypted at rest, and
+//! answers an authorised coordinator over a Noise channel (`florin-net`): distributed key
+//! generation, import, nonce commitments, signature shares, export.
+//!
+//! Who may ask what: keys listed as `clients` may read status, take nonce commitments and ask
+//! for signature shares; keys listed as `admins` may also create, import and export keys.
+//! Any other peer is dropped after the handshake.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use florin_crypto::{LocalSigner, PublicKey, Signer};
+use florin_custody::envelope::Envelope;
+use florin_custody::frost::{DkgParty, KeyShare, NoncePool, SigningPackage};
+use florin_custody::wire::{self, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE};
+use florin_custody::{vault, CustodyError, PartyId};
+use florin_net::channel::{accept_on, Channel, ChannelConfig};
+use florin_net::NetError;
+use rand::rngs::OsRng;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use crate::error::NodeError;
+use crate::keyfile::{load_or_create_key, write_private};
+
+/// Nonces a node keeps ready per key; the background refill tops up to this.
+pub const NONCE_POOL_TARGET: usize = 4096;
+/// Handed-out nonces a node remembers per key before dropping the oldest.
+const MAX_ISSUED: usize = 1 << 16;
+/// Concurrent connections a node serves.
+const MAX_CONNECTIONS: usize = 256;
+/// Concurrent key generations in progress, and how long one may take.
+const MAX_DKG_RUNS: usize = 64;
+const DKG_DEADLINE: Duration = Duration::from_secs(300);
+/// An idle connection is closed after this.
+const IDLE: Duration = Duration::from_secs(600);
+
+/// One member of the network, as every node's config lists it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Member {
+    /// Party number, 1 to n.
+    pub party: PartyId,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its identity key (`eur1…`).
+    pub key: String,
+}
+
+/// A node's configuration file (`node.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CustodyNodeConfig {
+    /// This node's party number.
+    pub party: PartyId,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Directory holding `identity.key`, `shares/` and (unless `seal_key` says otherwise)
+    /// `seal.key`.
+    pub dir: PathBuf,
+    /// The key-encryption key's file; keep it on another medium than the shares in
+    /// production (a TPM-sealed or mounted secret).
+    #[serde(default)]
+    pub seal_key: Option<PathBuf>,
+    /// Threshold of keys made by DKG on this network.
+    pub t: u16,
+    /// Every member, this node included.
+    pub members: Vec<Member>,
+    /// Keys allowed to take commitments and signature shares.
+    pub clients: Vec<String>,
+    /// Keys allowed to create, import and export keys.
+    pub admins: Vec<String>,
+}
+
+impl CustodyNodeConfig {
+    /// Reads a `node.json`.
+    pub fn load(path: &Path) -> Result<Self, NodeError> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| NodeError::Io(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&s)
+            .map_err(|e| NodeError::BadRequest(format!("{}: {e}", path.display())))
+    }
+}
+
+struct KeyEntry {
+    share: KeyShare,
+    pool: Mutex<NoncePool>,
+}
+
+struct DkgRun {
+    party: DkgParty,
+    started: Instant,
+}
+
+struct Inner {
+    party: PartyId,
+    n: u16,
+    dir: PathBuf,
+    identity: LocalSigner,
+    kek: Zeroizing<[u8; 32]>,
+    members: HashMap<PartyId, PublicKey>,
+    clients: Vec<PublicKey>,
+    admins: Vec<PublicKey>,
+    keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
+    dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
+    connections: AtomicUsize,
+    /// Open connections' sockets, to close them when the node stops.
+    open: Mutex<HashMap<u64, std::net::TcpStream>>,
+    next_conn: std::sync::atomic::AtomicU64,
+    stop: AtomicBool,
+}
+
+/// A key-management node.
+pub struct CustodyNode {
+    inner: Arc<Inner>,
+}
+
+/// A node serving in background threads (tests, benchmarks, `devnet` in one process).
+pub struct RunningNode {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+    accept: Option<thread::JoinHandle<()>>,
+}
+
+fn parse_keys(list: &[String], what: &str) -> Result<Vec<PublicKey>, NodeError> {
+    list.iter()
+        .map(|k| {
+            PublicKey::parse(k).map_err(|e| NodeError::BadRequest(format!("{what} key {k}: {e}")))
+        })
+        .collect()
+}
+
+/// Key names: short, and safe as file names.
+pub fn valid_key_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn load_kek(path: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => {
+            let b = hex::decode(s.trim())
+                .map_err(|_| NodeError::Corrupt(format!("{}: not hex", path.display())))?;
+            let k: [u8; 32] = b
+                .try_into()
+                .map_err(|_| NodeError::Corrupt(format!("{}: not 32 bytes", path.display())))?;
+            Ok(Zeroizing::new(k))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut k = Zeroizing::new([0u8; 32]);
+            OsRng.fill_bytes(&mut k[..]);
+            write_private(path, hex::encode(&k[..]).as_bytes())?;
+            Ok(k)
+        }
+        Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
+    }
+}
+
+fn share_name(key_id: &str, party: PartyId) -> String {
+    format!("florin/custody/share/{key_id}/{party}")
+}
+
+impl CustodyNode {
+    /// Opens the node's directory: identity key and key-encryption key (created on first
+    /// start), and every stored share, each decrypted and checked against its group key.
+    pub fn open(cfg: &CustodyNodeConfig) -> Result<CustodyNode, NodeError> {
+        std::fs::create_dir_all(cfg.dir.join("shares"))
+            .map_err(|e| NodeError::Io(format!("{}: {e}", cfg.dir.display())))?;
+        let identity = LocalSigner::new(load_or_create_key(&cfg.dir.join("identity.key"))?);
+        let kek = load_kek(&cfg.seal_key.clone().unwrap_or(cfg.dir.join("seal.key")))?;
+        let mut members = HashMap::new();
+        for m in &cfg.members {
+            let k = PublicKey::parse(&m.key)
+                .map_err(|e| NodeError::BadRequest(format!("member {}: {e}", m.party)))?;
+            members.insert(m.party, k);
+        }
+        let n = cfg.members.len() as u16;
+        if members.get(&cfg.party) != Some(&identity.public_key()) {
+            return Err(NodeError::BadRequest(format!(
+                "party {} in the member list is not this node's identity {}",
+                cfg.party,
+                identity.public_key().to_address()
+            )));
+        }
+        let mut keys = HashMap::new();
+        let rd =
+            std::fs::read_dir(cfg.dir.join("shares")).map_err(|e| NodeError::Io(e.to_string()))?;
+        for entry in rd {
+            let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
+            let (Some(stem), Some("share")) = (
+                path.file_stem().and_then(|s| s.to_str()),
+                path.extension().and_then(|s| s.to_str()),
+            ) else {
+                continue;
+            };
+            let bytes = std::fs::read(&path)
+                .map_err(|e| NodeError::Io(format!("{}: {e}", path.display())))?;
+            let plain = vault::open(&kek, &share_name(stem, cfg.party), &bytes)
+                .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
+            let share = KeyShare::from_bytes(&plain)
+                .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
+            keys.insert(stem.to_string(), Arc::new(entry_for(share)));
+        }
+        Ok(CustodyNode {
+            inner: Arc::new(Inner {
+                party: cfg.party,
+                n,
+                dir: cfg.dir.clone(),
+                identity,
+                kek,
+                members,
+                clients: parse_keys(&cfg.clients, "client")?,
+                admins: parse_keys(&cfg.admins, "admin")?,
+                keys: RwLock::new(keys),
+                dkgs: Mutex::new(HashMap::new()),
+                connections: AtomicUsize::new(0),
+                open: Mutex::new(HashMap::new()),
+                next_conn: std::sync::atomic::AtomicU64::new(0),
+                stop: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// This node's identity key.
+    pub fn identity(&self) -> PublicKey {
+        self.inner.identity.public_key()
+    }
+
+    /// Serves on `listener` in background threads: one per connection, and one that keeps
+    /// every key's nonce pool full.
+    pub fn start(self, listener: TcpListener) -> Result<RunningNode, NodeError> {
+        let addr = listener
+            .local_addr()
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        let inner = self.inner;
+        let refill = inner.clone();
+        thread::Builder::new()
+            .name("custody-refill".into())
+            .spawn(move || refill_loop(&refill))
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        let acc = inner.clone();
+        let accept = thread::Builder::new()
+            .name("custody-accept".into())
+            .spawn(move || accept_loop(&acc, listener))
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        Ok(RunningNode {
+            inner,
+            addr,
+            accept: Some(accept),
+        })
+    }
+}
+
+fn entry_for(share: KeyShare) -> KeyEntry {
+    KeyEntry {
+        share,
+        pool: Mutex::new(NoncePool::new(OsRng.next_u64() >> 1, MAX_ISSUED)),
+    }
+}
+
+impl RunningNode {
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the node stops.
+    pub fn wait(mut self) {
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops accepting and closes the node's connections as they next wake (a crashed node,
+    /// for tests: nothing is flushed because nothing is pending).
+    pub fn stop(&self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        if let Ok(mut open) = self.inner.open.lock() {
+            for (_, s) in open.drain() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        // Wake the accept loop.
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+impl Drop for RunningNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn refill_loop(inner: &Inner) {
+    while !inner.stop.load(Ordering::Relaxed) {
+        let entries: Vec<Arc<KeyEntry>> = match inner.keys.read() {
+            Ok(k) => k.values().cloned().collect(),
+            Err(_) => return,
+        };
+        let mut worked = false;
+        for e in entries {
+            let ready = e
+                .pool
+                .lock()
+                .map(|p| p.ready())
+                .unwrap_or(NONCE_POOL_TARGET);
+            if ready < NONCE_POOL_TARGET {
+                let batch =
+                    NoncePool::generate(&e.share, 256.min(NONCE_POOL_TARGET - ready), &mut OsRng);
+                if let Ok(mut p) = e.pool.lock() {
+                    p.add(batch);
+                }
+                worked = true;
+            }
+        }
+        if !worked {
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn accept_loop(inner: &Arc<Inner>, listener: TcpListener) {
+    let cfg = ChannelConfig {
+        timeout: Duration::from_secs(10),
+        ..ChannelConfig::default()
+    };
+    for stream in listener.incoming() {
+        if inner.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        if inner.connections.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            continue;
+        }
+        inner.connections.fetch_add(1, Ordering::SeqCst);
+        let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+        if let (Ok(c), Ok(mut open)) = (stream.try_clone(), inner.open.lock()) {
+            open.insert(id, c);
+        }
+        let conn = inner.clone();
+        let cfg = cfg.clone();
+        let spawned = thread::Builder::new()
+            .name("custody-conn".into())
+            .spawn(move || {
+                if let Ok(ch) = accept_on(stream, &conn.identity, &cfg) {
+                    serve_connection(&conn, ch);
+                }
+                if let Ok(mut open) = conn.open.lock() {
+                    open.remove(&id);
+                }
+                conn.connections.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            inner.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn serve_connection(inner: &Inner, mut ch: Channel) {
+    let peer = ch.peer();
+    let admin = inner.admins.contains(&peer);
+    if !admin && !inner.clients.contains(&peer) {
+        return;
+    }
+    let _ = ch.set_timeout(IDLE);
+    loop {
+        if inner.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let bytes = match ch.recv(MAX_WIRE) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        if inner.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let answer = match wire::decode::<Request>(&bytes, "request") {
+            Ok(req) => {
+                handle(inner, admin, req).unwrap_or_else(|e| Response::Refused(Refusal::from(&e)))
+            }
+            Err(e) => Response::Refused(Refusal::from(&e)),
+        };
+        if let Err(NetError::Closed | NetError::Io(_)) = ch.send(&wire::encode(&answer)) {
+            return;
+        }
+    }
+}
+
+fn forbidden(what: &str) -> CustodyError {
+    CustodyError::BadParameters(format!("{what} needs an administrator key"))
+}
+
+fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyError> {
+    match req {
+        Request::Status => {
+            let keys = inner
+                .keys
+                .read()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            let mut list: Vec<wire::KeyInfo> = keys
+                .iter()
+                .map(|(id, e)| wire::KeyInfo {
+                    key_id: id.clone(),
+                    group: e.share.group().to_bytes(),
+                    nonces_ready: e.pool.lock().map(|p| p.ready() as u64).unwrap_or(0),
+                })
+                .collect();
+            list.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+            Ok(Response::Status {
+                party: inner.party,
+                keys: list,
+            })
+        }
+        Request::Commitments { key_id, count } => {
+            let e = key(inner, &key_id)?;
+            let count = count.min(MAX_COMMITMENTS) as usize;
+            let mut pool = e
+                .pool
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            if pool.ready() < count {
+                // A cold pool: make the shortfall now rather than answer short.
+                let short = count - pool.ready();
+                pool.add(NoncePool::generate(&e.share, short, &mut OsRng));
+            }
+            Ok(Response::Commitments(pool.issue(count)))
+        }
+        Request::Sign {
+            key_id,
+            nonce,
+            package,
+        } => {
+            let e = key(inner, &key_id)?;
+            let package = SigningPackage::from_bytes(&package)?;
+            let nonces = e
+                .pool
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .take(nonce)?;
+            Ok(Response::Share(florin_custody::frost::sign_share(
+                &e.share, &nonces, &package,
+            )?))
+        }
+        Request::DkgStart {
+            session,
+            key_id,
+            t,
+            n,
+        } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            if !valid_key_id(&key_id) {
+                return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+            }
+            if n != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "{n} parties asked, the network has {}",
+                    inner.n
+                )));
+            }
+            if key(inner, &key_id).is_ok() {
+                return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+            }
+            let mut dkgs = inner
+                .dkgs
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            dkgs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
+            if dkgs.len() >= MAX_DKG_RUNS {
+                return Err(CustodyError::BadParameters(
+                    "too many key generations running".into(),
+                ));
+            }
+            if dkgs.contains_key(&session) {
+                return Err(CustodyError::OutOfOrder("session already started".into()));
+            }
+            let (party, msg) = DkgParty::start(&key_id, inner.party, t, n, &mut OsRng)?;
+            dkgs.insert(
+                session,
+                DkgRun {
+                    party,
+                    started: Instant::now(),
+                },
+            );
+            Ok(Response::DkgRound1(Envelope::broadcast(
+                &inner.identity,
+                session,
+                1,
+                inner.party,
+                msg,
+            )?))
+        }
+        Request::DkgRound2 { session, round1 } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            let mut run = take_run(inner, &session)?;
+            let msgs = open_all(inner, &session, 1, &round1)?;
+            let out = run.party.round2(&msgs)?;
+            let echo = Envelope::broadcast(&inner.identity, session, 2, inner.party, out.echo)?;
+            let mut direct = Vec::with_capacity(out.direct.len());
+            for (to, m) in &out.direct {
+                let to_key = inner
+                    .members
+                    .get(to)
+                    .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
+                direct.push(Envelope::direct(
+                    &inner.identity,
+                    session,
+                    3,
+                    inner.party,
+                    *to,
+                    to_key,
+                    m,
+                    &mut OsRng,
+                )?);
+            }
+            put_run(inner, session, run)?;
+            Ok(Response::DkgRound2 { echo, direct })
+        }
+        Request::DkgFinish {
+            session,
+            echoes,
+            direct,
+        } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            let mut run = take_run(inner, &session)?;
+            let echoes = open_all(inner, &session, 2, &echoes)?;
+            let direct = open_all(inner, &session, 3, &direct)?;
+            let share = run.party.finish(&echoes, &direct)?;
+            store(inner, share)
+        }
+        Request::Import { key_id, share } => {
+            if !admin {
+                return Err(forbidden("key import"));
+            }
+            let share = KeyShare::from_bytes(&share)?;
+            if share.group().key_id() != key_id || !valid_key_id(&key_id) {
+                return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+            }
+            if share.party() != inner.party || share.group().parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "share for party {} of {}, this is party {} of {}",
+                    share.party(),
+                    share.group().parties(),
+                    inner.party,
+                    inner.n
+                )));
+            }
+            if let Ok(e) = key(inner, &key_id) {
+                if e.share == share {
+                    return Ok(Response::Key(share.group().to_bytes()));
+                }
+                return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+            }
+            store(inner, share)
+        }
+        Request::Export { key_id } => {
+            if !admin {
+                return Err(forbidden("key export"));
+            }
+            let e = key(inner, &key_id)?;
+            Ok(Response::Exported(e.share.to_bytes().to_vec()))
+        }
+    }
+}
+
+fn key(inner: &Inner, key_id: &str) -> Result<Arc<KeyEntry>, CustodyError> {
+    inner
+        .keys
+        .read()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .get(key_id)
+        .cloned()
+        .ok_or_else(|| CustodyError::BadParameters(format!("no key {key_id}")))
+}
+
+fn take_run(inner: &Inner, session: &[u8; 16]) -> Result<DkgRun, CustodyError> {
+    inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .remove(session)
+        .ok_or_else(|| CustodyError::OutOfOrder("no key generation with this session".into()))
+}
+
+fn put_run(inner: &Inner, session: [u8; 16], run: DkgRun) -> Result<(), CustodyError> {
+    inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .insert(session, run);
+    Ok(())
+}
+
+/// Opens other parties' envelopes of one step: each must come from a distinct member other
+/// than this node and carry that member's signature.
+fn open_all(
+    inner: &Inner,
+    session: &[u8; 16],
+    step: u8,
+    envs: &[Envelope],
+) -> Result<std::collections::BTreeMap<PartyId, Vec<u8>>, CustodyError> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in envs {
+        if e.from == inner.party {
+            continue;
+        }
+        let k = inner.members.get(&e.from).ok_or_else(|| {
+            CustodyError::BadParameters(format!("message from unknown party {}", e.from))
+        })?;
+        let m = e.open(session, step, inner.party, k, inner.identity.secret())?;
+        if out.insert(e.from, m).is_some() {
+            return Err(CustodyError::Misbehaved {
+                party: e.from,
+                reason: "two messages for one step".into(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Stores a new share durably (sealed, fsynced) before it is used or acknowledged.
+fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
+    let key_id = share.group().key_id().to_string();
+    let sealed = vault::seal(
+        &inner.kek,
+        &share_name(&key_id, inner.party),
+        &share.to_bytes(),
+        &mut OsRng,
+    )?;
+    write_private(
+        &inner.dir.join("shares").join(format!("{key_id}.share")),
+        &sealed,
+    )
+    .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))?;
+    let group = share.group().to_bytes();
+    inner
+        .keys
+        .write()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .insert(key_id, Arc::new(entry_for(share)));
+    Ok(Response::Key(group))
+}
+
+/// Runs a node from its config until the process is stopped.
+pub fn run_node(cfg: &CustodyNodeConfig) -> Result<(), NodeError> {
+    let node = CustodyNode::open(cfg)?;
+    let listener = TcpListener::bind(cfg.listen)
+        .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    eprintln!(
+        "custody node {} listening on {} as {}",
+        cfg.party,
+        cfg.listen,
+        node.identity().to_address()
+    );
+    node.start(listener)?.wait();
+    Ok(())
+}
