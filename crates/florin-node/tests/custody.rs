@@ -12,10 +12,9 @@ use rand::rngs::OsRng;
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
-fn network(
-    t: u16,
-    n: usize,
-) -> Result<(tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>), Box<dyn std::error::Error>> {
+type Net = (tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>);
+
+fn network(t: u16, n: usize) -> Result<Net, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let layout = Layout::new(&dir.path().join("kmn"));
     layout.create(t, &free_loopback_addrs(n)?)?;
