@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
-use florin_crypto::LocalSigner;
+use florin_crypto::{LocalSigner, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_node::custody::Layout;
 use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
 
 /// Options of `florin devnet`.
@@ -24,23 +25,85 @@ pub struct DevnetArgs {
     /// Largest faucet request, in euros.
     #[arg(long, default_value = "10000")]
     max_faucet: String,
+    /// Where the issuer's and the authority's keys live: key files in the data directory, or
+    /// a local 2-of-3 key-management network (`DATA/custody`, three node processes).
+    #[arg(long, value_enum, default_value = "local")]
+    custody: Custody,
+}
+
+/// Where devnet keeps its signing keys.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Custody {
+    /// Key files (`authority.key`, `issuer.key`).
+    Local,
+    /// Shares in a 2-of-3 key-management network; no machine holds a whole key.
+    Threshold,
+}
+
+/// The authority's and the issuer's signers.
+fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
+    let custody = Layout::new(&args.data.join("custody"));
+    let authority_key = args.data.join("authority.key");
+    let issuer_key = args.data.join("issuer.key");
+    match args.custody {
+        Custody::Local => {
+            if custody.exists() && !authority_key.exists() {
+                bail!(
+                    "this devnet's keys are in the key-management network {}: run it with --custody threshold",
+                    custody.dir().display()
+                );
+            }
+            Ok((
+                Arc::new(LocalSigner::new(load_or_create_key(&authority_key)?)),
+                Arc::new(LocalSigner::new(load_or_create_key(&issuer_key)?)),
+            ))
+        }
+        Custody::Threshold => {
+            // A devnet that ran with key files keeps its keys: they are imported as shares.
+            let seed = |p: &std::path::Path| -> Result<Option<[u8; 32]>> {
+                if p.exists() {
+                    Ok(Some(crate::custody_cmd::read_seed(p)?))
+                } else {
+                    Ok(None)
+                }
+            };
+            let keys = vec![
+                ("authority".to_string(), seed(&authority_key)?),
+                ("issuer".to_string(), seed(&issuer_key)?),
+            ];
+            let (kmn, started) = crate::custody_cmd::ensure_up(&custody, 2, 3, 0, &keys, true)?;
+            if started > 0 {
+                eprintln!(
+                    "  started {started} key-management node(s) in {}",
+                    custody.dir().display()
+                );
+            }
+            for (k, s) in &keys {
+                if s.is_some() {
+                    eprintln!(
+                        "  note: {k}.key was imported into the network; the file can be removed"
+                    );
+                }
+            }
+            Ok((
+                Arc::new(kmn.signer("authority")?),
+                Arc::new(kmn.signer("issuer")?),
+            ))
+        }
+    }
 }
 
 /// Runs the devnet until interrupted.
 pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
-    let key = load_or_create_key(&args.data.join("authority.key"))?;
-    let signer = Arc::new(LocalSigner::new(key));
+    let (signer, issuer) = signers(&args)?;
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
     let authority = Arc::new(Authority::open(config, signer)?);
     // The ledger: the embedded durable swap store and the issuer's key.
     let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
-    let issuer = Arc::new(LocalSigner::new(load_or_create_key(
-        &args.data.join("issuer.key"),
-    )?));
     let ledger = Ledger::start(Arc::new(store), issuer);
     let state = AppState {
         authority: authority.clone(),
@@ -61,6 +124,12 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         eprintln!("florin devnet");
         eprintln!("  authority  {}", authority.public_key().to_address());
         eprintln!("  issuer     {}", ledger.issuer().to_address());
+        if args.custody == Custody::Threshold {
+            eprintln!(
+                "  custody    2-of-3 key-management network in {}",
+                args.data.join("custody").display()
+            );
+        }
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod custody_cmd;
 mod devnet;
 mod fraud_cmd;
 mod offline_cmd;
@@ -30,6 +31,12 @@ enum Command {
     Devnet(devnet::DevnetArgs),
     /// Use a wallet.
     Wallet(wallet_cmd::WalletArgs),
+    /// Run a key-management network: threshold keys for the issuer, the authority and
+    /// custodial wallets.
+    Custody {
+        #[command(subcommand)]
+        command: custody_cmd::CustodyCommand,
+    },
     /// Inspect and verify fraud proofs.
     Fraud {
         #[command(subcommand)]
@@ -54,6 +61,7 @@ fn main() -> ExitCode {
         Command::Devnet(a) => devnet::run(a),
         Command::Wallet(a) => wallet_cmd::run(a),
         Command::Fraud { command } => fraud_cmd::run(command),
+        Command::Custody { command } => custody_cmd::run(command),
         Command::Bench(a) => bench::run(a),
         Command::Audit { node, json } => audit(&node, json),
     };

@@ -19,9 +19,14 @@ struct Devnet {
 
 impl Devnet {
     fn start(data: &Path) -> Devnet {
+        Self::start_with(data, &[])
+    }
+
+    fn start_with(data: &Path, extra: &[&str]) -> Devnet {
         let mut child = Command::new(BIN)
             .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -56,6 +61,18 @@ impl Devnet {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("devnet did not become healthy");
+    }
+
+    /// GET `path` (JSON).
+    fn get(&self, path: &str) -> Value {
+        use std::io::{Read, Write};
+        let addr = self.url.trim_start_matches("http://").to_string();
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).unwrap();
+        let body = buf.split("\r\n\r\n").nth(1).unwrap_or("");
+        serde_json::from_str(body).unwrap()
     }
 
     /// `kill -9`.
@@ -601,4 +618,82 @@ fn kill_9_under_load_loses_no_acknowledged_transaction() {
     let total: u64 = names.iter().map(|n| u.total(n)).sum();
     assert_eq!(total, 40_000, "no money created or lost");
     assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
+}
+
+/// `devnet --custody threshold`: the issuer's and the authority's keys live as shares in a
+/// 2-of-3 network of node processes; faucet, payment, withdraw and deposit work as with key
+/// files, and keep working with one node killed.
+#[test]
+fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let custody = data.join("custody");
+    let custody_s = custody.to_str().unwrap().to_string();
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = Command::new(BIN)
+                .args(["custody", "down", "--data", &self.0])
+                .output();
+        }
+    }
+    let _down = Down(custody_s.clone());
+    let net = Devnet::start_with(&data, &["--custody", "threshold"]);
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    // No key files: the keys exist only as shares.
+    assert!(!data.join("authority.key").exists());
+    assert!(!data.join("issuer.key").exists());
+    let st = u.ok(&["custody", "status", "--data", &custody_s, "--json"]);
+    assert_eq!(st["up"], 3, "{st}");
+    let keys = st["nodes"][0]["keys"].as_array().unwrap();
+    let authority_pk = keys.iter().find(|k| k[0] == "authority").unwrap()[1].clone();
+    for w in ["alice", "bob", "carol"] {
+        u.wallet(w, &["new"]);
+    }
+    // The authority the wallets see is the threshold key.
+    let info = net.get("/v1/info");
+    assert_eq!(info["authority"], authority_pk, "{info}");
+    u.wallet("alice", &["faucet", "30"]);
+    let bob = u.wallet("bob", &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        u.wallet("alice", &["pay", &bob, "10"])["status"],
+        "confirmed"
+    );
+    assert_eq!(u.wallet("bob", &["sync"])["received_cents"], 1000);
+    // One node dies: a quorum of two still mints and signs tokens.
+    u.ok(&["custody", "kill", "1", "--data", &custody_s]);
+    assert_eq!(u.wallet("bob", &["withdraw", "6"])["withdrawn_cents"], 600);
+    u.pay("bob", "carol", "4", "thr");
+    assert_eq!(u.wallet("carol", &["deposit"])["credited_cents"], 400);
+    let a = u.ok(&["audit", "--json"]);
+    assert_eq!(a["balanced"], true, "{a}");
+    assert_eq!(a["minted_cents"], 3000);
+    // A second node dies: below the threshold, minting fails with a clear error, not a hang.
+    u.ok(&["custody", "kill", "2", "--data", &custody_s]);
+    let start = Instant::now();
+    let err = u.fails(&["wallet", "--wallet", "carol", "faucet", "1"]);
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(err.contains("key-management"), "{err}");
+    // The devnet restarts the missing nodes; their shares survived.
+    drop(net);
+    let net = Devnet::start_with(&data, &["--custody", "threshold"]);
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    assert_eq!(net.get("/v1/info")["authority"], authority_pk);
+    u.wallet("carol", &["faucet", "1"]);
+    let a = u.ok(&["audit", "--json"]);
+    assert_eq!(a["balanced"], true, "{a}");
+    assert_eq!(a["minted_cents"], 3100);
 }

@@ -1,0 +1,484 @@
+//! `florin custody`: a local key-management network as separate processes on 127.0.0.1.
+//!
+//! `up` creates the network on first use (identities, configs, the coordinator's key; see
+//! `florin_node::custody::Layout`), starts every node that is not answering, and makes the
+//! named keys by distributed key generation. The other commands inspect and drill it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use florin_crypto::{verify, Signer};
+use florin_custody::PartyId;
+use florin_node::custody::{free_loopback_addrs, CustodyNodeConfig, Kmn, Layout};
+use serde_json::json;
+
+use crate::util::print_json;
+
+/// `florin custody` subcommands.
+#[derive(Subcommand)]
+pub enum CustodyCommand {
+    /// Create (first time) and start a t-of-n key-management network, one process per node,
+    /// and make the named keys by distributed key generation.
+    Up {
+        /// Nodes.
+        #[arg(long, default_value_t = 3)]
+        n: u16,
+        /// Nodes needed to sign.
+        #[arg(long, default_value_t = 2)]
+        t: u16,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+        /// First node's port (the others follow); 0 picks free ports.
+        #[arg(long, default_value_t = 0)]
+        base_port: u16,
+        /// Keys to make if missing, comma-separated.
+        #[arg(long, default_value = "issuer,authority", value_delimiter = ',')]
+        keys: Vec<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run one key-management node in the foreground (what `up` starts).
+    Node {
+        /// The node's `node.json`.
+        #[arg(long)]
+        config: PathBuf,
+        /// Exit when the process that started this one exits.
+        #[arg(long, hide = true)]
+        exit_with_parent: bool,
+    },
+    /// Every node: up or down, keys held, nonces ready.
+    Status {
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every node.
+    Down {
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
+    /// `kill -9` one node (a fault drill).
+    Kill {
+        /// The node's party number.
+        party: PartyId,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
+    /// Make a new key by distributed key generation.
+    Keygen {
+        /// The key's name.
+        key: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sign a message (hex) with a threshold key and check the signature.
+    Sign {
+        /// The key's name.
+        key: String,
+        /// The message, hex.
+        message: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import an existing Ed25519 key file (e.g. a devnet's `issuer.key`) as shares.
+    Import {
+        /// The key's name in the network.
+        key: String,
+        /// The key file (hex seed).
+        #[arg(long)]
+        from: PathBuf,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
+    /// Rebuild a key from t shares and print it as a hex scalar (handle it like a key file).
+    Export {
+        /// The key's name.
+        key: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
+}
+
+/// Runs a `florin custody` command.
+pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
+    match cmd {
+        CustodyCommand::Up {
+            n,
+            t,
+            data,
+            base_port,
+            keys,
+            json,
+        } => {
+            let layout = Layout::new(&data);
+            let keys: Vec<(String, Option<[u8; 32]>)> =
+                keys.into_iter().map(|k| (k, None)).collect();
+            let (kmn, started) = ensure_up(&layout, t, n, base_port, &keys, false)?;
+            report(&layout, &kmn, json, started)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Node {
+            config,
+            exit_with_parent,
+        } => {
+            let cfg = CustodyNodeConfig::load(&config)?;
+            if exit_with_parent {
+                watch_parent();
+            }
+            florin_node::custody::node::run_node(&cfg)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Status { data, json } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let up = report(&layout, &kmn, json, 0)?;
+            Ok(if up >= kmn.t() as usize {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        CustodyCommand::Down { data } => {
+            let layout = existing(&data)?;
+            let stopped = down(&layout)?;
+            eprintln!("stopped {stopped} node(s)");
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Kill { party, data } => {
+            let layout = existing(&data)?;
+            let pid =
+                node_pid(&layout, party).ok_or_else(|| anyhow!("node {party} is not running"))?;
+            signal(pid, "KILL")?;
+            eprintln!("killed node {party} (pid {pid})");
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Keygen { key, data, json } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let g = kmn.dkg(&key)?;
+            if json {
+                print_json(
+                    &json!({"key": key, "public_key": g.public_key().to_address(), "t": g.threshold(), "n": g.parties()}),
+                );
+            } else {
+                println!(
+                    "{key}  {}  ({} of {})",
+                    g.public_key().to_address(),
+                    g.threshold(),
+                    g.parties()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Sign {
+            key,
+            message,
+            data,
+            json,
+        } => {
+            let layout = existing(&data)?;
+            let msg = hex::decode(message.trim()).context("the message must be hex")?;
+            let kmn = open(&layout)?;
+            let signer = kmn.signer(&key)?;
+            let start = Instant::now();
+            let sig = signer.sign(&msg)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            let valid = verify(&signer.public_key(), &msg, &sig).is_ok();
+            if json {
+                print_json(
+                    &json!({"key": key, "public_key": signer.public_key().to_address(), "signature": hex::encode(sig.0), "valid": valid, "ms": ms}),
+                );
+            } else {
+                println!("{}", hex::encode(sig.0));
+                eprintln!(
+                    "verifies under {}: {valid} ({ms:.1} ms)",
+                    signer.public_key().to_address()
+                );
+            }
+            Ok(if valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        CustodyCommand::Import { key, from, data } => {
+            let layout = existing(&data)?;
+            let seed = read_seed(&from)?;
+            let g = open(&layout)?.import_seed(&key, &seed)?;
+            println!("{key}  {}", g.public_key().to_address());
+            eprintln!(
+                "imported: every node holds a share; {} can now be removed from this machine",
+                from.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Export { key, data } => {
+            let layout = existing(&data)?;
+            let scalar = open(&layout)?.export(&key)?;
+            let pk = florin_custody::frost::scalar_public_key(&scalar)?;
+            println!("{}", hex::encode(&scalar[..]));
+            eprintln!(
+                "signing scalar of {key} ({}); it signs alone: guard it",
+                pk.to_address()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn existing(data: &Path) -> Result<Layout> {
+    let layout = Layout::new(data);
+    if !layout.exists() {
+        bail!(
+            "no key-management network in {} (run `florin custody up --data {}`)",
+            data.display(),
+            data.display()
+        );
+    }
+    Ok(layout)
+}
+
+fn open(layout: &Layout) -> Result<Arc<Kmn>> {
+    let (net, me) = layout.load()?;
+    Ok(Kmn::new(&net, me)?)
+}
+
+/// A Florin key file's seed.
+pub fn read_seed(path: &Path) -> Result<[u8; 32]> {
+    let s =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let b = hex::decode(s.trim()).with_context(|| format!("{}: not a key file", path.display()))?;
+    b.try_into()
+        .map_err(|_| anyhow!("{}: not a 32-byte key", path.display()))
+}
+
+/// Exits the process when its parent exits (nodes started by `devnet`).
+fn watch_parent() {
+    #[cfg(unix)]
+    {
+        let parent = std::os::unix::process::parent_id();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(250));
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(0);
+            }
+        });
+    }
+}
+
+fn pid_file(layout: &Layout, p: PartyId) -> PathBuf {
+    layout.node_dir(p).join("pid")
+}
+
+/// The pid of node `p` if that process is alive and is that node.
+fn node_pid(layout: &Layout, p: PartyId) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file(layout, p))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let cfg = layout.node_config(p);
+    let want = cfg.to_string_lossy();
+    let s = String::from_utf8_lossy(&cmdline);
+    (s.contains("custody") && s.contains(want.as_ref())).then_some(pid)
+}
+
+fn signal(pid: u32, sig: &str) -> Result<()> {
+    let st = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run kill")?;
+    if !st.success() {
+        bail!("kill -{sig} {pid} failed");
+    }
+    Ok(())
+}
+
+/// Stops every node; returns how many were running.
+pub fn down(layout: &Layout) -> Result<usize> {
+    let (net, _) = layout.load()?;
+    let mut pids = Vec::new();
+    for m in &net.members {
+        if let Some(pid) = node_pid(layout, m.party) {
+            let _ = signal(pid, "TERM");
+            pids.push((m.party, pid));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for &(p, pid) in &pids {
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if node_pid(layout, p).is_some() {
+            let _ = signal(pid, "KILL");
+        }
+        let _ = std::fs::remove_file(pid_file(layout, p));
+    }
+    Ok(pids.len())
+}
+
+/// Creates the network if needed, starts the nodes that do not answer (as child processes of
+/// this binary; with `tied`, they exit when this process exits), and makes each missing key:
+/// imported from the given seed, or else by distributed key generation. Returns the handle
+/// and how many nodes were started.
+pub fn ensure_up(
+    layout: &Layout,
+    t: u16,
+    n: u16,
+    base_port: u16,
+    keys: &[(String, Option<[u8; 32]>)],
+    tied: bool,
+) -> Result<(Arc<Kmn>, usize)> {
+    if !layout.exists() {
+        let addrs = if base_port == 0 {
+            free_loopback_addrs(n as usize)?
+        } else {
+            (0..n)
+                .map(|i| std::net::SocketAddr::from(([127, 0, 0, 1], base_port + i)))
+                .collect()
+        };
+        layout.create(t, &addrs)?;
+    }
+    let kmn = open(layout)?;
+    if kmn.t() != t || kmn.n() != n {
+        eprintln!(
+            "note: {} holds a {}-of-{} network; using it as it is",
+            layout.dir().display(),
+            kmn.t(),
+            kmn.n()
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the florin binary")?;
+    let mut started = 0;
+    for s in kmn.status() {
+        if s.up {
+            continue;
+        }
+        let cfg = layout.node_config(s.party);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(layout.node_dir(s.party).join("node.log"))?;
+        let mut cmd = Command::new(&exe);
+        cmd.args(["custody", "node", "--config"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if tied {
+            cmd.arg("--exit-with-parent");
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            // Its own process group: a Ctrl-C in this terminal does not reach the nodes.
+            cmd.process_group(0);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start node {}", s.party))?;
+        std::fs::write(pid_file(layout, s.party), child.id().to_string())?;
+        started += 1;
+    }
+    // Wait for every node to answer.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = kmn.status();
+        let down: Vec<String> = st
+            .iter()
+            .filter(|s| !s.up)
+            .map(|s| format!("node {}: {}", s.party, s.error.clone().unwrap_or_default()))
+            .collect();
+        if down.is_empty() {
+            let have: Vec<String> = st[0].keys.iter().map(|k| k.0.clone()).collect();
+            for (key, seed) in keys {
+                if have.contains(key) {
+                    continue;
+                }
+                let g = match seed {
+                    Some(seed) => kmn.import_seed(key, seed)?,
+                    None => kmn.dkg(key)?,
+                };
+                eprintln!(
+                    "key {key}: {} ({} of {}, {})",
+                    g.public_key().to_address(),
+                    g.threshold(),
+                    g.parties(),
+                    if seed.is_some() {
+                        "imported"
+                    } else {
+                        "generated by the nodes"
+                    }
+                );
+            }
+            return Ok((kmn, started));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "key-management nodes did not start (logs in {}/node-*/node.log): {}",
+                layout.dir().display(),
+                down.join("; ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Prints the network's state; returns how many nodes answered.
+fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> Result<usize> {
+    let st = kmn.status();
+    let up = st.iter().filter(|s| s.up).count();
+    if json {
+        print_json(&json!({
+            "data": layout.dir(),
+            "t": kmn.t(),
+            "n": kmn.n(),
+            "up": up,
+            "started": started,
+            "nodes": st,
+        }));
+    } else {
+        println!(
+            "key-management network {} ({} of {}), {up} of {} nodes up",
+            layout.dir().display(),
+            kmn.t(),
+            kmn.n(),
+            kmn.n()
+        );
+        for s in &st {
+            let state = if s.up {
+                "up".to_string()
+            } else {
+                format!("DOWN ({})", s.error.clone().unwrap_or_default())
+            };
+            println!("  node {}  {}  {}  {state}", s.party, s.addr, s.key);
+            for (k, pk, ready) in &s.keys {
+                println!("      {k:<12} {pk}  nonces ready {ready}");
+            }
+        }
+    }
+    Ok(up)
+}
