@@ -697,3 +697,40 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     assert_eq!(a["balanced"], true, "{a}");
     assert_eq!(a["minted_cents"], 3100);
 }
+
+#[test]
+fn bench_custody_quick_prints_the_contract() {
+    let out = Command::new(BIN)
+        .args(["bench", "custody", "--json", "--quick"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["suite"], "custody");
+    let results = v["results"].as_array().unwrap();
+    let find = |name: &str, key: &str, val: &str| {
+        results
+            .iter()
+            .find(|r| r["name"] == name && r["params"][key] == val)
+            .unwrap_or_else(|| panic!("{name} {key}={val} missing"))["value"]
+            .as_f64()
+            .unwrap()
+    };
+    for name in ["dkg_ms", "presign_ms", "sign_ms"] {
+        assert!(find(name, "part", "compute") > 0.0, "{name}");
+    }
+    assert!(find("dkg_ms", "part", "wait") >= 0.0);
+    for custody in ["threshold", "single"] {
+        let r = results
+            .iter()
+            .filter(|r| r["name"] == "e2e_payments_per_s" && r["params"]["custody"] == custody)
+            .count();
+        assert_eq!(r, 4, "{custody}: 2 user counts × 2 routes");
+    }
+    assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
+    assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);
+}

@@ -29,8 +29,11 @@ use zeroize::Zeroizing;
 
 use super::node::Member;
 
-/// Nonce commitments fetched from a node at a time.
+/// Most nonce commitments fetched from a node at a time; a key's batch starts at
+/// [`COMMIT_BATCH_START`] and doubles with each fetch.
 pub const COMMIT_BATCH: u32 = 512;
+/// A key's first batch of commitments per node.
+pub const COMMIT_BATCH_START: u32 = 16;
 /// How long a node that failed is skipped.
 pub const DOWN_FOR: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -584,8 +587,12 @@ impl Kmn {
     }
 }
 
-/// Nonce commitments a node handed out and no signature used yet: (nonce id, bytes).
-type CommitmentQueue = VecDeque<(u64, Vec<u8>)>;
+/// Nonce commitments a node handed out and no signature used yet: (nonce id, bytes), and
+/// the size of the next fetch.
+struct CommitmentQueue {
+    q: VecDeque<(u64, Vec<u8>)>,
+    batch: u32,
+}
 
 /// Signs with a threshold key held by the network. Its signatures are ordinary Ed25519
 /// signatures under [`GroupKey::public_key`].
@@ -603,7 +610,15 @@ impl ThresholdSigner {
         let caches = kmn
             .links
             .iter()
-            .map(|l| (l.party, Mutex::new(VecDeque::new())))
+            .map(|l| {
+                (
+                    l.party,
+                    Mutex::new(CommitmentQueue {
+                        q: VecDeque::new(),
+                        batch: COMMIT_BATCH_START,
+                    }),
+                )
+            })
             .collect();
         ThresholdSigner {
             key_id: group.key_id().to_string(),
@@ -638,18 +653,18 @@ impl ThresholdSigner {
     }
 
     fn pop(&self, p: PartyId) -> Option<(u64, Vec<u8>)> {
-        self.caches.get(&p)?.lock().ok()?.pop_front()
+        self.caches.get(&p)?.lock().ok()?.q.pop_front()
     }
 
     fn push_back(&self, p: PartyId, c: (u64, Vec<u8>)) {
         if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
-            q.push_front(c);
+            q.q.push_front(c);
         }
     }
 
     fn clear(&self, p: PartyId) {
         if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
-            q.clear();
+            q.q.clear();
         }
     }
 
@@ -671,13 +686,23 @@ impl ThresholdSigner {
                     Some(c) => {
                         commitments.insert(p, c);
                     }
-                    None => fetch.push((
-                        p,
-                        Request::Commitments {
-                            key_id: self.key_id.clone(),
-                            count: COMMIT_BATCH,
-                        },
-                    )),
+                    None => {
+                        let count = match self.caches.get(&p).map(|m| m.lock()) {
+                            Some(Ok(mut q)) => {
+                                let c = q.batch;
+                                q.batch = (c * 2).min(COMMIT_BATCH);
+                                c
+                            }
+                            _ => COMMIT_BATCH_START,
+                        };
+                        fetch.push((
+                            p,
+                            Request::Commitments {
+                                key_id: self.key_id.clone(),
+                                count,
+                            },
+                        ))
+                    }
                 }
             }
             let mut failed = false;
@@ -689,7 +714,7 @@ impl ThresholdSigner {
                             commitments.insert(p, first);
                         }
                         if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
-                            q.extend(it);
+                            q.q.extend(it);
                         }
                     }
                     Ok(Response::Refused(r)) => {

@@ -29,8 +29,12 @@ use zeroize::Zeroizing;
 use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, write_private};
 
-/// Nonces a node keeps ready per key; the background refill tops up to this.
+/// Most nonces a node keeps ready per key. Each key's target starts at
+/// [`NONCE_POOL_START`] and doubles whenever a coordinator's demand drains it, so a busy key
+/// never waits while thousands of idle custodial keys cost nothing.
 pub const NONCE_POOL_TARGET: usize = 4096;
+/// A new key's nonce pool target.
+pub const NONCE_POOL_START: usize = 64;
 /// Handed-out nonces a node remembers per key before dropping the oldest.
 const MAX_ISSUED: usize = 1 << 16;
 /// Concurrent connections a node serves.
@@ -89,6 +93,8 @@ impl CustodyNodeConfig {
 struct KeyEntry {
     share: KeyShare,
     pool: Mutex<NoncePool>,
+    /// How many ready nonces the refill keeps.
+    target: AtomicUsize,
 }
 
 struct DkgRun {
@@ -262,6 +268,7 @@ fn entry_for(share: KeyShare) -> KeyEntry {
     KeyEntry {
         share,
         pool: Mutex::new(NoncePool::new(OsRng.next_u64() >> 1, MAX_ISSUED)),
+        target: AtomicUsize::new(NONCE_POOL_START),
     }
 }
 
@@ -306,14 +313,10 @@ fn refill_loop(inner: &Inner) {
         };
         let mut worked = false;
         for e in entries {
-            let ready = e
-                .pool
-                .lock()
-                .map(|p| p.ready())
-                .unwrap_or(NONCE_POOL_TARGET);
-            if ready < NONCE_POOL_TARGET {
-                let batch =
-                    NoncePool::generate(&e.share, 256.min(NONCE_POOL_TARGET - ready), &mut OsRng);
+            let target = e.target.load(Ordering::Relaxed);
+            let ready = e.pool.lock().map(|p| p.ready()).unwrap_or(target);
+            if ready < target {
+                let batch = NoncePool::generate(&e.share, 256.min(target - ready), &mut OsRng);
                 if let Ok(mut p) = e.pool.lock() {
                     p.add(batch);
                 }
@@ -425,6 +428,14 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 .pool
                 .lock()
                 .map_err(|_| CustodyError::Frost("lock".into()))?;
+            if pool.ready() < 2 * count {
+                // Demand outgrows the pool: keep more ready from now on.
+                let t = e.target.load(Ordering::Relaxed);
+                e.target.store(
+                    NONCE_POOL_TARGET.min(t.max(2 * count).max(2 * t)),
+                    Ordering::Relaxed,
+                );
+            }
             if pool.ready() < count {
                 // A cold pool: make the shortfall now rather than answer short.
                 let short = count - pool.ready();

@@ -30,18 +30,18 @@ use super::{Recorder, Reference, Scale};
 const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
 
 /// A node serving the API on loopback, with its ledger.
-struct Node {
-    addr: SocketAddr,
-    ledger: Arc<Ledger>,
-    issuer: Arc<LocalSigner>,
-    rt: tokio::runtime::Runtime,
+pub(super) struct Node {
+    pub(super) addr: SocketAddr,
+    pub(super) ledger: Arc<Ledger>,
+    pub(super) issuer: Arc<LocalSigner>,
+    pub(super) rt: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
 }
 
 impl Node {
     /// Starts a node whose embedded store already holds `preload` as unspent ids.
-    fn start(preload: &[florin_ledger::CompactTx]) -> Result<Node> {
+    pub(super) fn start(preload: &[florin_ledger::CompactTx]) -> Result<Node> {
         let dir = tempfile::tempdir()?;
         let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger")))?;
         for chunk in preload.chunks(100) {
@@ -389,7 +389,7 @@ fn content_length(head: &[u8]) -> Result<usize> {
         .ok_or_else(|| anyhow!("response without content-length"))
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
+pub(super) fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -1,6 +1,7 @@
 //! `florin bench <suite>`: system-level benchmarks printing the JSON shape of
 //! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
 
+mod custody;
 mod ledger;
 mod ledger_e2e;
 mod libsodium;
@@ -46,6 +47,9 @@ enum Suite {
     Ledger,
     /// Device-to-device transfer: raw UDP, TCP, the Florin channel, tokens end to end.
     Transfer,
+    /// Threshold custody: key generation, presigning and signing versus (t, n); custodial
+    /// payments end to end with threshold and single keys (the source document's section 6).
+    Custody,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -172,6 +176,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Transfer => {
             transfer::run(&mut rec, scale)?;
             "transfer"
+        }
+        Suite::Custody => {
+            custody::run(&mut rec, scale)?;
+            "custody"
         }
     };
     if args.json {
