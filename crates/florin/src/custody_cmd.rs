@@ -18,6 +18,9 @@ use serde_json::json;
 
 use crate::util::print_json;
 
+/// What `export` prints before the hex scalar, so it is never mistaken for a key file's seed.
+const SCALAR_PREFIX: &str = "ed25519-scalar:";
+
 /// `florin custody` subcommands.
 #[derive(Subcommand)]
 pub enum CustodyCommand {
@@ -131,7 +134,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             keys,
             json,
         } => {
-            let layout = Layout::new(&data);
+            let layout = layout_at(&data)?;
             let keys: Vec<(String, Option<[u8; 32]>)> =
                 keys.into_iter().map(|k| (k, None)).collect();
             let (kmn, started) = ensure_up(&layout, t, n, base_port, &keys, false)?;
@@ -237,7 +240,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let layout = existing(&data)?;
             let scalar = open(&layout)?.export(&key)?;
             let pk = florin_custody::frost::scalar_public_key(&scalar)?;
-            println!("{}", hex::encode(&scalar[..]));
+            println!("{SCALAR_PREFIX}{}", hex::encode(&scalar[..]));
             eprintln!(
                 "signing scalar of {key} ({}); it signs alone: guard it",
                 pk.to_address()
@@ -247,8 +250,21 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
     }
 }
 
+/// The layout under `data` as an absolute path, so pid checks match however the directory was
+/// named on the command line.
+pub fn layout_at(data: &Path) -> Result<Layout> {
+    let abs = match std::fs::canonicalize(data) {
+        Ok(p) => p,
+        Err(_) => match (data.parent().map(std::fs::canonicalize), data.file_name()) {
+            (Some(Ok(parent)), Some(name)) => parent.join(name),
+            _ => std::env::current_dir()?.join(data),
+        },
+    };
+    Ok(Layout::new(&abs))
+}
+
 fn existing(data: &Path) -> Result<Layout> {
-    let layout = Layout::new(data);
+    let layout = layout_at(data)?;
     if !layout.exists() {
         bail!(
             "no key-management network in {} (run `florin custody up --data {}`)",
@@ -268,6 +284,12 @@ fn open(layout: &Layout) -> Result<Arc<Kmn>> {
 pub fn read_seed(path: &Path) -> Result<[u8; 32]> {
     let s =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if s.trim().starts_with(SCALAR_PREFIX) {
+        bail!(
+            "{} holds an exported signing scalar, not a key seed; it cannot be used as a key file",
+            path.display()
+        );
+    }
     let b = hex::decode(s.trim()).with_context(|| format!("{}: not a key file", path.display()))?;
     b.try_into()
         .map_err(|_| anyhow!("{}: not a 32-byte key", path.display()))
@@ -301,8 +323,11 @@ fn node_pid(layout: &Layout, p: PartyId) -> Option<u32> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let cfg = layout.node_config(p);
     let want = cfg.to_string_lossy();
-    let s = String::from_utf8_lossy(&cmdline);
-    (s.contains("custody") && s.contains(want.as_ref())).then_some(pid)
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (args.iter().any(|a| a == "custody") && args.iter().any(|a| *a == want)).then_some(pid)
 }
 
 fn signal(pid: u32, sig: &str) -> Result<()> {
@@ -373,49 +398,78 @@ pub fn ensure_up(
     }
     let exe = std::env::current_exe().context("cannot find the florin binary")?;
     let mut started = 0;
-    for s in kmn.status() {
-        if s.up {
-            continue;
+    let mut start_down = |st: &[florin_node::custody::client::NodeState]| -> Result<()> {
+        for s in st {
+            // Down and not running (a node still starting, or still exiting, is left alone
+            // and looked at again on the next pass).
+            if s.up || node_pid(layout, s.party).is_some() {
+                continue;
+            }
+            let cfg = layout.node_config(s.party);
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(layout.node_dir(s.party).join("node.log"))?;
+            let mut cmd = Command::new(&exe);
+            cmd.args(["custody", "node", "--config"])
+                .arg(&cfg)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            if tied {
+                cmd.arg("--exit-with-parent");
+            }
+            #[cfg(unix)]
+            {
+                use std::os::unix::process::CommandExt;
+                // Its own process group: a Ctrl-C in this terminal does not reach the nodes.
+                cmd.process_group(0);
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("cannot start node {}", s.party))?;
+            std::fs::write(pid_file(layout, s.party), child.id().to_string())?;
+            started += 1;
         }
-        let cfg = layout.node_config(s.party);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(layout.node_dir(s.party).join("node.log"))?;
-        let mut cmd = Command::new(&exe);
-        cmd.args(["custody", "node", "--config"])
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        if tied {
-            cmd.arg("--exit-with-parent");
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            // Its own process group: a Ctrl-C in this terminal does not reach the nodes.
-            cmd.process_group(0);
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start node {}", s.party))?;
-        std::fs::write(pid_file(layout, s.party), child.id().to_string())?;
-        started += 1;
-    }
+        Ok(())
+    };
     // Wait for every node to answer.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let st = kmn.status();
+        start_down(&st)?;
         let down: Vec<String> = st
             .iter()
             .filter(|s| !s.up)
             .map(|s| format!("node {}: {}", s.party, s.error.clone().unwrap_or_default()))
             .collect();
         if down.is_empty() {
-            let have: Vec<String> = st[0].keys.iter().map(|k| k.0.clone()).collect();
             for (key, seed) in keys {
-                if have.contains(key) {
+                // A key some nodes hold and others do not: an earlier generation stopped
+                // midway. Using it would leave no spare share.
+                let holders: Vec<&(String, String, u64)> = st
+                    .iter()
+                    .filter_map(|s| s.keys.iter().find(|k| &k.0 == key))
+                    .collect();
+                if !holders.is_empty() && holders.len() < st.len() {
+                    bail!(
+                        "key {key} is held by {} of {} nodes (an earlier key generation stopped midway); \
+                         export it and import it again under a new name, or start a fresh network",
+                        holders.len(),
+                        st.len()
+                    );
+                }
+                if let Some(h) = holders.first() {
+                    if let Some(seed) = seed {
+                        let pk = florin_crypto::SecretKey::from_seed(seed).public_key();
+                        if pk.to_address() != h.1 {
+                            bail!(
+                                "the key file for {key} holds {}, but the network holds another {key} key ({})",
+                                pk.to_address(),
+                                h.1
+                            );
+                        }
+                    }
                     continue;
                 }
                 let g = match seed {

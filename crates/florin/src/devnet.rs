@@ -10,7 +10,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use florin_crypto::{LocalSigner, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
-use florin_node::custody::Layout;
 use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
 
 /// Options of `florin devnet`.
@@ -42,12 +41,12 @@ pub enum Custody {
 
 /// The authority's and the issuer's signers.
 fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
-    let custody = Layout::new(&args.data.join("custody"));
+    let custody = crate::custody_cmd::layout_at(&args.data.join("custody"))?;
     let authority_key = args.data.join("authority.key");
     let issuer_key = args.data.join("issuer.key");
     match args.custody {
         Custody::Local => {
-            if custody.exists() && !authority_key.exists() {
+            if custody.exists() && (!authority_key.exists() || !issuer_key.exists()) {
                 bail!(
                     "this devnet's keys are in the key-management network {}: run it with --custody threshold",
                     custody.dir().display()

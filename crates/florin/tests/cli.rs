@@ -696,6 +696,31 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let a = u.ok(&["audit", "--json"]);
     assert_eq!(a["balanced"], true, "{a}");
     assert_eq!(a["minted_cents"], 3100);
+    // Export gives the signing scalar in a form no key-file reader mistakes for a seed.
+    let out = u.run(&["custody", "export", "issuer", "--data", &custody_s]);
+    assert!(out.status.success());
+    let exported = dir.path().join("issuer.exported");
+    std::fs::write(&exported, &out.stdout).unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ed25519-scalar:"));
+    let err = u.fails(&[
+        "custody",
+        "import",
+        "again",
+        "--from",
+        exported.to_str().unwrap(),
+        "--data",
+        &custody_s,
+    ]);
+    assert!(err.contains("scalar"), "{err}");
+    // The devnet's keys are in the network: local mode refuses instead of making new ones.
+    drop(net);
+    let out = Command::new(BIN)
+        .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
 }
 
 #[test]

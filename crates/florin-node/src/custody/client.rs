@@ -174,7 +174,11 @@ impl Pending<'_> {
         let answer = match ch.recv(MAX_WIRE) {
             Ok(b) => b,
             Err(first) => {
-                if !self.reused {
+                // Only a pooled connection the node closed is worth one fresh try; a node that
+                // timed out is slow or hung, and waiting again would double the stall.
+                let timed_out = matches!(&first, florin_net::NetError::Io(e)
+                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+                if !self.reused || timed_out {
                     link.mark_down();
                     return Err(format!("node {}: {first}", link.party));
                 }

@@ -644,6 +644,18 @@ fn open_all(
 /// Stores a new share durably (sealed, fsynced) before it is used or acknowledged.
 fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
     let key_id = share.group().key_id().to_string();
+    // Checked and written under the write lock: two concurrent creations of one name cannot
+    // overwrite each other's share.
+    let mut keys = inner
+        .keys
+        .write()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if let Some(e) = keys.get(&key_id) {
+        if e.share == share {
+            return Ok(Response::Key(share.group().to_bytes()));
+        }
+        return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+    }
     let sealed = vault::seal(
         &inner.kek,
         &share_name(&key_id, inner.party),
@@ -656,11 +668,7 @@ fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
     )
     .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))?;
     let group = share.group().to_bytes();
-    inner
-        .keys
-        .write()
-        .map_err(|_| CustodyError::Frost("lock".into()))?
-        .insert(key_id, Arc::new(entry_for(share)));
+    keys.insert(key_id, Arc::new(entry_for(share)));
     Ok(Response::Key(group))
 }
 
