@@ -428,6 +428,57 @@ impl DkgParty {
     }
 }
 
+/// Runs a whole DKG with all `n` parties in this process (tests, benchmarks, an offline
+/// ceremony on one air-gapped machine). Returns every party's share and how long each party
+/// computed, over its three steps.
+pub fn dkg_in_memory<R: RngCore + CryptoRng>(
+    key_id: &str,
+    t: u16,
+    n: u16,
+    rng: &mut R,
+) -> Result<(Vec<KeyShare>, Vec<std::time::Duration>), CustodyError> {
+    use std::time::{Duration, Instant};
+    let mut spent = vec![Duration::ZERO; n as usize];
+    let mut parties = Vec::with_capacity(n as usize);
+    let mut round1 = BTreeMap::new();
+    for p in 1..=n {
+        let s = Instant::now();
+        let (party, msg) = DkgParty::start(key_id, p, t, n, rng)?;
+        spent[p as usize - 1] += s.elapsed();
+        parties.push(party);
+        round1.insert(p, msg);
+    }
+    let others = |me: PartyId, m: &BTreeMap<PartyId, Vec<u8>>| -> BTreeMap<PartyId, Vec<u8>> {
+        m.iter()
+            .filter(|(p, _)| **p != me)
+            .map(|(p, v)| (*p, v.clone()))
+            .collect()
+    };
+    let mut echoes = BTreeMap::new();
+    let mut direct: BTreeMap<PartyId, BTreeMap<PartyId, Vec<u8>>> = BTreeMap::new();
+    for party in parties.iter_mut() {
+        let me = party.party();
+        let mine = others(me, &round1);
+        let s = Instant::now();
+        let out = party.round2(&mine)?;
+        spent[me as usize - 1] += s.elapsed();
+        echoes.insert(me, out.echo);
+        for (to, m) in out.direct {
+            direct.entry(to).or_default().insert(me, m.to_vec());
+        }
+    }
+    let mut shares = Vec::with_capacity(n as usize);
+    for party in parties.iter_mut() {
+        let me = party.party();
+        let e = others(me, &echoes);
+        let d = direct.remove(&me).unwrap_or_default();
+        let s = Instant::now();
+        shares.push(party.finish(&e, &d)?);
+        spent[me as usize - 1] += s.elapsed();
+    }
+    Ok((shares, spent))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Import and export
 
@@ -728,41 +779,8 @@ mod tests {
 
     type R<T> = Result<T, CustodyError>;
 
-    /// Runs a DKG among `n` in-memory parties.
     fn dkg(t: u16, n: u16) -> R<Vec<KeyShare>> {
-        let mut parties = Vec::new();
-        let mut r1 = BTreeMap::new();
-        for p in 1..=n {
-            let (party, msg) = DkgParty::start("k", p, t, n, &mut OsRng)?;
-            parties.push(party);
-            r1.insert(p, msg);
-        }
-        let mut echoes = BTreeMap::new();
-        let mut direct: BTreeMap<PartyId, BTreeMap<PartyId, Vec<u8>>> = BTreeMap::new();
-        for party in parties.iter_mut() {
-            let me = party.party();
-            let mine: BTreeMap<_, _> = r1
-                .iter()
-                .filter(|(p, _)| **p != me)
-                .map(|(p, m)| (*p, m.clone()))
-                .collect();
-            let out = party.round2(&mine)?;
-            echoes.insert(me, out.echo);
-            for (to, m) in out.direct {
-                direct.entry(to).or_default().insert(me, m.to_vec());
-            }
-        }
-        let mut shares = Vec::new();
-        for party in parties.iter_mut() {
-            let me = party.party();
-            let e: BTreeMap<_, _> = echoes
-                .iter()
-                .filter(|(p, _)| **p != me)
-                .map(|(p, m)| (*p, m.clone()))
-                .collect();
-            shares.push(party.finish(&e, &direct[&me])?);
-        }
-        Ok(shares)
+        Ok(dkg_in_memory("k", t, n, &mut OsRng)?.0)
     }
 
     fn sign_with(shares: &[&KeyShare], msg: &[u8]) -> R<Signature> {

@@ -364,21 +364,27 @@ fn acknowledged_state_survives_kill_9() {
     assert_eq!(d["credited_cents"], 200);
 }
 
-#[test]
-fn bench_offline_quick_prints_the_contract() {
+/// Runs `florin bench SUITE --json --quick EXTRA…` in a fresh directory without a PostgreSQL
+/// URL; checks it succeeded and printed its suite. Returns the JSON and stderr.
+fn bench_json(suite: &str, extra: &[&str]) -> (Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .current_dir(dir.path())
-        .args(["bench", "offline", "--json", "--quick", "--tokens", "60"])
+        .env_remove("FLORIN_BENCH_PG")
+        .args(["bench", suite, "--json", "--quick"])
+        .args(extra)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["suite"], "offline");
+    assert_eq!(v["suite"], suite);
+    (v, stderr)
+}
+
+#[test]
+fn bench_offline_quick_prints_the_contract() {
+    let (v, _) = bench_json("offline", &["--tokens", "60"]);
     assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
     let names: Vec<&str> = v["results"]
         .as_array()
@@ -404,20 +410,7 @@ fn bench_offline_quick_prints_the_contract() {
 
 #[test]
 fn bench_ledger_quick_prints_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .current_dir(dir.path())
-        .env_remove("FLORIN_BENCH_PG")
-        .args(["bench", "ledger", "--json", "--quick"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["suite"], "ledger");
+    let (v, stderr) = bench_json("ledger", &[]);
     let results = v["results"].as_array().unwrap();
     let has = |name: &str, store: Option<&str>| {
         results
@@ -446,22 +439,12 @@ fn bench_ledger_quick_prints_the_contract() {
     };
     assert!(mix(0, 0) && mix(30, 0) && mix(0, 30));
     // Without a PostgreSQL URL the PostgreSQL store is skipped, and says so.
-    assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL store skipped"));
+    assert!(stderr.contains("PostgreSQL store skipped"));
 }
 
 #[test]
 fn bench_transfer_quick_prints_the_contract() {
-    let out = Command::new(BIN)
-        .args(["bench", "transfer", "--json", "--quick"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["suite"], "transfer");
+    let (v, _) = bench_json("transfer", &[]);
     let results = v["results"].as_array().unwrap();
     let get = |name: &str, layer: Option<&str>| {
         results
@@ -725,17 +708,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
 
 #[test]
 fn bench_custody_quick_prints_the_contract() {
-    let out = Command::new(BIN)
-        .args(["bench", "custody", "--json", "--quick"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["suite"], "custody");
+    let (v, _) = bench_json("custody", &[]);
     let results = v["results"].as_array().unwrap();
     let find = |name: &str, key: &str, val: &str| {
         results

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
-use florin_custody::frost::{self, DkgParty, KeyShare, NoncePool, SigningPackage};
-use florin_custody::PartyId;
+use florin_custody::frost::{self, KeyShare, NoncePool, SigningPackage};
 use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Mint, Output, Transaction, Transfer, Utxo, Witness};
 use florin_node::custody::{free_loopback_addrs, Kmn, Layout, RunningNode};
@@ -49,47 +48,8 @@ fn ms(d: Duration) -> f64 {
 /// One DKG among `n` in-memory parties; returns the shares and the mean compute time per
 /// party (its three steps).
 fn dkg_compute(t: u16, n: u16) -> Result<(Vec<KeyShare>, Duration)> {
-    let mut per_party = vec![Duration::ZERO; n as usize];
-    let mut parties = Vec::new();
-    let mut r1 = BTreeMap::new();
-    for p in 1..=n {
-        let s = Instant::now();
-        let (party, msg) = DkgParty::start("bench", p, t, n, &mut OsRng)?;
-        per_party[p as usize - 1] += s.elapsed();
-        parties.push(party);
-        r1.insert(p, msg);
-    }
-    let mut echoes = BTreeMap::new();
-    let mut direct: BTreeMap<PartyId, BTreeMap<PartyId, Vec<u8>>> = BTreeMap::new();
-    for party in parties.iter_mut() {
-        let me = party.party();
-        let mine: BTreeMap<_, _> = r1
-            .iter()
-            .filter(|(p, _)| **p != me)
-            .map(|(p, m)| (*p, m.clone()))
-            .collect();
-        let s = Instant::now();
-        let out = party.round2(&mine)?;
-        per_party[me as usize - 1] += s.elapsed();
-        echoes.insert(me, out.echo);
-        for (to, m) in out.direct {
-            direct.entry(to).or_default().insert(me, m.to_vec());
-        }
-    }
-    let mut shares = Vec::new();
-    for party in parties.iter_mut() {
-        let me = party.party();
-        let e: BTreeMap<_, _> = echoes
-            .iter()
-            .filter(|(p, _)| **p != me)
-            .map(|(p, m)| (*p, m.clone()))
-            .collect();
-        let d = direct.remove(&me).unwrap_or_default();
-        let s = Instant::now();
-        shares.push(party.finish(&e, &d)?);
-        per_party[me as usize - 1] += s.elapsed();
-    }
-    let mean = per_party.iter().sum::<Duration>() / n as u32;
+    let (shares, spent) = frost::dkg_in_memory("bench", t, n, &mut OsRng)?;
+    let mean = spent.iter().sum::<Duration>() / n as u32;
     Ok((shares, mean))
 }
 
