@@ -5,7 +5,7 @@ use florin_crypto::Digest;
 use crate::tx::{outputs_to_utxos, Transaction, UhsId};
 
 /// What kind of transaction a compact transaction came from (for supply accounting).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum TxKind {
     /// Value moves; inputs and outputs balance.
     Transfer,
@@ -37,7 +37,7 @@ impl TxKind {
 }
 
 /// Input ids to remove and output ids (with their values, for auditing) to insert.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct CompactTx {
     /// The transaction's id (remembered by the store: a replay changes nothing).
     pub txid: Digest,

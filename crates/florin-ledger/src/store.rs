@@ -9,7 +9,7 @@ use crate::compact::CompactTx;
 use crate::tx::UhsId;
 
 /// What a swap did to one compact transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SwapOutcome {
     /// Committed and durable: inputs removed, outputs inserted.
@@ -21,7 +21,7 @@ pub enum SwapOutcome {
 }
 
 /// The ledger's books, for the supply audit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Supply {
     /// Cents ever minted.
     pub minted_cents: u64,

@@ -1,0 +1,859 @@
+//! The two-phase-commit coordinator as a pure event machine.
+//!
+//! [`Coordinator`] takes [`Input`]s (submissions, replication done, shard answers, clock ticks,
+//! a leadership change) and returns [`Output`]s (replicate this entry, send that command to
+//! shard s, answer that submitter). It opens no sockets and reads no clock: the service in
+//! `florin-node` carries its outputs, and simulations drive it deterministically.
+//!
+//! One batch (a distributed transaction, `dtx`) goes through:
+//! 1. `Begin { dtx, txs }` is replicated (the prepare phase's inputs are durable),
+//! 2. `Prepare` to every involved shard, in parallel; votes come back,
+//! 3. `Decide { dtx, decisions }` is replicated (the commit phase's inputs are durable),
+//! 4. `Commit` to every involved shard; once all acknowledge, submitters are answered,
+//! 5. `Discard` to every involved shard, then `Done { dtx }` is replicated.
+//!
+//! A new leader replays [`CoordLog`], the replicated record of unfinished batches, as
+//! [`Input::Resume`] and finishes each batch from its last replicated phase. Every send is
+//! repeated on [`Input::Tick`] until answered; shards answer repeats idempotently.
+//!
+//! A transaction that meets an input locked by a batch in flight is retried in a later batch
+//! (up to `max_attempts` times), so concurrent conflicting spends never both commit and an
+//! honest spend is not failed by a conflicting one that then aborts. A transaction whose own
+//! txid is locked (a resubmission while the first submission is still in flight, e.g. after a
+//! leader change) waits for that batch and is then answered as a replay.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use florin_ledger::{CompactTx, SwapOutcome};
+use rand::{Rng, RngCore};
+use serde::{Deserialize, Serialize};
+
+use crate::route::{ShardId, ShardMap};
+use crate::shard::{Part, ShardCmd, ShardReply, Vote};
+use crate::Dtx;
+
+/// Who asked: the service's handle for a submission.
+pub type Ticket = u64;
+
+/// What the coordinator decided for one transaction of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Every shard voted `Ok`: commit.
+    Commit,
+    /// An input is spent or unknown.
+    Missing,
+    /// The transaction was confirmed before.
+    Applied,
+    /// An input was locked by another batch: abort now, try again later (a bounded number
+    /// of times).
+    Retry,
+    /// The same transaction is in flight in another batch: wait for it (not counted as a
+    /// try; that batch finishes, after which this one is a replay).
+    Wait,
+}
+
+/// An entry of the coordinator's replicated log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CoordEntry {
+    /// A batch begins (before any prepare is sent).
+    Begin {
+        /// The batch.
+        dtx: Dtx,
+        /// Its transactions.
+        txs: Vec<CompactTx>,
+    },
+    /// The batch's decisions (before any commit is sent).
+    Decide {
+        /// The batch.
+        dtx: Dtx,
+        /// One per transaction.
+        decisions: Vec<Decision>,
+    },
+    /// The batch is committed and discarded everywhere.
+    Done {
+        /// The batch.
+        dtx: Dtx,
+    },
+}
+
+/// An unfinished batch as replicated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedBatch {
+    /// Its transactions.
+    pub txs: Vec<CompactTx>,
+    /// Its decisions, once replicated.
+    pub decisions: Option<Vec<Decision>>,
+}
+
+/// The coordinator's replicated state: unfinished batches.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CoordLog {
+    batches: BTreeMap<Dtx, LoggedBatch>,
+    /// Batches finished since the group began (for status).
+    pub finished: u64,
+}
+
+impl CoordLog {
+    /// Applies one entry. Unknown batches in `Decide`/`Done` are ignored (a replay).
+    pub fn apply(&mut self, e: &CoordEntry) {
+        match e {
+            CoordEntry::Begin { dtx, txs } => {
+                self.batches.entry(*dtx).or_insert_with(|| LoggedBatch {
+                    txs: txs.clone(),
+                    decisions: None,
+                });
+            }
+            CoordEntry::Decide { dtx, decisions } => {
+                if let Some(b) = self.batches.get_mut(dtx) {
+                    if b.decisions.is_none() && decisions.len() == b.txs.len() {
+                        b.decisions = Some(decisions.clone());
+                    }
+                }
+            }
+            CoordEntry::Done { dtx } => {
+                if self.batches.remove(dtx).is_some() {
+                    self.finished += 1;
+                }
+            }
+        }
+    }
+
+    /// Unfinished batches.
+    pub fn batches(&self) -> &BTreeMap<Dtx, LoggedBatch> {
+        &self.batches
+    }
+}
+
+/// Tuning.
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinatorConfig {
+    /// Most transactions in one batch.
+    pub max_batch: usize,
+    /// Most batches between `Begin` and their commit acknowledgements at once.
+    pub max_inflight: usize,
+    /// Tries for a transaction that keeps meeting locks, before it is failed.
+    pub max_attempts: u8,
+    /// Repeat an unanswered send after this long (in the caller's clock units, e.g. ms).
+    pub resend_after: u64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            max_batch: 4096,
+            max_inflight: 4,
+            max_attempts: 8,
+            resend_after: 500,
+        }
+    }
+}
+
+/// An event for the coordinator.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// Transactions to apply; answered once, in order, by [`Output::Answer`].
+    Submit {
+        /// The submitter's handle.
+        ticket: Ticket,
+        /// The transactions.
+        txs: Vec<CompactTx>,
+    },
+    /// A [`Output::Replicate`] entry is committed by the group.
+    Replicated(CoordEntry),
+    /// A shard answered.
+    Reply {
+        /// The batch.
+        dtx: Dtx,
+        /// The shard.
+        shard: ShardId,
+        /// Its answer.
+        reply: ShardReply,
+    },
+    /// The clock (the caller's units): repeats unanswered sends.
+    Tick(u64),
+    /// This replica became leader: finish these unfinished batches (from [`CoordLog`]).
+    Resume(BTreeMap<Dtx, LoggedBatch>),
+}
+
+/// A command from the coordinator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Replicate this entry, then feed it back as [`Input::Replicated`].
+    Replicate(CoordEntry),
+    /// Send this command to the leader of `shard`, feed its answer back as [`Input::Reply`].
+    Send {
+        /// The shard.
+        shard: ShardId,
+        /// The command.
+        cmd: ShardCmd,
+    },
+    /// A submission is decided.
+    Answer {
+        /// The submitter's handle.
+        ticket: Ticket,
+        /// One outcome per transaction, in order.
+        outcomes: Vec<SwapOutcome>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Beginning,
+    Preparing,
+    Deciding,
+    Committing,
+    Discarding,
+    Finishing,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    ticket: Ticket,
+    pos: usize,
+    attempts: u8,
+}
+
+struct Flight {
+    txs: Vec<CompactTx>,
+    /// Where each transaction came from (none after a leadership change).
+    origins: Vec<Option<Origin>>,
+    phase: Phase,
+    /// Per shard: the indices of its transactions in `txs`.
+    plan: BTreeMap<ShardId, Vec<usize>>,
+    /// Shards whose answer to the current phase is awaited.
+    waiting: BTreeSet<ShardId>,
+    votes: Vec<Vec<Vote>>,
+    decisions: Vec<Decision>,
+    sent_at: u64,
+}
+
+struct TicketState {
+    outcomes: Vec<Option<SwapOutcome>>,
+    left: usize,
+}
+
+struct Queued {
+    tx: CompactTx,
+    origin: Origin,
+}
+
+/// The coordinator (one per coordinator group leader).
+pub struct Coordinator {
+    map: ShardMap,
+    cfg: CoordinatorConfig,
+    rng: Box<dyn RngCore + Send>,
+    queue: VecDeque<Queued>,
+    flights: HashMap<Dtx, Flight>,
+    tickets: HashMap<Ticket, TicketState>,
+    /// Batches before their commit is acknowledged (the in-flight limit counts these).
+    active: usize,
+    now: u64,
+}
+
+impl Coordinator {
+    /// A coordinator routing by `map`, drawing batch ids from `rng`.
+    pub fn new(map: ShardMap, cfg: CoordinatorConfig, rng: Box<dyn RngCore + Send>) -> Self {
+        Coordinator {
+            map,
+            cfg,
+            rng,
+            queue: VecDeque::new(),
+            flights: HashMap::new(),
+            tickets: HashMap::new(),
+            active: 0,
+            now: 0,
+        }
+    }
+
+    /// Transactions waiting for a batch.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Batches not finished.
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Submissions not yet answered.
+    pub fn open_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Handles one event.
+    pub fn handle(&mut self, input: Input) -> Vec<Output> {
+        let mut out = Vec::new();
+        match input {
+            Input::Submit { ticket, txs } => {
+                if txs.is_empty() {
+                    out.push(Output::Answer {
+                        ticket,
+                        outcomes: vec![],
+                    });
+                } else {
+                    self.tickets.insert(
+                        ticket,
+                        TicketState {
+                            outcomes: vec![None; txs.len()],
+                            left: txs.len(),
+                        },
+                    );
+                    for (pos, tx) in txs.into_iter().enumerate() {
+                        self.queue.push_back(Queued {
+                            tx,
+                            origin: Origin {
+                                ticket,
+                                pos,
+                                attempts: 0,
+                            },
+                        });
+                    }
+                }
+            }
+            Input::Replicated(entry) => self.replicated(entry, &mut out),
+            Input::Reply { dtx, shard, reply } => self.reply(dtx, shard, reply, &mut out),
+            Input::Tick(now) => {
+                self.now = now;
+                self.resend(&mut out);
+            }
+            Input::Resume(batches) => {
+                for (dtx, b) in batches {
+                    if self.flights.contains_key(&dtx) {
+                        continue;
+                    }
+                    let n = b.txs.len();
+                    let mut f = self.flight(b.txs, vec![None; n]);
+                    self.active += 1;
+                    match b.decisions {
+                        None => self.send_prepares(dtx, &mut f, &mut out),
+                        Some(d) => {
+                            f.decisions = d;
+                            self.send_commits(dtx, &mut f, &mut out);
+                        }
+                    }
+                    self.flights.insert(dtx, f);
+                }
+            }
+        }
+        self.pump(&mut out);
+        out
+    }
+
+    fn flight(&self, txs: Vec<CompactTx>, origins: Vec<Option<Origin>>) -> Flight {
+        let mut plan: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
+        for (i, tx) in txs.iter().enumerate() {
+            let mut shards: BTreeSet<ShardId> =
+                tx.inputs.iter().map(|x| self.map.shard_of(x)).collect();
+            shards.extend(tx.outputs.iter().map(|(x, _)| self.map.shard_of(x)));
+            shards.insert(self.map.shard_of(&tx.txid));
+            for s in shards {
+                plan.entry(s).or_default().push(i);
+            }
+        }
+        let n = txs.len();
+        Flight {
+            txs,
+            origins,
+            phase: Phase::Beginning,
+            plan,
+            waiting: BTreeSet::new(),
+            votes: vec![Vec::new(); n],
+            decisions: Vec::new(),
+            sent_at: self.now,
+        }
+    }
+
+    /// Starts batches while there is room.
+    fn pump(&mut self, out: &mut Vec<Output>) {
+        while self.active < self.cfg.max_inflight && !self.queue.is_empty() {
+            let n = self.queue.len().min(self.cfg.max_batch.max(1));
+            let taken: Vec<Queued> = self.queue.drain(..n).collect();
+            let (txs, origins): (Vec<_>, Vec<_>) =
+                taken.into_iter().map(|q| (q.tx, Some(q.origin))).unzip();
+            let dtx: Dtx = self.rng.gen();
+            let f = self.flight(txs.clone(), origins);
+            self.flights.insert(dtx, f);
+            self.active += 1;
+            out.push(Output::Replicate(CoordEntry::Begin { dtx, txs }));
+        }
+    }
+
+    fn replicated(&mut self, entry: CoordEntry, out: &mut Vec<Output>) {
+        match entry {
+            CoordEntry::Begin { dtx, .. } => {
+                if let Some(mut f) = self.flights.remove(&dtx) {
+                    if f.phase == Phase::Beginning {
+                        self.send_prepares(dtx, &mut f, out);
+                    }
+                    self.flights.insert(dtx, f);
+                }
+            }
+            CoordEntry::Decide { dtx, .. } => {
+                if let Some(mut f) = self.flights.remove(&dtx) {
+                    if f.phase == Phase::Deciding {
+                        self.send_commits(dtx, &mut f, out);
+                    }
+                    self.flights.insert(dtx, f);
+                }
+            }
+            CoordEntry::Done { dtx } => {
+                if self.flights.get(&dtx).map(|f| f.phase) == Some(Phase::Finishing) {
+                    self.flights.remove(&dtx);
+                }
+            }
+        }
+    }
+
+    fn parts(f: &Flight, map: &ShardMap, shard: ShardId) -> Vec<Part> {
+        let Some(idx) = f.plan.get(&shard) else {
+            return vec![];
+        };
+        idx.iter()
+            .map(|&i| {
+                let tx = &f.txs[i];
+                Part {
+                    txid: tx.txid,
+                    owns_txid: map.owns(shard, &tx.txid),
+                    kind: tx.kind,
+                    inputs: tx
+                        .inputs
+                        .iter()
+                        .filter(|x| map.owns(shard, x))
+                        .copied()
+                        .collect(),
+                    outputs: tx
+                        .outputs
+                        .iter()
+                        .filter(|(x, _)| map.owns(shard, x))
+                        .copied()
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn send_prepares(&self, dtx: Dtx, f: &mut Flight, out: &mut Vec<Output>) {
+        f.phase = Phase::Preparing;
+        f.waiting = f.plan.keys().copied().collect();
+        f.sent_at = self.now;
+        for s in &f.waiting {
+            out.push(Output::Send {
+                shard: *s,
+                cmd: self.phase_cmd(dtx, f, *s),
+            });
+        }
+    }
+
+    fn send_commits(&self, dtx: Dtx, f: &mut Flight, out: &mut Vec<Output>) {
+        f.phase = Phase::Committing;
+        f.waiting = f.plan.keys().copied().collect();
+        f.sent_at = self.now;
+        for s in &f.waiting {
+            out.push(Output::Send {
+                shard: *s,
+                cmd: self.phase_cmd(dtx, f, *s),
+            });
+        }
+    }
+
+    /// The command of the flight's current phase for one shard.
+    fn phase_cmd(&self, dtx: Dtx, f: &Flight, shard: ShardId) -> ShardCmd {
+        match f.phase {
+            Phase::Committing => ShardCmd::Commit {
+                dtx,
+                commit: f
+                    .plan
+                    .get(&shard)
+                    .map(|idx| {
+                        idx.iter()
+                            .map(|&i| f.decisions.get(i) == Some(&Decision::Commit))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            Phase::Discarding => ShardCmd::Discard { dtx },
+            _ => ShardCmd::Prepare {
+                dtx,
+                parts: Self::parts(f, &self.map, shard),
+            },
+        }
+    }
+
+    fn reply(&mut self, dtx: Dtx, shard: ShardId, reply: ShardReply, out: &mut Vec<Output>) {
+        let Some(mut f) = self.flights.remove(&dtx) else {
+            return;
+        };
+        match (f.phase, reply) {
+            (Phase::Preparing, ShardReply::Prepared(votes)) if f.waiting.contains(&shard) => {
+                let idx = f.plan.get(&shard).cloned().unwrap_or_default();
+                if votes.len() == idx.len() {
+                    for (i, v) in idx.iter().zip(votes) {
+                        f.votes[*i].push(v);
+                    }
+                    f.waiting.remove(&shard);
+                }
+                if f.waiting.is_empty() {
+                    f.decisions = f.votes.iter().map(|v| decide(v)).collect();
+                    f.phase = Phase::Deciding;
+                    out.push(Output::Replicate(CoordEntry::Decide {
+                        dtx,
+                        decisions: f.decisions.clone(),
+                    }));
+                }
+            }
+            (Phase::Committing, ShardReply::Committed) => {
+                f.waiting.remove(&shard);
+                if f.waiting.is_empty() {
+                    self.answer(&f, out);
+                    self.active = self.active.saturating_sub(1);
+                    f.phase = Phase::Discarding;
+                    f.waiting = f.plan.keys().copied().collect();
+                    f.sent_at = self.now;
+                    for s in &f.waiting {
+                        out.push(Output::Send {
+                            shard: *s,
+                            cmd: ShardCmd::Discard { dtx },
+                        });
+                    }
+                }
+            }
+            (Phase::Discarding, ShardReply::Discarded) => {
+                f.waiting.remove(&shard);
+                if f.waiting.is_empty() {
+                    f.phase = Phase::Finishing;
+                    out.push(Output::Replicate(CoordEntry::Done { dtx }));
+                }
+            }
+            // A late answer to an earlier phase, or a refusal: the phase's send is repeated
+            // on the next tick if still unanswered.
+            _ => {}
+        }
+        self.flights.insert(dtx, f);
+    }
+
+    /// Answers submitters (or queues retries) once a batch's commits are acknowledged.
+    fn answer(&mut self, f: &Flight, out: &mut Vec<Output>) {
+        for (i, d) in f.decisions.iter().enumerate() {
+            let Some(Some(o)) = f.origins.get(i) else {
+                continue;
+            };
+            let outcome = match d {
+                Decision::Commit => SwapOutcome::Confirmed,
+                Decision::Applied => SwapOutcome::AlreadyApplied,
+                Decision::Missing => SwapOutcome::MissingInput,
+                Decision::Retry if o.attempts + 1 < self.cfg.max_attempts => {
+                    self.queue.push_back(Queued {
+                        tx: f.txs[i].clone(),
+                        origin: Origin {
+                            attempts: o.attempts + 1,
+                            ..*o
+                        },
+                    });
+                    continue;
+                }
+                Decision::Retry => SwapOutcome::MissingInput,
+                Decision::Wait => {
+                    self.queue.push_back(Queued {
+                        tx: f.txs[i].clone(),
+                        origin: *o,
+                    });
+                    continue;
+                }
+            };
+            if let Some(t) = self.tickets.get_mut(&o.ticket) {
+                if t.outcomes[o.pos].is_none() {
+                    t.outcomes[o.pos] = Some(outcome);
+                    t.left -= 1;
+                }
+                if t.left == 0 {
+                    if let Some(t) = self.tickets.remove(&o.ticket) {
+                        out.push(Output::Answer {
+                            ticket: o.ticket,
+                            outcomes: t.outcomes.into_iter().flatten().collect(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn resend(&mut self, out: &mut Vec<Output>) {
+        let now = self.now;
+        let after = self.cfg.resend_after;
+        let mut due: Vec<Dtx> = self
+            .flights
+            .iter()
+            .filter(|(_, f)| {
+                matches!(
+                    f.phase,
+                    Phase::Preparing | Phase::Committing | Phase::Discarding
+                ) && now.saturating_sub(f.sent_at) >= after
+            })
+            .map(|(d, _)| *d)
+            .collect();
+        due.sort_unstable();
+        for dtx in due {
+            if let Some(mut f) = self.flights.remove(&dtx) {
+                f.sent_at = now;
+                for s in &f.waiting {
+                    out.push(Output::Send {
+                        shard: *s,
+                        cmd: self.phase_cmd(dtx, &f, *s),
+                    });
+                }
+                self.flights.insert(dtx, f);
+            }
+        }
+    }
+
+    /// Drops every submission (the replica lost leadership): their submitters must retry
+    /// with the new leader, which finishes the batches already begun.
+    pub fn abandon(&mut self) -> Vec<Ticket> {
+        self.queue.clear();
+        self.flights.clear();
+        self.active = 0;
+        let mut open: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
+        open.sort_unstable();
+        open
+    }
+}
+
+/// Combines one transaction's votes from all its shards.
+pub fn decide(votes: &[Vote]) -> Decision {
+    if votes.contains(&Vote::Applied) {
+        Decision::Applied
+    } else if votes.contains(&Vote::InFlight) {
+        Decision::Wait
+    } else if votes.contains(&Vote::Missing) {
+        Decision::Missing
+    } else if votes.contains(&Vote::Busy) {
+        Decision::Retry
+    } else {
+        Decision::Commit
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use florin_ledger::store::testing::{id, mint, transfer};
+    use rand::SeedableRng;
+
+    fn coord(shards: usize) -> Coordinator {
+        Coordinator::new(
+            ShardMap::even(shards).unwrap(),
+            CoordinatorConfig {
+                max_batch: 16,
+                max_inflight: 2,
+                max_attempts: 3,
+                resend_after: 10,
+            },
+            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+        )
+    }
+
+    fn begin_of(out: &[Output]) -> (Dtx, Vec<CompactTx>) {
+        out.iter()
+            .find_map(|o| match o {
+                Output::Replicate(CoordEntry::Begin { dtx, txs }) => Some((*dtx, txs.clone())),
+                _ => None,
+            })
+            .unwrap()
+    }
+
+    fn sends(out: &[Output]) -> Vec<(ShardId, ShardCmd)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Send { shard, cmd } => Some((*shard, cmd.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_batch_walks_through_every_phase_in_order() {
+        let map = ShardMap::even(2).unwrap();
+        let mut c = coord(2);
+        let t = transfer(1, &[1, 2, 3], &[(4, 6)]);
+        let involved: BTreeSet<ShardId> = t
+            .inputs
+            .iter()
+            .chain([&t.txid, &t.outputs[0].0])
+            .map(|x| map.shard_of(x))
+            .collect();
+        let out = c.handle(Input::Submit {
+            ticket: 9,
+            txs: vec![t.clone()],
+        });
+        // Nothing is sent before the batch is replicated.
+        assert_eq!(out.len(), 1);
+        let (dtx, txs) = begin_of(&out);
+        assert_eq!(txs, vec![t.clone()]);
+        let out = c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
+        let prepares = sends(&out);
+        assert_eq!(
+            prepares.iter().map(|(s, _)| *s).collect::<BTreeSet<_>>(),
+            involved
+        );
+        for (s, cmd) in &prepares {
+            let ShardCmd::Prepare { parts, .. } = cmd else {
+                panic!("expected prepare, got {cmd:?}")
+            };
+            // Each shard sees exactly its own ids.
+            assert!(parts[0].inputs.iter().all(|x| map.owns(*s, x)));
+            assert_eq!(parts[0].owns_txid, map.owns(*s, &t.txid));
+        }
+        // Votes come back; the decision is replicated before any commit goes out.
+        let mut out = vec![];
+        for (s, _) in &prepares {
+            out = c.handle(Input::Reply {
+                dtx,
+                shard: *s,
+                reply: ShardReply::Prepared(vec![Vote::Ok]),
+            });
+        }
+        assert_eq!(
+            out,
+            vec![Output::Replicate(CoordEntry::Decide {
+                dtx,
+                decisions: vec![Decision::Commit]
+            })]
+        );
+        let out = c.handle(Input::Replicated(CoordEntry::Decide {
+            dtx,
+            decisions: vec![Decision::Commit],
+        }));
+        let commits = sends(&out);
+        assert!(commits.iter().all(|(_, c)| *c
+            == ShardCmd::Commit {
+                dtx,
+                commit: vec![true]
+            }));
+        // The submitter is answered once every shard committed; then discards go out.
+        let mut outs = vec![];
+        for (s, _) in &commits {
+            outs.extend(c.handle(Input::Reply {
+                dtx,
+                shard: *s,
+                reply: ShardReply::Committed,
+            }));
+        }
+        assert!(outs.contains(&Output::Answer {
+            ticket: 9,
+            outcomes: vec![SwapOutcome::Confirmed]
+        }));
+        let discards = sends(&outs);
+        assert_eq!(discards.len(), involved.len());
+        let mut outs = vec![];
+        for (s, _) in &discards {
+            outs.extend(c.handle(Input::Reply {
+                dtx,
+                shard: *s,
+                reply: ShardReply::Discarded,
+            }));
+        }
+        assert_eq!(outs, vec![Output::Replicate(CoordEntry::Done { dtx })]);
+        c.handle(Input::Replicated(CoordEntry::Done { dtx }));
+        assert_eq!((c.in_flight(), c.open_tickets(), c.queued()), (0, 0, 0));
+    }
+
+    #[test]
+    fn busy_transactions_are_retried_then_failed_and_answers_keep_order() {
+        let mut c = coord(1);
+        let a = transfer(1, &[1], &[(2, 1)]);
+        let b = mint(2, &[(3, 1)]);
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![a.clone(), b.clone()],
+        });
+        let mut dtx = begin_of(&out).0;
+        let mut answer = None;
+        for round in 0..3 {
+            let out = c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs: vec![] }));
+            assert_eq!(sends(&out).len(), 1);
+            let votes = if round == 0 {
+                vec![Vote::Busy, Vote::Ok]
+            } else {
+                vec![Vote::Busy]
+            };
+            let out = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Prepared(votes),
+            });
+            let Output::Replicate(CoordEntry::Decide { decisions, .. }) = &out[0] else {
+                panic!("{out:?}")
+            };
+            let out = c.handle(Input::Replicated(CoordEntry::Decide {
+                dtx,
+                decisions: decisions.clone(),
+            }));
+            assert_eq!(sends(&out).len(), 1);
+            let out = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Committed,
+            });
+            for o in &out {
+                match o {
+                    Output::Replicate(CoordEntry::Begin { dtx: d, txs }) => {
+                        assert_eq!(txs, &vec![a.clone()], "only the busy one is retried");
+                        dtx = *d;
+                    }
+                    Output::Answer { .. } => answer = Some(o.clone()),
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(
+            answer,
+            Some(Output::Answer {
+                ticket: 1,
+                outcomes: vec![SwapOutcome::MissingInput, SwapOutcome::Confirmed]
+            })
+        );
+    }
+
+    #[test]
+    fn unanswered_sends_repeat_and_a_new_leader_resumes_from_the_log() {
+        let mut c = coord(2);
+        let t = transfer(1, &[1], &[(2, 1)]);
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![t.clone()],
+        });
+        let (dtx, txs) = begin_of(&out);
+        let first = sends(&c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs })));
+        assert!(sends(&c.handle(Input::Tick(5))).is_empty());
+        assert_eq!(sends(&c.handle(Input::Tick(10))), first);
+
+        // The replicated log as a new leader finds it.
+        let mut log = CoordLog::default();
+        log.apply(&CoordEntry::Begin {
+            dtx,
+            txs: vec![t.clone()],
+        });
+        let mut d = coord(2);
+        assert_eq!(
+            sends(&d.handle(Input::Resume(log.batches().clone()))),
+            first
+        );
+        log.apply(&CoordEntry::Decide {
+            dtx,
+            decisions: vec![Decision::Missing],
+        });
+        let mut e = coord(2);
+        let commits = sends(&e.handle(Input::Resume(log.batches().clone())));
+        assert!(commits.iter().all(|(_, c)| *c
+            == ShardCmd::Commit {
+                dtx,
+                commit: vec![false]
+            }));
+        log.apply(&CoordEntry::Done { dtx });
+        assert!(log.batches().is_empty() && log.finished == 1);
+        // Abandoning hands back the open tickets.
+        assert_eq!(c.abandon(), vec![1]);
+        let _ = id(0);
+    }
+}

@@ -1,0 +1,497 @@
+//! The locking shard (Hamilton's two-phase-commit "shard"), as a deterministic state machine.
+//!
+//! A shard owns the UHS ids of one id range ([`crate::route`]) and the confirmation records of
+//! the transaction ids in that range. Three commands, each idempotent per batch id:
+//! - `Prepare { dtx, parts }`: for each transaction's part on this shard, votes and, on `Ok`,
+//!   locks its inputs (and its txid, which stops a duplicate submission committing twice).
+//! - `Commit { dtx, commit }`: for each part, deletes inputs and inserts outputs if committed,
+//!   records the txid as confirmed; unlocks everything the batch locked.
+//! - `Discard { dtx }`: forgets the batch (a prepared batch that is discarded is aborted).
+//!
+//! A retried phase gets the answer of the first attempt: `Prepare` returns the stored votes,
+//! `Commit` after a commit acknowledges, and `Prepare` of a finished batch is refused, never
+//! re-locks. The state is replicated by applying the same commands in the same order on every
+//! replica (Raft): it must not read clocks or randomness.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use florin_crypto::Digest;
+use florin_ledger::{Supply, TxKind, UhsId};
+use serde::{Deserialize, Serialize};
+
+use crate::Dtx;
+
+/// Batch ids remembered after `Discard` (so a late duplicate `Prepare` cannot re-lock).
+pub const DISCARDED_MEMORY: usize = 1 << 16;
+
+/// One transaction's part on one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// The transaction's id.
+    pub txid: Digest,
+    /// Whether this shard owns the txid (records its confirmation, detects its replay).
+    pub owns_txid: bool,
+    /// The transaction's kind (for the books).
+    pub kind: TxKind,
+    /// Inputs in this shard's range: must exist and be unlocked.
+    pub inputs: Vec<UhsId>,
+    /// Outputs in this shard's range, with their values.
+    pub outputs: Vec<(UhsId, u64)>,
+}
+
+/// A shard's vote on one part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Vote {
+    /// Inputs exist and are now locked for this batch.
+    Ok,
+    /// An input is spent or never existed (or appears twice).
+    Missing,
+    /// An input is locked by a batch in flight: try again later.
+    Busy,
+    /// The txid itself is locked: the same transaction is in flight in another batch.
+    InFlight,
+    /// The txid is already confirmed (a replay).
+    Applied,
+}
+
+/// A command to a shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardCmd {
+    /// Phase one.
+    Prepare {
+        /// The batch.
+        dtx: Dtx,
+        /// This shard's parts, in the batch's order.
+        parts: Vec<Part>,
+    },
+    /// Phase two: one decision per prepared part.
+    Commit {
+        /// The batch.
+        dtx: Dtx,
+        /// Whether each part commits.
+        commit: Vec<bool>,
+    },
+    /// Forget the batch.
+    Discard {
+        /// The batch.
+        dtx: Dtx,
+    },
+}
+
+/// A shard's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardReply {
+    /// Votes, one per part.
+    Prepared(Vec<Vote>),
+    /// The batch's decisions are applied (now or before).
+    Committed,
+    /// The batch is forgotten.
+    Discarded,
+    /// The command does not fit the shard's state (it changed nothing).
+    Refused(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Prepared {
+    parts: Vec<Part>,
+    votes: Vec<Vote>,
+}
+
+/// The shard's state.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ShardState {
+    unspent: HashMap<UhsId, u64>,
+    confirmed: HashSet<Digest>,
+    /// Locked inputs and txids, by batch.
+    locks: HashMap<Digest, Dtx>,
+    prepared: HashMap<Dtx, Prepared>,
+    committed: HashSet<Dtx>,
+    discarded: HashSet<Dtx>,
+    discarded_order: VecDeque<Dtx>,
+    books: Supply,
+}
+
+impl ShardState {
+    /// An empty shard.
+    pub fn new() -> ShardState {
+        ShardState::default()
+    }
+
+    /// Applies one command.
+    pub fn apply(&mut self, cmd: ShardCmd) -> ShardReply {
+        match cmd {
+            ShardCmd::Prepare { dtx, parts } => self.prepare(dtx, parts),
+            ShardCmd::Commit { dtx, commit } => self.commit(dtx, &commit),
+            ShardCmd::Discard { dtx } => self.discard(dtx),
+        }
+    }
+
+    fn prepare(&mut self, dtx: Dtx, parts: Vec<Part>) -> ShardReply {
+        if let Some(p) = self.prepared.get(&dtx) {
+            return ShardReply::Prepared(p.votes.clone());
+        }
+        if self.committed.contains(&dtx) || self.discarded.contains(&dtx) {
+            return ShardReply::Refused(format!("batch {dtx:032x} is already finished"));
+        }
+        let mut votes = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let vote = self.vote(part);
+            if vote == Vote::Ok {
+                for i in &part.inputs {
+                    self.locks.insert(*i, dtx);
+                }
+                if part.owns_txid {
+                    self.locks.insert(part.txid, dtx);
+                }
+            }
+            votes.push(vote);
+        }
+        self.prepared.insert(
+            dtx,
+            Prepared {
+                parts,
+                votes: votes.clone(),
+            },
+        );
+        ShardReply::Prepared(votes)
+    }
+
+    fn vote(&self, part: &Part) -> Vote {
+        if part.owns_txid && self.confirmed.contains(&part.txid) {
+            return Vote::Applied;
+        }
+        if part.owns_txid && self.locks.contains_key(&part.txid) {
+            return Vote::InFlight;
+        }
+        if part.inputs.iter().any(|i| !self.unspent.contains_key(i)) || has_duplicate(&part.inputs)
+        {
+            return Vote::Missing;
+        }
+        if part.inputs.iter().any(|i| self.locks.contains_key(i)) {
+            return Vote::Busy;
+        }
+        Vote::Ok
+    }
+
+    fn commit(&mut self, dtx: Dtx, commit: &[bool]) -> ShardReply {
+        if self.committed.contains(&dtx) || self.discarded.contains(&dtx) {
+            return ShardReply::Committed;
+        }
+        let Some(p) = self.prepared.get(&dtx) else {
+            return ShardReply::Refused(format!("batch {dtx:032x} was never prepared here"));
+        };
+        if p.parts.len() != commit.len() {
+            return ShardReply::Refused(format!(
+                "batch {dtx:032x} has {} parts here, the commit names {}",
+                p.parts.len(),
+                commit.len()
+            ));
+        }
+        if let Some(i) = (0..commit.len()).find(|i| commit[*i] && p.votes[*i] != Vote::Ok) {
+            return ShardReply::Refused(format!(
+                "batch {dtx:032x}: part {i} voted {:?} and cannot commit",
+                p.votes[i]
+            ));
+        }
+        let Some(p) = self.prepared.remove(&dtx) else {
+            return ShardReply::Refused("unreachable".into());
+        };
+        for (part, (&yes, vote)) in p.parts.iter().zip(commit.iter().zip(&p.votes)) {
+            if *vote == Vote::Ok {
+                self.unlock(part, dtx);
+            }
+            if !yes {
+                continue;
+            }
+            for i in &part.inputs {
+                if let Some(v) = self.unspent.remove(i) {
+                    self.books.unspent_cents -= v;
+                    self.books.unspent_count -= 1;
+                    if part.kind == TxKind::Redeem {
+                        self.books.redeemed_cents += v;
+                    }
+                }
+            }
+            for (o, v) in &part.outputs {
+                if self.unspent.insert(*o, *v).is_none() {
+                    self.books.unspent_cents += v;
+                    self.books.unspent_count += 1;
+                    if part.kind == TxKind::Mint {
+                        self.books.minted_cents += v;
+                    }
+                }
+            }
+            if part.owns_txid {
+                self.confirmed.insert(part.txid);
+            }
+        }
+        self.committed.insert(dtx);
+        ShardReply::Committed
+    }
+
+    fn unlock(&mut self, part: &Part, dtx: Dtx) {
+        for i in part
+            .inputs
+            .iter()
+            .chain(part.owns_txid.then_some(&part.txid))
+        {
+            if self.locks.get(i) == Some(&dtx) {
+                self.locks.remove(i);
+            }
+        }
+    }
+
+    fn discard(&mut self, dtx: Dtx) -> ShardReply {
+        if let Some(p) = self.prepared.remove(&dtx) {
+            // Discarding a batch that never committed aborts it.
+            for (part, vote) in p.parts.iter().zip(&p.votes) {
+                if *vote == Vote::Ok {
+                    self.unlock(part, dtx);
+                }
+            }
+        }
+        self.committed.remove(&dtx);
+        if self.discarded.insert(dtx) {
+            self.discarded_order.push_back(dtx);
+            while self.discarded_order.len() > DISCARDED_MEMORY {
+                if let Some(old) = self.discarded_order.pop_front() {
+                    self.discarded.remove(&old);
+                }
+            }
+        }
+        ShardReply::Discarded
+    }
+
+    /// Whether an id is unspent (locked ids are still unspent).
+    pub fn is_unspent(&self, id: &UhsId) -> bool {
+        self.unspent.contains_key(id)
+    }
+
+    /// Whether a txid owned by this shard is confirmed.
+    pub fn is_confirmed(&self, txid: &Digest) -> bool {
+        self.confirmed.contains(txid)
+    }
+
+    /// This shard's books (sum them over shards for the ledger's).
+    pub fn books(&self) -> Supply {
+        self.books
+    }
+
+    /// Batches prepared and not yet committed or discarded, and locks held.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.prepared.len() + self.committed.len(), self.locks.len())
+    }
+
+    /// Inserts unspent outputs directly (genesis in tests and simulations).
+    pub fn seed(&mut self, outputs: &[(UhsId, u64)]) {
+        for (o, v) in outputs {
+            if self.unspent.insert(*o, *v).is_none() {
+                self.books.unspent_cents += v;
+                self.books.unspent_count += 1;
+                self.books.minted_cents += v;
+            }
+        }
+    }
+
+    /// Every unspent id with its value (for audits in tests).
+    pub fn unspent(&self) -> impl Iterator<Item = (&UhsId, &u64)> {
+        self.unspent.iter()
+    }
+
+    /// Every confirmed txid.
+    pub fn confirmed(&self) -> impl Iterator<Item = &Digest> {
+        self.confirmed.iter()
+    }
+}
+
+fn has_duplicate(ids: &[UhsId]) -> bool {
+    if ids.len() < 2 {
+        return false;
+    }
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v.windows(2).any(|w| w[0] == w[1])
+}
+
+/// Encodes a value with postcard (commands, replies, snapshots).
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).unwrap_or_default()
+}
+
+/// Decodes a postcard value.
+pub fn decode<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(b).map_err(|e| format!("undecodable: {e}"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use florin_ledger::store::testing::id;
+
+    fn part(txid: u64, owns: bool, inputs: &[u64], outputs: &[(u64, u64)]) -> Part {
+        Part {
+            txid: id(1000 + txid),
+            owns_txid: owns,
+            kind: TxKind::Transfer,
+            inputs: inputs.iter().map(|i| id(*i)).collect(),
+            outputs: outputs.iter().map(|(i, v)| (id(*i), *v)).collect(),
+        }
+    }
+
+    fn seeded() -> ShardState {
+        let mut s = ShardState::new();
+        s.seed(&[(id(1), 10), (id(2), 20), (id(3), 30)]);
+        s
+    }
+
+    #[test]
+    fn prepare_locks_commit_swaps_discard_forgets() {
+        let mut s = seeded();
+        let parts = vec![
+            part(1, true, &[1], &[(10, 10)]),
+            part(2, true, &[1, 2], &[(11, 30)]),
+            part(3, true, &[99], &[]),
+        ];
+        let r = s.apply(ShardCmd::Prepare { dtx: 7, parts });
+        // The second part finds input 1 locked by the first: busy, not spent.
+        assert_eq!(
+            r,
+            ShardReply::Prepared(vec![Vote::Ok, Vote::Busy, Vote::Missing])
+        );
+        assert_eq!(s.in_flight(), (1, 2)); // input 1 and txid 1
+                                           // A retried prepare answers the same and locks nothing more.
+        assert_eq!(
+            s.apply(ShardCmd::Prepare {
+                dtx: 7,
+                parts: vec![]
+            }),
+            r
+        );
+        assert_eq!(
+            s.apply(ShardCmd::Commit {
+                dtx: 7,
+                commit: vec![true, false, false]
+            }),
+            ShardReply::Committed
+        );
+        assert!(!s.is_unspent(&id(1)) && s.is_unspent(&id(10)) && s.is_unspent(&id(2)));
+        assert!(s.is_confirmed(&id(1001)) && !s.is_confirmed(&id(1002)));
+        assert_eq!(s.in_flight(), (1, 0));
+        // A retried commit is acknowledged and changes nothing.
+        let books = s.books();
+        assert_eq!(
+            s.apply(ShardCmd::Commit {
+                dtx: 7,
+                commit: vec![true, false, false]
+            }),
+            ShardReply::Committed
+        );
+        assert_eq!(s.books(), books);
+        assert_eq!(books.unspent_cents, 60);
+        assert_eq!(s.apply(ShardCmd::Discard { dtx: 7 }), ShardReply::Discarded);
+        assert_eq!(s.in_flight(), (0, 0));
+        // A late duplicate prepare of a finished batch is refused and locks nothing.
+        let late = s.apply(ShardCmd::Prepare {
+            dtx: 7,
+            parts: vec![part(4, true, &[2], &[])],
+        });
+        assert!(matches!(late, ShardReply::Refused(_)));
+        assert_eq!(s.in_flight(), (0, 0));
+    }
+
+    #[test]
+    fn replays_and_bad_commits_are_refused() {
+        let mut s = seeded();
+        s.apply(ShardCmd::Prepare {
+            dtx: 1,
+            parts: vec![part(1, true, &[1], &[(10, 10)])],
+        });
+        // Commit naming the wrong number of parts, or committing a non-Ok vote: refused.
+        assert!(matches!(
+            s.apply(ShardCmd::Commit {
+                dtx: 1,
+                commit: vec![true, true]
+            }),
+            ShardReply::Refused(_)
+        ));
+        assert!(matches!(
+            s.apply(ShardCmd::Commit {
+                dtx: 9,
+                commit: vec![]
+            }),
+            ShardReply::Refused(_)
+        ));
+        s.apply(ShardCmd::Commit {
+            dtx: 1,
+            commit: vec![true],
+        });
+        // The same transaction in a new batch: a replay.
+        let r = s.apply(ShardCmd::Prepare {
+            dtx: 2,
+            parts: vec![part(1, true, &[1], &[(10, 10)])],
+        });
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::Applied]));
+        // A part that is not ours to confirm sees only the spent input.
+        let r = s.apply(ShardCmd::Prepare {
+            dtx: 3,
+            parts: vec![part(1, false, &[1], &[])],
+        });
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::Missing]));
+        // Spending one input twice in one transaction is refused.
+        let r = s.apply(ShardCmd::Prepare {
+            dtx: 4,
+            parts: vec![part(5, true, &[2, 2], &[])],
+        });
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::Missing]));
+        // Discarding a prepared batch aborts it: its locks go.
+        s.apply(ShardCmd::Prepare {
+            dtx: 5,
+            parts: vec![part(6, true, &[3], &[])],
+        });
+        assert_eq!(s.in_flight().1, 2);
+        s.apply(ShardCmd::Discard { dtx: 5 });
+        assert!(s.is_unspent(&id(3)));
+        assert_eq!(
+            s.apply(ShardCmd::Prepare {
+                dtx: 6,
+                parts: vec![part(6, true, &[3], &[])]
+            }),
+            ShardReply::Prepared(vec![Vote::Ok])
+        );
+    }
+
+    #[test]
+    fn books_count_mints_and_redemptions_where_the_ids_live() {
+        let mut s = ShardState::new();
+        let mut mint = part(1, true, &[], &[(1, 100)]);
+        mint.kind = TxKind::Mint;
+        s.apply(ShardCmd::Prepare {
+            dtx: 1,
+            parts: vec![mint],
+        });
+        s.apply(ShardCmd::Commit {
+            dtx: 1,
+            commit: vec![true],
+        });
+        let mut redeem = part(2, false, &[1], &[]);
+        redeem.kind = TxKind::Redeem;
+        s.apply(ShardCmd::Prepare {
+            dtx: 2,
+            parts: vec![redeem],
+        });
+        s.apply(ShardCmd::Commit {
+            dtx: 2,
+            commit: vec![true],
+        });
+        let b = s.books();
+        assert_eq!(
+            (b.minted_cents, b.redeemed_cents, b.unspent_cents),
+            (100, 100, 0)
+        );
+        // The state survives a snapshot round trip.
+        let back: ShardState = decode(&encode(&s)).unwrap();
+        assert_eq!(back.books(), b);
+        assert!(decode::<ShardState>(&[0xff; 3]).is_err());
+    }
+}
