@@ -22,9 +22,9 @@
 //! txid is locked (a resubmission while the first submission is still in flight, e.g. after a
 //! leader change) waits for that batch and is then answered as a replay.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use florin_ledger::{CompactTx, SwapOutcome};
+use florin_ledger::{CompactTx, SwapOutcome, UhsId};
 use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 
@@ -247,6 +247,8 @@ pub struct Coordinator {
     tickets: HashMap<Ticket, TicketState>,
     /// Batches before their commit is acknowledged (the in-flight limit counts these).
     active: usize,
+    /// Outputs of batches before their commit is acknowledged.
+    producing: HashMap<UhsId, Dtx>,
     now: u64,
 }
 
@@ -261,6 +263,7 @@ impl Coordinator {
             flights: HashMap::new(),
             tickets: HashMap::new(),
             active: 0,
+            producing: HashMap::new(),
             now: 0,
         }
     }
@@ -322,6 +325,11 @@ impl Coordinator {
                         continue;
                     }
                     let n = b.txs.len();
+                    for tx in &b.txs {
+                        for (o, _) in &tx.outputs {
+                            self.producing.insert(*o, dtx);
+                        }
+                    }
                     let mut f = self.flight(b.txs, vec![None; n]);
                     self.active += 1;
                     match b.decisions {
@@ -363,14 +371,41 @@ impl Coordinator {
         }
     }
 
-    /// Starts batches while there is room.
+    /// Starts batches while there is room. A transaction spending an output that a batch in
+    /// flight (or the batch being formed) creates waits for that batch to commit, so a
+    /// submission's transactions apply as if one after another, as on a single node.
     fn pump(&mut self, out: &mut Vec<Output>) {
         while self.active < self.cfg.max_inflight && !self.queue.is_empty() {
-            let n = self.queue.len().min(self.cfg.max_batch.max(1));
-            let taken: Vec<Queued> = self.queue.drain(..n).collect();
+            let mut batch: Vec<Queued> = Vec::new();
+            let mut made: HashSet<UhsId> = HashSet::new();
+            let mut held = VecDeque::new();
+            while let Some(q) = self.queue.pop_front() {
+                if batch.len() >= self.cfg.max_batch.max(1) {
+                    self.queue.push_front(q);
+                    break;
+                }
+                let blocked =
+                    q.tx.inputs
+                        .iter()
+                        .any(|i| made.contains(i) || self.producing.contains_key(i));
+                if blocked {
+                    held.push_back(q);
+                } else {
+                    made.extend(q.tx.outputs.iter().map(|(o, _)| *o));
+                    batch.push(q);
+                }
+            }
+            held.append(&mut self.queue);
+            self.queue = held;
+            if batch.is_empty() {
+                break;
+            }
             let (txs, origins): (Vec<_>, Vec<_>) =
-                taken.into_iter().map(|q| (q.tx, Some(q.origin))).unzip();
+                batch.into_iter().map(|q| (q.tx, Some(q.origin))).unzip();
             let dtx: Dtx = self.rng.gen();
+            for o in made {
+                self.producing.insert(o, dtx);
+            }
             let f = self.flight(txs.clone(), origins);
             self.flights.insert(dtx, f);
             self.active += 1;
@@ -506,6 +541,13 @@ impl Coordinator {
                 if f.waiting.is_empty() {
                     self.answer(&f, out);
                     self.active = self.active.saturating_sub(1);
+                    for tx in &f.txs {
+                        for (o, _) in &tx.outputs {
+                            if self.producing.get(o) == Some(&dtx) {
+                                self.producing.remove(o);
+                            }
+                        }
+                    }
                     f.phase = Phase::Discarding;
                     f.waiting = f.plan.keys().copied().collect();
                     f.sent_at = self.now;
@@ -611,6 +653,7 @@ impl Coordinator {
     pub fn abandon(&mut self) -> Vec<Ticket> {
         self.queue.clear();
         self.flights.clear();
+        self.producing.clear();
         self.active = 0;
         let mut open: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
         open.sort_unstable();
@@ -855,5 +898,37 @@ mod tests {
         // Abandoning hands back the open tickets.
         assert_eq!(c.abandon(), vec![1]);
         let _ = id(0);
+    }
+
+    #[test]
+    fn a_spend_of_an_output_in_flight_waits_for_its_batch() {
+        let mut c = coord(1);
+        let m = mint(1, &[(1, 5)]);
+        let t = transfer(2, &[1], &[(2, 5)]);
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![m.clone(), t.clone()],
+        });
+        // Only the mint starts: the transfer spends its output.
+        let (dtx, txs) = begin_of(&out);
+        assert_eq!(txs, vec![m]);
+        assert_eq!(c.queued(), 1);
+        c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
+        c.handle(Input::Reply {
+            dtx,
+            shard: 0,
+            reply: ShardReply::Prepared(vec![Vote::Ok]),
+        });
+        c.handle(Input::Replicated(CoordEntry::Decide {
+            dtx,
+            decisions: vec![Decision::Commit],
+        }));
+        let out = c.handle(Input::Reply {
+            dtx,
+            shard: 0,
+            reply: ShardReply::Committed,
+        });
+        // Once the mint committed, the transfer's batch begins.
+        assert_eq!(begin_of(&out).1, vec![t]);
     }
 }

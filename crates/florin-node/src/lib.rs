@@ -8,6 +8,7 @@
 pub mod api;
 mod authority;
 pub mod bridge;
+pub mod cluster;
 pub mod custody;
 mod error;
 mod keyfile;

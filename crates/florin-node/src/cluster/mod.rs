@@ -1,0 +1,675 @@
+//! The sharded ledger as processes: shard replicas and coordinator replicas (Raft groups of
+//! `florin-cluster`'s state machines) talking over authenticated channels, and the sentinel's
+//! swap store that routes to them.
+//!
+//! - [`ClusterSpec`]: the topology every process reads (groups, members, addresses, keys).
+//! - [`start_member`]: one shard or coordinator replica on a listener.
+//! - [`ClusterStore`]: a [`SwapStore`] over the cluster, so the sentinel is the ordinary
+//!   ledger service with this store behind it.
+//! - [`LocalCluster`]: every member in one process on loopback sockets (tests, benchmarks).
+
+pub mod client;
+pub mod rpc;
+pub mod service;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use florin_cluster::coordinator::CoordinatorConfig;
+use florin_cluster::raft::{NodeId, RaftOptions, RaftTransport, Replica, TransportFuture};
+use florin_cluster::route::ShardMap;
+use florin_crypto::{Digest, LocalSigner, PublicKey, SecretKey, Signer};
+use florin_ledger::{CompactTx, StoreError, Supply, SwapOutcome, SwapStore, UhsId};
+use serde::{Deserialize, Serialize};
+
+use crate::error::NodeError;
+use client::GroupClient;
+use rpc::{Peer, Request, Response, Server};
+use service::{CoordMachine, CoordService, ShardMachine, ShardService};
+
+/// One replica of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberSpec {
+    /// Its Raft id within the group (1, 2, …).
+    pub id: NodeId,
+    /// Where it listens for cluster RPC (`127.0.0.1:PORT`).
+    pub addr: String,
+    /// Its identity key (`eur1…`), pinned by every peer.
+    pub key: String,
+}
+
+/// A Raft group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// Its replicas.
+    pub members: Vec<MemberSpec>,
+}
+
+fn default_batch() -> usize {
+    4096
+}
+fn default_inflight() -> usize {
+    8
+}
+
+/// The cluster's topology and tuning; every process reads the same one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterSpec {
+    /// Shard `i` owns ids whose two-byte prefix is in `[shard_starts[i], shard_starts[i+1])`.
+    pub shard_starts: Vec<u16>,
+    /// Shard groups, by index.
+    pub shards: Vec<GroupSpec>,
+    /// Coordinator groups.
+    pub coordinators: Vec<GroupSpec>,
+    /// Keys of the sentinels (and tools) allowed to submit and read.
+    pub clients: Vec<String>,
+    /// Raft timing and compaction.
+    #[serde(default)]
+    pub raft: RaftOptions,
+    /// Most transactions per batch.
+    #[serde(default = "default_batch")]
+    pub max_batch: usize,
+    /// Most batches in flight per coordinator.
+    #[serde(default = "default_inflight")]
+    pub max_inflight: usize,
+}
+
+/// Which kind of group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// A shard replica.
+    Shard,
+    /// A coordinator replica.
+    Coordinator,
+    /// A sentinel (the HTTP API; runs in the `florin` binary).
+    Sentinel,
+}
+
+fn key_of(s: &str) -> Result<PublicKey, NodeError> {
+    PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("bad key {s}: {e}")))
+}
+
+impl ClusterSpec {
+    /// Reads a spec (TOML).
+    pub fn load(path: &Path) -> Result<ClusterSpec, NodeError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| NodeError::Storage(format!("cannot read {}: {e}", path.display())))?;
+        let spec: ClusterSpec = toml::from_str(&text)
+            .map_err(|e| NodeError::BadRequest(format!("{}: {e}", path.display())))?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Writes it (TOML).
+    pub fn save(&self, path: &Path) -> Result<(), NodeError> {
+        let text = toml::to_string_pretty(self)
+            .map_err(|e| NodeError::Storage(format!("cannot encode the spec: {e}")))?;
+        std::fs::write(path, text)
+            .map_err(|e| NodeError::Storage(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Refuses an inconsistent spec.
+    pub fn check(&self) -> Result<(), NodeError> {
+        let map = self.map()?;
+        if map.len() != self.shards.len() {
+            return Err(NodeError::BadRequest(format!(
+                "{} shard ranges for {} shard groups",
+                map.len(),
+                self.shards.len()
+            )));
+        }
+        if self.coordinators.is_empty() {
+            return Err(NodeError::BadRequest(
+                "a cluster needs a coordinator group".into(),
+            ));
+        }
+        for g in self.shards.iter().chain(&self.coordinators) {
+            if g.members.is_empty() {
+                return Err(NodeError::BadRequest("a group has no members".into()));
+            }
+            for m in &g.members {
+                key_of(&m.key)?;
+            }
+        }
+        for k in &self.clients {
+            key_of(k)?;
+        }
+        Ok(())
+    }
+
+    /// The shard map.
+    pub fn map(&self) -> Result<ShardMap, NodeError> {
+        ShardMap::from_starts(self.shard_starts.clone())
+            .map_err(|e| NodeError::BadRequest(e.to_string()))
+    }
+
+    fn group(&self, role: Role, group: u16) -> Result<&GroupSpec, NodeError> {
+        let groups = match role {
+            Role::Shard => &self.shards,
+            Role::Coordinator => &self.coordinators,
+            Role::Sentinel => return Err(NodeError::BadRequest("sentinels are no group".into())),
+        };
+        groups
+            .get(group as usize)
+            .ok_or_else(|| NodeError::BadRequest(format!("no {role:?} group {group}")))
+    }
+
+    /// Every key allowed to connect to a member (all members and the clients).
+    pub fn allowed(&self) -> HashSet<PublicKey> {
+        self.shards
+            .iter()
+            .chain(&self.coordinators)
+            .flat_map(|g| g.members.iter().filter_map(|m| key_of(&m.key).ok()))
+            .chain(self.clients.iter().filter_map(|k| key_of(k).ok()))
+            .collect()
+    }
+
+    fn clients_of(&self, groups: &[GroupSpec], me: &Arc<LocalSigner>) -> Vec<Arc<GroupClient>> {
+        groups
+            .iter()
+            .map(|g| {
+                Arc::new(GroupClient::new(
+                    g.members
+                        .iter()
+                        .filter_map(|m| {
+                            let key = key_of(&m.key).ok()?;
+                            Some(Arc::new(Peer::new(
+                                m.addr.clone(),
+                                key,
+                                me.clone(),
+                                Duration::from_secs(10),
+                            )))
+                        })
+                        .collect(),
+                ))
+            })
+            .collect()
+    }
+}
+
+struct PeerTransport {
+    peers: BTreeMap<NodeId, Arc<Peer>>,
+}
+
+impl RaftTransport for PeerTransport {
+    fn call(&self, target: NodeId, addr: &str, request: Vec<u8>) -> TransportFuture {
+        let peer = self.peers.get(&target).cloned();
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let peer = peer.ok_or_else(|| format!("unknown member {target} at {addr}"))?;
+            match peer.call_async(Request::Raft(request)).await {
+                Ok(Response::Raft(b)) => Ok(b),
+                Ok(other) => Err(format!("unexpected answer {other:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+}
+
+/// A running shard or coordinator replica.
+pub struct Member {
+    /// Its role.
+    pub role: Role,
+    /// Its group.
+    pub group: u16,
+    /// Its id in the group.
+    pub id: NodeId,
+    server: Server,
+    replica: MemberReplica,
+}
+
+enum MemberReplica {
+    Shard(Arc<Replica<ShardMachine>>),
+    Coordinator(Arc<Replica<CoordMachine>>),
+}
+
+impl Member {
+    /// Where it listens.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.addr()
+    }
+
+    /// Whether its replica leads its group.
+    pub fn is_leader(&self) -> bool {
+        match &self.replica {
+            MemberReplica::Shard(r) => r.is_leader(),
+            MemberReplica::Coordinator(r) => r.is_leader(),
+        }
+    }
+
+    /// Its Raft status.
+    pub fn status(&self) -> florin_cluster::raft::ReplicaStatus {
+        match &self.replica {
+            MemberReplica::Shard(r) => r.status(),
+            MemberReplica::Coordinator(r) => r.status(),
+        }
+    }
+
+    /// Stops serving and shuts its replica down (what is durable stays).
+    pub async fn stop(self) {
+        self.server.stop();
+        let _ = match &self.replica {
+            MemberReplica::Shard(r) => r.shutdown().await,
+            MemberReplica::Coordinator(r) => r.shutdown().await,
+        };
+    }
+}
+
+/// Starts replica `id` of group `group` (`role` shard or coordinator) with its state in `dir`,
+/// serving on `listener`. Call inside a tokio runtime.
+pub async fn start_member(
+    spec: &ClusterSpec,
+    role: Role,
+    group: u16,
+    id: NodeId,
+    dir: &Path,
+    me: Arc<LocalSigner>,
+    listener: TcpListener,
+) -> Result<Member, NodeError> {
+    let g = spec.group(role, group)?;
+    if !g.members.iter().any(|m| m.id == id) {
+        return Err(NodeError::BadRequest(format!(
+            "{role:?} group {group} has no member {id}"
+        )));
+    }
+    let mine = g.members.iter().find(|m| m.id == id).map(|m| m.key.clone());
+    if mine.as_deref() != Some(me.public_key().to_address().as_str()) {
+        return Err(NodeError::BadRequest(format!(
+            "this key is not {role:?} {group}/{id}'s key in the spec"
+        )));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| NodeError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+    let addrs: BTreeMap<NodeId, String> =
+        g.members.iter().map(|m| (m.id, m.addr.clone())).collect();
+    let members: HashSet<PublicKey> = g
+        .members
+        .iter()
+        .filter_map(|m| key_of(&m.key).ok())
+        .collect();
+    let transport = Arc::new(PeerTransport {
+        peers: g
+            .members
+            .iter()
+            .filter_map(|m| {
+                Some((
+                    m.id,
+                    Arc::new(Peer::new(
+                        m.addr.clone(),
+                        key_of(&m.key).ok()?,
+                        me.clone(),
+                        Duration::from_millis(spec.raft.election_max_ms.max(1000)),
+                    )),
+                ))
+            })
+            .collect(),
+    });
+    let raft_err = |e: florin_cluster::raft::RaftError| NodeError::Storage(e.to_string());
+    let rt = tokio::runtime::Handle::current();
+    let allowed = spec.allowed();
+    let (server, replica) = match role {
+        Role::Shard => {
+            let replica = Arc::new(
+                Replica::open(
+                    dir,
+                    id,
+                    addrs,
+                    ShardMachine::default(),
+                    transport,
+                    spec.raft.clone(),
+                )
+                .await
+                .map_err(raft_err)?,
+            );
+            let svc = Arc::new(ShardService {
+                shard: group,
+                replica: replica.clone(),
+                members,
+            });
+            let server = Server::start(listener, me, allowed, svc, rt)
+                .map_err(|e| NodeError::Storage(e.to_string()))?;
+            (server, MemberReplica::Shard(replica))
+        }
+        _ => {
+            let replica = Arc::new(
+                Replica::open(
+                    dir,
+                    id,
+                    addrs.clone(),
+                    CoordMachine::default(),
+                    transport,
+                    spec.raft.clone(),
+                )
+                .await
+                .map_err(raft_err)?,
+            );
+            let cfg = CoordinatorConfig {
+                max_batch: spec.max_batch,
+                max_inflight: spec.max_inflight,
+                ..CoordinatorConfig::default()
+            };
+            let svc = CoordService::start(
+                group,
+                replica.clone(),
+                members,
+                addrs,
+                spec.map()?,
+                spec.clients_of(&spec.shards, &me),
+                cfg,
+            );
+            let server = Server::start(listener, me, allowed, svc, rt)
+                .map_err(|e| NodeError::Storage(e.to_string()))?;
+            (server, MemberReplica::Coordinator(replica))
+        }
+    };
+    Ok(Member {
+        role,
+        group,
+        id,
+        server,
+        replica,
+    })
+}
+
+/// The sentinel's view of the cluster: a [`SwapStore`] that sends batches to a coordinator
+/// group's leader and reads from shard leaders (linearizable reads).
+pub struct ClusterStore {
+    map: ShardMap,
+    shards: Vec<Arc<GroupClient>>,
+    coordinators: Vec<Arc<GroupClient>>,
+    next: AtomicUsize,
+    patience: Duration,
+}
+
+impl ClusterStore {
+    /// A store over the cluster in `spec`, authenticating as `me` (a key in `spec.clients`).
+    pub fn new(spec: &ClusterSpec, me: Arc<LocalSigner>) -> Result<ClusterStore, NodeError> {
+        Ok(ClusterStore {
+            map: spec.map()?,
+            shards: spec.clients_of(&spec.shards, &me),
+            coordinators: spec.clients_of(&spec.coordinators, &me),
+            next: AtomicUsize::new(0),
+            patience: Duration::from_secs(30),
+        })
+    }
+
+    fn backend(e: impl std::fmt::Display) -> StoreError {
+        StoreError::Backend(format!("cluster: {e}"))
+    }
+
+    fn ask_shard(&self, id: &[u8; 32], req: Request) -> Result<Response, StoreError> {
+        let s = self.map.shard_of(id) as usize;
+        self.shards[s]
+            .call(&req, self.patience)
+            .map_err(Self::backend)
+    }
+
+    fn one_bool(r: Response) -> Result<bool, StoreError> {
+        match r {
+            Response::Bools(v) if v.len() == 1 => Ok(v[0]),
+            other => Err(Self::backend(format!("unexpected answer {other:?}"))),
+        }
+    }
+}
+
+impl SwapStore for ClusterStore {
+    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let n = self.coordinators.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let start = std::time::Instant::now();
+        let mut last = String::new();
+        // A coordinator that loses leadership mid-batch answers an error; the batch is
+        // resubmitted (replays are recognised by txid, and a batch the old leader began is
+        // finished by the new one).
+        while start.elapsed() < self.patience {
+            let c = &self.coordinators[(first + start.elapsed().as_millis() as usize) % n];
+            match c.call(&Request::Submit(batch.to_vec()), self.patience) {
+                Ok(Response::Submitted(v)) if v.len() == batch.len() => return Ok(v),
+                Ok(other) => last = format!("{other:?}"),
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(Self::backend(format!(
+            "no coordinator took the batch: {last}"
+        )))
+    }
+
+    fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError> {
+        Self::one_bool(self.ask_shard(id, Request::Unspent(vec![*id]))?)
+    }
+
+    fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError> {
+        Self::one_bool(self.ask_shard(txid, Request::Confirmed(vec![*txid]))?)
+    }
+
+    fn supply(&self) -> Result<Supply, StoreError> {
+        let mut total = Supply::default();
+        for s in &self.shards {
+            match s
+                .call(&Request::Books, self.patience)
+                .map_err(Self::backend)?
+            {
+                Response::Books(b) => {
+                    total.minted_cents += b.minted_cents;
+                    total.redeemed_cents += b.redeemed_cents;
+                    total.unspent_cents += b.unspent_cents;
+                    total.unspent_count += b.unspent_count;
+                }
+                other => return Err(Self::backend(format!("unexpected answer {other:?}"))),
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// Every member of a cluster in this process, on loopback sockets with real disks.
+pub struct LocalCluster {
+    /// The topology.
+    pub spec: ClusterSpec,
+    /// The client key (listed in `spec.clients`).
+    pub client: Arc<LocalSigner>,
+    dir: PathBuf,
+    keys: BTreeMap<(u8, u16, NodeId), Arc<LocalSigner>>,
+    members: BTreeMap<(u8, u16, NodeId), Member>,
+}
+
+fn role_code(r: Role) -> u8 {
+    match r {
+        Role::Shard => 0,
+        Role::Coordinator => 1,
+        Role::Sentinel => 2,
+    }
+}
+
+impl LocalCluster {
+    /// Starts `shards` shard groups and `coordinators` coordinator groups of `replicas` each
+    /// under `dir`. Call inside a multi-threaded tokio runtime.
+    pub async fn start(
+        dir: &Path,
+        shards: usize,
+        coordinators: usize,
+        replicas: usize,
+        raft: RaftOptions,
+        max_batch: usize,
+    ) -> Result<LocalCluster, NodeError> {
+        let mut keys = BTreeMap::new();
+        let mut listeners = BTreeMap::new();
+        let mut group = |role: Role, g: u16| -> Result<GroupSpec, NodeError> {
+            let mut members = Vec::new();
+            for id in 1..=replicas as NodeId {
+                let l = TcpListener::bind("127.0.0.1:0")
+                    .map_err(|e| NodeError::Storage(e.to_string()))?;
+                let addr = l
+                    .local_addr()
+                    .map_err(|e| NodeError::Storage(e.to_string()))?;
+                let key = Arc::new(LocalSigner::new(SecretKey::generate(
+                    &mut rand::rngs::OsRng,
+                )));
+                members.push(MemberSpec {
+                    id,
+                    addr: addr.to_string(),
+                    key: key.public_key().to_address(),
+                });
+                keys.insert((role_code(role), g, id), key);
+                listeners.insert((role_code(role), g, id), l);
+            }
+            Ok(GroupSpec { members })
+        };
+        let map = ShardMap::even(shards).map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let shard_groups = (0..shards as u16)
+            .map(|g| group(Role::Shard, g))
+            .collect::<Result<Vec<_>, _>>()?;
+        let coord_groups = (0..coordinators as u16)
+            .map(|g| group(Role::Coordinator, g))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = Arc::new(LocalSigner::new(SecretKey::generate(
+            &mut rand::rngs::OsRng,
+        )));
+        let spec = ClusterSpec {
+            shard_starts: map.starts().to_vec(),
+            shards: shard_groups,
+            coordinators: coord_groups,
+            clients: vec![client.public_key().to_address()],
+            raft,
+            max_batch,
+            max_inflight: default_inflight(),
+        };
+        let mut c = LocalCluster {
+            spec,
+            client,
+            dir: dir.to_path_buf(),
+            keys,
+            members: BTreeMap::new(),
+        };
+        for ((r, g, id), l) in listeners {
+            let role = if r == 0 {
+                Role::Shard
+            } else {
+                Role::Coordinator
+            };
+            c.launch(role, g, id, l).await?;
+        }
+        Ok(c)
+    }
+
+    fn member_dir(&self, role: Role, g: u16, id: NodeId) -> PathBuf {
+        let r = if role == Role::Shard {
+            "shard"
+        } else {
+            "coord"
+        };
+        self.dir.join(format!("{r}-{g}-{id}"))
+    }
+
+    async fn launch(
+        &mut self,
+        role: Role,
+        g: u16,
+        id: NodeId,
+        l: TcpListener,
+    ) -> Result<(), NodeError> {
+        let k = (role_code(role), g, id);
+        let key = self
+            .keys
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| NodeError::NotFound(format!("no member {role:?} {g}/{id}")))?;
+        let dir = self.member_dir(role, g, id);
+        let m = start_member(&self.spec, role, g, id, &dir, key, l).await?;
+        self.members.insert(k, m);
+        Ok(())
+    }
+
+    /// A swap store over this cluster.
+    pub fn store(&self) -> Result<ClusterStore, NodeError> {
+        ClusterStore::new(&self.spec, self.client.clone())
+    }
+
+    /// The current leader of a group, if one is known by a running member.
+    pub fn leader(&self, role: Role, g: u16) -> Option<NodeId> {
+        self.members
+            .iter()
+            .filter(|((r, gg, _), _)| *r == role_code(role) && *gg == g)
+            .find(|(_, m)| m.is_leader())
+            .map(|((_, _, id), _)| *id)
+    }
+
+    /// Waits until every group has a leader (bounded).
+    pub async fn wait_for_leaders(&self, within: Duration) -> Result<(), NodeError> {
+        let start = std::time::Instant::now();
+        loop {
+            let all = (0..self.spec.shards.len() as u16)
+                .all(|g| self.leader(Role::Shard, g).is_some())
+                && (0..self.spec.coordinators.len() as u16)
+                    .all(|g| self.leader(Role::Coordinator, g).is_some());
+            if all {
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                return Err(NodeError::Storage(
+                    "groups did not elect leaders in time".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Kills a member (its sockets close; what it made durable stays on disk).
+    pub async fn kill(&mut self, role: Role, g: u16, id: NodeId) -> bool {
+        match self.members.remove(&(role_code(role), g, id)) {
+            Some(m) => {
+                m.stop().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Restarts a killed member from its directory, on its old address.
+    pub async fn restart(&mut self, role: Role, g: u16, id: NodeId) -> Result<(), NodeError> {
+        let group = self.spec.group(role, g)?;
+        let addr = group
+            .members
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.addr.clone())
+            .ok_or_else(|| NodeError::NotFound(format!("no member {id}")))?;
+        let mut tries = 0;
+        let l = loop {
+            match TcpListener::bind(&addr) {
+                Ok(l) => break l,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(NodeError::Storage(format!("cannot rebind {addr}: {e}"))),
+            }
+        };
+        self.launch(role, g, id, l).await
+    }
+
+    /// Every running member's status.
+    pub fn statuses(&self) -> Vec<(Role, u16, florin_cluster::raft::ReplicaStatus)> {
+        self.members
+            .values()
+            .map(|m| (m.role, m.group, m.status()))
+            .collect()
+    }
+
+    /// Stops every member.
+    pub async fn stop(mut self) {
+        for (_, m) in std::mem::take(&mut self.members) {
+            m.stop().await;
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Inter-node messages of the cluster and their transport: `florin-net`'s Noise channel
+//! (mutually authenticated, each side's key pinned from the cluster spec), one request at a
+//! time per connection, a small pool of connections per peer.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use florin_cluster::raft::ReplicaStatus;
+use florin_cluster::shard::{ShardCmd, ShardReply};
+use florin_crypto::{Digest, LocalSigner, PublicKey};
+use florin_ledger::{CompactTx, Supply, SwapOutcome, UhsId};
+use florin_net::channel::{accept_on, connect, Channel, ChannelConfig};
+use serde::{Deserialize, Serialize};
+
+/// Largest message (a batch of a few tens of thousands of transactions, or a snapshot).
+pub const MAX_RPC: usize = 256 * 1024 * 1024;
+/// Most connections a node serves at once.
+const MAX_CONNECTIONS: usize = 512;
+/// Idle connections kept per peer.
+const POOL: usize = 16;
+
+/// A request to a cluster node.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// A Raft message for this node's group (from a member of it).
+    Raft(Vec<u8>),
+    /// A two-phase-commit command (to a shard leader, from a coordinator).
+    Shard(ShardCmd),
+    /// Compact transactions to apply (to a coordinator leader, from a sentinel).
+    Submit(Vec<CompactTx>),
+    /// Which of these ids are unspent (a shard leader; linearizable).
+    Unspent(Vec<UhsId>),
+    /// Which of these txids are confirmed (a shard leader; linearizable).
+    Confirmed(Vec<Digest>),
+    /// The shard's books (a shard leader; linearizable).
+    Books,
+    /// The node's Raft status.
+    Status,
+}
+
+/// A cluster node's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    /// A Raft answer.
+    Raft(Vec<u8>),
+    /// A shard's answer.
+    Shard(ShardReply),
+    /// One outcome per submitted transaction.
+    Submitted(Vec<SwapOutcome>),
+    /// One answer per asked id.
+    Bools(Vec<bool>),
+    /// Books.
+    Books(Supply),
+    /// Status.
+    Status(NodeStatus),
+    /// This node is not its group's leader; the leader's address if known.
+    NotLeader(Option<String>),
+    /// Refused or failed.
+    Error(String),
+}
+
+/// What `Status` reports.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// `shard` or `coordinator`.
+    pub role: String,
+    /// Shard index or coordinator group index.
+    pub group: u16,
+    /// Raft status.
+    pub raft: ReplicaStatus,
+    /// Coordinator: transactions waiting and batches in flight; shard: prepared batches and
+    /// locks held.
+    pub load: (u64, u64),
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// Could not reach the peer, or the connection broke.
+    #[error("cannot reach {addr}: {msg}")]
+    Unreachable {
+        /// The peer.
+        addr: String,
+        /// Why.
+        msg: String,
+    },
+    /// The answer did not decode.
+    #[error("bad answer from {0}")]
+    BadAnswer(String),
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).unwrap_or_default()
+}
+
+fn decode<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Option<T> {
+    postcard::from_bytes(b).ok()
+}
+
+/// A peer: its address, its pinned key, pooled connections.
+pub struct Peer {
+    /// Where it listens.
+    pub addr: String,
+    key: PublicKey,
+    me: Arc<LocalSigner>,
+    pool: Mutex<Vec<Channel>>,
+    timeout: Duration,
+}
+
+impl Peer {
+    /// A peer at `addr` that must prove `key`.
+    pub fn new(addr: String, key: PublicKey, me: Arc<LocalSigner>, timeout: Duration) -> Peer {
+        Peer {
+            addr,
+            key,
+            me,
+            pool: Mutex::new(Vec::new()),
+            timeout,
+        }
+    }
+
+    /// One request, one answer (blocking).
+    pub fn call(&self, req: &Request) -> Result<Response, RpcError> {
+        let unreachable = |e: &dyn std::fmt::Display| RpcError::Unreachable {
+            addr: self.addr.clone(),
+            msg: e.to_string(),
+        };
+        let bytes = encode(req);
+        // A pooled connection may have been closed by the peer: one retry on a fresh one.
+        for attempt in 0..2 {
+            let pooled = if attempt == 0 {
+                self.pool.lock().ok().and_then(|mut p| p.pop())
+            } else {
+                None
+            };
+            let fresh = pooled.is_none();
+            let mut ch = match pooled {
+                Some(c) => c,
+                None => {
+                    let cfg = ChannelConfig {
+                        timeout: self.timeout.min(Duration::from_secs(2)),
+                        ..ChannelConfig::default()
+                    };
+                    let ch = connect(self.addr.as_str(), self.me.as_ref(), Some(self.key), &cfg)
+                        .map_err(|e| unreachable(&e))?;
+                    ch.set_timeout(self.timeout).map_err(|e| unreachable(&e))?;
+                    ch
+                }
+            };
+            let answer = ch.send(&bytes).and_then(|_| ch.recv(MAX_RPC));
+            match answer {
+                Ok(b) => {
+                    let r = decode::<Response>(&b)
+                        .ok_or_else(|| RpcError::BadAnswer(self.addr.clone()))?;
+                    if let Ok(mut p) = self.pool.lock() {
+                        if p.len() < POOL {
+                            p.push(ch);
+                        }
+                    }
+                    return Ok(r);
+                }
+                Err(e) if fresh => return Err(unreachable(&e)),
+                Err(_) => continue,
+            }
+        }
+        Err(unreachable(&"connection lost"))
+    }
+
+    /// [`Peer::call`] from async code.
+    pub async fn call_async(self: &Arc<Self>, req: Request) -> Result<Response, RpcError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.call(&req))
+            .await
+            .map_err(|e| RpcError::Unreachable {
+                addr: self.addr.clone(),
+                msg: e.to_string(),
+            })?
+    }
+}
+
+/// What a node does with a request from an authenticated peer.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers `req` from `peer`.
+    fn handle(
+        &self,
+        peer: &PublicKey,
+        req: Request,
+    ) -> impl std::future::Future<Output = Response> + Send;
+}
+
+/// A running RPC server.
+pub struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Serves `handler` on `listener` to peers whose keys are in `allowed`, running handlers
+    /// on `rt`.
+    pub fn start<H: Handler>(
+        listener: TcpListener,
+        me: Arc<LocalSigner>,
+        allowed: HashSet<PublicKey>,
+        handler: Arc<H>,
+        rt: tokio::runtime::Handle,
+    ) -> std::io::Result<Server> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(AtomicUsize::new(0));
+        let allowed = Arc::new(allowed);
+        let stop2 = stop.clone();
+        thread::Builder::new()
+            .name("cluster-accept".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    if stop2.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                        continue;
+                    }
+                    open.fetch_add(1, Ordering::SeqCst);
+                    let (me, allowed, handler, rt, stop, open) = (
+                        me.clone(),
+                        allowed.clone(),
+                        handler.clone(),
+                        rt.clone(),
+                        stop2.clone(),
+                        open.clone(),
+                    );
+                    let spawned =
+                        thread::Builder::new()
+                            .name("cluster-conn".into())
+                            .spawn(move || {
+                                let cfg = ChannelConfig {
+                                    timeout: Duration::from_secs(5),
+                                    ..ChannelConfig::default()
+                                };
+                                if let Ok(ch) = accept_on(stream, me.as_ref(), &cfg) {
+                                    if allowed.contains(&ch.peer()) {
+                                        serve(ch, handler.as_ref(), &rt, &stop);
+                                    }
+                                }
+                                open.fetch_sub(1, Ordering::SeqCst);
+                            });
+                    if spawned.is_err() {
+                        // The counter was raised for a thread that never ran.
+                    }
+                }
+            })?;
+        Ok(Server { addr, stop })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting (open connections end at their next request).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn serve<H: Handler>(mut ch: Channel, handler: &H, rt: &tokio::runtime::Handle, stop: &AtomicBool) {
+    let peer = ch.peer();
+    let _ = ch.set_timeout(Duration::from_secs(3600));
+    loop {
+        let Ok(bytes) = ch.recv(MAX_RPC) else { return };
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let answer = match decode::<Request>(&bytes) {
+            Some(req) => rt.block_on(handler.handle(&peer, req)),
+            None => Response::Error("undecodable request".into()),
+        };
+        if ch.send(&encode(&answer)).is_err() {
+            return;
+        }
+    }
+}

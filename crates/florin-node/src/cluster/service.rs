@@ -1,0 +1,329 @@
+//! The cluster's services: a shard replica and a coordinator replica, each a Raft replica of
+//! its group's state machine behind the RPC [`Handler`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use florin_cluster::coordinator::{
+    CoordEntry, CoordLog, Coordinator, CoordinatorConfig, Input, Output, Ticket,
+};
+use florin_cluster::raft::{Machine, RaftError, Replica};
+use florin_cluster::route::{ShardId, ShardMap};
+use florin_cluster::shard::{decode, encode, ShardCmd, ShardReply, ShardState};
+use florin_crypto::PublicKey;
+use florin_ledger::{CompactTx, SwapOutcome};
+use rand::SeedableRng;
+use tokio::sync::{mpsc, oneshot};
+
+use super::client::GroupClient;
+use super::rpc::{Handler, NodeStatus, Request, Response};
+
+/// The shard state machine as Raft replicates it.
+#[derive(Default)]
+pub struct ShardMachine(pub ShardState);
+
+impl Machine for ShardMachine {
+    fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+        let reply = match decode::<ShardCmd>(cmd) {
+            Ok(cmd) => self.0.apply(cmd),
+            Err(e) => ShardReply::Refused(e),
+        };
+        encode(&reply)
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        encode(&self.0)
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.0 = decode(snapshot)?;
+        Ok(())
+    }
+}
+
+/// The coordinator's replicated log of unfinished batches.
+#[derive(Default)]
+pub struct CoordMachine(pub CoordLog);
+
+impl Machine for CoordMachine {
+    fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+        if let Ok(e) = decode::<CoordEntry>(cmd) {
+            self.0.apply(&e);
+        }
+        Vec::new()
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        encode(&self.0)
+    }
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+        self.0 = decode(snapshot)?;
+        Ok(())
+    }
+}
+
+fn not_leader(e: RaftError) -> Response {
+    match e {
+        RaftError::NotLeader { addr, .. } => Response::NotLeader(addr),
+        e => Response::Error(e.to_string()),
+    }
+}
+
+/// One replica of one shard.
+pub struct ShardService {
+    /// The shard's index.
+    pub shard: ShardId,
+    /// Its Raft replica.
+    pub replica: Arc<Replica<ShardMachine>>,
+    /// Keys of the shard's members (the only ones whose Raft messages are taken).
+    pub members: HashSet<PublicKey>,
+}
+
+impl Handler for ShardService {
+    async fn handle(&self, peer: &PublicKey, req: Request) -> Response {
+        match req {
+            Request::Raft(b) if self.members.contains(peer) => {
+                Response::Raft(self.replica.handle_rpc(&b).await)
+            }
+            Request::Raft(_) => Response::Error("raft messages only from members".into()),
+            Request::Shard(cmd) => match self.replica.write(encode(&cmd)).await {
+                Ok(b) => match decode::<ShardReply>(&b) {
+                    Ok(r) => Response::Shard(r),
+                    Err(e) => Response::Error(e),
+                },
+                Err(e) => not_leader(e),
+            },
+            Request::Unspent(ids) => self
+                .replica
+                .read(|m| ids.iter().map(|i| m.0.is_unspent(i)).collect())
+                .await
+                .map_or_else(not_leader, Response::Bools),
+            Request::Confirmed(ids) => self
+                .replica
+                .read(|m| ids.iter().map(|i| m.0.is_confirmed(i)).collect())
+                .await
+                .map_or_else(not_leader, Response::Bools),
+            Request::Books => self
+                .replica
+                .read(|m| m.0.books())
+                .await
+                .map_or_else(not_leader, Response::Books),
+            Request::Status => {
+                let (a, b) = self.replica.with_machine(|m| m.0.in_flight());
+                Response::Status(NodeStatus {
+                    role: "shard".into(),
+                    group: self.shard,
+                    raft: self.replica.status(),
+                    load: (a as u64, b as u64),
+                })
+            }
+            Request::Submit(_) => Response::Error("a shard takes no submissions".into()),
+        }
+    }
+}
+
+type Answer = Result<Vec<SwapOutcome>, String>;
+
+enum EngineMsg {
+    Submit(Vec<CompactTx>, oneshot::Sender<Answer>),
+    Input(u64, Input),
+    StepDown(u64),
+}
+
+/// One replica of a coordinator group. When its replica leads, it runs the 2PC engine.
+pub struct CoordService {
+    /// The group's index.
+    pub group: u16,
+    /// Its Raft replica.
+    pub replica: Arc<Replica<CoordMachine>>,
+    /// Keys of the group's members.
+    pub members: HashSet<PublicKey>,
+    addrs: BTreeMap<u64, String>,
+    engine: mpsc::UnboundedSender<EngineMsg>,
+    load: Arc<std::sync::Mutex<(u64, u64)>>,
+}
+
+impl CoordService {
+    /// Starts the engine task for `replica` (it drives batches while the replica leads).
+    pub fn start(
+        group: u16,
+        replica: Arc<Replica<CoordMachine>>,
+        members: HashSet<PublicKey>,
+        addrs: BTreeMap<u64, String>,
+        map: ShardMap,
+        shards: Vec<Arc<GroupClient>>,
+        cfg: CoordinatorConfig,
+    ) -> Arc<CoordService> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let load = Arc::new(std::sync::Mutex::new((0, 0)));
+        let svc = Arc::new(CoordService {
+            group,
+            replica: replica.clone(),
+            members,
+            addrs,
+            engine: tx.clone(),
+            load: load.clone(),
+        });
+        tokio::spawn(engine_loop(replica, map, shards, cfg, tx, rx, load));
+        svc
+    }
+}
+
+impl Handler for CoordService {
+    async fn handle(&self, peer: &PublicKey, req: Request) -> Response {
+        match req {
+            Request::Raft(b) if self.members.contains(peer) => {
+                Response::Raft(self.replica.handle_rpc(&b).await)
+            }
+            Request::Raft(_) => Response::Error("raft messages only from members".into()),
+            Request::Submit(txs) => {
+                if !self.replica.is_leader() {
+                    let leader = self.replica.status().leader;
+                    return Response::NotLeader(leader.and_then(|l| self.addrs.get(&l).cloned()));
+                }
+                let (tx, rx) = oneshot::channel();
+                if self.engine.send(EngineMsg::Submit(txs, tx)).is_err() {
+                    return Response::Error("the coordinator engine stopped".into());
+                }
+                match rx.await {
+                    Ok(Ok(v)) => Response::Submitted(v),
+                    Ok(Err(e)) => Response::Error(e),
+                    Err(_) => Response::Error("the coordinator lost leadership; retry".into()),
+                }
+            }
+            Request::Status => Response::Status(NodeStatus {
+                role: "coordinator".into(),
+                group: self.group,
+                raft: self.replica.status(),
+                load: self.load.lock().map(|l| *l).unwrap_or_default(),
+            }),
+            _ => Response::Error("a coordinator serves Submit and Status".into()),
+        }
+    }
+}
+
+async fn engine_loop(
+    replica: Arc<Replica<CoordMachine>>,
+    map: ShardMap,
+    shards: Vec<Arc<GroupClient>>,
+    cfg: CoordinatorConfig,
+    tx: mpsc::UnboundedSender<EngineMsg>,
+    mut rx: mpsc::UnboundedReceiver<EngineMsg>,
+    load: Arc<std::sync::Mutex<(u64, u64)>>,
+) {
+    let start = Instant::now();
+    let mut engine: Option<Coordinator> = None;
+    let mut epoch = 0u64;
+    let mut next_ticket: Ticket = 0;
+    let mut waiters: HashMap<Ticket, oneshot::Sender<Answer>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let mut outputs = Vec::new();
+        tokio::select! {
+            msg = rx.recv() => {
+                let Some(msg) = msg else { return };
+                match msg {
+                    EngineMsg::Submit(txs, reply) => match engine.as_mut() {
+                        Some(e) => {
+                            next_ticket += 1;
+                            waiters.insert(next_ticket, reply);
+                            outputs = e.handle(Input::Submit { ticket: next_ticket, txs });
+                        }
+                        None => {
+                            let _ = reply.send(Err("not the leader; retry".into()));
+                        }
+                    },
+                    EngineMsg::Input(ep, input) if ep == epoch => {
+                        if let Some(e) = engine.as_mut() {
+                            outputs = e.handle(input);
+                        }
+                    }
+                    EngineMsg::StepDown(ep) if ep == epoch => {
+                        step_down(&mut engine, &mut waiters, &mut epoch);
+                    }
+                    _ => {}
+                }
+            }
+            _ = tick.tick() => {
+                let leads = replica.is_leader();
+                if leads && engine.is_none() {
+                    // Everything committed before this term is applied once a linearizable
+                    // read returns: the unfinished batches are complete.
+                    if let Ok(batches) = replica.read(|m| m.0.batches().clone()).await {
+                        epoch += 1;
+                        let mut e = Coordinator::new(
+                            map.clone(),
+                            cfg,
+                            Box::new(rand::rngs::StdRng::from_entropy()),
+                        );
+                        outputs = e.handle(Input::Resume(batches));
+                        engine = Some(e);
+                    }
+                } else if !leads && engine.is_some() {
+                    step_down(&mut engine, &mut waiters, &mut epoch);
+                } else if let Some(e) = engine.as_mut() {
+                    outputs = e.handle(Input::Tick(start.elapsed().as_millis() as u64));
+                    if let Ok(mut l) = load.lock() {
+                        *l = (e.queued() as u64, e.in_flight() as u64);
+                    }
+                }
+            }
+        }
+        for o in outputs {
+            match o {
+                Output::Replicate(entry) => {
+                    let (replica, tx) = (replica.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let msg = match replica.write(encode(&entry)).await {
+                            Ok(_) => EngineMsg::Input(epoch, Input::Replicated(entry)),
+                            Err(_) => EngineMsg::StepDown(epoch),
+                        };
+                        let _ = tx.send(msg);
+                    });
+                }
+                Output::Send { shard, cmd } => {
+                    let Some(client) = shards.get(shard as usize).cloned() else {
+                        continue;
+                    };
+                    let tx = tx.clone();
+                    let dtx = match &cmd {
+                        ShardCmd::Prepare { dtx, .. }
+                        | ShardCmd::Commit { dtx, .. }
+                        | ShardCmd::Discard { dtx } => *dtx,
+                    };
+                    let patience = Duration::from_millis(cfg.resend_after);
+                    tokio::spawn(async move {
+                        if let Ok(Response::Shard(reply)) =
+                            client.call_async(Request::Shard(cmd), patience).await
+                        {
+                            let _ = tx
+                                .send(EngineMsg::Input(epoch, Input::Reply { dtx, shard, reply }));
+                        }
+                    });
+                }
+                Output::Answer { ticket, outcomes } => {
+                    if let Some(w) = waiters.remove(&ticket) {
+                        let _ = w.send(Ok(outcomes));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn step_down(
+    engine: &mut Option<Coordinator>,
+    waiters: &mut HashMap<Ticket, oneshot::Sender<Answer>>,
+    epoch: &mut u64,
+) {
+    if let Some(mut e) = engine.take() {
+        for t in e.abandon() {
+            if let Some(w) = waiters.remove(&t) {
+                let _ = w.send(Err("the coordinator lost leadership; retry".into()));
+            }
+        }
+    }
+    for (_, w) in waiters.drain() {
+        let _ = w.send(Err("the coordinator lost leadership; retry".into()));
+    }
+    *epoch += 1;
+}
