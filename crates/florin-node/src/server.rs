@@ -25,13 +25,21 @@ use crate::ledger::{Ledger, TxStatus};
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
 pub struct AppState {
-    /// The token authority.
-    pub authority: Arc<Authority>,
+    /// The token authority (a cluster's extra sentinels run none: they serve the ledger).
+    pub authority: Option<Arc<Authority>>,
     /// The ledger service.
     pub ledger: Option<Arc<Ledger>>,
 }
 
 impl AppState {
+    fn authority(&self) -> Result<Arc<Authority>, NodeError> {
+        self.authority.clone().ok_or_else(|| {
+            NodeError::NotFound(
+                "this sentinel runs no token authority: use the cluster's api address".into(),
+            )
+        })
+    }
+
     fn ledger(&self) -> Result<Arc<Ledger>, NodeError> {
         self.ledger
             .clone()
@@ -75,14 +83,14 @@ async fn health() -> Json<Health> {
     })
 }
 
-async fn info(State(st): State<AppState>) -> Json<Info> {
-    let a = &st.authority;
-    Json(Info {
+async fn info(State(st): State<AppState>) -> Result<Json<Info>, NodeError> {
+    let a = st.authority()?;
+    Ok(Json(Info {
         authority: a.public_key().to_address(),
         version: env!("CARGO_PKG_VERSION").into(),
         faucet: a.config().faucet,
         max_faucet_cents: a.config().max_faucet_cents,
-    })
+    }))
 }
 
 async fn deposit(
@@ -94,7 +102,7 @@ async fn deposit(
             "a deposit needs at least one token".into(),
         ));
     }
-    let a = st.authority.clone();
+    let a = st.authority()?;
     if !req.credit {
         let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
         return Ok(Json(DepositResponse {
@@ -106,7 +114,7 @@ async fn deposit(
     let (results, intent) = blocking(move || a.deposit_credit(&req.depositor, &req.tokens)).await?;
     let credit = match intent {
         None => None,
-        Some(intent) => Some(settle_credit(&st.authority, &ledger, intent).await?),
+        Some(intent) => Some(settle_credit(&st.authority()?, &ledger, intent).await?),
     };
     Ok(Json(DepositResponse { results, credit }))
 }
@@ -159,7 +167,7 @@ async fn withdraw(
     let tx = florin_ledger::Transaction::decode(&bytes)
         .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))?;
     let handshake = hex32(&req.handshake, "handshake")?;
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let tokens = blocking(move || {
         let txid = tx.txid();
         let confirmed = ledger.status(&txid)? == Some(TxStatus::Confirmed);
@@ -190,13 +198,13 @@ async fn withdraw(
 
 async fn audit_books(State(st): State<AppState>) -> Result<Json<crate::bridge::Audit>, NodeError> {
     let ledger = st.ledger()?;
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let (supply, parts) = blocking(move || Ok((ledger.supply()?, a.audit_parts()?))).await?;
     Ok(Json(crate::bridge::audit(supply, parts.0, parts.1)))
 }
 
 async fn fraud(State(st): State<AppState>) -> Result<Response, NodeError> {
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let list = blocking(move || a.fraud_list()).await?;
     Ok(Json(list).into_response())
 }
@@ -205,7 +213,7 @@ async fn token(
     State(st): State<AppState>,
     Path(serial): Path<String>,
 ) -> Result<Response, NodeError> {
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let info = blocking(move || a.token(&serial)).await?;
     Ok(Json(info).into_response())
 }
@@ -366,15 +374,15 @@ async fn ledger_faucet(
     State(st): State<AppState>,
     Json(req): Json<LedgerFaucet>,
 ) -> Result<Json<LedgerFaucetAnswer>, NodeError> {
-    if !st.authority.config().faucet {
+    if !st.authority()?.config().faucet {
         return Err(NodeError::Forbidden(
             "the faucet is off on this node".into(),
         ));
     }
-    if req.amount_cents > st.authority.config().max_faucet_cents {
+    if req.amount_cents > st.authority()?.config().max_faucet_cents {
         return Err(NodeError::BadRequest(format!(
             "faucet gives at most {} cents per request",
-            st.authority.config().max_faucet_cents
+            st.authority()?.config().max_faucet_cents
         )));
     }
     let ledger = st.ledger()?;
@@ -393,7 +401,7 @@ async fn mailbox_put(
 ) -> Result<Json<MailboxMessage>, NodeError> {
     let msg = hex::decode(&req.message)
         .map_err(|_| NodeError::BadRequest("message is not hex".into()))?;
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let seq = blocking(move || a.mailbox_put(&req.to, &msg)).await?;
     Ok(Json(MailboxMessage {
         seq,
@@ -411,7 +419,7 @@ async fn mailbox_get(
     Path(address): Path<String>,
     Query(q): Query<After>,
 ) -> Result<Json<MailboxList>, NodeError> {
-    let a = st.authority.clone();
+    let a = st.authority()?;
     let list = blocking(move || a.mailbox_get(&address, q.after.unwrap_or(0))).await?;
     Ok(Json(MailboxList {
         messages: list

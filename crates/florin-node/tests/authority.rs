@@ -162,7 +162,7 @@ fn http_api_answers_bad_input_with_4xx() {
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let state = florin_node::AppState {
-        authority: Arc::new(a),
+        authority: Some(Arc::new(a)),
         ledger: None,
     };
     let server = rt.spawn(florin_node::serve(listener, state, async {

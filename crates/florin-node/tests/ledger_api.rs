@@ -54,7 +54,7 @@ impl TestNode {
         let addr = listener.local_addr().unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let state = AppState {
-            authority: Arc::new(authority),
+            authority: Some(Arc::new(authority)),
             ledger: Some(ledger),
         };
         let server = rt.spawn(florin_node::serve(listener, state, async {

@@ -105,7 +105,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     let ledger = Ledger::start(Arc::new(store), issuer);
     let state = AppState {
-        authority: authority.clone(),
+        authority: Some(authority.clone()),
         ledger: Some(ledger.clone()),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -137,7 +137,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     })
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

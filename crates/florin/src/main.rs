@@ -2,6 +2,7 @@
 
 mod bench;
 mod client;
+mod cluster_cmd;
 mod custody_cmd;
 mod devnet;
 mod fraud_cmd;
@@ -42,6 +43,14 @@ enum Command {
         #[command(subcommand)]
         command: fraud_cmd::FraudCommand,
     },
+    /// Run one cluster process (shard replica, coordinator replica or sentinel) from its
+    /// config.
+    Node(cluster_cmd::NodeArgs),
+    /// Run a sharded, replicated ledger on this machine: up, status, kill, down.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster_cmd::ClusterCommand,
+    },
     /// Run a benchmark suite (see docs/benchmarks.md).
     Bench(bench::BenchArgs),
     /// Check the books: minted − redeemed = ledger money + tokens outstanding.
@@ -63,6 +72,8 @@ fn main() -> ExitCode {
         Command::Fraud { command } => fraud_cmd::run(command),
         Command::Custody { command } => custody_cmd::run(command),
         Command::Bench(a) => bench::run(a),
+        Command::Node(a) => cluster_cmd::run_node(a),
+        Command::Cluster { command } => cluster_cmd::run(command),
         Command::Audit { node, json } => audit(&node, json),
     };
     match result {

@@ -54,7 +54,7 @@ impl Node {
         )?);
         let ledger = Ledger::start(Arc::new(store), issuer.clone());
         let state = AppState {
-            authority,
+            authority: Some(authority),
             ledger: Some(ledger.clone()),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
