@@ -15,6 +15,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
+/// Ids are uniformly random hashes: a fast non-cryptographic hasher is safe here (iteration
+/// order never affects a reply, so replicas stay deterministic).
+type Fast = foldhash::fast::RandomState;
+
 use florin_crypto::Digest;
 use florin_ledger::{Supply, TxKind, UhsId};
 use serde::{Deserialize, Serialize};
@@ -100,10 +104,10 @@ struct Prepared {
 /// The shard's state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ShardState {
-    unspent: HashMap<UhsId, u64>,
-    confirmed: HashSet<Digest>,
+    unspent: HashMap<UhsId, u64, Fast>,
+    confirmed: HashSet<Digest, Fast>,
     /// Locked inputs and txids, by batch.
-    locks: HashMap<Digest, Dtx>,
+    locks: HashMap<Digest, Dtx, Fast>,
     prepared: HashMap<Dtx, Prepared>,
     committed: HashSet<Dtx>,
     discarded: HashSet<Dtx>,

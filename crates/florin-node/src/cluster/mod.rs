@@ -417,6 +417,34 @@ impl ClusterStore {
     }
 }
 
+impl ClusterStore {
+    /// Which of these txids are confirmed, asking each shard once (linearizable reads).
+    pub fn confirmed_many(&self, txids: &[Digest]) -> Result<Vec<bool>, StoreError> {
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); self.shards.len()];
+        for (i, t) in txids.iter().enumerate() {
+            by_shard[self.map.shard_of(t) as usize].push(i);
+        }
+        let mut out = vec![false; txids.len()];
+        for (s, idx) in by_shard.iter().enumerate() {
+            for chunk in idx.chunks(100_000) {
+                let ask: Vec<Digest> = chunk.iter().map(|i| txids[*i]).collect();
+                match self.shards[s]
+                    .call(&Request::Confirmed(ask), self.patience)
+                    .map_err(Self::backend)?
+                {
+                    Response::Bools(v) if v.len() == chunk.len() => {
+                        for (i, b) in chunk.iter().zip(v) {
+                            out[*i] = b;
+                        }
+                    }
+                    other => return Err(Self::backend(format!("unexpected answer {other:?}"))),
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl SwapStore for ClusterStore {
     fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
         if batch.is_empty() {

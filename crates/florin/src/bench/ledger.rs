@@ -43,7 +43,7 @@ pub(super) fn preload_txs(n: u64) -> Vec<CompactTx> {
 }
 
 /// 2-in/2-out transfers spending preloaded ids pairwise: transaction `k` spends `2k, 2k+1`.
-fn workload(count: u64, offset: u64) -> Vec<CompactTx> {
+pub(super) fn workload(count: u64, offset: u64) -> Vec<CompactTx> {
     (offset..offset + count)
         .map(|k| CompactTx {
             txid: hash("florin/bench/tx", &[&k.to_le_bytes()]),

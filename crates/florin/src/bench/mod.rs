@@ -1,6 +1,7 @@
 //! `florin bench <suite>`: system-level benchmarks printing the JSON shape of
 //! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
 
+mod cluster;
 mod custody;
 mod ledger;
 mod ledger_e2e;
@@ -50,6 +51,9 @@ enum Suite {
     /// Threshold custody: key generation, presigning and signing versus (t, n); custodial
     /// payments end to end with threshold and single keys (the source document's section 6).
     Custody,
+    /// Sharded, Raft-replicated engine: throughput and latency versus shards and replication,
+    /// the single-node engine as reference, leader failover (Hamilton §6, Fig. 4 and 5).
+    Cluster,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -180,6 +184,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Custody => {
             custody::run(&mut rec, scale)?;
             "custody"
+        }
+        Suite::Cluster => {
+            cluster::run(&mut rec, scale)?;
+            "cluster"
         }
     };
     if args.json {

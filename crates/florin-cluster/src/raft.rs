@@ -1,0 +1,1017 @@
+//! Raft replication of any deterministic state machine, on openraft 0.9.
+//!
+//! A [`Replica`] is one member of a Raft group. It keeps:
+//!
+//! - a durable log in redb (`raft.redb` under its directory): the log entries, the vote, the
+//!   committed log id and the last purged log id;
+//! - a snapshot file (`snapshot.bin`, written atomically: tmp file, fsync, rename) holding the
+//!   machine's full state with the last applied log id and membership;
+//! - the [`Machine`] itself in memory, restored from the snapshot on open; openraft then re-applies
+//!   the committed entries that follow it.
+//!
+//! Log compaction: a snapshot is built every [`RaftOptions::snapshot_every`] applied entries and
+//! the log is purged up to it, keeping [`RaftOptions::keep_logs`] entries for lagging followers.
+//! A follower too far behind receives the snapshot instead.
+//!
+//! RPCs between replicas are opaque bytes carried by a [`RaftTransport`]: the sender encodes a
+//! request, the peer answers with [`Replica::handle_rpc`]. Everything is postcard-encoded.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::io::{Cursor, Write};
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::time::Duration;
+
+use openraft::error::{
+    CheckIsLeaderError, ClientWriteError, ForwardToLeader, InitializeError, InstallSnapshotError,
+    NetworkError, RPCError, SnapshotMismatch, Unreachable,
+};
+use openraft::metrics::WaitError;
+use openraft::network::{Backoff, RPCOption};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, BasicNode, Config, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId,
+    LogIdOptionExt, LogState, Raft, RaftLogReader, RaftMetrics, RaftNetwork, RaftNetworkFactory,
+    RaftSnapshotBuilder, ServerState, Snapshot, SnapshotMeta, SnapshotPolicy, StorageError,
+    StorageIOError, StoredMembership, Vote,
+};
+use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+/// A replica's id within its group.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration: opaque byte commands and replies, `u64` node ids,
+    /// [`BasicNode`] addresses, in-memory snapshot buffers, tokio.
+    pub TypeConfig:
+        D = Vec<u8>,
+        R = Vec<u8>,
+        NodeId = NodeId,
+        Node = BasicNode,
+        Entry = Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// A deterministic replicated state machine. Commands and replies are opaque bytes (the caller
+/// encodes them).
+pub trait Machine: Send + Sync + 'static {
+    /// Applies one committed command and returns the reply. Must be deterministic: every replica
+    /// applies the same commands in the same order and must reach the same state.
+    fn apply(&mut self, cmd: &[u8]) -> Vec<u8>;
+    /// The full state, as bytes [`Machine::restore`] accepts.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replaces the whole state with a snapshot's.
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+}
+
+/// The future a [`RaftTransport`] call returns.
+pub type TransportFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+/// How a replica reaches a peer: send one encoded raft RPC, get the encoded answer (the bytes the
+/// peer's [`Replica::handle_rpc`] returned). An `Err` means the peer could not be reached.
+pub trait RaftTransport: Send + Sync + 'static {
+    /// Sends `request` to replica `target` at `addr` and returns its answer.
+    fn call(&self, target: NodeId, addr: &str, request: Vec<u8>) -> TransportFuture;
+}
+
+/// Timing and compaction settings of a [`Replica`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftOptions {
+    /// Leader heartbeat interval (ms). Also openraft's time limit for one append-entries round
+    /// trip, follower fsync included, so keep it well above the disk's fsync latency.
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout (ms); must exceed `heartbeat_ms`.
+    pub election_min_ms: u64,
+    /// Maximum election timeout (ms); must exceed `election_min_ms`.
+    pub election_max_ms: u64,
+    /// Build a snapshot after this many log entries since the last one (0: only on demand).
+    pub snapshot_every: u64,
+    /// Log entries already in the snapshot that are kept for lagging followers.
+    pub keep_logs: u64,
+}
+
+impl Default for RaftOptions {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 100,
+            election_min_ms: 500,
+            election_max_ms: 1000,
+            snapshot_every: 1000,
+            keep_logs: 500,
+        }
+    }
+}
+
+/// Errors of a [`Replica`].
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum RaftError {
+    /// This replica is not the leader; retry on `leader` (at `addr`) when known.
+    #[error("not the leader (leader: {leader:?}, address: {addr:?})")]
+    NotLeader {
+        /// The current leader, if this replica knows it.
+        leader: Option<NodeId>,
+        /// The leader's address, if known.
+        addr: Option<String>,
+    },
+    /// The group cannot answer now (e.g. no quorum confirmed the leadership).
+    #[error("raft group unavailable: {0}")]
+    Unavailable(String),
+    /// The durable state could not be read or written.
+    #[error("raft storage: {0}")]
+    Storage(String),
+    /// The replica is stopped or failed; it must be reopened.
+    #[error("raft replica stopped: {0}")]
+    Fatal(String),
+    /// Invalid options or membership.
+    #[error("raft configuration: {0}")]
+    Config(String),
+}
+
+/// A snapshot of a replica's state, for monitoring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    /// This replica's id.
+    pub id: NodeId,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    pub state: String,
+    /// The leader this replica knows of.
+    pub leader: Option<NodeId>,
+    /// The current term.
+    pub term: u64,
+    /// Index of the last log entry.
+    pub last_log_index: Option<u64>,
+    /// Index of the last entry applied to the machine.
+    pub last_applied: Option<u64>,
+    /// Index of the last entry in the current snapshot.
+    pub snapshot: Option<u64>,
+    /// Index of the last purged log entry.
+    pub purged: Option<u64>,
+}
+
+// ---------------------------------------------------------------- helpers
+
+type OrRaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
+type NetError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, OrRaftError<E>>;
+
+fn sto(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl ToString) -> StorageError<NodeId> {
+    StorageIOError::new(subject, verb, AnyError::error(e)).into()
+}
+
+fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Any displayable error as a `String`, the currency of the internal helpers.
+trait Str<T> {
+    fn str(self) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Str<T> for Result<T, E> {
+    fn str(self) -> Result<T, String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+/// Runs blocking disk work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f).await.str()?
+}
+
+/// Writes `dir/name` atomically: tmp file, fsync, rename, fsync of the directory.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, dir.join(name))?;
+    #[cfg(unix)]
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- durable log (redb)
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+const VOTE: &str = "vote";
+const COMMITTED: &str = "committed";
+const PURGED: &str = "purged";
+
+/// The log store openraft writes through; owns the database.
+struct LogStore {
+    db: Arc<Database>,
+}
+
+/// A log reader for replication tasks; holds the database weakly so that a shut-down replica
+/// releases the file and can be reopened at once.
+struct LogReader {
+    db: Weak<Database>,
+}
+
+fn read_meta<T: for<'a> Deserialize<'a>>(db: &Database, key: &str) -> Result<Option<T>, String> {
+    let tx = db.begin_read().str()?;
+    let table = tx.open_table(META).str()?;
+    match table.get(key).str()? {
+        Some(v) => postcard::from_bytes(v.value()).map(Some).str(),
+        None => Ok(None),
+    }
+}
+
+fn read_entries(
+    db: &Database,
+    range: (Bound<u64>, Bound<u64>),
+) -> Result<Vec<Entry<TypeConfig>>, String> {
+    let tx = db.begin_read().str()?;
+    let table = tx.open_table(LOG).str()?;
+    let mut out = Vec::new();
+    for item in table.range(range).str()? {
+        let (_, v) = item.str()?;
+        out.push(postcard::from_bytes(v.value()).str()?);
+    }
+    Ok(out)
+}
+
+/// One durable write transaction on the log database.
+fn write_txn(
+    db: &Database,
+    durable: bool,
+    f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
+) -> Result<(), String> {
+    let mut tx = db.begin_write().str()?;
+    if !durable {
+        tx.set_durability(Durability::None).str()?;
+    }
+    f(&tx).str()?;
+    tx.commit().str()
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (Bound<u64>, Bound<u64>) {
+    (range.start_bound().cloned(), range.end_bound().cloned())
+}
+
+impl LogStore {
+    fn open(path: PathBuf) -> Result<Self, String> {
+        // A replica shut down a moment ago may still be releasing the file: retry briefly.
+        let mut tries = 0;
+        let db = loop {
+            match Database::create(&path) {
+                Err(DatabaseError::DatabaseAlreadyOpen) if tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other.map_err(|e| format!("{}: {e}", path.display()))?,
+            }
+        };
+        write_txn(&db, true, |tx| {
+            tx.open_table(LOG)?;
+            tx.open_table(META)?;
+            Ok(())
+        })?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    async fn put_meta<T: Serialize>(
+        &self,
+        key: &'static str,
+        value: &T,
+        durable: bool,
+    ) -> Result<(), String> {
+        let bytes = postcard::to_allocvec(value).str()?;
+        let db = self.db.clone();
+        blocking(move || {
+            write_txn(&db, durable, |tx| {
+                tx.open_table(META)?.insert(key, bytes.as_slice())?;
+                Ok(())
+            })
+        })
+        .await
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        read_entries(&self.db, bounds(&range))
+            .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        match self.db.upgrade() {
+            Some(db) => read_entries(&db, bounds(&range)),
+            None => Err("log store closed".to_string()),
+        }
+        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let db = &self.db;
+        let read = || -> Result<_, String> {
+            let purged: Option<LogId<NodeId>> = read_meta(db, PURGED)?;
+            let tx = db.begin_read().str()?;
+            let last = match tx.open_table(LOG).str()?.last().str()? {
+                Some((_, v)) => Some(
+                    postcard::from_bytes::<Entry<TypeConfig>>(v.value())
+                        .str()?
+                        .log_id,
+                ),
+                None => purged,
+            };
+            Ok(LogState {
+                last_purged_log_id: purged,
+                last_log_id: last,
+            })
+        };
+        read().map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+    }
+
+    async fn get_log_reader(&mut self) -> LogReader {
+        LogReader {
+            db: Arc::downgrade(&self.db),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.put_meta(VOTE, vote, true)
+            .await
+            .map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Write, e))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        read_meta(&self.db, VOTE).map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Read, e))
+    }
+
+    /// Not fsynced on its own (a lost `committed` only means less is re-applied at startup, the
+    /// leader re-commits the rest); made durable by the next append or vote, or on close.
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        self.put_meta(COMMITTED, &committed, false)
+            .await
+            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, e))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        let c: Option<Option<LogId<NodeId>>> = read_meta(&self.db, COMMITTED)
+            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Read, e))?;
+        Ok(c.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Write, e);
+        let rows = entries
+            .into_iter()
+            .map(|e| postcard::to_allocvec(&e).map(|b| (e.log_id.index, b)))
+            .collect::<Result<Vec<_>, _>>()
+            .str()
+            .map_err(err)?;
+        let db = self.db.clone();
+        blocking(move || {
+            write_txn(&db, true, |tx| {
+                let mut table = tx.open_table(LOG)?;
+                for (index, bytes) in &rows {
+                    table.insert(index, bytes.as_slice())?;
+                }
+                Ok(())
+            })
+        })
+        .await
+        .map_err(err)?;
+        callback.log_io_completed(Ok(()));
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let db = self.db.clone();
+        blocking(move || {
+            write_txn(&db, true, |tx| {
+                Ok(tx
+                    .open_table(LOG)?
+                    .retain_in(log_id.index.., |_, _| false)?)
+            })
+        })
+        .await
+        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Delete, e))
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let bytes = postcard::to_allocvec(&log_id).str().map_err(err)?;
+        let db = self.db.clone();
+        blocking(move || {
+            write_txn(&db, true, |tx| {
+                tx.open_table(META)?.insert(PURGED, bytes.as_slice())?;
+                tx.open_table(LOG)?
+                    .retain_in(..=log_id.index, |_, _| false)?;
+                Ok(())
+            })
+        })
+        .await
+        .map_err(err)
+    }
+}
+
+// ---------------------------------------------------------------- state machine and snapshots
+
+const SNAPSHOT_FILE: &str = "snapshot.bin";
+
+/// The machine with the raft bookkeeping that must travel with it.
+struct SmState<M> {
+    machine: M,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+}
+
+/// The snapshot data sent to peers: the machine's state and where it stands in the log.
+#[derive(Serialize, Deserialize)]
+struct SnapshotBody {
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+    machine: Vec<u8>,
+}
+
+/// `snapshot.bin`: the snapshot's meta and its data (an encoded [`SnapshotBody`]).
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The state machine store openraft drives; also its snapshot builder.
+struct SmStore<M> {
+    state: Arc<RwLock<SmState<M>>>,
+    dir: PathBuf,
+    /// Serialises snapshot file writes; holds the last log id of the persisted snapshot.
+    persisted: Arc<tokio::sync::Mutex<Option<LogId<NodeId>>>>,
+}
+
+impl<M> Clone for SmStore<M> {
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            dir: self.dir.clone(),
+            persisted: self.persisted.clone(),
+        }
+    }
+}
+
+fn read_snapshot_file(dir: &Path) -> Result<Option<SnapshotFile>, String> {
+    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+        Ok(bytes) => postcard::from_bytes(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{SNAPSHOT_FILE}: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{SNAPSHOT_FILE}: {e}")),
+    }
+}
+
+impl<M: Machine> SmStore<M> {
+    /// Persists a snapshot unless a newer one is already on disk.
+    async fn persist(
+        &self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        data: &[u8],
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut persisted = self.persisted.lock().await;
+        if *persisted > meta.last_log_id {
+            return Ok(());
+        }
+        let err = |e: String| {
+            sto(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+                e,
+            )
+        };
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            data: data.to_vec(),
+        };
+        let bytes = postcard::to_allocvec(&file).str().map_err(err)?;
+        let dir = self.dir.clone();
+        blocking(move || write_atomic(&dir, SNAPSHOT_FILE, &bytes).str())
+            .await
+            .map_err(err)?;
+        *persisted = meta.last_log_id;
+        Ok(())
+    }
+}
+
+impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for SmStore<M> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let body = {
+            let st = read_lock(&self.state);
+            SnapshotBody {
+                applied: st.applied,
+                membership: st.membership.clone(),
+                machine: st.machine.snapshot(),
+            }
+        };
+        let data = postcard::to_allocvec(&body)
+            .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, e))?;
+        let snapshot_id = format!(
+            "{}-{}-{:016x}",
+            body.applied.map_or(0, |l| l.leader_id.term),
+            body.applied.index().unwrap_or(0),
+            rand::random::<u64>()
+        );
+        let meta = SnapshotMeta {
+            last_log_id: body.applied,
+            last_membership: body.membership,
+            snapshot_id,
+        };
+        self.persist(&meta, &data).await?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>>
+    {
+        let st = read_lock(&self.state);
+        Ok((st.applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<u8>>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut st = write_lock(&self.state);
+        let mut replies = Vec::new();
+        for entry in entries {
+            st.applied = Some(entry.log_id);
+            replies.push(match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(cmd) => st.machine.apply(&cmd),
+                EntryPayload::Membership(m) => {
+                    st.membership = StoredMembership::new(Some(entry.log_id), m);
+                    Vec::new()
+                }
+            });
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let err = |e: String| {
+            sto(
+                ErrorSubject::Snapshot(Some(meta.signature())),
+                ErrorVerb::Write,
+                e,
+            )
+        };
+        let data = snapshot.into_inner();
+        let body: SnapshotBody = postcard::from_bytes(&data).str().map_err(err)?;
+        if body.applied != meta.last_log_id {
+            return Err(err("snapshot data does not match its meta".into()));
+        }
+        {
+            let mut st = write_lock(&self.state);
+            st.machine.restore(&body.machine).map_err(err)?;
+            st.applied = meta.last_log_id;
+            st.membership = meta.last_membership.clone();
+        }
+        self.persist(meta, &data).await
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let _guard = self.persisted.lock().await;
+        let dir = self.dir.clone();
+        let file = blocking(move || read_snapshot_file(&dir))
+            .await
+            .map_err(|e| sto(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
+        Ok(file.map(|f| Snapshot {
+            meta: f.meta,
+            snapshot: Box::new(Cursor::new(f.data)),
+        }))
+    }
+}
+
+// ---------------------------------------------------------------- network
+
+/// A request from one replica to another.
+#[derive(Serialize, Deserialize)]
+enum RaftRpc {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// A successful answer; on the wire it travels as `Result<RpcReply, String>`.
+#[derive(Serialize, Deserialize)]
+enum RpcReply {
+    Append(AppendEntriesResponse<NodeId>),
+    Vote(VoteResponse<NodeId>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapshotMismatch>),
+}
+
+struct NetworkFactory {
+    transport: Arc<dyn RaftTransport>,
+    backoff: Duration,
+}
+
+struct Peer {
+    transport: Arc<dyn RaftTransport>,
+    target: NodeId,
+    addr: String,
+    backoff: Duration,
+}
+
+fn net_err<E: std::error::Error>(msg: impl ToString) -> NetError<E> {
+    RPCError::Network(NetworkError::new(&AnyError::error(msg)))
+}
+
+impl Peer {
+    async fn call<E: std::error::Error>(&self, rpc: &RaftRpc) -> Result<RpcReply, NetError<E>> {
+        let request = postcard::to_allocvec(rpc).map_err(net_err)?;
+        let answer = self
+            .transport
+            .call(self.target, &self.addr, request)
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&AnyError::error(e))))?;
+        let reply: Result<RpcReply, String> = postcard::from_bytes(&answer).map_err(net_err)?;
+        reply.map_err(|e| net_err(format!("replica {}: {e}", self.target)))
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            transport: self.transport.clone(),
+            target,
+            addr: node.addr.clone(),
+            backoff: self.backoff,
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, NetError> {
+        match self.call(&RaftRpc::Append(rpc)).await? {
+            RpcReply::Append(r) => Ok(r),
+            _ => Err(net_err("mismatched reply to append-entries")),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, NetError<InstallSnapshotError>> {
+        match self.call(&RaftRpc::Snapshot(rpc)).await? {
+            RpcReply::Snapshot(Ok(r)) => Ok(r),
+            RpcReply::Snapshot(Err(mismatch)) => {
+                Err(RPCError::RemoteError(openraft::error::RemoteError::new(
+                    self.target,
+                    OrRaftError::APIError(InstallSnapshotError::SnapshotMismatch(mismatch)),
+                )))
+            }
+            _ => Err(net_err("mismatched reply to install-snapshot")),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, NetError> {
+        match self.call(&RaftRpc::Vote(rpc)).await? {
+            RpcReply::Vote(r) => Ok(r),
+            _ => Err(net_err("mismatched reply to vote")),
+        }
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff::new(std::iter::repeat(self.backoff))
+    }
+}
+
+// ---------------------------------------------------------------- replica
+
+/// One member of a Raft group, replicating the machine `M`.
+pub struct Replica<M: Machine> {
+    id: NodeId,
+    raft: Raft<TypeConfig>,
+    state: Arc<RwLock<SmState<M>>>,
+    members: BTreeMap<NodeId, String>,
+}
+
+impl<M: Machine> Replica<M> {
+    /// Opens (or creates) the durable state under `dir`, restores the machine from the latest
+    /// snapshot, and starts Raft; openraft re-applies the committed entries after the snapshot
+    /// before this returns.
+    ///
+    /// `members` maps every member id to its transport address. A group that was never
+    /// initialized is bootstrapped by its smallest member with exactly `members`; afterwards the
+    /// membership comes from the log, `members` only serves to name a leader's address.
+    pub async fn open(
+        dir: &Path,
+        id: NodeId,
+        members: BTreeMap<NodeId, String>,
+        mut machine: M,
+        transport: Arc<dyn RaftTransport>,
+        opts: RaftOptions,
+    ) -> Result<Self, RaftError> {
+        if !members.contains_key(&id) {
+            return Err(RaftError::Config(format!(
+                "replica {id} is not among the members"
+            )));
+        }
+        let config = Config {
+            cluster_name: "florin".into(),
+            heartbeat_interval: opts.heartbeat_ms,
+            election_timeout_min: opts.election_min_ms,
+            election_timeout_max: opts.election_max_ms,
+            install_snapshot_timeout: opts.election_max_ms.max(1000),
+            snapshot_policy: match opts.snapshot_every {
+                0 => SnapshotPolicy::Never,
+                n => SnapshotPolicy::LogsSinceLast(n),
+            },
+            max_in_snapshot_log_to_keep: opts.keep_logs,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| RaftError::Config(e.to_string()))?;
+
+        std::fs::create_dir_all(dir)
+            .map_err(|e| RaftError::Storage(format!("{}: {e}", dir.display())))?;
+        let dir = dir.to_path_buf();
+        let (log, file) = {
+            let dir = dir.clone();
+            blocking(move || {
+                Ok((
+                    LogStore::open(dir.join("raft.redb"))?,
+                    read_snapshot_file(&dir)?,
+                ))
+            })
+            .await
+            .map_err(RaftError::Storage)?
+        };
+        let mut sm = SmState {
+            machine,
+            applied: None,
+            membership: StoredMembership::default(),
+        };
+        let mut persisted = None;
+        if let Some(file) = file {
+            let body: SnapshotBody = postcard::from_bytes(&file.data)
+                .map_err(|e| RaftError::Storage(format!("{SNAPSHOT_FILE}: {e}")))?;
+            machine = sm.machine;
+            machine
+                .restore(&body.machine)
+                .map_err(|e| RaftError::Storage(format!("restore: {e}")))?;
+            sm = SmState {
+                machine,
+                applied: file.meta.last_log_id,
+                membership: file.meta.last_membership,
+            };
+            persisted = file.meta.last_log_id;
+        }
+        let state = Arc::new(RwLock::new(sm));
+        let store = SmStore {
+            state: state.clone(),
+            dir,
+            persisted: Arc::new(tokio::sync::Mutex::new(persisted)),
+        };
+        let network = NetworkFactory {
+            transport,
+            backoff: Duration::from_millis(opts.heartbeat_ms * 4),
+        };
+
+        let raft = Raft::new(id, Arc::new(config), network, log, store)
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        let replica = Self {
+            id,
+            raft,
+            state,
+            members,
+        };
+
+        let initialized = replica
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        if !initialized && replica.members.keys().next() == Some(&id) {
+            let nodes: BTreeMap<NodeId, BasicNode> = replica
+                .members
+                .iter()
+                .map(|(k, a)| (*k, BasicNode::new(a)))
+                .collect();
+            match replica.raft.initialize(nodes).await {
+                Ok(()) | Err(OrRaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(RaftError::Config(e.to_string())),
+            }
+        }
+        Ok(replica)
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    fn not_leader(&self, f: ForwardToLeader<NodeId, BasicNode>) -> RaftError {
+        let addr = f
+            .leader_node
+            .map(|n| n.addr)
+            .or_else(|| f.leader_id.and_then(|l| self.members.get(&l).cloned()));
+        RaftError::NotLeader {
+            leader: f.leader_id,
+            addr,
+        }
+    }
+
+    /// Replicates a command and returns the machine's reply once it is committed and applied on
+    /// this replica, which must be the leader ([`RaftError::NotLeader`] otherwise).
+    pub async fn write(&self, cmd: Vec<u8>) -> Result<Vec<u8>, RaftError> {
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => Ok(resp.data),
+            Err(OrRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f))
+            }
+            Err(OrRaftError::APIError(e)) => Err(RaftError::Unavailable(e.to_string())),
+            Err(OrRaftError::Fatal(e)) => Err(RaftError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Linearizable read: confirms leadership with a quorum, waits until everything committed
+    /// before the call is applied here, then runs `f` on the machine.
+    pub async fn read<R>(&self, f: impl FnOnce(&M) -> R) -> Result<R, RaftError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(self.with_machine(f)),
+            Err(OrRaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(self.not_leader(f))
+            }
+            Err(OrRaftError::APIError(e)) => Err(RaftError::Unavailable(e.to_string())),
+            Err(OrRaftError::Fatal(e)) => Err(RaftError::Fatal(e.to_string())),
+        }
+    }
+
+    /// Runs `f` on the local machine as applied so far (possibly stale on a follower).
+    pub fn with_machine<R>(&self, f: impl FnOnce(&M) -> R) -> R {
+        f(&read_lock(&self.state).machine)
+    }
+
+    async fn serve(&self, rpc: RaftRpc) -> Result<RpcReply, String> {
+        match rpc {
+            RaftRpc::Append(req) => self.raft.append_entries(req).await.map(RpcReply::Append),
+            RaftRpc::Vote(req) => self.raft.vote(req).await.map(RpcReply::Vote),
+            RaftRpc::Snapshot(req) => {
+                return match self.raft.install_snapshot(req).await {
+                    Ok(r) => Ok(RpcReply::Snapshot(Ok(r))),
+                    Err(OrRaftError::APIError(InstallSnapshotError::SnapshotMismatch(m))) => {
+                        Ok(RpcReply::Snapshot(Err(m)))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
+        .str()
+    }
+
+    /// Serves an encoded raft RPC from a peer and returns the encoded answer: a postcard
+    /// `Result<reply, String>`, where `Err` carries a readable error (undecodable request, replica
+    /// stopped). Never panics on bad input.
+    pub async fn handle_rpc(&self, request: &[u8]) -> Vec<u8> {
+        let answer = match postcard::take_from_bytes::<RaftRpc>(request) {
+            Ok((rpc, [])) => self.serve(rpc).await,
+            Ok(_) => Err("undecodable raft rpc: trailing bytes".to_string()),
+            Err(e) => Err(format!("undecodable raft rpc: {e}")),
+        };
+        postcard::to_allocvec(&answer).unwrap_or_default()
+    }
+
+    /// Where this replica stands.
+    pub fn status(&self) -> ReplicaStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let state = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        ReplicaStatus {
+            id: self.id,
+            state: state.into(),
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            last_applied: m.last_applied.index(),
+            snapshot: m.snapshot.index(),
+            purged: m.purged.index(),
+        }
+    }
+
+    /// openraft's metrics; the receiver changes whenever state, term or leadership changes, so a
+    /// service can react when it becomes leader.
+    pub fn metrics(&self) -> tokio::sync::watch::Receiver<RaftMetrics<NodeId, BasicNode>> {
+        self.raft.metrics()
+    }
+
+    /// Whether this replica currently believes it is the leader.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
+    /// Builds a snapshot of everything applied so far and waits until it is in place (the log is
+    /// then purged up to it, minus [`RaftOptions::keep_logs`]).
+    pub async fn snapshot_now(&self) -> Result<(), RaftError> {
+        let applied = self.raft.metrics().borrow().last_applied.index();
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        if let Some(want) = applied {
+            self.raft
+                .wait(Some(Duration::from_secs(60)))
+                .metrics(
+                    |m| m.snapshot.index().is_some_and(|i| i >= want),
+                    "snapshot_now",
+                )
+                .await
+                .map_err(|e| match e {
+                    WaitError::ShuttingDown => RaftError::Fatal(e.to_string()),
+                    WaitError::Timeout(..) => RaftError::Unavailable(e.to_string()),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Stops Raft; the directory can then be reopened.
+    pub async fn shutdown(&self) -> Result<(), RaftError> {
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| RaftError::Fatal(e.to_string()))
+    }
+}

@@ -1,0 +1,373 @@
+//! `florin bench cluster`: the sharded, Raft-replicated engine on loopback (Hamilton §6,
+//! Fig. 4 and Fig. 5, scaled to one machine): swap throughput and batch latency versus shard
+//! count at replication 1 and 3, the single-node embedded engine on the same workload in the
+//! same run as the reference, and a failover run (shard and coordinator leaders killed under
+//! load: throughput over time, time to recover, acknowledged transactions lost, double spends
+//! accepted).
+//!
+//! Every member runs in this process (one Raft replica per member, each with its own disk
+//! directory and sockets), so all replicas share this machine's cores: replication 3 does
+//! three times the shard work on the same CPUs.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use florin_cluster::raft::RaftOptions;
+use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_ledger::{CompactTx, SwapOutcome, SwapStore};
+use florin_node::cluster::{ClusterStore, LocalCluster, Role};
+use serde_json::json;
+
+use super::ledger::{preload_txs, workload};
+use super::{Recorder, Reference, Scale};
+
+const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
+const CLIENTS: usize = 16;
+const BATCH: usize = 2000;
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs `work` in batches of [`BATCH`] from [`CLIENTS`] threads; returns tx/s and batch
+/// latencies (ms).
+fn drive(store: &dyn SwapStore, work: &[CompactTx]) -> Result<(f64, Vec<f64>)> {
+    let chunks: Vec<&[CompactTx]> = work.chunks(work.len().div_ceil(CLIENTS)).collect();
+    let lat = Mutex::new(Vec::new());
+    let t = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = chunks
+            .iter()
+            .map(|c| {
+                let lat = &lat;
+                s.spawn(move || -> Result<()> {
+                    for b in c.chunks(BATCH) {
+                        let t = Instant::now();
+                        let out = store.swap(b)?;
+                        if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
+                            bail!("a benchmark transaction was refused");
+                        }
+                        if let Ok(mut l) = lat.lock() {
+                            l.push(t.elapsed().as_secs_f64() * 1e3);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let rate = work.len() as f64 / t.elapsed().as_secs_f64();
+    Ok((rate, lat.into_inner().unwrap_or_default()))
+}
+
+fn raft() -> RaftOptions {
+    RaftOptions {
+        heartbeat_ms: 100,
+        election_min_ms: 500,
+        election_max_ms: 1000,
+        snapshot_every: 200,
+        keep_logs: 100,
+    }
+}
+
+fn rt() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()?)
+}
+
+fn start(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    shards: usize,
+    replicas: usize,
+) -> Result<LocalCluster> {
+    let c = rt.block_on(LocalCluster::start(dir, shards, 1, replicas, raft(), 8192))?;
+    rt.block_on(c.wait_for_leaders(Duration::from_secs(20)))?;
+    Ok(c)
+}
+
+fn preload(store: &dyn SwapStore, pre: &[CompactTx]) -> Result<()> {
+    for chunk in pre.chunks(20) {
+        store.swap(chunk)?;
+    }
+    Ok(())
+}
+
+/// Runs the suite.
+pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
+    let quick = scale.tokens <= 2_000;
+    let n_tx: u64 = if quick {
+        64_000
+    } else if scale.full {
+        400_000
+    } else {
+        160_000
+    };
+    let pre = preload_txs(2 * n_tx);
+    let work = workload(n_tx, 0);
+    eprintln!(
+        "workload: {n_tx} 2-in/2-out transfers over {} preloaded ids, {CLIENTS} clients, batches of {BATCH}",
+        2 * n_tx
+    );
+
+    // The reference: the single-node embedded engine, same workload, same clients.
+    let dir = tempfile::tempdir()?;
+    let single = {
+        let emb = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
+        preload(&emb, &pre)?;
+        drive(&emb, &work)?.0
+    };
+    rec.add(
+        "single_node_tx_per_s",
+        single,
+        "transactions/s",
+        json!({ "store": "embedded", "clients": CLIENTS, "batch": BATCH }),
+        None,
+        None,
+    );
+
+    let rt = rt()?;
+    let shard_counts: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4] };
+    let mut r3_one = None;
+    for &replicas in &[1usize, 3] {
+        for &shards in shard_counts {
+            let dir = tempfile::tempdir()?;
+            let cluster = start(&rt, dir.path(), shards, replicas)?;
+            let store = cluster.store()?;
+            preload(&store, &pre)?;
+            let (rate, mut lat) = drive(&store, &work)?;
+            let params = json!({ "shards": shards, "replicas": replicas, "coordinators": 1, "clients": CLIENTS, "batch": BATCH });
+            rec.add(
+                "cluster_tx_per_s",
+                rate,
+                "transactions/s",
+                params.clone(),
+                Some(Reference {
+                    value: 1_700_000.0,
+                    source: format!("{HAMILTON} Fig. 4: peak, 2PC, many shards on many machines"),
+                }),
+                Some(Reference {
+                    value: single,
+                    source: "single-node embedded engine, same workload, same run".into(),
+                }),
+            );
+            let p50 = percentile(&mut lat, 0.5);
+            let p99 = percentile(&mut lat, 0.99);
+            rec.add(
+                "cluster_batch_latency_ms",
+                p50,
+                "ms",
+                json!({ "shards": shards, "replicas": replicas, "percentile": 50, "batch": BATCH }),
+                Some(Reference {
+                    value: 500.0,
+                    source: format!("{HAMILTON} Fig. 4: p50 under 500 ms per transaction at peak"),
+                }),
+                None,
+            );
+            rec.add(
+                "cluster_batch_latency_ms",
+                p99,
+                "ms",
+                json!({ "shards": shards, "replicas": replicas, "percentile": 99, "batch": BATCH }),
+                Some(Reference {
+                    value: 1000.0,
+                    source: format!("{HAMILTON} Fig. 4: p99 under 1 s per transaction at peak"),
+                }),
+                None,
+            );
+            if replicas == 3 && shards == 1 {
+                r3_one = Some(rate);
+            }
+            drop(store);
+            rt.block_on(cluster.stop());
+        }
+    }
+    if let Some(r) = r3_one {
+        rec.add(
+            "cluster_r3_vs_single_ratio",
+            r / single,
+            "ratio",
+            json!({ "shards": 1, "replicas": 3, "target": 0.5 }),
+            None,
+            Some(Reference {
+                value: 1.0,
+                source: "single-node embedded engine, same workload, same run".into(),
+            }),
+        );
+    }
+    failover(rec, &rt, quick)
+}
+
+/// Steady load on 2 shards × 3 replicas; the leaders of shard 0 and of the coordinator group
+/// are killed mid-run.
+fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Result<()> {
+    let secs = if quick { 6 } else { 12 };
+    let kill_at = Duration::from_secs(secs / 3);
+    let dir = tempfile::tempdir()?;
+    let mut cluster = start(rt, dir.path(), 2, 3)?;
+    let store: Arc<ClusterStore> = Arc::new(cluster.store()?);
+    let n_ids: u64 = 400_000;
+    preload(store.as_ref(), &preload_txs(n_ids))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let began = Instant::now();
+    let commits = Arc::new(Mutex::new(Vec::<(f64, usize)>::new()));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let double_spends = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let (store, stop, next, commits, acked, ds) = (
+            store.clone(),
+            stop.clone(),
+            next.clone(),
+            commits.clone(),
+            acked.clone(),
+            double_spends.clone(),
+        );
+        clients.push(std::thread::spawn(move || -> Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                let k = next.fetch_add(500, Ordering::Relaxed);
+                if 2 * (k + 500) > n_ids {
+                    break;
+                }
+                let mut txs = workload(500, k);
+                // A conflicting spend of the batch's first inputs: it must never commit too.
+                let mut evil = txs[0].clone();
+                evil.txid[0] ^= 0xff;
+                evil.outputs = vec![(evil.txid, 20)];
+                txs.push(evil);
+                let out = store.swap(&txs)?;
+                let t = began.elapsed().as_secs_f64();
+                let ok = out.iter().filter(|o| **o == SwapOutcome::Confirmed).count();
+                if out[0] == SwapOutcome::Confirmed && out[500] == SwapOutcome::Confirmed {
+                    ds.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Ok(mut c) = commits.lock() {
+                    c.push((t, ok));
+                }
+                if let Ok(mut a) = acked.lock() {
+                    for (tx, o) in txs.iter().zip(&out) {
+                        if *o == SwapOutcome::Confirmed {
+                            a.push(tx.txid);
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }));
+    }
+    std::thread::sleep(kill_at);
+    let shard_leader = cluster.leader(Role::Shard, 0);
+    let coord_leader = cluster.leader(Role::Coordinator, 0);
+    let killed_at = began.elapsed().as_secs_f64();
+    if let Some(l) = shard_leader {
+        rt.block_on(cluster.kill(Role::Shard, 0, l));
+    }
+    if let Some(l) = coord_leader {
+        rt.block_on(cluster.kill(Role::Coordinator, 0, l));
+    }
+    std::thread::sleep(Duration::from_secs(secs) - kill_at);
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+    }
+    let total = began.elapsed().as_secs_f64();
+    // Throughput per half second.
+    let commits = commits.lock().map(|c| c.clone()).unwrap_or_default();
+    let buckets = (total / 0.5).ceil() as usize;
+    let mut per = vec![0usize; buckets.max(1)];
+    for (t, n) in &commits {
+        let b = ((t / 0.5) as usize).min(per.len() - 1);
+        per[b] += n;
+    }
+    let rate = |b: usize| per[b] as f64 / 0.5;
+    let kill_b = (killed_at / 0.5) as usize;
+    let before: f64 = (1..kill_b).map(rate).sum::<f64>() / (kill_b.saturating_sub(1)).max(1) as f64;
+    // Recovered: the first half second after the kill at ≥ 50 % of the rate before it.
+    let recovered_b = (kill_b + 1..per.len()).find(|b| rate(*b) >= 0.5 * before);
+    let recovery_s = match recovered_b {
+        Some(b) => (b as f64 * 0.5 - killed_at).max(0.0),
+        None => total - killed_at,
+    };
+    for (b, _) in per.iter().enumerate() {
+        rec.add(
+            "failover_tx_per_s",
+            rate(b),
+            "transactions/s",
+            json!({ "t_s": b as f64 * 0.5, "window_s": 0.5, "killed_at_s": (killed_at * 10.0).round() / 10.0 }),
+            None,
+            None,
+        );
+    }
+    let after: f64 = recovered_b
+        .map(|r| {
+            (r..per.len().saturating_sub(1)).map(rate).sum::<f64>()
+                / (per.len().saturating_sub(1 + r)).max(1) as f64
+        })
+        .unwrap_or(0.0);
+    rec.add(
+        "failover_before_tx_per_s",
+        before,
+        "transactions/s",
+        json!({ "shards": 2, "replicas": 3 }),
+        None,
+        None,
+    );
+    rec.add(
+        "failover_after_tx_per_s",
+        after,
+        "transactions/s",
+        json!({ "shards": 2, "replicas": 3 }),
+        None,
+        None,
+    );
+    rec.add(
+        "failover_recovery_s",
+        recovery_s,
+        "s",
+        json!({ "killed": ["shard 0 leader", "coordinator leader"], "recovered_when": "a 0.5 s window at >= 50 % of the rate before", "target_s": 5 }),
+        Some(Reference {
+            value: 15.0,
+            source: format!("{HAMILTON} Fig. 5: throughput reduced for under 15 s per failure"),
+        }),
+        None,
+    );
+    let acked = acked.lock().map(|a| a.clone()).unwrap_or_default();
+    let found = store.confirmed_many(&acked)?;
+    let lost = found.iter().filter(|f| !**f).count();
+    rec.add(
+        "failover_lost_tx",
+        lost as f64,
+        "transactions",
+        json!({ "acknowledged": acked.len() }),
+        Some(Reference {
+            value: 0.0,
+            source: format!("{HAMILTON} Fig. 5: no data loss"),
+        }),
+        None,
+    );
+    rec.add(
+        "failover_double_spend_accepted",
+        double_spends.load(Ordering::Relaxed) as f64,
+        "transactions",
+        json!({ "conflicting_spends_submitted": commits.len() }),
+        None,
+        None,
+    );
+    drop(store);
+    rt.block_on(cluster.stop());
+    Ok(())
+}
