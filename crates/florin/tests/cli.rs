@@ -732,3 +732,220 @@ fn bench_custody_quick_prints_the_contract() {
     assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);
 }
+
+/// `florin cluster up` with 2 shards × 3 replicas and 3 coordinator replicas as separate
+/// processes; wallets pay under load while `kill -9` takes out the leaders of a shard and of
+/// the coordinators, then of the other shard; every acknowledged payment is committed, the
+/// killed processes restart from their disks, and the books add up.
+#[test]
+fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data_s = data.to_str().unwrap().to_string();
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = Command::new(BIN)
+                .args(["cluster", "down", "--data", &self.0])
+                .output();
+        }
+    }
+    let _down = Down(data_s.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("127.0.0.1:{port}");
+    let out = Command::new(BIN)
+        .args(["cluster", "up", "--shards", "2", "--replicas", "3"])
+        .args(["--coordinators", "1", "--data", &data_s, "--api", &api])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: format!("http://{api}"),
+    };
+    let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
+    assert_eq!(st["api"], u.node.as_str(), "{st}");
+    assert_eq!(st["healthy"], true, "{st}");
+    assert_eq!(st["members"].as_array().unwrap().len(), 10, "{st}");
+
+    let names = ["p0", "p1", "p2", "p3"];
+    for n in names {
+        u.wallet(n, &["new"]);
+        u.wallet(n, &["faucet", "100"]);
+    }
+    let addrs: Vec<String> = names
+        .iter()
+        .map(|n| {
+            u.wallet(n, &["address"])["address"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let handles: Vec<_> = (0..names.len())
+        .map(|i| {
+            let (dir, node, stop) = (dir.path().to_path_buf(), u.node.clone(), stop.clone());
+            let (payer, payee) = (names[i].to_string(), addrs[(i + 1) % names.len()].clone());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut failures = 0;
+                for _ in 0..300 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    let out = Command::new(BIN)
+                        .current_dir(&dir)
+                        .env("FLORIN_NODE", &node)
+                        .args([
+                            "wallet", "--wallet", &payer, "--json", "pay", &payee, "0.01",
+                        ])
+                        .output()
+                        .unwrap();
+                    if !out.status.success() {
+                        failures += 1;
+                        continue;
+                    }
+                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    if v["status"] == "confirmed" {
+                        acked.push(v["txid"].as_str().unwrap().to_string());
+                    }
+                }
+                (acked, failures)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let k1 = u.run(&["cluster", "kill", "shard/0", "--data", &data_s]);
+    let k2 = u.run(&["cluster", "kill", "coordinator/0", "--data", &data_s]);
+    assert!(k1.status.success() && k2.status.success());
+    std::thread::sleep(Duration::from_millis(2500));
+    let k3 = u.run(&["cluster", "kill", "shard/1", "--data", &data_s]);
+    assert!(
+        k3.status.success(),
+        "{}",
+        String::from_utf8_lossy(&k3.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    let mut failures = 0;
+    for h in handles {
+        let (a, f) = h.join().unwrap();
+        acked.extend(a);
+        failures += f;
+    }
+    assert!(
+        acked.len() >= 8,
+        "the load ran ({} acknowledged)",
+        acked.len()
+    );
+    // The surviving majorities elected new leaders: still healthy with three processes dead.
+    let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
+    assert_eq!(st["healthy"], true, "{st}");
+    let down = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["up"] == false)
+        .count();
+    assert_eq!(down, 3, "{st}");
+    let addr = api.clone();
+    for txid in &acked {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(format!("GET /v1/ledger/transactions/{txid} HTTP/1.0\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(
+            body.contains("\"confirmed\""),
+            "acknowledged transaction {txid} lost: {body}"
+        );
+    }
+    // `cluster up` restarts the killed processes from their disks; they catch up.
+    let out = Command::new(BIN)
+        .args(["cluster", "up", "--data", &data_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
+        let ms = st["members"].as_array().unwrap();
+        let all_up = ms.iter().all(|m| m["up"] == true);
+        let caught_up = ["shard", "coordinator"].iter().all(|role| {
+            (0..2).all(|g| {
+                let applied: Vec<&Value> = ms
+                    .iter()
+                    .filter(|m| m["role"] == *role && m["group"] == g)
+                    .map(|m| &m["last_applied"])
+                    .collect();
+                applied.windows(2).all(|w| w[0] == w[1])
+            })
+        });
+        if all_up && caught_up {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restarted members did not catch up: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for _round in 0..2 {
+        for n in names {
+            u.wallet(n, &["sync"]);
+        }
+    }
+    let total: u64 = names.iter().map(|n| u.total(n)).sum();
+    assert_eq!(
+        total, 40_000,
+        "no money created or lost ({failures} failed payments)"
+    );
+    assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
+}
+
+#[test]
+fn bench_cluster_quick_prints_the_contract() {
+    let (v, _) = bench_json("cluster", &[]);
+    let results = v["results"].as_array().unwrap();
+    let get =
+        |name: &str| -> Vec<&Value> { results.iter().filter(|r| r["name"] == name).collect() };
+    // Throughput at each shard count and replication.
+    for replicas in [1, 3] {
+        for shards in [1, 2] {
+            assert!(
+                get("cluster_tx_per_s")
+                    .iter()
+                    .any(|r| r["params"]["shards"] == shards
+                        && r["params"]["replicas"] == replicas
+                        && r["value"].as_f64().unwrap() > 0.0),
+                "cluster_tx_per_s {shards}×{replicas} missing"
+            );
+        }
+    }
+    for name in [
+        "single_node_tx_per_s",
+        "cluster_r3_vs_single_ratio",
+        "failover_recovery_s",
+    ] {
+        assert!(get(name)[0]["value"].as_f64().unwrap() > 0.0, "{name}");
+    }
+    // The failover run loses nothing and accepts no double spend.
+    assert_eq!(get("failover_lost_tx")[0]["value"], 0.0);
+    assert_eq!(get("failover_double_spend_accepted")[0]["value"], 0.0);
+    assert!(get("failover_tx_per_s").len() >= 8);
+}
