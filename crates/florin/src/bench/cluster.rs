@@ -219,7 +219,7 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     let dir = tempfile::tempdir()?;
     let mut cluster = start(rt, dir.path(), 2, 3)?;
     let store: Arc<ClusterStore> = Arc::new(cluster.store()?);
-    let n_ids: u64 = 400_000;
+    let n_ids: u64 = if quick { 400_000 } else { 1_200_000 };
     preload(store.as_ref(), &preload_txs(n_ids))?;
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
