@@ -20,7 +20,8 @@
 //! (up to `max_attempts` times), so concurrent conflicting spends never both commit and an
 //! honest spend is not failed by a conflicting one that then aborts. A transaction whose own
 //! txid is locked (a resubmission while the first submission is still in flight, e.g. after a
-//! leader change) waits for that batch and is then answered as a replay.
+//! leader change) backs off and tries again until that batch has finished, and is then
+//! answered as a replay (it gives up, answering a missing input, after `MAX_WAITS` tries).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -143,7 +144,7 @@ impl Default for CoordinatorConfig {
             max_batch: 4096,
             max_inflight: 4,
             max_attempts: 8,
-            resend_after: 500,
+            resend_after: 2000,
         }
     }
 }
@@ -211,6 +212,7 @@ struct Origin {
     ticket: Ticket,
     pos: usize,
     attempts: u8,
+    waits: u16,
 }
 
 struct Flight {
@@ -235,7 +237,13 @@ struct TicketState {
 struct Queued {
     tx: CompactTx,
     origin: Origin,
+    /// Not before this time (a transaction waiting for its own duplicate backs off).
+    not_before: u64,
 }
+
+/// Most times a transaction waits for a duplicate of itself in flight elsewhere (each wait
+/// backs off `resend_after / 16`) before it is failed.
+const MAX_WAITS: u16 = 160;
 
 /// The coordinator (one per coordinator group leader).
 pub struct Coordinator {
@@ -247,8 +255,9 @@ pub struct Coordinator {
     tickets: HashMap<Ticket, TicketState>,
     /// Batches before their commit is acknowledged (the in-flight limit counts these).
     active: usize,
-    /// Outputs of batches before their commit is acknowledged.
-    producing: HashMap<UhsId, Dtx>,
+    /// Outputs of batches before their commit is acknowledged (counted: a transaction can be
+    /// in two batches, e.g. resumed and resubmitted).
+    producing: HashMap<UhsId, u32>,
     now: u64,
 }
 
@@ -308,7 +317,9 @@ impl Coordinator {
                                 ticket,
                                 pos,
                                 attempts: 0,
+                                waits: 0,
                             },
+                            not_before: 0,
                         });
                     }
                 }
@@ -325,11 +336,7 @@ impl Coordinator {
                         continue;
                     }
                     let n = b.txs.len();
-                    for tx in &b.txs {
-                        for (o, _) in &tx.outputs {
-                            self.producing.insert(*o, dtx);
-                        }
-                    }
+                    self.produce(&b.txs);
                     let mut f = self.flight(b.txs, vec![None; n]);
                     self.active += 1;
                     match b.decisions {
@@ -378,17 +385,20 @@ impl Coordinator {
         while self.active < self.cfg.max_inflight && !self.queue.is_empty() {
             let mut batch: Vec<Queued> = Vec::new();
             let mut made: HashSet<UhsId> = HashSet::new();
+            // Outputs of transactions held back: what spends them is held too.
+            let mut held_made: HashSet<UhsId> = HashSet::new();
             let mut held = VecDeque::new();
             while let Some(q) = self.queue.pop_front() {
                 if batch.len() >= self.cfg.max_batch.max(1) {
                     self.queue.push_front(q);
                     break;
                 }
-                let blocked =
-                    q.tx.inputs
-                        .iter()
-                        .any(|i| made.contains(i) || self.producing.contains_key(i));
+                let blocked = q.not_before > self.now
+                    || q.tx.inputs.iter().any(|i| {
+                        made.contains(i) || held_made.contains(i) || self.producing.contains_key(i)
+                    });
                 if blocked {
+                    held_made.extend(q.tx.outputs.iter().map(|(o, _)| *o));
                     held.push_back(q);
                 } else {
                     made.extend(q.tx.outputs.iter().map(|(o, _)| *o));
@@ -403,13 +413,32 @@ impl Coordinator {
             let (txs, origins): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|q| (q.tx, Some(q.origin))).unzip();
             let dtx: Dtx = self.rng.gen();
-            for o in made {
-                self.producing.insert(o, dtx);
-            }
+            self.produce(&txs);
             let f = self.flight(txs.clone(), origins);
             self.flights.insert(dtx, f);
             self.active += 1;
             out.push(Output::Replicate(CoordEntry::Begin { dtx, txs }));
+        }
+    }
+
+    fn produce(&mut self, txs: &[CompactTx]) {
+        for tx in txs {
+            for (o, _) in &tx.outputs {
+                *self.producing.entry(*o).or_insert(0) += 1;
+            }
+        }
+    }
+
+    fn produced(&mut self, txs: &[CompactTx]) {
+        for tx in txs {
+            for (o, _) in &tx.outputs {
+                if let Some(n) = self.producing.get_mut(o) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.producing.remove(o);
+                    }
+                }
+            }
         }
     }
 
@@ -541,13 +570,7 @@ impl Coordinator {
                 if f.waiting.is_empty() {
                     self.answer(&f, out);
                     self.active = self.active.saturating_sub(1);
-                    for tx in &f.txs {
-                        for (o, _) in &tx.outputs {
-                            if self.producing.get(o) == Some(&dtx) {
-                                self.producing.remove(o);
-                            }
-                        }
-                    }
+                    self.produced(&f.txs);
                     f.phase = Phase::Discarding;
                     f.waiting = f.plan.keys().copied().collect();
                     f.sent_at = self.now;
@@ -575,6 +598,9 @@ impl Coordinator {
 
     /// Answers submitters (or queues retries) once a batch's commits are acknowledged.
     fn answer(&mut self, f: &Flight, out: &mut Vec<Output>) {
+        // Retried transactions go back to the front, in their order, ahead of whatever was
+        // held behind them.
+        let mut again = Vec::new();
         for (i, d) in f.decisions.iter().enumerate() {
             let Some(Some(o)) = f.origins.get(i) else {
                 continue;
@@ -584,23 +610,28 @@ impl Coordinator {
                 Decision::Applied => SwapOutcome::AlreadyApplied,
                 Decision::Missing => SwapOutcome::MissingInput,
                 Decision::Retry if o.attempts + 1 < self.cfg.max_attempts => {
-                    self.queue.push_back(Queued {
+                    again.push(Queued {
                         tx: f.txs[i].clone(),
                         origin: Origin {
                             attempts: o.attempts + 1,
                             ..*o
                         },
+                        not_before: 0,
                     });
                     continue;
                 }
-                Decision::Retry => SwapOutcome::MissingInput,
-                Decision::Wait => {
-                    self.queue.push_back(Queued {
+                Decision::Wait if o.waits < MAX_WAITS => {
+                    again.push(Queued {
                         tx: f.txs[i].clone(),
-                        origin: *o,
+                        origin: Origin {
+                            waits: o.waits + 1,
+                            ..*o
+                        },
+                        not_before: self.now + (self.cfg.resend_after / 16).max(1),
                     });
                     continue;
                 }
+                Decision::Retry | Decision::Wait => SwapOutcome::MissingInput,
             };
             if let Some(t) = self.tickets.get_mut(&o.ticket) {
                 if t.outcomes[o.pos].is_none() {
@@ -616,6 +647,9 @@ impl Coordinator {
                     }
                 }
             }
+        }
+        for q in again.into_iter().rev() {
+            self.queue.push_front(q);
         }
     }
 
@@ -930,5 +964,40 @@ mod tests {
         });
         // Once the mint committed, the transfer's batch begins.
         assert_eq!(begin_of(&out).1, vec![t]);
+    }
+
+    #[test]
+    fn a_chain_in_one_submission_applies_in_order() {
+        let mut c = coord(1);
+        let m = mint(1, &[(1, 5)]);
+        let t1 = transfer(2, &[1], &[(2, 5)]);
+        let t2 = transfer(3, &[2], &[(3, 5)]);
+        let mut out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![m.clone(), t1.clone(), t2.clone()],
+        });
+        for expect in [m, t1, t2] {
+            let (dtx, txs) = begin_of(&out);
+            assert_eq!(txs, vec![expect], "one link per batch, in order");
+            c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
+            c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Prepared(vec![Vote::Ok]),
+            });
+            c.handle(Input::Replicated(CoordEntry::Decide {
+                dtx,
+                decisions: vec![Decision::Commit],
+            }));
+            out = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Committed,
+            });
+        }
+        assert!(out.contains(&Output::Answer {
+            ticket: 1,
+            outcomes: vec![SwapOutcome::Confirmed; 3]
+        }));
     }
 }

@@ -207,21 +207,25 @@ impl ShardState {
             if !yes {
                 continue;
             }
+            // Saturating: the books must never panic inside a replicated apply.
+            let b = &mut self.books;
             for i in &part.inputs {
                 if let Some(v) = self.unspent.remove(i) {
-                    self.books.unspent_cents -= v;
-                    self.books.unspent_count -= 1;
+                    b.unspent_cents = b.unspent_cents.saturating_sub(v);
+                    b.unspent_count = b.unspent_count.saturating_sub(1);
                     if part.kind == TxKind::Redeem {
-                        self.books.redeemed_cents += v;
+                        b.redeemed_cents = b.redeemed_cents.saturating_add(v);
                     }
                 }
             }
             for (o, v) in &part.outputs {
-                if self.unspent.insert(*o, *v).is_none() {
-                    self.books.unspent_cents += v;
-                    self.books.unspent_count += 1;
+                // An existing id is never overwritten (as in every single-node store).
+                if let std::collections::hash_map::Entry::Vacant(e) = self.unspent.entry(*o) {
+                    e.insert(*v);
+                    b.unspent_cents = b.unspent_cents.saturating_add(*v);
+                    b.unspent_count += 1;
                     if part.kind == TxKind::Mint {
-                        self.books.minted_cents += v;
+                        b.minted_cents = b.minted_cents.saturating_add(*v);
                     }
                 }
             }

@@ -489,7 +489,7 @@ fn seeded_faults_then_recovery_keep_every_invariant() {
     for seed in 0..24 {
         let shards = 1 + (seed % 4) as usize;
         let (confirmed, answered, s) = run(seed, shards);
-        assert!(answered > 20, "seed {seed}: too little load ({answered})");
+        assert!(answered > 10, "seed {seed}: too little load ({answered})");
         total += confirmed;
         for i in 0..4 {
             seen[i] += s[i];

@@ -8,8 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use florin_cluster::raft::RaftOptions;
+use florin_cluster::shard::{Part, ShardCmd};
+use florin_crypto::PublicKey;
 use florin_ledger::store::testing::{id, mint, run_suite, transfer};
 use florin_ledger::{SwapOutcome, SwapStore};
+use florin_node::cluster::rpc::{Peer, Request, Response};
 use florin_node::cluster::{LocalCluster, Role};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -42,7 +45,30 @@ fn a_replicated_cluster_passes_the_store_suite() {
     let store = cluster.store().unwrap();
     // `reopen` hands back a new client: the state lives in the groups, not the client.
     run_suite(|| cluster.store().unwrap(), |_| cluster.store().unwrap());
-    let _ = store;
+    // Only coordinators may send two-phase-commit commands: a client key that tries to mint
+    // by preparing and committing an output of its own is refused, and nothing changes.
+    let shard0 = &cluster.spec.shards[0].members[0];
+    let peer = Peer::new(
+        shard0.addr.clone(),
+        PublicKey::parse(&shard0.key).unwrap(),
+        cluster.client.clone(),
+        Duration::from_secs(5),
+    );
+    let forged = ShardCmd::Prepare {
+        dtx: 42,
+        parts: vec![Part {
+            txid: id(77),
+            owns_txid: false,
+            kind: florin_ledger::TxKind::Mint,
+            inputs: vec![],
+            outputs: vec![(id(78), 1_000_000)],
+        }],
+    };
+    match peer.call(&Request::Shard(forged)).unwrap() {
+        Response::Error(e) => assert!(e.contains("only from coordinators"), "{e}"),
+        other => panic!("a forged prepare was taken: {other:?}"),
+    }
+    assert!(!store.is_unspent(&id(78)).unwrap());
     rt.block_on(cluster.stop());
 }
 

@@ -232,8 +232,8 @@ fn create(
         clients: sentinel_keys
             .iter()
             .map(|k| k.public_key().to_address())
-            .chain([client.public_key().to_address()])
             .collect(),
+        observers: vec![client.public_key().to_address()],
         raft: Default::default(),
         max_batch: 4096,
         max_inflight: 8,

@@ -65,8 +65,11 @@ pub struct ClusterSpec {
     pub shards: Vec<GroupSpec>,
     /// Coordinator groups.
     pub coordinators: Vec<GroupSpec>,
-    /// Keys of the sentinels (and tools) allowed to submit and read.
+    /// Keys of the sentinels: they submit transactions and read.
     pub clients: Vec<String>,
+    /// Keys allowed only to ask members for their status (`florin cluster status`).
+    #[serde(default)]
+    pub observers: Vec<String>,
     /// Raft timing and compaction.
     #[serde(default)]
     pub raft: RaftOptions,
@@ -136,7 +139,7 @@ impl ClusterSpec {
                 key_of(&m.key)?;
             }
         }
-        for k in &self.clients {
+        for k in self.clients.iter().chain(&self.observers) {
             key_of(k)?;
         }
         Ok(())
@@ -159,14 +162,32 @@ impl ClusterSpec {
             .ok_or_else(|| NodeError::BadRequest(format!("no {role:?} group {group}")))
     }
 
-    /// Every key allowed to connect to a member (all members and the clients).
+    /// Every key allowed to connect to a member (all members, clients and observers).
     pub fn allowed(&self) -> HashSet<PublicKey> {
         self.shards
             .iter()
             .chain(&self.coordinators)
             .flat_map(|g| g.members.iter().filter_map(|m| key_of(&m.key).ok()))
-            .chain(self.clients.iter().filter_map(|k| key_of(k).ok()))
+            .chain(
+                self.clients
+                    .iter()
+                    .chain(&self.observers)
+                    .filter_map(|k| key_of(k).ok()),
+            )
             .collect()
+    }
+
+    /// Keys of every coordinator replica (the only senders of two-phase-commit commands).
+    pub fn coordinator_keys(&self) -> HashSet<PublicKey> {
+        self.coordinators
+            .iter()
+            .flat_map(|g| g.members.iter().filter_map(|m| key_of(&m.key).ok()))
+            .collect()
+    }
+
+    /// Keys of the clients (sentinels): the only submitters, and readers with coordinators.
+    pub fn client_keys(&self) -> HashSet<PublicKey> {
+        self.clients.iter().filter_map(|k| key_of(k).ok()).collect()
     }
 
     fn clients_of(&self, groups: &[GroupSpec], me: &Arc<LocalSigner>) -> Vec<Arc<GroupClient>> {
@@ -330,6 +351,12 @@ pub async fn start_member(
                 shard: group,
                 replica: replica.clone(),
                 members,
+                coordinators: spec.coordinator_keys(),
+                readers: spec
+                    .client_keys()
+                    .union(&spec.coordinator_keys())
+                    .copied()
+                    .collect(),
             });
             let server = Server::start(listener, me, allowed, svc, rt)
                 .map_err(|e| NodeError::Storage(e.to_string()))?;
@@ -357,6 +384,7 @@ pub async fn start_member(
                 group,
                 replica.clone(),
                 members,
+                spec.client_keys(),
                 addrs,
                 spec.map()?,
                 spec.clients_of(&spec.shards, &me),
@@ -454,11 +482,13 @@ impl SwapStore for ClusterStore {
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let start = std::time::Instant::now();
         let mut last = String::new();
+        let mut attempt = 0;
         // A coordinator that loses leadership mid-batch answers an error; the batch is
         // resubmitted (replays are recognised by txid, and a batch the old leader began is
         // finished by the new one).
         while start.elapsed() < self.patience {
-            let c = &self.coordinators[(first + start.elapsed().as_millis() as usize) % n];
+            let c = &self.coordinators[(first + attempt) % n];
+            attempt += 1;
             match c.call(&Request::Submit(batch.to_vec()), self.patience) {
                 Ok(Response::Submitted(v)) if v.len() == batch.len() => return Ok(v),
                 Ok(other) => last = format!("{other:?}"),
@@ -480,6 +510,22 @@ impl SwapStore for ClusterStore {
     }
 
     fn supply(&self) -> Result<Supply, StoreError> {
+        // Shards are read one after another: a cross-shard transfer committing between two
+        // reads shows as an imbalance. Read again until the sum balances (a consistent cut).
+        let mut last = self.supply_once()?;
+        for _ in 0..50 {
+            if last.minted_cents.checked_sub(last.redeemed_cents) == Some(last.unspent_cents) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            last = self.supply_once()?;
+        }
+        Ok(last)
+    }
+}
+
+impl ClusterStore {
+    fn supply_once(&self) -> Result<Supply, StoreError> {
         let mut total = Supply::default();
         for s in &self.shards {
             match s
@@ -567,6 +613,7 @@ impl LocalCluster {
             shards: shard_groups,
             coordinators: coord_groups,
             clients: vec![client.public_key().to_address()],
+            observers: vec![],
             raft,
             max_batch,
             max_inflight: default_inflight(),

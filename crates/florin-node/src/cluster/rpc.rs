@@ -13,13 +13,17 @@ use florin_cluster::raft::ReplicaStatus;
 use florin_cluster::shard::{ShardCmd, ShardReply};
 use florin_crypto::{Digest, LocalSigner, PublicKey};
 use florin_ledger::{CompactTx, Supply, SwapOutcome, UhsId};
-use florin_net::channel::{accept_on, connect, Channel, ChannelConfig};
+use florin_net::channel::{accept_on, connect, Channel, ChannelConfig, NetError};
 use serde::{Deserialize, Serialize};
 
 /// Largest message (a batch of a few tens of thousands of transactions, or a snapshot).
 pub const MAX_RPC: usize = 256 * 1024 * 1024;
 /// Most connections a node serves at once.
 const MAX_CONNECTIONS: usize = 512;
+/// Most connections still in their handshake (unauthenticated) at once.
+const MAX_HANDSHAKES: usize = 32;
+/// An authenticated connection idle this long is closed.
+const IDLE: Duration = Duration::from_secs(300);
 /// Idle connections kept per peer.
 const POOL: usize = 16;
 
@@ -164,6 +168,16 @@ impl Peer {
                     return Ok(r);
                 }
                 Err(e) if fresh => return Err(unreachable(&e)),
+                // A timeout means the peer may be working on it: never send it twice.
+                Err(NetError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    return Err(unreachable(&e))
+                }
+                // The peer had closed the idle pooled connection: send it on a fresh one.
                 Err(_) => continue,
             }
         }
@@ -211,6 +225,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let open = Arc::new(AtomicUsize::new(0));
+        let handshaking = Arc::new(AtomicUsize::new(0));
         let allowed = Arc::new(allowed);
         let stop2 = stop.clone();
         thread::Builder::new()
@@ -221,27 +236,34 @@ impl Server {
                         return;
                     }
                     let Ok(stream) = stream else { continue };
-                    if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS
+                        || handshaking.load(Ordering::SeqCst) >= MAX_HANDSHAKES
+                    {
                         continue;
                     }
                     open.fetch_add(1, Ordering::SeqCst);
-                    let (me, allowed, handler, rt, stop, open) = (
+                    handshaking.fetch_add(1, Ordering::SeqCst);
+                    let (me, allowed, handler, rt, stop, open, hs) = (
                         me.clone(),
                         allowed.clone(),
                         handler.clone(),
                         rt.clone(),
                         stop2.clone(),
                         open.clone(),
+                        handshaking.clone(),
                     );
+                    let (open2, hs2) = (open.clone(), hs.clone());
                     let spawned =
                         thread::Builder::new()
                             .name("cluster-conn".into())
                             .spawn(move || {
                                 let cfg = ChannelConfig {
-                                    timeout: Duration::from_secs(5),
+                                    timeout: Duration::from_secs(2),
                                     ..ChannelConfig::default()
                                 };
-                                if let Ok(ch) = accept_on(stream, me.as_ref(), &cfg) {
+                                let ch = accept_on(stream, me.as_ref(), &cfg);
+                                hs.fetch_sub(1, Ordering::SeqCst);
+                                if let Ok(ch) = ch {
                                     if allowed.contains(&ch.peer()) {
                                         serve(ch, handler.as_ref(), &rt, &stop);
                                     }
@@ -249,7 +271,8 @@ impl Server {
                                 open.fetch_sub(1, Ordering::SeqCst);
                             });
                     if spawned.is_err() {
-                        // The counter was raised for a thread that never ran.
+                        open2.fetch_sub(1, Ordering::SeqCst);
+                        hs2.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
             })?;
@@ -276,7 +299,7 @@ impl Drop for Server {
 
 fn serve<H: Handler>(mut ch: Channel, handler: &H, rt: &tokio::runtime::Handle, stop: &AtomicBool) {
     let peer = ch.peer();
-    let _ = ch.set_timeout(Duration::from_secs(3600));
+    let _ = ch.set_timeout(IDLE);
     loop {
         let Ok(bytes) = ch.recv(MAX_RPC) else { return };
         if stop.load(Ordering::Relaxed) {

@@ -75,6 +75,10 @@ pub struct ShardService {
     pub replica: Arc<Replica<ShardMachine>>,
     /// Keys of the shard's members (the only ones whose Raft messages are taken).
     pub members: HashSet<PublicKey>,
+    /// Keys of coordinator replicas (the only ones whose 2PC commands are taken).
+    pub coordinators: HashSet<PublicKey>,
+    /// Keys allowed to read (clients and coordinators).
+    pub readers: HashSet<PublicKey>,
 }
 
 impl Handler for ShardService {
@@ -84,6 +88,14 @@ impl Handler for ShardService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::Raft(_) => Response::Error("raft messages only from members".into()),
+            Request::Shard(_) if !self.coordinators.contains(peer) => {
+                Response::Error("two-phase-commit commands only from coordinators".into())
+            }
+            Request::Unspent(_) | Request::Confirmed(_) | Request::Books
+                if !self.readers.contains(peer) =>
+            {
+                Response::Error("reads only from clients and coordinators".into())
+            }
             Request::Shard(cmd) => match self.replica.write(encode(&cmd)).await {
                 Ok(b) => match decode::<ShardReply>(&b) {
                     Ok(r) => Response::Shard(r),
@@ -136,6 +148,8 @@ pub struct CoordService {
     pub replica: Arc<Replica<CoordMachine>>,
     /// Keys of the group's members.
     pub members: HashSet<PublicKey>,
+    /// Keys allowed to submit (sentinels).
+    pub clients: HashSet<PublicKey>,
     addrs: BTreeMap<u64, String>,
     engine: mpsc::UnboundedSender<EngineMsg>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
@@ -143,10 +157,12 @@ pub struct CoordService {
 
 impl CoordService {
     /// Starts the engine task for `replica` (it drives batches while the replica leads).
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         group: u16,
         replica: Arc<Replica<CoordMachine>>,
         members: HashSet<PublicKey>,
+        clients: HashSet<PublicKey>,
         addrs: BTreeMap<u64, String>,
         map: ShardMap,
         shards: Vec<Arc<GroupClient>>,
@@ -158,6 +174,7 @@ impl CoordService {
             group,
             replica: replica.clone(),
             members,
+            clients,
             addrs,
             engine: tx.clone(),
             load: load.clone(),
@@ -174,6 +191,9 @@ impl Handler for CoordService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::Raft(_) => Response::Error("raft messages only from members".into()),
+            Request::Submit(_) if !self.clients.contains(peer) => {
+                Response::Error("submissions only from the cluster's clients".into())
+            }
             Request::Submit(txs) => {
                 if !self.replica.is_leader() {
                     let leader = self.replica.status().leader;
@@ -232,6 +252,11 @@ async fn engine_loop(
                             let _ = reply.send(Err("not the leader; retry".into()));
                         }
                     },
+                    EngineMsg::Input(ep, Input::Reply { dtx, shard, reply: ShardReply::Refused(why) })
+                        if ep == epoch =>
+                    {
+                        eprintln!("florin coordinator: shard {shard} refused batch {dtx:032x}: {why}");
+                    }
                     EngineMsg::Input(ep, input) if ep == epoch => {
                         if let Some(e) = engine.as_mut() {
                             outputs = e.handle(input);
@@ -255,6 +280,7 @@ async fn engine_loop(
                             cfg,
                             Box::new(rand::rngs::StdRng::from_entropy()),
                         );
+                        e.handle(Input::Tick(start.elapsed().as_millis() as u64));
                         outputs = e.handle(Input::Resume(batches));
                         engine = Some(e);
                     }
@@ -290,7 +316,8 @@ async fn engine_loop(
                         | ShardCmd::Commit { dtx, .. }
                         | ShardCmd::Discard { dtx } => *dtx,
                     };
-                    let patience = Duration::from_millis(cfg.resend_after);
+                    // Give up a little before the engine resends, so calls rarely overlap.
+                    let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
                     tokio::spawn(async move {
                         if let Ok(Response::Shard(reply)) =
                             client.call_async(Request::Shard(cmd), patience).await
