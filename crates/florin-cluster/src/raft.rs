@@ -794,9 +794,6 @@ impl<M: Machine> Replica<M> {
                 n => SnapshotPolicy::LogsSinceLast(n),
             },
             max_in_snapshot_log_to_keep: opts.keep_logs,
-            // An entry carries a whole batch (up to ~1 MB): a lagging follower is fed a few at
-            // a time, so each append finishes within openraft's per-RPC time limit.
-            max_payload_entries: 64,
             ..Config::default()
         }
         .validate()

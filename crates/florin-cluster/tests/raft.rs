@@ -291,10 +291,19 @@ async fn snapshots_compact_and_install() {
         cluster.net.cut.lock().unwrap().insert(lagging);
         write_all(&leader, 0..200).await;
         wait_applied(&cluster.node(follower), 200).await;
-        let status = leader.status();
-        assert!(status.snapshot > Some(150), "{status:?}");
-        assert!(status.purged > Some(100), "{status:?}");
-        assert!(cluster.node(follower).status().purged > Some(100));
+        // Snapshots and purges run in the background after the writes: wait for them (bounded).
+        let start = Instant::now();
+        loop {
+            let (l, f) = (leader.status(), cluster.node(follower).status());
+            if l.snapshot > Some(150) && l.purged > Some(100) && f.purged > Some(100) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no snapshot or purge: leader {l:?}, follower {f:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
 
         // Reopen the other follower from disk: snapshot + remaining log give exactly all
         // commands, before it hears from the leader.
