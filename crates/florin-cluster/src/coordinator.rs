@@ -934,6 +934,26 @@ mod tests {
         let _ = id(0);
     }
 
+    /// Walks a one-transaction batch on a one-shard map through replication, an `Ok` vote,
+    /// the decision and the commit; returns what the commit acknowledgement emitted.
+    fn commit_one(c: &mut Coordinator, dtx: Dtx, txs: Vec<CompactTx>) -> Vec<Output> {
+        c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
+        c.handle(Input::Reply {
+            dtx,
+            shard: 0,
+            reply: ShardReply::Prepared(vec![Vote::Ok]),
+        });
+        c.handle(Input::Replicated(CoordEntry::Decide {
+            dtx,
+            decisions: vec![Decision::Commit],
+        }));
+        c.handle(Input::Reply {
+            dtx,
+            shard: 0,
+            reply: ShardReply::Committed,
+        })
+    }
+
     #[test]
     fn a_spend_of_an_output_in_flight_waits_for_its_batch() {
         let mut c = coord(1);
@@ -947,21 +967,7 @@ mod tests {
         let (dtx, txs) = begin_of(&out);
         assert_eq!(txs, vec![m]);
         assert_eq!(c.queued(), 1);
-        c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
-        c.handle(Input::Reply {
-            dtx,
-            shard: 0,
-            reply: ShardReply::Prepared(vec![Vote::Ok]),
-        });
-        c.handle(Input::Replicated(CoordEntry::Decide {
-            dtx,
-            decisions: vec![Decision::Commit],
-        }));
-        let out = c.handle(Input::Reply {
-            dtx,
-            shard: 0,
-            reply: ShardReply::Committed,
-        });
+        let out = commit_one(&mut c, dtx, txs);
         // Once the mint committed, the transfer's batch begins.
         assert_eq!(begin_of(&out).1, vec![t]);
     }
@@ -979,21 +985,7 @@ mod tests {
         for expect in [m, t1, t2] {
             let (dtx, txs) = begin_of(&out);
             assert_eq!(txs, vec![expect], "one link per batch, in order");
-            c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
-            c.handle(Input::Reply {
-                dtx,
-                shard: 0,
-                reply: ShardReply::Prepared(vec![Vote::Ok]),
-            });
-            c.handle(Input::Replicated(CoordEntry::Decide {
-                dtx,
-                decisions: vec![Decision::Commit],
-            }));
-            out = c.handle(Input::Reply {
-                dtx,
-                shard: 0,
-                reply: ShardReply::Committed,
-            });
+            out = commit_one(&mut c, dtx, txs);
         }
         assert!(out.contains(&Output::Answer {
             ticket: 1,

@@ -152,6 +152,79 @@ impl User {
     }
 }
 
+/// Wallets `names` paying each its neighbour €0.01 in a loop from threads (each payment a
+/// `florin wallet pay` process), collecting the txids answered "confirmed".
+struct PayLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handles: Vec<std::thread::JoinHandle<(Vec<String>, usize)>>,
+}
+
+impl PayLoad {
+    /// Starts `rounds` payments per wallet; with `stop_on_failure` a wallet stops at its first
+    /// failed payment (the node died), else it counts failures and goes on.
+    fn start(u: &User, names: &[&str], rounds: usize, stop_on_failure: bool) -> PayLoad {
+        let addrs: Vec<String> = names
+            .iter()
+            .map(|n| {
+                u.wallet(n, &["address"])["address"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let handles = (0..names.len())
+            .map(|i| {
+                let (dir, node, stop) = (u.dir.clone(), u.node.clone(), stop.clone());
+                let (payer, payee) = (names[i].to_string(), addrs[(i + 1) % names.len()].clone());
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    let mut failures = 0;
+                    for _ in 0..rounds {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        let out = Command::new(BIN)
+                            .current_dir(&dir)
+                            .env("FLORIN_NODE", &node)
+                            .args([
+                                "wallet", "--wallet", &payer, "--json", "pay", &payee, "0.01",
+                            ])
+                            .output()
+                            .unwrap();
+                        if !out.status.success() {
+                            failures += 1;
+                            if stop_on_failure {
+                                break;
+                            }
+                            continue;
+                        }
+                        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                        if v["status"] == "confirmed" {
+                            acked.push(v["txid"].as_str().unwrap().to_string());
+                        }
+                    }
+                    (acked, failures)
+                })
+            })
+            .collect();
+        PayLoad { stop, handles }
+    }
+
+    /// Stops the load; returns every acknowledged txid and how many payments failed.
+    fn finish(self) -> (Vec<String>, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acked = Vec::new();
+        let mut failures = 0;
+        for h in self.handles {
+            let (a, f) = h.join().unwrap();
+            acked.extend(a);
+            failures += f;
+        }
+        (acked, failures)
+    }
+}
+
 /// A devnet on a fresh data directory, and a user with `wallets` created.
 fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
     let dir = tempfile::tempdir().unwrap();
@@ -518,55 +591,12 @@ fn kill_9_under_load_loses_no_acknowledged_transaction() {
     for n in names {
         u.wallet(n, &["faucet", "100"]);
     }
-    let addrs: Vec<String> = names
-        .iter()
-        .map(|n| {
-            u.wallet(n, &["address"])["address"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
     // Each payer pays its neighbour in a loop until the node dies; every confirmed answer is
     // an acknowledgement that must survive.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handles: Vec<_> = (0..names.len())
-        .map(|i| {
-            let (dir, node, stop) = (dir.path().to_path_buf(), net.url.clone(), stop.clone());
-            let (payer, payee) = (names[i].to_string(), addrs[(i + 1) % names.len()].clone());
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                for _ in 0..200 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    let out = Command::new(BIN)
-                        .current_dir(&dir)
-                        .env("FLORIN_NODE", &node)
-                        .args([
-                            "wallet", "--wallet", &payer, "--json", "pay", &payee, "0.01",
-                        ])
-                        .output()
-                        .unwrap();
-                    if !out.status.success() {
-                        break;
-                    }
-                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-                    if v["status"] == "confirmed" {
-                        acked.push(v["txid"].as_str().unwrap().to_string());
-                    }
-                }
-                acked
-            })
-        })
-        .collect();
+    let load = PayLoad::start(&u, &names, 200, true);
     std::thread::sleep(Duration::from_millis(1500));
     net.kill();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let acked: Vec<String> = handles
-        .into_iter()
-        .flat_map(|h| h.join().unwrap())
-        .collect();
+    let (acked, _) = load.finish();
     assert!(
         acked.len() >= 4,
         "the load ran ({} acknowledged)",
@@ -781,48 +811,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         u.wallet(n, &["new"]);
         u.wallet(n, &["faucet", "100"]);
     }
-    let addrs: Vec<String> = names
-        .iter()
-        .map(|n| {
-            u.wallet(n, &["address"])["address"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let handles: Vec<_> = (0..names.len())
-        .map(|i| {
-            let (dir, node, stop) = (dir.path().to_path_buf(), u.node.clone(), stop.clone());
-            let (payer, payee) = (names[i].to_string(), addrs[(i + 1) % names.len()].clone());
-            std::thread::spawn(move || {
-                let mut acked = Vec::new();
-                let mut failures = 0;
-                for _ in 0..300 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        break;
-                    }
-                    let out = Command::new(BIN)
-                        .current_dir(&dir)
-                        .env("FLORIN_NODE", &node)
-                        .args([
-                            "wallet", "--wallet", &payer, "--json", "pay", &payee, "0.01",
-                        ])
-                        .output()
-                        .unwrap();
-                    if !out.status.success() {
-                        failures += 1;
-                        continue;
-                    }
-                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-                    if v["status"] == "confirmed" {
-                        acked.push(v["txid"].as_str().unwrap().to_string());
-                    }
-                }
-                (acked, failures)
-            })
-        })
-        .collect();
+    let load = PayLoad::start(&u, &names, 300, false);
     std::thread::sleep(Duration::from_millis(1500));
     let k1 = u.run(&["cluster", "kill", "shard/0", "--data", &data_s]);
     let k2 = u.run(&["cluster", "kill", "coordinator/0", "--data", &data_s]);
@@ -835,14 +824,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         String::from_utf8_lossy(&k3.stderr)
     );
     std::thread::sleep(Duration::from_millis(2500));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut acked = Vec::new();
-    let mut failures = 0;
-    for h in handles {
-        let (a, f) = h.join().unwrap();
-        acked.extend(a);
-        failures += f;
-    }
+    let (acked, failures) = load.finish();
     assert!(
         acked.len() >= 8,
         "the load ran ({} acknowledged)",
