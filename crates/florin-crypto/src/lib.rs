@@ -1,6 +1,8 @@
 //! Florin's cryptography: Ed25519 keys and signatures under one validity rule shared by the
 //! single and batch verification paths, domain-separated SHA-256, bech32m addresses and the
 //! [`Signer`] trait that lets a key live outside the process (a threshold network, an HSM).
+//! ECDSA on P-256 ([`mod@p256`]), for custodial wallets whose keys a threshold network holds,
+//! has its own low-S validity rule and is verified one signature at a time.
 //!
 //! This crate does no I/O, spawns no threads and never reads the clock. Randomness is passed in
 //! by the caller.
@@ -24,6 +26,7 @@ mod address;
 pub mod codec;
 mod hash;
 mod keys;
+pub mod p256;
 pub mod sealed;
 mod signer;
 mod verify;
@@ -31,5 +34,8 @@ mod verify;
 pub use address::{AddressError, ADDRESS_HRP};
 pub use hash::{hash, Digest, Hasher};
 pub use keys::{KeyError, PublicKey, SecretKey, Signature};
+pub use p256::{
+    verify as verify_p256, P256Error, P256PublicKey, P256SecretKey, P256Signature, P256Signer,
+};
 pub use signer::{LocalSigner, Signer, SignerError};
 pub use verify::{verify, BatchVerifier, SignatureError};

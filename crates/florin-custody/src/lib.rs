@@ -13,6 +13,10 @@
 //!   reconstruction ([`frost::reconstruct`]), nonce pools so that online signing is one
 //!   round ([`frost::NoncePool`]), and aggregation that names a node sending a bad share
 //!   ([`frost::aggregate`]).
+//! - [`ecdsa`]: ECDSA P-256 threshold keys with CGGMP24 (Lockness `cggmp24`) for custodial
+//!   wallet keys at payment providers: a pool of Paillier primes, auxiliary information per
+//!   group, distributed key generation, import, export and key addition, presignatures so that
+//!   online signing is one step, and interactive signing as the fallback.
 //! - [`envelope`]: node-to-node protocol messages, signed by the sender's identity key and,
 //!   when they carry secret shares, sealed to the recipient, so a coordinator that relays
 //!   them can neither read nor forge them.
@@ -22,6 +26,7 @@
 //! Every function that reads bytes from another party returns a typed [`CustodyError`]; a
 //! party that provably misbehaved is named in it.
 
+pub mod ecdsa;
 pub mod envelope;
 pub mod frost;
 pub mod vault;
@@ -84,6 +89,10 @@ pub enum CustodyError {
     /// The FROST library refused (message carries its reason).
     #[error("frost: {0}")]
     Frost(String),
+    /// The CGGMP24 (threshold ECDSA) library refused or a protocol run failed without a
+    /// provable culprit (message carries its reason).
+    #[error("ecdsa: {0}")]
+    Ecdsa(String),
 }
 
 impl CustodyError {

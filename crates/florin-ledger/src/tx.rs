@@ -8,8 +8,14 @@
 //! - A Mint carries an issuer-chosen random nonce and the issuer's signature; the ledger
 //!   remembers applied txids, so replaying a mint creates nothing.
 //! - A Redeem destroys value: signed by the owners of its inputs and by the issuer.
+//! - An encumbrance is a scheme tag and 32 bytes: an Ed25519 key ([`SCHEME_ED25519`]) or the
+//!   hash of a 33-byte SEC1-compressed P-256 key ([`SCHEME_P256`]), so every UTXO has the same
+//!   size. A witness carries the full key of its scheme and a 64-byte signature on the txid;
+//!   a P-256 signature is ECDSA-P256-SHA256 over the 32-byte txid, low-S (see
+//!   [`florin_crypto::p256`]). A threshold P-256 wallet and a single-key one look the same.
+//!   Mint and redeem issuer signatures are always Ed25519.
 
-use florin_crypto::{hash, Digest, PublicKey, Signature};
+use florin_crypto::{hash, Digest, P256PublicKey, P256Signature, PublicKey, Signature};
 
 use crate::codec::{DecodeError, Reader};
 
@@ -17,18 +23,28 @@ use crate::codec::{DecodeError, Reader};
 pub type UhsId = Digest;
 /// The Ed25519 encumbrance / witness scheme tag.
 pub const SCHEME_ED25519: u8 = 1;
+/// The ECDSA P-256 encumbrance / witness scheme tag.
+pub const SCHEME_P256: u8 = 2;
+/// Domain of the hash of a P-256 key in a [`SCHEME_P256`] encumbrance.
+pub const P256_KEY_DOMAIN: &str = "florin/ledger/p256-key/v1";
 /// Version byte of the transaction encoding.
 pub const TX_VERSION: u8 = 1;
 /// Most inputs or outputs in one transaction.
 pub const MAX_IO: usize = 1024;
 
-/// Who may spend an output: a signature scheme tag and a public key.
+/// Who may spend an output: a signature scheme tag and 32 bytes naming the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Encumbrance {
-    /// Scheme tag; only [`SCHEME_ED25519`] is valid today.
+    /// Scheme tag: [`SCHEME_ED25519`] or [`SCHEME_P256`].
     pub scheme: u8,
-    /// The key.
+    /// For Ed25519 the key itself; for P-256 [`p256_key_hash`] of the compressed key.
     pub key: [u8; 32],
+}
+
+/// The 32 bytes a [`SCHEME_P256`] encumbrance holds for `key`:
+/// `H("florin/ledger/p256-key/v1", key33)`.
+pub fn p256_key_hash(key: &P256PublicKey) -> [u8; 32] {
+    hash(P256_KEY_DOMAIN, &[&key.0])
 }
 
 impl Encumbrance {
@@ -37,6 +53,14 @@ impl Encumbrance {
         Encumbrance {
             scheme: SCHEME_ED25519,
             key: key.0,
+        }
+    }
+
+    /// A P-256 key (single-key or threshold: the ledger cannot tell them apart).
+    pub fn p256(key: &P256PublicKey) -> Self {
+        Encumbrance {
+            scheme: SCHEME_P256,
+            key: p256_key_hash(key),
         }
     }
 
@@ -127,32 +151,76 @@ impl Utxo {
     }
 }
 
-/// A witness: the spender's key and signature over the txid.
+/// A witness: the spender's full key and signature over the txid, in the input's scheme.
+///
+/// Encoded as the scheme tag, the key and the signature: `1 ‖ key 32 ‖ sig 64` (97 bytes) for
+/// Ed25519, `2 ‖ compressed key 33 ‖ r 32 ‖ s 32` (98 bytes) for P-256.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Witness {
-    /// Scheme tag; must match the input's encumbrance.
-    pub scheme: u8,
-    /// The signing key; must equal the input's encumbrance key.
-    pub key: [u8; 32],
-    /// The signature over the txid.
-    pub signature: Signature,
+pub enum Witness {
+    /// [`SCHEME_ED25519`]: the key must equal the input's encumbrance key.
+    Ed25519 {
+        /// The signing key.
+        key: PublicKey,
+        /// The Ed25519 signature over the txid.
+        signature: Signature,
+    },
+    /// [`SCHEME_P256`]: the key must hash ([`p256_key_hash`]) to the input's encumbrance key.
+    P256 {
+        /// The SEC1-compressed signing key.
+        key: P256PublicKey,
+        /// The low-S ECDSA-P256-SHA256 signature over the txid.
+        signature: P256Signature,
+    },
 }
 
 impl Witness {
-    const LEN: usize = 1 + 32 + 64;
+    /// The shortest encoding (Ed25519).
+    const MIN_LEN: usize = 1 + 32 + 64;
+
+    /// An Ed25519 witness.
+    pub fn ed25519(key: PublicKey, signature: Signature) -> Self {
+        Witness::Ed25519 { key, signature }
+    }
+
+    /// A P-256 witness.
+    pub fn p256(key: P256PublicKey, signature: P256Signature) -> Self {
+        Witness::P256 { key, signature }
+    }
+
+    /// The scheme tag.
+    pub fn scheme(&self) -> u8 {
+        match self {
+            Witness::Ed25519 { .. } => SCHEME_ED25519,
+            Witness::P256 { .. } => SCHEME_P256,
+        }
+    }
 
     fn encode_into(&self, out: &mut Vec<u8>) {
-        out.push(self.scheme);
-        out.extend_from_slice(&self.key);
-        out.extend_from_slice(&self.signature.0);
+        out.push(self.scheme());
+        match self {
+            Witness::Ed25519 { key, signature } => {
+                out.extend_from_slice(&key.0);
+                out.extend_from_slice(&signature.0);
+            }
+            Witness::P256 { key, signature } => {
+                out.extend_from_slice(&key.0);
+                out.extend_from_slice(&signature.0);
+            }
+        }
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
-        Ok(Witness {
-            scheme: r.u8("witness scheme")?,
-            key: r.array("witness key")?,
-            signature: Signature(r.array("witness signature")?),
-        })
+        match r.u8("witness scheme")? {
+            SCHEME_ED25519 => Ok(Witness::Ed25519 {
+                key: PublicKey(r.array("witness key")?),
+                signature: Signature(r.array("witness signature")?),
+            }),
+            SCHEME_P256 => Ok(Witness::P256 {
+                key: P256PublicKey(r.array("witness key")?),
+                signature: P256Signature(r.array("witness signature")?),
+            }),
+            _ => Err(DecodeError::Invalid("witness scheme")),
+        }
     }
 }
 
@@ -324,7 +392,7 @@ impl Transaction {
             1 => Transaction::Transfer(Transfer {
                 inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
                 outputs: decode_list(&mut r, "outputs", Output::LEN, Output::decode)?,
-                witnesses: decode_list(&mut r, "witnesses", Witness::LEN, Witness::decode)?,
+                witnesses: decode_list(&mut r, "witnesses", Witness::MIN_LEN, Witness::decode)?,
             }),
             2 => Transaction::Mint(Mint {
                 nonce: r.array("nonce")?,
@@ -333,7 +401,7 @@ impl Transaction {
             }),
             3 => Transaction::Redeem(Redeem {
                 inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
-                witnesses: decode_list(&mut r, "witnesses", Witness::LEN, Witness::decode)?,
+                witnesses: decode_list(&mut r, "witnesses", Witness::MIN_LEN, Witness::decode)?,
                 issuer_signature: Signature(r.array("issuer signature")?),
             }),
             _ => return Err(DecodeError::Invalid("transaction kind")),

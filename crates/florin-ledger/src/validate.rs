@@ -1,14 +1,21 @@
 //! Sentinel validation (Hamilton 3.5): everything that needs no shared state, in a fixed order,
-//! with one typed error per rule. Signatures are checked in one batch across many transactions.
+//! with one typed error per rule. Ed25519 signatures are checked in one batch across many
+//! transactions; P-256 witnesses (which have no batch equation) are verified one by one before
+//! the batch, so a bad one fails only its own transaction.
 
 use std::collections::HashSet;
 
-use florin_crypto::{BatchVerifier, Digest, PublicKey, Signature, SignatureError};
+use florin_crypto::{
+    verify_p256, BatchVerifier, Digest, P256Error, P256PublicKey, P256Signature, PublicKey,
+    Signature, SignatureError,
+};
 use rand::{CryptoRng, RngCore};
 use thiserror::Error;
 
 use crate::compact::CompactTx;
-use crate::tx::{Encumbrance, Output, Transaction, Utxo, Witness, SCHEME_ED25519};
+use crate::tx::{
+    p256_key_hash, Encumbrance, Output, Transaction, Utxo, Witness, SCHEME_ED25519, SCHEME_P256,
+};
 
 /// Why a transaction is statically invalid. Checked in the order of the variants.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -66,7 +73,16 @@ pub enum ValidationError {
     /// A witness key that does not match its input's encumbrance.
     #[error("witness {0} is by another key than its input's owner")]
     KeyMismatch(usize),
-    /// A witness signature that does not verify.
+    /// A P-256 witness signature that does not verify (these are checked before the Ed25519
+    /// batch).
+    #[error("witness {index} P-256 signature is invalid ({reason})")]
+    BadP256Signature {
+        /// Which witness.
+        index: usize,
+        /// Why.
+        reason: P256Error,
+    },
+    /// An Ed25519 witness signature that does not verify.
     #[error("witness {index} signature is invalid ({reason})")]
     BadSignature {
         /// Which witness.
@@ -79,8 +95,25 @@ pub enum ValidationError {
     BadIssuerSignature(SignatureError),
 }
 
-/// A signature check a transaction needs: (who, message, signature, which witness or issuer).
+impl ValidationError {
+    /// The witness this error blames, if it blames one.
+    pub fn witness(&self) -> Option<usize> {
+        match self {
+            ValidationError::MalformedWitness(i) | ValidationError::KeyMismatch(i) => Some(*i),
+            ValidationError::BadP256Signature { index, .. }
+            | ValidationError::BadSignature { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+}
+
+/// An Ed25519 signature check a transaction needs: (who, message, signature, which witness or
+/// issuer).
 type Check = (PublicKey, Digest, Signature, Option<usize>);
+
+fn known_scheme(scheme: u8) -> bool {
+    scheme == SCHEME_ED25519 || scheme == SCHEME_P256
+}
 
 fn check_values<'a>(
     inputs: impl Iterator<Item = &'a Utxo>,
@@ -123,7 +156,7 @@ fn check_schemes<'a>(
     outputs: impl Iterator<Item = &'a Encumbrance>,
 ) -> Result<(), ValidationError> {
     for (i, u) in inputs.iter().enumerate() {
-        if u.encumbrance.scheme != SCHEME_ED25519 {
+        if !known_scheme(u.encumbrance.scheme) {
             return Err(ValidationError::UnknownScheme {
                 which: "input",
                 index: i,
@@ -132,7 +165,7 @@ fn check_schemes<'a>(
         }
     }
     for (i, e) in outputs.enumerate() {
-        if e.scheme != SCHEME_ED25519 {
+        if !known_scheme(e.scheme) {
             return Err(ValidationError::UnknownScheme {
                 which: "output",
                 index: i,
@@ -159,20 +192,38 @@ fn check_inputs(inputs: &[Utxo], witnesses: &[Witness]) -> Result<(), Validation
     Ok(())
 }
 
+/// Checks that each witness is of its input's scheme and by its input's key; queues the Ed25519
+/// signatures in `out` and then verifies the P-256 ones, so that every key mismatch is found
+/// before any signature failure.
 fn witness_checks(
     inputs: &[Utxo],
     witnesses: &[Witness],
     txid: &Digest,
     out: &mut Vec<Check>,
 ) -> Result<(), ValidationError> {
+    let mut p256: Vec<(usize, &P256PublicKey, &P256Signature)> = Vec::new();
     for (i, (u, w)) in inputs.iter().zip(witnesses).enumerate() {
-        if w.scheme != u.encumbrance.scheme {
+        if w.scheme() != u.encumbrance.scheme {
             return Err(ValidationError::MalformedWitness(i));
         }
-        if w.key != u.encumbrance.key {
-            return Err(ValidationError::KeyMismatch(i));
+        match w {
+            Witness::Ed25519 { key, signature } => {
+                if key.0 != u.encumbrance.key {
+                    return Err(ValidationError::KeyMismatch(i));
+                }
+                out.push((*key, *txid, *signature, Some(i)));
+            }
+            Witness::P256 { key, signature } => {
+                if p256_key_hash(key) != u.encumbrance.key {
+                    return Err(ValidationError::KeyMismatch(i));
+                }
+                p256.push((i, key, signature));
+            }
         }
-        out.push((PublicKey(w.key), *txid, w.signature, Some(i)));
+    }
+    for (index, key, signature) in p256 {
+        verify_p256(key, txid, signature)
+            .map_err(|reason| ValidationError::BadP256Signature { index, reason })?;
     }
     Ok(())
 }

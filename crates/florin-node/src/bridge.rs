@@ -8,7 +8,6 @@
 //! `minted − redeemed = (ledger supply − reserve) + tokens outstanding`.
 
 use florin_crypto::{Digest, PublicKey, Signature};
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::{Denomination, Token};
@@ -126,11 +125,7 @@ impl Authority {
             .map_err(|e| NodeError::Signer(e.to_string()))?;
         t.witnesses = chosen
             .iter()
-            .map(|_| Witness {
-                scheme: SCHEME_ED25519,
-                key: self.public_key().0,
-                signature: sig,
-            })
+            .map(|_| Witness::ed25519(self.public_key(), sig))
             .collect();
         let created = t.output_utxos();
         let intent = CreditIntent {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
 use serde_json::Value;
@@ -97,11 +96,7 @@ fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) ->
     t.witnesses = t
         .inputs
         .iter()
-        .map(|_| Witness {
-            scheme: SCHEME_ED25519,
-            key: owner.public_key().0,
-            signature: owner.sign(&txid).unwrap(),
-        })
+        .map(|_| Witness::ed25519(owner.public_key(), owner.sign(&txid).unwrap()))
         .collect();
     Transaction::Transfer(t)
 }

@@ -3,7 +3,6 @@
 //! output preimages to payees (Hamilton 3.7).
 
 use florin_crypto::{LocalSigner, PublicKey, Signature, Signer};
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use serde::{Deserialize, Serialize};
 
@@ -204,11 +203,7 @@ impl Wallet {
             let sig: Signature = s
                 .sign(&txid)
                 .map_err(|e| WalletError::Signing(e.to_string()))?;
-            witnesses.push(Witness {
-                scheme: SCHEME_ED25519,
-                key: s.public_key().0,
-                signature: sig,
-            });
+            witnesses.push(Witness::ed25519(s.public_key(), sig));
         }
         t.witnesses = witnesses;
         let created = t.output_utxos();

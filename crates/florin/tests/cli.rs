@@ -761,6 +761,19 @@ fn bench_custody_quick_prints_the_contract() {
     }
     assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);
+    // The ECDSA (CGGMP24) half, labelled with its security level.
+    for name in ["aux_info_ms", "dkg_ms", "presign_ms", "sign_ms"] {
+        assert!(
+            results.iter().any(|r| r["name"] == name
+                && r["params"]["scheme"] == "cggmp24-p256"
+                && r["params"]["level"] == "insecure-test"
+                && r["value"].as_f64().unwrap() > 0.0),
+            "ecdsa {name}"
+        );
+    }
+    let p99 = find("ecdsa_online_sign_ms_p99", "level", "insecure-test");
+    assert!(p99 > 0.0 && p99 < 1_000.0, "{p99}");
+    assert!(find("ecdsa_presign_refill_per_s", "level", "insecure-test") > 0.0);
 }
 
 /// `florin cluster up` with 2 shards × 3 replicas and 3 coordinator replicas as separate

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
 use florin_custody::frost::{self, KeyShare, NoncePool, SigningPackage};
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Mint, Output, Transaction, Transfer, Utxo, Witness};
 use florin_node::custody::{free_loopback_addrs, Kmn, Layout, RunningNode};
 use rand::rngs::OsRng;
@@ -396,11 +395,7 @@ fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Route) -> Res
         witnesses: vec![],
     };
     let txid = t.txid();
-    t.witnesses = vec![Witness {
-        scheme: SCHEME_ED25519,
-        key: c.key.public_key().0,
-        signature: c.key.sign(&txid)?,
-    }];
+    t.witnesses = vec![Witness::ed25519(c.key.public_key(), c.key.sign(&txid)?)];
     let outs = t.output_utxos();
     let body = http.call(
         "POST",
@@ -588,10 +583,7 @@ fn e2e(rec: &mut Recorder, quick: bool) -> Result<()> {
 pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     let quick = scale.tokens <= 2_000;
     crypto_points(rec, quick)?;
+    super::custody_ecdsa::run(rec, quick, scale.full)?;
     e2e(rec, quick)?;
-    eprintln!(
-        "note: ECDSA (CGGMP) custody is not built yet; ecdsa_online_sign_ms_p99 and \
-         ecdsa_presign_refill_per_s are not reported"
-    );
     Ok(())
 }

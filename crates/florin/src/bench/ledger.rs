@@ -11,7 +11,6 @@ use florin_crypto::{hash, LocalSigner, SecretKey, Signature, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::memory::MemoryStore;
 use florin_ledger::pg::PgStore;
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::validate::validate_many;
 use florin_ledger::{
     CompactTx, Encumbrance, Mint, Output, SwapOutcome, SwapStore, Transaction, Transfer, TxKind,
@@ -190,10 +189,8 @@ fn sentinel(rec: &mut Recorder, n: usize) -> Result<f64> {
             let txid = t.txid();
             t.witnesses = [a, b]
                 .iter()
-                .map(|o| Witness {
-                    scheme: SCHEME_ED25519,
-                    key: o.public_key().0,
-                    signature: o.sign(&txid).unwrap_or(Signature([0; 64])),
+                .map(|o| {
+                    Witness::ed25519(o.public_key(), o.sign(&txid).unwrap_or(Signature([0; 64])))
                 })
                 .collect();
             Transaction::Transfer(t)

@@ -16,7 +16,6 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, SecretKey, Signature, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
-use florin_ledger::tx::SCHEME_ED25519;
 use florin_ledger::{Encumbrance, Mint, Output, SwapStore, Transaction, Transfer, Utxo, Witness};
 use florin_node::api::{LedgerTxStatus, SubmitBatchAnswer};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
@@ -177,11 +176,7 @@ fn workload(
         let txid = t.txid();
         t.witnesses = signers
             .iter()
-            .map(|s| Witness {
-                scheme: SCHEME_ED25519,
-                key: s.public_key().0,
-                signature: s.sign(&txid).unwrap_or(Signature([0; 64])),
-            })
+            .map(|s| Witness::ed25519(s.public_key(), s.sign(&txid).unwrap_or(Signature([0; 64]))))
             .collect();
         Transaction::Transfer(t).encode()
     });

@@ -3,6 +3,7 @@
 
 mod cluster;
 mod custody;
+mod custody_ecdsa;
 mod ledger;
 mod ledger_e2e;
 mod libsodium;

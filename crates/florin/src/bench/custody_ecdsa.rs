@@ -1,0 +1,312 @@
+//! The ECDSA P-256 (CGGMP24) half of `florin bench custody`: computation per party of auxiliary
+//! information, key generation, presigning and interactive signing versus (t, n); online
+//! signing from a presignature (partials + combine + verify) and its p99; and the sustained
+//! presignature refill rate of this machine, which bounds sustained ECDSA signing.
+//!
+//! The default and `--quick` runs use [`InsecureTest`] (768-bit Paillier primes), labelled
+//! `level: insecure-test` in every result: production primes take minutes each here. `--full`
+//! adds the production level (`level: production`, 1536-bit primes), generating the primes
+//! once into a cache directory (`FLORIN_PRIME_CACHE`, default `target/florin-primes`), the way
+//! a node keeps its pool.
+//!
+//! These are in-process measurements of the protocol code (each party's CPU time counted
+//! separately, as if each node had its own machine). The networked ECDSA nodes are not built
+//! yet, so there is no `part: wait` for ECDSA.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use florin_custody::ecdsa::{
+    aux_session, combine, keygen_session, new_session_id, partial_sign, presign_session, run_local,
+    session_rng, sign_session, AuxShare, CoreShare, InsecureTest, KeyShare, Primes, Production,
+};
+use florin_custody::PartyId;
+use serde_json::json;
+
+use super::ledger_e2e::percentile;
+use super::{Recorder, Reference};
+
+const DOC: &str = "004_… (threshold signatures for CBDC) §6";
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+trait Level: florin_custody::ecdsa::SecurityLevel {
+    const NAME: &'static str;
+}
+impl Level for InsecureTest {
+    const NAME: &'static str = "insecure-test";
+}
+impl Level for Production {
+    const NAME: &'static str = "production";
+}
+
+/// Primes for `n` parties: generated (timed), or read from the cache directory when `cache`.
+fn primes<L: Level>(n: u16, cache: Option<&PathBuf>) -> Result<(Vec<Primes<L>>, Option<Duration>)> {
+    let mut out = Vec::new();
+    let mut spent = Duration::ZERO;
+    let mut generated = 0u32;
+    for p in 0..n {
+        let file = cache.map(|d| d.join(format!("{}-{p}.json", L::NAME)));
+        if let Some(f) = &file {
+            if let Ok(bytes) = std::fs::read(f) {
+                out.push(Primes::<L>::from_bytes(&bytes)?);
+                continue;
+            }
+            eprintln!(
+                "generating {} primes for party {} (minutes at production level)",
+                L::NAME,
+                p + 1
+            );
+        }
+        let st = Instant::now();
+        let primes = Primes::<L>::generate(&mut session_rng());
+        spent += st.elapsed();
+        generated += 1;
+        if let Some(f) = &file {
+            if let Some(dir) = f.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = f.with_extension("tmp");
+            std::fs::write(&tmp, primes.to_bytes())?;
+            std::fs::rename(&tmp, f)?;
+        }
+        out.push(primes);
+    }
+    Ok((out, (generated > 0).then(|| spent / generated)))
+}
+
+fn mean(v: &[Duration]) -> Duration {
+    v.iter().sum::<Duration>() / v.len().max(1) as u32
+}
+
+struct Group<L: Level> {
+    aux: Vec<AuxShare<L>>,
+}
+
+fn aux<L: Level>(n: u16, primes: Vec<Primes<L>>) -> Result<(Group<L>, Duration)> {
+    let sid = new_session_id();
+    let sessions = primes
+        .into_iter()
+        .enumerate()
+        .map(|(k, p)| Ok((k as PartyId + 1, aux_session(sid, k as PartyId + 1, n, p)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let out = run_local(sessions)?;
+    let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+    Ok((
+        Group {
+            aux: out.into_iter().map(|(a, _)| a).collect(),
+        },
+        mean(&spent),
+    ))
+}
+
+fn keygen<L: Level>(g: &Group<L>, t: u16, n: u16) -> Result<(Vec<KeyShare<L>>, Duration)> {
+    let sid = new_session_id();
+    let sessions = (1..=n)
+        .map(|p| Ok((p, keygen_session::<L>(sid, p, n, t)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let out = run_local(sessions)?;
+    let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+    let keys = out
+        .into_iter()
+        .map(|(c, _): (CoreShare, _)| {
+            let aux = g.aux[c.party() as usize - 1].clone();
+            Ok(KeyShare::from_parts(c, aux)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((keys, mean(&spent)))
+}
+
+type Presigned = (
+    Vec<(PartyId, florin_custody::ecdsa::Presignature)>,
+    florin_custody::ecdsa::PresigPublic,
+);
+
+fn presign<L: Level>(keys: &[KeyShare<L>], signers: &[PartyId]) -> Result<(Presigned, Duration)> {
+    let sid = new_session_id();
+    let sessions = signers
+        .iter()
+        .map(|&p| {
+            Ok((
+                p,
+                presign_session(sid, signers, keys[p as usize - 1].clone())?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out = run_local(sessions)?;
+    let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+    let public = out[0].0 .1.clone();
+    let secrets = signers
+        .iter()
+        .zip(out)
+        .map(|(&p, ((s, _), _))| (p, s))
+        .collect();
+    Ok(((secrets, public), mean(&spent)))
+}
+
+fn interactive<L: Level>(keys: &[KeyShare<L>], signers: &[PartyId]) -> Result<Duration> {
+    let sid = new_session_id();
+    let msg = b"interactive bench";
+    let sessions = signers
+        .iter()
+        .map(|&p| {
+            Ok((
+                p,
+                sign_session(sid, signers, keys[p as usize - 1].clone(), msg)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out = run_local(sessions)?;
+    let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+    Ok(mean(&spent))
+}
+
+fn points<L: Level>(
+    rec: &mut Recorder,
+    list: &[(u16, u16)],
+    cache: Option<&PathBuf>,
+    iters: usize,
+) -> Result<()> {
+    for &(t, n) in list {
+        let p = |part: &str| json!({"scheme": "cggmp24-p256", "level": L::NAME, "t": t, "n": n, "part": part});
+        let (primes, prime_time) = primes::<L>(n, cache)?;
+        if let Some(d) = prime_time {
+            rec.add("prime_gen_ms", ms(d), "ms", p("compute"), None, None);
+        }
+        let (g, aux_c) = aux::<L>(n, primes)?;
+        rec.add("aux_info_ms", ms(aux_c), "ms", p("compute"), None, None);
+        let (keys, dkg_c) = keygen(&g, t, n)?;
+        rec.add(
+            "dkg_ms",
+            ms(dkg_c),
+            "ms",
+            p("compute"),
+            ((t, n) == (2, 3)).then(|| Reference {
+                value: 3.0,
+                source: "../shared/MEASURED.md: cggmp21 0.6.3 DKG CPU per party at 2-of-3 (the document reports DKG only at 32/52)".into(),
+            }),
+            None,
+        );
+        let signers: Vec<PartyId> = (1..=t).collect();
+        let mut pre = Vec::new();
+        let mut msgs = Vec::new();
+        for _ in 0..iters {
+            let (presig, d) = presign(&keys, &signers)?;
+            pre.push(d);
+            msgs.push(presig);
+        }
+        rec.add("presign_ms", ms(mean(&pre)), "ms", p("compute"), None, None);
+        let isign = interactive(&keys, &signers)?;
+        rec.add(
+            "sign_ms",
+            ms(isign),
+            "ms",
+            json!({"scheme": "cggmp24-p256", "level": L::NAME, "t": t, "n": n, "part": "compute", "mode": "interactive"}),
+            Some(Reference {
+                value: 1000.0,
+                source: format!("{DOC}: interactive 2-of-3 signing ≈ 1 s (wall, computation and waiting)"),
+            }),
+            None,
+        );
+        // Online: each signer's partial, the combine (checks every partial) and a verify.
+        let pk = keys[0].public_key();
+        let mut online = Vec::new();
+        for (k, (secrets, public)) in msgs.into_iter().enumerate() {
+            let msg = format!("online {k}");
+            let st = Instant::now();
+            let partials: Vec<_> = secrets
+                .into_iter()
+                .map(|(p, s)| partial_sign(p, s, msg.as_bytes()))
+                .collect();
+            combine(&public, &partials, msg.as_bytes(), &pk)?;
+            online.push(st.elapsed().as_micros() as u32);
+        }
+        online.sort_unstable();
+        let op = json!({"scheme": "cggmp24-p256", "level": L::NAME, "t": t, "n": n, "part": "compute", "mode": "presignature"});
+        rec.add(
+            "sign_ms",
+            percentile(&online, 0.5),
+            "ms",
+            op.clone(),
+            None,
+            None,
+        );
+        if (t, n) == (2, 3) {
+            rec.add(
+                "ecdsa_online_sign_ms_p99",
+                percentile(&online, 0.99),
+                "ms",
+                json!({"level": L::NAME, "t": t, "n": n, "samples": online.len(), "path": "in-process: t partials + combine + verify"}),
+                None,
+                Some(Reference {
+                    value: 5.0,
+                    source: "issue target: under 5 ms p99".into(),
+                }),
+            );
+            refill::<L>(rec, &keys, &signers)?;
+        }
+    }
+    Ok(())
+}
+
+/// Presignatures per second this machine makes when it does nothing else: every core runs
+/// 2-of-3 presigning sessions back to back for a fixed time.
+fn refill<L: Level>(rec: &mut Recorder, keys: &[KeyShare<L>], signers: &[PartyId]) -> Result<()> {
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let window = Duration::from_secs(if L::NAME == "production" { 20 } else { 4 });
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let mut handles = Vec::new();
+        for _ in 0..cores {
+            let done = done.clone();
+            handles.push(s.spawn(move || -> Result<()> {
+                while start.elapsed() < window {
+                    presign(keys, signers)?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join().map_err(|_| anyhow!("refill thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let per_s = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    rec.add(
+        "ecdsa_presign_refill_per_s",
+        per_s,
+        "presignatures/s",
+        json!({"level": L::NAME, "t": 2, "n": 3, "threads": cores, "note": "all signers on this machine; sustained ECDSA signing is bounded by this"}),
+        None,
+        None,
+    );
+    Ok(())
+}
+
+/// Runs the ECDSA half of the custody suite.
+pub fn run(rec: &mut Recorder, quick: bool, full: bool) -> Result<()> {
+    let list: &[(u16, u16)] = if quick {
+        &[(2, 3)]
+    } else {
+        &[(2, 3), (3, 5), (5, 8)]
+    };
+    let iters = if quick { 20 } else { 60 };
+    points::<InsecureTest>(rec, list, None, iters).context("ecdsa at the insecure test level")?;
+    if full {
+        let cache = std::env::var_os("FLORIN_PRIME_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("target/florin-primes"));
+        points::<Production>(rec, &[(2, 3)], Some(&cache), 10)
+            .context("ecdsa at the production level")?;
+    }
+    Ok(())
+}
