@@ -219,8 +219,10 @@ impl<L: SecurityLevel> KeyShare<L> {
 }
 
 /// A protocol message between parties: from whom, to whom (`None`: every party of the
-/// session), and the encoded body. The caller carries it; a relay cannot forge the sender
-/// because the transport authenticates it (`florin-net`'s Noise channel or signed envelopes).
+/// session), and the encoded body. The caller carries it and must authenticate `from`:
+/// `WireMsg` itself is not signed. A coordinator that relays messages between nodes must wrap
+/// them in [`crate::envelope`]s, signed by the sender and, for P2P messages, sealed to the
+/// recipient (P2P messages carry secret material).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireMsg {
     /// Sender.
