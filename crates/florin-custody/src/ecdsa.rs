@@ -29,8 +29,10 @@
 //! Every protocol is a [`Session`]: the caller moves [`WireMsg`]s between parties, as the
 //! FROST side does. Parties are named by [`PartyId`] (1 to n) on the wire and in errors. The
 //! library's reliable-broadcast check (each party echoes a hash of what it received in the
-//! broadcast rounds) is on; a party whose proof fails is named in
-//! [`CustodyError::Misbehaved`], and one that sends bytes that do not decode is named too.
+//! broadcast rounds) is on. When it fails the session stops with
+//! [`CustodyError::Inconsistent`], naming no one, because the library cannot tell the sender
+//! from a lying echoer. A party whose proof fails is named in [`CustodyError::Misbehaved`], and
+//! so is one that sends bytes that do not decode. A session that received a bad message stops.
 //!
 //! Messages are signed ECDSA-P256-SHA256 of the message bytes (for ledger witnesses, the
 //! 32-byte txid), exactly as `p256::ecdsa::SigningKey::sign` would.
@@ -223,7 +225,7 @@ impl<L: SecurityLevel> KeyShare<L> {
 /// `WireMsg` itself is not signed. A coordinator that relays messages between nodes must wrap
 /// them in [`crate::envelope`]s, signed by the sender and, for P2P messages, sealed to the
 /// recipient (P2P messages carry secret material).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireMsg {
     /// Sender.
     pub from: PartyId,
@@ -231,6 +233,17 @@ pub struct WireMsg {
     pub to: Option<PartyId>,
     /// Encoded protocol message.
     pub body: Vec<u8>,
+}
+
+/// Shows the route and the body's length only: P2P bodies carry secret shares in the clear.
+impl Debug for WireMsg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WireMsg")
+            .field("from", &self.from)
+            .field("to", &self.to)
+            .field("body_len", &self.body.len())
+            .finish()
+    }
 }
 
 /// What one [`Session::step`] produced: messages to deliver and, at the end, the output.
@@ -243,6 +256,7 @@ pub struct Step<O> {
 
 trait Driver<O> {
     fn deliver(&mut self, m: WireMsg) -> Result<(), CustodyError>;
+    fn abort(&mut self);
     fn run(&mut self) -> Result<Step<O>, CustodyError>;
 }
 
@@ -295,6 +309,10 @@ where
         });
         self.next_id += 1;
         Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.finished = true;
     }
 
     fn run(&mut self) -> Result<Step<O>, CustodyError> {
@@ -352,6 +370,11 @@ where
 /// carries `faulty_party` indices in the session's numbering).
 fn blame<E: Debug + std::fmt::Display>(e: &E, parties: &[PartyId]) -> CustodyError {
     let detail = format!("{e:?}");
+    if detail.contains("NotReliable") {
+        // The echo check failed: parties saw different broadcasts. The library lists every
+        // party whose echo differs from ours, which includes honest ones, so no one is named.
+        return CustodyError::Inconsistent(format!("{e}: {detail}"));
+    }
     let mut culprits: Vec<PartyId> = Vec::new();
     for piece in detail.split("faulty_party: ").skip(1) {
         let digits: String = piece.chars().take_while(|c| c.is_ascii_digit()).collect();
@@ -390,10 +413,21 @@ impl<O> Session<O> {
     pub fn step(&mut self, incoming: Vec<WireMsg>) -> Result<Step<O>, CustodyError> {
         let start = Instant::now();
         let r = (|| {
+            // Every message is looked at; a bad one ends the session (fail closed) and the
+            // first error is returned.
+            let mut first = None;
             for m in incoming {
-                self.driver.deliver(m)?;
+                if let Err(e) = self.driver.deliver(m) {
+                    first.get_or_insert(e);
+                }
             }
-            self.driver.run()
+            match first {
+                Some(e) => {
+                    self.driver.abort();
+                    Err(e)
+                }
+                None => self.driver.run(),
+            }
         })();
         self.busy += start.elapsed();
         r
@@ -475,10 +509,12 @@ pub fn keygen_session<L: SecurityLevel>(
     Ok(session(sm, parties, me))
 }
 
+/// Checks the signer set and returns it in canonical (ascending) order, which fixes every
+/// party's session index whatever order the caller listed them in.
 fn check_signers<L: SecurityLevel>(
     share: &KeyShare<L>,
     signers: &[PartyId],
-) -> Result<Vec<u16>, CustodyError> {
+) -> Result<Vec<PartyId>, CustodyError> {
     let t = share.t() as usize;
     let n = share.1.n();
     let mut sorted = signers.to_vec();
@@ -501,7 +537,7 @@ fn check_signers<L: SecurityLevel>(
             share.party()
         )));
     }
-    Ok(signers.iter().map(|p| p - 1).collect())
+    Ok(sorted)
 }
 
 fn index_of(signers: &[PartyId], me: PartyId) -> Result<u16, CustodyError> {
@@ -533,9 +569,20 @@ impl PresigPublic {
         to_json(self)
     }
 
-    /// Decodes [`PresigPublic::to_bytes`].
+    /// Decodes [`PresigPublic::to_bytes`]: distinct signers in ascending order, one commitment
+    /// pair each.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, CustodyError> {
-        from_json(bytes, "presignature commitments")
+        let p: PresigPublic = from_json(bytes, "presignature commitments")?;
+        if p.signers.len() < 2
+            || p.signers.len() != p.commitments.len()
+            || p.signers.contains(&0)
+            || p.signers.windows(2).any(|w| w[0] >= w[1])
+        {
+            return Err(CustodyError::malformed(
+                "presignature commitments: signer list",
+            ));
+        }
+        Ok(p)
     }
 }
 
@@ -546,10 +593,10 @@ pub fn presign_session<L: SecurityLevel>(
     signers: &[PartyId],
     share: KeyShare<L>,
 ) -> Result<Session<(Presignature, PresigPublic)>, CustodyError> {
-    let at_keygen = check_signers(&share, signers)?;
+    let signers = check_signers(&share, signers)?;
+    let at_keygen: Vec<u16> = signers.iter().map(|p| p - 1).collect();
     let me = share.party();
-    let i = index_of(signers, me)?;
-    let signers = signers.to_vec();
+    let i = index_of(&signers, me)?;
     let signers2 = signers.clone();
     let mut rng = session_rng();
     let sm = cggmp24::round_based::state_machine::wrap_protocol(move |party| async move {
@@ -581,9 +628,10 @@ pub fn sign_session<L: SecurityLevel>(
     share: KeyShare<L>,
     message: &[u8],
 ) -> Result<Session<[u8; 64]>, CustodyError> {
-    let at_keygen = check_signers(&share, signers)?;
+    let signers = check_signers(&share, signers)?;
+    let at_keygen: Vec<u16> = signers.iter().map(|p| p - 1).collect();
     let me = share.party();
-    let i = index_of(signers, me)?;
+    let i = index_of(&signers, me)?;
     let data = DataToSign::<Curve>::digest::<Sha256>(message);
     let mut rng = session_rng();
     let sm = cggmp24::round_based::state_machine::wrap_protocol(move |party| async move {
@@ -593,7 +641,7 @@ pub fn sign_session<L: SecurityLevel>(
             .await?;
         Ok::<_, cggmp24::SigningError>(encode_signature(&sig.normalize_s()))
     });
-    Ok(session(sm, signers.to_vec(), me))
+    Ok(session(sm, signers, me))
 }
 
 fn encode_signature(sig: &cggmp24::signing::Signature<Curve>) -> [u8; 64] {
@@ -611,7 +659,7 @@ pub struct Partial {
 }
 
 impl Partial {
-    /// Encoding (33 bytes: party, then σ big-endian). Not secret.
+    /// Encoding (34 bytes: party little-endian, then σ big-endian). Not secret.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(34);
         out.extend_from_slice(&self.party.to_le_bytes());
@@ -642,6 +690,11 @@ pub fn partial_sign(party: PartyId, presig: Presignature, message: &[u8]) -> Par
 /// Combines one partial per signer into an ECDSA signature (`r ‖ s`, low-S), after checking
 /// each partial against the presignature's public commitments; a bad one names its signer.
 /// The result is verified against `public_key` before it is returned.
+///
+/// `Partial::party` is what the sender wrote: the caller must check that it is the
+/// authenticated sender of that partial (the envelope's signer), or one node could have another
+/// blamed. A `public` from another presignature than the partials' also blames the first signer
+/// checked, so pools must keep each `PresigPublic` with its presignature id.
 pub fn combine(
     public: &PresigPublic,
     partials: &[Partial],

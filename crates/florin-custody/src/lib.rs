@@ -89,6 +89,10 @@ pub enum CustodyError {
     /// The FROST library refused (message carries its reason).
     #[error("frost: {0}")]
     Frost(String),
+    /// The reliable-broadcast (echo) check failed: parties saw different broadcast messages.
+    /// From one party's view the sender and a lying echoer look alike, so no one is named.
+    #[error("parties saw different broadcast messages: {0}")]
+    Inconsistent(String),
     /// The CGGMP24 (threshold ECDSA) library refused or a protocol run failed without a
     /// provable culprit (message carries its reason).
     #[error("ecdsa: {0}")]
