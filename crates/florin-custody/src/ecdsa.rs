@@ -412,7 +412,7 @@ impl<O> Session<O> {
     /// Delivers `incoming` (any order within a round is fine) and runs as far as possible.
     pub fn step(&mut self, incoming: Vec<WireMsg>) -> Result<Step<O>, CustodyError> {
         let start = Instant::now();
-        let r = (|| {
+        let r = {
             // Every message is looked at; a bad one ends the session (fail closed) and the
             // first error is returned.
             let mut first = None;
@@ -428,7 +428,7 @@ impl<O> Session<O> {
                 }
                 None => self.driver.run(),
             }
-        })();
+        };
         self.busy += start.elapsed();
         r
     }
