@@ -100,7 +100,8 @@ pub enum CustodyError {
 }
 
 impl CustodyError {
-    pub(crate) fn malformed(what: impl Into<String>) -> Self {
+    /// Bytes that do not decode as `what`.
+    pub fn malformed(what: impl Into<String>) -> Self {
         CustodyError::Malformed { what: what.into() }
     }
 }

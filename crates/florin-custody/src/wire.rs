@@ -74,6 +74,101 @@ pub enum Request {
         /// The key.
         key_id: String,
     },
+    /// Starts this node's part in an ECDSA (CGGMP24) protocol run; the answer is
+    /// [`Response::EcdsaStep`] with the node's first messages.
+    EcdsaStart {
+        /// The run: fresh and random, the same at every party.
+        session: [u8; 16],
+        /// What to run.
+        job: EcdsaJob,
+    },
+    /// The next step of an ECDSA run: every message the other parties sent this node in the
+    /// previous step (signed envelopes; P2P ones sealed to this node).
+    EcdsaStep {
+        /// The run.
+        session: [u8; 16],
+        /// Envelopes of the previous step addressed to this node or to everyone.
+        incoming: Vec<Envelope>,
+    },
+    /// This node's partial ECDSA signature of `message` from the presignature made in run
+    /// `presig`, which is then forgotten (a presignature signs once).
+    EcdsaPartial {
+        /// The key.
+        key_id: String,
+        /// The presignature's run.
+        presig: [u8; 16],
+        /// The message (hashed with SHA-256 by the signature scheme).
+        message: Vec<u8>,
+    },
+    /// Stores an ECDSA key share made by a trusted dealer (key import).
+    EcdsaImport {
+        /// The key's name.
+        key_id: String,
+        /// `ecdsa::CoreShare::to_bytes` of this node's share.
+        share: Vec<u8>,
+    },
+    /// ECDSA key export: this node's share (only to an administrator key).
+    EcdsaExport {
+        /// The key.
+        key_id: String,
+    },
+}
+
+/// The ECDSA protocol runs a coordinator can start.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum EcdsaJob {
+    /// Auxiliary information (Paillier keys and ring-Pedersen parameters) for the whole
+    /// network, from each node's pregenerated primes. Once per network; every key reuses it.
+    Aux,
+    /// Distributed generation of a `t`-of-n key named `key_id` by all n nodes.
+    Keygen {
+        /// The key's name.
+        key_id: String,
+        /// Threshold.
+        t: u16,
+    },
+    /// A presignature of `key_id` by exactly t `signers`; the node keeps its half in memory.
+    Presign {
+        /// The key.
+        key_id: String,
+        /// The t signers.
+        signers: Vec<PartyId>,
+    },
+    /// Interactive signing of `message` by exactly t `signers` (when no presignature is left).
+    Sign {
+        /// The key.
+        key_id: String,
+        /// The t signers.
+        signers: Vec<PartyId>,
+        /// The message.
+        message: Vec<u8>,
+    },
+}
+
+/// What an ECDSA run gave a node, reported when it finishes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum EcdsaDone {
+    /// Auxiliary information made and stored.
+    Aux,
+    /// The key's share made and stored: the key's SEC1-compressed public key.
+    Key(Vec<u8>),
+    /// A presignature made and kept: its public half (`ecdsa::PresigPublic::to_bytes`).
+    Presig(Vec<u8>),
+    /// The signature (`r ‖ s`, low-S).
+    Signature(Vec<u8>),
+}
+
+/// A node's ECDSA state, for status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EcdsaStatus {
+    /// The security level (`production`, `insecure-test`).
+    pub level: String,
+    /// Whether auxiliary information is made (ECDSA keys can sign).
+    pub aux_ready: bool,
+    /// Whether a set of pregenerated primes waits for the next auxiliary-information run.
+    pub primes_ready: bool,
+    /// ECDSA keys held: (name, SEC1-compressed public key, presignatures held).
+    pub keys: Vec<(String, Vec<u8>, u64)>,
 }
 
 /// One key a node holds.
@@ -121,6 +216,8 @@ pub enum Response {
         party: PartyId,
         /// Keys held.
         keys: Vec<KeyInfo>,
+        /// ECDSA state, when the node runs ECDSA.
+        ecdsa: Option<EcdsaStatus>,
     },
     /// To [`Request::DkgStart`].
     DkgRound1(Envelope),
@@ -139,6 +236,17 @@ pub enum Response {
     Share(Vec<u8>),
     /// To [`Request::Export`]: `KeyShare::to_bytes`.
     Exported(Vec<u8>),
+    /// To [`Request::EcdsaStart`] and [`Request::EcdsaStep`]: envelopes to relay (broadcasts
+    /// to every other party of the run, direct ones to their recipient) and, at the end, what
+    /// the run gave this node.
+    EcdsaStep {
+        /// Messages of this step.
+        out: Vec<Envelope>,
+        /// The result, when the node's part is finished.
+        done: Option<EcdsaDone>,
+    },
+    /// To [`Request::EcdsaPartial`]: `ecdsa::Partial::to_bytes`.
+    EcdsaPartial(Vec<u8>),
     /// The request was refused.
     Refused(Refusal),
 }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use zeroize::Zeroizing;
 
+use super::client_ecdsa::EcdsaNodeState;
 use super::node::Member;
 
 /// Most nonce commitments fetched from a node at a time; a key's batch starts at
@@ -228,9 +229,12 @@ pub struct NodeState {
     pub error: Option<String>,
     /// Keys it holds: (name, public key, nonces ready).
     pub keys: Vec<(String, String, u64)>,
+    /// Its ECDSA state, when it runs ECDSA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecdsa: Option<EcdsaNodeState>,
 }
 
-fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
+pub(super) fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
     KmnError::Refused {
         party,
         message: r.message,
@@ -238,7 +242,7 @@ fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
     }
 }
 
-fn unexpected(party: PartyId) -> KmnError {
+pub(super) fn unexpected(party: PartyId) -> KmnError {
     KmnError::Unavailable(format!("node {party} answered out of protocol"))
 }
 
@@ -286,8 +290,27 @@ impl Kmn {
         self.links.iter().find(|l| l.party == party)
     }
 
+    /// Every party, in order.
+    pub fn parties(&self) -> Vec<PartyId> {
+        self.links.iter().map(|l| l.party).collect()
+    }
+
+    /// Parties not skipped for a recent failure, in order.
+    pub fn live_parties(&self) -> Vec<PartyId> {
+        self.links
+            .iter()
+            .filter(|l| !l.is_down())
+            .map(|l| l.party)
+            .collect()
+    }
+
+    /// Whether party `p` is not skipped for a recent failure.
+    pub fn is_up(&self, p: PartyId) -> bool {
+        self.link(p).is_some_and(|l| !l.is_down())
+    }
+
     /// Sends one request to each listed node, then reads every answer.
-    fn round(
+    pub(super) fn round(
         &self,
         reqs: Vec<(PartyId, Request)>,
         timeout: Duration,
@@ -325,10 +348,21 @@ impl Kmn {
                     up: false,
                     error: None,
                     keys: vec![],
+                    ecdsa: None,
                 };
                 match r {
-                    Ok(Response::Status { keys, .. }) => {
+                    Ok(Response::Status { keys, ecdsa, .. }) => {
                         s.up = true;
+                        s.ecdsa = ecdsa.map(|e| EcdsaNodeState {
+                            level: e.level,
+                            aux_ready: e.aux_ready,
+                            primes_ready: e.primes_ready,
+                            keys: e
+                                .keys
+                                .into_iter()
+                                .map(|(k, pk, held)| (k, hex::encode(pk), held))
+                                .collect(),
+                        });
                         s.keys = keys
                             .into_iter()
                             .map(|k| {

@@ -3,7 +3,9 @@
 //! `florin custody up` and `florin devnet --custody threshold` share.
 
 pub mod client;
+pub mod client_ecdsa;
 pub mod node;
+mod node_ecdsa;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,9 @@ use florin_crypto::{LocalSigner, Signer};
 use florin_custody::PartyId;
 
 pub use client::{Kmn, KmnError, NetworkConfig, ThresholdSigner};
+pub use client_ecdsa::{EcdsaNodeState, EcdsaSigner, EcdsaSignerStats, PRESIG_POOL};
 pub use node::{CustodyNode, CustodyNodeConfig, Member, RunningNode};
+pub use node_ecdsa::{EcdsaLevel, MAX_PRESIGS};
 
 use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, write_private};
@@ -110,6 +114,7 @@ impl Layout {
                 members: members.clone(),
                 clients: vec![me.clone()],
                 admins: vec![me.clone()],
+                ecdsa: None,
             };
             let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
             write_private(&self.node_config(m.party), &json)?;
@@ -118,6 +123,26 @@ impl Layout {
         let json = serde_json::to_vec_pretty(&net).map_err(|e| NodeError::Io(e.to_string()))?;
         write_private(&self.network_file(), &json)?;
         Ok(net)
+    }
+
+    /// Turns ECDSA P-256 on (at `level`) in every node's config, or off with `None`. Nodes
+    /// read it when they start; a node with ECDSA on generates its Paillier primes in the
+    /// background on its first start (minutes at the production level).
+    pub fn set_ecdsa(&self, level: Option<EcdsaLevel>) -> Result<(), NodeError> {
+        let (net, _) = self.load()?;
+        for m in &net.members {
+            let path = self.node_config(m.party);
+            let mut cfg = CustodyNodeConfig::load(&path)?;
+            cfg.ecdsa = level;
+            let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
+            write_private(&path, &json)?;
+        }
+        Ok(())
+    }
+
+    /// The ECDSA level the nodes are configured with (node 1's config).
+    pub fn ecdsa(&self) -> Result<Option<EcdsaLevel>, NodeError> {
+        Ok(CustodyNodeConfig::load(&self.node_config(1))?.ecdsa)
     }
 
     /// Reads the network and the coordinator's key.

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use florin_crypto::{LocalSigner, PublicKey, Signer};
 use florin_custody::envelope::Envelope;
 use florin_custody::frost::{DkgParty, KeyShare, NoncePool, SigningPackage};
-use florin_custody::wire::{self, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE};
+use florin_custody::wire::{self, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE};
 use florin_custody::{vault, CustodyError, PartyId};
 use florin_net::channel::{accept_on, Channel, ChannelConfig};
 use florin_net::NetError;
@@ -26,6 +26,7 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use super::node_ecdsa::{EcdsaLevel, EcdsaNode};
 use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, write_private};
 
@@ -78,6 +79,10 @@ pub struct CustodyNodeConfig {
     pub clients: Vec<String>,
     /// Keys allowed to create, import and export keys.
     pub admins: Vec<String>,
+    /// Whether the node runs ECDSA P-256 (CGGMP24), and at which security level. Off when
+    /// absent: a production node spends minutes of CPU on its Paillier primes first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecdsa: Option<EcdsaLevel>,
 }
 
 impl CustodyNodeConfig {
@@ -113,6 +118,7 @@ struct Inner {
     admins: Vec<PublicKey>,
     keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
+    ecdsa: Option<Arc<EcdsaNode>>,
     connections: AtomicUsize,
     /// Open connections' sockets, to close them when the node stops.
     open: Mutex<HashMap<u64, std::net::TcpStream>>,
@@ -214,6 +220,12 @@ impl CustodyNode {
                 .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
             keys.insert(stem.to_string(), Arc::new(entry_for(share)));
         }
+        let ecdsa = match cfg.ecdsa {
+            Some(level) => Some(Arc::new(EcdsaNode::open(
+                level, cfg.party, n, &cfg.dir, &kek,
+            )?)),
+            None => None,
+        };
         Ok(CustodyNode {
             inner: Arc::new(Inner {
                 party: cfg.party,
@@ -226,6 +238,7 @@ impl CustodyNode {
                 admins: parse_keys(&cfg.admins, "admin")?,
                 keys: RwLock::new(keys),
                 dkgs: Mutex::new(HashMap::new()),
+                ecdsa,
                 connections: AtomicUsize::new(0),
                 open: Mutex::new(HashMap::new()),
                 next_conn: std::sync::atomic::AtomicU64::new(0),
@@ -246,6 +259,9 @@ impl CustodyNode {
             .local_addr()
             .map_err(|e| NodeError::Io(e.to_string()))?;
         let inner = self.inner;
+        if let Some(e) = &inner.ecdsa {
+            e.ensure_primes();
+        }
         let refill = inner.clone();
         thread::Builder::new()
             .name("custody-refill".into())
@@ -419,6 +435,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             Ok(Response::Status {
                 party: inner.party,
                 keys: list,
+                ecdsa: inner.ecdsa.as_ref().map(|e| e.status()),
             })
         }
         Request::Commitments { key_id, count } => {
@@ -477,7 +494,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                     inner.n
                 )));
             }
-            if key(inner, &key_id).is_ok() {
+            if key(inner, &key_id).is_ok() || ecdsa_has(inner, &key_id) {
                 return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
             }
             let mut dkgs = inner
@@ -556,7 +573,10 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 return Err(forbidden("key import"));
             }
             let share = KeyShare::from_bytes(&share)?;
-            if share.group().key_id() != key_id || !valid_key_id(&key_id) {
+            if share.group().key_id() != key_id
+                || !valid_key_id(&key_id)
+                || ecdsa_has(inner, &key_id)
+            {
                 return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
             }
             if share.party() != inner.party || share.group().parties() != inner.n {
@@ -583,6 +603,68 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             let e = key(inner, &key_id)?;
             Ok(Response::Exported(e.share.to_bytes().to_vec()))
         }
+        req @ (Request::EcdsaStart { .. }
+        | Request::EcdsaStep { .. }
+        | Request::EcdsaPartial { .. }
+        | Request::EcdsaImport { .. }
+        | Request::EcdsaExport { .. }) => handle_ecdsa(inner, admin, req),
+    }
+}
+
+fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
+    inner.ecdsa.as_ref().is_some_and(|e| e.has_key(key_id))
+}
+
+fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
+    inner.ecdsa.as_ref().ok_or_else(|| {
+        CustodyError::BadParameters(format!(
+            "node {} does not run ECDSA (`ecdsa` in its node.json)",
+            inner.party
+        ))
+    })
+}
+
+fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyError> {
+    let e = ecdsa(inner)?;
+    match req {
+        Request::EcdsaStart { session, job } => {
+            if !admin && matches!(job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
+                return Err(forbidden("key generation"));
+            }
+            let frost_has = match &job {
+                EcdsaJob::Keygen { key_id, .. } => key(inner, key_id).is_ok(),
+                _ => false,
+            };
+            let (out, done) = e.start(session, job, frost_has, &inner.identity, &inner.members)?;
+            Ok(Response::EcdsaStep { out, done })
+        }
+        Request::EcdsaStep { session, incoming } => {
+            let (out, done) = e.step(session, incoming, &inner.identity, &inner.members)?;
+            Ok(Response::EcdsaStep { out, done })
+        }
+        Request::EcdsaPartial {
+            key_id,
+            presig,
+            message,
+        } => Ok(Response::EcdsaPartial(
+            e.partial(&key_id, presig, &message)?,
+        )),
+        Request::EcdsaImport { key_id, share } => {
+            if !admin {
+                return Err(forbidden("key import"));
+            }
+            let frost_has = key(inner, &key_id).is_ok();
+            Ok(Response::Key(
+                e.import(&key_id, &share, frost_has)?.to_vec(),
+            ))
+        }
+        Request::EcdsaExport { key_id } => {
+            if !admin {
+                return Err(forbidden("key export"));
+            }
+            Ok(Response::Exported(e.export(&key_id)?))
+        }
+        _ => Err(CustodyError::BadParameters("not an ECDSA request".into())),
     }
 }
 

@@ -1,0 +1,685 @@
+//! The coordinator's ECDSA P-256 side (CGGMP24): it relays protocol runs among the nodes and
+//! signs through them as a [`P256Signer`], so a payment provider's custodial wallet pays on the
+//! ledger with a threshold key exactly as with a key file (scheme 2).
+//!
+//! A run is a star: the coordinator starts it at every party, then each step hands every node
+//! the envelopes the other parties addressed to it in the previous step, until all report a
+//! result. Envelopes are signed by their sender and, when direct, sealed to their recipient,
+//! so the coordinator can neither read shares nor forge messages; the nodes check everything.
+//!
+//! Signing takes a presignature from the signer's pool and asks its t signers for their
+//! partial signatures in parallel: one round trip, a few milliseconds. A background thread
+//! keeps the pool at its target by running presignature generations (seconds each at the
+//! production level), rotating the signer set among the nodes that answer. When the pool is
+//! empty, or every pooled presignature involves a node that is down, signing falls back to the
+//! interactive protocol with t live nodes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use florin_crypto::p256::{self, P256PublicKey, P256Signature, P256Signer};
+use florin_crypto::SignerError;
+use florin_custody::ecdsa::{self, CoreShare, Partial, PresigPublic};
+use florin_custody::envelope::{Envelope, EVERYONE};
+use florin_custody::wire::{EcdsaDone, EcdsaJob, Request, Response};
+use florin_custody::{CustodyError, PartyId};
+use rand::rngs::OsRng;
+use rand::RngCore;
+use serde::Serialize;
+use zeroize::Zeroizing;
+
+use super::client::{refused, unexpected, Kmn, KmnError};
+
+/// Presignatures a signer keeps ready by default.
+pub const PRESIG_POOL: usize = 16;
+/// Most steps a run may take (CGGMP24's protocols take at most six).
+const MAX_STEPS: usize = 32;
+/// Longest a node may take for one step of auxiliary-information generation (production
+/// primes make its proofs slow) and of the other protocols.
+const AUX_STEP_TIMEOUT: Duration = Duration::from_secs(600);
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+const PARTIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One node's ECDSA state as `status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EcdsaNodeState {
+    /// Security level.
+    pub level: String,
+    /// Auxiliary information made.
+    pub aux_ready: bool,
+    /// Primes waiting for the auxiliary-information run.
+    pub primes_ready: bool,
+    /// Keys: (name, public key hex, presignatures held).
+    pub keys: Vec<(String, String, u64)>,
+}
+
+fn fresh_session() -> [u8; 16] {
+    let mut s = [0u8; 16];
+    OsRng.fill_bytes(&mut s);
+    s
+}
+
+impl Kmn {
+    /// Runs `job` among `parties`, relaying every step, and returns each party's result.
+    /// Any refusal ends the run with that node's error (naming a culprit when it proved one).
+    pub fn ecdsa_run(
+        &self,
+        session: [u8; 16],
+        parties: &[PartyId],
+        job: EcdsaJob,
+    ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        self.ecdsa_run_relaying(session, parties, job, &mut |_, _| {})
+    }
+
+    /// [`Kmn::ecdsa_run`], with `relay` seeing (and able to change) each step's envelopes
+    /// before they are delivered: for fault drills, which play a dishonest relay or sender.
+    pub fn ecdsa_run_relaying(
+        &self,
+        session: [u8; 16],
+        parties: &[PartyId],
+        job: EcdsaJob,
+        relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
+    ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        let timeout = if job == EcdsaJob::Aux {
+            AUX_STEP_TIMEOUT
+        } else {
+            STEP_TIMEOUT
+        };
+        let mut reqs: Vec<(PartyId, Request)> = parties
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    Request::EcdsaStart {
+                        session,
+                        job: job.clone(),
+                    },
+                )
+            })
+            .collect();
+        let mut done: BTreeMap<PartyId, EcdsaDone> = BTreeMap::new();
+        for step in 0..MAX_STEPS {
+            let mut sent: Vec<Envelope> = Vec::new();
+            let mut down = Vec::new();
+            for (p, r) in self.round(reqs, timeout) {
+                match r {
+                    Ok(Response::EcdsaStep { out, done: d }) => {
+                        if out.iter().any(|e| e.from != p) {
+                            return Err(KmnError::Protocol(CustodyError::Misbehaved {
+                                party: p,
+                                reason: "sent a message in another party's name".into(),
+                            }));
+                        }
+                        sent.extend(out);
+                        if let Some(d) = d {
+                            done.insert(p, d);
+                        }
+                    }
+                    Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                    Ok(_) => return Err(unexpected(p)),
+                    Err(e) => down.push(e),
+                }
+            }
+            if !down.is_empty() {
+                return Err(KmnError::Unavailable(format!(
+                    "an ECDSA run needs all of parties {parties:?}: {}",
+                    down.join("; ")
+                )));
+            }
+            if done.len() == parties.len() {
+                return Ok(done);
+            }
+            relay(step, &mut sent);
+            reqs = parties
+                .iter()
+                .filter(|p| !done.contains_key(p))
+                .map(|&p| {
+                    let incoming = sent
+                        .iter()
+                        .filter(|e| e.from != p && (e.to == EVERYONE || e.to == p))
+                        .cloned()
+                        .collect();
+                    (p, Request::EcdsaStep { session, incoming })
+                })
+                .collect();
+        }
+        Err(KmnError::Unavailable("the ECDSA run did not finish".into()))
+    }
+
+    /// Makes the network's auxiliary information (once per network, all n nodes), waiting
+    /// up to `wait` for nodes still generating their primes.
+    pub fn ecdsa_setup(&self, wait: Duration) -> Result<(), KmnError> {
+        let parties: Vec<PartyId> = self.parties();
+        let until = Instant::now() + wait;
+        loop {
+            let states = self.status();
+            let missing: Vec<String> = states
+                .iter()
+                .filter_map(|s| match &s.ecdsa {
+                    Some(e) if e.aux_ready || e.primes_ready => None,
+                    Some(_) => Some(format!("node {}: primes still generating", s.party)),
+                    None if s.up => Some(format!("node {}: ECDSA not enabled", s.party)),
+                    None => Some(format!(
+                        "node {}: {}",
+                        s.party,
+                        s.error.clone().unwrap_or_default()
+                    )),
+                })
+                .collect();
+            if states
+                .iter()
+                .all(|s| s.ecdsa.as_ref().is_some_and(|e| e.aux_ready))
+            {
+                return Ok(());
+            }
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() >= until {
+                return Err(KmnError::Unavailable(missing.join("; ")));
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+        let done = self.ecdsa_run(fresh_session(), &parties, EcdsaJob::Aux)?;
+        if done.values().any(|d| *d != EcdsaDone::Aux) {
+            return Err(KmnError::Unavailable(
+                "auxiliary information: unexpected result".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Distributed generation of a t-of-n P-256 key among all n nodes.
+    pub fn ecdsa_keygen(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        let parties = self.parties();
+        let done = self.ecdsa_run(
+            fresh_session(),
+            &parties,
+            EcdsaJob::Keygen {
+                key_id: key_id.into(),
+                t: self.t(),
+            },
+        )?;
+        same_key(done.into_values().map(|d| match d {
+            EcdsaDone::Key(k) => Some(k),
+            _ => None,
+        }))
+    }
+
+    /// Key import: splits `secret` (a P-256 scalar, big-endian) into one share per node,
+    /// sends each to its node over its encrypted channel, and forgets it. Needs every node.
+    pub fn ecdsa_import(&self, key_id: &str, secret: &[u8; 32]) -> Result<P256PublicKey, KmnError> {
+        let shares = ecdsa::import(secret, self.t(), self.n(), &mut OsRng)?;
+        let reqs = shares
+            .iter()
+            .map(|s| {
+                (
+                    s.party(),
+                    Request::EcdsaImport {
+                        key_id: key_id.into(),
+                        share: s.to_bytes(),
+                    },
+                )
+            })
+            .collect();
+        let mut keys = Vec::new();
+        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
+            match r {
+                Ok(Response::Key(k)) => keys.push(Some(k)),
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => {
+                    return Err(KmnError::Unavailable(format!(
+                        "key import needs every node: {e}"
+                    )))
+                }
+            }
+        }
+        same_key(keys.into_iter())
+    }
+
+    /// Key export: rebuilds the secret key from t nodes' shares (administrator only), checked
+    /// against the public key.
+    pub fn ecdsa_export(&self, key_id: &str) -> Result<Zeroizing<[u8; 32]>, KmnError> {
+        let reqs = self
+            .parties()
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    Request::EcdsaExport {
+                        key_id: key_id.into(),
+                    },
+                )
+            })
+            .collect();
+        let mut shares = Vec::new();
+        let mut errors = Vec::new();
+        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
+            match r {
+                Ok(Response::Exported(b)) => {
+                    let s = CoreShare::from_bytes(&b)?;
+                    if s.party() != p {
+                        return Err(unexpected(p));
+                    }
+                    shares.push(s);
+                }
+                Ok(Response::Refused(r)) => errors.push(format!("node {p}: {}", r.message)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => errors.push(e),
+            }
+        }
+        if shares.len() < self.t() as usize {
+            return Err(KmnError::Unavailable(format!(
+                "export needs {} shares, {} nodes gave one: {}",
+                self.t(),
+                shares.len(),
+                errors.join("; ")
+            )));
+        }
+        Ok(Zeroizing::new(ecdsa::export(&shares)?))
+    }
+
+    /// The public key of ECDSA key `key_id`, as at least t nodes report it.
+    pub fn ecdsa_public_key(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        let mut errors = Vec::new();
+        for s in self.status() {
+            match s.ecdsa {
+                Some(e) => {
+                    if let Some((_, pk, _)) = e.keys.iter().find(|(k, _, _)| k == key_id) {
+                        *seen.entry(pk.clone()).or_default() += 1;
+                    }
+                }
+                None => errors.push(format!(
+                    "node {}: {}",
+                    s.party,
+                    s.error.unwrap_or_else(|| "ECDSA not enabled".into())
+                )),
+            }
+        }
+        match seen.into_iter().max_by_key(|(_, c)| *c) {
+            Some((pk, c)) if c >= self.t() as usize => {
+                let b = hex::decode(pk).map_err(|_| CustodyError::malformed("public key"))?;
+                P256PublicKey::from_sec1(&b)
+                    .map_err(|_| KmnError::Protocol(CustodyError::malformed("public key")))
+            }
+            Some((_, c)) => Err(KmnError::Unavailable(format!(
+                "only {c} node(s) report ECDSA key {key_id}, {} needed; {}",
+                self.t(),
+                errors.join("; ")
+            ))),
+            None => Err(KmnError::Config(format!(
+                "the network holds no ECDSA key {key_id} {}",
+                errors.join("; ")
+            ))),
+        }
+    }
+
+    /// A threshold P-256 signer for `key_id` keeping `pool` presignatures ready (0: always
+    /// interactive).
+    pub fn ecdsa_signer(
+        self: &Arc<Self>,
+        key_id: &str,
+        pool: usize,
+    ) -> Result<EcdsaSigner, KmnError> {
+        let public = self.ecdsa_public_key(key_id)?;
+        Ok(EcdsaSigner::new(self.clone(), key_id, public, pool))
+    }
+}
+
+/// Every node must report the same key.
+fn same_key(keys: impl Iterator<Item = Option<Vec<u8>>>) -> Result<P256PublicKey, KmnError> {
+    let mut first: Option<Vec<u8>> = None;
+    for k in keys {
+        let Some(k) = k else {
+            return Err(KmnError::Unavailable("a node reported no key".into()));
+        };
+        match &first {
+            None => first = Some(k),
+            Some(f) if *f == k => {}
+            Some(_) => {
+                return Err(KmnError::Protocol(CustodyError::Inconsistent(
+                    "the nodes report different public keys".into(),
+                )))
+            }
+        }
+    }
+    let k = first.ok_or_else(|| KmnError::Unavailable("no node answered".into()))?;
+    P256PublicKey::from_sec1(&k)
+        .map_err(|_| KmnError::Protocol(CustodyError::malformed("public key")))
+}
+
+struct Pooled {
+    id: [u8; 16],
+    public: PresigPublic,
+}
+
+/// Counters of an [`EcdsaSigner`].
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct EcdsaSignerStats {
+    /// Signatures from a presignature.
+    pub from_presig: u64,
+    /// Signatures by the interactive fallback.
+    pub interactive: u64,
+    /// Presignatures made.
+    pub presigs_made: u64,
+    /// Presignatures thrown away (a signer down or restarted).
+    pub presigs_wasted: u64,
+}
+
+struct SignerInner {
+    kmn: Arc<Kmn>,
+    key_id: String,
+    public: P256PublicKey,
+    pool: Mutex<VecDeque<Pooled>>,
+    target: usize,
+    rotate: AtomicUsize,
+    stop: AtomicBool,
+    from_presig: AtomicU64,
+    interactive: AtomicU64,
+    made: AtomicU64,
+    wasted: AtomicU64,
+}
+
+/// Signs with a threshold P-256 key held by the network (see the module docs).
+pub struct EcdsaSigner {
+    inner: Arc<SignerInner>,
+}
+
+impl EcdsaSigner {
+    fn new(kmn: Arc<Kmn>, key_id: &str, public: P256PublicKey, target: usize) -> EcdsaSigner {
+        let inner = Arc::new(SignerInner {
+            kmn,
+            key_id: key_id.into(),
+            public,
+            pool: Mutex::new(VecDeque::new()),
+            target,
+            rotate: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            from_presig: AtomicU64::new(0),
+            interactive: AtomicU64::new(0),
+            made: AtomicU64::new(0),
+            wasted: AtomicU64::new(0),
+        });
+        if target > 0 {
+            let weak = Arc::downgrade(&inner);
+            let _ = thread::Builder::new()
+                .name("ecdsa-presign".into())
+                .spawn(move || refill_loop(weak));
+        }
+        EcdsaSigner { inner }
+    }
+
+    /// Presignatures ready.
+    pub fn ready(&self) -> usize {
+        self.inner.pool.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EcdsaSignerStats {
+        let i = &self.inner;
+        EcdsaSignerStats {
+            from_presig: i.from_presig.load(Ordering::Relaxed),
+            interactive: i.interactive.load(Ordering::Relaxed),
+            presigs_made: i.made.load(Ordering::Relaxed),
+            presigs_wasted: i.wasted.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until `n` presignatures are ready or `timeout` passes; returns how many are.
+    pub fn wait_ready(&self, n: usize, timeout: Duration) -> usize {
+        let until = Instant::now() + timeout;
+        loop {
+            let r = self.ready();
+            if r >= n || Instant::now() >= until {
+                return r;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Makes one presignature now (what the background refill does), with t nodes that
+    /// answer.
+    pub fn presign(&self) -> Result<(), KmnError> {
+        self.inner.presign_one()
+    }
+
+    /// Signs `msg` (ECDSA-P256-SHA256, low-S).
+    pub fn sign_msg(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
+        self.inner.sign(msg)
+    }
+}
+
+impl Drop for EcdsaSigner {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl P256Signer for EcdsaSigner {
+    fn public_key(&self) -> P256PublicKey {
+        self.inner.public
+    }
+
+    fn sign(&self, msg: &[u8]) -> Result<P256Signature, SignerError> {
+        self.sign_msg(msg)
+            .map_err(|e| SignerError::Unavailable(e.to_string()))
+    }
+}
+
+fn refill_loop(weak: Weak<SignerInner>) {
+    let mut failures = 0u32;
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        if s.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let ready = s.pool.lock().map(|p| p.len()).unwrap_or(usize::MAX);
+        if ready >= s.target {
+            drop(s);
+            thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        match s.presign_one() {
+            Ok(()) => failures = 0,
+            Err(_) => {
+                failures = (failures + 1).min(5);
+                drop(s);
+                // Back off while too few nodes answer (100 ms doubling up to 3.2 s).
+                thread::sleep(Duration::from_millis(100 << failures));
+            }
+        }
+    }
+}
+
+impl SignerInner {
+    /// t nodes not known to be down, rotating so the work spreads over all n.
+    fn choose(&self) -> Result<Vec<PartyId>, KmnError> {
+        let live = self.kmn.live_parties();
+        let t = self.kmn.t() as usize;
+        if live.len() < t {
+            return Err(KmnError::Unavailable(format!(
+                "{} of {} nodes answer, {t} needed to sign",
+                live.len(),
+                self.kmn.n()
+            )));
+        }
+        let start = self.rotate.fetch_add(1, Ordering::Relaxed) % live.len();
+        let mut set: Vec<PartyId> = (0..t).map(|k| live[(start + k) % live.len()]).collect();
+        set.sort_unstable();
+        Ok(set)
+    }
+
+    fn presign_one(&self) -> Result<(), KmnError> {
+        let signers = self.choose()?;
+        let session = fresh_session();
+        let done = self.kmn.ecdsa_run(
+            session,
+            &signers,
+            EcdsaJob::Presign {
+                key_id: self.key_id.clone(),
+                signers: signers.clone(),
+            },
+        )?;
+        let mut public: Option<Vec<u8>> = None;
+        for (p, d) in done {
+            let EcdsaDone::Presig(b) = d else {
+                return Err(unexpected(p));
+            };
+            match &public {
+                None => public = Some(b),
+                Some(x) if *x == b => {}
+                Some(_) => {
+                    return Err(KmnError::Protocol(CustodyError::Inconsistent(
+                        "signers report different presignature commitments".into(),
+                    )))
+                }
+            }
+        }
+        let public = PresigPublic::from_bytes(&public.unwrap_or_default())?;
+        if public.signers != signers {
+            return Err(KmnError::Protocol(CustodyError::Inconsistent(
+                "presignature for another signer set".into(),
+            )));
+        }
+        self.pool
+            .lock()
+            .map_err(|_| KmnError::Unavailable("lock".into()))?
+            .push_back(Pooled {
+                id: session,
+                public,
+            });
+        self.made.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The next pooled presignature whose signers are all up; those with a down signer are
+    /// dropped (their other halves may be gone with a restart anyway).
+    fn take(&self) -> Option<Pooled> {
+        let mut pool = self.pool.lock().ok()?;
+        while let Some(p) = pool.pop_front() {
+            if p.public.signers.iter().all(|&s| self.kmn.is_up(s)) {
+                return Some(p);
+            }
+            self.wasted.fetch_add(1, Ordering::Relaxed);
+        }
+        None
+    }
+
+    fn sign(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
+        // A presignature whose signer failed is spent at the others: try a few, then fall
+        // back to interactive signing.
+        for _ in 0..4 {
+            let Some(p) = self.take() else { break };
+            match self.sign_with(&p, msg) {
+                Ok(sig) => {
+                    self.from_presig.fetch_add(1, Ordering::Relaxed);
+                    return Ok(sig);
+                }
+                Err(Retry::Next) => {
+                    self.wasted.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(Retry::Fail(e)) => return Err(e),
+            }
+        }
+        let sig = self.sign_interactive(msg)?;
+        self.interactive.fetch_add(1, Ordering::Relaxed);
+        Ok(sig)
+    }
+
+    fn sign_with(&self, p: &Pooled, msg: &[u8]) -> Result<P256Signature, Retry> {
+        let reqs = p
+            .public
+            .signers
+            .iter()
+            .map(|&s| {
+                (
+                    s,
+                    Request::EcdsaPartial {
+                        key_id: self.key_id.clone(),
+                        presig: p.id,
+                        message: msg.to_vec(),
+                    },
+                )
+            })
+            .collect();
+        let mut partials = Vec::with_capacity(p.public.signers.len());
+        for (s, r) in self.kmn.round(reqs, PARTIAL_TIMEOUT) {
+            match r {
+                Ok(Response::EcdsaPartial(b)) => {
+                    let part = Partial::from_bytes(&b).map_err(|_| {
+                        Retry::Fail(KmnError::Protocol(CustodyError::Misbehaved {
+                            party: s,
+                            reason: "sent a malformed partial signature".into(),
+                        }))
+                    })?;
+                    // The channel authenticated the node: it must sign in its own name.
+                    if part.party != s {
+                        return Err(Retry::Fail(KmnError::Protocol(CustodyError::Misbehaved {
+                            party: s,
+                            reason: "sent a partial signature in another party's name".into(),
+                        })));
+                    }
+                    partials.push(part);
+                }
+                // A restarted node lost its presignatures; a down node is skipped next time.
+                Ok(Response::Refused(r)) if r.stale_nonce => return Err(Retry::Next),
+                Ok(Response::Refused(r)) => return Err(Retry::Fail(refused(s, r))),
+                Ok(_) => return Err(Retry::Fail(unexpected(s))),
+                Err(_) => return Err(Retry::Next),
+            }
+        }
+        let sig = ecdsa::combine(&p.public, &partials, msg, &self.public.0)
+            .map_err(|e| Retry::Fail(KmnError::Protocol(e)))?;
+        let sig = P256Signature(sig);
+        p256::verify(&self.public, msg, &sig)
+            .map_err(|e| Retry::Fail(KmnError::Unavailable(format!("signature: {e}"))))?;
+        Ok(sig)
+    }
+
+    fn sign_interactive(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
+        let mut last = None;
+        // A node that fails mid-run is marked down; one more try picks t others.
+        for _ in 0..2 {
+            let signers = self.choose()?;
+            match self.kmn.ecdsa_run(
+                fresh_session(),
+                &signers,
+                EcdsaJob::Sign {
+                    key_id: self.key_id.clone(),
+                    signers: signers.clone(),
+                    message: msg.to_vec(),
+                },
+            ) {
+                Ok(done) => {
+                    let Some((p, EcdsaDone::Signature(b))) = done.into_iter().next() else {
+                        return Err(KmnError::Unavailable("no signature".into()));
+                    };
+                    let b: [u8; 64] = b.try_into().map_err(|_| unexpected(p))?;
+                    let sig = P256Signature(b);
+                    p256::verify(&self.public, msg, &sig).map_err(|e| {
+                        KmnError::Protocol(CustodyError::Misbehaved {
+                            party: p,
+                            reason: format!("reported a signature that does not verify: {e}"),
+                        })
+                    })?;
+                    return Ok(sig);
+                }
+                Err(e @ KmnError::Unavailable(_)) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| KmnError::Unavailable("interactive signing failed".into())))
+    }
+}
+
+enum Retry {
+    /// Spend no more effort on this presignature; try the next.
+    Next,
+    /// A real failure.
+    Fail(KmnError),
+}

@@ -1,0 +1,774 @@
+//! A key-management node's ECDSA P-256 half (CGGMP24, `florin_custody::ecdsa`).
+//!
+//! - **Primes** for the node's Paillier key are generated in a background thread when the node
+//!   has neither primes nor auxiliary information, and stored sealed (`ecdsa/primes.sealed`):
+//!   minutes of CPU at the production level, never on a request path. They are deleted once an
+//!   auxiliary-information run that used them has been stored.
+//! - **Auxiliary information** (`ecdsa/aux.sealed`) is made once per network with every node;
+//!   every ECDSA key reuses it.
+//! - **Key shares** (`shares/K.p256`) are sealed like FROST shares, fsynced before the node
+//!   reports the key.
+//! - **Presignatures** stay in this process's memory only: a presignature used twice reveals
+//!   the key, and a restart must not bring back one that already signed. A restart loses them;
+//!   the coordinator sees `stale` and makes new ones.
+//!
+//! Each protocol run lives on its own thread (the library's state machine is not `Send`); the
+//! coordinator moves messages between nodes as signed envelopes, direct ones sealed to their
+//! recipient, so the relay can neither read the secret shares nor forge a message.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use florin_crypto::{hash, LocalSigner, PublicKey};
+use florin_custody::ecdsa::{
+    self, AuxShare, CoreShare, InsecureTest, PresigPublic, Presignature, Primes, Production,
+    SecurityLevel, Session, WireMsg,
+};
+use florin_custody::envelope::{Envelope, EVERYONE};
+use florin_custody::wire::{EcdsaDone, EcdsaJob, EcdsaStatus};
+use florin_custody::{vault, CustodyError, PartyId};
+use rand::rngs::OsRng;
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use crate::error::NodeError;
+use crate::keyfile::write_private;
+
+/// Presignatures a node keeps per key; the oldest is dropped beyond this.
+pub const MAX_PRESIGS: usize = 4096;
+/// ECDSA runs in progress at once.
+const MAX_RUNS: usize = 64;
+/// A run nobody stepped for this long is dropped (its thread ends).
+const RUN_IDLE: Duration = Duration::from_secs(600);
+/// Longest one step may compute (an auxiliary-information step at the production level takes
+/// tens of seconds on two cores).
+const STEP_LIMIT: Duration = Duration::from_secs(600);
+
+/// The ECDSA security level a network runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EcdsaLevel {
+    /// 128-bit security, 1536-bit Paillier primes: minutes per node to generate.
+    Production,
+    /// 768-bit primes, for tests and demos only; **never for keys that hold value**.
+    InsecureTest,
+}
+
+impl EcdsaLevel {
+    /// The name used in configs and status.
+    pub fn name(self) -> &'static str {
+        match self {
+            EcdsaLevel::Production => "production",
+            EcdsaLevel::InsecureTest => "insecure-test",
+        }
+    }
+
+    /// Parses [`EcdsaLevel::name`].
+    pub fn parse(s: &str) -> Option<EcdsaLevel> {
+        match s {
+            "production" => Some(EcdsaLevel::Production),
+            "insecure-test" => Some(EcdsaLevel::InsecureTest),
+            _ => None,
+        }
+    }
+}
+
+struct EcdsaKey {
+    core: Zeroizing<Vec<u8>>,
+    public: [u8; 33],
+    presigs: Mutex<PresigStore>,
+}
+
+#[derive(Default)]
+struct PresigStore {
+    map: HashMap<[u8; 16], Presignature>,
+    order: VecDeque<[u8; 16]>,
+}
+
+/// What a run's thread hands back when the run ends.
+enum Out {
+    Aux(Zeroizing<Vec<u8>>),
+    Key(CoreShare),
+    Presig(Box<Presignature>, PresigPublic),
+    Sig([u8; 64]),
+}
+
+type StepResult = Result<(Vec<WireMsg>, Option<Out>), CustodyError>;
+type Cmd = (Vec<WireMsg>, mpsc::SyncSender<StepResult>);
+
+struct Run {
+    tx: mpsc::Sender<Cmd>,
+    step: u8,
+    parties: Vec<PartyId>,
+    job: EcdsaJob,
+    last: Instant,
+}
+
+/// What a run's thread needs to build its session (all `Send`).
+enum Spec {
+    Aux { primes: Zeroizing<Vec<u8>> },
+    Keygen { t: u16 },
+    Presign(SignSpec),
+    Sign(SignSpec, Vec<u8>),
+}
+
+struct SignSpec {
+    signers: Vec<PartyId>,
+    core: Zeroizing<Vec<u8>>,
+    aux: Arc<Zeroizing<Vec<u8>>>,
+}
+
+/// The node's ECDSA state.
+pub(super) struct EcdsaNode {
+    level: EcdsaLevel,
+    party: PartyId,
+    n: u16,
+    dir: PathBuf,
+    kek: Zeroizing<[u8; 32]>,
+    aux: RwLock<Option<Arc<Zeroizing<Vec<u8>>>>>,
+    primes: Mutex<Option<Zeroizing<Vec<u8>>>>,
+    generating: AtomicBool,
+    keys: RwLock<HashMap<String, Arc<EcdsaKey>>>,
+    runs: Mutex<HashMap<[u8; 16], Run>>,
+}
+
+fn lock_err() -> CustodyError {
+    CustodyError::Ecdsa("lock".into())
+}
+
+fn read_sealed(
+    kek: &[u8; 32],
+    name: &str,
+    path: &Path,
+) -> Result<Option<Zeroizing<Vec<u8>>>, NodeError> {
+    match std::fs::read(path) {
+        Ok(b) => vault::open(kek, name, &b)
+            .map(|p| Some(Zeroizing::new(p.to_vec())))
+            .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
+    }
+}
+
+fn write_sealed(kek: &[u8; 32], name: &str, path: &Path, plain: &[u8]) -> Result<(), CustodyError> {
+    let sealed = vault::seal(kek, name, plain, &mut OsRng)?;
+    write_private(path, &sealed)
+        .map_err(|e| CustodyError::Ecdsa(format!("cannot store {}: {e}", path.display())))
+}
+
+fn share_name(key_id: &str, party: PartyId) -> String {
+    format!("florin/custody/ecdsa-share/{key_id}/{party}")
+}
+
+/// The 32-byte execution id every party derives alike: it binds the run to its job, so a
+/// relay cannot replay one run's messages into another.
+fn execution_id(session: &[u8; 16], job: &EcdsaJob, n: u16) -> [u8; 32] {
+    let tag = florin_custody::wire::encode(job);
+    hash(
+        "florin/custody/ecdsa/run/v1",
+        &[session, &n.to_le_bytes(), &tag],
+    )
+}
+
+impl EcdsaNode {
+    /// Opens the node's ECDSA files under `dir` (`ecdsa/` and `shares/*.p256`).
+    pub(super) fn open(
+        level: EcdsaLevel,
+        party: PartyId,
+        n: u16,
+        dir: &Path,
+        kek: &[u8; 32],
+    ) -> Result<EcdsaNode, NodeError> {
+        let edir = dir.join("ecdsa");
+        std::fs::create_dir_all(&edir)
+            .map_err(|e| NodeError::Io(format!("{}: {e}", edir.display())))?;
+        let aux = read_sealed(kek, &aux_name(party), &edir.join("aux.sealed"))?;
+        if let Some(a) = &aux {
+            let n_aux = match level {
+                EcdsaLevel::Production => AuxShare::<Production>::from_bytes(a).map(|a| a.n()),
+                EcdsaLevel::InsecureTest => AuxShare::<InsecureTest>::from_bytes(a).map(|a| a.n()),
+            }
+            .map_err(|e| NodeError::Corrupt(format!("ecdsa/aux.sealed: {e} (level {level:?}?)")))?;
+            if n_aux != n {
+                return Err(NodeError::Corrupt(format!(
+                    "ecdsa/aux.sealed is for {n_aux} parties, the network has {n}"
+                )));
+            }
+        }
+        let primes = read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?;
+        let mut keys = HashMap::new();
+        let shares = dir.join("shares");
+        if let Ok(rd) = std::fs::read_dir(&shares) {
+            for entry in rd {
+                let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
+                let (Some(stem), Some("p256")) = (
+                    path.file_stem().and_then(|s| s.to_str()),
+                    path.extension().and_then(|s| s.to_str()),
+                ) else {
+                    continue;
+                };
+                let Some(plain) = read_sealed(kek, &share_name(stem, party), &path)? else {
+                    continue;
+                };
+                let core = CoreShare::from_bytes(&plain)
+                    .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
+                if core.party() != party || core.n() != n {
+                    return Err(NodeError::Corrupt(format!(
+                        "{}: share of party {} of {}",
+                        path.display(),
+                        core.party(),
+                        core.n()
+                    )));
+                }
+                keys.insert(stem.to_string(), Arc::new(key_entry(&core)));
+            }
+        }
+        Ok(EcdsaNode {
+            level,
+            party,
+            n,
+            dir: dir.to_path_buf(),
+            kek: Zeroizing::new(*kek),
+            aux: RwLock::new(aux.map(Arc::new)),
+            primes: Mutex::new(primes),
+            generating: AtomicBool::new(false),
+            keys: RwLock::new(keys),
+            runs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn edir(&self) -> PathBuf {
+        self.dir.join("ecdsa")
+    }
+
+    /// Starts generating primes in the background if the node has neither primes nor
+    /// auxiliary information. Returns at once.
+    pub(super) fn ensure_primes(self: &Arc<Self>) {
+        let have = self.aux.read().map(|a| a.is_some()).unwrap_or(true)
+            || self.primes.lock().map(|p| p.is_some()).unwrap_or(true);
+        if have || self.generating.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        let spawned = thread::Builder::new()
+            .name("ecdsa-primes".into())
+            .spawn(move || {
+                let mut rng = ecdsa::session_rng();
+                let bytes = Zeroizing::new(match me.level {
+                    EcdsaLevel::Production => Primes::<Production>::generate(&mut rng).to_bytes(),
+                    EcdsaLevel::InsecureTest => {
+                        Primes::<InsecureTest>::generate(&mut rng).to_bytes()
+                    }
+                });
+                let path = me.edir().join("primes.sealed");
+                match write_sealed(&me.kek, &primes_name(me.party), &path, &bytes) {
+                    Ok(()) => {
+                        if let Ok(mut p) = me.primes.lock() {
+                            *p = Some(bytes);
+                        }
+                    }
+                    Err(e) => eprintln!("custody node {}: {e}", me.party),
+                }
+                me.generating.store(false, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            self.generating.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a key of this name exists.
+    pub(super) fn has_key(&self, key_id: &str) -> bool {
+        self.keys
+            .read()
+            .map(|k| k.contains_key(key_id))
+            .unwrap_or(false)
+    }
+
+    /// For `Status`.
+    pub(super) fn status(&self) -> EcdsaStatus {
+        let mut keys: Vec<(String, Vec<u8>, u64)> = self
+            .keys
+            .read()
+            .map(|k| {
+                k.iter()
+                    .map(|(id, e)| {
+                        let held = e.presigs.lock().map(|p| p.map.len() as u64).unwrap_or(0);
+                        (id.clone(), e.public.to_vec(), held)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.sort();
+        EcdsaStatus {
+            level: self.level.name().into(),
+            aux_ready: self.aux.read().map(|a| a.is_some()).unwrap_or(false),
+            primes_ready: self.primes.lock().map(|p| p.is_some()).unwrap_or(false),
+            keys,
+        }
+    }
+
+    fn key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+        self.keys
+            .read()
+            .map_err(|_| lock_err())?
+            .get(key_id)
+            .cloned()
+            .ok_or_else(|| CustodyError::BadParameters(format!("no ECDSA key {key_id}")))
+    }
+
+    fn aux(&self) -> Result<Arc<Zeroizing<Vec<u8>>>, CustodyError> {
+        self.aux
+            .read()
+            .map_err(|_| lock_err())?
+            .clone()
+            .ok_or_else(|| {
+                CustodyError::BadParameters(
+                    "no ECDSA auxiliary information yet: run `florin custody ecdsa-setup`".into(),
+                )
+            })
+    }
+
+    /// Starts this node's part of `job`; `frost_has` tells whether a FROST key has the name
+    /// (one namespace for both schemes).
+    pub(super) fn start(
+        &self,
+        session: [u8; 16],
+        job: EcdsaJob,
+        frost_has: bool,
+        identity: &LocalSigner,
+        members: &HashMap<PartyId, PublicKey>,
+    ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
+        let (spec, parties) = match &job {
+            EcdsaJob::Aux => {
+                if self.aux.read().map_err(|_| lock_err())?.is_some() {
+                    return Err(CustodyError::BadParameters(
+                        "auxiliary information already made (a refresh is not built)".into(),
+                    ));
+                }
+                let primes = self.primes.lock().map_err(|_| lock_err())?.clone();
+                let Some(primes) = primes else {
+                    return Err(CustodyError::BadParameters(format!(
+                        "party {}: primes not ready yet (generating in the background; \
+                         minutes at the production level)",
+                        self.party
+                    )));
+                };
+                (Spec::Aux { primes }, (1..=self.n).collect::<Vec<_>>())
+            }
+            EcdsaJob::Keygen { key_id, t } => {
+                if !super::node::valid_key_id(key_id) {
+                    return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+                }
+                if frost_has || self.has_key(key_id) {
+                    return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+                }
+                if *t < 2 || *t > self.n {
+                    return Err(CustodyError::BadParameters(format!(
+                        "threshold {t} of {}",
+                        self.n
+                    )));
+                }
+                (Spec::Keygen { t: *t }, (1..=self.n).collect())
+            }
+            EcdsaJob::Presign { key_id, signers } => {
+                let spec = self.sign_spec(key_id, signers)?;
+                let parties = spec.signers.clone();
+                (Spec::Presign(spec), parties)
+            }
+            EcdsaJob::Sign {
+                key_id,
+                signers,
+                message,
+            } => {
+                let spec = self.sign_spec(key_id, signers)?;
+                let parties = spec.signers.clone();
+                (Spec::Sign(spec, message.clone()), parties)
+            }
+        };
+        let eid = execution_id(&session, &job, self.n);
+        let tx = {
+            let mut runs = self.runs.lock().map_err(|_| lock_err())?;
+            runs.retain(|_, r| r.last.elapsed() < RUN_IDLE);
+            if runs.contains_key(&session) {
+                return Err(CustodyError::OutOfOrder("run already started".into()));
+            }
+            if runs.len() >= MAX_RUNS {
+                return Err(CustodyError::BadParameters(
+                    "too many ECDSA runs in progress".into(),
+                ));
+            }
+            let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
+            runs.insert(
+                session,
+                Run {
+                    tx: tx.clone(),
+                    step: 0,
+                    parties,
+                    job: job.clone(),
+                    last: Instant::now(),
+                },
+            );
+            tx
+        };
+        let r = self.drive(&tx, Vec::new());
+        self.after_step(session, 0, &job, r, identity, members)
+    }
+
+    fn sign_spec(&self, key_id: &str, signers: &[PartyId]) -> Result<SignSpec, CustodyError> {
+        let k = self.key(key_id)?;
+        let mut sorted = signers.to_vec();
+        sorted.sort_unstable();
+        Ok(SignSpec {
+            signers: sorted,
+            core: k.core.clone(),
+            aux: self.aux()?,
+        })
+    }
+
+    /// The next step of run `session`.
+    pub(super) fn step(
+        &self,
+        session: [u8; 16],
+        incoming: Vec<Envelope>,
+        identity: &LocalSigner,
+        members: &HashMap<PartyId, PublicKey>,
+    ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
+        // Taken out while it steps: a second request for the same run meanwhile is refused.
+        let mut run = self
+            .runs
+            .lock()
+            .map_err(|_| lock_err())?
+            .remove(&session)
+            .ok_or_else(|| CustodyError::OutOfOrder("no ECDSA run with this session".into()))?;
+        if run.step == u8::MAX {
+            return Err(CustodyError::OutOfOrder("run too long".into()));
+        }
+        let mut msgs = Vec::with_capacity(incoming.len());
+        for e in &incoming {
+            if e.from == self.party || !run.parties.contains(&e.from) {
+                return Err(CustodyError::BadParameters(format!(
+                    "message from party {}, not another party of this run",
+                    e.from
+                )));
+            }
+            let k = members.get(&e.from).ok_or_else(|| {
+                CustodyError::BadParameters(format!("message from unknown party {}", e.from))
+            })?;
+            let body = e.open(&session, run.step, self.party, k, identity.secret())?;
+            msgs.push(WireMsg {
+                from: e.from,
+                to: (e.to != EVERYONE).then_some(self.party),
+                body,
+            });
+        }
+        run.step += 1;
+        run.last = Instant::now();
+        let step = run.step;
+        let job = run.job.clone();
+        let tx = run.tx.clone();
+        self.runs
+            .lock()
+            .map_err(|_| lock_err())?
+            .insert(session, run);
+        let r = self.drive(&tx, msgs);
+        self.after_step(session, step, &job, r, identity, members)
+    }
+
+    fn drive(&self, tx: &mpsc::Sender<Cmd>, msgs: Vec<WireMsg>) -> StepResult {
+        let (rtx, rrx) = mpsc::sync_channel(1);
+        tx.send((msgs, rtx))
+            .map_err(|_| CustodyError::Ecdsa("the run has ended".into()))?;
+        rrx.recv_timeout(STEP_LIMIT)
+            .map_err(|_| CustodyError::Ecdsa("the run's step did not finish".into()))?
+    }
+
+    /// Wraps a step's messages in envelopes and, when the run finished, stores its result.
+    fn after_step(
+        &self,
+        session: [u8; 16],
+        step: u8,
+        job: &EcdsaJob,
+        r: StepResult,
+        identity: &LocalSigner,
+        members: &HashMap<PartyId, PublicKey>,
+    ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
+        let (out, done) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                self.forget(&session);
+                return Err(e);
+            }
+        };
+        let mut envs = Vec::with_capacity(out.len());
+        for m in out {
+            envs.push(match m.to {
+                None => Envelope::broadcast(identity, session, step, self.party, m.body)?,
+                Some(to) => {
+                    let k = members
+                        .get(&to)
+                        .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
+                    Envelope::direct(
+                        identity, session, step, self.party, to, k, &m.body, &mut OsRng,
+                    )?
+                }
+            });
+        }
+        let Some(out) = done else {
+            return Ok((envs, None));
+        };
+        self.forget(&session);
+        let done = match (out, job) {
+            (Out::Aux(bytes), _) => {
+                self.store_aux(bytes)?;
+                EcdsaDone::Aux
+            }
+            (Out::Key(core), EcdsaJob::Keygen { key_id, .. }) => {
+                EcdsaDone::Key(self.store_key(key_id, &core)?.to_vec())
+            }
+            (Out::Presig(presig, public), EcdsaJob::Presign { key_id, .. }) => {
+                let k = self.key(key_id)?;
+                let mut store = k.presigs.lock().map_err(|_| lock_err())?;
+                if store.map.insert(session, *presig).is_none() {
+                    store.order.push_back(session);
+                }
+                while store.order.len() > MAX_PRESIGS {
+                    if let Some(old) = store.order.pop_front() {
+                        store.map.remove(&old);
+                    }
+                }
+                EcdsaDone::Presig(public.to_bytes())
+            }
+            (Out::Sig(sig), _) => EcdsaDone::Signature(sig.to_vec()),
+            _ => {
+                return Err(CustodyError::Ecdsa(
+                    "a run ended with another job's result".into(),
+                ))
+            }
+        };
+        Ok((envs, Some(done)))
+    }
+
+    fn forget(&self, session: &[u8; 16]) {
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.remove(session);
+        }
+    }
+
+    fn store_aux(&self, bytes: Zeroizing<Vec<u8>>) -> Result<(), CustodyError> {
+        let mut aux = self.aux.write().map_err(|_| lock_err())?;
+        write_sealed(
+            &self.kek,
+            &aux_name(self.party),
+            &self.edir().join("aux.sealed"),
+            &bytes,
+        )?;
+        *aux = Some(Arc::new(bytes));
+        // The primes are inside the stored Paillier key now; the loose copy goes.
+        if let Ok(mut p) = self.primes.lock() {
+            *p = None;
+        }
+        let _ = std::fs::remove_file(self.edir().join("primes.sealed"));
+        Ok(())
+    }
+
+    /// Stores a new share durably (sealed, fsynced) before it is reported.
+    fn store_key(&self, key_id: &str, core: &CoreShare) -> Result<[u8; 33], CustodyError> {
+        if core.party() != self.party || core.n() != self.n {
+            return Err(CustodyError::BadParameters(format!(
+                "share for party {} of {}, this is party {} of {}",
+                core.party(),
+                core.n(),
+                self.party,
+                self.n
+            )));
+        }
+        let mut keys = self.keys.write().map_err(|_| lock_err())?;
+        if let Some(e) = keys.get(key_id) {
+            if e.core[..] == core.to_bytes()[..] {
+                return Ok(e.public);
+            }
+            return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+        }
+        write_sealed(
+            &self.kek,
+            &share_name(key_id, self.party),
+            &self.dir.join("shares").join(format!("{key_id}.p256")),
+            &core.to_bytes(),
+        )?;
+        let entry = key_entry(core);
+        let public = entry.public;
+        keys.insert(key_id.to_string(), Arc::new(entry));
+        Ok(public)
+    }
+
+    /// Key import: a dealer's share.
+    pub(super) fn import(
+        &self,
+        key_id: &str,
+        share: &[u8],
+        frost_has: bool,
+    ) -> Result<[u8; 33], CustodyError> {
+        if !super::node::valid_key_id(key_id) || frost_has {
+            return Err(CustodyError::BadParameters(format!(
+                "key name {key_id:?} invalid or taken"
+            )));
+        }
+        let core = CoreShare::from_bytes(share)?;
+        self.store_key(key_id, &core)
+    }
+
+    /// Key export: this node's share.
+    pub(super) fn export(&self, key_id: &str) -> Result<Vec<u8>, CustodyError> {
+        Ok(self.key(key_id)?.core.to_vec())
+    }
+
+    /// A partial signature from a presignature, which is forgotten first.
+    pub(super) fn partial(
+        &self,
+        key_id: &str,
+        presig: [u8; 16],
+        message: &[u8],
+    ) -> Result<Vec<u8>, CustodyError> {
+        let k = self.key(key_id)?;
+        let p = {
+            let mut store = k.presigs.lock().map_err(|_| lock_err())?;
+            let p = store.map.remove(&presig);
+            if p.is_some() {
+                store.order.retain(|s| *s != presig);
+            }
+            p
+        };
+        let Some(p) = p else {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&presig[..8]);
+            return Err(CustodyError::UnknownNonce(u64::from_le_bytes(id)));
+        };
+        Ok(ecdsa::partial_sign(self.party, p, message).to_bytes())
+    }
+}
+
+fn aux_name(party: PartyId) -> String {
+    format!("florin/custody/ecdsa-aux/{party}")
+}
+
+fn primes_name(party: PartyId) -> String {
+    format!("florin/custody/ecdsa-primes/{party}")
+}
+
+fn key_entry(core: &CoreShare) -> EcdsaKey {
+    EcdsaKey {
+        core: Zeroizing::new(core.to_bytes()),
+        public: core.public_key(),
+        presigs: Mutex::new(PresigStore::default()),
+    }
+}
+
+/// A run's session, whatever its output.
+enum AnySession<L: SecurityLevel> {
+    Aux(Session<AuxShare<L>>),
+    Key(Session<CoreShare>),
+    Presig(Session<(Presignature, PresigPublic)>),
+    Sig(Session<[u8; 64]>),
+}
+
+impl<L: SecurityLevel> AnySession<L> {
+    fn build(eid: [u8; 32], me: PartyId, n: u16, spec: Spec) -> Result<Self, CustodyError> {
+        let share = |s: &SignSpec| {
+            ecdsa::KeyShare::<L>::from_parts(
+                CoreShare::from_bytes(&s.core)?,
+                AuxShare::<L>::from_bytes(&s.aux)?,
+            )
+        };
+        Ok(match spec {
+            Spec::Aux { primes } => AnySession::Aux(ecdsa::aux_session::<L>(
+                eid,
+                me,
+                n,
+                Primes::<L>::from_bytes(&primes)?,
+            )?),
+            Spec::Keygen { t } => AnySession::Key(ecdsa::keygen_session::<L>(eid, me, n, t)?),
+            Spec::Presign(s) => {
+                let ks = share(&s)?;
+                AnySession::Presig(ecdsa::presign_session(eid, &s.signers, ks)?)
+            }
+            Spec::Sign(s, message) => {
+                let ks = share(&s)?;
+                AnySession::Sig(ecdsa::sign_session(eid, &s.signers, ks, &message)?)
+            }
+        })
+    }
+
+    fn step(&mut self, incoming: Vec<WireMsg>) -> StepResult {
+        Ok(match self {
+            AnySession::Aux(s) => {
+                let st = s.step(incoming)?;
+                (
+                    st.out,
+                    st.done.map(|a| Out::Aux(Zeroizing::new(a.to_bytes()))),
+                )
+            }
+            AnySession::Key(s) => {
+                let st = s.step(incoming)?;
+                (st.out, st.done.map(Out::Key))
+            }
+            AnySession::Presig(s) => {
+                let st = s.step(incoming)?;
+                (st.out, st.done.map(|(p, q)| Out::Presig(Box::new(p), q)))
+            }
+            AnySession::Sig(s) => {
+                let st = s.step(incoming)?;
+                (st.out, st.done.map(Out::Sig))
+            }
+        })
+    }
+}
+
+fn spawn_run(
+    level: EcdsaLevel,
+    eid: [u8; 32],
+    me: PartyId,
+    n: u16,
+    spec: Spec,
+) -> Result<mpsc::Sender<Cmd>, CustodyError> {
+    let (tx, rx) = mpsc::channel::<Cmd>();
+    let spawned = thread::Builder::new()
+        .name("ecdsa-run".into())
+        .spawn(move || match level {
+            EcdsaLevel::Production => run_thread::<Production>(eid, me, n, spec, rx),
+            EcdsaLevel::InsecureTest => run_thread::<InsecureTest>(eid, me, n, spec, rx),
+        });
+    spawned.map_err(|e| CustodyError::Ecdsa(format!("cannot start a run: {e}")))?;
+    Ok(tx)
+}
+
+/// One run: builds the session on this thread, then steps it once per command until it ends,
+/// fails, or its node forgets it (the sender is dropped) or stops stepping it.
+fn run_thread<L: SecurityLevel>(
+    eid: [u8; 32],
+    me: PartyId,
+    n: u16,
+    spec: Spec,
+    rx: mpsc::Receiver<Cmd>,
+) {
+    let mut session = match AnySession::<L>::build(eid, me, n, spec) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Ok((_, reply)) = rx.recv_timeout(RUN_IDLE) {
+                let _ = reply.send(Err(e));
+            }
+            return;
+        }
+    };
+    while let Ok((incoming, reply)) = rx.recv_timeout(RUN_IDLE) {
+        let r = session.step(incoming);
+        let end = !matches!(r, Ok((_, None)));
+        let _ = reply.send(r);
+        if end {
+            return;
+        }
+    }
+}

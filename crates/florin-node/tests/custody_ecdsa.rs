@@ -1,0 +1,226 @@
+//! Threshold ECDSA P-256 (CGGMP24) in the key-management network, over real sockets with the
+//! nodes in this process, at the insecure test level (768-bit primes) so a run takes seconds:
+//! auxiliary information, key generation, presignature pool, signing that survives a node,
+//! the below-threshold error, restarts, import and export, a tampered relay.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use florin_crypto::p256::{self, P256SecretKey, P256Signer};
+use florin_custody::wire::EcdsaJob;
+use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, KmnError, Layout, RunningNode};
+use rand::rngs::OsRng;
+use rand::RngCore;
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+type Net = (tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>);
+
+/// A t-of-n network with ECDSA on and its auxiliary information made.
+fn network(t: u16, n: usize) -> Result<Net, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(t, &free_loopback_addrs(n)?)?;
+    layout.set_ecdsa(Some(EcdsaLevel::InsecureTest))?;
+    let nodes = layout.start_in_process()?;
+    let (net, me) = layout.load()?;
+    let kmn = Kmn::new(&net, me)?;
+    kmn.ecdsa_setup(Duration::from_secs(120))?;
+    Ok((dir, layout, nodes, kmn))
+}
+
+fn verifies(pk: &p256::P256PublicKey, msg: &[u8], sig: &p256::P256Signature) -> bool {
+    p256::verify(pk, msg, sig).is_ok()
+}
+
+#[test]
+fn keygen_presign_sign_survive_a_node_and_fail_clearly_below_threshold() -> R {
+    let (_dir, _layout, mut nodes, kmn) = network(2, 3)?;
+    for s in kmn.status() {
+        let e = s.ecdsa.expect("ecdsa state");
+        assert!(e.aux_ready && !e.primes_ready, "{e:?}");
+        assert_eq!(e.level, "insecure-test");
+    }
+    // Setup again is a no-op; a second aux run is refused by the nodes.
+    kmn.ecdsa_setup(Duration::from_secs(1))?;
+    let pk = kmn.ecdsa_keygen("wallet-1")?;
+    assert_eq!(kmn.ecdsa_public_key("wallet-1")?, pk);
+    // One name, one key, whatever the scheme.
+    assert!(matches!(
+        kmn.ecdsa_keygen("wallet-1"),
+        Err(KmnError::Refused { .. })
+    ));
+    assert!(matches!(kmn.dkg("wallet-1"), Err(KmnError::Refused { .. })));
+
+    let signer = kmn.ecdsa_signer("wallet-1", 4)?;
+    assert_eq!(signer.public_key(), pk);
+    assert!(signer.wait_ready(4, Duration::from_secs(120)) >= 4);
+    for i in 0..4u32 {
+        let msg = format!("pay {i}");
+        let t0 = Instant::now();
+        let sig = signer.sign(msg.as_bytes())?;
+        assert!(verifies(&pk, msg.as_bytes(), &sig));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+    assert!(signer.stats().from_presig >= 1, "{:?}", signer.stats());
+    // Every node's presignatures are in its memory; status counts them.
+    assert!(signer.wait_ready(2, Duration::from_secs(120)) >= 2);
+    let held: u64 = kmn
+        .status()
+        .iter()
+        .filter_map(|s| s.ecdsa.as_ref())
+        .flat_map(|e| e.keys.iter().map(|k| k.2))
+        .sum();
+    assert!(held > 0);
+
+    // One node crashes: presignatures involving it are dropped, the other two still sign.
+    nodes.remove(0).stop();
+    for i in 0..3u32 {
+        let msg = format!("after crash {i}");
+        let sig = signer.sign(msg.as_bytes())?;
+        assert!(verifies(&pk, msg.as_bytes(), &sig));
+    }
+    // A second one: below the threshold, a clear error, quickly.
+    nodes.remove(0).stop();
+    let t0 = Instant::now();
+    let err = signer.sign_msg(b"too few").unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert!(matches!(err, KmnError::Unavailable(_)), "{err}");
+    Ok(())
+}
+
+#[test]
+fn interactive_fallback_restart_import_export() -> R {
+    let (_dir, layout, nodes, kmn) = network(2, 3)?;
+    // Import a key made elsewhere: the same public key, and export gives it back.
+    let mut secret = [0u8; 32];
+    OsRng.fill_bytes(&mut secret);
+    secret[0] &= 0x7f; // below the group order
+    let sk = P256SecretKey::from_bytes(&secret)?;
+    let pk = kmn.ecdsa_import("imported", &secret)?;
+    assert_eq!(pk, sk.public_key());
+    assert_eq!(&kmn.ecdsa_export("imported")?[..], &secret[..]);
+    assert!(matches!(
+        kmn.ecdsa_import("imported", &secret),
+        Err(KmnError::Refused { .. })
+    ));
+
+    // Pool of one, then a restart of every node: its presignature is gone with the nodes'
+    // memory, and signing falls back to the interactive protocol.
+    let signer = kmn.ecdsa_signer("imported", 1)?;
+    assert!(signer.wait_ready(1, Duration::from_secs(60)) >= 1);
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    let sig = signer.sign(b"after restart")?;
+    assert!(verifies(&pk, b"after restart", &sig));
+    let st = signer.stats();
+    assert!(st.presigs_wasted >= 1 || st.interactive >= 1, "{st:?}");
+    // Shares and auxiliary information survived.
+    for s in kmn.status() {
+        let e = s.ecdsa.expect("ecdsa state");
+        assert!(e.aux_ready);
+        assert!(e.keys.iter().any(|k| k.0 == "imported"));
+    }
+    // Interactive signing alone (no pool).
+    let plain = kmn.ecdsa_signer("imported", 0)?;
+    let sig = plain.sign(b"interactive")?;
+    assert!(verifies(&pk, b"interactive", &sig));
+    assert_eq!(plain.stats().interactive, 1);
+    Ok(())
+}
+
+#[test]
+fn tampered_relay_names_the_sender_and_bad_requests_are_refused() -> R {
+    let (_dir, _layout, _nodes, kmn) = network(2, 3)?;
+    kmn.ecdsa_keygen("k")?;
+    // A relay that flips a byte of party 2's sealed message: its recipient names party 2
+    // (the signature over the envelope no longer matches).
+    let job = EcdsaJob::Presign {
+        key_id: "k".into(),
+        signers: vec![1, 2],
+    };
+    let mut tampered = false;
+    let err = kmn
+        .ecdsa_run_relaying([7; 16], &[1, 2], job.clone(), &mut |_, envs| {
+            if let Some(e) = envs.iter_mut().find(|e| e.from == 2 && !tampered) {
+                let last = e.payload.len() - 1;
+                e.payload[last] ^= 1;
+                tampered = true;
+            }
+        })
+        .unwrap_err();
+    assert!(tampered);
+    match err {
+        KmnError::Refused {
+            party: 1,
+            culprit: Some(2),
+            ..
+        } => {}
+        e => panic!("expected party 1 to blame party 2, got {e:?}"),
+    }
+    // A replayed envelope of another run is refused (bound to its session).
+    let mut first: Vec<florin_custody::envelope::Envelope> = Vec::new();
+    kmn.ecdsa_run_relaying([8; 16], &[1, 2], job.clone(), &mut |step, envs| {
+        if step == 0 {
+            first = envs.clone();
+        }
+    })?;
+    let err = kmn
+        .ecdsa_run_relaying([9; 16], &[1, 2], job.clone(), &mut |step, envs| {
+            if step == 0 {
+                *envs = first.clone();
+            }
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, KmnError::Refused { .. }),
+        "replay must be refused: {err}"
+    );
+    // Unknown keys, wrong signer sets, a party outside the network.
+    for job in [
+        EcdsaJob::Presign {
+            key_id: "nope".into(),
+            signers: vec![1, 2],
+        },
+        EcdsaJob::Presign {
+            key_id: "k".into(),
+            signers: vec![1, 2, 3],
+        },
+        EcdsaJob::Keygen {
+            key_id: "Bad Name".into(),
+            t: 2,
+        },
+    ] {
+        assert!(
+            matches!(
+                kmn.ecdsa_run([1; 16], &[1, 2], job.clone()),
+                Err(KmnError::Refused { .. })
+            ),
+            "{job:?}"
+        );
+    }
+    assert!(kmn.ecdsa_run([2; 16], &[1, 4], job).is_err());
+    Ok(())
+}
+
+#[test]
+fn a_node_without_ecdsa_says_so() -> R {
+    let dir = tempfile::tempdir()?;
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(2, &free_loopback_addrs(3)?)?;
+    let _nodes = layout.start_in_process()?;
+    let (net, me) = layout.load()?;
+    let kmn = Kmn::new(&net, me)?;
+    let err = kmn.ecdsa_setup(Duration::from_millis(100)).unwrap_err();
+    assert!(err.to_string().contains("ECDSA not enabled"), "{err}");
+    match kmn.ecdsa_keygen("k") {
+        Err(KmnError::Refused { message, .. }) => {
+            assert!(message.contains("does not run ECDSA"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    Ok(())
+}
