@@ -16,6 +16,13 @@
 //! [`Input::Resume`] and finishes each batch from its last replicated phase. Every send is
 //! repeated on [`Input::Tick`] until answered; shards answer repeats idempotently.
 //!
+//! Every send carries the coordinator's [`Fence`] (its group and its leader's Raft term). Once a
+//! later leader's command has reached a shard, the shard answers a deposed leader with
+//! [`ShardReply::Deposed`] and changes nothing. That is what makes it safe for the old leader to
+//! go on resending: a batch it was preparing is finished by the new leader (it is in the log),
+//! whose `Commit` and `Discard` reach every shard of the batch with the newer term before that
+//! shard can forget the batch, so a late `Prepare` of the old leader can never lock again.
+//!
 //! A transaction that meets an input locked by a batch in flight is retried in a later batch
 //! (up to `max_attempts` times), so concurrent conflicting spends never both commit and an
 //! honest spend is not failed by a conflicting one that then aborts. A transaction whose own
@@ -30,7 +37,7 @@ use rand::{Rng, RngCore};
 use serde::{Deserialize, Serialize};
 
 use crate::route::{ShardId, ShardMap};
-use crate::shard::{Part, ShardCmd, ShardReply, Vote};
+use crate::shard::{Fence, Part, ShardCmd, ShardReply, Vote};
 use crate::Dtx;
 
 /// Who asked: the service's handle for a submission.
@@ -185,6 +192,8 @@ pub enum Output {
     Send {
         /// The shard.
         shard: ShardId,
+        /// The sender: this coordinator's group and term (the shard refuses a deposed term).
+        by: Fence,
         /// The command.
         cmd: ShardCmd,
     },
@@ -248,6 +257,7 @@ const MAX_WAITS: u16 = 160;
 /// The coordinator (one per coordinator group leader).
 pub struct Coordinator {
     map: ShardMap,
+    by: Fence,
     cfg: CoordinatorConfig,
     rng: Box<dyn RngCore + Send>,
     queue: VecDeque<Queued>,
@@ -262,10 +272,18 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// A coordinator routing by `map`, drawing batch ids from `rng`.
-    pub fn new(map: ShardMap, cfg: CoordinatorConfig, rng: Box<dyn RngCore + Send>) -> Self {
+    /// A coordinator routing by `map`, drawing batch ids from `rng`, for the leader `by` of its
+    /// group: every command it sends carries `by`, so shards refuse it once a later leader of
+    /// the group has reached them. A new leader makes a new coordinator with its own term.
+    pub fn new(
+        map: ShardMap,
+        cfg: CoordinatorConfig,
+        by: Fence,
+        rng: Box<dyn RngCore + Send>,
+    ) -> Self {
         Coordinator {
             map,
+            by,
             cfg,
             rng,
             queue: VecDeque::new(),
@@ -501,10 +519,7 @@ impl Coordinator {
         f.waiting = f.plan.keys().copied().collect();
         f.sent_at = self.now;
         for s in &f.waiting {
-            out.push(Output::Send {
-                shard: *s,
-                cmd: self.phase_cmd(dtx, f, *s),
-            });
+            out.push(self.send(*s, self.phase_cmd(dtx, f, *s)));
         }
     }
 
@@ -513,10 +528,15 @@ impl Coordinator {
         f.waiting = f.plan.keys().copied().collect();
         f.sent_at = self.now;
         for s in &f.waiting {
-            out.push(Output::Send {
-                shard: *s,
-                cmd: self.phase_cmd(dtx, f, *s),
-            });
+            out.push(self.send(*s, self.phase_cmd(dtx, f, *s)));
+        }
+    }
+
+    fn send(&self, shard: ShardId, cmd: ShardCmd) -> Output {
+        Output::Send {
+            shard,
+            by: self.by,
+            cmd,
         }
     }
 
@@ -575,10 +595,7 @@ impl Coordinator {
                     f.waiting = f.plan.keys().copied().collect();
                     f.sent_at = self.now;
                     for s in &f.waiting {
-                        out.push(Output::Send {
-                            shard: *s,
-                            cmd: ShardCmd::Discard { dtx },
-                        });
+                        out.push(self.send(*s, ShardCmd::Discard { dtx }));
                     }
                 }
             }
@@ -590,7 +607,8 @@ impl Coordinator {
                 }
             }
             // A late answer to an earlier phase, or a refusal: the phase's send is repeated
-            // on the next tick if still unanswered.
+            // on the next tick if still unanswered. (`Deposed` means a later leader of this
+            // group has reached the shard: the service stops this coordinator.)
             _ => {}
         }
         self.flights.insert(dtx, f);
@@ -672,10 +690,7 @@ impl Coordinator {
             if let Some(mut f) = self.flights.remove(&dtx) {
                 f.sent_at = now;
                 for s in &f.waiting {
-                    out.push(Output::Send {
-                        shard: *s,
-                        cmd: self.phase_cmd(dtx, &f, *s),
-                    });
+                    out.push(self.send(*s, self.phase_cmd(dtx, &f, *s)));
                 }
                 self.flights.insert(dtx, f);
             }
@@ -714,10 +729,15 @@ pub fn decide(votes: &[Vote]) -> Decision {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::shard::{ShardState, DISCARDED_MEMORY};
     use florin_ledger::store::testing::{id, mint, transfer};
     use rand::SeedableRng;
 
     fn coord(shards: usize) -> Coordinator {
+        coord_of(shards, 1)
+    }
+
+    fn coord_of(shards: usize, term: u64) -> Coordinator {
         Coordinator::new(
             ShardMap::even(shards).unwrap(),
             CoordinatorConfig {
@@ -726,6 +746,7 @@ mod tests {
                 max_attempts: 3,
                 resend_after: 10,
             },
+            Fence { group: 0, term },
             Box::new(rand::rngs::StdRng::seed_from_u64(1)),
         )
     }
@@ -742,7 +763,7 @@ mod tests {
     fn sends(out: &[Output]) -> Vec<(ShardId, ShardCmd)> {
         out.iter()
             .filter_map(|o| match o {
-                Output::Send { shard, cmd } => Some((*shard, cmd.clone())),
+                Output::Send { shard, cmd, .. } => Some((*shard, cmd.clone())),
                 _ => None,
             })
             .collect()
@@ -991,5 +1012,129 @@ mod tests {
             ticket: 1,
             outcomes: vec![SwapOutcome::Confirmed; 3]
         }));
+    }
+
+    /// Delivers every send in `out` to its shard and returns the answers as inputs.
+    fn deliver(shards: &mut [ShardState], out: &[Output]) -> Vec<Input> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Send { shard, by, cmd } => {
+                    let dtx = match cmd {
+                        ShardCmd::Prepare { dtx, .. }
+                        | ShardCmd::Commit { dtx, .. }
+                        | ShardCmd::Discard { dtx } => *dtx,
+                    };
+                    let reply = shards[*shard as usize].apply(*by, cmd.clone());
+                    Some(Input::Reply {
+                        dtx,
+                        shard: *shard,
+                        reply,
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs `c` from `out` until it has nothing left to do, over a network that loses nothing
+    /// and a group that replicates into `log`; returns the answers given.
+    fn drive(
+        c: &mut Coordinator,
+        log: &mut CoordLog,
+        shards: &mut [ShardState],
+        out: Vec<Output>,
+    ) -> Vec<Vec<SwapOutcome>> {
+        let mut answers = Vec::new();
+        let mut pending = vec![out];
+        while let Some(out) = pending.pop() {
+            for input in deliver(shards, &out) {
+                pending.push(c.handle(input));
+            }
+            for o in out {
+                match o {
+                    Output::Replicate(e) => {
+                        log.apply(&e);
+                        pending.push(c.handle(Input::Replicated(e)));
+                    }
+                    Output::Answer { outcomes, .. } => answers.push(outcomes),
+                    Output::Send { .. } => {}
+                }
+            }
+        }
+        answers
+    }
+
+    #[test]
+    fn a_deposed_leader_resending_prepares_locks_nothing_after_its_batch_was_finished() {
+        let map = ShardMap::even(2).unwrap();
+        let on = |s: ShardId| (0..).find(|n| map.shard_of(&id(*n)) == s).unwrap();
+        let (a, b) = (on(0), on(1));
+        let mut shards = vec![ShardState::new(), ShardState::new()];
+        shards[0].seed(&[(id(a), 5)]);
+        // Spends `a` (shard 0, exists) and `b` (shard 1, unknown): shard 0 locks `a`, shard 1
+        // votes missing, so the batch aborts and `a` stays unspent.
+        let t = transfer(1, &[a, b], &[(a + 1000, 5)]);
+        let mut log = CoordLog::default();
+        let mut old = coord_of(2, 1);
+        let out = old.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![t],
+        });
+        let (dtx, txs) = begin_of(&out);
+        log.apply(&CoordEntry::Begin {
+            dtx,
+            txs: txs.clone(),
+        });
+        let prepares = old.handle(Input::Replicated(CoordEntry::Begin { dtx, txs }));
+        assert!(sends(&prepares)
+            .iter()
+            .all(|(_, c)| matches!(c, ShardCmd::Prepare { .. })));
+        // The old leader's prepares arrive (its answers do not), then it is deposed.
+        deliver(&mut shards, &prepares);
+        assert!(shards[0].in_flight().0 == 1 && shards[0].in_flight().1 >= 1);
+
+        // The new leader (term 2) finishes the batch from the log: prepare again (stored votes),
+        // decide, commit, discard, done. Every command it sends carries its term.
+        let mut new = coord_of(2, 2);
+        let resumed = new.handle(Input::Resume(log.batches().clone()));
+        assert!(resumed.iter().all(|o| matches!(
+            o,
+            Output::Send {
+                by: Fence { group: 0, term: 2 },
+                ..
+            }
+        )));
+        assert!(drive(&mut new, &mut log, &mut shards, resumed).is_empty());
+        assert!(log.batches().is_empty() && log.finished == 1);
+        assert!(shards.iter().all(|s| s.in_flight() == (0, 0)));
+        assert_eq!(new.in_flight(), 0);
+        // Shard 0 then discards so many batches that it forgets this one.
+        for d in 0..DISCARDED_MEMORY as Dtx {
+            shards[0].apply(
+                Fence { group: 0, term: 2 },
+                ShardCmd::Discard { dtx: d + 1 + dtx },
+            );
+        }
+        // The deposed leader, unaware, resends its prepares: refused, nothing locked.
+        let again = old.handle(Input::Tick(1_000));
+        assert_eq!(sends(&again), sends(&prepares));
+        for input in deliver(&mut shards, &again) {
+            let Input::Reply { reply, .. } = input else {
+                unreachable!()
+            };
+            assert_eq!(reply, ShardReply::Deposed(2));
+        }
+        assert!(shards.iter().all(|s| s.in_flight() == (0, 0)));
+        assert!(shards[0].is_unspent(&id(a)));
+        // `a` can be spent by the next batch.
+        let out = new.handle(Input::Submit {
+            ticket: 2,
+            txs: vec![transfer(2, &[a], &[(a + 2000, 5)])],
+        });
+        assert_eq!(
+            drive(&mut new, &mut log, &mut shards, out),
+            vec![vec![SwapOutcome::Confirmed]]
+        );
+        assert!(!shards[0].is_unspent(&id(a)) && shards[0].is_unspent(&id(a + 2000)));
     }
 }

@@ -982,6 +982,14 @@ impl<M: Machine> Replica<M> {
         self.raft.metrics().borrow().state == ServerState::Leader
     }
 
+    /// The term this replica leads in, if it currently believes it is the leader (read from one
+    /// metrics snapshot, so the term is the one it was elected in).
+    pub fn leader_term(&self) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        (m.state == ServerState::Leader).then_some(m.current_term)
+    }
+
     /// Builds a snapshot of everything applied so far and waits until it is in place (the log is
     /// then purged up to it, minus [`RaftOptions::keep_logs`]).
     pub async fn snapshot_now(&self) -> Result<(), RaftError> {

@@ -12,8 +12,13 @@
 //! `Commit` after a commit acknowledges, and `Prepare` of a finished batch is refused, never
 //! re-locks. The state is replicated by applying the same commands in the same order on every
 //! replica (Raft): it must not read clocks or randomness.
+//!
+//! Every command carries a [`Fence`]: the sending coordinator group and the Raft term its
+//! leader was elected in. The shard remembers the highest term seen from each group and answers
+//! [`ShardReply::Deposed`] to a command from a lower one, changing nothing: a deposed leader's
+//! late `Prepare` cannot re-lock a batch the group's new leader has finished, however long ago.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// Ids are uniformly random hashes: a fast non-cryptographic hasher is safe here (iteration
 /// order never affects a reply, so replicas stay deterministic).
@@ -25,8 +30,29 @@ use serde::{Deserialize, Serialize};
 
 use crate::Dtx;
 
-/// Batch ids remembered after `Discard` (so a late duplicate `Prepare` cannot re-lock).
+/// Batch ids remembered after `Discard` (so a late duplicate `Prepare` of the same leader
+/// cannot re-lock; a deposed leader's is refused by its [`Fence`] whatever this remembers).
 pub const DISCARDED_MEMORY: usize = 1 << 16;
+
+/// Who sends a command: a coordinator group and the Raft term of the leader sending it. A group
+/// has at most one leader per term and its terms only grow, so once a shard has taken a command
+/// of term `t` from a group, any sender of an earlier term of that group is a deposed leader.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// The coordinator group.
+    pub group: u16,
+    /// Its leader's Raft term.
+    pub term: u64,
+}
+
+/// A command with its sender: what a coordinator sends and what a shard replicates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    /// The sender.
+    pub by: Fence,
+    /// The command.
+    pub cmd: ShardCmd,
+}
 
 /// One transaction's part on one shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,8 +117,12 @@ pub enum ShardReply {
     Committed,
     /// The batch is forgotten.
     Discarded,
-    /// The command does not fit the shard's state (it changed nothing).
+    /// The command does not fit the shard's state (it changed nothing, except that a newer
+    /// term of its sender's group is now the newest).
     Refused(String),
+    /// The sender's term is below the newest term this shard has taken from its group: it is a
+    /// deposed leader (nothing changed). Carries that newest term.
+    Deposed(u64),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,6 +143,8 @@ pub struct ShardState {
     discarded: HashSet<Dtx>,
     discarded_order: VecDeque<Dtx>,
     books: Supply,
+    /// The newest term taken from each coordinator group.
+    fences: BTreeMap<u16, u64>,
 }
 
 impl ShardState {
@@ -121,8 +153,14 @@ impl ShardState {
         ShardState::default()
     }
 
-    /// Applies one command.
-    pub fn apply(&mut self, cmd: ShardCmd) -> ShardReply {
+    /// Applies one command from `by`: refused with [`ShardReply::Deposed`] if a newer term of
+    /// `by`'s group was taken before; otherwise `by`'s term becomes the group's newest.
+    pub fn apply(&mut self, by: Fence, cmd: ShardCmd) -> ShardReply {
+        let newest = self.fences.entry(by.group).or_insert(by.term);
+        if by.term < *newest {
+            return ShardReply::Deposed(*newest);
+        }
+        *newest = by.term;
         match cmd {
             ShardCmd::Prepare { dtx, parts } => self.prepare(dtx, parts),
             ShardCmd::Commit { dtx, commit } => self.commit(dtx, &commit),
@@ -285,6 +323,11 @@ impl ShardState {
         self.books
     }
 
+    /// The newest term taken from a coordinator group (`None` before its first command).
+    pub fn fence(&self, group: u16) -> Option<u64> {
+        self.fences.get(&group).copied()
+    }
+
     /// Batches prepared and not yet committed or discarded, and locks held.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.prepared.len() + self.committed.len(), self.locks.len())
@@ -337,6 +380,9 @@ mod tests {
     use super::*;
     use florin_ledger::store::testing::id;
 
+    /// The sender of the tests that are not about fencing.
+    const BY: Fence = Fence { group: 0, term: 1 };
+
     fn part(txid: u64, owns: bool, inputs: &[u64], outputs: &[(u64, u64)]) -> Part {
         Part {
             txid: id(1000 + txid),
@@ -361,7 +407,7 @@ mod tests {
             part(2, true, &[1, 2], &[(11, 30)]),
             part(3, true, &[99], &[]),
         ];
-        let r = s.apply(ShardCmd::Prepare { dtx: 7, parts });
+        let r = s.apply(BY, ShardCmd::Prepare { dtx: 7, parts });
         // The second part finds input 1 locked by the first: busy, not spent.
         assert_eq!(
             r,
@@ -370,17 +416,23 @@ mod tests {
         assert_eq!(s.in_flight(), (1, 2)); // input 1 and txid 1
                                            // A retried prepare answers the same and locks nothing more.
         assert_eq!(
-            s.apply(ShardCmd::Prepare {
-                dtx: 7,
-                parts: vec![]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Prepare {
+                    dtx: 7,
+                    parts: vec![]
+                }
+            ),
             r
         );
         assert_eq!(
-            s.apply(ShardCmd::Commit {
-                dtx: 7,
-                commit: vec![true, false, false]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Commit {
+                    dtx: 7,
+                    commit: vec![true, false, false]
+                }
+            ),
             ShardReply::Committed
         );
         assert!(!s.is_unspent(&id(1)) && s.is_unspent(&id(10)) && s.is_unspent(&id(2)));
@@ -389,21 +441,30 @@ mod tests {
         // A retried commit is acknowledged and changes nothing.
         let books = s.books();
         assert_eq!(
-            s.apply(ShardCmd::Commit {
-                dtx: 7,
-                commit: vec![true, false, false]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Commit {
+                    dtx: 7,
+                    commit: vec![true, false, false]
+                }
+            ),
             ShardReply::Committed
         );
         assert_eq!(s.books(), books);
         assert_eq!(books.unspent_cents, 60);
-        assert_eq!(s.apply(ShardCmd::Discard { dtx: 7 }), ShardReply::Discarded);
+        assert_eq!(
+            s.apply(BY, ShardCmd::Discard { dtx: 7 }),
+            ShardReply::Discarded
+        );
         assert_eq!(s.in_flight(), (0, 0));
         // A late duplicate prepare of a finished batch is refused and locks nothing.
-        let late = s.apply(ShardCmd::Prepare {
-            dtx: 7,
-            parts: vec![part(4, true, &[2], &[])],
-        });
+        let late = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 7,
+                parts: vec![part(4, true, &[2], &[])],
+            },
+        );
         assert!(matches!(late, ShardReply::Refused(_)));
         assert_eq!(s.in_flight(), (0, 0));
     }
@@ -411,60 +472,87 @@ mod tests {
     #[test]
     fn replays_and_bad_commits_are_refused() {
         let mut s = seeded();
-        s.apply(ShardCmd::Prepare {
-            dtx: 1,
-            parts: vec![part(1, true, &[1], &[(10, 10)])],
-        });
+        s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 1,
+                parts: vec![part(1, true, &[1], &[(10, 10)])],
+            },
+        );
         // Commit naming the wrong number of parts, or committing a non-Ok vote: refused.
         assert!(matches!(
-            s.apply(ShardCmd::Commit {
-                dtx: 1,
-                commit: vec![true, true]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Commit {
+                    dtx: 1,
+                    commit: vec![true, true]
+                }
+            ),
             ShardReply::Refused(_)
         ));
         assert!(matches!(
-            s.apply(ShardCmd::Commit {
-                dtx: 9,
-                commit: vec![]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Commit {
+                    dtx: 9,
+                    commit: vec![]
+                }
+            ),
             ShardReply::Refused(_)
         ));
-        s.apply(ShardCmd::Commit {
-            dtx: 1,
-            commit: vec![true],
-        });
+        s.apply(
+            BY,
+            ShardCmd::Commit {
+                dtx: 1,
+                commit: vec![true],
+            },
+        );
         // The same transaction in a new batch: a replay.
-        let r = s.apply(ShardCmd::Prepare {
-            dtx: 2,
-            parts: vec![part(1, true, &[1], &[(10, 10)])],
-        });
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 2,
+                parts: vec![part(1, true, &[1], &[(10, 10)])],
+            },
+        );
         assert_eq!(r, ShardReply::Prepared(vec![Vote::Applied]));
         // A part that is not ours to confirm sees only the spent input.
-        let r = s.apply(ShardCmd::Prepare {
-            dtx: 3,
-            parts: vec![part(1, false, &[1], &[])],
-        });
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 3,
+                parts: vec![part(1, false, &[1], &[])],
+            },
+        );
         assert_eq!(r, ShardReply::Prepared(vec![Vote::Missing]));
         // Spending one input twice in one transaction is refused.
-        let r = s.apply(ShardCmd::Prepare {
-            dtx: 4,
-            parts: vec![part(5, true, &[2, 2], &[])],
-        });
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 4,
+                parts: vec![part(5, true, &[2, 2], &[])],
+            },
+        );
         assert_eq!(r, ShardReply::Prepared(vec![Vote::Missing]));
         // Discarding a prepared batch aborts it: its locks go.
-        s.apply(ShardCmd::Prepare {
-            dtx: 5,
-            parts: vec![part(6, true, &[3], &[])],
-        });
+        s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 5,
+                parts: vec![part(6, true, &[3], &[])],
+            },
+        );
         assert_eq!(s.in_flight().1, 2);
-        s.apply(ShardCmd::Discard { dtx: 5 });
+        s.apply(BY, ShardCmd::Discard { dtx: 5 });
         assert!(s.is_unspent(&id(3)));
         assert_eq!(
-            s.apply(ShardCmd::Prepare {
-                dtx: 6,
-                parts: vec![part(6, true, &[3], &[])]
-            }),
+            s.apply(
+                BY,
+                ShardCmd::Prepare {
+                    dtx: 6,
+                    parts: vec![part(6, true, &[3], &[])]
+                }
+            ),
             ShardReply::Prepared(vec![Vote::Ok])
         );
     }
@@ -474,24 +562,36 @@ mod tests {
         let mut s = ShardState::new();
         let mut mint = part(1, true, &[], &[(1, 100)]);
         mint.kind = TxKind::Mint;
-        s.apply(ShardCmd::Prepare {
-            dtx: 1,
-            parts: vec![mint],
-        });
-        s.apply(ShardCmd::Commit {
-            dtx: 1,
-            commit: vec![true],
-        });
+        s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 1,
+                parts: vec![mint],
+            },
+        );
+        s.apply(
+            BY,
+            ShardCmd::Commit {
+                dtx: 1,
+                commit: vec![true],
+            },
+        );
         let mut redeem = part(2, false, &[1], &[]);
         redeem.kind = TxKind::Redeem;
-        s.apply(ShardCmd::Prepare {
-            dtx: 2,
-            parts: vec![redeem],
-        });
-        s.apply(ShardCmd::Commit {
-            dtx: 2,
-            commit: vec![true],
-        });
+        s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 2,
+                parts: vec![redeem],
+            },
+        );
+        s.apply(
+            BY,
+            ShardCmd::Commit {
+                dtx: 2,
+                commit: vec![true],
+            },
+        );
         let b = s.books();
         assert_eq!(
             (b.minted_cents, b.redeemed_cents, b.unspent_cents),
@@ -501,5 +601,124 @@ mod tests {
         let back: ShardState = decode(&encode(&s)).unwrap();
         assert_eq!(back.books(), b);
         assert!(decode::<ShardState>(&[0xff; 3]).is_err());
+    }
+
+    fn prepare(dtx: Dtx, parts: Vec<Part>) -> ShardCmd {
+        ShardCmd::Prepare { dtx, parts }
+    }
+
+    fn commit(dtx: Dtx, commit: &[bool]) -> ShardCmd {
+        ShardCmd::Commit {
+            dtx,
+            commit: commit.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_deposed_leaders_late_prepare_of_a_forgotten_batch_locks_nothing() {
+        let old = Fence { group: 0, term: 1 };
+        let new = Fence { group: 0, term: 2 };
+        let mut s = seeded();
+        // The old leader prepares batch 7, then is deposed.
+        let spend = || vec![part(1, true, &[1], &[(10, 10)])];
+        assert_eq!(
+            s.apply(old, prepare(7, spend())),
+            ShardReply::Prepared(vec![Vote::Ok])
+        );
+        // The new leader resumes it from `Begin`: its retried prepare gets the stored votes;
+        // the batch is decided not to commit (say another shard was busy), then discarded.
+        assert_eq!(
+            s.apply(new, prepare(7, spend())),
+            ShardReply::Prepared(vec![Vote::Ok])
+        );
+        assert_eq!(s.apply(new, commit(7, &[false])), ShardReply::Committed);
+        assert_eq!(
+            s.apply(new, ShardCmd::Discard { dtx: 7 }),
+            ShardReply::Discarded
+        );
+        assert_eq!(s.in_flight(), (0, 0));
+        // So many later batches are discarded that batch 7 is forgotten.
+        for dtx in 100..100 + DISCARDED_MEMORY as Dtx {
+            s.apply(new, ShardCmd::Discard { dtx });
+        }
+        assert!(!s.discarded.contains(&7));
+        // The old leader, still resending, must not lock input 1 again: nobody would release it.
+        assert_eq!(s.apply(old, prepare(7, spend())), ShardReply::Deposed(2));
+        assert_eq!(s.apply(old, commit(7, &[true])), ShardReply::Deposed(2));
+        assert_eq!(
+            s.apply(old, ShardCmd::Discard { dtx: 7 }),
+            ShardReply::Deposed(2)
+        );
+        assert_eq!(s.in_flight(), (0, 0));
+        assert!(s.is_unspent(&id(1)) && !s.is_unspent(&id(10)));
+        // Input 1 is free for the next batch.
+        assert_eq!(
+            s.apply(new, prepare(8, vec![part(2, true, &[1], &[])])),
+            ShardReply::Prepared(vec![Vote::Ok])
+        );
+        // A restarted shard (its snapshot) still knows the group's newest term.
+        let back: ShardState = decode(&encode(&s)).unwrap();
+        assert_eq!(back.fence(0), Some(2));
+        let mut back = back;
+        assert_eq!(back.apply(old, prepare(7, spend())), ShardReply::Deposed(2));
+    }
+
+    #[test]
+    fn phases_stay_idempotent_across_leaders_and_groups_are_fenced_apart() {
+        let (t1, t2, t3) = (
+            Fence { group: 0, term: 1 },
+            Fence { group: 0, term: 2 },
+            Fence { group: 0, term: 3 },
+        );
+        let other = Fence { group: 1, term: 1 };
+        let mut s = seeded();
+        let p = || vec![part(1, true, &[1], &[(10, 10)]), part(2, true, &[99], &[])];
+        let votes = ShardReply::Prepared(vec![Vote::Ok, Vote::Missing]);
+        // Retries within a term get the first answer.
+        assert_eq!(s.apply(t1, prepare(7, p())), votes);
+        assert_eq!(s.apply(t1, prepare(7, p())), votes);
+        // The new leader finishes the old leader's batch from its last phase: prepare again
+        // (stored votes), then commit, each retried.
+        assert_eq!(s.apply(t2, prepare(7, p())), votes);
+        assert_eq!(s.apply(t1, prepare(7, p())), ShardReply::Deposed(2));
+        assert_eq!(
+            s.apply(t2, commit(7, &[true, false])),
+            ShardReply::Committed
+        );
+        let books = s.books();
+        assert_eq!(
+            s.apply(t2, commit(7, &[true, false])),
+            ShardReply::Committed
+        );
+        assert_eq!(s.books(), books);
+        // A third leader resumes at `Decide` (the second died before `Done`): commit again is
+        // acknowledged, discard forgets; both retried.
+        assert_eq!(
+            s.apply(t3, commit(7, &[true, false])),
+            ShardReply::Committed
+        );
+        for _ in 0..2 {
+            assert_eq!(
+                s.apply(t3, ShardCmd::Discard { dtx: 7 }),
+                ShardReply::Discarded
+            );
+        }
+        assert_eq!(
+            s.apply(t3, commit(7, &[true, false])),
+            ShardReply::Committed
+        );
+        assert_eq!(s.books(), books);
+        assert!(s.is_confirmed(&id(1001)) && s.is_unspent(&id(10)));
+        assert_eq!(s.in_flight(), (0, 0));
+        // Another coordinator group's terms are its own: its term 1 is not deposed by group
+        // 0's term 3, and a refused command leaves the newest terms as they were.
+        assert_eq!(
+            s.apply(other, prepare(9, vec![part(3, true, &[2], &[])])),
+            ShardReply::Prepared(vec![Vote::Ok])
+        );
+        assert_eq!(
+            (s.fence(0), s.fence(1), s.fence(2)),
+            (Some(3), Some(1), None)
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! Deterministic simulation of the sharded engine: the real shard and coordinator state
 //! machines over a seeded network that drops, duplicates, delays, reorders and partitions,
 //! with coordinator crashes (a new leader resumes from the replicated log, and an entry being
-//! replicated at the crash may or may not have committed). A fault phase is followed by a
+//! replicated at the crash may or may not have committed). Half the time the crashed leader is
+//! only deposed: it goes on resending its commands under its old term for a while, and the
+//! shards must refuse them once the new leader has reached them. A fault phase is followed by a
 //! recovery phase; then the invariants are checked: no double spend, no lost acknowledged
 //! transaction, all-or-nothing transactions, value conserved, every batch completed, every
 //! submission answered.
@@ -18,7 +20,7 @@ use florin_cluster::coordinator::{
     CoordEntry, CoordLog, Coordinator, CoordinatorConfig, Input, Output, Ticket,
 };
 use florin_cluster::route::{ShardId, ShardMap};
-use florin_cluster::shard::{ShardCmd, ShardReply, ShardState};
+use florin_cluster::shard::{Fence, ShardCmd, ShardReply, ShardState};
 use florin_cluster::Dtx;
 use florin_ledger::{CompactTx, SwapOutcome, TxKind, UhsId};
 use rand::rngs::StdRng;
@@ -29,7 +31,7 @@ enum Ev {
     Tick,
     Submit,
     /// A command reaches a shard.
-    ToShard(ShardId, ShardCmd, u64),
+    ToShard(ShardId, Fence, ShardCmd, u64),
     /// A shard's answer reaches the coordinator (of the given epoch).
     ToCoord(Dtx, ShardId, ShardReply, u64),
     /// An entry's replication finishes (for the given epoch).
@@ -49,6 +51,8 @@ struct Sim {
     shards: Vec<ShardState>,
     log: CoordLog,
     coord: Option<Coordinator>,
+    /// A deposed leader that does not know it yet, and until when it keeps resending.
+    zombie: Option<(Coordinator, u64)>,
     epoch: u64,
     replicating: Vec<CoordEntry>,
     faults: bool,
@@ -61,8 +65,9 @@ struct Sim {
     in_doubt: Vec<CompactTx>,
     acked: HashSet<UhsId>,
     answered: u64,
-    /// (crashes, partitions, missing-input answers, replay answers)
-    seen: [u64; 4],
+    /// (crashes, partitions, missing-input answers, replay answers, deposed leaders' commands
+    /// refused)
+    seen: [u64; 5],
     minted: u64,
     redeemed_max: u64,
     next_id: u64,
@@ -95,6 +100,7 @@ impl Sim {
             shards: states,
             log: CoordLog::default(),
             coord: None,
+            zombie: None,
             epoch: 0,
             replicating: Vec::new(),
             faults: true,
@@ -106,7 +112,7 @@ impl Sim {
             in_doubt: Vec::new(),
             acked: HashSet::new(),
             answered: 0,
-            seen: [0; 4],
+            seen: [0; 5],
             minted: 64 * 100,
             redeemed_max: 0,
             next_id: 0,
@@ -126,6 +132,11 @@ impl Sim {
                 max_inflight: 3,
                 max_attempts: 6,
                 resend_after: 40,
+            },
+            // The group's Raft term: every new leader's is higher.
+            Fence {
+                group: 0,
+                term: self.epoch + 1,
             },
             Box::new(StdRng::seed_from_u64(seed)),
         )
@@ -158,15 +169,15 @@ impl Sim {
                     self.replicating.push(e.clone());
                     self.at(d, Ev::Replicated(e, self.epoch));
                 }
-                Output::Send { shard, cmd } => {
+                Output::Send { shard, by, cmd } => {
                     if self.lost() {
                         continue;
                     }
                     let d = self.net_delay();
                     if self.faults && self.rng.gen_bool(0.05) {
-                        self.at(d + 7, Ev::ToShard(shard, cmd.clone(), self.epoch));
+                        self.at(d + 7, Ev::ToShard(shard, by, cmd.clone(), self.epoch));
                     }
-                    self.at(d, Ev::ToShard(shard, cmd, self.epoch));
+                    self.at(d, Ev::ToShard(shard, by, cmd, self.epoch));
                 }
                 Output::Answer { ticket, outcomes } => {
                     let txs = self.tickets.remove(&ticket).expect("answered once");
@@ -275,6 +286,19 @@ impl Sim {
             Ev::Tick => {
                 let now = self.now;
                 self.feed(Input::Tick(now));
+                // The deposed leader resends what it has in flight (its entries never
+                // replicate and it hears no answers: only its sends go out).
+                if let Some((mut z, until)) = self.zombie.take() {
+                    if now < until {
+                        let sends = z
+                            .handle(Input::Tick(now))
+                            .into_iter()
+                            .filter(|o| matches!(o, Output::Send { .. }))
+                            .collect();
+                        self.run_outputs(sends);
+                        self.zombie = Some((z, until));
+                    }
+                }
                 self.at(5, Ev::Tick);
             }
             Ev::Submit => {
@@ -301,7 +325,7 @@ impl Sim {
                     self.at(d, Ev::Partition(s, false));
                 }
             }
-            Ev::ToShard(s, cmd, epoch) => {
+            Ev::ToShard(s, by, cmd, epoch) => {
                 if self.cut.contains(&s) || self.lost() {
                     return true;
                 }
@@ -310,7 +334,10 @@ impl Sim {
                     | ShardCmd::Commit { dtx, .. }
                     | ShardCmd::Discard { dtx } => *dtx,
                 };
-                let reply = self.shards[s as usize].apply(cmd);
+                let reply = self.shards[s as usize].apply(by, cmd);
+                if matches!(reply, ShardReply::Deposed(_)) {
+                    self.seen[4] += 1;
+                }
                 if !self.lost() {
                     let d = self.net_delay();
                     self.at(d, Ev::ToCoord(dtx, s, reply, epoch));
@@ -340,9 +367,22 @@ impl Sim {
                             self.log.apply(&e);
                         }
                     }
-                    for t in c.abandon() {
-                        if let Some(txs) = self.tickets.remove(&t) {
-                            self.in_doubt.extend(txs);
+                    if self.faults && self.rng.gen_bool(0.5) {
+                        // Deposed, not dead: its submitters give up on it all the same.
+                        let mut open: Vec<Ticket> = self.tickets.keys().copied().collect();
+                        open.sort_unstable();
+                        for t in open {
+                            if let Some(txs) = self.tickets.remove(&t) {
+                                self.in_doubt.extend(txs);
+                            }
+                        }
+                        let until = self.now + self.rng.gen_range(100..600);
+                        self.zombie = Some((c, until));
+                    } else {
+                        for t in c.abandon() {
+                            if let Some(txs) = self.tickets.remove(&t) {
+                                self.in_doubt.extend(txs);
+                            }
                         }
                     }
                     self.epoch += 1;
@@ -446,7 +486,7 @@ impl Sim {
     }
 }
 
-fn run(seed: u64, shards: usize) -> (usize, u64, [u64; 4]) {
+fn run(seed: u64, shards: usize) -> (usize, u64, [u64; 5]) {
     let mut sim = Sim::new(seed, shards);
     // Fault phase.
     while sim.now < 3_000 && sim.step() {}
@@ -485,20 +525,23 @@ fn run(seed: u64, shards: usize) -> (usize, u64, [u64; 4]) {
 #[test]
 fn seeded_faults_then_recovery_keep_every_invariant() {
     let mut total = 0;
-    let mut seen = [0u64; 4];
+    let mut seen = [0u64; 5];
     for seed in 0..24 {
         let shards = 1 + (seed % 4) as usize;
         let (confirmed, answered, s) = run(seed, shards);
         assert!(answered > 10, "seed {seed}: too little load ({answered})");
         total += confirmed;
-        for i in 0..4 {
+        for i in 0..5 {
             seen[i] += s[i];
         }
     }
     assert!(total > 1000, "the workload commits something ({total})");
     // The runs did meet what they are meant to survive.
-    let [crashes, partitions, conflicts, replays] = seen;
-    assert!(crashes >= 5 && partitions >= 10, "faults: {seen:?}");
+    let [crashes, partitions, conflicts, replays, fenced] = seen;
+    assert!(
+        crashes >= 5 && partitions >= 10 && fenced >= 100,
+        "faults: {seen:?}"
+    );
     assert!(
         conflicts >= 50 && replays >= 1,
         "conflicts and replays: {seen:?}"

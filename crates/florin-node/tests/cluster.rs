@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use florin_cluster::raft::RaftOptions;
-use florin_cluster::shard::{Part, ShardCmd};
+use florin_cluster::shard::{Fence, Fenced, Part, ShardCmd};
 use florin_crypto::PublicKey;
 use florin_ledger::store::testing::{id, mint, run_suite, transfer};
 use florin_ledger::{SwapOutcome, SwapStore};
@@ -64,7 +64,14 @@ fn a_replicated_cluster_passes_the_store_suite() {
             outputs: vec![(id(78), 1_000_000)],
         }],
     };
-    match peer.call(&Request::Shard(forged)).unwrap() {
+    let forged = Fenced {
+        by: Fence {
+            group: 0,
+            term: u64::MAX,
+        },
+        cmd: forged,
+    };
+    match peer.call(&Request::Fenced(forged)).unwrap() {
         Response::Error(e) => assert!(e.contains("only from coordinators"), "{e}"),
         other => panic!("a forged prepare was taken: {other:?}"),
     }

@@ -12,7 +12,7 @@ pub mod client;
 pub mod rpc;
 pub mod service;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -185,6 +185,21 @@ impl ClusterSpec {
             .collect()
     }
 
+    /// Every coordinator replica's key with its group (a shard takes a group's two-phase-commit
+    /// commands only from that group's members).
+    pub fn coordinator_groups(&self) -> HashMap<PublicKey, u16> {
+        self.coordinators
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| {
+                group
+                    .members
+                    .iter()
+                    .filter_map(move |m| key_of(&m.key).ok().map(|k| (k, g as u16)))
+            })
+            .collect()
+    }
+
     /// Keys of the clients (sentinels): the only submitters, and readers with coordinators.
     pub fn client_keys(&self) -> HashSet<PublicKey> {
         self.clients.iter().filter_map(|k| key_of(k).ok()).collect()
@@ -351,7 +366,7 @@ pub async fn start_member(
                 shard: group,
                 replica: replica.clone(),
                 members,
-                coordinators: spec.coordinator_keys(),
+                coordinators: spec.coordinator_groups(),
                 readers: spec
                     .client_keys()
                     .union(&spec.coordinator_keys())

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use florin_cluster::raft::ReplicaStatus;
-use florin_cluster::shard::{ShardCmd, ShardReply};
+use florin_cluster::shard::{Fenced, ShardReply};
 use florin_crypto::{Digest, LocalSigner, PublicKey};
 use florin_ledger::{CompactTx, Supply, SwapOutcome, UhsId};
 use florin_net::channel::{accept_on, connect, Channel, ChannelConfig, NetError};
@@ -32,8 +32,6 @@ const POOL: usize = 16;
 pub enum Request {
     /// A Raft message for this node's group (from a member of it).
     Raft(Vec<u8>),
-    /// A two-phase-commit command (to a shard leader, from a coordinator).
-    Shard(ShardCmd),
     /// Compact transactions to apply (to a coordinator leader, from a sentinel).
     Submit(Vec<CompactTx>),
     /// Which of these ids are unspent (a shard leader; linearizable).
@@ -44,6 +42,9 @@ pub enum Request {
     Books,
     /// The node's Raft status.
     Status,
+    /// A two-phase-commit command with its sender's group and term (to a shard leader, from a
+    /// coordinator of that group).
+    Fenced(Fenced),
 }
 
 /// A cluster node's answer.

@@ -10,7 +10,7 @@ use florin_cluster::coordinator::{
 };
 use florin_cluster::raft::{Machine, RaftError, Replica};
 use florin_cluster::route::{ShardId, ShardMap};
-use florin_cluster::shard::{decode, encode, ShardCmd, ShardReply, ShardState};
+use florin_cluster::shard::{decode, encode, Fence, Fenced, ShardCmd, ShardReply, ShardState};
 use florin_crypto::PublicKey;
 use florin_ledger::{CompactTx, SwapOutcome};
 use rand::SeedableRng;
@@ -25,8 +25,8 @@ pub struct ShardMachine(pub ShardState);
 
 impl Machine for ShardMachine {
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
-        let reply = match decode::<ShardCmd>(cmd) {
-            Ok(cmd) => self.0.apply(cmd),
+        let reply = match decode::<Fenced>(cmd) {
+            Ok(f) => self.0.apply(f.by, f.cmd),
             Err(e) => ShardReply::Refused(e),
         };
         encode(&reply)
@@ -75,8 +75,9 @@ pub struct ShardService {
     pub replica: Arc<Replica<ShardMachine>>,
     /// Keys of the shard's members (the only ones whose Raft messages are taken).
     pub members: HashSet<PublicKey>,
-    /// Keys of coordinator replicas (the only ones whose 2PC commands are taken).
-    pub coordinators: HashSet<PublicKey>,
+    /// Keys of coordinator replicas, with their group (the only ones whose 2PC commands are
+    /// taken, each only for its own group).
+    pub coordinators: HashMap<PublicKey, u16>,
     /// Keys allowed to read (clients and coordinators).
     pub readers: HashSet<PublicKey>,
 }
@@ -88,15 +89,21 @@ impl Handler for ShardService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::Raft(_) => Response::Error("raft messages only from members".into()),
-            Request::Shard(_) if !self.coordinators.contains(peer) => {
+            Request::Fenced(_) if !self.coordinators.contains_key(peer) => {
                 Response::Error("two-phase-commit commands only from coordinators".into())
+            }
+            Request::Fenced(f) if self.coordinators.get(peer) != Some(&f.by.group) => {
+                Response::Error(format!(
+                    "a coordinator speaks only for its own group, not group {}",
+                    f.by.group
+                ))
             }
             Request::Unspent(_) | Request::Confirmed(_) | Request::Books
                 if !self.readers.contains(peer) =>
             {
                 Response::Error("reads only from clients and coordinators".into())
             }
-            Request::Shard(cmd) => match self.replica.write(encode(&cmd)).await {
+            Request::Fenced(f) => match self.replica.write(encode(&f)).await {
                 Ok(b) => match decode::<ShardReply>(&b) {
                     Ok(r) => Response::Shard(r),
                     Err(e) => Response::Error(e),
@@ -179,7 +186,7 @@ impl CoordService {
             engine: tx.clone(),
             load: load.clone(),
         });
-        tokio::spawn(engine_loop(replica, map, shards, cfg, tx, rx, load));
+        tokio::spawn(engine_loop(group, replica, map, shards, cfg, tx, rx, load));
         svc
     }
 }
@@ -220,7 +227,9 @@ impl Handler for CoordService {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn engine_loop(
+    group: u16,
     replica: Arc<Replica<CoordMachine>>,
     map: ShardMap,
     shards: Vec<Arc<GroupClient>>,
@@ -231,6 +240,9 @@ async fn engine_loop(
 ) {
     let start = Instant::now();
     let mut engine: Option<Coordinator> = None;
+    // The term the engine leads in: its commands carry it, and it stops when the replica no
+    // longer leads in exactly that term.
+    let mut term = 0u64;
     let mut epoch = 0u64;
     let mut next_ticket: Ticket = 0;
     let mut waiters: HashMap<Ticket, oneshot::Sender<Answer>> = HashMap::new();
@@ -257,6 +269,16 @@ async fn engine_loop(
                     {
                         eprintln!("florin coordinator: shard {shard} refused batch {dtx:032x}: {why}");
                     }
+                    // A later leader of this group has reached the shard: this one is deposed.
+                    EngineMsg::Input(ep, Input::Reply { shard, reply: ShardReply::Deposed(newer), .. })
+                        if ep == epoch =>
+                    {
+                        eprintln!(
+                            "florin coordinator: shard {shard} has seen term {newer} of this group, \
+                             this leader's is {term}: stepping down"
+                        );
+                        step_down(&mut engine, &mut waiters, &mut epoch);
+                    }
                     EngineMsg::Input(ep, input) if ep == epoch => {
                         if let Some(e) = engine.as_mut() {
                             outputs = e.handle(input);
@@ -269,22 +291,27 @@ async fn engine_loop(
                 }
             }
             _ = tick.tick() => {
-                let leads = replica.is_leader();
-                if leads && engine.is_none() {
+                let leads = replica.leader_term();
+                if let (Some(t), None) = (leads, &engine) {
                     // Everything committed before this term is applied once a linearizable
                     // read returns: the unfinished batches are complete.
-                    if let Ok(batches) = replica.read(|m| m.0.batches().clone()).await {
+                    let read = replica.read(|m| m.0.batches().clone()).await;
+                    if let (Ok(batches), true) = (read, replica.leader_term() == Some(t)) {
                         epoch += 1;
+                        term = t;
                         let mut e = Coordinator::new(
                             map.clone(),
                             cfg,
+                            Fence { group, term },
                             Box::new(rand::rngs::StdRng::from_entropy()),
                         );
                         e.handle(Input::Tick(start.elapsed().as_millis() as u64));
                         outputs = e.handle(Input::Resume(batches));
                         engine = Some(e);
                     }
-                } else if !leads && engine.is_some() {
+                } else if engine.is_some() && leads != Some(term) {
+                    // Not the leader any more, or leader again in a later term without this
+                    // engine having noticed: stop; a new engine resumes under the new term.
                     step_down(&mut engine, &mut waiters, &mut epoch);
                 } else if let Some(e) = engine.as_mut() {
                     outputs = e.handle(Input::Tick(start.elapsed().as_millis() as u64));
@@ -306,7 +333,7 @@ async fn engine_loop(
                         let _ = tx.send(msg);
                     });
                 }
-                Output::Send { shard, cmd } => {
+                Output::Send { shard, by, cmd } => {
                     let Some(client) = shards.get(shard as usize).cloned() else {
                         continue;
                     };
@@ -319,8 +346,9 @@ async fn engine_loop(
                     // Give up a little before the engine resends, so calls rarely overlap.
                     let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
                     tokio::spawn(async move {
-                        if let Ok(Response::Shard(reply)) =
-                            client.call_async(Request::Shard(cmd), patience).await
+                        if let Ok(Response::Shard(reply)) = client
+                            .call_async(Request::Fenced(Fenced { by, cmd }), patience)
+                            .await
                         {
                             let _ = tx
                                 .send(EngineMsg::Input(epoch, Input::Reply { dtx, shard, reply }));
