@@ -11,15 +11,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
+use florin_crypto::p256::P256Signer;
 use florin_crypto::{verify, Signer};
 use florin_custody::PartyId;
-use florin_node::custody::{free_loopback_addrs, CustodyNodeConfig, Kmn, Layout};
+use florin_node::custody::{free_loopback_addrs, CustodyNodeConfig, EcdsaLevel, Kmn, Layout};
 use serde_json::json;
+use zeroize::Zeroizing;
 
 use crate::util::print_json;
 
 /// What `export` prints before the hex scalar, so it is never mistaken for a key file's seed.
 const SCALAR_PREFIX: &str = "ed25519-scalar:";
+/// What `export` prints before an ECDSA key's secret (which `import --scheme p256` takes).
+const P256_PREFIX: &str = "p256-secret:";
 
 /// `florin custody` subcommands.
 #[derive(Subcommand)]
@@ -42,9 +46,25 @@ pub enum CustodyCommand {
         /// Keys to make if missing, comma-separated.
         #[arg(long, default_value = "issuer,authority", value_delimiter = ',')]
         keys: Vec<String>,
+        /// Run threshold ECDSA P-256 too, at this security level: `production` (each node
+        /// first spends minutes generating its Paillier primes in the background; then run
+        /// `florin custody ecdsa-setup`) or `insecure-test` (768-bit primes, seconds; for
+        /// tests and demos only, never for keys that hold value).
+        #[arg(long)]
+        ecdsa: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Make the network's ECDSA auxiliary information (once per network, every node), waiting
+    /// for nodes still generating their primes.
+    EcdsaSetup {
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+        /// Longest to wait for primes, seconds.
+        #[arg(long, default_value_t = 1800)]
+        wait: u64,
     },
     /// Run one key-management node in the foreground (what `up` starts).
     Node {
@@ -82,6 +102,10 @@ pub enum CustodyCommand {
     Keygen {
         /// The key's name.
         key: String,
+        /// `ed25519` (FROST; issuer and authority keys) or `p256` (CGGMP24 ECDSA; custodial
+        /// wallets, ledger scheme 2).
+        #[arg(long, default_value = "ed25519")]
+        scheme: String,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -95,6 +119,10 @@ pub enum CustodyCommand {
         key: String,
         /// The message, hex.
         message: String,
+        /// ECDSA keys: make a presignature first, then sign from it (both timed), instead of
+        /// signing interactively.
+        #[arg(long)]
+        presigned: bool,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -102,13 +130,17 @@ pub enum CustodyCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Import an existing Ed25519 key file (e.g. a devnet's `issuer.key`) as shares.
+    /// Import an existing key as shares: an Ed25519 key file (e.g. a devnet's `issuer.key`),
+    /// or with `--scheme p256` a P-256 secret key (32 bytes, hex).
     Import {
         /// The key's name in the network.
         key: String,
-        /// The key file (hex seed).
+        /// The key file (hex seed, or hex P-256 secret).
         #[arg(long)]
         from: PathBuf,
+        /// `ed25519` or `p256`.
+        #[arg(long, default_value = "ed25519")]
+        scheme: String,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -132,13 +164,45 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             data,
             base_port,
             keys,
+            ecdsa,
             json,
         } => {
             let layout = layout_at(&data)?;
+            let level = match ecdsa.as_deref() {
+                None => None,
+                Some(l) => Some(EcdsaLevel::parse(l).ok_or_else(|| {
+                    anyhow!("--ecdsa takes `production` or `insecure-test`, not {l:?}")
+                })?),
+            };
             let keys: Vec<(String, Option<[u8; 32]>)> =
                 keys.into_iter().map(|k| (k, None)).collect();
-            let (kmn, started) = ensure_up(&layout, t, n, base_port, &keys, false)?;
+            let (kmn, started) = ensure_up(&layout, t, n, base_port, &keys, false, level)?;
+            match level {
+                Some(EcdsaLevel::InsecureTest) => {
+                    kmn.ecdsa_setup(Duration::from_secs(300))?;
+                    eprintln!("ECDSA ready (insecure-test level: never for keys that hold value)");
+                }
+                Some(EcdsaLevel::Production) => eprintln!(
+                    "ECDSA: each node generates its Paillier primes in the background (about 5 \
+                     minutes of CPU per node); then run `florin custody ecdsa-setup --data {}`",
+                    data.display()
+                ),
+                None => {}
+            }
             report(&layout, &kmn, json, started)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::EcdsaSetup { data, wait } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let st = Instant::now();
+            eprintln!("waiting for every node's primes, then making the auxiliary information…");
+            kmn.ecdsa_setup(Duration::from_secs(wait))?;
+            eprintln!(
+                "ECDSA auxiliary information ready on all {} nodes ({:.1} s)",
+                kmn.n(),
+                st.elapsed().as_secs_f64()
+            );
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Node {
@@ -176,9 +240,33 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             eprintln!("killed node {party} (pid {pid})");
             Ok(ExitCode::SUCCESS)
         }
-        CustodyCommand::Keygen { key, data, json } => {
+        CustodyCommand::Keygen {
+            key,
+            scheme,
+            data,
+            json,
+        } => {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
+            if scheme == "p256" {
+                let pk = kmn.ecdsa_keygen(&key)?;
+                if json {
+                    print_json(
+                        &json!({"key": key, "scheme": "p256", "public_key": hex::encode(pk.0), "t": kmn.t(), "n": kmn.n()}),
+                    );
+                } else {
+                    println!(
+                        "{key}  p256:{}  ({} of {})",
+                        hex::encode(pk.0),
+                        kmn.t(),
+                        kmn.n()
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if scheme != "ed25519" {
+                bail!("--scheme takes `ed25519` or `p256`, not {scheme:?}");
+            }
             let g = kmn.dkg(&key)?;
             if json {
                 print_json(
@@ -197,12 +285,16 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Sign {
             key,
             message,
+            presigned,
             data,
             json,
         } => {
             let layout = existing(&data)?;
             let msg = hex::decode(message.trim()).context("the message must be hex")?;
             let kmn = open(&layout)?;
+            if is_ecdsa(&kmn, &key) {
+                return sign_p256(&kmn, &key, &msg, presigned, json);
+            }
             let signer = kmn.signer(&key)?;
             let start = Instant::now();
             let sig = signer.sign(&msg)?;
@@ -225,8 +317,26 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        CustodyCommand::Import { key, from, data } => {
+        CustodyCommand::Import {
+            key,
+            from,
+            scheme,
+            data,
+        } => {
             let layout = existing(&data)?;
+            if scheme == "p256" {
+                let secret = read_p256_secret(&from)?;
+                let pk = open(&layout)?.ecdsa_import(&key, &secret)?;
+                println!("{key}  p256:{}", hex::encode(pk.0));
+                eprintln!(
+                    "imported: every node holds a share; {} can now be removed from this machine",
+                    from.display()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            if scheme != "ed25519" {
+                bail!("--scheme takes `ed25519` or `p256`, not {scheme:?}");
+            }
             let seed = read_seed(&from)?;
             let g = open(&layout)?.import_seed(&key, &seed)?;
             println!("{key}  {}", g.public_key().to_address());
@@ -238,7 +348,20 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         }
         CustodyCommand::Export { key, data } => {
             let layout = existing(&data)?;
-            let scalar = open(&layout)?.export(&key)?;
+            let kmn = open(&layout)?;
+            if is_ecdsa(&kmn, &key) {
+                let secret = kmn.ecdsa_export(&key)?;
+                let pk = florin_crypto::p256::P256SecretKey::from_bytes(&secret)
+                    .map_err(|e| anyhow!("{e}"))?
+                    .public_key();
+                println!("{P256_PREFIX}{}", hex::encode(&secret[..]));
+                eprintln!(
+                    "P-256 secret key of {key} (p256:{}); it signs alone: guard it",
+                    hex::encode(pk.0)
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            let scalar = kmn.export(&key)?;
             let pk = florin_custody::frost::scalar_public_key(&scalar)?;
             println!("{SCALAR_PREFIX}{}", hex::encode(&scalar[..]));
             eprintln!(
@@ -248,6 +371,85 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Whether `key` is one of the network's ECDSA keys (key names are one namespace).
+fn is_ecdsa(kmn: &Kmn, key: &str) -> bool {
+    kmn.status().iter().any(|s| {
+        s.ecdsa
+            .as_ref()
+            .is_some_and(|e| e.keys.iter().any(|k| k.0 == key))
+    })
+}
+
+/// `florin custody sign` with an ECDSA key: interactive, or from a fresh presignature.
+fn sign_p256(
+    kmn: &Arc<Kmn>,
+    key: &str,
+    msg: &[u8],
+    presigned: bool,
+    json: bool,
+) -> Result<ExitCode> {
+    let signer = kmn.ecdsa_signer(key, 0)?;
+    let presign_ms = if presigned {
+        let st = Instant::now();
+        signer.presign()?;
+        Some(st.elapsed().as_secs_f64() * 1e3)
+    } else {
+        None
+    };
+    let st = Instant::now();
+    let sig = signer.sign_msg(msg)?;
+    let ms = st.elapsed().as_secs_f64() * 1e3;
+    let pk = signer.public_key();
+    let valid = florin_crypto::p256::verify(&pk, msg, &sig).is_ok();
+    let mode = if presigned {
+        "presignature"
+    } else {
+        "interactive"
+    };
+    if json {
+        print_json(&json!({
+            "key": key, "scheme": "p256", "public_key": hex::encode(pk.0),
+            "signature": hex::encode(sig.0), "valid": valid, "mode": mode,
+            "ms": ms, "presign_ms": presign_ms,
+        }));
+    } else {
+        println!("{}", hex::encode(sig.0));
+        match presign_ms {
+            Some(p) => eprintln!(
+                "verifies under p256:{}: {valid} (presignature {p:.1} ms, then signing {ms:.1} ms)",
+                hex::encode(pk.0)
+            ),
+            None => eprintln!(
+                "verifies under p256:{}: {valid} (interactive, {ms:.1} ms)",
+                hex::encode(pk.0)
+            ),
+        }
+    }
+    Ok(if valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// A P-256 secret key file: 32 bytes hex, optionally prefixed as `export` prints it.
+fn read_p256_secret(path: &Path) -> Result<Zeroizing<[u8; 32]>> {
+    let s = Zeroizing::new(
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?,
+    );
+    let t = s.trim();
+    let t = t.strip_prefix(P256_PREFIX).unwrap_or(t);
+    let b = Zeroizing::new(
+        hex::decode(t).with_context(|| format!("{}: not a hex P-256 secret", path.display()))?,
+    );
+    let k: [u8; 32] = b[..]
+        .try_into()
+        .map_err(|_| anyhow!("{}: not a 32-byte P-256 secret", path.display()))?;
+    florin_crypto::p256::P256SecretKey::from_bytes(&k)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok(Zeroizing::new(k))
 }
 
 /// The layout under `data` as an absolute path, so pid checks match however the directory was
@@ -376,8 +578,10 @@ pub fn ensure_up(
     base_port: u16,
     keys: &[(String, Option<[u8; 32]>)],
     tied: bool,
+    ecdsa: Option<EcdsaLevel>,
 ) -> Result<(Arc<Kmn>, usize)> {
-    if !layout.exists() {
+    let fresh = !layout.exists();
+    if fresh {
         let addrs = if base_port == 0 {
             free_loopback_addrs(n as usize)?
         } else {
@@ -386,6 +590,19 @@ pub fn ensure_up(
                 .collect()
         };
         layout.create(t, &addrs)?;
+    }
+    if let Some(level) = ecdsa {
+        let before = layout.ecdsa()?;
+        if before != Some(level) {
+            layout.set_ecdsa(Some(level))?;
+            if !fresh {
+                eprintln!(
+                    "note: ECDSA set to {} in every node.json; running nodes take it when restarted \
+                     (`florin custody down`, then `up`)",
+                    level.name()
+                );
+            }
+        }
     }
     let kmn = open(layout)?;
     if kmn.t() != t || kmn.n() != n {
@@ -531,6 +748,23 @@ fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> Result<usiz
             println!("  node {}  {}  {}  {state}", s.party, s.addr, s.key);
             for (k, pk, ready) in &s.keys {
                 println!("      {k:<12} {pk}  nonces ready {ready}");
+            }
+            if let Some(e) = &s.ecdsa {
+                println!(
+                    "      ECDSA ({}): auxiliary info {}, primes {}",
+                    e.level,
+                    if e.aux_ready { "ready" } else { "not made" },
+                    if e.primes_ready {
+                        "ready"
+                    } else if e.aux_ready {
+                        "used"
+                    } else {
+                        "generating"
+                    }
+                );
+                for (k, pk, held) in &e.keys {
+                    println!("      {k:<12} p256:{pk}  presignatures held {held}");
+                }
             }
         }
     }

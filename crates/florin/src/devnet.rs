@@ -70,7 +70,8 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
                 ("authority".to_string(), seed(&authority_key)?),
                 ("issuer".to_string(), seed(&issuer_key)?),
             ];
-            let (kmn, started) = crate::custody_cmd::ensure_up(&custody, 2, 3, 0, &keys, true)?;
+            let (kmn, started) =
+                crate::custody_cmd::ensure_up(&custody, 2, 3, 0, &keys, true, None)?;
             if started > 0 {
                 eprintln!(
                     "  started {started} key-management node(s) in {}",

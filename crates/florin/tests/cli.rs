@@ -736,6 +736,91 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
 }
 
+/// `florin custody` with ECDSA: a network at the insecure test level, a P-256 key by DKG,
+/// interactive and presignature signing, export then import of the same key, refusals.
+#[test]
+fn custody_ecdsa_keygen_sign_export_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let kmn = dir.path().join("kmn");
+    let k = kmn.to_str().unwrap().to_string();
+    struct Down(String);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = Command::new(BIN)
+                .args(["custody", "down", "--data", &self.0])
+                .output();
+        }
+    }
+    let _down = Down(k.clone());
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: "http://127.0.0.1:9".into(),
+    };
+    u.ok(&[
+        "custody",
+        "up",
+        "--data",
+        &k,
+        "--keys",
+        "issuer",
+        "--ecdsa",
+        "insecure-test",
+    ]);
+    let st = u.ok(&["custody", "status", "--data", &k, "--json"]);
+    for node in st["nodes"].as_array().unwrap() {
+        assert_eq!(node["ecdsa"]["aux_ready"], true, "{st}");
+    }
+    let key = u.ok(&[
+        "custody", "keygen", "w1", "--scheme", "p256", "--data", &k, "--json",
+    ]);
+    let pk = key["public_key"].as_str().unwrap().to_string();
+    assert_eq!(pk.len(), 66);
+    for extra in [&[][..], &["--presigned"][..]] {
+        let mut a = vec!["custody", "sign", "w1", "c0ffee", "--data", &k, "--json"];
+        a.extend_from_slice(extra);
+        let s = u.ok(&a);
+        assert_eq!(s["valid"], true, "{s}");
+        assert_eq!(s["public_key"], pk.as_str());
+    }
+    // One name, one key; a FROST key of that name is refused too.
+    let err = u.fails(&["custody", "keygen", "w1", "--data", &k]);
+    assert!(err.contains("exists"), "{err}");
+    // Export, then import under another name: the same public key.
+    let out = u.run(&["custody", "export", "w1", "--data", &k]);
+    assert!(out.status.success());
+    std::fs::write(dir.path().join("w1.secret"), &out.stdout).unwrap();
+    let out = u.run(&[
+        "custody",
+        "import",
+        "w2",
+        "--scheme",
+        "p256",
+        "--from",
+        "w1.secret",
+        "--data",
+        &k,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&pk));
+    std::fs::write(dir.path().join("bad.secret"), "not hex").unwrap();
+    u.fails(&[
+        "custody",
+        "import",
+        "w3",
+        "--scheme",
+        "p256",
+        "--from",
+        "bad.secret",
+        "--data",
+        &k,
+    ]);
+    u.fails(&["custody", "up", "--data", &k, "--ecdsa", "weak"]);
+}
+
 #[test]
 fn bench_custody_quick_prints_the_contract() {
     let (v, _) = bench_json("custody", &[]);
@@ -773,6 +858,17 @@ fn bench_custody_quick_prints_the_contract() {
     }
     let p99 = find("ecdsa_online_sign_ms_p99", "level", "insecure-test");
     assert!(p99 > 0.0 && p99 < 1_000.0, "{p99}");
+    // And through real key-management nodes, split into total and wait.
+    for part in ["total", "wait"] {
+        assert!(
+            results.iter().any(|r| r["name"] == "sign_ms"
+                && r["params"]["scheme"] == "cggmp24-p256"
+                && r["params"]["path"] == "network"
+                && r["params"]["mode"] == "presignature"
+                && r["params"]["part"] == part),
+            "networked ecdsa sign_ms {part}"
+        );
+    }
     assert!(find("ecdsa_presign_refill_per_s", "level", "insecure-test") > 0.0);
 }
 
