@@ -108,6 +108,25 @@ impl Envelope {
         Self::make(signer, session, step, from, to, true, ct)
     }
 
+    /// Whether the envelope carries `from_key`'s valid signature. Anyone on the path can
+    /// break a signature, so a bad one proves nothing about the sender by itself; whoever
+    /// received the envelope directly from its sender over an authenticated channel can blame
+    /// the sender for it.
+    pub fn verify(&self, from_key: &PublicKey) -> bool {
+        let Ok(sig) = <[u8; 64]>::try_from(self.signature.as_slice()) else {
+            return false;
+        };
+        let d = digest(
+            &self.session,
+            self.step,
+            self.from,
+            self.to,
+            self.sealed,
+            &self.payload,
+        );
+        verify(from_key, &d, &Signature(sig)).is_ok()
+    }
+
     /// Checks the envelope is for this run and step, addressed to `me` (or everyone) and
     /// signed by `from_key`; returns the plaintext, unsealing with `my_secret` when sealed.
     /// A bad signature or a sealed payload that does not open names the sender.

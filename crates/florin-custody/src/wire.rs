@@ -100,6 +100,12 @@ pub enum Request {
         /// The message (hashed with SHA-256 by the signature scheme).
         message: Vec<u8>,
     },
+    /// Ends this node's part of ECDSA run `session` (the coordinator gave up on it), freeing
+    /// its thread at once.
+    EcdsaAbort {
+        /// The run.
+        session: [u8; 16],
+    },
     /// Stores an ECDSA key share made by a trusted dealer (key import).
     EcdsaImport {
         /// The key's name.
@@ -247,6 +253,8 @@ pub enum Response {
     },
     /// To [`Request::EcdsaPartial`]: `ecdsa::Partial::to_bytes`.
     EcdsaPartial(Vec<u8>),
+    /// To [`Request::EcdsaAbort`].
+    Aborted,
     /// The request was refused.
     Refused(Refusal),
 }

@@ -304,6 +304,18 @@ impl Kmn {
             .collect()
     }
 
+    /// Skips party `p` for a while (it refused or misbehaved while others did not).
+    pub fn suspect(&self, p: PartyId) {
+        if let Some(l) = self.link(p) {
+            l.mark_down();
+        }
+    }
+
+    /// Party `p`'s identity key.
+    pub(super) fn member_key(&self, p: PartyId) -> Option<&PublicKey> {
+        self.link(p).map(|l| &l.key)
+    }
+
     /// Whether party `p` is not skipped for a recent failure.
     pub fn is_up(&self, p: PartyId) -> bool {
         self.link(p).is_some_and(|l| !l.is_down())

@@ -42,6 +42,7 @@ const MAX_STEPS: usize = 32;
 const AUX_STEP_TIMEOUT: Duration = Duration::from_secs(600);
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 const PARTIAL_TIMEOUT: Duration = Duration::from_secs(10);
+const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One node's ECDSA state as `status` shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -83,6 +84,25 @@ impl Kmn {
         job: EcdsaJob,
         relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
     ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        let r = self.relay_run(session, parties, job, relay);
+        if r.is_err() {
+            // Free the run at every node now rather than when it idles out.
+            let reqs = parties
+                .iter()
+                .map(|&p| (p, Request::EcdsaAbort { session }))
+                .collect();
+            let _ = self.round(reqs, ABORT_TIMEOUT);
+        }
+        r
+    }
+
+    fn relay_run(
+        &self,
+        session: [u8; 16],
+        parties: &[PartyId],
+        job: EcdsaJob,
+        relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
+    ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
         let timeout = if job == EcdsaJob::Aux {
             AUX_STEP_TIMEOUT
         } else {
@@ -111,6 +131,15 @@ impl Kmn {
                             return Err(KmnError::Protocol(CustodyError::Misbehaved {
                                 party: p,
                                 reason: "sent a message in another party's name".into(),
+                            }));
+                        }
+                        // Taken from p over its authenticated channel: a bad signature here
+                        // is p's own (later, it could be anyone's on the way).
+                        let key = self.member_key(p).ok_or_else(|| unexpected(p))?;
+                        if out.iter().any(|e| !e.verify(key)) {
+                            return Err(KmnError::Protocol(CustodyError::Misbehaved {
+                                party: p,
+                                reason: "sent a message without its valid signature".into(),
                             }));
                         }
                         sent.extend(out);
@@ -371,6 +400,13 @@ pub struct EcdsaSignerStats {
     pub presigs_wasted: u64,
 }
 
+impl EcdsaSigner {
+    /// The background refill's last error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.last_error.lock().ok().and_then(|e| e.clone())
+    }
+}
+
 struct SignerInner {
     kmn: Arc<Kmn>,
     key_id: String,
@@ -383,6 +419,7 @@ struct SignerInner {
     interactive: AtomicU64,
     made: AtomicU64,
     wasted: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 /// Signs with a threshold P-256 key held by the network (see the module docs).
@@ -404,6 +441,7 @@ impl EcdsaSigner {
             interactive: AtomicU64::new(0),
             made: AtomicU64::new(0),
             wasted: AtomicU64::new(0),
+            last_error: Mutex::new(None),
         });
         if target > 0 {
             let weak = Arc::downgrade(&inner);
@@ -486,11 +524,20 @@ fn refill_loop(weak: Weak<SignerInner>) {
         }
         match s.presign_one() {
             Ok(()) => failures = 0,
-            Err(_) => {
+            Err(e) => {
                 failures = (failures + 1).min(5);
+                let refused = matches!(e, KmnError::Refused { .. } | KmnError::Protocol(_));
+                if let Ok(mut last) = s.last_error.lock() {
+                    *last = Some(e.to_string());
+                }
                 drop(s);
-                // Back off while too few nodes answer (100 ms doubling up to 3.2 s).
-                thread::sleep(Duration::from_millis(100 << failures));
+                // Back off while too few nodes answer (100 ms doubling up to 3.2 s), and for
+                // 30 s after a refusal, which retrying at once would not change.
+                thread::sleep(if refused {
+                    Duration::from_secs(30)
+                } else {
+                    Duration::from_millis(100 << failures)
+                });
             }
         }
     }
@@ -583,6 +630,14 @@ impl SignerInner {
                 Err(Retry::Next) => {
                     self.wasted.fetch_add(1, Ordering::Relaxed);
                 }
+                Err(Retry::Blame(p, e)) => {
+                    // Leave the node out for a while; the others still sign.
+                    self.kmn.suspect(p);
+                    self.wasted.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut last) = self.last_error.lock() {
+                        *last = Some(e.to_string());
+                    }
+                }
                 Err(Retry::Fail(e)) => return Err(e),
             }
         }
@@ -612,29 +667,40 @@ impl SignerInner {
             match r {
                 Ok(Response::EcdsaPartial(b)) => {
                     let part = Partial::from_bytes(&b).map_err(|_| {
-                        Retry::Fail(KmnError::Protocol(CustodyError::Misbehaved {
-                            party: s,
-                            reason: "sent a malformed partial signature".into(),
-                        }))
+                        Retry::Blame(
+                            s,
+                            KmnError::Protocol(CustodyError::Misbehaved {
+                                party: s,
+                                reason: "sent a malformed partial signature".into(),
+                            }),
+                        )
                     })?;
                     // The channel authenticated the node: it must sign in its own name.
                     if part.party != s {
-                        return Err(Retry::Fail(KmnError::Protocol(CustodyError::Misbehaved {
-                            party: s,
-                            reason: "sent a partial signature in another party's name".into(),
-                        })));
+                        return Err(Retry::Blame(
+                            s,
+                            KmnError::Protocol(CustodyError::Misbehaved {
+                                party: s,
+                                reason: "sent a partial signature in another party's name".into(),
+                            }),
+                        ));
                     }
                     partials.push(part);
                 }
                 // A restarted node lost its presignatures; a down node is skipped next time.
                 Ok(Response::Refused(r)) if r.stale_nonce => return Err(Retry::Next),
-                Ok(Response::Refused(r)) => return Err(Retry::Fail(refused(s, r))),
-                Ok(_) => return Err(Retry::Fail(unexpected(s))),
+                Ok(Response::Refused(r)) => return Err(Retry::Blame(s, refused(s, r))),
+                Ok(_) => return Err(Retry::Blame(s, unexpected(s))),
                 Err(_) => return Err(Retry::Next),
             }
         }
-        let sig = ecdsa::combine(&p.public, &partials, msg, &self.public.0)
-            .map_err(|e| Retry::Fail(KmnError::Protocol(e)))?;
+        let sig =
+            ecdsa::combine(&p.public, &partials, msg, &self.public.0).map_err(|e| match e {
+                CustodyError::Misbehaved { party, .. } => {
+                    Retry::Blame(party, KmnError::Protocol(e))
+                }
+                e => Retry::Fail(KmnError::Protocol(e)),
+            })?;
         let sig = P256Signature(sig);
         p256::verify(&self.public, msg, &sig)
             .map_err(|e| Retry::Fail(KmnError::Unavailable(format!("signature: {e}"))))?;
@@ -670,6 +736,19 @@ impl SignerInner {
                     return Ok(sig);
                 }
                 Err(e @ KmnError::Unavailable(_)) => last = Some(e),
+                Err(KmnError::Refused {
+                    party,
+                    message,
+                    culprit,
+                }) => {
+                    // Leave out the node the refusal points at, then try t others.
+                    self.kmn.suspect(culprit.unwrap_or(party));
+                    last = Some(KmnError::Refused {
+                        party,
+                        message,
+                        culprit,
+                    });
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -680,6 +759,8 @@ impl SignerInner {
 enum Retry {
     /// Spend no more effort on this presignature; try the next.
     Next,
+    /// This node failed where the others did not: leave it out for a while, try the next.
+    Blame(PartyId, KmnError),
     /// A real failure.
     Fail(KmnError),
 }

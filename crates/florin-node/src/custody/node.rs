@@ -606,6 +606,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
         req @ (Request::EcdsaStart { .. }
         | Request::EcdsaStep { .. }
         | Request::EcdsaPartial { .. }
+        | Request::EcdsaAbort { .. }
         | Request::EcdsaImport { .. }
         | Request::EcdsaExport { .. }) => handle_ecdsa(inner, admin, req),
     }
@@ -639,8 +640,12 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
             Ok(Response::EcdsaStep { out, done })
         }
         Request::EcdsaStep { session, incoming } => {
-            let (out, done) = e.step(session, incoming, &inner.identity, &inner.members)?;
+            let (out, done) = e.step(session, incoming, admin, &inner.identity, &inner.members)?;
             Ok(Response::EcdsaStep { out, done })
+        }
+        Request::EcdsaAbort { session } => {
+            e.abort(&session, admin)?;
+            Ok(Response::Aborted)
         }
         Request::EcdsaPartial {
             key_id,

@@ -42,11 +42,16 @@ use crate::keyfile::write_private;
 pub const MAX_PRESIGS: usize = 4096;
 /// ECDSA runs in progress at once.
 const MAX_RUNS: usize = 64;
-/// A run nobody stepped for this long is dropped (its thread ends).
-const RUN_IDLE: Duration = Duration::from_secs(600);
-/// Longest one step may compute (an auxiliary-information step at the production level takes
-/// tens of seconds on two cores).
-const STEP_LIMIT: Duration = Duration::from_secs(600);
+/// A run nobody stepped for this long is dropped (its thread ends): an auxiliary-information
+/// run, whose steps take tens of seconds at the production level, and the others.
+const AUX_IDLE: Duration = Duration::from_secs(900);
+const RUN_IDLE: Duration = Duration::from_secs(240);
+/// Longest one step may compute, matching the coordinator's patience.
+const AUX_STEP_LIMIT: Duration = Duration::from_secs(600);
+const STEP_LIMIT: Duration = Duration::from_secs(120);
+/// Run ids a node remembers, so none is ever run twice (the protocols' proofs assume a fresh
+/// execution id).
+const MAX_SEEN: usize = 1 << 16;
 
 /// The ECDSA security level a network runs at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,10 +107,55 @@ type Cmd = (Vec<WireMsg>, mpsc::SyncSender<StepResult>);
 
 struct Run {
     tx: mpsc::Sender<Cmd>,
+    /// The envelopes' session: the first half of the execution id, so envelopes of one run
+    /// cannot be opened in another run or for another job.
+    tag: [u8; 16],
     step: u8,
+    /// A step is being computed: another request for this run meanwhile is refused.
+    busy: bool,
     parties: Vec<PartyId>,
     job: EcdsaJob,
     last: Instant,
+}
+
+impl Run {
+    fn idle_limit(&self) -> Duration {
+        if self.job == EcdsaJob::Aux {
+            AUX_IDLE
+        } else {
+            RUN_IDLE
+        }
+    }
+
+    fn step_limit(&self) -> Duration {
+        if self.job == EcdsaJob::Aux {
+            AUX_STEP_LIMIT
+        } else {
+            STEP_LIMIT
+        }
+    }
+}
+
+#[derive(Default)]
+struct Seen {
+    set: std::collections::HashSet<[u8; 16]>,
+    order: VecDeque<[u8; 16]>,
+}
+
+impl Seen {
+    /// Records `s`; false if it was seen before.
+    fn insert(&mut self, s: [u8; 16]) -> bool {
+        if !self.set.insert(s) {
+            return false;
+        }
+        self.order.push_back(s);
+        if self.order.len() > MAX_SEEN {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
 }
 
 /// What a run's thread needs to build its session (all `Send`).
@@ -134,6 +184,7 @@ pub(super) struct EcdsaNode {
     generating: AtomicBool,
     keys: RwLock<HashMap<String, Arc<EcdsaKey>>>,
     runs: Mutex<HashMap<[u8; 16], Run>>,
+    seen: Mutex<Seen>,
 }
 
 fn lock_err() -> CustodyError {
@@ -238,6 +289,7 @@ impl EcdsaNode {
             generating: AtomicBool::new(false),
             keys: RwLock::new(keys),
             runs: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Seen::default()),
         })
     }
 
@@ -344,9 +396,14 @@ impl EcdsaNode {
     ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
         let (spec, parties) = match &job {
             EcdsaJob::Aux => {
-                if self.aux.read().map_err(|_| lock_err())?.is_some() {
+                // A run that finished at only some nodes can be repeated until the first key
+                // uses the auxiliary information (the primes are kept until then).
+                let has_keys = !self.keys.read().map_err(|_| lock_err())?.is_empty();
+                if self.aux.read().map_err(|_| lock_err())?.is_some() && has_keys {
                     return Err(CustodyError::BadParameters(
-                        "auxiliary information already made (a refresh is not built)".into(),
+                        "auxiliary information already made and in use by keys (a refresh is \
+                         not built)"
+                            .into(),
                     ));
                 }
                 let primes = self.primes.lock().map_err(|_| lock_err())?.clone();
@@ -390,32 +447,63 @@ impl EcdsaNode {
             }
         };
         let eid = execution_id(&session, &job, self.n);
-        let tx = {
+        let mut tag = [0u8; 16];
+        tag.copy_from_slice(&eid[..16]);
+        let (tx, limit) = {
             let mut runs = self.runs.lock().map_err(|_| lock_err())?;
-            runs.retain(|_, r| r.last.elapsed() < RUN_IDLE);
-            if runs.contains_key(&session) {
-                return Err(CustodyError::OutOfOrder("run already started".into()));
-            }
+            runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
             if runs.len() >= MAX_RUNS {
                 return Err(CustodyError::BadParameters(
                     "too many ECDSA runs in progress".into(),
                 ));
             }
+            // One auxiliary-information run, and one key generation per name, at a time.
+            if runs.values().any(|r| match (&r.job, &job) {
+                (EcdsaJob::Aux, EcdsaJob::Aux) => true,
+                (EcdsaJob::Keygen { key_id: a, .. }, EcdsaJob::Keygen { key_id: b, .. }) => a == b,
+                _ => false,
+            }) {
+                return Err(CustodyError::BadParameters(
+                    "the same setup or key generation is already running".into(),
+                ));
+            }
+            if !self.seen.lock().map_err(|_| lock_err())?.insert(session) {
+                return Err(CustodyError::OutOfOrder(
+                    "this run id was used before (a run id is used once)".into(),
+                ));
+            }
             let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
-            runs.insert(
-                session,
-                Run {
-                    tx: tx.clone(),
-                    step: 0,
-                    parties,
-                    job: job.clone(),
-                    last: Instant::now(),
-                },
-            );
-            tx
+            let run = Run {
+                tx: tx.clone(),
+                tag,
+                step: 0,
+                busy: true,
+                parties,
+                job: job.clone(),
+                last: Instant::now(),
+            };
+            let limit = run.step_limit();
+            runs.insert(session, run);
+            (tx, limit)
         };
-        let r = self.drive(&tx, Vec::new());
-        self.after_step(session, 0, &job, r, identity, members)
+        let r = self.drive(&tx, Vec::new(), limit);
+        self.idle(&session, 0);
+        self.after_step(session, tag, 0, &job, r, identity, members)
+    }
+
+    /// Ends run `session` at once (the coordinator gave up on it). Runs of key generation
+    /// and auxiliary information only for an administrator.
+    pub(super) fn abort(&self, session: &[u8; 16], admin: bool) -> Result<(), CustodyError> {
+        let mut runs = self.runs.lock().map_err(|_| lock_err())?;
+        if let Some(r) = runs.get(session) {
+            if !admin && matches!(r.job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
+                return Err(CustodyError::BadParameters(
+                    "key generation needs an administrator key".into(),
+                ));
+            }
+            runs.remove(session);
+        }
+        Ok(())
     }
 
     fn sign_spec(&self, key_id: &str, signers: &[PartyId]) -> Result<SignSpec, CustodyError> {
@@ -429,67 +517,121 @@ impl EcdsaNode {
         })
     }
 
-    /// The next step of run `session`.
+    /// The next step of run `session`. Runs of key generation and auxiliary information
+    /// are stepped by administrators only, like they are started.
     pub(super) fn step(
         &self,
         session: [u8; 16],
         incoming: Vec<Envelope>,
+        admin: bool,
         identity: &LocalSigner,
         members: &HashMap<PartyId, PublicKey>,
     ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
-        // Taken out while it steps: a second request for the same run meanwhile is refused.
-        let mut run = self
-            .runs
-            .lock()
-            .map_err(|_| lock_err())?
-            .remove(&session)
-            .ok_or_else(|| CustodyError::OutOfOrder("no ECDSA run with this session".into()))?;
-        if run.step == u8::MAX {
-            return Err(CustodyError::OutOfOrder("run too long".into()));
-        }
+        let (tag, step, parties, job, tx, limit) = {
+            let mut runs = self.runs.lock().map_err(|_| lock_err())?;
+            let run = runs
+                .get_mut(&session)
+                .ok_or_else(|| CustodyError::OutOfOrder("no ECDSA run with this session".into()))?;
+            if !admin && matches!(run.job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
+                return Err(CustodyError::BadParameters(
+                    "key generation needs an administrator key".into(),
+                ));
+            }
+            if run.busy {
+                return Err(CustodyError::OutOfOrder(
+                    "this run is computing a step already".into(),
+                ));
+            }
+            if run.step == u8::MAX {
+                return Err(CustodyError::OutOfOrder("run too long".into()));
+            }
+            run.busy = true;
+            run.last = Instant::now();
+            (
+                run.tag,
+                run.step,
+                run.parties.clone(),
+                run.job.clone(),
+                run.tx.clone(),
+                run.step_limit(),
+            )
+        };
         let mut msgs = Vec::with_capacity(incoming.len());
         for e in &incoming {
-            if e.from == self.party || !run.parties.contains(&e.from) {
-                return Err(CustodyError::BadParameters(format!(
-                    "message from party {}, not another party of this run",
-                    e.from
-                )));
+            match self.open_one(e, &tag, step, &parties, identity, members) {
+                Ok(m) => msgs.push(m),
+                Err(err) => {
+                    // Fail closed: a run that saw a bad message ends.
+                    self.forget(&session);
+                    return Err(err);
+                }
             }
-            let k = members.get(&e.from).ok_or_else(|| {
-                CustodyError::BadParameters(format!("message from unknown party {}", e.from))
-            })?;
-            let body = e.open(&session, run.step, self.party, k, identity.secret())?;
-            msgs.push(WireMsg {
-                from: e.from,
-                to: (e.to != EVERYONE).then_some(self.party),
-                body,
-            });
         }
-        run.step += 1;
-        run.last = Instant::now();
-        let step = run.step;
-        let job = run.job.clone();
-        let tx = run.tx.clone();
-        self.runs
-            .lock()
-            .map_err(|_| lock_err())?
-            .insert(session, run);
-        let r = self.drive(&tx, msgs);
-        self.after_step(session, step, &job, r, identity, members)
+        let r = self.drive(&tx, msgs, limit);
+        self.idle(&session, step + 1);
+        self.after_step(session, tag, step + 1, &job, r, identity, members)
     }
 
-    fn drive(&self, tx: &mpsc::Sender<Cmd>, msgs: Vec<WireMsg>) -> StepResult {
+    /// Marks run `session` as done computing, waiting for the messages of step `step`.
+    fn idle(&self, session: &[u8; 16], step: u8) {
+        if let Ok(mut runs) = self.runs.lock() {
+            if let Some(run) = runs.get_mut(session) {
+                run.step = step;
+                run.busy = false;
+                run.last = Instant::now();
+            }
+        }
+    }
+
+    /// Checks and opens one incoming envelope of step `step` of the run tagged `tag`.
+    fn open_one(
+        &self,
+        e: &Envelope,
+        tag: &[u8; 16],
+        step: u8,
+        parties: &[PartyId],
+        identity: &LocalSigner,
+        members: &HashMap<PartyId, PublicKey>,
+    ) -> Result<WireMsg, CustodyError> {
+        if e.from == self.party || !parties.contains(&e.from) {
+            return Err(CustodyError::BadParameters(format!(
+                "message from party {}, not another party of this run",
+                e.from
+            )));
+        }
+        let k = members.get(&e.from).ok_or_else(|| {
+            CustodyError::BadParameters(format!("message from unknown party {}", e.from))
+        })?;
+        // The coordinator checked the sender's signature when it took the envelope from the
+        // sender; a signature broken since then was broken on the way, by no party of the run.
+        if !e.verify(k) {
+            return Err(CustodyError::Inconsistent(format!(
+                "the message from party {} does not carry its signature (altered in transit)",
+                e.from
+            )));
+        }
+        let body = e.open(tag, step, self.party, k, identity.secret())?;
+        Ok(WireMsg {
+            from: e.from,
+            to: (e.to != EVERYONE).then_some(self.party),
+            body,
+        })
+    }
+
+    fn drive(&self, tx: &mpsc::Sender<Cmd>, msgs: Vec<WireMsg>, limit: Duration) -> StepResult {
         let (rtx, rrx) = mpsc::sync_channel(1);
         tx.send((msgs, rtx))
             .map_err(|_| CustodyError::Ecdsa("the run has ended".into()))?;
-        rrx.recv_timeout(STEP_LIMIT)
+        rrx.recv_timeout(limit)
             .map_err(|_| CustodyError::Ecdsa("the run's step did not finish".into()))?
     }
 
     /// Wraps a step's messages in envelopes and, when the run finished, stores its result.
+    #[allow(clippy::too_many_arguments)]
     fn after_step(
         &self,
         session: [u8; 16],
+        tag: [u8; 16],
         step: u8,
         job: &EcdsaJob,
         r: StepResult,
@@ -506,14 +648,12 @@ impl EcdsaNode {
         let mut envs = Vec::with_capacity(out.len());
         for m in out {
             envs.push(match m.to {
-                None => Envelope::broadcast(identity, session, step, self.party, m.body)?,
+                None => Envelope::broadcast(identity, tag, step, self.party, m.body)?,
                 Some(to) => {
                     let k = members
                         .get(&to)
                         .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
-                    Envelope::direct(
-                        identity, session, step, self.party, to, k, &m.body, &mut OsRng,
-                    )?
+                    Envelope::direct(identity, tag, step, self.party, to, k, &m.body, &mut OsRng)?
                 }
             });
         }
@@ -567,12 +707,19 @@ impl EcdsaNode {
             &bytes,
         )?;
         *aux = Some(Arc::new(bytes));
-        // The primes are inside the stored Paillier key now; the loose copy goes.
-        if let Ok(mut p) = self.primes.lock() {
-            *p = None;
-        }
-        let _ = std::fs::remove_file(self.edir().join("primes.sealed"));
+        // The primes stay until the first key uses this auxiliary information: a run that
+        // finished at only some nodes can then be repeated.
         Ok(())
+    }
+
+    /// The primes are inside the stored Paillier key; once a key depends on the auxiliary
+    /// information the loose copy goes.
+    fn drop_primes(&self) {
+        if let Ok(mut p) = self.primes.lock() {
+            if p.take().is_some() {
+                let _ = std::fs::remove_file(self.edir().join("primes.sealed"));
+            }
+        }
     }
 
     /// Stores a new share durably (sealed, fsynced) before it is reported.
@@ -587,8 +734,9 @@ impl EcdsaNode {
             )));
         }
         let mut keys = self.keys.write().map_err(|_| lock_err())?;
+        let bytes = Zeroizing::new(core.to_bytes());
         if let Some(e) = keys.get(key_id) {
-            if e.core[..] == core.to_bytes()[..] {
+            if e.core[..] == bytes[..] {
                 return Ok(e.public);
             }
             return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
@@ -597,11 +745,13 @@ impl EcdsaNode {
             &self.kek,
             &share_name(key_id, self.party),
             &self.dir.join("shares").join(format!("{key_id}.p256")),
-            &core.to_bytes(),
+            &bytes,
         )?;
         let entry = key_entry(core);
         let public = entry.public;
         keys.insert(key_id.to_string(), Arc::new(entry));
+        drop(keys);
+        self.drop_primes();
         Ok(public)
     }
 
