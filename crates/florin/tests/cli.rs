@@ -636,21 +636,25 @@ fn kill_9_under_load_loses_no_acknowledged_transaction() {
 /// `devnet --custody threshold`: the issuer's and the authority's keys live as shares in a
 /// 2-of-3 network of node processes; faucet, payment, withdraw and deposit work as with key
 /// files, and keep working with one node killed.
+/// Runs `florin SUBCOMMAND down --data DIR` when dropped, so a failing test leaves no
+/// processes behind.
+struct Down(&'static str, String);
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN)
+            .args([self.0, "down", "--data", &self.1])
+            .output();
+    }
+}
+
 #[test]
 fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let custody = data.join("custody");
     let custody_s = custody.to_str().unwrap().to_string();
-    struct Down(String);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let _ = Command::new(BIN)
-                .args(["custody", "down", "--data", &self.0])
-                .output();
-        }
-    }
-    let _down = Down(custody_s.clone());
+    let _down = Down("custody", custody_s.clone());
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
     let u = User {
         dir: dir.path().to_path_buf(),
@@ -743,15 +747,7 @@ fn custody_ecdsa_keygen_sign_export_import() {
     let dir = tempfile::tempdir().unwrap();
     let kmn = dir.path().join("kmn");
     let k = kmn.to_str().unwrap().to_string();
-    struct Down(String);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let _ = Command::new(BIN)
-                .args(["custody", "down", "--data", &self.0])
-                .output();
-        }
-    }
-    let _down = Down(k.clone());
+    let _down = Down("custody", k.clone());
     let u = User {
         dir: dir.path().to_path_buf(),
         node: "http://127.0.0.1:9".into(),
@@ -881,15 +877,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cluster");
     let data_s = data.to_str().unwrap().to_string();
-    struct Down(String);
-    impl Drop for Down {
-        fn drop(&mut self) {
-            let _ = Command::new(BIN)
-                .args(["cluster", "down", "--data", &self.0])
-                .output();
-        }
-    }
-    let _down = Down(data_s.clone());
+    let _down = Down("cluster", data_s.clone());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
