@@ -64,6 +64,34 @@ impl Encumbrance {
         }
     }
 
+    /// The text form: `ed25519:<64 hex>` (the key) or `p256:<64 hex>` (the key's hash), as
+    /// wallets and payment providers exchange it. A P-256 encumbrance names a key by its hash,
+    /// so a payer needs only this text, never the payee's public key.
+    pub fn to_text(&self) -> String {
+        let scheme = match self.scheme {
+            SCHEME_ED25519 => "ed25519".to_string(),
+            SCHEME_P256 => "p256".to_string(),
+            other => format!("scheme{other}"),
+        };
+        format!("{scheme}:{}", hex::encode(self.key))
+    }
+
+    /// Parses [`Encumbrance::to_text`]'s form; `None` for anything else (an unknown scheme,
+    /// bad hex, a wrong length).
+    pub fn parse_text(s: &str) -> Option<Encumbrance> {
+        let (scheme, key) = s.trim().split_once(':')?;
+        let scheme = match scheme {
+            "ed25519" => SCHEME_ED25519,
+            "p256" => SCHEME_P256,
+            _ => return None,
+        };
+        let bytes = hex::decode(key).ok()?;
+        Some(Encumbrance {
+            scheme,
+            key: bytes.try_into().ok()?,
+        })
+    }
+
     fn encode_into(&self, out: &mut Vec<u8>) {
         out.push(self.scheme);
         out.extend_from_slice(&self.key);

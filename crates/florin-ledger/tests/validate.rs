@@ -702,3 +702,27 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn encumbrance_text_round_trips_and_refuses_junk() {
+    let ed = Encumbrance::ed25519(&SecretKey::from_seed(&[3; 32]).public_key());
+    let p = Encumbrance::p256(&P256SecretKey::from_bytes(&[7; 32]).unwrap().public_key());
+    for e in [ed, p] {
+        let t = e.to_text();
+        assert_eq!(Encumbrance::parse_text(&t), Some(e), "{t}");
+    }
+    assert!(p.to_text().starts_with("p256:"));
+    assert!(ed.to_text().starts_with("ed25519:"));
+    for junk in [
+        "",
+        "p256",
+        "p256:",
+        "p256:zz",
+        "rsa:00",
+        &format!("p256:{}", "ab".repeat(31)),
+        &format!("p256:{}", "ab".repeat(33)),
+        &format!("ed25519{}", "ab".repeat(32)),
+    ] {
+        assert_eq!(Encumbrance::parse_text(junk), None, "{junk:?}");
+    }
+}

@@ -194,7 +194,8 @@ pub struct Unspent {
 /// `POST /v1/ledger/faucet` (devnet only).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LedgerFaucet {
-    /// The owner's address.
+    /// The owner: a wallet address, or an encumbrance's text form (`p256:<64 hex>` or
+    /// `ed25519:<64 hex>`).
     pub owner: String,
     /// Amount in cents.
     pub amount_cents: u64,

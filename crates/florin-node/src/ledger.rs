@@ -168,13 +168,12 @@ impl Ledger {
     /// created UTXOs once durable.
     pub async fn mint_to(
         &self,
-        owner: PublicKey,
+        enc: Encumbrance,
         amount_cents: u64,
     ) -> Result<(Digest, Vec<Utxo>), NodeError> {
         if amount_cents == 0 {
             return Err(NodeError::BadRequest("amount must be positive".into()));
         }
-        let enc = Encumbrance::ed25519(&owner);
         let parts = florin_token::Denomination::spendable_split(amount_cents);
         // Group the split into at most 8 outputs: enough change, few UTXOs.
         let n = parts.len().clamp(1, 8);

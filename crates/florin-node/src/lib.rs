@@ -13,6 +13,7 @@ pub mod custody;
 mod error;
 mod keyfile;
 pub mod ledger;
+pub mod psp;
 mod server;
 mod store;
 

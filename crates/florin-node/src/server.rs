@@ -386,8 +386,15 @@ async fn ledger_faucet(
         )));
     }
     let ledger = st.ledger()?;
-    let owner = florin_crypto::PublicKey::parse(&req.owner)
-        .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?;
+    // A wallet address (or hex key), or an encumbrance's text form (`p256:…` for a P-256
+    // wallet, e.g. a payment provider's custodial customer).
+    let owner = match florin_ledger::Encumbrance::parse_text(&req.owner) {
+        Some(e) => e,
+        None => florin_ledger::Encumbrance::ed25519(
+            &florin_crypto::PublicKey::parse(&req.owner)
+                .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?,
+        ),
+    };
     let (txid, utxos) = ledger.mint_to(owner, req.amount_cents).await?;
     Ok(Json(LedgerFaucetAnswer {
         txid: hex::encode(txid),

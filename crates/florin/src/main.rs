@@ -7,6 +7,7 @@ mod custody_cmd;
 mod devnet;
 mod fraud_cmd;
 mod offline_cmd;
+mod psp_cmd;
 mod util;
 mod wallet_cmd;
 
@@ -37,6 +38,11 @@ enum Command {
     Custody {
         #[command(subcommand)]
         command: custody_cmd::CustodyCommand,
+    },
+    /// Run a payment service provider with custodial wallets on threshold keys, and use it.
+    Psp {
+        #[command(subcommand)]
+        command: psp_cmd::PspCommand,
     },
     /// Inspect and verify fraud proofs.
     Fraud {
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
         Command::Wallet(a) => wallet_cmd::run(a),
         Command::Fraud { command } => fraud_cmd::run(command),
         Command::Custody { command } => custody_cmd::run(command),
+        Command::Psp { command } => psp_cmd::run(command),
         Command::Bench(a) => bench::run(a),
         Command::Node(a) => cluster_cmd::run_node(a),
         Command::Cluster { command } => cluster_cmd::run(command),

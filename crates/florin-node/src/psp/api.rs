@@ -1,0 +1,165 @@
+//! The payment provider's HTTP/JSON API bodies, shared by the server, `florin psp` and other
+//! providers (which call `receive`). Amounts are in cents; UTXOs travel as hex of their
+//! canonical encoding; a payee is named by an encumbrance's text form
+//! (`p256:<64 hex>` / `ed25519:<64 hex>`, see `florin_ledger::Encumbrance::to_text`).
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/psp/info`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PspInfo {
+    /// The provider's name.
+    pub name: String,
+    /// Customers' key scheme: `p256` (threshold ECDSA) or `ed25519` (FROST).
+    pub scheme: String,
+    /// Key-management network: signatures need `t` of `n` nodes.
+    pub t: u16,
+    /// Nodes in the key-management network.
+    pub n: u16,
+    /// The ledger API this provider settles on.
+    pub ledger: String,
+    /// Customer accounts.
+    pub accounts: usize,
+    /// Payments whose ledger outcome is not known yet (retried in the background).
+    pub unresolved: usize,
+    /// Cross-provider payments settled but not yet acknowledged by the payee's provider.
+    pub unnotified: usize,
+}
+
+/// `POST /v1/psp/accounts`: open a custodial account (its key is made by distributed key
+/// generation in the provider's key-management network).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenAccount {
+    /// The account's name: 1–48 of `a-z 0-9 - _`.
+    pub name: String,
+}
+
+/// An account as the provider reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AccountView {
+    /// Name.
+    pub name: String,
+    /// `p256` or `ed25519`.
+    pub scheme: String,
+    /// The threshold public key (hex: 33-byte SEC1 for P-256, 32 bytes for Ed25519).
+    pub public_key: String,
+    /// Where payers pay this account on the ledger (text form).
+    pub encumbrance: String,
+    /// Spendable balance.
+    pub balance_cents: u64,
+    /// Unspent outputs held.
+    pub coins: usize,
+    /// Payments from this account whose ledger outcome is not known yet.
+    pub unresolved: usize,
+    /// P-256 accounts: presignatures ready for one-round signing.
+    #[serde(default)]
+    pub presignatures_ready: Option<usize>,
+}
+
+/// `GET /v1/psp/accounts`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AccountList {
+    /// Every account, by name.
+    pub accounts: Vec<AccountView>,
+}
+
+/// `POST /v1/psp/accounts/{name}/faucet` (devnet ledgers only): the ledger's faucet mints to
+/// the account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Fund {
+    /// Amount in cents.
+    pub amount_cents: u64,
+}
+
+/// `POST /v1/psp/pay`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PayRequest {
+    /// The paying account.
+    pub from: String,
+    /// The payee: an account name here or at `to_psp`, or an encumbrance's text form (any
+    /// ledger wallet).
+    pub to: String,
+    /// The payee's provider (its API URL) when the payee is another provider's customer.
+    #[serde(default)]
+    pub to_psp: Option<String>,
+    /// Amount in cents.
+    pub amount_cents: u64,
+}
+
+/// A settled payment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PayReceipt {
+    /// The ledger transaction (hex txid).
+    pub txid: String,
+    /// `same_provider` (UC1), `cross_provider` (UC2) or `ledger` (an encumbrance, no provider
+    /// told).
+    pub route: String,
+    /// The payee's output (hex of the UTXO).
+    pub payee_output: String,
+    /// The payer's change output, if any (hex of the UTXO).
+    pub change_output: Option<String>,
+    /// Cross-provider: whether the payee's provider acknowledged the payment (if not, it is
+    /// retried in the background; the money is already the payee's on the ledger).
+    pub notified: bool,
+    /// Time spent on the threshold signature, milliseconds.
+    pub sign_ms: f64,
+    /// Time from the request to confirmation (and acknowledgement), milliseconds.
+    pub total_ms: f64,
+}
+
+/// `POST /v1/psp/receive`: another provider (or anyone) tells this one about ledger outputs
+/// that pay its customers. Each is checked unspent on the ledger before it is credited, so the
+/// caller needs no trust.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Receive {
+    /// The outputs (hex of each UTXO), at most 1,024.
+    pub outputs: Vec<String>,
+    /// Who sent them (free text, kept in the payee's history).
+    #[serde(default)]
+    pub from: Option<String>,
+}
+
+/// What happened to one output of a [`Receive`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Received {
+    /// The output's UHS id (hex).
+    pub id: String,
+    /// The account it pays, if it pays one here.
+    pub account: Option<String>,
+    /// `credited`, `known` (credited before: a replay changes nothing), `not_ours` or
+    /// `not_unspent` (the ledger does not hold it unspent).
+    pub outcome: String,
+}
+
+/// The answer to a [`Receive`], one entry per output in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReceiveAnswer {
+    /// Outcomes.
+    pub results: Vec<Received>,
+}
+
+/// One line of an account's history.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HistoryEntry {
+    /// Sequence number (per provider, increasing).
+    pub seq: u64,
+    /// `out` (paid), `in` (received) or `funded` (faucet).
+    pub direction: String,
+    /// The ledger transaction (hex txid), when known.
+    pub txid: Option<String>,
+    /// The other side: an account name, `name@provider`, an encumbrance or a sender's label.
+    pub counterparty: String,
+    /// Amount in cents.
+    pub amount_cents: u64,
+    /// `same_provider`, `cross_provider`, `ledger` or `faucet`.
+    pub route: String,
+    /// Unix seconds.
+    pub at: u64,
+}
+
+/// `GET /v1/psp/accounts/{name}/history`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct History {
+    /// Oldest first (at most the last 1,000).
+    pub entries: Vec<HistoryEntry>,
+}

@@ -1,0 +1,127 @@
+//! The provider's HTTP/JSON API (axum): thin handlers over [`Psp`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+
+use super::api::{
+    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo, Receive,
+    ReceiveAnswer,
+};
+use super::{Psp, PspError};
+use crate::api::{ApiError, Health};
+
+impl IntoResponse for PspError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            PspError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            PspError::NotFound(_) => StatusCode::NOT_FOUND,
+            PspError::Exists(_) | PspError::InsufficientFunds { .. } => StatusCode::CONFLICT,
+            PspError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            PspError::Custody(_) | PspError::Unresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
+            PspError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+            PspError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let body = ApiError {
+            code: self.code().into(),
+            error: self.to_string(),
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+type St = State<Arc<Psp>>;
+
+async fn health() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+async fn info(State(p): St) -> Result<Json<PspInfo>, PspError> {
+    Ok(Json(p.info()?))
+}
+
+async fn open(State(p): St, Json(req): Json<OpenAccount>) -> Result<Json<AccountView>, PspError> {
+    Ok(Json(p.open_account(&req.name).await?))
+}
+
+async fn list(State(p): St) -> Result<Json<AccountList>, PspError> {
+    Ok(Json(AccountList {
+        accounts: p.accounts()?,
+    }))
+}
+
+async fn account(State(p): St, Path(name): Path<String>) -> Result<Json<AccountView>, PspError> {
+    Ok(Json(p.account(&name)?))
+}
+
+#[derive(Deserialize)]
+struct Limit {
+    limit: Option<usize>,
+}
+
+async fn history(
+    State(p): St,
+    Path(name): Path<String>,
+    Query(q): Query<Limit>,
+) -> Result<Json<History>, PspError> {
+    let limit = q.limit.unwrap_or(1000).min(1000);
+    Ok(Json(History {
+        entries: p.history(&name, limit)?,
+    }))
+}
+
+async fn fund(
+    State(p): St,
+    Path(name): Path<String>,
+    Json(req): Json<Fund>,
+) -> Result<Json<AccountView>, PspError> {
+    Ok(Json(p.fund(&name, req.amount_cents).await?))
+}
+
+async fn pay(State(p): St, Json(req): Json<PayRequest>) -> Result<Json<PayReceipt>, PspError> {
+    Ok(Json(p.pay(req).await?))
+}
+
+async fn receive(State(p): St, Json(req): Json<Receive>) -> Result<Json<ReceiveAnswer>, PspError> {
+    Ok(Json(p.receive(req).await?))
+}
+
+/// The provider's routes.
+pub fn router(psp: Arc<Psp>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/psp/info", get(info))
+        .route("/v1/psp/accounts", post(open).get(list))
+        .route("/v1/psp/accounts/{name}", get(account))
+        .route("/v1/psp/accounts/{name}/history", get(history))
+        .route("/v1/psp/accounts/{name}/faucet", post(fund))
+        .route("/v1/psp/pay", post(pay))
+        .route("/v1/psp/receive", post(receive))
+        .with_state(psp)
+}
+
+/// Serves the provider on `listener` until `shutdown` resolves, resolving pending payments
+/// and owed acknowledgements in the background (at start, then every 2 s).
+pub async fn serve(
+    listener: TcpListener,
+    psp: Arc<Psp>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let upkeep = psp.spawn_upkeep(Duration::from_secs(2));
+    let r = axum::serve(listener, router(psp))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    upkeep.abort();
+    // Wait until the task is gone, so the books are closed when this returns.
+    let _ = upkeep.await;
+    r
+}

@@ -1,0 +1,455 @@
+//! The provider's books in redb (one ACID file, every commit fsynced before it returns):
+//! accounts, the unspent outputs each holds, payments sent to the ledger whose outcome is not
+//! applied yet, cross-provider acknowledgements still owed, and each account's history.
+//!
+//! The rule that keeps the books right across crashes: a payment is recorded as *pending*
+//! (with the signed transaction) before it is sent to the ledger, and its effects — inputs
+//! gone, change and local payee credited, history — are applied in one write transaction
+//! once the ledger says it is confirmed. A pending payment is resolved by sending the same
+//! transaction again, which the ledger answers idempotently.
+
+use std::path::Path;
+
+use florin_ledger::{Encumbrance, Transaction, Utxo};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::api::HistoryEntry;
+use super::PspError;
+
+/// name → JSON [`AccountRecord`].
+const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("psp_accounts_v1");
+/// scheme ‖ key (33 bytes) → account name.
+const OWNERS: TableDefinition<&[u8], &str> = TableDefinition::new("psp_owners_v1");
+/// name ‖ 0 ‖ UHS id → UTXO encoding.
+const COINS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_coins_v1");
+/// txid → JSON [`PendingPayment`].
+const PENDING: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_pending_v1");
+/// txid → JSON [`Notice`].
+const NOTICES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_notices_v1");
+/// name ‖ 0 ‖ seq (u64 big-endian) → JSON [`HistoryEntry`].
+const HISTORY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_history_v1");
+/// "seq".
+const META: TableDefinition<&str, u64> = TableDefinition::new("psp_meta_v1");
+
+/// A custodial account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AccountRecord {
+    /// Name.
+    pub name: String,
+    /// The key's name in the key-management network.
+    pub key_id: String,
+    /// `p256` or `ed25519`.
+    pub scheme: String,
+    /// Public key (hex).
+    pub public_key: String,
+    /// Text form of the account's encumbrance.
+    pub encumbrance: String,
+}
+
+impl AccountRecord {
+    pub(crate) fn enc(&self) -> Result<Encumbrance, PspError> {
+        Encumbrance::parse_text(&self.encumbrance)
+            .ok_or_else(|| PspError::Storage(format!("account {} is corrupt", self.name)))
+    }
+}
+
+/// A payment sent (or about to be sent) to the ledger.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PendingPayment {
+    /// The paying account.
+    pub from: String,
+    /// The payee as shown in history.
+    pub counterparty: String,
+    /// A local payee account (same provider).
+    pub payee_account: Option<String>,
+    /// The payee's provider (cross provider).
+    pub payee_psp: Option<String>,
+    /// `same_provider`, `cross_provider` or `ledger`.
+    pub route: String,
+    /// Amount paid.
+    pub amount_cents: u64,
+    /// The signed transaction (hex of its encoding); output 0 pays the payee, output 1 (if
+    /// any) is the change.
+    pub tx: String,
+}
+
+impl PendingPayment {
+    pub(crate) fn transfer(&self) -> Result<florin_ledger::Transfer, PspError> {
+        let bytes = hex::decode(&self.tx).map_err(|_| PspError::Storage("pending tx".into()))?;
+        match Transaction::decode(&bytes) {
+            Ok(Transaction::Transfer(t)) => Ok(t),
+            _ => Err(PspError::Storage("pending tx is not a transfer".into())),
+        }
+    }
+}
+
+/// An acknowledgement owed by a payee's provider.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Notice {
+    /// The payee's provider (API URL).
+    pub psp: String,
+    /// The paying account (shown to the payee).
+    pub from: String,
+    /// The payee's output (hex UTXO).
+    pub output: String,
+}
+
+fn owner_key(e: &Encumbrance) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = e.scheme;
+    k[1..].copy_from_slice(&e.key);
+    k
+}
+
+fn prefixed(name: &str, tail: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 1 + tail.len());
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k.extend_from_slice(tail);
+    k
+}
+
+/// The range of keys under `name`: `name ‖ 0 ‖ …`.
+fn bounds(name: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = name.as_bytes().to_vec();
+    lo.push(0);
+    let mut hi = name.as_bytes().to_vec();
+    hi.push(1);
+    (lo, hi)
+}
+
+fn json<T: Serialize>(v: &T) -> Result<Vec<u8>, PspError> {
+    serde_json::to_vec(v).map_err(|e| PspError::Storage(e.to_string()))
+}
+
+fn unjson<T: for<'de> Deserialize<'de>>(b: &[u8]) -> Result<T, PspError> {
+    serde_json::from_slice(b).map_err(|e| PspError::Storage(format!("corrupt record: {e}")))
+}
+
+pub(crate) fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The books.
+pub struct Books {
+    db: redb::Database,
+}
+
+/// A history line to append (the store numbers it).
+pub(crate) struct Line<'a> {
+    pub account: &'a str,
+    pub direction: &'a str,
+    pub txid: Option<String>,
+    pub counterparty: String,
+    pub amount_cents: u64,
+    pub route: &'a str,
+}
+
+fn append(
+    meta: &mut redb::Table<&str, u64>,
+    history: &mut redb::Table<&[u8], &[u8]>,
+    line: Line<'_>,
+) -> Result<(), PspError> {
+    let seq = meta.get("seq")?.map(|v| v.value()).unwrap_or(0) + 1;
+    meta.insert("seq", seq)?;
+    let e = HistoryEntry {
+        seq,
+        direction: line.direction.into(),
+        txid: line.txid,
+        counterparty: line.counterparty,
+        amount_cents: line.amount_cents,
+        route: line.route.into(),
+        at: now(),
+    };
+    history.insert(
+        prefixed(line.account, &seq.to_be_bytes()).as_slice(),
+        json(&e)?.as_slice(),
+    )?;
+    Ok(())
+}
+
+impl Books {
+    /// Opens (or creates) the books at `path`.
+    pub fn open(path: &Path) -> Result<Books, PspError> {
+        let db = redb::Database::create(path)?;
+        let tx = db.begin_write()?;
+        {
+            tx.open_table(ACCOUNTS)?;
+            tx.open_table(OWNERS)?;
+            tx.open_table(COINS)?;
+            tx.open_table(PENDING)?;
+            tx.open_table(NOTICES)?;
+            tx.open_table(HISTORY)?;
+            tx.open_table(META)?;
+        }
+        tx.commit()?;
+        Ok(Books { db })
+    }
+
+    pub(crate) fn account(&self, name: &str) -> Result<Option<AccountRecord>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(ACCOUNTS)?;
+        let v = t.get(name)?;
+        v.map(|v| unjson(v.value())).transpose()
+    }
+
+    pub(crate) fn accounts(&self) -> Result<Vec<AccountRecord>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(ACCOUNTS)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (_, v) = item?;
+            out.push(unjson(v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Stores a new account; `false` if the name is taken.
+    pub(crate) fn add_account(&self, rec: &AccountRecord) -> Result<bool, PspError> {
+        let enc = rec.enc()?;
+        let tx = self.db.begin_write()?;
+        {
+            let mut a = tx.open_table(ACCOUNTS)?;
+            if a.get(rec.name.as_str())?.is_some() {
+                return Ok(false);
+            }
+            a.insert(rec.name.as_str(), json(rec)?.as_slice())?;
+            let mut o = tx.open_table(OWNERS)?;
+            o.insert(owner_key(&enc).as_slice(), rec.name.as_str())?;
+        }
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// The account an encumbrance belongs to.
+    pub(crate) fn owner(&self, enc: &Encumbrance) -> Result<Option<String>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(OWNERS)?;
+        let v = t.get(owner_key(enc).as_slice())?;
+        Ok(v.map(|v| v.value().to_string()))
+    }
+
+    pub(crate) fn coins(&self, name: &str) -> Result<Vec<Utxo>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(COINS)?;
+        let (lo, hi) = bounds(name);
+        let mut out = Vec::new();
+        for item in t.range(lo.as_slice()..hi.as_slice())? {
+            let (_, v) = item?;
+            out.push(
+                Utxo::decode(v.value())
+                    .map_err(|e| PspError::Storage(format!("corrupt coin: {e}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn has_coin(&self, name: &str, id: &[u8; 32]) -> Result<bool, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(COINS)?;
+        let v = t.get(prefixed(name, id).as_slice())?;
+        Ok(v.is_some())
+    }
+
+    /// Credits outputs to `name` (those not held already) with one history line for their
+    /// sum; returns which were new.
+    pub(crate) fn credit(
+        &self,
+        name: &str,
+        coins: &[Utxo],
+        line: Line<'_>,
+    ) -> Result<Vec<bool>, PspError> {
+        let tx = self.db.begin_write()?;
+        let mut fresh = Vec::with_capacity(coins.len());
+        {
+            let mut c = tx.open_table(COINS)?;
+            let mut sum = 0u64;
+            for u in coins {
+                let key = prefixed(name, &u.id());
+                let new = c.get(key.as_slice())?.is_none();
+                if new {
+                    c.insert(key.as_slice(), u.encode().as_slice())?;
+                    sum = sum.saturating_add(u.value);
+                }
+                fresh.push(new);
+            }
+            if sum > 0 {
+                let mut m = tx.open_table(META)?;
+                let mut h = tx.open_table(HISTORY)?;
+                append(
+                    &mut m,
+                    &mut h,
+                    Line {
+                        amount_cents: sum,
+                        ..line
+                    },
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(fresh)
+    }
+
+    /// Drops coins the ledger no longer holds unspent.
+    pub(crate) fn forget_coins(&self, name: &str, ids: &[[u8; 32]]) -> Result<(), PspError> {
+        let tx = self.db.begin_write()?;
+        {
+            let mut c = tx.open_table(COINS)?;
+            for id in ids {
+                c.remove(prefixed(name, id).as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub(crate) fn put_pending(&self, txid: &[u8; 32], p: &PendingPayment) -> Result<(), PspError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(PENDING)?
+            .insert(txid.as_slice(), json(p)?.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub(crate) fn drop_pending(&self, txid: &[u8; 32]) -> Result<(), PspError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(PENDING)?.remove(txid.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Pending payments (of `from` only, if given).
+    pub(crate) fn pending(
+        &self,
+        from: Option<&str>,
+    ) -> Result<Vec<([u8; 32], PendingPayment)>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(PENDING)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let p: PendingPayment = unjson(v.value())?;
+            if from.is_none_or(|f| f == p.from) {
+                let id: [u8; 32] = k
+                    .value()
+                    .try_into()
+                    .map_err(|_| PspError::Storage("pending key".into()))?;
+                out.push((id, p));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies a confirmed payment: its inputs leave the payer, the change (output 1) returns
+    /// to it, a local payee gets output 0, both histories get a line, a cross-provider payee
+    /// is owed a notice; the pending record goes. One write transaction.
+    pub(crate) fn apply(&self, txid: &[u8; 32], p: &PendingPayment) -> Result<(), PspError> {
+        let t = p.transfer()?;
+        let outs = t.output_utxos();
+        let hex_txid = hex::encode(txid);
+        let tx = self.db.begin_write()?;
+        {
+            let mut pending = tx.open_table(PENDING)?;
+            if pending.remove(txid.as_slice())?.is_none() {
+                // Applied already (a concurrent resolution got here first).
+                return Ok(());
+            }
+            let mut c = tx.open_table(COINS)?;
+            for u in &t.inputs {
+                c.remove(prefixed(&p.from, &u.id()).as_slice())?;
+            }
+            if let Some(change) = outs.get(1) {
+                c.insert(
+                    prefixed(&p.from, &change.id()).as_slice(),
+                    change.encode().as_slice(),
+                )?;
+            }
+            let payee = outs
+                .first()
+                .ok_or_else(|| PspError::Storage("pending tx pays no one".into()))?;
+            let mut m = tx.open_table(META)?;
+            let mut h = tx.open_table(HISTORY)?;
+            append(
+                &mut m,
+                &mut h,
+                Line {
+                    account: &p.from,
+                    direction: "out",
+                    txid: Some(hex_txid.clone()),
+                    counterparty: p.counterparty.clone(),
+                    amount_cents: p.amount_cents,
+                    route: &p.route,
+                },
+            )?;
+            if let Some(to) = &p.payee_account {
+                c.insert(
+                    prefixed(to, &payee.id()).as_slice(),
+                    payee.encode().as_slice(),
+                )?;
+                append(
+                    &mut m,
+                    &mut h,
+                    Line {
+                        account: to,
+                        direction: "in",
+                        txid: Some(hex_txid),
+                        counterparty: p.from.clone(),
+                        amount_cents: p.amount_cents,
+                        route: &p.route,
+                    },
+                )?;
+            }
+            if let Some(psp) = &p.payee_psp {
+                let n = Notice {
+                    psp: psp.clone(),
+                    from: p.from.clone(),
+                    output: hex::encode(payee.encode()),
+                };
+                tx.open_table(NOTICES)?
+                    .insert(txid.as_slice(), json(&n)?.as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub(crate) fn notices(&self) -> Result<Vec<([u8; 32], Notice)>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(NOTICES)?;
+        let mut out = Vec::new();
+        for item in t.iter()? {
+            let (k, v) = item?;
+            let id: [u8; 32] = k
+                .value()
+                .try_into()
+                .map_err(|_| PspError::Storage("notice key".into()))?;
+            out.push((id, unjson(v.value())?));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn drop_notice(&self, txid: &[u8; 32]) -> Result<(), PspError> {
+        let tx = self.db.begin_write()?;
+        tx.open_table(NOTICES)?.remove(txid.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The last `limit` history lines of `name`, oldest first.
+    pub(crate) fn history(&self, name: &str, limit: usize) -> Result<Vec<HistoryEntry>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(HISTORY)?;
+        let (lo, hi) = bounds(name);
+        let mut out = Vec::new();
+        for item in t.range(lo.as_slice()..hi.as_slice())?.rev().take(limit) {
+            let (_, v) = item?;
+            out.push(unjson(v.value())?);
+        }
+        out.reverse();
+        Ok(out)
+    }
+}

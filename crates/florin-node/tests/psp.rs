@@ -1,0 +1,496 @@
+//! Payment service providers over real sockets: a ledger node (embedded store), two providers
+//! each with its own key-management network (in this process, real Noise links) — provider A
+//! with threshold ECDSA P-256 customers (insecure-test level, so set-up takes seconds),
+//! provider B with FROST Ed25519 customers — paying within a provider (UC1), across providers
+//! (UC2) both ways, to a plain ledger key, refusing bad input, and resolving a payment whose
+//! confirmation was lost.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use florin_crypto::{LocalSigner, SecretKey};
+use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_ledger::{Encumbrance, Utxo};
+use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
+use florin_node::psp::{Psp, PspConfig, PspScheme};
+use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use serde_json::{json, Value};
+
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let req = match body {
+        Some(b) => {
+            let b = b.to_string();
+            format!("{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())
+        }
+        None => format!("{method} {path} HTTP/1.0\r\n\r\n"),
+    };
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code: u16 = out[9..12].parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn ok(r: (u16, Value)) -> Value {
+    assert_eq!(r.0, 200, "{}", r.1);
+    r.1
+}
+
+fn refused(r: (u16, Value), code: u16, what: &str) -> Value {
+    assert_eq!(r.0, code, "{}", r.1);
+    assert_eq!(r.1["code"], what, "{}", r.1);
+    r.1
+}
+
+/// The ledger node (authority with faucet, embedded ledger) on loopback.
+struct LedgerNode {
+    addr: SocketAddr,
+    rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl LedgerNode {
+    fn start() -> LedgerNode {
+        let dir = tempfile::tempdir().unwrap();
+        let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
+        let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
+        let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
+        let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let state = AppState {
+            authority: Some(Arc::new(authority)),
+            ledger: Some(ledger),
+        };
+        rt.spawn(florin_node::serve(listener, state, async {
+            let _ = rx.await;
+        }));
+        LedgerNode {
+            addr,
+            rt,
+            stop: Some(stop),
+            _dir: dir,
+        }
+    }
+
+    fn unspent(&self, utxo_hex: &str) -> bool {
+        let u = Utxo::decode(&hex::decode(utxo_hex).unwrap()).unwrap();
+        let v = ok(http(
+            self.addr,
+            "GET",
+            &format!("/v1/ledger/unspent/{}", hex::encode(u.id())),
+            None,
+        ));
+        v["unspent"].as_bool().unwrap()
+    }
+}
+
+impl Drop for LedgerNode {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = &self.rt;
+    }
+}
+
+/// A provider: its network (nodes in this process) and its API on loopback.
+struct Provider {
+    addr: SocketAddr,
+    kmn: Arc<Kmn>,
+    books: std::path::PathBuf,
+    rt: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    _nodes: Vec<RunningNode>,
+    _dir: tempfile::TempDir,
+}
+
+fn network(dir: &std::path::Path, scheme: PspScheme) -> (Vec<RunningNode>, Arc<Kmn>) {
+    let layout = Layout::new(&dir.join("kmn"));
+    layout.create(2, &free_loopback_addrs(3).unwrap()).unwrap();
+    if scheme == PspScheme::P256 {
+        layout.set_ecdsa(Some(EcdsaLevel::InsecureTest)).unwrap();
+    }
+    let nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    if scheme == PspScheme::P256 {
+        kmn.ecdsa_setup(Duration::from_secs(120)).unwrap();
+    }
+    (nodes, kmn)
+}
+
+impl Provider {
+    fn start(name: &str, scheme: PspScheme, ledger: &str) -> Provider {
+        let dir = tempfile::tempdir().unwrap();
+        let (nodes, kmn) = network(dir.path(), scheme);
+        let books = dir.path().join("psp.redb");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut p = Provider {
+            addr: "127.0.0.1:1".parse().unwrap(),
+            kmn,
+            books,
+            rt,
+            stop: None,
+            server: None,
+            _nodes: nodes,
+            _dir: dir,
+        };
+        p.serve(name, scheme, ledger);
+        p
+    }
+
+    /// (Re)opens the books and serves them.
+    fn serve(&mut self, name: &str, scheme: PspScheme, ledger: &str) {
+        let psp = Psp::open(
+            PspConfig {
+                name: name.into(),
+                books: self.books.clone(),
+                ledger: ledger.into(),
+                scheme,
+                presign_pool: 1,
+            },
+            self.kmn.clone(),
+        )
+        .unwrap();
+        let listener = self
+            .rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        self.addr = listener.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        self.stop = Some(stop);
+        self.server = Some(self.rt.spawn(florin_node::psp::serve(listener, psp, async {
+            let _ = rx.await;
+        })));
+    }
+
+    /// Stops serving and closes the books.
+    fn halt(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(h) = self.server.take() {
+            self.rt.block_on(h).unwrap().unwrap();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        http(self.addr, method, path, body)
+    }
+
+    fn balance(&self, name: &str) -> u64 {
+        ok(self.call("GET", &format!("/v1/psp/accounts/{name}"), None))["balance_cents"]
+            .as_u64()
+            .unwrap()
+    }
+
+    fn pay(&self, from: &str, to: &str, to_psp: Option<&str>, cents: u64) -> (u16, Value) {
+        self.call(
+            "POST",
+            "/v1/psp/pay",
+            Some(json!({"from": from, "to": to, "to_psp": to_psp, "amount_cents": cents})),
+        )
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+#[test]
+fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refused() {
+    let node = LedgerNode::start();
+    let ledger = format!("http://{}", node.addr);
+    let a = Provider::start("bank-a", PspScheme::P256, &ledger);
+    let b = Provider::start("bank-b", PspScheme::Ed25519, &ledger);
+
+    // Accounts: keys by distributed key generation in each provider's own network.
+    let alice = ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))));
+    assert_eq!(alice["scheme"], "p256");
+    assert!(alice["encumbrance"].as_str().unwrap().starts_with("p256:"));
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "bob"}))));
+    let carol = ok(b.call("POST", "/v1/psp/accounts", Some(json!({"name": "carol"}))));
+    assert!(carol["encumbrance"]
+        .as_str()
+        .unwrap()
+        .starts_with("ed25519:"));
+    refused(
+        a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))),
+        409,
+        "exists",
+    );
+    for bad in ["", "Alice", "a/b", &"x".repeat(49)] {
+        refused(
+            a.call("POST", "/v1/psp/accounts", Some(json!({"name": bad}))),
+            400,
+            "bad_request",
+        );
+    }
+    let info = ok(a.call("GET", "/v1/psp/info", None));
+    assert_eq!((info["t"].as_u64(), info["n"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(info["accounts"], 2);
+
+    // Funding from the ledger's faucet, to a P-256 encumbrance.
+    ok(a.call(
+        "POST",
+        "/v1/psp/accounts/alice/faucet",
+        Some(json!({"amount_cents": 10_000})),
+    ));
+    assert_eq!(a.balance("alice"), 10_000);
+
+    // UC1: alice pays bob at the same provider.
+    let r = ok(a.pay("alice", "bob", None, 1_000));
+    assert_eq!(r["route"], "same_provider");
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    assert!(node.unspent(r["change_output"].as_str().unwrap()));
+    assert_eq!(a.balance("alice"), 9_000);
+    assert_eq!(a.balance("bob"), 1_000);
+
+    // UC2: alice (threshold ECDSA) pays carol at provider B (FROST), and back.
+    let r = ok(a.pay("alice", "carol", Some(&b.url()), 500));
+    assert_eq!(r["route"], "cross_provider");
+    assert_eq!(r["notified"], true, "{r}");
+    assert_eq!(b.balance("carol"), 500);
+    assert_eq!(a.balance("alice"), 8_500);
+    let carol_coin = r["payee_output"].as_str().unwrap().to_string();
+    let r2 = ok(b.pay("carol", "bob", Some(&a.url()), 200));
+    assert_eq!(r2["notified"], true, "{r2}");
+    assert_eq!(b.balance("carol"), 300);
+    assert_eq!(a.balance("bob"), 1_200);
+
+    // Replaying a notice changes nothing; the spent and forged outputs are not credited.
+    let replay = ok(b.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(json!({"outputs": [carol_coin], "from": "replayer"})),
+    ));
+    assert_eq!(replay["results"][0]["outcome"], "not_unspent");
+    let r3 = ok(a.pay("alice", "carol", Some(&b.url()), 100));
+    let fresh = r3["payee_output"].as_str().unwrap().to_string();
+    assert_eq!(b.balance("carol"), 400);
+    let again = ok(b.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(json!({"outputs": [fresh.clone()]})),
+    ));
+    assert_eq!(again["results"][0]["outcome"], "known");
+    let mut forged = Utxo::decode(&hex::decode(&fresh).unwrap()).unwrap();
+    forged.value = 1_000_000;
+    let f = ok(b.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(json!({"outputs": [hex::encode(forged.encode())]})),
+    ));
+    assert_eq!(f["results"][0]["outcome"], "not_unspent");
+    assert_eq!(b.balance("carol"), 400);
+    let stranger = Utxo {
+        encumbrance: Encumbrance::ed25519(&SecretKey::from_seed(&[1; 32]).public_key()),
+        ..forged
+    };
+    let s = ok(b.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(json!({"outputs": [hex::encode(stranger.encode())]})),
+    ));
+    assert_eq!(s["results"][0]["outcome"], "not_ours");
+    for junk in [
+        json!({"outputs": ["zz"]}),
+        json!({"outputs": ["00"]}),
+        json!({"nope": 1}),
+    ] {
+        let (code, _) = b.call("POST", "/v1/psp/receive", Some(junk));
+        assert!((400..500).contains(&code), "{code}");
+    }
+
+    // Refusals: each typed, nothing moves.
+    refused(
+        a.pay("bob", "alice", None, 50_000),
+        409,
+        "insufficient_funds",
+    );
+    refused(a.pay("nobody", "alice", None, 1), 404, "not_found");
+    refused(a.pay("alice", "nobody", None, 1), 404, "not_found");
+    refused(a.pay("alice", "alice", None, 1), 400, "bad_request");
+    refused(a.pay("alice", "bob", None, 0), 400, "bad_request");
+    refused(
+        a.pay("alice", "nobody", Some(&b.url()), 1),
+        404,
+        "not_found",
+    );
+    refused(
+        a.pay("alice", "carol", Some("http://127.0.0.1:1"), 1),
+        502,
+        "unreachable",
+    );
+    refused(
+        a.call(
+            "POST",
+            "/v1/psp/accounts/alice/faucet",
+            Some(json!({"amount_cents": 0})),
+        ),
+        400,
+        "bad_request",
+    );
+    assert_eq!(a.balance("alice"), 8_400);
+    assert_eq!(a.balance("bob"), 1_200);
+
+    // A plain ledger key: the payment is on the ledger, no provider is told.
+    let outsider = Encumbrance::ed25519(&SecretKey::from_seed(&[2; 32]).public_key());
+    let r = ok(a.pay("alice", &outsider.to_text(), None, 300));
+    assert_eq!(r["route"], "ledger");
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    assert_eq!(a.balance("alice"), 8_100);
+
+    // History, oldest first.
+    let h = ok(a.call("GET", "/v1/psp/accounts/bob/history", None));
+    let lines: Vec<(String, u64)> = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["direction"].as_str().unwrap().to_string(),
+                e["amount_cents"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(lines, vec![("in".into(), 1_000), ("in".into(), 200)]);
+    refused(
+        a.call("GET", "/v1/psp/accounts/nobody/history", None),
+        404,
+        "not_found",
+    );
+
+    // Money is conserved: what the providers hold plus the outsider's output is what the
+    // faucet minted.
+    let held = a.balance("alice") + a.balance("bob") + b.balance("carol");
+    assert_eq!(held + 300, 10_000);
+}
+
+/// Forwards to the ledger; while `drop_replies` is set it forwards requests but closes the
+/// connection instead of relaying the answer: the ledger decides, the provider never hears.
+fn lossy_proxy(to: SocketAddr, drop_replies: Arc<AtomicBool>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut client) = c else { return };
+            let Ok(mut up) = TcpStream::connect(to) else {
+                continue;
+            };
+            let drop_now = drop_replies.clone();
+            let (mut c2, mut u2) = (client.try_clone().unwrap(), up.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut u2);
+                let _ = u2.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                loop {
+                    match up.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => {
+                            if drop_now.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            if client.write_all(&buf[..k]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = up.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
+    let node = LedgerNode::start();
+    let drop_replies = Arc::new(AtomicBool::new(false));
+    let proxy = lossy_proxy(node.addr, drop_replies.clone());
+    let ledger = format!("http://{proxy}");
+    let mut a = Provider::start("bank-a", PspScheme::Ed25519, &ledger);
+    for n in ["dora", "erin"] {
+        ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": n}))));
+    }
+    ok(a.call(
+        "POST",
+        "/v1/psp/accounts/dora/faucet",
+        Some(json!({"amount_cents": 5_000})),
+    ));
+
+    // The ledger confirms, but the answer is lost: the payment is unresolved, not failed.
+    drop_replies.store(true, Ordering::SeqCst);
+    refused(a.pay("dora", "erin", None, 1_500), 503, "unresolved");
+    let v = ok(a.call("GET", "/v1/psp/accounts/dora", None));
+    assert_eq!(v["unresolved"], 1, "{v}");
+    // While unresolved the account cannot pay again (it would not know its coins).
+    refused(a.pay("dora", "erin", None, 10), 503, "unresolved");
+
+    // The ledger is back: the background upkeep resends the same transaction, which the
+    // ledger answers as confirmed, and the payment is applied exactly once.
+    drop_replies.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = ok(a.call("GET", "/v1/psp/accounts/dora", None));
+        if v["unresolved"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not resolved: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(a.balance("dora"), 3_500);
+    assert_eq!(a.balance("erin"), 1_500);
+
+    // Restart: the books are on disk.
+    a.halt();
+    a.serve(
+        "bank-a",
+        PspScheme::Ed25519,
+        &format!("http://{}", node.addr),
+    );
+    assert_eq!(a.balance("dora"), 3_500);
+    assert_eq!(a.balance("erin"), 1_500);
+    let r = ok(a.pay("erin", "dora", None, 500));
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    assert_eq!(a.balance("dora"), 4_000);
+    assert_eq!(a.balance("erin"), 1_000);
+    let info = ok(a.call("GET", "/v1/psp/info", None));
+    assert_eq!(info["unresolved"], 0);
+}

@@ -1,0 +1,434 @@
+//! `florin psp`: a payment service provider hosting custodial wallets whose keys live in its
+//! own key-management network (`serve`), and the commands its operator and customers use
+//! against its API.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Subcommand;
+use florin_node::api::ApiError;
+use florin_node::custody::EcdsaLevel;
+use florin_node::psp::api::{
+    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo,
+};
+use florin_node::psp::{Psp, PspConfig, PspScheme};
+use florin_token::amount::{format_cents, parse_euros};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::util::print_json;
+
+/// `florin psp` subcommands.
+#[derive(Subcommand)]
+pub enum PspCommand {
+    /// Run a payment service provider: its 2-of-3 key-management network (node processes,
+    /// started if down) and its API, settling on a ledger (e.g. `florin devnet`).
+    Serve {
+        /// Data directory: the provider's books and `custody/` (its network).
+        #[arg(long, default_value = "./florin-psp")]
+        data: PathBuf,
+        /// The provider's name (kept after the first start).
+        #[arg(long)]
+        name: Option<String>,
+        /// The ledger's API.
+        #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+        ledger: String,
+        /// Address to listen on (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:7600")]
+        listen: SocketAddr,
+        /// Customers' keys: `p256` (threshold ECDSA, as smart cards need) or `ed25519`
+        /// (FROST). Kept after the first start.
+        #[arg(long)]
+        scheme: Option<String>,
+        /// P-256: the network's ECDSA level, `production` (each node first spends minutes on
+        /// its Paillier primes) or `insecure-test` (seconds; demos and tests only).
+        #[arg(long, default_value = "production")]
+        ecdsa: String,
+        /// P-256: presignatures kept ready per account.
+        #[arg(long, default_value_t = 2)]
+        presign_pool: usize,
+        /// Longest to wait for the network's ECDSA set-up at start, seconds.
+        #[arg(long, default_value_t = 1800)]
+        setup_wait: u64,
+    },
+    /// The provider: name, scheme, network, accounts, unresolved payments.
+    Info {
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Open a custodial account (its key is made by distributed key generation).
+    Open {
+        /// The account's name.
+        name: String,
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fund an account from the ledger's faucet (devnet).
+    Fund {
+        /// The account.
+        name: String,
+        /// Euros, e.g. `25` or `3.50`.
+        amount: String,
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+    },
+    /// One account's balance, or every account's.
+    Balance {
+        /// The account (all when left out).
+        name: Option<String>,
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pay: to an account here, to another provider's customer (`--to-psp`), or to a ledger
+    /// encumbrance (`p256:…` / `ed25519:…`).
+    Pay {
+        /// The paying account.
+        from: String,
+        /// The payee.
+        to: String,
+        /// Euros.
+        amount: String,
+        /// The payee's provider, when it is another one.
+        #[arg(long)]
+        to_psp: Option<String>,
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// An account's payments, oldest first.
+    History {
+        /// The account.
+        name: String,
+        /// The provider's API.
+        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        psp: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// What the data directory remembers from the first start.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    name: String,
+    scheme: String,
+}
+
+/// Runs a `florin psp` command.
+pub fn run(cmd: PspCommand) -> Result<ExitCode> {
+    match cmd {
+        PspCommand::Serve {
+            data,
+            name,
+            ledger,
+            listen,
+            scheme,
+            ecdsa,
+            presign_pool,
+            setup_wait,
+        } => serve(
+            data,
+            name,
+            ledger,
+            listen,
+            scheme,
+            &ecdsa,
+            presign_pool,
+            setup_wait,
+        ),
+        PspCommand::Info { psp, json } => {
+            let i: PspInfo = Client::new(&psp)?.get("/v1/psp/info")?;
+            if json {
+                print_json(&serde_json::to_value(&i)?);
+            } else {
+                println!("provider    {}", i.name);
+                println!("keys        {} ({}-of-{} network)", i.scheme, i.t, i.n);
+                println!("ledger      {}", i.ledger);
+                println!("accounts    {}", i.accounts);
+                println!("unresolved  {}", i.unresolved);
+                println!("unnotified  {}", i.unnotified);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PspCommand::Open { name, psp, json } => {
+            let v: AccountView =
+                Client::new(&psp)?.post("/v1/psp/accounts", &OpenAccount { name })?;
+            if json {
+                print_json(&serde_json::to_value(&v)?);
+            } else {
+                println!("{}  {}  pay to {}", v.name, v.scheme, v.encumbrance);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PspCommand::Fund { name, amount, psp } => {
+            let amount_cents = parse_euros(&amount)?;
+            let v: AccountView = Client::new(&psp)?.post(
+                &format!("/v1/psp/accounts/{name}/faucet"),
+                &Fund { amount_cents },
+            )?;
+            println!("{}  €{}", v.name, format_cents(v.balance_cents));
+            Ok(ExitCode::SUCCESS)
+        }
+        PspCommand::Balance { name, psp, json } => {
+            let c = Client::new(&psp)?;
+            let list = match name {
+                Some(n) => vec![c.get::<AccountView>(&format!("/v1/psp/accounts/{n}"))?],
+                None => c.get::<AccountList>("/v1/psp/accounts")?.accounts,
+            };
+            if json {
+                print_json(&serde_json::to_value(&list)?);
+            } else {
+                for v in list {
+                    println!(
+                        "{:<16} €{:>12}  {} coin(s){}",
+                        v.name,
+                        format_cents(v.balance_cents),
+                        v.coins,
+                        if v.unresolved > 0 {
+                            format!(", {} payment(s) unresolved", v.unresolved)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PspCommand::Pay {
+            from,
+            to,
+            amount,
+            to_psp,
+            psp,
+            json,
+        } => {
+            let amount_cents = parse_euros(&amount)?;
+            let r: PayReceipt = Client::new(&psp)?.post(
+                "/v1/psp/pay",
+                &PayRequest {
+                    from,
+                    to,
+                    to_psp,
+                    amount_cents,
+                },
+            )?;
+            if json {
+                print_json(&serde_json::to_value(&r)?);
+            } else {
+                println!(
+                    "paid €{} ({}) in {:.0} ms (signing {:.0} ms), ledger tx {}{}",
+                    format_cents(amount_cents),
+                    r.route,
+                    r.total_ms,
+                    r.sign_ms,
+                    r.txid,
+                    if r.route == "cross_provider" && !r.notified {
+                        "; the payee's provider has not acknowledged yet (retried)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        PspCommand::History { name, psp, json } => {
+            let h: History = Client::new(&psp)?.get(&format!("/v1/psp/accounts/{name}/history"))?;
+            if json {
+                print_json(&serde_json::to_value(&h)?);
+            } else {
+                for e in h.entries {
+                    println!(
+                        "{:>5}  {:<6} €{:>10}  {:<14} {}",
+                        e.seq,
+                        e.direction,
+                        format_cents(e.amount_cents),
+                        e.route,
+                        e.counterparty
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    data: PathBuf,
+    name: Option<String>,
+    ledger: String,
+    listen: SocketAddr,
+    scheme: Option<String>,
+    ecdsa: &str,
+    presign_pool: usize,
+    setup_wait: u64,
+) -> Result<ExitCode> {
+    std::fs::create_dir_all(&data)
+        .with_context(|| format!("cannot create data directory {}", data.display()))?;
+    let stored_path = data.join("psp.json");
+    let stored: Option<Stored> = match std::fs::read(&stored_path) {
+        Ok(b) => Some(serde_json::from_slice(&b).context("psp.json")?),
+        Err(_) => None,
+    };
+    let stored = match stored {
+        Some(s) => {
+            if name.as_ref().is_some_and(|n| *n != s.name) {
+                bail!(
+                    "{} is provider {:?}; --name cannot change it",
+                    data.display(),
+                    s.name
+                );
+            }
+            if scheme.as_ref().is_some_and(|x| *x != s.scheme) {
+                bail!(
+                    "{} holds {} accounts; --scheme cannot change it",
+                    data.display(),
+                    s.scheme
+                );
+            }
+            s
+        }
+        None => {
+            let s = Stored {
+                name: name.unwrap_or_else(|| "psp".into()),
+                scheme: scheme.unwrap_or_else(|| "p256".into()),
+            };
+            if !florin_node::psp::valid_account(&s.name) {
+                bail!("--name: 1–48 of a-z 0-9 - _");
+            }
+            crate::util::write_atomic(&stored_path, &serde_json::to_vec_pretty(&s)?)?;
+            s
+        }
+    };
+    let scheme = PspScheme::parse(&stored.scheme).ok_or_else(|| {
+        anyhow!(
+            "--scheme takes `p256` or `ed25519`, not {:?}",
+            stored.scheme
+        )
+    })?;
+    let level = match scheme {
+        PspScheme::P256 => Some(EcdsaLevel::parse(ecdsa).ok_or_else(|| {
+            anyhow!("--ecdsa takes `production` or `insecure-test`, not {ecdsa:?}")
+        })?),
+        PspScheme::Ed25519 => None,
+    };
+    let layout = crate::custody_cmd::layout_at(&data.join("custody"))?;
+    let (kmn, started) = crate::custody_cmd::ensure_up(&layout, 2, 3, 0, &[], true, level)?;
+    if started > 0 {
+        eprintln!(
+            "  started {started} key-management node(s) in {}",
+            layout.dir().display()
+        );
+    }
+    if scheme == PspScheme::P256 {
+        let st = Instant::now();
+        if level == Some(EcdsaLevel::Production) {
+            eprintln!(
+                "  ECDSA set-up: waiting for every node's Paillier primes (minutes on a fresh \
+                 network), then the auxiliary information…"
+            );
+        }
+        kmn.ecdsa_setup(Duration::from_secs(setup_wait))
+            .context("ECDSA set-up of the provider's network")?;
+        eprintln!("  ECDSA ready ({:.1} s)", st.elapsed().as_secs_f64());
+    }
+    let psp = Psp::open(
+        PspConfig {
+            name: stored.name.clone(),
+            books: data.join("psp.redb"),
+            ledger: ledger.clone(),
+            scheme,
+            presign_pool,
+        },
+        kmn.clone(),
+    )?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        eprintln!("florin psp {}", stored.name);
+        eprintln!(
+            "  keys       {} in a {}-of-{} network ({})",
+            scheme.name(),
+            kmn.t(),
+            kmn.n(),
+            layout.dir().display()
+        );
+        eprintln!("  ledger     {ledger}");
+        eprintln!("  data       {}", data.display());
+        println!("listening on http://{addr}");
+        florin_node::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
+        eprintln!("florin psp stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// A blocking client for the provider's API.
+struct Client {
+    base: String,
+    http: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Client {
+    fn new(base: &str) -> Result<Client> {
+        Ok(Client {
+            base: base.trim_end_matches('/').to_string(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(600))
+                .build()?,
+            rt: crate::client::runtime()?,
+        })
+    }
+
+    fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+        self.rt.block_on(async {
+            let resp = req
+                .send()
+                .await
+                .with_context(|| format!("cannot reach the provider at {}", self.base))?;
+            let status = resp.status();
+            let bytes = resp.bytes().await?;
+            if !status.is_success() {
+                let msg = serde_json::from_slice::<ApiError>(&bytes)
+                    .map(|e| format!("{}: {}", e.code, e.error))
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                bail!("the provider refused ({status}): {msg}");
+            }
+            serde_json::from_slice(&bytes).context("the provider sent an unreadable answer")
+        })
+    }
+
+    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+    }
+
+    fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+    }
+}
