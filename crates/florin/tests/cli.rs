@@ -1028,3 +1028,133 @@ fn bench_cluster_quick_prints_the_contract() {
     assert_eq!(get("failover_double_spend_accepted")[0]["value"], 0.0);
     assert!(get("failover_tx_per_s").len() >= 8);
 }
+
+/// A `florin psp serve` process; its URL is the first line it prints.
+struct PspProc {
+    child: Child,
+    url: String,
+}
+
+impl PspProc {
+    fn start(data: &Path, ledger: &str, extra: &[&str]) -> PspProc {
+        let mut child = Command::new(BIN)
+            .args([
+                "psp",
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--ledger",
+                ledger,
+            ])
+            .arg("--data")
+            .arg(data)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start psp");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("psp prints its URL, got {line:?}"))
+            .to_string();
+        PspProc { child, url }
+    }
+}
+
+impl Drop for PspProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two payment providers as processes, each with its own key-management network (provider A:
+/// threshold ECDSA P-256; provider B: FROST Ed25519), on a devnet ledger: open, fund, pay
+/// within A, pay across to B, refusals, history, the books balance.
+#[test]
+fn psp_processes_pay_within_and_across_providers() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Devnet::start(&dir.path().join("devnet"));
+    let (da, db) = (dir.path().join("psp-a"), dir.path().join("psp-b"));
+    let _down_a = Down("custody", da.join("custody").to_str().unwrap().to_string());
+    let _down_b = Down("custody", db.join("custody").to_str().unwrap().to_string());
+    let a = PspProc::start(
+        &da,
+        &net.url,
+        &[
+            "--name",
+            "bank-a",
+            "--scheme",
+            "p256",
+            "--ecdsa",
+            "insecure-test",
+        ],
+    );
+    let b = PspProc::start(&db, &net.url, &["--name", "bank-b", "--scheme", "ed25519"]);
+    let u = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    let alice = u.ok(&["psp", "open", "alice", "--psp", &a.url, "--json"]);
+    assert!(alice["encumbrance"].as_str().unwrap().starts_with("p256:"));
+    u.ok(&["psp", "open", "bob", "--psp", &a.url, "--json"]);
+    u.ok(&["psp", "open", "carol", "--psp", &b.url, "--json"]);
+    let err = u.fails(&["psp", "open", "alice", "--psp", &a.url]);
+    assert!(err.contains("exists"), "{err}");
+    u.ok(&["psp", "fund", "alice", "50", "--psp", &a.url]);
+    let r = u.ok(&["psp", "pay", "alice", "bob", "5", "--psp", &a.url, "--json"]);
+    assert_eq!(r["route"], "same_provider");
+    let r = u.ok(&[
+        "psp", "pay", "alice", "carol", "2.50", "--to-psp", &b.url, "--psp", &a.url, "--json",
+    ]);
+    assert_eq!(r["route"], "cross_provider");
+    assert_eq!(r["notified"], true);
+    let bal = u.ok(&["psp", "balance", "--psp", &a.url, "--json"]);
+    let cents = |v: &Value, name: &str| -> u64 {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap()["balance_cents"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cents(&bal, "alice"), 4_250);
+    assert_eq!(cents(&bal, "bob"), 500);
+    let bal_b = u.ok(&["psp", "balance", "carol", "--psp", &b.url, "--json"]);
+    assert_eq!(cents(&bal_b, "carol"), 250);
+    let err = u.fails(&["psp", "pay", "bob", "alice", "100", "--psp", &a.url]);
+    assert!(err.contains("insufficient_funds"), "{err}");
+    let err = u.fails(&["psp", "pay", "bob", "alice", "abc", "--psp", &a.url]);
+    assert!(err.contains("abc") || err.contains("amount"), "{err}");
+    let h = u.ok(&["psp", "history", "alice", "--psp", &a.url, "--json"]);
+    let dirs: Vec<&str> = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["direction"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs, ["funded", "out", "out"]);
+    let info = u.ok(&["psp", "info", "--psp", &b.url, "--json"]);
+    assert_eq!(info["scheme"], "ed25519");
+    // The ledger's books balance with the providers' customers' money on it.
+    let audit = u.ok(&["audit", "--json"]);
+    assert_eq!(audit["balanced"], true, "{audit}");
+    // A provider's data keeps its name and scheme.
+    drop(a);
+    let out = u.run(&[
+        "psp",
+        "serve",
+        "--data",
+        da.to_str().unwrap(),
+        "--scheme",
+        "ed25519",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot change"));
+}
