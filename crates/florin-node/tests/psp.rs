@@ -290,13 +290,14 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
     assert_eq!(b.balance("carol"), 300);
     assert_eq!(a.balance("bob"), 1_200);
 
-    // Replaying a notice changes nothing; the spent and forged outputs are not credited.
+    // Replaying a notice changes nothing, even after the coin is spent; forged outputs are
+    // not credited.
     let replay = ok(b.call(
         "POST",
         "/v1/psp/receive",
         Some(json!({"outputs": [carol_coin], "from": "replayer"})),
     ));
-    assert_eq!(replay["results"][0]["outcome"], "not_unspent");
+    assert_eq!(replay["results"][0]["outcome"], "known");
     let r3 = ok(a.pay("alice", "carol", Some(&b.url()), 100));
     let fresh = r3["payee_output"].as_str().unwrap().to_string();
     assert_eq!(b.balance("carol"), 400);
@@ -329,10 +330,20 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         json!({"outputs": ["zz"]}),
         json!({"outputs": ["00"]}),
         json!({"nope": 1}),
+        json!({"outputs": [fresh.clone(), fresh.clone()]}),
+        json!({"outputs": vec![fresh.clone(); 257]}),
     ] {
-        let (code, _) = b.call("POST", "/v1/psp/receive", Some(junk));
-        assert!((400..500).contains(&code), "{code}");
+        refused(
+            b.call("POST", "/v1/psp/receive", Some(junk)),
+            400,
+            "bad_request",
+        );
     }
+    refused(
+        a.call("POST", "/v1/psp/pay", Some(json!({"from": "alice"}))),
+        400,
+        "bad_request",
+    );
 
     // Refusals: each typed, nothing moves.
     refused(
@@ -355,6 +366,11 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         "unreachable",
     );
     refused(
+        a.pay("alice", "carol", Some("not a url"), 1),
+        400,
+        "bad_request",
+    );
+    refused(
         a.call(
             "POST",
             "/v1/psp/accounts/alice/faucet",
@@ -366,12 +382,38 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
     assert_eq!(a.balance("alice"), 8_400);
     assert_eq!(a.balance("bob"), 1_200);
 
+    // A provider named as the payee's provider that answers with one of our own customers:
+    // paid here, never trusting another provider to credit it.
+    let r = ok(a.pay("alice", "bob", Some(&a.url()), 100));
+    assert_eq!(r["route"], "same_provider");
+    assert_eq!(a.balance("bob"), 1_300);
+
+    // A payment id: the retried request is answered with the first receipt, nothing more paid.
+    let pay_id = |from: &str, id: &str| {
+        a.call(
+            "POST",
+            "/v1/psp/pay",
+            Some(json!({"from": from, "to": "bob", "amount_cents": 100, "id": id})),
+        )
+    };
+    let first = ok(pay_id("alice", "order-17"));
+    let again = ok(pay_id("alice", "order-17"));
+    assert_eq!(first["txid"], again["txid"]);
+    assert_eq!(
+        (first["repeated"].as_bool(), again["repeated"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert_eq!(a.balance("bob"), 1_400);
+    refused(pay_id("bob", "order-17"), 409, "exists");
+    refused(pay_id("alice", ""), 400, "bad_request");
+    assert_eq!(a.balance("alice"), 8_200);
+
     // A plain ledger key: the payment is on the ledger, no provider is told.
     let outsider = Encumbrance::ed25519(&SecretKey::from_seed(&[2; 32]).public_key());
     let r = ok(a.pay("alice", &outsider.to_text(), None, 300));
     assert_eq!(r["route"], "ledger");
     assert!(node.unspent(r["payee_output"].as_str().unwrap()));
-    assert_eq!(a.balance("alice"), 8_100);
+    assert_eq!(a.balance("alice"), 7_900);
 
     // History, oldest first.
     let h = ok(a.call("GET", "/v1/psp/accounts/bob/history", None));
@@ -386,7 +428,15 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
             )
         })
         .collect();
-    assert_eq!(lines, vec![("in".into(), 1_000), ("in".into(), 200)]);
+    assert_eq!(
+        lines,
+        vec![
+            ("in".into(), 1_000),
+            ("in".into(), 200),
+            ("in".into(), 100),
+            ("in".into(), 100)
+        ]
+    );
     refused(
         a.call("GET", "/v1/psp/accounts/nobody/history", None),
         404,
@@ -446,7 +496,7 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
     let proxy = lossy_proxy(node.addr, drop_replies.clone());
     let ledger = format!("http://{proxy}");
     let mut a = Provider::start("bank-a", PspScheme::Ed25519, &ledger);
-    for n in ["dora", "erin"] {
+    for n in ["dora", "erin", "fay"] {
         ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": n}))));
     }
     ok(a.call(
@@ -457,15 +507,52 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
 
     // The ledger confirms, but the answer is lost: the payment is unresolved, not failed.
     drop_replies.store(true, Ordering::SeqCst);
-    refused(a.pay("dora", "erin", None, 1_500), 503, "unresolved");
+    let pay_d1 = || {
+        a.call(
+            "POST",
+            "/v1/psp/pay",
+            Some(json!({"from": "dora", "to": "erin", "amount_cents": 1_500, "id": "d1"})),
+        )
+    };
+    let err = refused(pay_d1(), 503, "unresolved");
     let v = ok(a.call("GET", "/v1/psp/accounts/dora", None));
     assert_eq!(v["unresolved"], 1, "{v}");
-    // While unresolved the account cannot pay again (it would not know its coins).
+    // While unresolved the account cannot pay again (it would not know its coins), and the
+    // retried request is not paid a second time.
     refused(a.pay("dora", "erin", None, 10), 503, "unresolved");
+    refused(pay_d1(), 503, "unresolved");
 
-    // The ledger is back: the background upkeep resends the same transaction, which the
-    // ledger answers as confirmed, and the payment is applied exactly once.
+    // Meanwhile someone hands erin's output to `receive` (it is unspent on the ledger), and
+    // erin spends it. Applying the payment later must not bring the spent coin back.
     drop_replies.store(false, Ordering::SeqCst);
+    let msg = err["error"].as_str().unwrap();
+    let txid_hex = msg
+        .split_whitespace()
+        .find(|w| w.len() == 64 && hex::decode(w).is_ok())
+        .unwrap();
+    let txid: [u8; 32] = hex::decode(txid_hex).unwrap().try_into().unwrap();
+    let erin_enc = ok(a.call("GET", "/v1/psp/accounts/erin", None))["encumbrance"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let erin_coin = Utxo {
+        value: 1_500,
+        encumbrance: Encumbrance::parse_text(&erin_enc).unwrap(),
+        serial: florin_ledger::tx::output_serial(&txid, 0),
+    };
+    let got = ok(a.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(json!({"outputs": [hex::encode(erin_coin.encode())]})),
+    ));
+    // "credited" unless the background upkeep resolved the payment first (then "known");
+    // either way the coin is erin's once.
+    let outcome = got["results"][0]["outcome"].as_str().unwrap();
+    assert!(outcome == "credited" || outcome == "known", "{got}");
+    ok(a.pay("erin", "fay", None, 1_500));
+
+    // The ledger answers again: the background upkeep resends the same transaction, which
+    // the ledger answers as confirmed, and the payment is applied exactly once.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let v = ok(a.call("GET", "/v1/psp/accounts/dora", None));
@@ -476,7 +563,21 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(a.balance("dora"), 3_500);
-    assert_eq!(a.balance("erin"), 1_500);
+    assert_eq!(a.balance("erin"), 0);
+    assert_eq!(a.balance("fay"), 1_500);
+    let h = ok(a.call("GET", "/v1/psp/accounts/dora/history", None));
+    let dirs: Vec<&str> = h["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["direction"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs, ["funded", "out"]);
+    // The retried request now gets the first payment's receipt.
+    let again = ok(pay_d1());
+    assert_eq!(again["repeated"], true);
+    assert_eq!(again["txid"], txid_hex);
+    assert_eq!(a.balance("dora"), 3_500);
 
     // Restart: the books are on disk.
     a.halt();
@@ -486,11 +587,11 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
         &format!("http://{}", node.addr),
     );
     assert_eq!(a.balance("dora"), 3_500);
-    assert_eq!(a.balance("erin"), 1_500);
-    let r = ok(a.pay("erin", "dora", None, 500));
+    assert_eq!(a.balance("fay"), 1_500);
+    let r = ok(a.pay("fay", "dora", None, 500));
     assert!(node.unspent(r["payee_output"].as_str().unwrap()));
     assert_eq!(a.balance("dora"), 4_000);
-    assert_eq!(a.balance("erin"), 1_000);
+    assert_eq!(a.balance("fay"), 1_000);
     let info = ok(a.call("GET", "/v1/psp/info", None));
     assert_eq!(info["unresolved"], 0);
 }

@@ -107,6 +107,10 @@ pub enum PspCommand {
         /// The payee's provider, when it is another one.
         #[arg(long)]
         to_psp: Option<String>,
+        /// A payment id: running the command again with the same id pays once (a random
+        /// one is used when left out).
+        #[arg(long)]
+        id: Option<String>,
         /// The provider's API.
         #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
         psp: String,
@@ -219,10 +223,16 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             to,
             amount,
             to_psp,
+            id,
             psp,
             json,
         } => {
             let amount_cents = parse_euros(&amount)?;
+            let id = id.unwrap_or_else(|| {
+                let mut b = [0u8; 16];
+                rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+                hex::encode(b)
+            });
             let r: PayReceipt = Client::new(&psp)?.post(
                 "/v1/psp/pay",
                 &PayRequest {
@@ -230,11 +240,19 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
                     to,
                     to_psp,
                     amount_cents,
+                    id: Some(id),
                 },
             )?;
             if json {
                 print_json(&serde_json::to_value(&r)?);
             } else {
+                if r.repeated {
+                    println!(
+                        "already paid under this id: ledger tx {} ({})",
+                        r.txid, r.route
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
                 println!(
                     "paid €{} ({}) in {:.0} ms (signing {:.0} ms), ledger tx {}{}",
                     format_cents(amount_cents),
@@ -313,8 +331,15 @@ fn serve(
                 name: name.unwrap_or_else(|| "psp".into()),
                 scheme: scheme.unwrap_or_else(|| "p256".into()),
             };
+            // Checked before anything is written, so a typo is not remembered.
             if !florin_node::psp::valid_account(&s.name) {
                 bail!("--name: 1–48 of a-z 0-9 - _");
+            }
+            if PspScheme::parse(&s.scheme).is_none() {
+                bail!("--scheme takes `p256` or `ed25519`, not {:?}", s.scheme);
+            }
+            if s.scheme == "p256" && EcdsaLevel::parse(ecdsa).is_none() {
+                bail!("--ecdsa takes `production` or `insecure-test`, not {ecdsa:?}");
             }
             crate::util::write_atomic(&stored_path, &serde_json::to_vec_pretty(&s)?)?;
             s

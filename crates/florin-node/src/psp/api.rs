@@ -84,6 +84,11 @@ pub struct PayRequest {
     pub to_psp: Option<String>,
     /// Amount in cents.
     pub amount_cents: u64,
+    /// The client's id for this payment (1–64 printable ASCII characters): a request repeated
+    /// with the same id is answered with the first payment's receipt and pays nothing more.
+    /// Give one whenever a request may be retried.
+    #[serde(default)]
+    pub id: Option<String>,
 }
 
 /// A settled payment.
@@ -101,6 +106,9 @@ pub struct PayReceipt {
     /// Cross-provider: whether the payee's provider acknowledged the payment (if not, it is
     /// retried in the background; the money is already the payee's on the ledger).
     pub notified: bool,
+    /// Whether this answers a repeated payment id (nothing was paid this time).
+    #[serde(default)]
+    pub repeated: bool,
     /// Time spent on the threshold signature, milliseconds.
     pub sign_ms: f64,
     /// Time from the request to confirmation (and acknowledgement), milliseconds.
@@ -112,7 +120,7 @@ pub struct PayReceipt {
 /// caller needs no trust.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Receive {
-    /// The outputs (hex of each UTXO), at most 1,024.
+    /// The outputs (hex of each UTXO), at most 256.
     pub outputs: Vec<String>,
     /// Who sent them (free text, kept in the payee's history).
     #[serde(default)]
@@ -126,8 +134,8 @@ pub struct Received {
     pub id: String,
     /// The account it pays, if it pays one here.
     pub account: Option<String>,
-    /// `credited`, `known` (credited before: a replay changes nothing), `not_ours` or
-    /// `not_unspent` (the ledger does not hold it unspent).
+    /// `credited`, `known` (credited before, even if spent since: a replay changes nothing),
+    /// `not_ours` or `not_unspent` (the ledger does not hold it unspent).
     pub outcome: String,
 }
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -39,6 +40,12 @@ impl IntoResponse for PspError {
 
 type St = State<Arc<Psp>>;
 
+/// A JSON body, or the typed 400 every other bad input gets (instead of axum's plain text).
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, PspError> {
+    b.map(|Json(v)| v)
+        .map_err(|e| PspError::BadRequest(format!("bad JSON body: {}", e.body_text())))
+}
+
 async fn health() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -49,8 +56,11 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspError> {
     Ok(Json(p.info()?))
 }
 
-async fn open(State(p): St, Json(req): Json<OpenAccount>) -> Result<Json<AccountView>, PspError> {
-    Ok(Json(p.open_account(&req.name).await?))
+async fn open(
+    State(p): St,
+    req: Result<Json<OpenAccount>, JsonRejection>,
+) -> Result<Json<AccountView>, PspError> {
+    Ok(Json(p.open_account(&body(req)?.name).await?))
 }
 
 async fn list(State(p): St) -> Result<Json<AccountList>, PspError> {
@@ -82,17 +92,23 @@ async fn history(
 async fn fund(
     State(p): St,
     Path(name): Path<String>,
-    Json(req): Json<Fund>,
+    req: Result<Json<Fund>, JsonRejection>,
 ) -> Result<Json<AccountView>, PspError> {
-    Ok(Json(p.fund(&name, req.amount_cents).await?))
+    Ok(Json(p.fund(&name, body(req)?.amount_cents).await?))
 }
 
-async fn pay(State(p): St, Json(req): Json<PayRequest>) -> Result<Json<PayReceipt>, PspError> {
-    Ok(Json(p.pay(req).await?))
+async fn pay(
+    State(p): St,
+    req: Result<Json<PayRequest>, JsonRejection>,
+) -> Result<Json<PayReceipt>, PspError> {
+    Ok(Json(p.pay(body(req)?).await?))
 }
 
-async fn receive(State(p): St, Json(req): Json<Receive>) -> Result<Json<ReceiveAnswer>, PspError> {
-    Ok(Json(p.receive(req).await?))
+async fn receive(
+    State(p): St,
+    req: Result<Json<Receive>, JsonRejection>,
+) -> Result<Json<ReceiveAnswer>, PspError> {
+    Ok(Json(p.receive(body(req)?).await?))
 }
 
 /// The provider's routes.

@@ -37,10 +37,10 @@ use api::{
     AccountView, HistoryEntry, PayReceipt, PayRequest, PspInfo, Receive, ReceiveAnswer, Received,
 };
 pub use http::{router, serve};
-use store::{AccountRecord, Books, Line, PendingPayment};
+use store::{AccountRecord, Books, Line, PendingPayment, Settled};
 
 /// Most outputs in one `receive`.
-pub const MAX_RECEIVE: usize = 1024;
+pub const MAX_RECEIVE: usize = 256;
 
 /// Why a provider call failed. Each maps to one HTTP status and a stable code.
 #[derive(Debug, Error)]
@@ -400,11 +400,14 @@ impl Psp {
 
     // -- the ledger and other providers ------------------------------------------------------
 
+    /// One JSON call. A 404 is `NotFound` only from another provider (its account is
+    /// missing); from the ledger it means the ledger is not what was configured.
     async fn call<T: for<'de> serde::Deserialize<'de>>(
         &self,
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<T, PspError> {
+        let peer = what.contains("provider");
         let resp = req
             .send()
             .await
@@ -423,7 +426,11 @@ impl Psp {
             .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
         if status.is_client_error() {
             if status == reqwest::StatusCode::NOT_FOUND {
-                return Err(PspError::NotFound(format!("{what}: {msg}")));
+                return Err(if peer {
+                    PspError::NotFound(format!("{what}: {msg}"))
+                } else {
+                    PspError::Unreachable(format!("{what} (404): {msg}"))
+                });
             }
             Err(PspError::Refused(format!(
                 "{what} refused ({status}): {msg}"
@@ -546,8 +553,15 @@ impl Psp {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut results = Vec::with_capacity(utxos.len());
+        let mut asked = std::collections::HashSet::new();
         for u in utxos {
             let id = u.id();
+            if !asked.insert(id) {
+                return Err(PspError::BadRequest(format!(
+                    "output {} is listed twice",
+                    hex::encode(id)
+                )));
+            }
             let Some(account) = self.books.owner(&u.encumbrance)? else {
                 results.push(Received {
                     id: hex::encode(id),
@@ -560,7 +574,7 @@ impl Psp {
             // check and the credit.
             let lock = self.lock_of(&account);
             let _g = lock.lock().await;
-            let outcome = if self.books.has_coin(&account, &id)? {
+            let outcome = if self.books.seen(&id)? {
                 "known"
             } else if !self.is_unspent(&id).await? {
                 "not_unspent"
@@ -602,8 +616,7 @@ impl Psp {
             match self.submit(&Transaction::Transfer(t.clone())).await {
                 Ok(st) if st.status == "confirmed" => self.books.apply(&txid, &p)?,
                 Ok(st) if st.status == "static_invalid" || st.status == "state_invalid" => {
-                    self.books.drop_pending(&txid)?;
-                    self.forget_spent(&p.from, &t.inputs).await?;
+                    self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                 }
                 _ => left += 1,
             }
@@ -629,33 +642,56 @@ impl Psp {
                 left += 1;
                 continue;
             };
-            left += self.resolve(Some(&a)).await?;
+            // One account's trouble (a ledger error, a corrupt record) does not hold up the
+            // others.
+            match self.resolve(Some(&a)).await {
+                Ok(n) => left += n,
+                Err(e) => {
+                    eprintln!("psp: resolving {a}'s payments: {e}");
+                    left += 1;
+                }
+            }
         }
         Ok(left)
     }
 
-    /// Drops the coins among `inputs` that the ledger no longer holds unspent.
-    async fn forget_spent(&self, account: &str, inputs: &[Utxo]) -> Result<(), PspError> {
+    /// A refused payment: asks the ledger which of its inputs are gone, then drops the
+    /// pending record and those coins in one write (if the ledger cannot be asked, nothing
+    /// changes and the payment is tried again).
+    async fn drop_refused(
+        &self,
+        txid: Option<&[u8; 32]>,
+        account: &str,
+        inputs: &[Utxo],
+    ) -> Result<(), PspError> {
         let mut gone = Vec::new();
         for u in inputs {
             if !self.is_unspent(&u.id()).await? {
                 gone.push(u.id());
             }
         }
-        if !gone.is_empty() {
-            self.books.forget_coins(account, &gone)?;
-        }
-        Ok(())
+        self.books.drop_refused(txid, account, &gone)
     }
 
     /// Sends the acknowledgements owed to payees' providers; returns how many are still owed.
     pub async fn notify_all(&self) -> Result<usize, PspError> {
         let mut left = 0;
         for (txid, n) in self.books.notices()? {
-            if self.notify(&n).await.is_ok() {
-                self.books.drop_notice(&txid)?;
-            } else {
-                left += 1;
+            match self.notify(&n).await {
+                Ok(()) => self.books.drop_notice(&txid)?,
+                // A refusal is final: asking again will not change the answer. The money is
+                // the payee's on the ledger; its provider can still be handed the output.
+                Err(
+                    e @ (PspError::Refused(_) | PspError::NotFound(_) | PspError::BadRequest(_)),
+                ) => {
+                    eprintln!(
+                        "psp: {} refused payment {} ({e}); not asking again",
+                        n.psp,
+                        hex::encode(txid)
+                    );
+                    self.books.drop_notice(&txid)?;
+                }
+                Err(_) => left += 1,
             }
         }
         Ok(left)
@@ -688,6 +724,26 @@ impl Psp {
             return Err(PspError::BadRequest("amount must be positive".into()));
         }
         let rec = self.record(&req.from)?;
+        if let Some(id) = &req.id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(PspError::BadRequest(
+                    "a payment id is 1–64 printable ASCII characters".into(),
+                ));
+            }
+            if let Some(done) = self.repeated(&rec.name, id).await? {
+                return Ok(done);
+            }
+        }
+        if let Some(psp) = &req.to_psp {
+            match reqwest::Url::parse(psp) {
+                Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => {}
+                _ => {
+                    return Err(PspError::BadRequest(format!(
+                        "to_psp {psp:?} is not an http(s) URL"
+                    )))
+                }
+            }
+        }
         // Where the money goes.
         let (payee_enc, payee_account, payee_psp, route, counterparty) = match &req.to_psp {
             Some(psp) => {
@@ -701,13 +757,18 @@ impl Psp {
                 let enc = Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
                     PspError::Refused("the payee's provider sent a bad encumbrance".into())
                 })?;
-                (
-                    enc,
-                    None,
-                    Some(psp.clone()),
-                    "cross_provider",
-                    format!("{}@{psp}", req.to),
-                )
+                // One of our own accounts (our own URL, or a peer naming our customer): pay
+                // it here, never trusting another provider to credit it.
+                match self.books.owner(&enc)? {
+                    Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
+                    None => (
+                        enc,
+                        None,
+                        Some(psp.clone()),
+                        "cross_provider",
+                        format!("{}@{psp}", req.to),
+                    ),
+                }
             }
             None => match Encumbrance::parse_text(&req.to) {
                 Some(enc) => {
@@ -735,6 +796,12 @@ impl Psp {
         let signer = self.signer(&rec).await?;
         let lock = self.lock_of(&rec.name);
         let guard = lock.lock().await;
+        if let Some(id) = &req.id {
+            // A retry that raced the first request: answer it now that the lock is ours.
+            if let Some(done) = self.settled_receipt(&rec.name, id)? {
+                return Ok(done);
+            }
+        }
         if self.resolve(Some(&rec.name)).await? > 0 {
             return Err(PspError::Unresolved(format!(
                 "an earlier payment from {} is not resolved yet; retry shortly",
@@ -800,6 +867,7 @@ impl Psp {
             route: route.into(),
             amount_cents: req.amount_cents,
             tx: hex::encode(Transaction::Transfer(t.clone()).encode()),
+            request_id: req.id.clone(),
         };
         self.books.put_pending(&txid, &pending)?;
         let st = match self.submit(&Transaction::Transfer(t.clone())).await {
@@ -814,8 +882,7 @@ impl Psp {
         match st.status.as_str() {
             "confirmed" => self.books.apply(&txid, &pending)?,
             "static_invalid" | "state_invalid" => {
-                self.books.drop_pending(&txid)?;
-                self.forget_spent(&rec.name, &t.inputs).await?;
+                self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
                 return Err(PspError::Refused(format!(
                     "the ledger refused the payment: {} {}",
                     st.status,
@@ -832,16 +899,15 @@ impl Psp {
         drop(guard);
         // Cross provider: hand the payee's provider its output (after the payer's lock is
         // released, so a provider paying itself cannot wait on itself).
+        // The payment is settled: from here on errors are logged, never returned (a client
+        // that saw an error would pay again).
         let mut notified = payee_psp.is_none();
         if payee_psp.is_some() {
-            if let Some((_, n)) = self
-                .books
-                .notices()?
-                .into_iter()
-                .find(|(id, _)| *id == txid)
-            {
+            if let Ok(Some(n)) = self.books.notice(&txid) {
                 if self.notify(&n).await.is_ok() {
-                    self.books.drop_notice(&txid)?;
+                    if let Err(e) = self.books.drop_notice(&txid) {
+                        eprintln!("psp: {e}");
+                    }
                     notified = true;
                 }
             }
@@ -852,9 +918,61 @@ impl Psp {
             payee_output: hex::encode(outs[0].encode()),
             change_output: outs.get(1).map(|u| hex::encode(u.encode())),
             notified,
+            repeated: false,
             sign_ms,
             total_ms: start.elapsed().as_secs_f64() * 1e3,
         })
+    }
+
+    /// The receipt of an earlier payment with this client id from `from`, if it settled.
+    fn settled_receipt(&self, from: &str, id: &str) -> Result<Option<PayReceipt>, PspError> {
+        let Some(done) = self.books.settled(id)? else {
+            return Ok(None);
+        };
+        if done.from != from {
+            return Err(PspError::Exists(format!(
+                "payment id {id:?} was used by another account"
+            )));
+        }
+        let txid = hex::decode(&done.txid)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| PspError::Storage("receipt txid".into()))?;
+        Ok(Some(receipt_of(done, self.books.notice(&txid)?.is_none())))
+    }
+
+    /// A repeated payment id: its receipt if settled; if it is still pending, resolved first
+    /// (under the account's lock), and `Unresolved` if that is still not possible.
+    async fn repeated(&self, from: &str, id: &str) -> Result<Option<PayReceipt>, PspError> {
+        if let Some(r) = self.settled_receipt(from, id)? {
+            return Ok(Some(r));
+        }
+        let pending = self
+            .books
+            .pending(Some(from))?
+            .into_iter()
+            .any(|(_, p)| p.request_id.as_deref() == Some(id));
+        if !pending {
+            return Ok(None);
+        }
+        let lock = self.lock_of(from);
+        let _g = lock.lock().await;
+        self.resolve(Some(from)).await?;
+        match self.settled_receipt(from, id)? {
+            Some(r) => Ok(Some(r)),
+            None if self
+                .books
+                .pending(Some(from))?
+                .iter()
+                .any(|(_, p)| p.request_id.as_deref() == Some(id)) =>
+            {
+                Err(PspError::Unresolved(format!(
+                    "payment {id:?} was sent, its outcome is not known yet; retry shortly"
+                )))
+            }
+            // Refused by the ledger when resolved: a fresh attempt may go ahead.
+            None => Ok(None),
+        }
     }
 
     /// Background work: resolve pending payments and send owed acknowledgements, every
@@ -862,16 +980,47 @@ impl Psp {
     pub fn spawn_upkeep(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         // A weak reference: the provider closes (its books' file lock included) when the
         // server lets go of it, not when this task next wakes.
+        // Resolution and acknowledgements run apart, so a slow peer provider cannot hold up
+        // the resolution of payments.
         let weak = Arc::downgrade(self);
+        let weak2 = weak.clone();
         tokio::spawn(async move {
-            loop {
-                {
-                    let Some(me) = weak.upgrade() else { return };
-                    let _ = me.resolve_idle().await;
-                    let _ = me.notify_all().await;
+            let resolving = async move {
+                loop {
+                    {
+                        let Some(me) = weak.upgrade() else { return };
+                        if let Err(e) = me.resolve_idle().await {
+                            eprintln!("psp: resolving payments: {e}");
+                        }
+                    }
+                    tokio::time::sleep(every).await;
                 }
-                tokio::time::sleep(every).await;
-            }
+            };
+            let notifying = async move {
+                loop {
+                    {
+                        let Some(me) = weak2.upgrade() else { return };
+                        if let Err(e) = me.notify_all().await {
+                            eprintln!("psp: acknowledgements: {e}");
+                        }
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            };
+            tokio::join!(resolving, notifying);
         })
+    }
+}
+
+fn receipt_of(done: Settled, notified: bool) -> PayReceipt {
+    PayReceipt {
+        txid: done.txid,
+        route: done.route,
+        payee_output: done.payee_output,
+        change_output: done.change_output,
+        notified,
+        repeated: true,
+        sign_ms: 0.0,
+        total_ms: 0.0,
     }
 }

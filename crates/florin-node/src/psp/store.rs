@@ -29,6 +29,11 @@ const PENDING: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_pending
 const NOTICES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_notices_v1");
 /// name ‖ 0 ‖ seq (u64 big-endian) → JSON [`HistoryEntry`].
 const HISTORY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_history_v1");
+/// UHS id → () for every coin ever credited to any account: a coin is credited at most once,
+/// whichever path (faucet, change, same-provider payee, `receive`) reports it first.
+const SEEN: TableDefinition<&[u8], ()> = TableDefinition::new("psp_seen_v1");
+/// the client's payment id → JSON [`Settled`].
+const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("psp_receipts_v1");
 /// "seq".
 const META: TableDefinition<&str, u64> = TableDefinition::new("psp_meta_v1");
 
@@ -72,6 +77,25 @@ pub struct PendingPayment {
     /// The signed transaction (hex of its encoding); output 0 pays the payee, output 1 (if
     /// any) is the change.
     pub tx: String,
+    /// The client's payment id, if it gave one.
+    #[serde(default)]
+    pub request_id: Option<String>,
+}
+
+/// What a client's payment id settled as (kept for good, so a retried request is answered
+/// with the first outcome instead of paying twice).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settled {
+    /// The paying account.
+    pub from: String,
+    /// txid (hex).
+    pub txid: String,
+    /// Route.
+    pub route: String,
+    /// The payee's output (hex UTXO).
+    pub payee_output: String,
+    /// The change (hex UTXO).
+    pub change_output: Option<String>,
 }
 
 impl PendingPayment {
@@ -185,6 +209,8 @@ impl Books {
             tx.open_table(NOTICES)?;
             tx.open_table(HISTORY)?;
             tx.open_table(META)?;
+            tx.open_table(SEEN)?;
+            tx.open_table(RECEIPTS)?;
         }
         tx.commit()?;
         Ok(Books { db })
@@ -248,10 +274,11 @@ impl Books {
         Ok(out)
     }
 
-    pub(crate) fn has_coin(&self, name: &str, id: &[u8; 32]) -> Result<bool, PspError> {
+    /// Whether a coin was ever credited here (held now or spent since).
+    pub(crate) fn seen(&self, id: &[u8; 32]) -> Result<bool, PspError> {
         let r = self.db.begin_read()?;
-        let t = r.open_table(COINS)?;
-        let v = t.get(prefixed(name, id).as_slice())?;
+        let t = r.open_table(SEEN)?;
+        let v = t.get(id.as_slice())?;
         Ok(v.is_some())
     }
 
@@ -267,10 +294,11 @@ impl Books {
         let mut fresh = Vec::with_capacity(coins.len());
         {
             let mut c = tx.open_table(COINS)?;
+            let mut seen = tx.open_table(SEEN)?;
             let mut sum = 0u64;
             for u in coins {
                 let key = prefixed(name, &u.id());
-                let new = c.get(key.as_slice())?.is_none();
+                let new = seen.insert(u.id().as_slice(), ())?.is_none();
                 if new {
                     c.insert(key.as_slice(), u.encode().as_slice())?;
                     sum = sum.saturating_add(u.value);
@@ -294,10 +322,19 @@ impl Books {
         Ok(fresh)
     }
 
-    /// Drops coins the ledger no longer holds unspent.
-    pub(crate) fn forget_coins(&self, name: &str, ids: &[[u8; 32]]) -> Result<(), PspError> {
+    /// Drops a refused payment's pending record (if any) and the coins the ledger no longer
+    /// holds unspent, in one write.
+    pub(crate) fn drop_refused(
+        &self,
+        txid: Option<&[u8; 32]>,
+        name: &str,
+        ids: &[[u8; 32]],
+    ) -> Result<(), PspError> {
         let tx = self.db.begin_write()?;
         {
+            if let Some(txid) = txid {
+                tx.open_table(PENDING)?.remove(txid.as_slice())?;
+            }
             let mut c = tx.open_table(COINS)?;
             for id in ids {
                 c.remove(prefixed(name, id).as_slice())?;
@@ -311,13 +348,6 @@ impl Books {
         let tx = self.db.begin_write()?;
         tx.open_table(PENDING)?
             .insert(txid.as_slice(), json(p)?.as_slice())?;
-        tx.commit()?;
-        Ok(())
-    }
-
-    pub(crate) fn drop_pending(&self, txid: &[u8; 32]) -> Result<(), PspError> {
-        let tx = self.db.begin_write()?;
-        tx.open_table(PENDING)?.remove(txid.as_slice())?;
         tx.commit()?;
         Ok(())
     }
@@ -359,14 +389,17 @@ impl Books {
                 return Ok(());
             }
             let mut c = tx.open_table(COINS)?;
+            let mut seen = tx.open_table(SEEN)?;
             for u in &t.inputs {
                 c.remove(prefixed(&p.from, &u.id()).as_slice())?;
             }
             if let Some(change) = outs.get(1) {
-                c.insert(
-                    prefixed(&p.from, &change.id()).as_slice(),
-                    change.encode().as_slice(),
-                )?;
+                if seen.insert(change.id().as_slice(), ())?.is_none() {
+                    c.insert(
+                        prefixed(&p.from, &change.id()).as_slice(),
+                        change.encode().as_slice(),
+                    )?;
+                }
             }
             let payee = outs
                 .first()
@@ -386,10 +419,13 @@ impl Books {
                 },
             )?;
             if let Some(to) = &p.payee_account {
-                c.insert(
-                    prefixed(to, &payee.id()).as_slice(),
-                    payee.encode().as_slice(),
-                )?;
+                // Credited already if someone handed it to `receive` first.
+                if seen.insert(payee.id().as_slice(), ())?.is_none() {
+                    c.insert(
+                        prefixed(to, &payee.id()).as_slice(),
+                        payee.encode().as_slice(),
+                    )?;
+                }
                 append(
                     &mut m,
                     &mut h,
@@ -412,6 +448,17 @@ impl Books {
                 tx.open_table(NOTICES)?
                     .insert(txid.as_slice(), json(&n)?.as_slice())?;
             }
+            if let Some(id) = &p.request_id {
+                let done = Settled {
+                    from: p.from.clone(),
+                    txid: hex::encode(txid),
+                    route: p.route.clone(),
+                    payee_output: hex::encode(payee.encode()),
+                    change_output: outs.get(1).map(|u| hex::encode(u.encode())),
+                };
+                tx.open_table(RECEIPTS)?
+                    .insert(id.as_str(), json(&done)?.as_slice())?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -430,6 +477,21 @@ impl Books {
             out.push((id, unjson(v.value())?));
         }
         Ok(out)
+    }
+
+    pub(crate) fn notice(&self, txid: &[u8; 32]) -> Result<Option<Notice>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(NOTICES)?;
+        let v = t.get(txid.as_slice())?;
+        v.map(|v| unjson(v.value())).transpose()
+    }
+
+    /// What a client's payment id settled as.
+    pub(crate) fn settled(&self, id: &str) -> Result<Option<Settled>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(RECEIPTS)?;
+        let v = t.get(id)?;
+        v.map(|v| unjson(v.value())).transpose()
     }
 
     pub(crate) fn drop_notice(&self, txid: &[u8; 32]) -> Result<(), PspError> {
