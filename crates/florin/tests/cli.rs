@@ -836,9 +836,23 @@ fn bench_custody_quick_prints_the_contract() {
     for custody in ["threshold", "single"] {
         let r = results
             .iter()
-            .filter(|r| r["name"] == "e2e_payments_per_s" && r["params"]["custody"] == custody)
+            .filter(|r| {
+                r["name"] == "e2e_payments_per_s"
+                    && r["params"]["custody"] == custody
+                    && r["params"]["path"].is_null()
+            })
             .count();
         assert_eq!(r, 4, "{custody}: 2 user counts × 2 routes");
+    }
+    // Through the payment-provider service with threshold ECDSA keys.
+    let psp: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["name"] == "e2e_payments_per_s" && r["params"]["path"] == "psp")
+        .collect();
+    assert_eq!(psp.len(), 4, "psp: 2 user counts × 2 routes");
+    for r in psp {
+        assert_eq!(r["params"]["scheme"], "p256");
+        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
     }
     assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);

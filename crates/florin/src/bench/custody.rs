@@ -223,14 +223,14 @@ fn crypto_points(rec: &mut Recorder, quick: bool) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // End to end
 
-/// A blocking keep-alive HTTP/1.1 client for the ledger API.
-struct Http {
+/// A blocking keep-alive HTTP/1.1 client for the ledger and provider APIs.
+pub(super) struct Http {
     s: TcpStream,
     buf: Vec<u8>,
 }
 
 impl Http {
-    fn connect(addr: SocketAddr) -> Result<Http> {
+    pub(super) fn connect(addr: SocketAddr) -> Result<Http> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -241,8 +241,17 @@ impl Http {
     }
 
     fn call(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>> {
+        self.call_as(method, path, "application/octet-stream", body)
+    }
+
+    /// A JSON request; the answer's body.
+    pub(super) fn call_json(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>> {
+        self.call_as(method, path, "application/json", body)
+    }
+
+    fn call_as(&mut self, method: &str, path: &str, ctype: &str, body: &[u8]) -> Result<Vec<u8>> {
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/octet-stream\r\ncontent-length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
@@ -254,7 +263,8 @@ impl Http {
             if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 let head = String::from_utf8_lossy(&self.buf[..end]).to_ascii_lowercase();
                 if !head.starts_with("http/1.1 200") {
-                    bail!("HTTP: {}", head.lines().next().unwrap_or(""));
+                    let status = head.lines().next().unwrap_or("").to_string();
+                    bail!("HTTP: {status}");
                 }
                 let len: usize = head
                     .lines()
@@ -585,5 +595,6 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     crypto_points(rec, quick)?;
     super::custody_ecdsa::run(rec, quick, scale.full)?;
     e2e(rec, quick)?;
+    super::custody_psp::run(rec, quick)?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 mod cluster;
 mod custody;
 mod custody_ecdsa;
+mod custody_psp;
 mod ledger;
 mod ledger_e2e;
 mod libsodium;
