@@ -44,20 +44,26 @@ impl NodeError {
     }
 }
 
+/// `From` each redb error for an error type with a `Storage(String)` variant.
 macro_rules! storage_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for NodeError {
+    ($target:ident) => {
+        $crate::error::storage_from!(
+            $target:
+            redb::Error,
+            redb::DatabaseError,
+            redb::TransactionError,
+            redb::TableError,
+            redb::StorageError,
+            redb::CommitError
+        );
+    };
+    ($target:ident: $($t:ty),*) => {$(
+        impl From<$t> for $target {
             fn from(e: $t) -> Self {
-                NodeError::Storage(e.to_string())
+                $target::Storage(e.to_string())
             }
         }
     )*};
 }
-storage_from!(
-    redb::Error,
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+pub(crate) use storage_from;
+storage_from!(NodeError);

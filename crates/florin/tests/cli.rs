@@ -12,6 +12,25 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_florin");
 
+/// Starts a server process and reads the URL it prints first (`listening on URL`).
+fn spawn_listening(mut cmd: Command) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the process prints its URL first, got {line:?}"))
+        .to_string();
+    (child, url)
+}
+
 struct Devnet {
     child: Child,
     url: String,
@@ -23,23 +42,11 @@ impl Devnet {
     }
 
     fn start_with(data: &Path, extra: &[&str]) -> Devnet {
-        let mut child = Command::new(BIN)
-            .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["devnet", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start devnet");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .expect("devnet prints its URL")
-            .to_string();
+            .args(extra);
+        let (child, url) = spawn_listening(cmd);
         let d = Devnet { child, url };
         d.wait_healthy();
         d
@@ -1051,31 +1058,19 @@ struct PspProc {
 
 impl PspProc {
     fn start(data: &Path, ledger: &str, extra: &[&str]) -> PspProc {
-        let mut child = Command::new(BIN)
-            .args([
-                "psp",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--ledger",
-                ledger,
-            ])
-            .arg("--data")
-            .arg(data)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start psp");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("psp prints its URL, got {line:?}"))
-            .to_string();
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "psp",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ledger",
+            ledger,
+        ])
+        .arg("--data")
+        .arg(data)
+        .args(extra);
+        let (child, url) = spawn_listening(cmd);
         PspProc { child, url }
     }
 }

@@ -100,23 +100,7 @@ impl PspError {
     }
 }
 
-macro_rules! storage_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for PspError {
-            fn from(e: $t) -> Self {
-                PspError::Storage(e.to_string())
-            }
-        }
-    )*};
-}
-storage_from!(
-    redb::Error,
-    redb::DatabaseError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
+crate::error::storage_from!(PspError);
 
 impl From<KmnError> for PspError {
     fn from(e: KmnError) -> Self {
