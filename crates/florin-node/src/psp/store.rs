@@ -173,27 +173,53 @@ pub(crate) struct Line<'a> {
     pub route: &'a str,
 }
 
-fn append(
-    meta: &mut redb::Table<&str, u64>,
-    history: &mut redb::Table<&[u8], &[u8]>,
-    line: Line<'_>,
-) -> Result<(), PspError> {
-    let seq = meta.get("seq")?.map(|v| v.value()).unwrap_or(0) + 1;
-    meta.insert("seq", seq)?;
-    let e = HistoryEntry {
-        seq,
-        direction: line.direction.into(),
-        txid: line.txid,
-        counterparty: line.counterparty,
-        amount_cents: line.amount_cents,
-        route: line.route.into(),
-        at: now(),
-    };
-    history.insert(
-        prefixed(line.account, &seq.to_be_bytes()).as_slice(),
-        json(&e)?.as_slice(),
-    )?;
-    Ok(())
+/// The tables a credit or a payment writes, open in one write transaction.
+struct Writer<'t> {
+    coins: redb::Table<'t, &'static [u8], &'static [u8]>,
+    seen: redb::Table<'t, &'static [u8], ()>,
+    meta: redb::Table<'t, &'static str, u64>,
+    history: redb::Table<'t, &'static [u8], &'static [u8]>,
+}
+
+impl<'t> Writer<'t> {
+    fn open(tx: &'t redb::WriteTransaction) -> Result<Writer<'t>, PspError> {
+        Ok(Writer {
+            coins: tx.open_table(COINS)?,
+            seen: tx.open_table(SEEN)?,
+            meta: tx.open_table(META)?,
+            history: tx.open_table(HISTORY)?,
+        })
+    }
+
+    /// Gives `u` to `name` unless some account was credited it before; `true` if new.
+    fn hold(&mut self, name: &str, u: &Utxo) -> Result<bool, PspError> {
+        let new = self.seen.insert(u.id().as_slice(), ())?.is_none();
+        if new {
+            self.coins
+                .insert(prefixed(name, &u.id()).as_slice(), u.encode().as_slice())?;
+        }
+        Ok(new)
+    }
+
+    /// Appends a numbered history line.
+    fn line(&mut self, line: Line<'_>) -> Result<(), PspError> {
+        let seq = self.meta.get("seq")?.map(|v| v.value()).unwrap_or(0) + 1;
+        self.meta.insert("seq", seq)?;
+        let e = HistoryEntry {
+            seq,
+            direction: line.direction.into(),
+            txid: line.txid,
+            counterparty: line.counterparty,
+            amount_cents: line.amount_cents,
+            route: line.route.into(),
+            at: now(),
+        };
+        self.history.insert(
+            prefixed(line.account, &seq.to_be_bytes()).as_slice(),
+            json(&e)?.as_slice(),
+        )?;
+        Ok(())
+    }
 }
 
 impl Books {
@@ -293,29 +319,20 @@ impl Books {
         let tx = self.db.begin_write()?;
         let mut fresh = Vec::with_capacity(coins.len());
         {
-            let mut c = tx.open_table(COINS)?;
-            let mut seen = tx.open_table(SEEN)?;
+            let mut w = Writer::open(&tx)?;
             let mut sum = 0u64;
             for u in coins {
-                let key = prefixed(name, &u.id());
-                let new = seen.insert(u.id().as_slice(), ())?.is_none();
+                let new = w.hold(name, u)?;
                 if new {
-                    c.insert(key.as_slice(), u.encode().as_slice())?;
                     sum = sum.saturating_add(u.value);
                 }
                 fresh.push(new);
             }
             if sum > 0 {
-                let mut m = tx.open_table(META)?;
-                let mut h = tx.open_table(HISTORY)?;
-                append(
-                    &mut m,
-                    &mut h,
-                    Line {
-                        amount_cents: sum,
-                        ..line
-                    },
-                )?;
+                w.line(Line {
+                    amount_cents: sum,
+                    ..line
+                })?;
             }
         }
         tx.commit()?;
@@ -388,56 +405,35 @@ impl Books {
                 // Applied already (a concurrent resolution got here first).
                 return Ok(());
             }
-            let mut c = tx.open_table(COINS)?;
-            let mut seen = tx.open_table(SEEN)?;
+            let mut w = Writer::open(&tx)?;
             for u in &t.inputs {
-                c.remove(prefixed(&p.from, &u.id()).as_slice())?;
+                w.coins.remove(prefixed(&p.from, &u.id()).as_slice())?;
             }
             if let Some(change) = outs.get(1) {
-                if seen.insert(change.id().as_slice(), ())?.is_none() {
-                    c.insert(
-                        prefixed(&p.from, &change.id()).as_slice(),
-                        change.encode().as_slice(),
-                    )?;
-                }
+                w.hold(&p.from, change)?;
             }
             let payee = outs
                 .first()
                 .ok_or_else(|| PspError::Storage("pending tx pays no one".into()))?;
-            let mut m = tx.open_table(META)?;
-            let mut h = tx.open_table(HISTORY)?;
-            append(
-                &mut m,
-                &mut h,
-                Line {
-                    account: &p.from,
-                    direction: "out",
-                    txid: Some(hex_txid.clone()),
-                    counterparty: p.counterparty.clone(),
+            w.line(Line {
+                account: &p.from,
+                direction: "out",
+                txid: Some(hex_txid.clone()),
+                counterparty: p.counterparty.clone(),
+                amount_cents: p.amount_cents,
+                route: &p.route,
+            })?;
+            if let Some(to) = &p.payee_account {
+                // Not credited again if someone handed it to `receive` first.
+                w.hold(to, payee)?;
+                w.line(Line {
+                    account: to,
+                    direction: "in",
+                    txid: Some(hex_txid),
+                    counterparty: p.from.clone(),
                     amount_cents: p.amount_cents,
                     route: &p.route,
-                },
-            )?;
-            if let Some(to) = &p.payee_account {
-                // Credited already if someone handed it to `receive` first.
-                if seen.insert(payee.id().as_slice(), ())?.is_none() {
-                    c.insert(
-                        prefixed(to, &payee.id()).as_slice(),
-                        payee.encode().as_slice(),
-                    )?;
-                }
-                append(
-                    &mut m,
-                    &mut h,
-                    Line {
-                        account: to,
-                        direction: "in",
-                        txid: Some(hex_txid),
-                        counterparty: p.from.clone(),
-                        amount_cents: p.amount_cents,
-                        route: &p.route,
-                    },
-                )?;
+                })?;
             }
             if let Some(psp) = &p.payee_psp {
                 let n = Notice {
