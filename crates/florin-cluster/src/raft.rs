@@ -920,10 +920,35 @@ impl<M: Machine> Replica<M> {
         f(&read_lock(&self.state).machine)
     }
 
+    /// A replica that holds nothing beyond the group's initial membership entry (a first start,
+    /// or a directory that was wiped) votes only in the bootstrap election, where the candidate
+    /// also holds at most that entry. Once a group has a log, an empty replica may have voted in
+    /// the current term before it lost its disk, and a second vote in that term could elect a
+    /// second leader; so it waits until a leader has sent it the group's state (log entries or a
+    /// snapshot), which also restores the vote it follows. The cost is availability in one corner:
+    /// a group that never started one of its members cannot elect a new leader without the old one.
+    fn vote_guard(&self, req: &VoteRequest<NodeId>) -> Option<String> {
+        let m = self.raft.metrics().borrow().clone();
+        let holds_nothing = m.last_log_index.unwrap_or(0) == 0 && m.snapshot.is_none();
+        let candidate_has_log = req.last_log_id.is_some_and(|l| l.index > 0);
+        (holds_nothing && candidate_has_log).then(|| {
+            format!(
+                "replica {} holds no log (new or wiped): it votes only after a leader has sent it \
+                 the group's state",
+                self.id
+            )
+        })
+    }
+
     async fn serve(&self, rpc: RaftRpc) -> Result<RpcReply, String> {
         match rpc {
             RaftRpc::Append(req) => self.raft.append_entries(req).await.map(RpcReply::Append),
-            RaftRpc::Vote(req) => self.raft.vote(req).await.map(RpcReply::Vote),
+            RaftRpc::Vote(req) => {
+                if let Some(refusal) = self.vote_guard(&req) {
+                    return Err(refusal);
+                }
+                self.raft.vote(req).await.map(RpcReply::Vote)
+            }
             RaftRpc::Snapshot(req) => {
                 return match self.raft.install_snapshot(req).await {
                     Ok(r) => Ok(RpcReply::Snapshot(Ok(r))),

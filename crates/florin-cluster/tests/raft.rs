@@ -152,6 +152,23 @@ impl Cluster {
     }
 }
 
+/// A leader that still leads, in the same term, after several heartbeats.
+async fn stable_leader(cluster: &Cluster) -> Arc<Replica<Counter>> {
+    let start = Instant::now();
+    loop {
+        let leader = cluster.leader().await;
+        let term = leader.leader_term();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        if leader.is_leader() && leader.leader_term() == term {
+            return leader;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no stable leader"
+        );
+    }
+}
+
 fn cmd(i: usize) -> Vec<u8> {
     format!("cmd-{i}").into_bytes()
 }
@@ -335,32 +352,83 @@ async fn snapshots_compact_and_install() {
 }
 
 /// A replica whose directory was wiped rejoins under the same id and receives the state by
-/// snapshot. openraft treats this as follower log reversion: without its
-/// `loosen-follower-log-revert` feature the leader's core panics (debug assertion), so this test
-/// is ignored until florin-cluster enables that feature.
+/// snapshot, whichever member it is (the smallest member bootstraps a group on its first start).
+/// openraft treats this as follower log reversion, allowed by its `loosen-follower-log-revert`
+/// feature.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs openraft feature loosen-follower-log-revert"]
 async fn wiped_replica_rejoins_by_snapshot() {
     bounded(async {
-        let mut cluster = Cluster::new(&[1, 2, 3], snapshot_opts());
+        for wipe_smallest in [false, true] {
+            let mut cluster = Cluster::new(&[1, 2, 3], snapshot_opts());
+            cluster.start().await;
+            let leader = cluster.leader().await;
+            write_all(&leader, 0..100).await;
+            let wiped = [1, 2, 3]
+                .into_iter()
+                .find(|&i| i != leader.id() && (i == 1) == wipe_smallest)
+                .unwrap_or(if leader.id() == 1 { 2 } else { 1 });
+            wait_applied(&cluster.node(wiped), 100).await;
+            cluster.stop(wiped).await;
+            cluster.dirs.insert(wiped, TempDir::new().unwrap());
+            let fresh = cluster.open(wiped).await;
+            wait_applied(&fresh, 100).await;
+            assert_eq!(fresh.with_machine(|c| c.cmds.clone()), cmds(0..100));
+            assert!(fresh.status().snapshot > Some(50));
+            let leader = cluster.leader().await;
+            write_all(&leader, 100..105).await;
+            wait_applied(&fresh, 105).await;
+            assert_eq!(leader.read(|c| c.cmds.clone()).await.unwrap(), cmds(0..105));
+        }
+    })
+    .await;
+}
+
+/// A wiped replica does not vote before a leader has sent it the group's state: with the
+/// leader down, the wiped replica and the remaining follower cannot elect anyone (the wiped one
+/// may have voted in this term before it lost its disk). When the old leader returns, a leader
+/// is elected, the wiped replica catches up and then votes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wiped_replica_votes_only_after_catching_up() {
+    bounded(async {
+        let mut cluster = Cluster::new(&[1, 2, 3], opts());
         cluster.start().await;
         let leader = cluster.leader().await;
-        write_all(&leader, 0..100).await;
-        // Wipe a follower that is not the bootstrapping (smallest) member.
-        let wiped = [2, 3].into_iter().find(|&i| i != leader.id()).unwrap();
-        wait_applied(&cluster.node(wiped), 100).await;
+        write_all(&leader, 0..30).await;
+        let old_leader = leader.id();
+        let wiped = [2, 3].into_iter().find(|&i| i != old_leader).unwrap();
+        let other = [1, 2, 3]
+            .into_iter()
+            .find(|&i| i != old_leader && i != wiped)
+            .unwrap();
+        wait_applied(&cluster.node(wiped), 30).await;
+        drop(leader);
         cluster.stop(wiped).await;
+        cluster.stop(old_leader).await;
         cluster.dirs.insert(wiped, TempDir::new().unwrap());
         let fresh = cluster.open(wiped).await;
-        wait_applied(&fresh, 100).await;
-        assert_eq!(fresh.with_machine(|c| c.cmds.clone()), cmds(0..100));
-        assert!(fresh.status().snapshot > Some(50));
-        assert!(
-            leader.is_leader(),
-            "the leader survived: {:?}",
-            leader.status()
-        );
-        write_all(&leader, 100..105).await;
+
+        // Several election timeouts: no leader, and the survivor's log is untouched.
+        tokio::time::sleep(Duration::from_millis(2_000)).await;
+        let survivor = cluster.node(other);
+        assert!(!survivor.is_leader(), "{:?}", survivor.status());
+        assert!(!fresh.is_leader(), "{:?}", fresh.status());
+        assert_eq!(fresh.with_machine(|c| c.cmds.len()), 0);
+
+        // The old leader returns: a leader is elected, the wiped replica catches up. (The
+        // survivor's failed campaigns raised its term, so the first leader may be deposed once.)
+        cluster.open(old_leader).await;
+        let leader = stable_leader(&cluster).await;
+        write_all(&leader, 30..35).await;
+        wait_applied(&fresh, 35).await;
+        assert_eq!(fresh.with_machine(|c| c.cmds.clone()), cmds(0..35));
+
+        // Caught up, it votes again: without the leader, the other two elect one.
+        let l = leader.id();
+        drop(leader);
+        cluster.stop(l).await;
+        let leader = stable_leader(&cluster).await;
+        assert_ne!(leader.id(), l);
+        write_all(&leader, 35..40).await;
     })
     .await;
 }

@@ -971,7 +971,29 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
             "acknowledged transaction {txid} lost: {body}"
         );
     }
-    // `cluster up` restarts the killed processes from their disks; they catch up.
+    // The killed shard 1 leader also lost its disk: everything but its config and identity key
+    // is wiped, and it must rejoin under its old id and receive the group's state.
+    let k3_out = String::from_utf8_lossy(&k3.stdout).to_string();
+    let wiped_id: u64 = k3_out
+        .split_whitespace()
+        .nth(2)
+        .and_then(|g| g.split('/').nth(1))
+        .and_then(|i| i.parse().ok())
+        .unwrap_or_else(|| panic!("which replica was killed? {k3_out}"));
+    let wiped = data.join(format!("shard-1-{wiped_id}"));
+    for entry in std::fs::read_dir(&wiped).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !["node.toml", "identity.key"].contains(&name.as_str()) {
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+    }
+    // `cluster up` restarts the killed processes (two from their disks, one from nothing); they
+    // catch up.
     let out = Command::new(BIN)
         .args(["cluster", "up", "--data", &data_s])
         .output()
