@@ -49,12 +49,17 @@ use serde::{Deserialize, Serialize};
 /// A replica's id within its group.
 pub type NodeId = u64;
 
+/// A command or a reply: opaque bytes, encoded as one byte string (not byte by byte) in the
+/// log, the snapshots and on the wire.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bytes(#[serde(with = "florin_ledger::bin_serde::bytes")] pub Vec<u8>);
+
 openraft::declare_raft_types!(
     /// The openraft type configuration: opaque byte commands and replies, `u64` node ids,
     /// [`BasicNode`] addresses, in-memory snapshot buffers, tokio.
     pub TypeConfig:
-        D = Vec<u8>,
-        R = Vec<u8>,
+        D = Bytes,
+        R = Bytes,
         NodeId = NodeId,
         Node = BasicNode,
         Entry = Entry<TypeConfig>,
@@ -463,6 +468,7 @@ struct SmState<M> {
 struct SnapshotBody {
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
+    #[serde(with = "florin_ledger::bin_serde::bytes")]
     machine: Vec<u8>,
 }
 
@@ -470,6 +476,7 @@ struct SnapshotBody {
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
     meta: SnapshotMeta<NodeId, BasicNode>,
+    #[serde(with = "florin_ledger::bin_serde::bytes")]
     data: Vec<u8>,
 }
 
@@ -575,7 +582,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         Ok((st.applied, st.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<u8>>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Bytes>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
@@ -584,14 +591,14 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         let mut replies = Vec::new();
         for entry in entries {
             st.applied = Some(entry.log_id);
-            replies.push(match entry.payload {
+            replies.push(Bytes(match entry.payload {
                 EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(cmd) => st.machine.apply(&cmd),
+                EntryPayload::Normal(cmd) => st.machine.apply(&cmd.0),
                 EntryPayload::Membership(m) => {
                     st.membership = StoredMembership::new(Some(entry.log_id), m);
                     Vec::new()
                 }
-            });
+            }));
         }
         Ok(replies)
     }
@@ -892,8 +899,8 @@ impl<M: Machine> Replica<M> {
     /// Replicates a command and returns the machine's reply once it is committed and applied on
     /// this replica, which must be the leader ([`RaftError::NotLeader`] otherwise).
     pub async fn write(&self, cmd: Vec<u8>) -> Result<Vec<u8>, RaftError> {
-        match self.raft.client_write(cmd).await {
-            Ok(resp) => Ok(resp.data),
+        match self.raft.client_write(Bytes(cmd)).await {
+            Ok(resp) => Ok(resp.data.0),
             Err(OrRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(self.not_leader(f))
             }

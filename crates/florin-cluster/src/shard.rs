@@ -58,14 +58,17 @@ pub struct Fenced {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Part {
     /// The transaction's id.
+    #[serde(with = "florin_ledger::bin_serde::id")]
     pub txid: Digest,
     /// Whether this shard owns the txid (records its confirmation, detects its replay).
     pub owns_txid: bool,
     /// The transaction's kind (for the books).
     pub kind: TxKind,
     /// Inputs in this shard's range: must exist and be unlocked.
+    #[serde(with = "florin_ledger::bin_serde::ids")]
     pub inputs: Vec<UhsId>,
     /// Outputs in this shard's range, with their values.
+    #[serde(with = "florin_ledger::bin_serde::valued_ids")]
     pub outputs: Vec<(UhsId, u64)>,
 }
 

@@ -40,12 +40,15 @@ impl TxKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct CompactTx {
     /// The transaction's id (remembered by the store: a replay changes nothing).
+    #[serde(with = "crate::bin_serde::id")]
     pub txid: Digest,
     /// Its kind.
     pub kind: TxKind,
     /// UHS ids that must exist and are removed.
+    #[serde(with = "crate::bin_serde::ids")]
     pub inputs: Vec<UhsId>,
     /// UHS ids created, with their values in cents.
+    #[serde(with = "crate::bin_serde::valued_ids")]
     pub outputs: Vec<(UhsId, u64)>,
 }
 

@@ -5,6 +5,7 @@
 //! The format and validation modules do no I/O. Stores implement [`SwapStore`]; the in-memory
 //! one lives here, durable ones beside it.
 
+pub mod bin_serde;
 mod codec;
 pub mod compact;
 pub mod embedded;

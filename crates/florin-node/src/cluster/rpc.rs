@@ -31,13 +31,13 @@ const POOL: usize = 16;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Request {
     /// A Raft message for this node's group (from a member of it).
-    Raft(Vec<u8>),
+    Raft(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
     /// Compact transactions to apply (to a coordinator leader, from a sentinel).
     Submit(Vec<CompactTx>),
     /// Which of these ids are unspent (a shard leader; linearizable).
-    Unspent(Vec<UhsId>),
+    Unspent(#[serde(with = "florin_ledger::bin_serde::ids")] Vec<UhsId>),
     /// Which of these txids are confirmed (a shard leader; linearizable).
-    Confirmed(Vec<Digest>),
+    Confirmed(#[serde(with = "florin_ledger::bin_serde::ids")] Vec<Digest>),
     /// The shard's books (a shard leader; linearizable).
     Books,
     /// The node's Raft status.
@@ -51,7 +51,7 @@ pub enum Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Response {
     /// A Raft answer.
-    Raft(Vec<u8>),
+    Raft(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
     /// A shard's answer.
     Shard(ShardReply),
     /// One outcome per submitted transaction.
