@@ -118,6 +118,16 @@ pub enum Request {
         /// The key.
         key_id: String,
     },
+    /// ECDSA key addition (R5): stores under `key_id` this node's share of `from`'s key plus
+    /// `addend` (only from an administrator key). Every node is sent the same addend.
+    EcdsaAddKey {
+        /// The new key's name.
+        key_id: String,
+        /// The key held already (`r1`).
+        from: String,
+        /// The key handed over (`r2`), 32 bytes big-endian.
+        addend: Vec<u8>,
+    },
 }
 
 /// The ECDSA protocol runs a coordinator can start.

@@ -31,6 +31,38 @@ fn network(t: u16, n: usize) -> Result<Net, Box<dyn std::error::Error>> {
     Ok((dir, layout, nodes, kmn))
 }
 
+/// The order of the P-256 group, big-endian.
+const P256_ORDER: [u8; 32] = [
+    0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+    0xbc, 0xe6, 0xfa, 0xad, 0xa7, 0x17, 0x9e, 0x84, 0xf3, 0xb9, 0xca, 0xc2, 0xfc, 0x63, 0x25, 0x51,
+];
+
+/// (a + b) mod n for big-endian scalars below n, by schoolbook arithmetic (independent of the
+/// code under test).
+fn add_mod_n(a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
+    let mut sum = [0u8; 33];
+    let mut carry = 0u16;
+    for i in (0..32).rev() {
+        let v = a[i] as u16 + b[i] as u16 + carry;
+        sum[i + 1] = v as u8;
+        carry = v >> 8;
+    }
+    sum[0] = carry as u8;
+    let mut n = [0u8; 33];
+    n[1..].copy_from_slice(&P256_ORDER);
+    if sum >= n {
+        let mut borrow = 0i16;
+        for i in (0..33).rev() {
+            let v = sum[i] as i16 - n[i] as i16 - borrow;
+            sum[i] = v.rem_euclid(256) as u8;
+            borrow = i16::from(v < 0);
+        }
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(&sum[1..]);
+    out
+}
+
 fn verifies(pk: &p256::P256PublicKey, msg: &[u8], sig: &p256::P256Signature) -> bool {
     p256::verify(pk, msg, sig).is_ok()
 }
@@ -117,6 +149,44 @@ fn interactive_fallback_restart_import_export() -> R {
         Err(KmnError::Refused { .. })
     ));
 
+    // Key addition (R5): another provider hands over a whole key r2; the network turns its
+    // shares of r1 into shares of r1 + r2. The new key is R1 + R2; whoever knew r2 cannot sign
+    // for it.
+    let mut r2_bytes = [0u8; 32];
+    OsRng.fill_bytes(&mut r2_bytes);
+    r2_bytes[0] &= 0x7f;
+    let r2 = P256SecretKey::from_bytes(&r2_bytes)?;
+    let sum_pk = kmn.ecdsa_add_key("sum", "imported", &r2_bytes)?;
+    assert_ne!(sum_pk, r2.public_key());
+    assert_ne!(sum_pk, pk);
+    let sum_secret = kmn.ecdsa_export("sum")?;
+    assert_eq!(*sum_secret, add_mod_n(&secret, &r2_bytes));
+    let sum_signer = kmn.ecdsa_signer("sum", 0)?;
+    let sig = sum_signer.sign(b"to the new key")?;
+    assert!(verifies(&sum_pk, b"to the new key", &sig));
+    let by_sender = r2.sign(b"to the new key")?;
+    assert!(!verifies(&sum_pk, b"to the new key", &by_sender));
+    // The key added to is kept; bad requests change nothing.
+    assert_eq!(&kmn.ecdsa_export("imported")?[..], &secret[..]);
+    // A retry after a lost answer is answered with the same key; the name is taken otherwise.
+    assert_eq!(kmn.ecdsa_add_key("sum", "imported", &r2_bytes)?, sum_pk);
+    let mut other = r2_bytes;
+    other[31] ^= 1;
+    for (name, from, addend) in [
+        ("sum", "imported", other),         // the name is taken
+        ("sum2", "no-such-key", r2_bytes),  // nothing to add to
+        ("sum3", "imported", [0u8; 32]),    // zero is not a key
+        ("sum4", "imported", P256_ORDER),   // out of range
+        ("bad/name", "imported", r2_bytes), // not a key name
+    ] {
+        let err = kmn.ecdsa_add_key(name, from, &addend).unwrap_err();
+        assert!(matches!(err, KmnError::Refused { .. }), "{name}: {err}");
+    }
+    for s in kmn.status() {
+        let keys = s.ecdsa.expect("ecdsa state").keys;
+        assert!(!keys.iter().any(|k| k.0.starts_with("sum") && k.0 != "sum"));
+    }
+
     // Pool of one, then a restart of every node: its presignature is gone with the nodes'
     // memory, and signing falls back to the interactive protocol.
     let signer = kmn.ecdsa_signer("imported", 1)?;
@@ -128,12 +198,15 @@ fn interactive_fallback_restart_import_export() -> R {
     assert!(verifies(&pk, b"after restart", &sig));
     let st = signer.stats();
     assert!(st.presigs_wasted >= 1 || st.interactive >= 1, "{st:?}");
-    // Shares and auxiliary information survived.
+    // Shares and auxiliary information survived, the added key's too.
     for s in kmn.status() {
         let e = s.ecdsa.expect("ecdsa state");
         assert!(e.aux_ready);
         assert!(e.keys.iter().any(|k| k.0 == "imported"));
+        assert!(e.keys.iter().any(|k| k.0 == "sum"));
     }
+    let sig = kmn.ecdsa_signer("sum", 0)?.sign(b"sum after restart")?;
+    assert!(verifies(&sum_pk, b"sum after restart", &sig));
     // Interactive signing alone (no pool).
     let plain = kmn.ecdsa_signer("imported", 0)?;
     let sig = plain.sign(b"interactive")?;

@@ -145,6 +145,22 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Key addition (R5): make KEY the sum of the P-256 key FROM held in the network (r1) and a
+    /// whole P-256 secret key handed over by someone else (r2, `--addend`, hex as `export`
+    /// prints it). Every node adds r2 to its share; whoever knew r2 alone cannot sign for KEY.
+    AddKey {
+        /// The new key's name.
+        key: String,
+        /// The P-256 key the network holds already.
+        #[arg(long)]
+        from: String,
+        /// The file with the key handed over (hex P-256 secret).
+        #[arg(long)]
+        addend: PathBuf,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Rebuild a key from t shares and print it as a hex scalar (handle it like a key file).
     Export {
         /// The key's name.
@@ -343,6 +359,23 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             eprintln!(
                 "imported: every node holds a share; {} can now be removed from this machine",
                 from.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::AddKey {
+            key,
+            from,
+            addend,
+            data,
+        } => {
+            let layout = existing(&data)?;
+            let r2 = read_p256_secret(&addend)?;
+            let pk = open(&layout)?.ecdsa_add_key(&key, &from, &r2)?;
+            println!("{key}  p256:{}", hex::encode(pk.0));
+            eprintln!(
+                "added: every node holds a share of {from} + the key in {}; that key alone no \
+                 longer signs for {key}",
+                addend.display()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -809,7 +809,57 @@ fn custody_ecdsa_keygen_sign_export_import() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains(&pk));
+    // Key addition: w1 + a key handed over; its holder's key differs from the sum.
+    let r2 = "p256-secret:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    std::fs::write(dir.path().join("r2.secret"), r2).unwrap();
+    let out = u.run(&[
+        "custody",
+        "add-key",
+        "w4",
+        "--from",
+        "w1",
+        "--addend",
+        "r2.secret",
+        "--data",
+        &k,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sum = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(sum.starts_with("w4  p256:") && !sum.contains(&pk), "{sum}");
+    let s = u.ok(&["custody", "sign", "w4", "c0ffee", "--data", &k, "--json"]);
+    assert_eq!(s["valid"], true, "{s}");
+    assert_eq!(
+        format!("w4  p256:{}", s["public_key"].as_str().unwrap()),
+        sum.trim()
+    );
+    let err = u.fails(&[
+        "custody",
+        "add-key",
+        "w5",
+        "--from",
+        "nope",
+        "--addend",
+        "r2.secret",
+        "--data",
+        &k,
+    ]);
+    assert!(err.contains("nope"), "{err}");
     std::fs::write(dir.path().join("bad.secret"), "not hex").unwrap();
+    u.fails(&[
+        "custody",
+        "add-key",
+        "w5",
+        "--from",
+        "w1",
+        "--addend",
+        "bad.secret",
+        "--data",
+        &k,
+    ]);
     u.fails(&[
         "custody",
         "import",

@@ -270,6 +270,47 @@ impl Kmn {
         same_key(keys.into_iter())
     }
 
+    /// Key addition (R5): makes `key_id` the sum of the key `from`, which this network holds
+    /// (`r1`), and `addend`, a whole P-256 secret key handed over by someone else (`r2`). Every
+    /// node adds `r2` to its share of `r1`; the new public key is `R1 + R2`. Whoever handed
+    /// over `r2` cannot sign for it, and neither can any t − 1 nodes. `from` is kept. Needs every
+    /// node, like an import; administrator only.
+    pub fn ecdsa_add_key(
+        &self,
+        key_id: &str,
+        from: &str,
+        addend: &[u8; 32],
+    ) -> Result<P256PublicKey, KmnError> {
+        let reqs = self
+            .parties()
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    Request::EcdsaAddKey {
+                        key_id: key_id.into(),
+                        from: from.into(),
+                        addend: addend.to_vec(),
+                    },
+                )
+            })
+            .collect();
+        let mut keys = Vec::new();
+        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
+            match r {
+                Ok(Response::Key(k)) => keys.push(Some(k)),
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => {
+                    return Err(KmnError::Unavailable(format!(
+                        "key addition needs every node: {e}"
+                    )))
+                }
+            }
+        }
+        same_key(keys.into_iter())
+    }
+
     /// Key export: rebuilds the secret key from t nodes' shares (administrator only), checked
     /// against the public key.
     pub fn ecdsa_export(&self, key_id: &str) -> Result<Zeroizing<[u8; 32]>, KmnError> {

@@ -608,7 +608,8 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
         | Request::EcdsaPartial { .. }
         | Request::EcdsaAbort { .. }
         | Request::EcdsaImport { .. }
-        | Request::EcdsaExport { .. }) => handle_ecdsa(inner, admin, req),
+        | Request::EcdsaExport { .. }
+        | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, admin, req),
     }
 }
 
@@ -668,6 +669,19 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
                 return Err(forbidden("key export"));
             }
             Ok(Response::Exported(e.export(&key_id)?))
+        }
+        Request::EcdsaAddKey {
+            key_id,
+            from,
+            addend,
+        } => {
+            if !admin {
+                return Err(forbidden("key addition"));
+            }
+            let frost_has = key(inner, &key_id).is_ok();
+            Ok(Response::Key(
+                e.add_key(&key_id, &from, &addend, frost_has)?.to_vec(),
+            ))
         }
         _ => Err(CustodyError::BadParameters("not an ECDSA request".into())),
     }

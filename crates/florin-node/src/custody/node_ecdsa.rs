@@ -771,6 +771,29 @@ impl EcdsaNode {
         self.store_key(key_id, &core)
     }
 
+    /// Key addition (R5): this node's share of `from` plus the whole key `addend`, stored as
+    /// `key_id`. `from` stays as it was.
+    pub(super) fn add_key(
+        &self,
+        key_id: &str,
+        from: &str,
+        addend: &[u8],
+        frost_has: bool,
+    ) -> Result<[u8; 33], CustodyError> {
+        if !super::node::valid_key_id(key_id) || frost_has {
+            return Err(CustodyError::BadParameters(format!(
+                "key name {key_id:?} invalid or taken"
+            )));
+        }
+        let addend = Zeroizing::new(
+            <[u8; 32]>::try_from(addend)
+                .map_err(|_| CustodyError::BadParameters("the addend must be 32 bytes".into()))?,
+        );
+        let core = CoreShare::from_bytes(&self.key(from)?.core)?;
+        let sum = ecdsa::add_key(&core, &addend)?;
+        self.store_key(key_id, &sum)
+    }
+
     /// Key export: this node's share.
     pub(super) fn export(&self, key_id: &str) -> Result<Vec<u8>, CustodyError> {
         Ok(self.key(key_id)?.core.to_vec())
