@@ -254,20 +254,7 @@ impl Kmn {
                 )
             })
             .collect();
-        let mut keys = Vec::new();
-        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
-            match r {
-                Ok(Response::Key(k)) => keys.push(Some(k)),
-                Ok(Response::Refused(r)) => return Err(refused(p, r)),
-                Ok(_) => return Err(unexpected(p)),
-                Err(e) => {
-                    return Err(KmnError::Unavailable(format!(
-                        "key import needs every node: {e}"
-                    )))
-                }
-            }
-        }
-        same_key(keys.into_iter())
+        self.every_node_key(reqs, "key import")
     }
 
     /// Key addition (R5): makes `key_id` the sum of the key `from`, which this network holds
@@ -295,6 +282,15 @@ impl Kmn {
                 )
             })
             .collect();
+        self.every_node_key(reqs, "key addition")
+    }
+
+    /// Sends one request per node and expects every node to answer with the same public key.
+    fn every_node_key(
+        &self,
+        reqs: Vec<(PartyId, Request)>,
+        what: &str,
+    ) -> Result<P256PublicKey, KmnError> {
         let mut keys = Vec::new();
         for (p, r) in self.round(reqs, STEP_TIMEOUT) {
             match r {
@@ -303,7 +299,7 @@ impl Kmn {
                 Ok(_) => return Err(unexpected(p)),
                 Err(e) => {
                     return Err(KmnError::Unavailable(format!(
-                        "key addition needs every node: {e}"
+                        "{what} needs every node: {e}"
                     )))
                 }
             }
