@@ -121,6 +121,17 @@ impl User {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
+    /// Runs a command that must succeed and returns its standard output as text.
+    fn stdout(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "florin {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
     fn fails(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(!out.status.success(), "florin {args:?} should fail");
@@ -792,7 +803,7 @@ fn custody_ecdsa_keygen_sign_export_import() {
     let out = u.run(&["custody", "export", "w1", "--data", &k]);
     assert!(out.status.success());
     std::fs::write(dir.path().join("w1.secret"), &out.stdout).unwrap();
-    let out = u.run(&[
+    let imported = u.stdout(&[
         "custody",
         "import",
         "w2",
@@ -803,16 +814,11 @@ fn custody_ecdsa_keygen_sign_export_import() {
         "--data",
         &k,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains(&pk));
+    assert!(imported.contains(&pk));
     // Key addition: w1 + a key handed over; its holder's key differs from the sum.
     let r2 = "p256-secret:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     std::fs::write(dir.path().join("r2.secret"), r2).unwrap();
-    let out = u.run(&[
+    let sum = u.stdout(&[
         "custody",
         "add-key",
         "w4",
@@ -823,12 +829,6 @@ fn custody_ecdsa_keygen_sign_export_import() {
         "--data",
         &k,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sum = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(sum.starts_with("w4  p256:") && !sum.contains(&pk), "{sum}");
     let s = u.ok(&["custody", "sign", "w4", "c0ffee", "--data", &k, "--json"]);
     assert_eq!(s["valid"], true, "{s}");
