@@ -128,6 +128,17 @@ pub enum Request {
         /// The key handed over (`r2`), 32 bytes big-endian.
         addend: Vec<u8>,
     },
+    /// Makes a pending key usable (only from an administrator key). A new key (generated,
+    /// imported or added) is stored as *pending* at each node and signs nothing until the
+    /// coordinator has seen every node report the same key and sends this. Idempotent: a
+    /// key already committed with the same `public` answers again; any other is refused.
+    Commit {
+        /// The key's name.
+        key_id: String,
+        /// What every node answered with [`Response::Key`]: `GroupKey::to_bytes` for FROST,
+        /// the SEC1-compressed public key for ECDSA.
+        public: Vec<u8>,
+    },
 }
 
 /// The ECDSA protocol runs a coordinator can start.
@@ -187,6 +198,17 @@ pub struct EcdsaStatus {
     pub keys: Vec<(String, Vec<u8>, u64)>,
 }
 
+/// A key stored but not yet committed (see [`Request::Commit`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PendingKey {
+    /// Name.
+    pub key_id: String,
+    /// ECDSA P-256 (else FROST Ed25519).
+    pub ecdsa: bool,
+    /// What a [`Request::Commit`] for it must carry.
+    pub public: Vec<u8>,
+}
+
 /// One key a node holds.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct KeyInfo {
@@ -234,6 +256,8 @@ pub enum Response {
         keys: Vec<KeyInfo>,
         /// ECDSA state, when the node runs ECDSA.
         ecdsa: Option<EcdsaStatus>,
+        /// Keys stored but not committed, of both schemes; they sign nothing.
+        pending: Vec<PendingKey>,
     },
     /// To [`Request::DkgStart`].
     DkgRound1(Envelope),

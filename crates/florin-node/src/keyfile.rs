@@ -47,3 +47,13 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
     }
     Ok(())
 }
+
+/// Renames `from` to `to` (same directory) durably: the directory is synced after.
+pub fn rename_durably(from: &Path, to: &Path) -> Result<(), NodeError> {
+    let io = |e: std::io::Error| NodeError::Io(format!("{}: {e}", to.display()));
+    fs::rename(from, to).map_err(io)?;
+    if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    }
+    Ok(())
+}

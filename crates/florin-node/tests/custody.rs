@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{verify, LocalSigner, SecretKey, Signer};
-use florin_custody::frost::scalar_public_key;
+use florin_custody::frost::{scalar_public_key, split_ed25519_seed};
+use florin_custody::wire::{Request, Response};
 use florin_node::custody::{free_loopback_addrs, Kmn, KmnError, Layout, RunningNode};
 use rand::rngs::OsRng;
 
@@ -143,5 +144,109 @@ fn import_export_and_access_control() -> R {
     let s = florin_node::custody::ThresholdSigner::new(stranger.clone(), group);
     assert!(s.sign(b"x").is_err());
     assert!(stranger.export("legacy").is_err());
+    Ok(())
+}
+
+fn seed_of(k: &SecretKey) -> Result<[u8; 32], Box<dyn std::error::Error>> {
+    Ok(hex::decode(k.to_hex())?
+        .try_into()
+        .map_err(|_| "seed length")?)
+}
+
+/// A key is stored as pending at each node and signs nothing until every node holds it and
+/// the coordinator commits it: here the coordinator "fails" after storing (the shares are
+/// sent by hand), then after committing at one node only.
+#[test]
+fn a_key_signs_only_after_every_node_committed_it() -> R {
+    let (_dir, layout, nodes, kmn) = network(2, 3)?;
+    let old = SecretKey::generate(&mut OsRng);
+    let (group, shares) = split_ed25519_seed("legacy", &seed_of(&old)?, 2, 3, &mut OsRng)?;
+    for s in &shares {
+        let import = Request::Import {
+            key_id: "legacy".into(),
+            share: s.to_bytes().to_vec(),
+        };
+        assert_eq!(kmn.ask(s.party(), import)?, Response::Key(group.to_bytes()));
+    }
+    // Pending: listed as such, not as a key; it gives no nonces, no signer, no export.
+    for s in kmn.status() {
+        assert!(s.keys.is_empty(), "{s:?}");
+        assert_eq!(
+            s.pending,
+            vec![(
+                "legacy".to_string(),
+                "ed25519".to_string(),
+                old.public_key().to_address()
+            )]
+        );
+    }
+    assert!(kmn.group("legacy").is_err());
+    assert!(kmn.signer("legacy").is_err());
+    assert!(kmn.export("legacy").is_err());
+    let nonces = Request::Commitments {
+        key_id: "legacy".into(),
+        count: 1,
+    };
+    assert!(matches!(kmn.ask(1, nonces)?, Response::Refused(_)));
+    // A commit must name the key the node holds.
+    let wrong = Request::Commit {
+        key_id: "legacy".into(),
+        public: vec![7; 40],
+    };
+    assert!(matches!(kmn.ask(1, wrong)?, Response::Refused(_)));
+    // Committed at node 1 only: one node is below the threshold.
+    let commit = Request::Commit {
+        key_id: "legacy".into(),
+        public: group.to_bytes(),
+    };
+    assert_eq!(kmn.ask(1, commit)?, Response::Key(group.to_bytes()));
+    assert!(kmn.group("legacy").is_err());
+    // Another key under the name is refused before any node is sent a share, so the pending
+    // shares at nodes 2 and 3 are not replaced.
+    let other = SecretKey::generate(&mut OsRng);
+    assert!(matches!(
+        kmn.import_seed("legacy", &seed_of(&other)?),
+        Err(KmnError::Refused { .. })
+    ));
+    // Pending and committed shares survive a restart of every node; then the commit round is
+    // finished, and finishing it again changes nothing.
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    let held = kmn.commit_pending("legacy")?;
+    assert!(!held.ecdsa);
+    assert_eq!(held.public, group.to_bytes());
+    assert_eq!(kmn.commit_pending("legacy")?, held);
+    assert_eq!(kmn.group("legacy")?, group);
+    let sig = kmn.signer("legacy")?.sign(b"committed")?;
+    assert!(dalek_ok(&old.public_key(), b"committed", &sig));
+    assert!(kmn.status().iter().all(|s| s.pending.is_empty()));
+
+    // A run that stored shares at two nodes of three: not committable, and a new run of the
+    // name replaces the pending shares.
+    let lost = SecretKey::generate(&mut OsRng);
+    let (_, part) = split_ed25519_seed("two", &seed_of(&lost)?, 2, 3, &mut OsRng)?;
+    for s in part.iter().take(2) {
+        let import = Request::Import {
+            key_id: "two".into(),
+            share: s.to_bytes().to_vec(),
+        };
+        assert!(matches!(kmn.ask(s.party(), import)?, Response::Key(_)));
+    }
+    let err = kmn.commit_pending("two").unwrap_err().to_string();
+    assert!(err.contains("node 3 does not hold it"), "{err}");
+    let fresh = SecretKey::generate(&mut OsRng);
+    let g2 = kmn.import_seed("two", &seed_of(&fresh)?)?;
+    assert_eq!(g2.public_key(), fresh.public_key());
+    let sig = kmn.signer("two")?.sign(b"replaced")?;
+    assert!(dalek_ok(&fresh.public_key(), b"replaced", &sig));
+    assert!(kmn.status().iter().all(|s| s.pending.is_empty()));
+    // Nothing to commit.
+    assert!(kmn.commit_pending("nothing").is_err());
+    let none = Request::Commit {
+        key_id: "nothing".into(),
+        public: vec![1],
+    };
+    assert!(matches!(kmn.ask(2, none)?, Response::Refused(_)));
     Ok(())
 }

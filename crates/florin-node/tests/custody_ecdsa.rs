@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_crypto::p256::{self, P256SecretKey, P256Signer};
-use florin_custody::wire::EcdsaJob;
+use florin_custody::wire::{EcdsaJob, Request, Response};
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, KmnError, Layout, RunningNode};
 use rand::rngs::OsRng;
 use rand::RngCore;
@@ -168,8 +168,15 @@ fn interactive_fallback_restart_import_export() -> R {
     assert!(!verifies(&sum_pk, b"to the new key", &by_sender));
     // The key added to is kept; bad requests change nothing.
     assert_eq!(&kmn.ecdsa_export("imported")?[..], &secret[..]);
-    // A retry after a lost answer is answered with the same key; the name is taken otherwise.
-    assert_eq!(kmn.ecdsa_add_key("sum", "imported", &r2_bytes)?, sum_pk);
+    // A taken name is refused before any node is sent anything; finishing the commit of a
+    // committed key changes nothing.
+    assert!(matches!(
+        kmn.ecdsa_add_key("sum", "imported", &r2_bytes),
+        Err(KmnError::Refused { .. })
+    ));
+    let held = kmn.commit_pending("sum")?;
+    assert!(held.ecdsa);
+    assert_eq!(held.public, sum_pk.0.to_vec());
     let mut other = r2_bytes;
     other[31] ^= 1;
     for (name, from, addend) in [
@@ -186,6 +193,31 @@ fn interactive_fallback_restart_import_export() -> R {
         let keys = s.ecdsa.expect("ecdsa state").keys;
         assert!(!keys.iter().any(|k| k.0.starts_with("sum") && k.0 != "sum"));
     }
+
+    // A key addition whose coordinator failed after two of three nodes stored their share:
+    // pending, it signs nothing and cannot be committed; the same addition again finishes it.
+    for p in [1, 2] {
+        let add = Request::EcdsaAddKey {
+            key_id: "half".into(),
+            from: "imported".into(),
+            addend: r2_bytes.to_vec(),
+        };
+        assert_eq!(kmn.ask(p, add)?, Response::Key(sum_pk.0.to_vec()));
+    }
+    let st = kmn.status();
+    assert_eq!(
+        st[0].pending,
+        vec![("half".into(), "p256".into(), hex::encode(sum_pk.0))]
+    );
+    assert!(st[2].pending.is_empty());
+    assert!(kmn.ecdsa_signer("half", 0).is_err());
+    assert!(kmn.ecdsa_export("half").is_err());
+    let err = kmn.commit_pending("half").unwrap_err().to_string();
+    assert!(err.contains("node 3 does not hold it"), "{err}");
+    assert_eq!(kmn.ecdsa_add_key("half", "imported", &r2_bytes)?, sum_pk);
+    assert!(kmn.status().iter().all(|s| s.pending.is_empty()));
+    let sig = kmn.ecdsa_signer("half", 0)?.sign(b"half, finished")?;
+    assert!(verifies(&sum_pk, b"half, finished", &sig));
 
     // Pool of one, then a restart of every node: its presignature is gone with the nodes'
     // memory, and signing falls back to the interactive protocol.

@@ -161,6 +161,18 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Finish a key whose creation stopped during its commit round: if every node holds the
+    /// key (committed or pending), commit it everywhere. Keys are stored as pending and
+    /// sign nothing until every node has reported the same key; `keygen`, `import` and
+    /// `add-key` commit by themselves, so this is only needed after one of them failed with
+    /// a message that says so.
+    Commit {
+        /// The key's name.
+        key: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Rebuild a key from t shares and print it as a hex scalar (handle it like a key file).
     Export {
         /// The key's name.
@@ -377,6 +389,19 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                  longer signs for {key}",
                 addend.display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Commit { key, data } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let held = kmn.commit_pending(&key)?;
+            if held.ecdsa {
+                println!("{key}  p256:{}", hex::encode(&held.public));
+            } else {
+                let g = florin_custody::frost::GroupKey::from_bytes(&held.public)?;
+                println!("{key}  {}", g.public_key().to_address());
+            }
+            eprintln!("committed at all {} nodes", kmn.n());
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Export { key, data } => {
@@ -798,6 +823,14 @@ fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> Result<usiz
                 for (k, pk, held) in &e.keys {
                     println!("      {k:<12} p256:{pk}  presignatures held {held}");
                 }
+            }
+            for (k, scheme, pk) in &s.pending {
+                let pk = if scheme == "p256" {
+                    format!("p256:{pk}")
+                } else {
+                    pk.clone()
+                };
+                println!("      {k:<12} {pk}  PENDING: signs nothing until committed");
             }
         }
     }

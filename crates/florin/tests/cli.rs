@@ -872,6 +872,14 @@ fn custody_ecdsa_keygen_sign_export_import() {
         &k,
     ]);
     u.fails(&["custody", "up", "--data", &k, "--ecdsa", "weak"]);
+    // `commit` finishes a key every node holds (here already committed: it changes nothing)
+    // and refuses one that no node holds.
+    let again = u.stdout(&["custody", "commit", "w4", "--data", &k]);
+    assert_eq!(again.trim(), sum.trim());
+    let issuer = u.stdout(&["custody", "commit", "issuer", "--data", &k]);
+    assert!(issuer.starts_with("issuer  "), "{issuer}");
+    let err = u.fails(&["custody", "commit", "w9", "--data", &k]);
+    assert!(err.contains("does not hold it"), "{err}");
 }
 
 #[test]

@@ -232,6 +232,9 @@ pub struct NodeState {
     /// Its ECDSA state, when it runs ECDSA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ecdsa: Option<EcdsaNodeState>,
+    /// Keys stored but not committed (they sign nothing): (name, scheme, public key).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pending: Vec<(String, String, String)>,
 }
 
 pub(super) fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
@@ -361,10 +364,29 @@ impl Kmn {
                     error: None,
                     keys: vec![],
                     ecdsa: None,
+                    pending: vec![],
                 };
                 match r {
-                    Ok(Response::Status { keys, ecdsa, .. }) => {
+                    Ok(Response::Status {
+                        keys,
+                        ecdsa,
+                        pending,
+                        ..
+                    }) => {
                         s.up = true;
+                        s.pending = pending
+                            .into_iter()
+                            .map(|k| {
+                                if k.ecdsa {
+                                    (k.key_id, "p256".into(), hex::encode(k.public))
+                                } else {
+                                    let pk = GroupKey::from_bytes(&k.public)
+                                        .map(|g| g.public_key().to_address())
+                                        .unwrap_or_else(|e| format!("({e})"));
+                                    (k.key_id, "ed25519".into(), pk)
+                                }
+                            })
+                            .collect();
                         s.ecdsa = ecdsa.map(|e| EcdsaNodeState {
                             level: e.level,
                             aux_ready: e.aux_ready,
@@ -546,7 +568,9 @@ impl Kmn {
             }
         }
         let g = group.ok_or_else(|| KmnError::Config("empty network".into()))?;
-        Ok(GroupKey::from_bytes(&g)?)
+        let group = GroupKey::from_bytes(&g)?;
+        self.commit_everywhere(key_id, &g)?;
+        Ok(group)
     }
 
     /// Key import (trusted dealer): splits an existing Ed25519 key (its 32-byte seed, as in
@@ -559,6 +583,7 @@ impl Kmn {
     }
 
     fn install(&self, key_id: &str, group: &GroupKey, shares: &[KeyShare]) -> Result<(), KmnError> {
+        self.refuse_if_committed(key_id)?;
         let reqs = shares
             .iter()
             .map(|s| {
@@ -587,7 +612,7 @@ impl Kmn {
                 down.join("; ")
             )));
         }
-        Ok(())
+        self.commit_everywhere(key_id, &group.to_bytes())
     }
 
     /// Key export (R4): collects t shares and rebuilds the signing scalar, checked against the

@@ -232,10 +232,12 @@ impl Kmn {
                 t: self.t(),
             },
         )?;
-        same_key(done.into_values().map(|d| match d {
+        let pk = same_key(done.into_values().map(|d| match d {
             EcdsaDone::Key(k) => Some(k),
             _ => None,
-        }))
+        }))?;
+        self.commit_everywhere(key_id, &pk.0)?;
+        Ok(pk)
     }
 
     /// Key import: splits `secret` (a P-256 scalar, big-endian) into one share per node,
@@ -254,7 +256,7 @@ impl Kmn {
                 )
             })
             .collect();
-        self.every_node_key(reqs, "key import")
+        self.every_node_key(key_id, reqs, "key import")
     }
 
     /// Key addition (R5): makes `key_id` the sum of the key `from`, which this network holds
@@ -282,15 +284,18 @@ impl Kmn {
                 )
             })
             .collect();
-        self.every_node_key(reqs, "key addition")
+        self.every_node_key(key_id, reqs, "key addition")
     }
 
-    /// Sends one request per node and expects every node to answer with the same public key.
+    /// Sends one request per node (none if a node has `key_id` committed already), expects
+    /// every node to answer with the same public key, then commits it everywhere.
     fn every_node_key(
         &self,
+        key_id: &str,
         reqs: Vec<(PartyId, Request)>,
         what: &str,
     ) -> Result<P256PublicKey, KmnError> {
+        self.refuse_if_committed(key_id)?;
         let mut keys = Vec::new();
         for (p, r) in self.round(reqs, STEP_TIMEOUT) {
             match r {
@@ -304,7 +309,9 @@ impl Kmn {
                 }
             }
         }
-        same_key(keys.into_iter())
+        let pk = same_key(keys.into_iter())?;
+        self.commit_everywhere(key_id, &pk.0)?;
+        Ok(pk)
     }
 
     /// Key export: rebuilds the secret key from t nodes' shares (administrator only), checked

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod client_ecdsa;
+mod commit;
 pub mod node;
 mod node_ecdsa;
 
@@ -15,6 +16,7 @@ use florin_custody::PartyId;
 
 pub use client::{Kmn, KmnError, NetworkConfig, ThresholdSigner};
 pub use client_ecdsa::{EcdsaNodeState, EcdsaSigner, EcdsaSignerStats, PRESIG_POOL};
+pub use commit::HeldKey;
 pub use node::{CustodyNode, CustodyNodeConfig, Member, RunningNode};
 pub use node_ecdsa::{EcdsaLevel, MAX_PRESIGS};
 

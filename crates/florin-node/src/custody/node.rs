@@ -28,7 +28,7 @@ use zeroize::Zeroizing;
 
 use super::node_ecdsa::{EcdsaLevel, EcdsaNode};
 use crate::error::NodeError;
-use crate::keyfile::{load_or_create_key, write_private};
+use crate::keyfile::{load_or_create_key, rename_durably, write_private};
 
 /// Most nonces a node keeps ready per key. Each key's target starts at
 /// [`NONCE_POOL_START`] and doubles whenever a coordinator's demand drains it, so a busy key
@@ -117,6 +117,9 @@ struct Inner {
     clients: Vec<PublicKey>,
     admins: Vec<PublicKey>,
     keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
+    /// Shares stored but not committed (`shares/NAME.share-pending`): they sign nothing
+    /// until [`Request::Commit`]. Locked after `keys` when both are.
+    pending: Mutex<HashMap<String, KeyShare>>,
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
     connections: AtomicUsize,
@@ -179,6 +182,15 @@ fn share_name(key_id: &str, party: PartyId) -> String {
     format!("florin/custody/share/{key_id}/{party}")
 }
 
+/// A committed share's file, and a pending one's.
+fn share_paths(dir: &Path, key_id: &str) -> (PathBuf, PathBuf) {
+    let shares = dir.join("shares");
+    (
+        shares.join(format!("{key_id}.share")),
+        shares.join(format!("{key_id}.share-pending")),
+    )
+}
+
 impl CustodyNode {
     /// Opens the node's directory: identity key and key-encryption key (created on first
     /// start), and every stored share, each decrypted and checked against its group key.
@@ -202,11 +214,12 @@ impl CustodyNode {
             )));
         }
         let mut keys = HashMap::new();
+        let mut pending = HashMap::new();
         let rd =
             std::fs::read_dir(cfg.dir.join("shares")).map_err(|e| NodeError::Io(e.to_string()))?;
         for entry in rd {
             let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
-            let (Some(stem), Some("share")) = (
+            let (Some(stem), Some(ext @ ("share" | "share-pending"))) = (
                 path.file_stem().and_then(|s| s.to_str()),
                 path.extension().and_then(|s| s.to_str()),
             ) else {
@@ -218,8 +231,14 @@ impl CustodyNode {
                 .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
             let share = KeyShare::from_bytes(&plain)
                 .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
-            keys.insert(stem.to_string(), Arc::new(entry_for(share)));
+            if ext == "share" {
+                keys.insert(stem.to_string(), Arc::new(entry_for(share)));
+            } else {
+                pending.insert(stem.to_string(), share);
+            }
         }
+        // A committed share wins over a leftover pending file of the same name.
+        pending.retain(|k, _| !keys.contains_key(k));
         let ecdsa = match cfg.ecdsa {
             Some(level) => Some(Arc::new(EcdsaNode::open(
                 level, cfg.party, n, &cfg.dir, &kek,
@@ -237,6 +256,7 @@ impl CustodyNode {
                 clients: parse_keys(&cfg.clients, "client")?,
                 admins: parse_keys(&cfg.admins, "admin")?,
                 keys: RwLock::new(keys),
+                pending: Mutex::new(pending),
                 dkgs: Mutex::new(HashMap::new()),
                 ecdsa,
                 connections: AtomicUsize::new(0),
@@ -432,10 +452,27 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 })
                 .collect();
             list.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+            drop(keys);
+            let mut pending: Vec<wire::PendingKey> = inner
+                .pending
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .iter()
+                .map(|(id, share)| wire::PendingKey {
+                    key_id: id.clone(),
+                    ecdsa: false,
+                    public: share.group().to_bytes(),
+                })
+                .collect();
+            if let Some(e) = &inner.ecdsa {
+                pending.extend(e.pending_keys());
+            }
+            pending.sort_by(|a, b| a.key_id.cmp(&b.key_id));
             Ok(Response::Status {
                 party: inner.party,
                 keys: list,
                 ecdsa: inner.ecdsa.as_ref().map(|e| e.status()),
+                pending,
             })
         }
         Request::Commitments { key_id, count } => {
@@ -577,7 +614,9 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 || !valid_key_id(&key_id)
                 || ecdsa_has(inner, &key_id)
             {
-                return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+                return Err(CustodyError::BadParameters(format!(
+                    "key name {key_id:?} invalid or taken"
+                )));
             }
             if share.party() != inner.party || share.group().parties() != inner.n {
                 return Err(CustodyError::BadParameters(format!(
@@ -588,12 +627,6 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                     inner.n
                 )));
             }
-            if let Ok(e) = key(inner, &key_id) {
-                if e.share == share {
-                    return Ok(Response::Key(share.group().to_bytes()));
-                }
-                return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
-            }
             store(inner, share)
         }
         Request::Export { key_id } => {
@@ -602,6 +635,12 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             }
             let e = key(inner, &key_id)?;
             Ok(Response::Exported(e.share.to_bytes().to_vec()))
+        }
+        Request::Commit { key_id, public } => {
+            if !admin {
+                return Err(forbidden("committing a key"));
+            }
+            commit(inner, &key_id, &public)
         }
         req @ (Request::EcdsaStart { .. }
         | Request::EcdsaStep { .. }
@@ -613,8 +652,23 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
     }
 }
 
+/// Whether the name is taken by an ECDSA key, committed or pending (one namespace for both
+/// schemes; a pending key is replaced only by a key of its own scheme).
 fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
-    inner.ecdsa.as_ref().is_some_and(|e| e.has_key(key_id))
+    inner
+        .ecdsa
+        .as_ref()
+        .is_some_and(|e| e.has_key(key_id) || e.has_pending(key_id))
+}
+
+/// Whether the name is taken by a FROST key, committed or pending.
+fn frost_has(inner: &Inner, key_id: &str) -> bool {
+    key(inner, key_id).is_ok()
+        || inner
+            .pending
+            .lock()
+            .map(|p| p.contains_key(key_id))
+            .unwrap_or(true)
 }
 
 fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
@@ -634,7 +688,7 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
                 return Err(forbidden("key generation"));
             }
             let frost_has = match &job {
-                EcdsaJob::Keygen { key_id, .. } => key(inner, key_id).is_ok(),
+                EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
                 _ => false,
             };
             let (out, done) = e.start(session, job, frost_has, &inner.identity, &inner.members)?;
@@ -659,7 +713,7 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
             if !admin {
                 return Err(forbidden("key import"));
             }
-            let frost_has = key(inner, &key_id).is_ok();
+            let frost_has = frost_has(inner, &key_id);
             Ok(Response::Key(
                 e.import(&key_id, &share, frost_has)?.to_vec(),
             ))
@@ -678,7 +732,7 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
             if !admin {
                 return Err(forbidden("key addition"));
             }
-            let frost_has = key(inner, &key_id).is_ok();
+            let frost_has = frost_has(inner, &key_id);
             Ok(Response::Key(
                 e.add_key(&key_id, &from, &addend, frost_has)?.to_vec(),
             ))
@@ -742,20 +796,30 @@ fn open_all(
     Ok(out)
 }
 
-/// Stores a new share durably (sealed, fsynced) before it is used or acknowledged.
+/// Stores a new share durably (sealed, fsynced) as *pending* before it is acknowledged: it
+/// signs nothing until the coordinator, having seen every node report the same key, commits
+/// it. A pending share of the same name (an earlier run that did not finish) is replaced.
 fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
     let key_id = share.group().key_id().to_string();
     // Checked and written under the write lock: two concurrent creations of one name cannot
     // overwrite each other's share.
-    let mut keys = inner
+    let keys = inner
         .keys
         .write()
         .map_err(|_| CustodyError::Frost("lock".into()))?;
+    let group = share.group().to_bytes();
     if let Some(e) = keys.get(&key_id) {
         if e.share == share {
-            return Ok(Response::Key(share.group().to_bytes()));
+            return Ok(Response::Key(group));
         }
         return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+    }
+    let mut pending = inner
+        .pending
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if pending.get(&key_id) == Some(&share) {
+        return Ok(Response::Key(group));
     }
     let sealed = vault::seal(
         &inner.kek,
@@ -763,13 +827,56 @@ fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
         &share.to_bytes(),
         &mut OsRng,
     )?;
-    write_private(
-        &inner.dir.join("shares").join(format!("{key_id}.share")),
-        &sealed,
-    )
-    .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))?;
+    write_private(&share_paths(&inner.dir, &key_id).1, &sealed)
+        .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))?;
+    pending.insert(key_id, share);
+    Ok(Response::Key(group))
+}
+
+/// [`Request::Commit`]: a pending share becomes a key that signs (its file renamed, durably);
+/// a key already committed as `public` answers again.
+fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, CustodyError> {
+    let mut keys = inner
+        .keys
+        .write()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if let Some(e) = keys.get(key_id) {
+        let group = e.share.group().to_bytes();
+        if group == public {
+            return Ok(Response::Key(group));
+        }
+        return Err(CustodyError::BadParameters(format!(
+            "key {key_id} is committed as another key"
+        )));
+    }
+    let mut pending = inner
+        .pending
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    let Some(share) = pending.get(key_id) else {
+        drop(pending);
+        drop(keys);
+        if let Some(e) = &inner.ecdsa {
+            if let Some(pk) = e.commit(key_id, public)? {
+                return Ok(Response::Key(pk.to_vec()));
+            }
+        }
+        return Err(CustodyError::BadParameters(format!(
+            "no key {key_id} to commit"
+        )));
+    };
     let group = share.group().to_bytes();
-    keys.insert(key_id, Arc::new(entry_for(share)));
+    if group != public {
+        return Err(CustodyError::BadParameters(format!(
+            "the pending key {key_id} is another key (a later key generation replaced it)"
+        )));
+    }
+    let (done, waiting) = share_paths(&inner.dir, key_id);
+    rename_durably(&waiting, &done)
+        .map_err(|e| CustodyError::Frost(format!("cannot commit the share: {e}")))?;
+    if let Some(share) = pending.remove(key_id) {
+        keys.insert(key_id.to_string(), Arc::new(entry_for(share)));
+    }
     Ok(Response::Key(group))
 }
 

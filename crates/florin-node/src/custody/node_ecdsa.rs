@@ -29,14 +29,14 @@ use florin_custody::ecdsa::{
     SecurityLevel, Session, WireMsg,
 };
 use florin_custody::envelope::{Envelope, EVERYONE};
-use florin_custody::wire::{EcdsaDone, EcdsaJob, EcdsaStatus};
+use florin_custody::wire::{EcdsaDone, EcdsaJob, EcdsaStatus, PendingKey};
 use florin_custody::{vault, CustodyError, PartyId};
 use rand::rngs::OsRng;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use crate::error::NodeError;
-use crate::keyfile::write_private;
+use crate::keyfile::{rename_durably, write_private};
 
 /// Presignatures a node keeps per key; the oldest is dropped beyond this.
 pub const MAX_PRESIGS: usize = 4096;
@@ -183,6 +183,8 @@ pub(super) struct EcdsaNode {
     primes: Mutex<Option<Zeroizing<Vec<u8>>>>,
     generating: AtomicBool,
     keys: RwLock<HashMap<String, Arc<EcdsaKey>>>,
+    /// Shares stored but not committed (`shares/NAME.p256-pending`); locked after `keys`.
+    pending: Mutex<HashMap<String, Arc<EcdsaKey>>>,
     runs: Mutex<HashMap<[u8; 16], Run>>,
     seen: Mutex<Seen>,
 }
@@ -213,6 +215,15 @@ fn write_sealed(kek: &[u8; 32], name: &str, path: &Path, plain: &[u8]) -> Result
 
 fn share_name(key_id: &str, party: PartyId) -> String {
     format!("florin/custody/ecdsa-share/{key_id}/{party}")
+}
+
+/// A committed share's file, and a pending one's.
+fn share_paths(dir: &Path, key_id: &str) -> (PathBuf, PathBuf) {
+    let shares = dir.join("shares");
+    (
+        shares.join(format!("{key_id}.p256")),
+        shares.join(format!("{key_id}.p256-pending")),
+    )
 }
 
 /// The 32-byte execution id every party derives alike: it binds the run to its job, so a
@@ -252,11 +263,12 @@ impl EcdsaNode {
         }
         let primes = read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?;
         let mut keys = HashMap::new();
+        let mut pending = HashMap::new();
         let shares = dir.join("shares");
         if let Ok(rd) = std::fs::read_dir(&shares) {
             for entry in rd {
                 let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
-                let (Some(stem), Some("p256")) = (
+                let (Some(stem), Some(ext @ ("p256" | "p256-pending"))) = (
                     path.file_stem().and_then(|s| s.to_str()),
                     path.extension().and_then(|s| s.to_str()),
                 ) else {
@@ -275,9 +287,15 @@ impl EcdsaNode {
                         core.n()
                     )));
                 }
-                keys.insert(stem.to_string(), Arc::new(key_entry(&core)));
+                let entry = Arc::new(key_entry(&core));
+                if ext == "p256" {
+                    keys.insert(stem.to_string(), entry);
+                } else {
+                    pending.insert(stem.to_string(), entry);
+                }
             }
         }
+        pending.retain(|k, _| !keys.contains_key(k));
         Ok(EcdsaNode {
             level,
             party,
@@ -288,6 +306,7 @@ impl EcdsaNode {
             primes: Mutex::new(primes),
             generating: AtomicBool::new(false),
             keys: RwLock::new(keys),
+            pending: Mutex::new(pending),
             runs: Mutex::new(HashMap::new()),
             seen: Mutex::new(Seen::default()),
         })
@@ -338,6 +357,65 @@ impl EcdsaNode {
             .read()
             .map(|k| k.contains_key(key_id))
             .unwrap_or(false)
+    }
+
+    /// Whether a pending (not yet committed) key of this name exists.
+    pub(super) fn has_pending(&self, key_id: &str) -> bool {
+        self.pending
+            .lock()
+            .map(|p| p.contains_key(key_id))
+            .unwrap_or(true)
+    }
+
+    /// The pending keys, for `Status`.
+    pub(super) fn pending_keys(&self) -> Vec<PendingKey> {
+        self.pending
+            .lock()
+            .map(|p| {
+                p.iter()
+                    .map(|(id, e)| PendingKey {
+                        key_id: id.clone(),
+                        ecdsa: true,
+                        public: e.public.to_vec(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// [`Request::Commit`](florin_custody::wire::Request::Commit) for an ECDSA key: `None`
+    /// when this node holds no ECDSA key of the name, committed or pending.
+    pub(super) fn commit(
+        &self,
+        key_id: &str,
+        public: &[u8],
+    ) -> Result<Option<[u8; 33]>, CustodyError> {
+        let mut keys = self.keys.write().map_err(|_| lock_err())?;
+        if let Some(e) = keys.get(key_id) {
+            if e.public[..] == *public {
+                return Ok(Some(e.public));
+            }
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id} is committed as another key"
+            )));
+        }
+        let mut pending = self.pending.lock().map_err(|_| lock_err())?;
+        let Some(e) = pending.get(key_id) else {
+            return Ok(None);
+        };
+        if e.public[..] != *public {
+            return Err(CustodyError::BadParameters(format!(
+                "the pending key {key_id} is another key (a later key generation replaced it)"
+            )));
+        }
+        let pk = e.public;
+        let (done, waiting) = share_paths(&self.dir, key_id);
+        rename_durably(&waiting, &done)
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
+        if let Some(e) = pending.remove(key_id) {
+            keys.insert(key_id.to_string(), e);
+        }
+        Ok(Some(pk))
     }
 
     /// For `Status`.
@@ -398,7 +476,8 @@ impl EcdsaNode {
             EcdsaJob::Aux => {
                 // A run that finished at only some nodes can be repeated until the first key
                 // uses the auxiliary information (the primes are kept until then).
-                let has_keys = !self.keys.read().map_err(|_| lock_err())?.is_empty();
+                let has_keys = !self.keys.read().map_err(|_| lock_err())?.is_empty()
+                    || !self.pending.lock().map_err(|_| lock_err())?.is_empty();
                 if self.aux.read().map_err(|_| lock_err())?.is_some() && has_keys {
                     return Err(CustodyError::BadParameters(
                         "auxiliary information already made and in use by keys (a refresh is \
@@ -722,7 +801,8 @@ impl EcdsaNode {
         }
     }
 
-    /// Stores a new share durably (sealed, fsynced) before it is reported.
+    /// Stores a new share durably (sealed, fsynced) as *pending* before it is reported; it
+    /// signs nothing until committed. A pending share of the same name is replaced.
     fn store_key(&self, key_id: &str, core: &CoreShare) -> Result<[u8; 33], CustodyError> {
         if core.party() != self.party || core.n() != self.n {
             return Err(CustodyError::BadParameters(format!(
@@ -733,7 +813,7 @@ impl EcdsaNode {
                 self.n
             )));
         }
-        let mut keys = self.keys.write().map_err(|_| lock_err())?;
+        let keys = self.keys.write().map_err(|_| lock_err())?;
         let bytes = Zeroizing::new(core.to_bytes());
         if let Some(e) = keys.get(key_id) {
             if e.core[..] == bytes[..] {
@@ -741,15 +821,22 @@ impl EcdsaNode {
             }
             return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
         }
+        let mut pending = self.pending.lock().map_err(|_| lock_err())?;
+        if let Some(e) = pending.get(key_id) {
+            if e.core[..] == bytes[..] {
+                return Ok(e.public);
+            }
+        }
         write_sealed(
             &self.kek,
             &share_name(key_id, self.party),
-            &self.dir.join("shares").join(format!("{key_id}.p256")),
+            &share_paths(&self.dir, key_id).1,
             &bytes,
         )?;
         let entry = key_entry(core);
         let public = entry.public;
-        keys.insert(key_id.to_string(), Arc::new(entry));
+        pending.insert(key_id.to_string(), Arc::new(entry));
+        drop(pending);
         drop(keys);
         self.drop_primes();
         Ok(public)

@@ -1,0 +1,187 @@
+//! The commit step of key creation. Key generation, import and key addition each end with
+//! every node storing its share as *pending*: a pending share signs nothing. Only when the
+//! coordinator has seen all n nodes report the same key does it send `Commit`, and the
+//! nodes make the key usable. A coordinator that fails before that leaves no half-made key
+//! in use, and a new run of the same name replaces the pending shares; one that fails
+//! during the commit round leaves a key that every node holds, which
+//! [`Kmn::commit_pending`] (`florin custody commit`) finishes.
+
+use std::thread;
+use std::time::Duration;
+
+use florin_custody::wire::{Request, Response};
+use florin_custody::{CustodyError, PartyId};
+use serde::Serialize;
+
+use super::client::{refused, unexpected, Kmn, KmnError};
+
+/// Rounds of `Commit` to nodes that did not answer, and the pause before each retry.
+const COMMIT_TRIES: u32 = 4;
+const COMMIT_PAUSE: Duration = Duration::from_millis(250);
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A key as the nodes hold it, from [`Kmn::commit_pending`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HeldKey {
+    /// ECDSA P-256 (else FROST Ed25519).
+    pub ecdsa: bool,
+    /// `GroupKey::to_bytes` for FROST, the SEC1-compressed public key for ECDSA.
+    pub public: Vec<u8>,
+}
+
+impl Kmn {
+    /// Sends one request to one node and returns its answer, refusals included (drills,
+    /// tools and tests; the node applies its usual access rules).
+    pub fn ask(&self, party: PartyId, req: Request) -> Result<Response, KmnError> {
+        self.round(vec![(party, req)], COMMIT_TIMEOUT)
+            .pop()
+            .ok_or_else(|| KmnError::Config(format!("no node {party}")))?
+            .1
+            .map_err(KmnError::Unavailable)
+    }
+
+    /// Commits `key_id`, which every node reported as `public`, at every node: retried for
+    /// nodes that do not answer, refused at once if a node holds something else.
+    pub(super) fn commit_everywhere(&self, key_id: &str, public: &[u8]) -> Result<(), KmnError> {
+        let n = self.parties().len();
+        let mut left = self.parties();
+        let mut errors = Vec::new();
+        for attempt in 0..COMMIT_TRIES {
+            if attempt > 0 {
+                thread::sleep(COMMIT_PAUSE * attempt);
+            }
+            errors.clear();
+            let reqs = left
+                .iter()
+                .map(|&p| {
+                    (
+                        p,
+                        Request::Commit {
+                            key_id: key_id.into(),
+                            public: public.to_vec(),
+                        },
+                    )
+                })
+                .collect();
+            let mut still = Vec::new();
+            for (p, r) in self.round(reqs, COMMIT_TIMEOUT) {
+                match r {
+                    Ok(Response::Key(k)) if k == public => {}
+                    Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                    Ok(_) => return Err(unexpected(p)),
+                    Err(e) => {
+                        still.push(p);
+                        errors.push(e);
+                    }
+                }
+            }
+            left = still;
+            if left.is_empty() {
+                return Ok(());
+            }
+        }
+        Err(KmnError::Unavailable(format!(
+            "key {key_id} is stored at every node but committed at only {} of {n} (not at \
+             {left:?}: {}); once they answer, run `florin custody commit {key_id}`",
+            n - left.len(),
+            errors.join("; ")
+        )))
+    }
+
+    /// Refuses a new key under a name some node has committed, before any node is sent a
+    /// share: an import or key addition must not replace the pending shares that a
+    /// half-committed key of that name still needs.
+    pub(super) fn refuse_if_committed(&self, key_id: &str) -> Result<(), KmnError> {
+        for s in self.status() {
+            let frost = s.keys.iter().any(|(k, _, _)| k == key_id);
+            let ecdsa = s
+                .ecdsa
+                .as_ref()
+                .is_some_and(|e| e.keys.iter().any(|(k, _, _)| k == key_id));
+            if frost || ecdsa {
+                return Err(KmnError::Refused {
+                    party: s.party,
+                    message: format!("key {key_id} exists"),
+                    culprit: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes key `key_id` after a coordinator failed during the commit round: if all n
+    /// nodes hold the same key under the name, committed or pending, commits it everywhere
+    /// (idempotent). A key that some node does not hold cannot be committed; make it again
+    /// (a new key generation or import replaces pending shares).
+    pub fn commit_pending(&self, key_id: &str) -> Result<HeldKey, KmnError> {
+        let reqs = self
+            .parties()
+            .into_iter()
+            .map(|p| (p, Request::Status))
+            .collect();
+        let mut held: Vec<HeldKey> = Vec::new();
+        let mut missing = Vec::new();
+        for (p, r) in self.round(reqs, COMMIT_TIMEOUT) {
+            match r {
+                Ok(Response::Status {
+                    keys,
+                    ecdsa,
+                    pending,
+                    ..
+                }) => {
+                    let found = keys
+                        .into_iter()
+                        .find(|k| k.key_id == key_id)
+                        .map(|k| HeldKey {
+                            ecdsa: false,
+                            public: k.group,
+                        })
+                        .or_else(|| {
+                            ecdsa.and_then(|e| {
+                                e.keys.into_iter().find(|(k, _, _)| k == key_id).map(
+                                    |(_, public, _)| HeldKey {
+                                        ecdsa: true,
+                                        public,
+                                    },
+                                )
+                            })
+                        })
+                        .or_else(|| {
+                            pending
+                                .into_iter()
+                                .find(|k| k.key_id == key_id)
+                                .map(|k| HeldKey {
+                                    ecdsa: k.ecdsa,
+                                    public: k.public,
+                                })
+                        });
+                    match found {
+                        Some(h) => held.push(h),
+                        None => missing.push(format!("node {p} does not hold it")),
+                    }
+                }
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => missing.push(e),
+            }
+        }
+        if !missing.is_empty() {
+            return Err(KmnError::Unavailable(format!(
+                "key {key_id} is committed only when every node holds it ({}); if a node \
+                 lost it, make the key again",
+                missing.join("; ")
+            )));
+        }
+        let first = held
+            .first()
+            .cloned()
+            .ok_or_else(|| KmnError::Config("empty network".into()))?;
+        if held.iter().any(|h| *h != first) {
+            return Err(KmnError::Protocol(CustodyError::Inconsistent(format!(
+                "the nodes hold different keys named {key_id}"
+            ))));
+        }
+        self.commit_everywhere(key_id, &first.public)?;
+        Ok(first)
+    }
+}
