@@ -177,6 +177,27 @@ impl CoreShare {
     pub fn t(&self) -> u16 {
         self.0.min_signers()
     }
+
+    /// The whole sharing's identity, public: the group key (33 bytes) then a digest of t, n
+    /// and every party's public share (32 bytes). Two splits of one key share the public key
+    /// but not the identity, so a coordinator that compares identities never makes a key of
+    /// shares from two different splits.
+    pub fn identity(&self) -> Vec<u8> {
+        let mut h = florin_crypto::Hasher::new("florin/custody/ecdsa/sharing/v1");
+        h.update(&self.t().to_le_bytes());
+        h.update(&self.n().to_le_bytes());
+        for p in &self.0.public_shares {
+            h.update(&compressed(p));
+        }
+        let mut out = self.public_key().to_vec();
+        out.extend_from_slice(&h.finalize());
+        out
+    }
+}
+
+/// The group key (SEC1-compressed) in a sharing identity ([`CoreShare::identity`]).
+pub fn identity_public_key(identity: &[u8]) -> Option<[u8; 33]> {
+    identity.get(..33)?.try_into().ok()
 }
 
 fn compressed(p: &Point<Curve>) -> [u8; 33] {

@@ -136,7 +136,8 @@ pub enum Request {
         /// The key's name.
         key_id: String,
         /// What every node answered with [`Response::Key`]: `GroupKey::to_bytes` for FROST,
-        /// the SEC1-compressed public key for ECDSA.
+        /// the sharing identity for ECDSA (`ecdsa::CoreShare::identity`: the SEC1-compressed
+        /// public key, then a digest of every party's public share).
         public: Vec<u8>,
     },
 }
@@ -177,7 +178,8 @@ pub enum EcdsaJob {
 pub enum EcdsaDone {
     /// Auxiliary information made and stored.
     Aux,
-    /// The key's share made and stored: the key's SEC1-compressed public key.
+    /// The key's share made and stored (pending): the sharing identity
+    /// (`ecdsa::CoreShare::identity`, which starts with the SEC1-compressed public key).
     Key(Vec<u8>),
     /// A presignature made and kept: its public half (`ecdsa::PresigPublic::to_bytes`).
     Presig(Vec<u8>),
@@ -194,7 +196,8 @@ pub struct EcdsaStatus {
     pub aux_ready: bool,
     /// Whether a set of pregenerated primes waits for the next auxiliary-information run.
     pub primes_ready: bool,
-    /// ECDSA keys held: (name, SEC1-compressed public key, presignatures held).
+    /// ECDSA keys held: (name, identity, presignatures held). The identity is the
+    /// SEC1-compressed public key then a digest of the sharing (`ecdsa::CoreShare::identity`).
     pub keys: Vec<(String, Vec<u8>, u64)>,
 }
 
@@ -268,7 +271,9 @@ pub enum Response {
         /// One sealed envelope per other party.
         direct: Vec<Envelope>,
     },
-    /// To [`Request::DkgFinish`] and [`Request::Import`]: `GroupKey::to_bytes`.
+    /// To [`Request::DkgFinish`] and [`Request::Import`]: `GroupKey::to_bytes`; to
+    /// [`Request::EcdsaImport`] and [`Request::EcdsaAddKey`]: the ECDSA sharing identity; to
+    /// [`Request::Commit`]: what it named.
     Key(Vec<u8>),
     /// To [`Request::Commitments`]: (nonce id, commitment bytes).
     Commitments(Vec<(u64, Vec<u8>)>),

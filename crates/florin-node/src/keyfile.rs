@@ -26,7 +26,10 @@ pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
 /// Writes `bytes` to `path` atomically and durably, readable by the owner only: a temporary
 /// file created with mode 0600, synced, renamed over `path`, and the directory synced.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    // The whole name plus a suffix: `K.share` and `K.p256` must not share a temporary file.
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = path.with_file_name(name);
     let _ = fs::remove_file(&tmp);
     let io = |e: std::io::Error| NodeError::Io(format!("{}: {e}", path.display()));
     let mut opts = fs::OpenOptions::new();
@@ -48,12 +51,12 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// Renames `from` to `to` (same directory) durably: the directory is synced after.
-pub fn rename_durably(from: &Path, to: &Path) -> Result<(), NodeError> {
-    let io = |e: std::io::Error| NodeError::Io(format!("{}: {e}", to.display()));
-    fs::rename(from, to).map_err(io)?;
-    if let Some(dir) = to.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+/// Syncs the directory holding `path`, making a rename into it durable.
+pub fn sync_dir(path: &Path) -> Result<(), NodeError> {
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| NodeError::Io(format!("{}: {e}", dir.display()))),
+        None => Ok(()),
     }
-    Ok(())
 }

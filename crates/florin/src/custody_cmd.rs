@@ -396,7 +396,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let kmn = open(&layout)?;
             let held = kmn.commit_pending(&key)?;
             if held.ecdsa {
-                println!("{key}  p256:{}", hex::encode(&held.public));
+                let pk = florin_custody::ecdsa::identity_public_key(&held.public)
+                    .ok_or_else(|| anyhow!("a malformed key identity"))?;
+                println!("{key}  p256:{}", hex::encode(pk));
             } else {
                 let g = florin_custody::frost::GroupKey::from_bytes(&held.public)?;
                 println!("{key}  {}", g.public_key().to_address());
@@ -720,19 +722,23 @@ pub fn ensure_up(
             .collect();
         if down.is_empty() {
             for (key, seed) in keys {
-                // A key some nodes hold and others do not: an earlier generation stopped
-                // midway. Using it would leave no spare share.
+                // A key some nodes have committed and others not: an earlier creation stopped
+                // in its commit round. Finish it if every node holds it; using it as it is
+                // would leave no spare share.
                 let holders: Vec<&(String, String, u64)> = st
                     .iter()
                     .filter_map(|s| s.keys.iter().find(|k| &k.0 == key))
                     .collect();
                 if !holders.is_empty() && holders.len() < st.len() {
-                    bail!(
-                        "key {key} is held by {} of {} nodes (an earlier key generation stopped midway); \
-                         export it and import it again under a new name, or start a fresh network",
-                        holders.len(),
-                        st.len()
-                    );
+                    kmn.commit_pending(key).map_err(|e| {
+                        anyhow!(
+                            "key {key} is committed at {} of {} nodes (an earlier key creation \
+                             stopped midway) and cannot be finished: {e}",
+                            holders.len(),
+                            st.len()
+                        )
+                    })?;
+                    eprintln!("key {key}: finished its interrupted commit round");
                 }
                 if let Some(h) = holders.first() {
                     if let Some(seed) = seed {

@@ -237,6 +237,11 @@ pub struct NodeState {
     pub pending: Vec<(String, String, String)>,
 }
 
+/// The public key in an ECDSA key's identity, for display.
+pub(super) fn public_part(identity: &[u8]) -> &[u8] {
+    identity.get(..33).unwrap_or(identity)
+}
+
 pub(super) fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
     KmnError::Refused {
         party,
@@ -378,7 +383,7 @@ impl Kmn {
                             .into_iter()
                             .map(|k| {
                                 if k.ecdsa {
-                                    (k.key_id, "p256".into(), hex::encode(k.public))
+                                    (k.key_id, "p256".into(), hex::encode(public_part(&k.public)))
                                 } else {
                                     let pk = GroupKey::from_bytes(&k.public)
                                         .map(|g| g.public_key().to_address())
@@ -394,7 +399,7 @@ impl Kmn {
                             keys: e
                                 .keys
                                 .into_iter()
-                                .map(|(k, pk, held)| (k, hex::encode(pk), held))
+                                .map(|(k, id, held)| (k, hex::encode(public_part(&id)), held))
                                 .collect(),
                         });
                         s.keys = keys

@@ -232,11 +232,11 @@ impl Kmn {
                 t: self.t(),
             },
         )?;
-        let pk = same_key(done.into_values().map(|d| match d {
+        let (identity, pk) = same_key(done.into_values().map(|d| match d {
             EcdsaDone::Key(k) => Some(k),
             _ => None,
         }))?;
-        self.commit_everywhere(key_id, &pk.0)?;
+        self.commit_everywhere(key_id, &identity)?;
         Ok(pk)
     }
 
@@ -309,8 +309,8 @@ impl Kmn {
                 }
             }
         }
-        let pk = same_key(keys.into_iter())?;
-        self.commit_everywhere(key_id, &pk.0)?;
+        let (identity, pk) = same_key(keys.into_iter())?;
+        self.commit_everywhere(key_id, &identity)?;
         Ok(pk)
     }
 
@@ -405,7 +405,12 @@ impl Kmn {
 }
 
 /// Every node must report the same key.
-fn same_key(keys: impl Iterator<Item = Option<Vec<u8>>>) -> Result<P256PublicKey, KmnError> {
+/// Every node's answer must be the same sharing identity ([`CoreShare::identity`]: the
+/// public key and a digest of every public share), not just the same public key: two splits
+/// of one key must never be committed together. Returns the identity and the public key.
+fn same_key(
+    keys: impl Iterator<Item = Option<Vec<u8>>>,
+) -> Result<(Vec<u8>, P256PublicKey), KmnError> {
     let mut first: Option<Vec<u8>> = None;
     for k in keys {
         let Some(k) = k else {
@@ -416,14 +421,16 @@ fn same_key(keys: impl Iterator<Item = Option<Vec<u8>>>) -> Result<P256PublicKey
             Some(f) if *f == k => {}
             Some(_) => {
                 return Err(KmnError::Protocol(CustodyError::Inconsistent(
-                    "the nodes report different public keys".into(),
+                    "the nodes report different keys (or different splits of one key)".into(),
                 )))
             }
         }
     }
     let k = first.ok_or_else(|| KmnError::Unavailable("no node answered".into()))?;
-    P256PublicKey::from_sec1(&k)
-        .map_err(|_| KmnError::Protocol(CustodyError::malformed("public key")))
+    let pk = ecdsa::identity_public_key(&k)
+        .and_then(|pk| P256PublicKey::from_sec1(&pk).ok())
+        .ok_or_else(|| KmnError::Protocol(CustodyError::malformed("public key")))?;
+    Ok((k, pk))
 }
 
 struct Pooled {

@@ -25,7 +25,8 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct HeldKey {
     /// ECDSA P-256 (else FROST Ed25519).
     pub ecdsa: bool,
-    /// `GroupKey::to_bytes` for FROST, the SEC1-compressed public key for ECDSA.
+    /// `GroupKey::to_bytes` for FROST; for ECDSA the sharing identity, which starts with the
+    /// SEC1-compressed public key (`ecdsa::CoreShare::identity`).
     pub public: Vec<u8>,
 }
 
@@ -46,6 +47,9 @@ impl Kmn {
         let n = self.parties().len();
         let mut left = self.parties();
         let mut errors = Vec::new();
+        // Refusals are not retried (a node that holds another key will go on holding it),
+        // but the round still goes on, so the report says how far the commit got.
+        let mut refusals = Vec::new();
         for attempt in 0..COMMIT_TRIES {
             if attempt > 0 {
                 thread::sleep(COMMIT_PAUSE * attempt);
@@ -67,8 +71,8 @@ impl Kmn {
             for (p, r) in self.round(reqs, COMMIT_TIMEOUT) {
                 match r {
                     Ok(Response::Key(k)) if k == public => {}
-                    Ok(Response::Refused(r)) => return Err(refused(p, r)),
-                    Ok(_) => return Err(unexpected(p)),
+                    Ok(Response::Refused(r)) => refusals.push(refused(p, r)),
+                    Ok(_) => refusals.push(unexpected(p)),
                     Err(e) => {
                         still.push(p);
                         errors.push(e);
@@ -77,22 +81,43 @@ impl Kmn {
             }
             left = still;
             if left.is_empty() {
-                return Ok(());
+                break;
             }
         }
+        if refusals.is_empty() && left.is_empty() {
+            return Ok(());
+        }
+        let done = n - left.len() - refusals.len();
+        if refusals.len() == 1 && left.is_empty() && done == 0 {
+            return Err(refusals.remove(0));
+        }
+        let mut why: Vec<String> = refusals.iter().map(|e| e.to_string()).collect();
+        why.extend(errors);
         Err(KmnError::Unavailable(format!(
-            "key {key_id} is stored at every node but committed at only {} of {n} (not at \
-             {left:?}: {}); once they answer, run `florin custody commit {key_id}`",
-            n - left.len(),
-            errors.join("; ")
+            "key {key_id} is stored at every node but committed at only {done} of {n} ({}); \
+             once they answer, run `florin custody commit {key_id}`",
+            why.join("; ")
         )))
     }
 
     /// Refuses a new key under a name some node has committed, before any node is sent a
     /// share: an import or key addition must not replace the pending shares that a
-    /// half-committed key of that name still needs.
+    /// half-committed key of that name still needs. Every node must answer (the new key
+    /// needs every node anyway).
     pub(super) fn refuse_if_committed(&self, key_id: &str) -> Result<(), KmnError> {
-        for s in self.status() {
+        let states = self.status();
+        let down: Vec<String> = states
+            .iter()
+            .filter(|s| !s.up)
+            .map(|s| format!("node {}: {}", s.party, s.error.clone().unwrap_or_default()))
+            .collect();
+        if !down.is_empty() {
+            return Err(KmnError::Unavailable(format!(
+                "a new key needs every node: {}",
+                down.join("; ")
+            )));
+        }
+        for s in states {
             let frost = s.keys.iter().any(|(k, _, _)| k == key_id);
             let ecdsa = s
                 .ecdsa
@@ -101,7 +126,10 @@ impl Kmn {
             if frost || ecdsa {
                 return Err(KmnError::Refused {
                     party: s.party,
-                    message: format!("key {key_id} exists"),
+                    message: format!(
+                        "key {key_id} exists (if its creation stopped half-way, `florin \
+                         custody commit {key_id}` finishes it)"
+                    ),
                     culprit: None,
                 });
             }
@@ -167,8 +195,8 @@ impl Kmn {
         }
         if !missing.is_empty() {
             return Err(KmnError::Unavailable(format!(
-                "key {key_id} is committed only when every node holds it ({}); if a node \
-                 lost it, make the key again",
+                "key {key_id} is committed only when every node holds it ({}); retry once every \
+                 node answers, or, if a node never stored it, make the key again",
                 missing.join("; ")
             )));
         }

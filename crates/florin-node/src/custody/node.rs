@@ -28,7 +28,7 @@ use zeroize::Zeroizing;
 
 use super::node_ecdsa::{EcdsaLevel, EcdsaNode};
 use crate::error::NodeError;
-use crate::keyfile::{load_or_create_key, rename_durably, write_private};
+use crate::keyfile::{load_or_create_key, sync_dir, write_private};
 
 /// Most nonces a node keeps ready per key. Each key's target starts at
 /// [`NONCE_POOL_START`] and doubles whenever a coordinator's demand drains it, so a busy key
@@ -452,7 +452,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 })
                 .collect();
             list.sort_by(|a, b| a.key_id.cmp(&b.key_id));
-            drop(keys);
+            // Read under the `keys` lock: a commit moves a key between the two whole.
             let mut pending: Vec<wire::PendingKey> = inner
                 .pending
                 .lock()
@@ -467,6 +467,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             if let Some(e) = &inner.ecdsa {
                 pending.extend(e.pending_keys());
             }
+            drop(keys);
             pending.sort_by(|a, b| a.key_id.cmp(&b.key_id));
             Ok(Response::Status {
                 party: inner.party,
@@ -652,23 +653,15 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
     }
 }
 
-/// Whether the name is taken by an ECDSA key, committed or pending (one namespace for both
-/// schemes; a pending key is replaced only by a key of its own scheme).
+/// Whether an ECDSA key of the name is committed (one namespace for both schemes; a pending
+/// key of either takes no name, and the first of the two to commit drops the other).
 fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
-    inner
-        .ecdsa
-        .as_ref()
-        .is_some_and(|e| e.has_key(key_id) || e.has_pending(key_id))
+    inner.ecdsa.as_ref().is_some_and(|e| e.has_key(key_id))
 }
 
-/// Whether the name is taken by a FROST key, committed or pending.
+/// Whether a FROST key of the name is committed.
 fn frost_has(inner: &Inner, key_id: &str) -> bool {
     key(inner, key_id).is_ok()
-        || inner
-            .pending
-            .lock()
-            .map(|p| p.contains_key(key_id))
-            .unwrap_or(true)
 }
 
 fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
@@ -833,51 +826,83 @@ fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
     Ok(Response::Key(group))
 }
 
-/// [`Request::Commit`]: a pending share becomes a key that signs (its file renamed, durably);
-/// a key already committed as `public` answers again.
+/// [`Request::Commit`]: a pending share (of either scheme) whose key is `public` becomes a key
+/// that signs, and a pending share of the other scheme under the name is dropped; a key
+/// already committed as `public` answers again.
 fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, CustodyError> {
+    let answer = Response::Key(public.to_vec());
+    let frost = key(inner, key_id)
+        .ok()
+        .map(|e| e.share.group().to_bytes() == public);
+    let ecdsa = inner
+        .ecdsa
+        .as_ref()
+        .and_then(|e| e.committed_as(key_id, public));
+    match frost.or(ecdsa) {
+        Some(true) => return Ok(answer),
+        Some(false) => {
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id} is committed as another key"
+            )))
+        }
+        None => {}
+    }
+    if commit_frost(inner, key_id, public)? {
+        if let Some(e) = &inner.ecdsa {
+            e.drop_pending(key_id);
+        }
+        return Ok(answer);
+    }
+    if let Some(e) = &inner.ecdsa {
+        if e.commit(key_id, public)? {
+            drop_frost_pending(inner, key_id);
+            return Ok(answer);
+        }
+    }
+    Err(CustodyError::BadParameters(format!(
+        "no pending key {key_id} with this public key (none was stored here, or a later key \
+         creation replaced it)"
+    )))
+}
+
+/// Commits a pending FROST share whose group key is `public`: `false` if there is none.
+fn commit_frost(inner: &Inner, key_id: &str, public: &[u8]) -> Result<bool, CustodyError> {
     let mut keys = inner
         .keys
         .write()
         .map_err(|_| CustodyError::Frost("lock".into()))?;
     if let Some(e) = keys.get(key_id) {
-        let group = e.share.group().to_bytes();
-        if group == public {
-            return Ok(Response::Key(group));
-        }
-        return Err(CustodyError::BadParameters(format!(
-            "key {key_id} is committed as another key"
-        )));
+        // A concurrent commit of the same key got here first.
+        return Ok(e.share.group().to_bytes() == public);
     }
     let mut pending = inner
         .pending
         .lock()
         .map_err(|_| CustodyError::Frost("lock".into()))?;
-    let Some(share) = pending.get(key_id) else {
-        drop(pending);
-        drop(keys);
-        if let Some(e) = &inner.ecdsa {
-            if let Some(pk) = e.commit(key_id, public)? {
-                return Ok(Response::Key(pk.to_vec()));
-            }
-        }
-        return Err(CustodyError::BadParameters(format!(
-            "no key {key_id} to commit"
-        )));
-    };
-    let group = share.group().to_bytes();
-    if group != public {
-        return Err(CustodyError::BadParameters(format!(
-            "the pending key {key_id} is another key (a later key generation replaced it)"
-        )));
+    if pending.get(key_id).map(|s| s.group().to_bytes() == public) != Some(true) {
+        return Ok(false);
     }
     let (done, waiting) = share_paths(&inner.dir, key_id);
-    rename_durably(&waiting, &done)
+    std::fs::rename(&waiting, &done)
         .map_err(|e| CustodyError::Frost(format!("cannot commit the share: {e}")))?;
     if let Some(share) = pending.remove(key_id) {
         keys.insert(key_id.to_string(), Arc::new(entry_for(share)));
     }
-    Ok(Response::Key(group))
+    drop(pending);
+    drop(keys);
+    // Committed in memory once renamed: a failed sync is reported, and a retry finds the key
+    // committed.
+    sync_dir(&done).map_err(|e| CustodyError::Frost(format!("cannot commit the share: {e}")))?;
+    Ok(true)
+}
+
+/// Forgets a pending FROST share of this name (an ECDSA key of the name was committed).
+fn drop_frost_pending(inner: &Inner, key_id: &str) {
+    if let Ok(mut p) = inner.pending.lock() {
+        if p.remove(key_id).is_some() {
+            let _ = std::fs::remove_file(share_paths(&inner.dir, key_id).1);
+        }
+    }
 }
 
 /// Runs a node from its config until the process is stopped.

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use crate::error::NodeError;
-use crate::keyfile::{rename_durably, write_private};
+use crate::keyfile::{sync_dir, write_private};
 
 /// Presignatures a node keeps per key; the oldest is dropped beyond this.
 pub const MAX_PRESIGS: usize = 4096;
@@ -84,7 +84,8 @@ impl EcdsaLevel {
 
 struct EcdsaKey {
     core: Zeroizing<Vec<u8>>,
-    public: [u8; 33],
+    /// [`CoreShare::identity`]: what a `Commit` names and what key creation answers.
+    identity: Vec<u8>,
     presigs: Mutex<PresigStore>,
 }
 
@@ -359,14 +360,6 @@ impl EcdsaNode {
             .unwrap_or(false)
     }
 
-    /// Whether a pending (not yet committed) key of this name exists.
-    pub(super) fn has_pending(&self, key_id: &str) -> bool {
-        self.pending
-            .lock()
-            .map(|p| p.contains_key(key_id))
-            .unwrap_or(true)
-    }
-
     /// The pending keys, for `Status`.
     pub(super) fn pending_keys(&self) -> Vec<PendingKey> {
         self.pending
@@ -376,46 +369,53 @@ impl EcdsaNode {
                     .map(|(id, e)| PendingKey {
                         key_id: id.clone(),
                         ecdsa: true,
-                        public: e.public.to_vec(),
+                        public: e.identity.clone(),
                     })
                     .collect()
             })
             .unwrap_or_default()
     }
 
-    /// [`Request::Commit`](florin_custody::wire::Request::Commit) for an ECDSA key: `None`
-    /// when this node holds no ECDSA key of the name, committed or pending.
-    pub(super) fn commit(
-        &self,
-        key_id: &str,
-        public: &[u8],
-    ) -> Result<Option<[u8; 33]>, CustodyError> {
+    /// Whether a committed ECDSA key of this name is `identity`: `None` if there is no
+    /// committed key of the name.
+    pub(super) fn committed_as(&self, key_id: &str, identity: &[u8]) -> Option<bool> {
+        self.keys
+            .read()
+            .ok()?
+            .get(key_id)
+            .map(|e| e.identity == identity)
+    }
+
+    /// [`Request::Commit`](florin_custody::wire::Request::Commit) of a pending ECDSA key:
+    /// `false` when no pending key of the name is `identity`.
+    pub(super) fn commit(&self, key_id: &str, identity: &[u8]) -> Result<bool, CustodyError> {
         let mut keys = self.keys.write().map_err(|_| lock_err())?;
-        if let Some(e) = keys.get(key_id) {
-            if e.public[..] == *public {
-                return Ok(Some(e.public));
-            }
-            return Err(CustodyError::BadParameters(format!(
-                "key {key_id} is committed as another key"
-            )));
-        }
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
-        let Some(e) = pending.get(key_id) else {
-            return Ok(None);
-        };
-        if e.public[..] != *public {
-            return Err(CustodyError::BadParameters(format!(
-                "the pending key {key_id} is another key (a later key generation replaced it)"
-            )));
+        if pending.get(key_id).map(|e| e.identity == identity) != Some(true) {
+            return Ok(false);
         }
-        let pk = e.public;
         let (done, waiting) = share_paths(&self.dir, key_id);
-        rename_durably(&waiting, &done)
+        std::fs::rename(&waiting, &done)
             .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
         if let Some(e) = pending.remove(key_id) {
             keys.insert(key_id.to_string(), e);
         }
-        Ok(Some(pk))
+        drop(pending);
+        drop(keys);
+        // Committed in memory once renamed: a failed sync is reported, and a retry finds the
+        // key committed.
+        sync_dir(&done)
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
+        Ok(true)
+    }
+
+    /// Forgets a pending key of this name (another scheme's key of the name was committed).
+    pub(super) fn drop_pending(&self, key_id: &str) {
+        if let Ok(mut p) = self.pending.lock() {
+            if p.remove(key_id).is_some() {
+                let _ = std::fs::remove_file(share_paths(&self.dir, key_id).1);
+            }
+        }
     }
 
     /// For `Status`.
@@ -427,7 +427,7 @@ impl EcdsaNode {
                 k.iter()
                     .map(|(id, e)| {
                         let held = e.presigs.lock().map(|p| p.map.len() as u64).unwrap_or(0);
-                        (id.clone(), e.public.to_vec(), held)
+                        (id.clone(), e.identity.clone(), held)
                     })
                     .collect()
             })
@@ -746,7 +746,7 @@ impl EcdsaNode {
                 EcdsaDone::Aux
             }
             (Out::Key(core), EcdsaJob::Keygen { key_id, .. }) => {
-                EcdsaDone::Key(self.store_key(key_id, &core)?.to_vec())
+                EcdsaDone::Key(self.store_key(key_id, &core)?)
             }
             (Out::Presig(presig, public), EcdsaJob::Presign { key_id, .. }) => {
                 let k = self.key(key_id)?;
@@ -803,7 +803,8 @@ impl EcdsaNode {
 
     /// Stores a new share durably (sealed, fsynced) as *pending* before it is reported; it
     /// signs nothing until committed. A pending share of the same name is replaced.
-    fn store_key(&self, key_id: &str, core: &CoreShare) -> Result<[u8; 33], CustodyError> {
+    /// Answers the key's identity ([`CoreShare::identity`]).
+    fn store_key(&self, key_id: &str, core: &CoreShare) -> Result<Vec<u8>, CustodyError> {
         if core.party() != self.party || core.n() != self.n {
             return Err(CustodyError::BadParameters(format!(
                 "share for party {} of {}, this is party {} of {}",
@@ -817,14 +818,14 @@ impl EcdsaNode {
         let bytes = Zeroizing::new(core.to_bytes());
         if let Some(e) = keys.get(key_id) {
             if e.core[..] == bytes[..] {
-                return Ok(e.public);
+                return Ok(e.identity.clone());
             }
             return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
         }
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
         if let Some(e) = pending.get(key_id) {
             if e.core[..] == bytes[..] {
-                return Ok(e.public);
+                return Ok(e.identity.clone());
             }
         }
         write_sealed(
@@ -834,12 +835,12 @@ impl EcdsaNode {
             &bytes,
         )?;
         let entry = key_entry(core);
-        let public = entry.public;
+        let identity = entry.identity.clone();
         pending.insert(key_id.to_string(), Arc::new(entry));
         drop(pending);
         drop(keys);
         self.drop_primes();
-        Ok(public)
+        Ok(identity)
     }
 
     /// Key import: a dealer's share.
@@ -848,7 +849,7 @@ impl EcdsaNode {
         key_id: &str,
         share: &[u8],
         frost_has: bool,
-    ) -> Result<[u8; 33], CustodyError> {
+    ) -> Result<Vec<u8>, CustodyError> {
         if !super::node::valid_key_id(key_id) || frost_has {
             return Err(CustodyError::BadParameters(format!(
                 "key name {key_id:?} invalid or taken"
@@ -866,7 +867,7 @@ impl EcdsaNode {
         from: &str,
         addend: &[u8],
         frost_has: bool,
-    ) -> Result<[u8; 33], CustodyError> {
+    ) -> Result<Vec<u8>, CustodyError> {
         if !super::node::valid_key_id(key_id) || frost_has {
             return Err(CustodyError::BadParameters(format!(
                 "key name {key_id:?} invalid or taken"
@@ -922,7 +923,7 @@ fn primes_name(party: PartyId) -> String {
 fn key_entry(core: &CoreShare) -> EcdsaKey {
     EcdsaKey {
         core: Zeroizing::new(core.to_bytes()),
-        public: core.public_key(),
+        identity: core.identity(),
         presigs: Mutex::new(PresigStore::default()),
     }
 }

@@ -307,19 +307,32 @@ impl Psp {
         let me = self.clone();
         let kid = key_id.clone();
         let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
-            // A key made before a crash (the account was never stored) is adopted.
+            // A key made before a crash (the account was never stored) is adopted, its
+            // commit round finished if the crash cut it short. A key that not every node
+            // holds is made again (which replaces its pending shares).
+            let held = me
+                .kmn
+                .commit_pending(&kid)
+                .ok()
+                .filter(|h| h.ecdsa == (me.cfg.scheme == PspScheme::P256));
             match me.cfg.scheme {
                 PspScheme::P256 => {
-                    let pk = match me.kmn.ecdsa_public_key(&kid) {
-                        Ok(pk) => pk,
-                        Err(_) => me.kmn.ecdsa_keygen(&kid)?,
+                    let adopted = held.and_then(|h| {
+                        florin_custody::ecdsa::identity_public_key(&h.public)
+                            .and_then(|pk| florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok())
+                    });
+                    let pk = match adopted {
+                        Some(pk) => pk,
+                        None => me.kmn.ecdsa_keygen(&kid)?,
                     };
                     Ok((hex::encode(pk.0), Encumbrance::p256(&pk)))
                 }
                 PspScheme::Ed25519 => {
-                    let g = match me.kmn.group(&kid) {
-                        Ok(g) => g,
-                        Err(_) => me.kmn.dkg(&kid)?,
+                    let adopted = held
+                        .and_then(|h| florin_custody::frost::GroupKey::from_bytes(&h.public).ok());
+                    let g = match adopted {
+                        Some(g) => g,
+                        None => me.kmn.dkg(&kid)?,
                     };
                     let pk = g.public_key();
                     Ok((hex::encode(pk.0), Encumbrance::ed25519(&pk)))
