@@ -12,6 +12,15 @@
 //! 4. `Commit` to every involved shard; once all acknowledge, submitters are answered,
 //! 5. `Discard` to every involved shard, then `Done { dtx }` is replicated.
 //!
+//! A transaction that lies wholly on one shard (its inputs, outputs and txid) needs no
+//! agreement between shards: with [`CoordinatorConfig::one_phase`] (the default) such
+//! transactions of a batch go to their shard as one `Apply` command (one-phase commit, the
+//! classic single-participant optimisation of 2PC) and nothing is replicated by the
+//! coordinator group for them. The shard's own Raft log is then the only record, and nothing
+//! stays locked: if this leader fails before answering, the submitter retries with the next
+//! one and the shard answers a transaction it already confirmed as a replay. Transactions that
+//! span shards take the two-phase path below in the same round.
+//!
 //! A new leader replays [`CoordLog`], the replicated record of unfinished batches, as
 //! [`Input::Resume`] and finishes each batch from its last replicated phase. Every send is
 //! repeated on [`Input::Tick`] until answered; shards answer repeats idempotently.
@@ -39,6 +48,10 @@ use serde::{Deserialize, Serialize};
 use crate::route::{ShardId, ShardMap};
 use crate::shard::{Fence, Part, ShardCmd, ShardReply, Vote};
 use crate::Dtx;
+
+/// Ids are uniformly random hashes; a keyed fast hasher is enough (and iteration order never
+/// decides anything).
+type Fast = foldhash::fast::RandomState;
 
 /// Who asked: the service's handle for a submission.
 pub type Ticket = u64;
@@ -143,6 +156,9 @@ pub struct CoordinatorConfig {
     pub max_attempts: u8,
     /// Repeat an unanswered send after this long (in the caller's clock units, e.g. ms).
     pub resend_after: u64,
+    /// Commit transactions that lie wholly on one shard in one phase (no coordinator log, no
+    /// locks); off, every transaction takes the two-phase path.
+    pub one_phase: bool,
 }
 
 impl Default for CoordinatorConfig {
@@ -152,6 +168,7 @@ impl Default for CoordinatorConfig {
             max_inflight: 4,
             max_attempts: 8,
             resend_after: 2000,
+            one_phase: true,
         }
     }
 }
@@ -208,6 +225,8 @@ pub enum Output {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// A one-phase batch: `Apply` sent to its one shard.
+    Applying,
     Beginning,
     Preparing,
     Deciding,
@@ -267,7 +286,7 @@ pub struct Coordinator {
     active: usize,
     /// Outputs of batches before their commit is acknowledged (counted: a transaction can be
     /// in two batches, e.g. resumed and resubmitted).
-    producing: HashMap<UhsId, u32>,
+    producing: HashMap<UhsId, u32, Fast>,
     now: u64,
 }
 
@@ -290,7 +309,7 @@ impl Coordinator {
             flights: HashMap::new(),
             tickets: HashMap::new(),
             active: 0,
-            producing: HashMap::new(),
+            producing: HashMap::default(),
             now: 0,
         }
     }
@@ -374,13 +393,16 @@ impl Coordinator {
 
     fn flight(&self, txs: Vec<CompactTx>, origins: Vec<Option<Origin>>) -> Flight {
         let mut plan: BTreeMap<ShardId, Vec<usize>> = BTreeMap::new();
+        let mut shards: Vec<ShardId> = Vec::new();
         for (i, tx) in txs.iter().enumerate() {
-            let mut shards: BTreeSet<ShardId> =
-                tx.inputs.iter().map(|x| self.map.shard_of(x)).collect();
+            shards.clear();
+            shards.extend(tx.inputs.iter().map(|x| self.map.shard_of(x)));
             shards.extend(tx.outputs.iter().map(|(x, _)| self.map.shard_of(x)));
-            shards.insert(self.map.shard_of(&tx.txid));
-            for s in shards {
-                plan.entry(s).or_default().push(i);
+            shards.push(self.map.shard_of(&tx.txid));
+            shards.sort_unstable();
+            shards.dedup();
+            for s in &shards {
+                plan.entry(*s).or_default().push(i);
             }
         }
         let n = txs.len();
@@ -402,9 +424,9 @@ impl Coordinator {
     fn pump(&mut self, out: &mut Vec<Output>) {
         while self.active < self.cfg.max_inflight && !self.queue.is_empty() {
             let mut batch: Vec<Queued> = Vec::new();
-            let mut made: HashSet<UhsId> = HashSet::new();
-            // Outputs of transactions held back: what spends them is held too.
-            let mut held_made: HashSet<UhsId> = HashSet::new();
+            // Outputs of transactions held back: what spends them is held too. (Outputs of
+            // the batch being formed go into `producing` as each transaction joins it.)
+            let mut held_made: HashSet<UhsId, Fast> = HashSet::default();
             let mut held = VecDeque::new();
             while let Some(q) = self.queue.pop_front() {
                 if batch.len() >= self.cfg.max_batch.max(1) {
@@ -413,13 +435,14 @@ impl Coordinator {
                 }
                 let blocked = q.not_before > self.now
                     || q.tx.inputs.iter().any(|i| {
-                        made.contains(i) || held_made.contains(i) || self.producing.contains_key(i)
+                        self.producing.contains_key(i)
+                            || (!held_made.is_empty() && held_made.contains(i))
                     });
                 if blocked {
                     held_made.extend(q.tx.outputs.iter().map(|(o, _)| *o));
                     held.push_back(q);
                 } else {
-                    made.extend(q.tx.outputs.iter().map(|(o, _)| *o));
+                    self.produce(std::slice::from_ref(&q.tx));
                     batch.push(q);
                 }
             }
@@ -428,15 +451,52 @@ impl Coordinator {
             if batch.is_empty() {
                 break;
             }
-            let (txs, origins): (Vec<_>, Vec<_>) =
-                batch.into_iter().map(|q| (q.tx, Some(q.origin))).unzip();
+            // Transactions wholly on one shard go to it in one phase, the rest in two.
+            let mut single: BTreeMap<ShardId, (Vec<CompactTx>, Vec<Option<Origin>>)> =
+                BTreeMap::new();
+            let (mut txs, mut origins) = (Vec::new(), Vec::new());
+            for q in batch {
+                match self.home(&q.tx) {
+                    Some(s) => {
+                        let e = single.entry(s).or_default();
+                        e.0.push(q.tx);
+                        e.1.push(Some(q.origin));
+                    }
+                    None => {
+                        txs.push(q.tx);
+                        origins.push(Some(q.origin));
+                    }
+                }
+            }
+            for (shard, (txs, origins)) in single {
+                let dtx: Dtx = self.rng.gen();
+                let mut f = self.flight(txs, origins);
+                f.phase = Phase::Applying;
+                f.waiting = BTreeSet::from([shard]);
+                out.push(self.send(shard, self.phase_cmd(dtx, &f, shard)));
+                self.flights.insert(dtx, f);
+                self.active += 1;
+            }
+            if txs.is_empty() {
+                continue;
+            }
             let dtx: Dtx = self.rng.gen();
-            self.produce(&txs);
             let f = self.flight(txs.clone(), origins);
             self.flights.insert(dtx, f);
             self.active += 1;
             out.push(Output::Replicate(CoordEntry::Begin { dtx, txs }));
         }
+    }
+
+    /// The one shard a transaction lies on, if one-phase commit is on and it lies on one.
+    fn home(&self, tx: &CompactTx) -> Option<ShardId> {
+        if !self.cfg.one_phase {
+            return None;
+        }
+        let s = self.map.shard_of(&tx.txid);
+        let here = tx.inputs.iter().all(|x| self.map.shard_of(x) == s)
+            && tx.outputs.iter().all(|(x, _)| self.map.shard_of(x) == s);
+        here.then_some(s)
     }
 
     fn produce(&mut self, txs: &[CompactTx]) {
@@ -556,6 +616,10 @@ impl Coordinator {
                     .unwrap_or_default(),
             },
             Phase::Discarding => ShardCmd::Discard { dtx },
+            Phase::Applying => ShardCmd::Apply {
+                dtx,
+                parts: Self::parts(f, &self.map, shard),
+            },
             _ => ShardCmd::Prepare {
                 dtx,
                 parts: Self::parts(f, &self.map, shard),
@@ -568,6 +632,17 @@ impl Coordinator {
             return;
         };
         match (f.phase, reply) {
+            (Phase::Applying, ShardReply::Applied(votes)) if votes.len() == f.txs.len() => {
+                f.decisions = votes
+                    .iter()
+                    .map(|v| decide(std::slice::from_ref(v)))
+                    .collect();
+                self.answer(&f, out);
+                self.active = self.active.saturating_sub(1);
+                self.produced(&f.txs);
+                // Nothing is locked and nothing was logged here: the batch is finished.
+                return;
+            }
             (Phase::Preparing, ShardReply::Prepared(votes)) if f.waiting.contains(&shard) => {
                 let idx = f.plan.get(&shard).cloned().unwrap_or_default();
                 if votes.len() == idx.len() {
@@ -680,7 +755,7 @@ impl Coordinator {
             .filter(|(_, f)| {
                 matches!(
                     f.phase,
-                    Phase::Preparing | Phase::Committing | Phase::Discarding
+                    Phase::Applying | Phase::Preparing | Phase::Committing | Phase::Discarding
                 ) && now.saturating_sub(f.sent_at) >= after
             })
             .map(|(d, _)| *d)
@@ -745,6 +820,7 @@ mod tests {
                 max_inflight: 2,
                 max_attempts: 3,
                 resend_after: 10,
+                one_phase: false,
             },
             Fence { group: 0, term },
             Box::new(rand::rngs::StdRng::seed_from_u64(1)),
@@ -1019,11 +1095,7 @@ mod tests {
         out.iter()
             .filter_map(|o| match o {
                 Output::Send { shard, by, cmd } => {
-                    let dtx = match cmd {
-                        ShardCmd::Prepare { dtx, .. }
-                        | ShardCmd::Commit { dtx, .. }
-                        | ShardCmd::Discard { dtx } => *dtx,
-                    };
+                    let dtx = cmd.dtx();
                     let reply = shards[*shard as usize].apply(*by, cmd.clone());
                     Some(Input::Reply {
                         dtx,
@@ -1136,5 +1208,80 @@ mod tests {
             vec![vec![SwapOutcome::Confirmed]]
         );
         assert!(!shards[0].is_unspent(&id(a)) && shards[0].is_unspent(&id(a + 2000)));
+    }
+
+    #[test]
+    fn single_shard_transactions_commit_in_one_phase_without_the_log() {
+        let map = ShardMap::even(2).unwrap();
+        let mut c = Coordinator::new(
+            map.clone(),
+            CoordinatorConfig {
+                max_batch: 16,
+                max_inflight: 2,
+                max_attempts: 3,
+                resend_after: 10,
+                one_phase: true,
+            },
+            Fence { group: 0, term: 1 },
+            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+        );
+        let on = |s: ShardId, from: u64| (from..).find(|n| map.shard_of(&id(*n)) == s).unwrap();
+        let a = on(0, 1);
+        let b = on(0, a + 1);
+        let x = on(1, 1);
+        let y = on(0, b + 1);
+        let mut shards = vec![ShardState::new(), ShardState::new()];
+        shards[0].seed(&[(id(a), 10)]);
+        shards[1].seed(&[(id(x), 10)]);
+        let local = (100..)
+            .map(|k| transfer(k, &[a], &[(b, 10)]))
+            .find(|t| map.shard_of(&t.txid) == 0)
+            .unwrap();
+        let cross = transfer(1, &[x], &[(y, 10)]);
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![local.clone(), cross.clone()],
+        });
+        // The local transaction goes straight to its shard; only the other one is logged.
+        let applies = out
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    Output::Send {
+                        shard: 0,
+                        cmd: ShardCmd::Apply { .. },
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(applies, 1);
+        assert_eq!(begin_of(&out).1, vec![cross]);
+        let mut log = CoordLog::default();
+        let answers = drive(&mut c, &mut log, &mut shards, out.clone());
+        assert_eq!(answers, vec![vec![SwapOutcome::Confirmed; 2]]);
+        assert!(log.batches().is_empty());
+        assert!(shards[0].is_confirmed(&local.txid) && shards[0].is_unspent(&id(b)));
+        assert!(!shards[0].is_unspent(&id(a)) && !shards[1].is_unspent(&id(x)));
+        assert!(shards.iter().all(|s| s.in_flight() == (0, 0)));
+        // The same Apply delivered again (its first answer lost) answers as the first time.
+        let again = deliver(&mut shards, &out);
+        assert!(again.iter().any(|i| matches!(
+            i,
+            Input::Reply {
+                reply: ShardReply::Applied(v),
+                ..
+            } if v == &vec![Vote::Ok]
+        )));
+        // Submitted again, it is a replay.
+        let out = c.handle(Input::Submit {
+            ticket: 2,
+            txs: vec![local],
+        });
+        assert_eq!(
+            drive(&mut c, &mut log, &mut shards, out),
+            vec![vec![SwapOutcome::AlreadyApplied]]
+        );
     }
 }

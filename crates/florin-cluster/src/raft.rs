@@ -23,6 +23,7 @@ use std::io::{Cursor, Write};
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
@@ -69,6 +70,9 @@ openraft::declare_raft_types!(
 
 /// A deterministic replicated state machine. Commands and replies are opaque bytes (the caller
 /// encodes them).
+///
+/// [`Machine::snapshot`] runs under the replica's read lock (applying waits for it), so it
+/// should encode at memory speed; the bytes are written to disk after the lock is released.
 pub trait Machine: Send + Sync + 'static {
     /// Applies one committed command and returns the reply. Must be deterministic: every replica
     /// applies the same commands in the same order and must reach the same state.
@@ -99,7 +103,11 @@ pub struct RaftOptions {
     pub election_min_ms: u64,
     /// Maximum election timeout (ms); must exceed `election_min_ms`.
     pub election_max_ms: u64,
-    /// Build a snapshot after this many log entries since the last one (0: only on demand).
+    /// Build a snapshot once this many log entries have been applied since the last one and
+    /// their commands add up to at least the last snapshot's size (0: only on demand). The
+    /// size condition keeps snapshot work proportional to the log written (at most one byte of
+    /// snapshot per byte of log, however large the state), while a restart still replays at
+    /// most this many entries or one state's size of log, never the whole history.
     pub snapshot_every: u64,
     /// Log entries already in the snapshot that are kept for lagging followers.
     pub keep_logs: u64,
@@ -198,11 +206,14 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.str()?
 }
 
-/// Writes `dir/name` atomically: tmp file, fsync, rename, fsync of the directory.
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `dir/name` atomically: tmp file, fsync, rename, fsync of the directory. The file's
+/// contents are `parts`, one after the other.
+fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> std::io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(bytes)?;
+    for bytes in parts {
+        file.write_all(bytes)?;
+    }
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, dir.join(name))?;
@@ -461,6 +472,54 @@ struct SmState<M> {
     machine: M,
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
+    /// Commands applied since the last snapshot was taken, and their bytes (atomics: a
+    /// snapshot resets them under the read lock it encodes under).
+    since_entries: AtomicU64,
+    since_bytes: AtomicU64,
+    /// Size of the machine's part of the last snapshot taken, installed or restored.
+    snapshot_len: AtomicU64,
+}
+
+impl<M> SmState<M> {
+    fn new(
+        machine: M,
+        applied: Option<LogId<NodeId>>,
+        membership: StoredMembership<NodeId, BasicNode>,
+        snapshot_len: u64,
+    ) -> Self {
+        SmState {
+            machine,
+            applied,
+            membership,
+            since_entries: AtomicU64::new(0),
+            since_bytes: AtomicU64::new(0),
+            snapshot_len: AtomicU64::new(snapshot_len),
+        }
+    }
+
+    /// Whether the snapshot policy of [`RaftOptions::snapshot_every`] calls for one now.
+    fn snapshot_due(&self, every: u64) -> bool {
+        every > 0
+            && self.since_entries.load(Ordering::Relaxed) >= every
+            && self.since_bytes.load(Ordering::Relaxed) >= self.snapshot_len.load(Ordering::Relaxed)
+    }
+
+    fn reset_since(&self, snapshot_len: u64) {
+        self.since_entries.store(0, Ordering::Relaxed);
+        self.since_bytes.store(0, Ordering::Relaxed);
+        self.snapshot_len.store(snapshot_len, Ordering::Relaxed);
+    }
+}
+
+/// Encodes `fields` (a postcard value) followed by `bytes` as a postcard byte string: the
+/// encoding of a struct whose last field is `bytes` (with `bin_serde::bytes`), without first
+/// copying `bytes` into that struct.
+fn encode_with_tail<T: Serialize>(fields: &T, bytes: &[u8]) -> Result<Vec<u8>, String> {
+    let head = postcard::to_allocvec(&(fields, bytes.len())).str()?;
+    let mut out = Vec::with_capacity(head.len() + bytes.len());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(bytes);
+    Ok(out)
 }
 
 /// The snapshot data sent to peers: the machine's state and where it stands in the log.
@@ -513,11 +572,11 @@ impl<M: Machine> SmStore<M> {
     async fn persist(
         &self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        data: &[u8],
-    ) -> Result<(), StorageError<NodeId>> {
+        data: Vec<u8>,
+    ) -> Result<Vec<u8>, StorageError<NodeId>> {
         let mut persisted = self.persisted.lock().await;
         if *persisted > meta.last_log_id {
-            return Ok(());
+            return Ok(data);
         }
         let err = |e: String| {
             sto(
@@ -526,44 +585,45 @@ impl<M: Machine> SmStore<M> {
                 e,
             )
         };
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data: data.to_vec(),
-        };
-        let bytes = postcard::to_allocvec(&file).str().map_err(err)?;
-        let dir = self.dir.clone();
-        blocking(move || write_atomic(&dir, SNAPSHOT_FILE, &bytes).str())
-            .await
+        // The encoding of `SnapshotFile { meta, data }`, written without copying `data`.
+        let head = postcard::to_allocvec(&(meta, data.len()))
+            .str()
             .map_err(err)?;
+        let dir = self.dir.clone();
+        let data = blocking(move || {
+            write_atomic(&dir, SNAPSHOT_FILE, &[&head, &data]).str()?;
+            Ok(data)
+        })
+        .await
+        .map_err(err)?;
         *persisted = meta.last_log_id;
-        Ok(())
+        Ok(data)
     }
 }
 
 impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for SmStore<M> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let body = {
+        let (data, applied, last_membership) = {
             let st = read_lock(&self.state);
-            SnapshotBody {
-                applied: st.applied,
-                membership: st.membership.clone(),
-                machine: st.machine.snapshot(),
-            }
+            let machine = st.machine.snapshot();
+            st.reset_since(machine.len() as u64);
+            // The encoding of `SnapshotBody`.
+            let data = encode_with_tail(&(st.applied, &st.membership), &machine)
+                .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, e))?;
+            (data, st.applied, st.membership.clone())
         };
-        let data = postcard::to_allocvec(&body)
-            .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, e))?;
         let snapshot_id = format!(
             "{}-{}-{:016x}",
-            body.applied.map_or(0, |l| l.leader_id.term),
-            body.applied.index().unwrap_or(0),
+            applied.map_or(0, |l| l.leader_id.term),
+            applied.index().unwrap_or(0),
             rand::random::<u64>()
         );
         let meta = SnapshotMeta {
-            last_log_id: body.applied,
-            last_membership: body.membership,
+            last_log_id: applied,
+            last_membership,
             snapshot_id,
         };
-        self.persist(&meta, &data).await?;
+        let data = self.persist(&meta, data).await?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -593,7 +653,12 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
             st.applied = Some(entry.log_id);
             replies.push(Bytes(match entry.payload {
                 EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(cmd) => st.machine.apply(&cmd.0),
+                EntryPayload::Normal(cmd) => {
+                    st.since_entries.fetch_add(1, Ordering::Relaxed);
+                    st.since_bytes
+                        .fetch_add(cmd.0.len() as u64, Ordering::Relaxed);
+                    st.machine.apply(&cmd.0)
+                }
                 EntryPayload::Membership(m) => {
                     st.membership = StoredMembership::new(Some(entry.log_id), m);
                     Vec::new()
@@ -633,10 +698,11 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         {
             let mut st = write_lock(&self.state);
             st.machine.restore(&body.machine).map_err(err)?;
+            st.reset_since(body.machine.len() as u64);
             st.applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
         }
-        self.persist(meta, &data).await
+        self.persist(meta, data).await.map(|_| ())
     }
 
     async fn get_current_snapshot(
@@ -767,6 +833,16 @@ pub struct Replica<M: Machine> {
     raft: Raft<TypeConfig>,
     state: Arc<RwLock<SmState<M>>>,
     members: BTreeMap<NodeId, String>,
+    /// The task that triggers snapshots by [`RaftOptions::snapshot_every`].
+    watcher: Option<tokio::task::AbortHandle>,
+}
+
+impl<M: Machine> Drop for Replica<M> {
+    fn drop(&mut self) {
+        if let Some(w) = &self.watcher {
+            w.abort();
+        }
+    }
 }
 
 impl<M: Machine> Replica<M> {
@@ -796,10 +872,8 @@ impl<M: Machine> Replica<M> {
             election_timeout_min: opts.election_min_ms,
             election_timeout_max: opts.election_max_ms,
             install_snapshot_timeout: opts.election_max_ms.max(1000),
-            snapshot_policy: match opts.snapshot_every {
-                0 => SnapshotPolicy::Never,
-                n => SnapshotPolicy::LogsSinceLast(n),
-            },
+            // Snapshots are triggered by this replica's own watcher (see `snapshot_every`).
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: opts.keep_logs,
             ..Config::default()
         }
@@ -820,11 +894,7 @@ impl<M: Machine> Replica<M> {
             .await
             .map_err(RaftError::Storage)?
         };
-        let mut sm = SmState {
-            machine,
-            applied: None,
-            membership: StoredMembership::default(),
-        };
+        let mut sm = SmState::new(machine, None, StoredMembership::default(), 0);
         let mut persisted = None;
         if let Some(file) = file {
             let body: SnapshotBody = postcard::from_bytes(&file.data)
@@ -833,11 +903,12 @@ impl<M: Machine> Replica<M> {
             machine
                 .restore(&body.machine)
                 .map_err(|e| RaftError::Storage(format!("restore: {e}")))?;
-            sm = SmState {
+            sm = SmState::new(
                 machine,
-                applied: file.meta.last_log_id,
-                membership: file.meta.last_membership,
-            };
+                file.meta.last_log_id,
+                file.meta.last_membership,
+                body.machine.len() as u64,
+            );
             persisted = file.meta.last_log_id;
         }
         let state = Arc::new(RwLock::new(sm));
@@ -854,11 +925,29 @@ impl<M: Machine> Replica<M> {
         let raft = Raft::new(id, Arc::new(config), network, log, store)
             .await
             .map_err(|e| RaftError::Fatal(e.to_string()))?;
+        let watcher = (opts.snapshot_every > 0).then(|| {
+            let (raft, state) = (raft.clone(), Arc::downgrade(&state));
+            let every = opts.snapshot_every;
+            let tick = Duration::from_millis(opts.heartbeat_ms.clamp(10, 200));
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(tick).await;
+                    let Some(state) = state.upgrade() else { break };
+                    let due = read_lock(&state).snapshot_due(every);
+                    drop(state);
+                    if due && raft.trigger().snapshot().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .abort_handle()
+        });
         let replica = Self {
             id,
             raft,
             state,
             members,
+            watcher,
         };
 
         let initialized = replica

@@ -7,6 +7,11 @@
 //! - `Commit { dtx, commit }`: for each part, deletes inputs and inserts outputs if committed,
 //!   records the txid as confirmed; unlocks everything the batch locked.
 //! - `Discard { dtx }`: forgets the batch (a prepared batch that is discarded is aborted).
+//! - `Apply { dtx, parts }`: one-phase commit of a batch whose every transaction lives wholly on
+//!   this shard (inputs, outputs and txid): each part is voted on as in `Prepare` and, on `Ok`,
+//!   applied at once, in order. Nothing stays locked, so nothing is left for a coordinator to
+//!   finish; a retried `Apply` answers `Ok` again for the parts it confirmed the first time
+//!   (every confirmed txid remembers a tag of the batch that confirmed it).
 //!
 //! A retried phase gets the answer of the first attempt: `Prepare` returns the stored votes,
 //! `Commit` after a commit acknowledges, and `Prepare` of a finished batch is refused, never
@@ -109,6 +114,26 @@ pub enum ShardCmd {
         /// The batch.
         dtx: Dtx,
     },
+    /// One-phase commit: every part lies wholly on this shard (its inputs, outputs and txid);
+    /// each is voted on and, if `Ok`, applied at once, in order.
+    Apply {
+        /// The batch.
+        dtx: Dtx,
+        /// The parts, each with `owns_txid` set.
+        parts: Vec<Part>,
+    },
+}
+
+impl ShardCmd {
+    /// The batch the command is about.
+    pub fn dtx(&self) -> Dtx {
+        match self {
+            ShardCmd::Prepare { dtx, .. }
+            | ShardCmd::Commit { dtx, .. }
+            | ShardCmd::Discard { dtx }
+            | ShardCmd::Apply { dtx, .. } => *dtx,
+        }
+    }
 }
 
 /// A shard's answer.
@@ -120,6 +145,8 @@ pub enum ShardReply {
     Committed,
     /// The batch is forgotten.
     Discarded,
+    /// A one-phase batch is applied: one vote per part, `Ok` meaning committed.
+    Applied(Vec<Vote>),
     /// The command does not fit the shard's state (it changed nothing, except that a newer
     /// term of its sender's group is now the newest).
     Refused(String),
@@ -137,9 +164,13 @@ struct Prepared {
 /// The shard's state.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ShardState {
+    #[serde(with = "florin_ledger::bin_serde::id_map")]
     unspent: HashMap<UhsId, u64, Fast>,
-    confirmed: HashSet<Digest, Fast>,
+    /// Confirmed txids, each with the [`tag`] of the batch that confirmed it.
+    #[serde(with = "florin_ledger::bin_serde::id_map")]
+    confirmed: HashMap<Digest, u64, Fast>,
     /// Locked inputs and txids, by batch.
+    #[serde(with = "florin_ledger::bin_serde::id_map")]
     locks: HashMap<Digest, Dtx, Fast>,
     prepared: HashMap<Dtx, Prepared>,
     committed: HashSet<Dtx>,
@@ -168,6 +199,7 @@ impl ShardState {
             ShardCmd::Prepare { dtx, parts } => self.prepare(dtx, parts),
             ShardCmd::Commit { dtx, commit } => self.commit(dtx, &commit),
             ShardCmd::Discard { dtx } => self.discard(dtx),
+            ShardCmd::Apply { dtx, parts } => self.apply_one_phase(dtx, &parts),
         }
     }
 
@@ -202,7 +234,7 @@ impl ShardState {
     }
 
     fn vote(&self, part: &Part) -> Vote {
-        if part.owns_txid && self.confirmed.contains(&part.txid) {
+        if part.owns_txid && self.confirmed.contains_key(&part.txid) {
             return Vote::Applied;
         }
         if part.owns_txid && self.locks.contains_key(&part.txid) {
@@ -248,34 +280,111 @@ impl ShardState {
             if !yes {
                 continue;
             }
-            // Saturating: the books must never panic inside a replicated apply.
-            let b = &mut self.books;
-            for i in &part.inputs {
-                if let Some(v) = self.unspent.remove(i) {
-                    b.unspent_cents = b.unspent_cents.saturating_sub(v);
-                    b.unspent_count = b.unspent_count.saturating_sub(1);
-                    if part.kind == TxKind::Redeem {
-                        b.redeemed_cents = b.redeemed_cents.saturating_add(v);
-                    }
-                }
-            }
-            for (o, v) in &part.outputs {
-                // An existing id is never overwritten (as in every single-node store).
-                if let std::collections::hash_map::Entry::Vacant(e) = self.unspent.entry(*o) {
-                    e.insert(*v);
-                    b.unspent_cents = b.unspent_cents.saturating_add(*v);
-                    b.unspent_count += 1;
-                    if part.kind == TxKind::Mint {
-                        b.minted_cents = b.minted_cents.saturating_add(*v);
-                    }
-                }
-            }
-            if part.owns_txid {
-                self.confirmed.insert(part.txid);
-            }
+            self.effect(part, tag(dtx));
         }
         self.committed.insert(dtx);
         ShardReply::Committed
+    }
+
+    /// Deletes a committed part's inputs, inserts its outputs and records its txid.
+    fn effect(&mut self, part: &Part, tag: u64) {
+        // Saturating: the books must never panic inside a replicated apply.
+        let b = &mut self.books;
+        for i in &part.inputs {
+            if let Some(v) = self.unspent.remove(i) {
+                b.unspent_cents = b.unspent_cents.saturating_sub(v);
+                b.unspent_count = b.unspent_count.saturating_sub(1);
+                if part.kind == TxKind::Redeem {
+                    b.redeemed_cents = b.redeemed_cents.saturating_add(v);
+                }
+            }
+        }
+        self.effect_outputs(part, tag);
+    }
+
+    /// The outputs and txid half of [`Self::effect`].
+    fn effect_outputs(&mut self, part: &Part, tag: u64) {
+        let b = &mut self.books;
+        for (o, v) in &part.outputs {
+            // An existing id is never overwritten (as in every single-node store).
+            if let std::collections::hash_map::Entry::Vacant(e) = self.unspent.entry(*o) {
+                e.insert(*v);
+                b.unspent_cents = b.unspent_cents.saturating_add(*v);
+                b.unspent_count += 1;
+                if part.kind == TxKind::Mint {
+                    b.minted_cents = b.minted_cents.saturating_add(*v);
+                }
+            }
+        }
+        if part.owns_txid {
+            self.confirmed.insert(part.txid, tag);
+        }
+    }
+
+    /// One-phase commit of a batch wholly on this shard.
+    fn apply_one_phase(&mut self, dtx: Dtx, parts: &[Part]) -> ShardReply {
+        if self.prepared.contains_key(&dtx)
+            || self.committed.contains(&dtx)
+            || self.discarded.contains(&dtx)
+        {
+            return ShardReply::Refused(format!("batch {dtx:032x} is a two-phase batch here"));
+        }
+        if let Some(i) = parts.iter().position(|p| !p.owns_txid) {
+            return ShardReply::Refused(format!(
+                "batch {dtx:032x}: part {i} does not lie wholly on this shard"
+            ));
+        }
+        let tag = tag(dtx);
+        let votes = parts
+            .iter()
+            .map(|part| {
+                if let Some(t) = self.confirmed.get(&part.txid) {
+                    // Confirmed by this very batch: a retried `Apply` answers as the first.
+                    return if *t == tag { Vote::Ok } else { Vote::Applied };
+                }
+                if self.locks.is_empty() && part.inputs.len() <= 16 {
+                    return self.apply_unlocked(part, tag);
+                }
+                let vote = self.vote(part);
+                if vote == Vote::Ok {
+                    self.effect(part, tag);
+                }
+                vote
+            })
+            .collect();
+        ShardReply::Applied(votes)
+    }
+
+    /// [`Self::vote`] then [`Self::effect`] for a part with at most 16 inputs, when nothing is
+    /// locked and its txid is not confirmed: each input is looked up once (removed, and put
+    /// back if a later one is missing).
+    fn apply_unlocked(&mut self, part: &Part, tag: u64) -> Vote {
+        if has_duplicate(&part.inputs) {
+            return Vote::Missing;
+        }
+        let mut values = [0u64; 16];
+        for (k, i) in part.inputs.iter().enumerate() {
+            match self.unspent.remove(i) {
+                Some(v) => values[k] = v,
+                None => {
+                    for (j, v) in part.inputs[..k].iter().zip(values) {
+                        self.unspent.insert(*j, v);
+                    }
+                    return Vote::Missing;
+                }
+            }
+        }
+        let b = &mut self.books;
+        for v in &values[..part.inputs.len()] {
+            b.unspent_cents = b.unspent_cents.saturating_sub(*v);
+            b.unspent_count = b.unspent_count.saturating_sub(1);
+            if part.kind == TxKind::Redeem {
+                b.redeemed_cents = b.redeemed_cents.saturating_add(*v);
+            }
+        }
+        // The inputs are gone already: only outputs and the txid are left to record.
+        self.effect_outputs(part, tag);
+        Vote::Ok
     }
 
     fn unlock(&mut self, part: &Part, dtx: Dtx) {
@@ -311,6 +420,11 @@ impl ShardState {
         ShardReply::Discarded
     }
 
+    /// About how many bytes the state encodes to (to size a snapshot's buffer).
+    pub fn encoded_size_hint(&self) -> usize {
+        4096 + (self.unspent.len() + self.confirmed.len()) * 41 + self.locks.len() * 49
+    }
+
     /// Whether an id is unspent (locked ids are still unspent).
     pub fn is_unspent(&self, id: &UhsId) -> bool {
         self.unspent.contains_key(id)
@@ -318,7 +432,7 @@ impl ShardState {
 
     /// Whether a txid owned by this shard is confirmed.
     pub fn is_confirmed(&self, txid: &Digest) -> bool {
-        self.confirmed.contains(txid)
+        self.confirmed.contains_key(txid)
     }
 
     /// This shard's books (sum them over shards for the ledger's).
@@ -354,13 +468,26 @@ impl ShardState {
 
     /// Every confirmed txid.
     pub fn confirmed(&self) -> impl Iterator<Item = &Digest> {
-        self.confirmed.iter()
+        self.confirmed.keys()
     }
+}
+
+/// The 64-bit tag a confirmed txid keeps of the batch that confirmed it (batch ids are
+/// random, so two batches share a tag with probability 2⁻⁶⁴).
+fn tag(dtx: Dtx) -> u64 {
+    dtx as u64
 }
 
 fn has_duplicate(ids: &[UhsId]) -> bool {
     if ids.len() < 2 {
         return false;
+    }
+    if ids.len() <= 16 {
+        // Pairwise, without allocating: transactions have a handful of inputs.
+        return ids
+            .iter()
+            .enumerate()
+            .any(|(k, a)| ids[k + 1..].contains(a));
     }
     let mut v = ids.to_vec();
     v.sort_unstable();
@@ -723,5 +850,135 @@ mod tests {
             (s.fence(0), s.fence(1), s.fence(2)),
             (Some(3), Some(1), None)
         );
+    }
+
+    #[test]
+    fn apply_commits_in_one_phase_and_answers_a_retry_as_the_first_time() {
+        let mut s = seeded();
+        let before = s.books();
+        let parts = vec![
+            part(1, true, &[1], &[(10, 10)]),
+            // Spends what the first part made: applied in order within the batch.
+            part(2, true, &[10], &[(11, 10)]),
+            part(3, true, &[99], &[]),
+            part(4, true, &[2, 2], &[(12, 40)]),
+            // The second input is missing: the first must stay unspent.
+            part(5, true, &[2, 98], &[(13, 20)]),
+        ];
+        let cmd = ShardCmd::Apply {
+            dtx: 7,
+            parts: parts.clone(),
+        };
+        let first = s.apply(BY, cmd.clone());
+        use Vote::*;
+        assert_eq!(
+            first,
+            ShardReply::Applied(vec![Ok, Ok, Missing, Missing, Missing])
+        );
+        assert!(!s.is_unspent(&id(1)) && !s.is_unspent(&id(10)) && s.is_unspent(&id(11)));
+        assert!(s.is_unspent(&id(2)), "a failed part gives back its inputs");
+        assert!(s.is_confirmed(&id(1001)) && s.is_confirmed(&id(1002)));
+        assert!(!s.is_confirmed(&id(1003)) && !s.is_confirmed(&id(1005)));
+        // Nothing stays locked or in flight; value is conserved.
+        assert_eq!(s.in_flight(), (0, 0));
+        assert_eq!(s.books().unspent_cents, before.unspent_cents);
+        assert_eq!(s.books().unspent_count, before.unspent_count);
+        // The same command again (a lost answer): the same answer, nothing applied twice.
+        assert_eq!(s.apply(BY, cmd), first);
+        assert_eq!(s.books().unspent_cents, before.unspent_cents);
+        // Another batch with a confirmed transaction: a replay.
+        let again = ShardCmd::Apply {
+            dtx: 8,
+            parts: vec![parts[0].clone()],
+        };
+        assert_eq!(s.apply(BY, again), ShardReply::Applied(vec![Applied]));
+    }
+
+    #[test]
+    fn apply_respects_two_phase_locks_and_refuses_what_is_not_its_own() {
+        let mut s = seeded();
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 1,
+                parts: vec![part(1, true, &[1], &[(10, 10)])],
+            },
+        );
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::Ok]));
+        // Input 1 and txid 1 are locked by the two-phase batch.
+        let r = s.apply(
+            BY,
+            ShardCmd::Apply {
+                dtx: 2,
+                parts: vec![
+                    part(2, true, &[1], &[(11, 10)]),
+                    part(1, true, &[2], &[(12, 20)]),
+                    part(3, true, &[3], &[(13, 30)]),
+                ],
+            },
+        );
+        assert_eq!(
+            r,
+            ShardReply::Applied(vec![Vote::Busy, Vote::InFlight, Vote::Ok])
+        );
+        // A part whose txid is on another shard cannot be applied in one phase.
+        let r = s.apply(
+            BY,
+            ShardCmd::Apply {
+                dtx: 3,
+                parts: vec![part(4, false, &[2], &[])],
+            },
+        );
+        assert!(matches!(r, ShardReply::Refused(_)), "{r:?}");
+        assert!(s.is_unspent(&id(2)));
+        // A two-phase batch id cannot be reused for a one-phase batch.
+        let r = s.apply(
+            BY,
+            ShardCmd::Apply {
+                dtx: 1,
+                parts: vec![part(5, true, &[2], &[])],
+            },
+        );
+        assert!(matches!(r, ShardReply::Refused(_)), "{r:?}");
+        // A deposed sender changes nothing.
+        let old = Fence { group: 0, term: 0 };
+        let r = s.apply(
+            old,
+            ShardCmd::Apply {
+                dtx: 4,
+                parts: vec![part(6, true, &[2], &[])],
+            },
+        );
+        assert_eq!(r, ShardReply::Deposed(1));
+        assert!(s.is_unspent(&id(2)));
+    }
+
+    #[test]
+    fn a_snapshot_round_trips_through_the_compact_encoding() {
+        let mut s = seeded();
+        s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 1,
+                parts: vec![part(1, true, &[1], &[(10, 10)])],
+            },
+        );
+        s.apply(
+            BY,
+            ShardCmd::Apply {
+                dtx: 2,
+                parts: vec![part(2, true, &[2], &[(11, 20)])],
+            },
+        );
+        let bytes = encode(&s);
+        assert!(bytes.len() < s.encoded_size_hint());
+        let back: ShardState = decode(&bytes).unwrap();
+        assert_eq!(encode(&back).len(), bytes.len());
+        assert!(back.is_unspent(&id(1)) && back.is_unspent(&id(11)) && !back.is_unspent(&id(2)));
+        assert!(back.is_confirmed(&id(1002)));
+        assert_eq!(back.in_flight(), (1, 2));
+        assert_eq!(back.books(), s.books());
+        // A truncated snapshot is an error, not a smaller state.
+        assert!(decode::<ShardState>(&bytes[..bytes.len() / 2]).is_err());
     }
 }

@@ -13,7 +13,7 @@ use florin_cluster::raft::{
 use tempfile::TempDir;
 
 /// Appends every command; replies with the number of commands so far.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Counter {
     cmds: Vec<Vec<u8>>,
 }

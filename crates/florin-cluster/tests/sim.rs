@@ -42,6 +42,8 @@ enum Ev {
 }
 
 struct Sim {
+    /// Whether single-shard transactions take the one-phase path.
+    one_phase: bool,
     rng: StdRng,
     now: u64,
     seq: u64,
@@ -104,6 +106,8 @@ impl Sim {
             epoch: 0,
             replicating: Vec::new(),
             faults: true,
+            // Half the seeds of each shard count run each commit path.
+            one_phase: (seed / 4).is_multiple_of(2),
             cut: HashSet::new(),
             all_txs: HashMap::new(),
             view,
@@ -132,6 +136,7 @@ impl Sim {
                 max_inflight: 3,
                 max_attempts: 6,
                 resend_after: 40,
+                one_phase: self.one_phase,
             },
             // The group's Raft term: every new leader's is higher.
             Fence {
@@ -329,11 +334,7 @@ impl Sim {
                 if self.cut.contains(&s) || self.lost() {
                     return true;
                 }
-                let dtx = match &cmd {
-                    ShardCmd::Prepare { dtx, .. }
-                    | ShardCmd::Commit { dtx, .. }
-                    | ShardCmd::Discard { dtx } => *dtx,
-                };
+                let dtx = cmd.dtx();
                 let reply = self.shards[s as usize].apply(by, cmd);
                 if matches!(reply, ShardReply::Deposed(_)) {
                     self.seen[4] += 1;

@@ -237,6 +237,7 @@ fn create(
         raft: Default::default(),
         max_batch: 4096,
         max_inflight: 8,
+        one_phase: true,
     };
     spec.save(&data.join("cluster.toml"))?;
     for (role, g, id, key) in keys {

@@ -52,6 +52,9 @@ pub struct GroupSpec {
 fn default_batch() -> usize {
     4096
 }
+fn default_one_phase() -> bool {
+    true
+}
 fn default_inflight() -> usize {
     8
 }
@@ -79,6 +82,10 @@ pub struct ClusterSpec {
     /// Most batches in flight per coordinator.
     #[serde(default = "default_inflight")]
     pub max_inflight: usize,
+    /// Commit transactions that lie wholly on one shard in one phase (default); `false` sends
+    /// every transaction through two-phase commit.
+    #[serde(default = "default_one_phase")]
+    pub one_phase: bool,
 }
 
 /// Which kind of group.
@@ -393,6 +400,7 @@ pub async fn start_member(
             let cfg = CoordinatorConfig {
                 max_batch: spec.max_batch,
                 max_inflight: spec.max_inflight,
+                one_phase: spec.one_phase,
                 ..CoordinatorConfig::default()
             };
             let svc = CoordService::start(
@@ -590,6 +598,20 @@ impl LocalCluster {
         raft: RaftOptions,
         max_batch: usize,
     ) -> Result<LocalCluster, NodeError> {
+        Self::start_with(dir, shards, coordinators, replicas, raft, max_batch, true).await
+    }
+
+    /// [`LocalCluster::start`], choosing whether single-shard transactions commit in one phase
+    /// ([`ClusterSpec::one_phase`]).
+    pub async fn start_with(
+        dir: &Path,
+        shards: usize,
+        coordinators: usize,
+        replicas: usize,
+        raft: RaftOptions,
+        max_batch: usize,
+        one_phase: bool,
+    ) -> Result<LocalCluster, NodeError> {
         let mut keys = BTreeMap::new();
         let mut listeners = BTreeMap::new();
         let mut group = |role: Role, g: u16| -> Result<GroupSpec, NodeError> {
@@ -632,6 +654,7 @@ impl LocalCluster {
             raft,
             max_batch,
             max_inflight: default_inflight(),
+            one_phase,
         };
         let mut c = LocalCluster {
             spec,

@@ -10,7 +10,7 @@ use florin_cluster::coordinator::{
 };
 use florin_cluster::raft::{Machine, RaftError, Replica};
 use florin_cluster::route::{ShardId, ShardMap};
-use florin_cluster::shard::{decode, encode, Fence, Fenced, ShardCmd, ShardReply, ShardState};
+use florin_cluster::shard::{decode, encode, Fence, Fenced, ShardReply, ShardState};
 use florin_crypto::PublicKey;
 use florin_ledger::{CompactTx, SwapOutcome};
 use rand::SeedableRng;
@@ -20,7 +20,7 @@ use super::client::GroupClient;
 use super::rpc::{Handler, NodeStatus, Request, Response};
 
 /// The shard state machine as Raft replicates it.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct ShardMachine(pub ShardState);
 
 impl Machine for ShardMachine {
@@ -32,7 +32,9 @@ impl Machine for ShardMachine {
         encode(&reply)
     }
     fn snapshot(&self) -> Vec<u8> {
-        encode(&self.0)
+        // One buffer of the right size: the state can be millions of ids.
+        postcard::to_extend(&self.0, Vec::with_capacity(self.0.encoded_size_hint()))
+            .unwrap_or_default()
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
         self.0 = decode(snapshot)?;
@@ -41,7 +43,7 @@ impl Machine for ShardMachine {
 }
 
 /// The coordinator's replicated log of unfinished batches.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct CoordMachine(pub CoordLog);
 
 impl Machine for CoordMachine {
@@ -338,11 +340,7 @@ async fn engine_loop(
                         continue;
                     };
                     let tx = tx.clone();
-                    let dtx = match &cmd {
-                        ShardCmd::Prepare { dtx, .. }
-                        | ShardCmd::Commit { dtx, .. }
-                        | ShardCmd::Discard { dtx } => *dtx,
-                    };
+                    let dtx = cmd.dtx();
                     // Give up a little before the engine resends, so calls rarely overlap.
                     let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
                     tokio::spawn(async move {

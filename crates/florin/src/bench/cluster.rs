@@ -7,7 +7,10 @@
 //!
 //! Every member runs in this process (one Raft replica per member, each with its own disk
 //! directory and sockets), so all replicas share this machine's cores: replication 3 does
-//! three times the shard work on the same CPUs.
+//! three times the shard work on the same CPUs. So that runs on machines of different sizes
+//! can be compared, every throughput comes with the CPU time the whole process spent per
+//! transaction (`*_cpu_us_per_tx`), and the one-shard, three-replica cluster is also measured
+//! with one-phase commit off (every transaction through two-phase commit).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,9 +38,39 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Runs `work` in batches of [`BATCH`] from [`CLIENTS`] threads; returns tx/s and batch
-/// latencies (ms).
-fn drive(store: &dyn SwapStore, work: &[CompactTx]) -> Result<(f64, Vec<f64>)> {
+/// CPU seconds (user + system) this process has used so far, from `/proc/self/stat` (Linux,
+/// whose `USER_HZ` is 100); `None` elsewhere.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// One measured run: throughput, batch latencies (ms) and CPU µs per transaction.
+struct Run {
+    rate: f64,
+    latencies: Vec<f64>,
+    cpu_us_per_tx: Option<f64>,
+}
+
+/// Runs `work` in batches of [`BATCH`] from [`CLIENTS`] threads.
+fn drive(store: &dyn SwapStore, work: &[CompactTx]) -> Result<Run> {
+    let cpu0 = process_cpu_s();
+    let (rate, latencies) = drive_clients(store, work)?;
+    let cpu_us_per_tx = cpu0
+        .zip(process_cpu_s())
+        .map(|(a, b)| (b - a) * 1e6 / work.len() as f64);
+    Ok(Run {
+        rate,
+        latencies,
+        cpu_us_per_tx,
+    })
+}
+
+fn drive_clients(store: &dyn SwapStore, work: &[CompactTx]) -> Result<(f64, Vec<f64>)> {
     let chunks: Vec<&[CompactTx]> = work.chunks(work.len().div_ceil(CLIENTS)).collect();
     let lat = Mutex::new(Vec::new());
     let t = Instant::now();
@@ -93,8 +126,17 @@ fn start(
     dir: &std::path::Path,
     shards: usize,
     replicas: usize,
+    one_phase: bool,
 ) -> Result<LocalCluster> {
-    let c = rt.block_on(LocalCluster::start(dir, shards, 1, replicas, raft(), 8192))?;
+    let c = rt.block_on(LocalCluster::start_with(
+        dir,
+        shards,
+        1,
+        replicas,
+        raft(),
+        8192,
+        one_phase,
+    ))?;
     rt.block_on(c.wait_for_leaders(Duration::from_secs(20)))?;
     Ok(c)
 }
@@ -125,11 +167,12 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
 
     // The reference: the single-node embedded engine, same workload, same clients.
     let dir = tempfile::tempdir()?;
-    let single = {
+    let single_run = {
         let emb = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
         preload(&emb, &pre)?;
-        drive(&emb, &work)?.0
+        drive(&emb, &work)?
     };
+    let single = single_run.rate;
     rec.add(
         "single_node_tx_per_s",
         single,
@@ -138,18 +181,57 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         None,
         None,
     );
+    if let Some(cpu) = single_run.cpu_us_per_tx {
+        rec.add(
+            "single_node_cpu_us_per_tx",
+            cpu,
+            "µs",
+            json!({ "store": "embedded", "what": "process CPU time (user + system) per transaction" }),
+            None,
+            None,
+        );
+    }
 
     let rt = rt()?;
     let shard_counts: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4] };
     let mut r3_one = None;
-    for &replicas in &[1usize, 3] {
-        for &shards in shard_counts {
+    // (replicas, shards, one-phase commit): the usual grid, then the one-shard, three-replica
+    // cluster again with every transaction through two-phase commit.
+    let mut grid: Vec<(usize, usize, bool)> = Vec::new();
+    for replicas in [1usize, 3] {
+        grid.extend(shard_counts.iter().map(|&s| (replicas, s, true)));
+    }
+    grid.push((3, 1, false));
+    for (replicas, shards, one_phase) in grid {
+        {
             let dir = tempfile::tempdir()?;
-            let cluster = start(&rt, dir.path(), shards, replicas)?;
+            let cluster = start(&rt, dir.path(), shards, replicas, one_phase)?;
             let store = cluster.store()?;
             preload(&store, &pre)?;
-            let (rate, mut lat) = drive(&store, &work)?;
-            let params = json!({ "shards": shards, "replicas": replicas, "coordinators": 1, "clients": CLIENTS, "batch": BATCH });
+            let Run {
+                rate,
+                latencies: mut lat,
+                cpu_us_per_tx,
+            } = drive(&store, &work)?;
+            let commit = if one_phase {
+                "one-phase where a transaction lies on one shard"
+            } else {
+                "two-phase for every transaction"
+            };
+            let params = json!({ "shards": shards, "replicas": replicas, "coordinators": 1, "clients": CLIENTS, "batch": BATCH, "commit": commit });
+            if let Some(cpu) = cpu_us_per_tx {
+                rec.add(
+                    "cluster_cpu_us_per_tx",
+                    cpu,
+                    "µs",
+                    params.clone(),
+                    None,
+                    single_run.cpu_us_per_tx.map(|v| Reference {
+                        value: v,
+                        source: "single-node embedded engine, same workload, same run".into(),
+                    }),
+                );
+            }
             rec.add(
                 "cluster_tx_per_s",
                 rate,
@@ -170,7 +252,7 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
                 "cluster_batch_latency_ms",
                 p50,
                 "ms",
-                json!({ "shards": shards, "replicas": replicas, "percentile": 50, "batch": BATCH }),
+                json!({ "shards": shards, "replicas": replicas, "percentile": 50, "batch": BATCH, "commit": commit }),
                 Some(Reference {
                     value: 500.0,
                     source: format!("{HAMILTON} Fig. 4: p50 under 500 ms per transaction at peak"),
@@ -181,14 +263,14 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
                 "cluster_batch_latency_ms",
                 p99,
                 "ms",
-                json!({ "shards": shards, "replicas": replicas, "percentile": 99, "batch": BATCH }),
+                json!({ "shards": shards, "replicas": replicas, "percentile": 99, "batch": BATCH, "commit": commit }),
                 Some(Reference {
                     value: 1000.0,
                     source: format!("{HAMILTON} Fig. 4: p99 under 1 s per transaction at peak"),
                 }),
                 None,
             );
-            if replicas == 3 && shards == 1 {
+            if replicas == 3 && shards == 1 && one_phase {
                 r3_one = Some(rate);
             }
             drop(store);
@@ -217,7 +299,7 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     let secs = if quick { 6 } else { 12 };
     let kill_at = Duration::from_secs(secs / 3);
     let dir = tempfile::tempdir()?;
-    let mut cluster = start(rt, dir.path(), 2, 3)?;
+    let mut cluster = start(rt, dir.path(), 2, 3, true)?;
     let store: Arc<ClusterStore> = Arc::new(cluster.store()?);
     let n_ids: u64 = if quick { 400_000 } else { 1_200_000 };
     preload(store.as_ref(), &preload_txs(n_ids))?;
