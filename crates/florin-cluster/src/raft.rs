@@ -103,11 +103,12 @@ pub struct RaftOptions {
     pub election_min_ms: u64,
     /// Maximum election timeout (ms); must exceed `election_min_ms`.
     pub election_max_ms: u64,
-    /// Build a snapshot once this many log entries have been applied since the last one and
-    /// their commands add up to at least the last snapshot's size (0: only on demand). The
-    /// size condition keeps snapshot work proportional to the log written (at most one byte of
-    /// snapshot per byte of log, however large the state), while a restart still replays at
-    /// most this many entries or one state's size of log, never the whole history.
+    /// Build a snapshot once this many log entries have been applied since the last one and,
+    /// when the last snapshot was 1 MiB or more, their commands add up to at least its size
+    /// (0: only on demand). The size condition keeps snapshot work proportional to the log
+    /// written (at most one byte of snapshot per byte of log, however large the state), while a
+    /// restart still replays at most this many entries or one state's size of log, never the
+    /// whole history.
     pub snapshot_every: u64,
     /// Log entries already in the snapshot that are kept for lagging followers.
     pub keep_logs: u64,
@@ -467,6 +468,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
 const SNAPSHOT_FILE: &str = "snapshot.bin";
 
+/// Below this size (bytes of machine state) a snapshot is cheap: it is taken by entry count
+/// alone.
+const SMALL_SNAPSHOT: u64 = 1 << 20;
+
 /// The machine with the raft bookkeeping that must travel with it.
 struct SmState<M> {
     machine: M,
@@ -499,9 +504,10 @@ impl<M> SmState<M> {
 
     /// Whether the snapshot policy of [`RaftOptions::snapshot_every`] calls for one now.
     fn snapshot_due(&self, every: u64) -> bool {
+        let len = self.snapshot_len.load(Ordering::Relaxed);
         every > 0
             && self.since_entries.load(Ordering::Relaxed) >= every
-            && self.since_bytes.load(Ordering::Relaxed) >= self.snapshot_len.load(Ordering::Relaxed)
+            && (len < SMALL_SNAPSHOT || self.since_bytes.load(Ordering::Relaxed) >= len)
     }
 
     fn reset_since(&self, snapshot_len: u64) {
@@ -928,7 +934,8 @@ impl<M: Machine> Replica<M> {
         let watcher = (opts.snapshot_every > 0).then(|| {
             let (raft, state) = (raft.clone(), Arc::downgrade(&state));
             let every = opts.snapshot_every;
-            let tick = Duration::from_millis(opts.heartbeat_ms.clamp(10, 200));
+            // A few atomic loads per tick: cheap enough to check often.
+            let tick = Duration::from_millis(20);
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(tick).await;
