@@ -598,25 +598,67 @@ pub fn scalar_public_key(scalar: &[u8; 32]) -> Result<PublicKey, CustodyError> {
 // ---------------------------------------------------------------------------------------------
 // Signing
 
+/// The secret mixed into every nonce a node makes. RFC 9591 (section 4.1) hedges each nonce
+/// against a weak random generator by hashing the signing share in with fresh randomness.
+/// A FROST nonce is not tied to a key (the binding factor ties each signature to its group
+/// key, message and signer set), so one pool per node serves all its keys: the pool's size
+/// follows the node's signing rate, not how many custodial keys it holds. The pool hashes
+/// in a node-wide secret instead of one key's share.
+pub struct NonceHedge(frost::keys::SigningShare);
+
+impl NonceHedge {
+    /// A hedge derived from a node secret (any length; the node uses its key-encryption key).
+    pub fn derive(secret: &[u8]) -> Result<NonceHedge, CustodyError> {
+        let wide: [u8; 64] = Sha512::new()
+            .chain_update(b"florin/custody/nonce-hedge/v1")
+            .chain_update(secret)
+            .finalize()
+            .into();
+        let s = Zeroizing::new(Scalar::from_bytes_mod_order_wide(&wide).to_bytes());
+        frost::keys::SigningShare::deserialize(&s[..])
+            .map(NonceHedge)
+            .map_err(frost_err)
+    }
+}
+
+impl KeyShare {
+    /// A hedge made from this share, as RFC 9591 does for nonces used with one key.
+    pub fn nonce_hedge(&self) -> NonceHedge {
+        NonceHedge(*self.key_package.signing_share())
+    }
+}
+
 /// A node's nonces made ahead of time ("presignatures" in FROST's sense: round one of
 /// signing, done before the message is known). Each nonce is handed out once with an id and
 /// removed when it signs, so no nonce ever signs twice; nonces live only in memory, so a
 /// restarted node cannot reuse one either (its old ids are simply unknown).
+///
+/// A commitment travels as 64 bytes: the hiding then the binding nonce's point, compressed.
 pub struct NoncePool {
-    ready: VecDeque<(
-        frost::round1::SigningNonces,
-        frost::round1::SigningCommitments,
-    )>,
-    issued: BTreeMap<u64, frost::round1::SigningNonces>,
+    ready: VecDeque<(frost::round1::SigningNonces, [u8; 64])>,
+    issued: BTreeMap<u64, IssuedNonce>,
     next_id: u64,
     max_issued: usize,
 }
 
 /// A batch of nonces made by [`NoncePool::generate`], outside any lock.
-pub type NonceBatch = Vec<(
-    frost::round1::SigningNonces,
-    frost::round1::SigningCommitments,
-)>;
+pub type NonceBatch = Vec<(frost::round1::SigningNonces, [u8; 64])>;
+
+/// A nonce taken back from the pool to sign with: the secret nonces and the commitment bytes
+/// the pool handed out for them.
+pub struct IssuedNonce {
+    nonces: frost::round1::SigningNonces,
+    commitment: [u8; 64],
+}
+
+fn commitment_bytes(c: &frost::round1::SigningCommitments) -> Option<[u8; 64]> {
+    let h = c.hiding().serialize().ok()?;
+    let b = c.binding().serialize().ok()?;
+    let mut out = [0u8; 64];
+    out.get_mut(..32)?.copy_from_slice(h.get(..32)?);
+    out.get_mut(32..)?.copy_from_slice(b.get(..32)?);
+    Some(out)
+}
 
 impl NoncePool {
     /// An empty pool. `first_id` should be random, so ids of a previous run never match.
@@ -632,14 +674,18 @@ impl NoncePool {
         }
     }
 
-    /// Makes `count` nonces for `share` (two base-point multiplications each).
+    /// Makes `count` nonces hedged with `hedge` (two base-point multiplications each).
     pub fn generate<R: RngCore + CryptoRng>(
-        share: &KeyShare,
+        hedge: &NonceHedge,
         count: usize,
         rng: &mut R,
     ) -> NonceBatch {
         (0..count)
-            .map(|_| frost::round1::commit(share.key_package.signing_share(), &mut *rng))
+            .filter_map(|_| {
+                let (nonces, commitments) = frost::round1::commit(&hedge.0, &mut *rng);
+                // Only an identity point fails to encode (probability 2^-252): skip it.
+                commitment_bytes(&commitments).map(|b| (nonces, b))
+            })
             .collect()
     }
 
@@ -657,16 +703,13 @@ impl NoncePool {
     pub fn issue(&mut self, count: usize) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::with_capacity(count.min(self.ready.len()));
         while out.len() < count {
-            let Some((nonces, commitments)) = self.ready.pop_front() else {
+            let Some((nonces, commitment)) = self.ready.pop_front() else {
                 break;
-            };
-            let Ok(bytes) = commitments.serialize() else {
-                continue;
             };
             let id = self.next_id;
             self.next_id = self.next_id.wrapping_add(1);
-            self.issued.insert(id, nonces);
-            out.push((id, bytes));
+            self.issued.insert(id, IssuedNonce { nonces, commitment });
+            out.push((id, commitment.to_vec()));
         }
         while self.issued.len() > self.max_issued {
             self.issued.pop_first();
@@ -674,71 +717,210 @@ impl NoncePool {
         out
     }
 
-    /// Removes and returns the nonces handed out as `id`.
-    pub fn take(&mut self, id: u64) -> Result<frost::round1::SigningNonces, CustodyError> {
+    /// Removes and returns the nonce handed out as `id`.
+    pub fn take(&mut self, id: u64) -> Result<IssuedNonce, CustodyError> {
         self.issued
             .remove(&id)
             .ok_or(CustodyError::UnknownNonce(id))
     }
 }
 
-/// What a coordinator sends the chosen nodes: the message and their commitments.
+/// A commitment's two points, decompressed without the prime-order check (cheap; for the
+/// coordinator, which verifies the final signature instead).
+fn decode_unchecked(
+    p: PartyId,
+    b: &[u8],
+) -> Result<frost::round1::SigningCommitments, CustodyError> {
+    let bad = || CustodyError::Misbehaved {
+        party: p,
+        reason: "malformed nonce commitment".into(),
+    };
+    if b.len() != 64 {
+        return Err(bad());
+    }
+    let point = |s: &[u8]| -> Result<frost::round1::NonceCommitment, CustodyError> {
+        let c = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(s).map_err(|_| bad())?;
+        let e = c.decompress().ok_or_else(bad)?;
+        Ok(frost::round1::NonceCommitment::new(e))
+    };
+    Ok(frost::round1::SigningCommitments::new(
+        point(&b[..32])?,
+        point(&b[32..])?,
+    ))
+}
+
+/// A commitment's two points, fully checked as RFC 9591 requires (canonical, not the
+/// identity, in the prime-order subgroup: a scalar multiplication per point).
+fn decode_checked(p: PartyId, b: &[u8]) -> Result<frost::round1::SigningCommitments, CustodyError> {
+    let bad = |what: &str| CustodyError::Misbehaved {
+        party: p,
+        reason: format!("malformed nonce commitment ({what})"),
+    };
+    if b.len() != 64 {
+        return Err(bad("length"));
+    }
+    let h =
+        frost::round1::NonceCommitment::deserialize(&b[..32]).map_err(|e| bad(&e.to_string()))?;
+    let g =
+        frost::round1::NonceCommitment::deserialize(&b[32..]).map_err(|e| bad(&e.to_string()))?;
+    Ok(frost::round1::SigningCommitments::new(h, g))
+}
+
+#[derive(Serialize, Deserialize)]
+struct PackageWire {
+    commitments: Vec<(PartyId, Vec<u8>)>,
+    message: Vec<u8>,
+}
+
+/// What a coordinator sends the chosen nodes: the message and each chosen node's commitment
+/// bytes as its node handed them out. Each node checks the others' commitments in full
+/// before it signs; the coordinator only decompresses them (for the group commitment) and
+/// relies on verifying the final signature, falling back to full checks and per-share
+/// verification to name a culprit when that fails.
 #[derive(Clone)]
-pub struct SigningPackage(frost::SigningPackage);
+pub struct SigningPackage {
+    commitments: BTreeMap<PartyId, Vec<u8>>,
+    message: Vec<u8>,
+    /// Coordinator side: the commitments decompressed (not subgroup-checked).
+    unchecked: Option<frost::SigningPackage>,
+}
 
 impl SigningPackage {
     /// Builds the package from each chosen party's commitment bytes (from
-    /// [`NoncePool::issue`]).
+    /// [`NoncePool::issue`]). A commitment that does not decode names its party.
     pub fn new(
         commitments: &BTreeMap<PartyId, Vec<u8>>,
         msg: &[u8],
     ) -> Result<SigningPackage, CustodyError> {
         let mut m = BTreeMap::new();
         for (&p, bytes) in commitments {
-            let c = frost::round1::SigningCommitments::deserialize(bytes).map_err(|_| {
-                CustodyError::Misbehaved {
-                    party: p,
-                    reason: "malformed nonce commitment".into(),
-                }
-            })?;
-            m.insert(ident(p)?, c);
+            m.insert(ident(p)?, decode_unchecked(p, bytes)?);
         }
-        Ok(SigningPackage(frost::SigningPackage::new(m, msg)))
+        Ok(SigningPackage {
+            commitments: commitments.clone(),
+            message: msg.to_vec(),
+            unchecked: Some(frost::SigningPackage::new(m, msg)),
+        })
     }
 
     /// Encodes for the wire.
     pub fn to_bytes(&self) -> Result<Vec<u8>, CustodyError> {
-        self.0.serialize().map_err(frost_err)
+        let w = PackageWire {
+            commitments: self
+                .commitments
+                .iter()
+                .map(|(p, c)| (*p, c.clone()))
+                .collect(),
+            message: self.message.clone(),
+        };
+        postcard::to_allocvec(&w).map_err(|e| CustodyError::Frost(e.to_string()))
     }
 
-    /// Decodes [`SigningPackage::to_bytes`].
+    /// Decodes [`SigningPackage::to_bytes`] (the commitments are checked when signing).
     pub fn from_bytes(b: &[u8]) -> Result<SigningPackage, CustodyError> {
-        frost::SigningPackage::deserialize(b)
-            .map(SigningPackage)
-            .map_err(|_| CustodyError::malformed("signing package"))
+        let w: PackageWire =
+            postcard::from_bytes(b).map_err(|_| CustodyError::malformed("signing package"))?;
+        let mut commitments = BTreeMap::new();
+        for (p, c) in w.commitments {
+            if commitments.insert(p, c).is_some() {
+                return Err(CustodyError::malformed("signing package (a party twice)"));
+            }
+        }
+        Ok(SigningPackage {
+            commitments,
+            message: w.message,
+            unchecked: None,
+        })
     }
 
     /// The message being signed.
     pub fn message(&self) -> &[u8] {
-        self.0.message()
+        &self.message
+    }
+
+    /// The parties whose commitments it carries.
+    pub fn parties(&self) -> impl Iterator<Item = PartyId> + '_ {
+        self.commitments.keys().copied()
+    }
+
+    /// Checks `party`'s commitment in full (a coordinator does this to judge a node that
+    /// refused to sign and blamed `party`): `Err(Misbehaved)` when it is bad.
+    pub fn check_commitment(&self, party: PartyId) -> Result<(), CustodyError> {
+        let b = self
+            .commitments
+            .get(&party)
+            .ok_or_else(|| CustodyError::BadParameters(format!("party {party} not in package")))?;
+        decode_checked(party, b).map(|_| ())
+    }
+
+    /// FROST's package with every commitment fully checked; `own` stands in for this
+    /// node's commitment (already trusted) when given.
+    fn checked(
+        &self,
+        own: Option<(PartyId, &IssuedNonce)>,
+    ) -> Result<frost::SigningPackage, CustodyError> {
+        let mut m = BTreeMap::new();
+        for (&p, bytes) in &self.commitments {
+            let c = match own {
+                Some((me, nonce)) if me == p => {
+                    if bytes[..] != nonce.commitment[..] {
+                        return Err(CustodyError::BadParameters(
+                            "the package does not carry the commitment of the nonce it names"
+                                .into(),
+                        ));
+                    }
+                    *nonce.nonces.commitments()
+                }
+                _ => decode_checked(p, bytes)?,
+            };
+            m.insert(ident(p)?, c);
+        }
+        Ok(frost::SigningPackage::new(m, &self.message))
     }
 }
 
-/// A node's signature share: signs `package` with the nonces it handed out (taken from its
-/// pool) and its key share. Refuses a package whose commitment for this node is not the one
-/// these nonces made.
+/// A node's signature share: signs `package` with the nonce it handed out (taken from its
+/// pool) and its key share, after checking every other party's commitment in full. Refuses
+/// a package whose commitment for this node is not the one this nonce made.
 pub fn sign_share(
     share: &KeyShare,
-    nonces: &frost::round1::SigningNonces,
+    nonce: &IssuedNonce,
     package: &SigningPackage,
 ) -> Result<Vec<u8>, CustodyError> {
-    frost::round2::sign(&package.0, nonces, &share.key_package)
+    let full = package.checked(Some((share.party, nonce)))?;
+    frost::round2::sign(&full, &nonce.nonces, &share.key_package)
         .map(|s| s.serialize())
         .map_err(frost_err)
 }
 
-/// Combines the chosen parties' signature shares into one Ed25519 signature. A share that
-/// does not decode or does not verify names its sender ([`CustodyError::Misbehaved`]).
+/// The signature from the shares without checking them one by one: R from the decompressed
+/// commitments, z the sum of the shares. `None` when anything does not fit; the caller
+/// verifies the result.
+fn aggregate_fast(
+    group: &GroupKey,
+    package: &frost::SigningPackage,
+    shares: &BTreeMap<PartyId, Vec<u8>>,
+) -> Option<Signature> {
+    let vk = group.package.verifying_key();
+    let binding = frost_core::compute_binding_factor_list(package, vk, &[]).ok()?;
+    let r = frost_core::compute_group_commitment(package, &binding)
+        .ok()?
+        .to_element();
+    let mut z = Scalar::ZERO;
+    for s in shares.values() {
+        let b: [u8; 32] = s.as_slice().try_into().ok()?;
+        z += Option::<Scalar>::from(Scalar::from_canonical_bytes(b))?;
+    }
+    let mut out = [0u8; 64];
+    out[..32].copy_from_slice(r.compress().as_bytes());
+    out[32..].copy_from_slice(z.as_bytes());
+    Some(Signature(out))
+}
+
+/// Combines the chosen parties' signature shares into one Ed25519 signature, verified with
+/// Florin's own verifier (the ledger's). When the shares do not make a valid signature,
+/// every commitment and share is checked in full and the party that sent a bad one is named
+/// ([`CustodyError::Misbehaved`]).
 pub fn aggregate(
     group: &GroupKey,
     package: &SigningPackage,
@@ -760,15 +942,33 @@ pub fn aggregate(
             need: group.t as usize,
         });
     }
-    let sig = frost::aggregate(&package.0, &m, &group.package)
+    if shares.keys().ne(package.commitments.keys()) {
+        return Err(CustodyError::BadParameters(
+            "signature shares from other parties than the package's".into(),
+        ));
+    }
+    let pk = group.public_key();
+    if let Some(unchecked) = &package.unchecked {
+        if let Some(sig) = aggregate_fast(group, unchecked, shares) {
+            if florin_crypto::verify(&pk, &package.message, &sig).is_ok() {
+                return Ok(sig);
+            }
+        }
+    }
+    // Slow path: full checks, then FROST's own aggregation, which verifies each share when
+    // the sum does not verify and names the first bad one.
+    let full = package.checked(None)?;
+    let sig = frost::aggregate(&full, &m, &group.package)
         .map_err(|e| culprit_err(e, "invalid signature share"))?;
     let b = sig.serialize().map_err(frost_err)?;
-    let mut out = [0u8; 64];
-    if b.len() != 64 {
-        return Err(CustodyError::Frost("signature is not 64 bytes".into()));
-    }
-    out.copy_from_slice(&b);
-    Ok(Signature(out))
+    let out: [u8; 64] = b
+        .as_slice()
+        .try_into()
+        .map_err(|_| CustodyError::Frost("signature is not 64 bytes".into()))?;
+    let sig = Signature(out);
+    florin_crypto::verify(&pk, &package.message, &sig)
+        .map_err(|e| CustodyError::Frost(format!("aggregate signature does not verify: {e}")))?;
+    Ok(sig)
 }
 
 #[cfg(test)]
@@ -788,7 +988,7 @@ mod tests {
         let mut commitments = BTreeMap::new();
         let mut ids = Vec::new();
         for (s, pool) in shares.iter().zip(pools.iter_mut()) {
-            pool.add(NoncePool::generate(s, 2, &mut OsRng));
+            pool.add(NoncePool::generate(&s.nonce_hedge(), 2, &mut OsRng));
             let (id, c) = pool.issue(1).remove(0);
             ids.push(id);
             commitments.insert(s.party(), c);
@@ -831,6 +1031,151 @@ mod tests {
     }
 
     #[test]
+    fn one_node_nonce_pool_serves_every_key() -> R<()> {
+        // Two keys on the same two nodes; each node has one pool hedged with a node secret.
+        let a = dkg(2, 3)?;
+        let b = dkg(2, 3)?;
+        let hedges = [
+            NonceHedge::derive(b"node 1")?,
+            NonceHedge::derive(b"node 2")?,
+        ];
+        let mut pools = [NoncePool::new(10, 100), NoncePool::new(20, 100)];
+        for (h, pool) in hedges.iter().zip(pools.iter_mut()) {
+            pool.add(NoncePool::generate(h, 4, &mut OsRng));
+        }
+        for (round, key) in [&a, &b, &a, &b].into_iter().enumerate() {
+            let msg = format!("payment {round}");
+            let mut commitments = BTreeMap::new();
+            let mut ids = Vec::new();
+            for (s, pool) in key[..2].iter().zip(pools.iter_mut()) {
+                let (id, c) = pool.issue(1).remove(0);
+                ids.push(id);
+                commitments.insert(s.party(), c);
+            }
+            let package = SigningPackage::new(&commitments, msg.as_bytes())?;
+            let mut out = BTreeMap::new();
+            for ((s, pool), id) in key[..2].iter().zip(pools.iter_mut()).zip(ids) {
+                out.insert(s.party(), sign_share(s, &pool.take(id)?, &package)?);
+            }
+            let sig = aggregate(key[0].group(), &package, &out)?;
+            let pk = key[0].group().public_key();
+            assert!(verify(&pk, msg.as_bytes(), &sig).is_ok());
+        }
+        assert_eq!(pools[0].ready(), 0);
+        // A nonce handed out for one key and then offered a package with another node's
+        // commitment in its place is refused (the package must carry this nonce's commitment).
+        pools[0].add(NoncePool::generate(&hedges[0], 2, &mut OsRng));
+        let (id, _) = pools[0].issue(1).remove(0);
+        let (_, other) = pools[0].issue(1).remove(0);
+        let mut commitments = BTreeMap::new();
+        commitments.insert(a[0].party(), other);
+        let mut p2 = NoncePool::new(30, 10);
+        p2.add(NoncePool::generate(&hedges[1], 1, &mut OsRng));
+        commitments.insert(a[1].party(), p2.issue(1).remove(0).1);
+        let package = SigningPackage::new(&commitments, b"m")?;
+        assert!(sign_share(&a[0], &pools[0].take(id)?, &package).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn bad_commitments_name_their_sender() -> R<()> {
+        let shares = dkg(2, 3)?;
+        let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
+        let mut commitments = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
+            commitments.insert(s.party(), pool.issue(1).remove(0).1);
+        }
+        // Party 2's hiding commitment plus a point of order 2: it still decompresses, so the
+        // coordinator's cheap decoding takes it, but the signing node's full check refuses
+        // and names party 2.
+        let mut torsion = commitments.clone();
+        let h = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(&torsion[&2][..32])
+            .ok()
+            .and_then(|c| c.decompress())
+            .ok_or(CustodyError::Frost("commitment".into()))?;
+        let mixed = (h + curve25519_dalek::constants::EIGHT_TORSION[4]).compress();
+        torsion.get_mut(&2).ok_or(CustodyError::Frost("2".into()))?[..32]
+            .copy_from_slice(mixed.as_bytes());
+        let package = SigningPackage::new(&torsion, b"m")?;
+        let wire = SigningPackage::from_bytes(&package.to_bytes()?)?;
+        match sign_share(&shares[0], &pools[0].take(1)?, &wire) {
+            Err(CustodyError::Misbehaved { party: 2, .. }) => {}
+            other => panic!("expected party 2 named, got {other:?}"),
+        }
+        // Bytes that are not a point, or not 64 of them, are refused by the coordinator.
+        let off_curve = (2u8..=255)
+            .map(|y| {
+                let mut b = [0u8; 32];
+                b[0] = y;
+                b
+            })
+            .find(|b| {
+                curve25519_dalek::edwards::CompressedEdwardsY(*b)
+                    .decompress()
+                    .is_none()
+            })
+            .ok_or(CustodyError::Frost("no off-curve y".into()))?;
+        for bad in [[off_curve, off_curve].concat(), vec![1; 10]] {
+            let mut c = commitments.clone();
+            c.insert(2, bad);
+            assert!(matches!(
+                SigningPackage::new(&c, b"m"),
+                Err(CustodyError::Misbehaved { party: 2, .. })
+            ));
+        }
+        // A package that does not decode, or names a party twice.
+        assert!(SigningPackage::from_bytes(&[1, 2, 3]).is_err());
+        let twice = PackageWire {
+            commitments: vec![(1, vec![0; 64]), (1, vec![0; 64])],
+            message: b"m".to_vec(),
+        };
+        let b = postcard::to_allocvec(&twice).map_err(|e| CustodyError::Frost(e.to_string()))?;
+        assert!(SigningPackage::from_bytes(&b).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn aggregate_with_a_bad_commitment_names_its_sender() -> R<()> {
+        // A coordinator whose package carries a mixed-order commitment from party 2 (which the
+        // honest node would refuse to sign; here both "sign" the honest package and the
+        // coordinator aggregates against the tampered one): the fast path's signature does
+        // not verify, and the full check names party 2.
+        let shares = dkg(2, 3)?;
+        let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
+        let mut commitments = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
+            commitments.insert(s.party(), pool.issue(1).remove(0).1);
+        }
+        let package = SigningPackage::new(&commitments, b"m")?;
+        let mut out = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            out.insert(s.party(), sign_share(s, &pool.take(1)?, &package)?);
+        }
+        assert!(aggregate(shares[0].group(), &package, &out).is_ok());
+        let mut torsion = commitments.clone();
+        let h = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(&torsion[&2][32..])
+            .ok()
+            .and_then(|c| c.decompress())
+            .ok_or(CustodyError::Frost("commitment".into()))?;
+        let mixed = (h + curve25519_dalek::constants::EIGHT_TORSION[2]).compress();
+        torsion.get_mut(&2).ok_or(CustodyError::Frost("2".into()))?[32..]
+            .copy_from_slice(mixed.as_bytes());
+        let tampered = SigningPackage::new(&torsion, b"m")?;
+        match aggregate(shares[0].group(), &tampered, &out) {
+            Err(CustodyError::Misbehaved { party: 2, .. }) => {}
+            other => panic!("expected party 2 named, got {other:?}"),
+        }
+        // Shares from parties the package does not name are refused.
+        let mut stray = out.clone();
+        let v = stray.remove(&2).ok_or(CustodyError::Frost("2".into()))?;
+        stray.insert(3, v);
+        assert!(aggregate(shares[0].group(), &package, &stray).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn t_minus_one_cannot_sign_or_export() -> R<()> {
         let shares = dkg(3, 5)?;
         let err = sign_with(&[&shares[0], &shares[1]], b"m");
@@ -853,7 +1198,7 @@ mod tests {
         let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
         let mut commitments = BTreeMap::new();
         for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
-            pool.add(NoncePool::generate(s, 1, &mut OsRng));
+            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
             commitments.insert(s.party(), pool.issue(1).remove(0).1);
         }
         let package = SigningPackage::new(&commitments, b"m")?;

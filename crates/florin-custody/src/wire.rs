@@ -53,10 +53,10 @@ pub enum Request {
         /// `KeyShare::to_bytes` of this node's share.
         share: Vec<u8>,
     },
-    /// Hands out nonce commitments for future signatures with `key_id`.
+    /// Hands out commitments to nonces for future signatures. A node keeps one pool of nonces
+    /// for all its keys (see [`crate::frost::NonceHedge`]); each nonce signs once, with
+    /// whichever key the [`Request::Sign`] that uses it names.
     Commitments {
-        /// The key.
-        key_id: String,
         /// How many (at most [`MAX_COMMITMENTS`]).
         count: u32,
     },
@@ -219,8 +219,6 @@ pub struct KeyInfo {
     pub key_id: String,
     /// `GroupKey::to_bytes`.
     pub group: Vec<u8>,
-    /// Nonces ready to hand out.
-    pub nonces_ready: u64,
 }
 
 /// Why a node refused, as the coordinator sees it.
@@ -257,6 +255,8 @@ pub enum Response {
         party: PartyId,
         /// Keys held.
         keys: Vec<KeyInfo>,
+        /// FROST nonces ready to hand out (one pool for all keys).
+        nonces_ready: u64,
         /// ECDSA state, when the node runs ECDSA.
         ecdsa: Option<EcdsaStatus>,
         /// Keys stored but not committed, of both schemes; they sign nothing.

@@ -183,11 +183,20 @@ fn a_key_signs_only_after_every_node_committed_it() -> R {
     assert!(kmn.group("legacy").is_err());
     assert!(kmn.signer("legacy").is_err());
     assert!(kmn.export("legacy").is_err());
-    let nonces = Request::Commitments {
-        key_id: "legacy".into(),
-        count: 1,
+    // A pending key signs nothing, even with a nonce the node handed out.
+    let nonce = match kmn.ask(1, Request::Commitments { count: 1 })? {
+        Response::Commitments(list) => list[0].0,
+        other => panic!("commitments: {other:?}"),
     };
-    assert!(matches!(kmn.ask(1, nonces)?, Response::Refused(_)));
+    let sign = Request::Sign {
+        key_id: "legacy".into(),
+        nonce,
+        package: vec![0; 8],
+    };
+    match kmn.ask(1, sign)? {
+        Response::Refused(r) => assert!(r.message.contains("legacy"), "{}", r.message),
+        other => panic!("a pending key signed: {other:?}"),
+    }
     // A commit must name the key the node holds.
     let wrong = Request::Commit {
         key_id: "legacy".into(),

@@ -725,7 +725,7 @@ pub fn ensure_up(
                 // A key some nodes have committed and others not: an earlier creation stopped
                 // in its commit round. Finish it if every node holds it; using it as it is
                 // would leave no spare share.
-                let holders: Vec<&(String, String, u64)> = st
+                let holders: Vec<&(String, String)> = st
                     .iter()
                     .filter_map(|s| s.keys.iter().find(|k| &k.0 == key))
                     .collect();
@@ -810,8 +810,14 @@ fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> Result<usiz
                 format!("DOWN ({})", s.error.clone().unwrap_or_default())
             };
             println!("  node {}  {}  {}  {state}", s.party, s.addr, s.key);
-            for (k, pk, ready) in &s.keys {
-                println!("      {k:<12} {pk}  nonces ready {ready}");
+            if s.up {
+                println!(
+                    "      FROST nonces ready {} (shared by all keys)",
+                    s.nonces_ready
+                );
+            }
+            for (k, pk) in &s.keys {
+                println!("      {k:<12} {pk}");
             }
             if let Some(e) = &s.ecdsa {
                 println!(

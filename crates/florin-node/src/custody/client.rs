@@ -92,6 +92,8 @@ struct Link {
     key: PublicKey,
     idle: Mutex<Vec<Channel>>,
     down_until: Mutex<Option<Instant>>,
+    /// The node's nonce commitments this coordinator holds and has not used (any key).
+    commitments: Mutex<CommitmentQueue>,
 }
 
 struct Pending<'a> {
@@ -227,8 +229,10 @@ pub struct NodeState {
     /// Why not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// Keys it holds: (name, public key, nonces ready).
-    pub keys: Vec<(String, String, u64)>,
+    /// Keys it holds: (name, public key).
+    pub keys: Vec<(String, String)>,
+    /// FROST nonces it has ready (one pool for all its keys).
+    pub nonces_ready: u64,
     /// Its ECDSA state, when it runs ECDSA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ecdsa: Option<EcdsaNodeState>,
@@ -267,6 +271,10 @@ impl Kmn {
                 key,
                 idle: Mutex::new(Vec::new()),
                 down_until: Mutex::new(None),
+                commitments: Mutex::new(CommitmentQueue {
+                    q: VecDeque::new(),
+                    batch: COMMIT_BATCH_START,
+                }),
             });
         }
         links.sort_by_key(|l| l.party);
@@ -368,17 +376,20 @@ impl Kmn {
                     up: false,
                     error: None,
                     keys: vec![],
+                    nonces_ready: 0,
                     ecdsa: None,
                     pending: vec![],
                 };
                 match r {
                     Ok(Response::Status {
                         keys,
+                        nonces_ready,
                         ecdsa,
                         pending,
                         ..
                     }) => {
                         s.up = true;
+                        s.nonces_ready = nonces_ready;
                         s.pending = pending
                             .into_iter()
                             .map(|k| {
@@ -408,7 +419,7 @@ impl Kmn {
                                 let pk = GroupKey::from_bytes(&k.group)
                                     .map(|g| g.public_key().to_address())
                                     .unwrap_or_else(|e| format!("({e})"));
-                                (k.key_id, pk, k.nonces_ready)
+                                (k.key_id, pk)
                             })
                             .collect();
                     }
@@ -668,7 +679,7 @@ impl Kmn {
 }
 
 /// Nonce commitments a node handed out and no signature used yet: (nonce id, bytes), and
-/// the size of the next fetch.
+/// the size of the next fetch. One queue per node serves every key.
 struct CommitmentQueue {
     q: VecDeque<(u64, Vec<u8>)>,
     batch: u32,
@@ -680,33 +691,25 @@ pub struct ThresholdSigner {
     kmn: Arc<Kmn>,
     group: GroupKey,
     key_id: String,
-    caches: HashMap<PartyId, Mutex<CommitmentQueue>>,
     next: AtomicUsize,
 }
 
 impl ThresholdSigner {
     /// A signer for `group` on `kmn`.
     pub fn new(kmn: Arc<Kmn>, group: GroupKey) -> ThresholdSigner {
-        let caches = kmn
-            .links
-            .iter()
-            .map(|l| {
-                (
-                    l.party,
-                    Mutex::new(CommitmentQueue {
-                        q: VecDeque::new(),
-                        batch: COMMIT_BATCH_START,
-                    }),
-                )
-            })
-            .collect();
+        // Start the rotation at a random node, so a coordinator's many keys spread their
+        // signing over all n nodes from the first signature.
+        let start = (OsRng.next_u32() as usize) % kmn.links.len().max(1);
         ThresholdSigner {
             key_id: group.key_id().to_string(),
             kmn,
             group,
-            caches,
-            next: AtomicUsize::new(0),
+            next: AtomicUsize::new(start),
         }
+    }
+
+    fn queue(&self, p: PartyId) -> Option<std::sync::MutexGuard<'_, CommitmentQueue>> {
+        self.kmn.link(p)?.commitments.lock().ok()
     }
 
     /// The key's public side.
@@ -733,17 +736,17 @@ impl ThresholdSigner {
     }
 
     fn pop(&self, p: PartyId) -> Option<(u64, Vec<u8>)> {
-        self.caches.get(&p)?.lock().ok()?.q.pop_front()
+        self.queue(p)?.q.pop_front()
     }
 
     fn push_back(&self, p: PartyId, c: (u64, Vec<u8>)) {
-        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+        if let Some(mut q) = self.queue(p) {
             q.q.push_front(c);
         }
     }
 
     fn clear(&self, p: PartyId) {
-        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+        if let Some(mut q) = self.queue(p) {
             q.q.clear();
         }
     }
@@ -767,21 +770,15 @@ impl ThresholdSigner {
                         commitments.insert(p, c);
                     }
                     None => {
-                        let count = match self.caches.get(&p).map(|m| m.lock()) {
-                            Some(Ok(mut q)) => {
+                        let count = match self.queue(p) {
+                            Some(mut q) => {
                                 let c = q.batch;
                                 q.batch = (c * 2).min(COMMIT_BATCH);
                                 c
                             }
-                            _ => COMMIT_BATCH_START,
+                            None => COMMIT_BATCH_START,
                         };
-                        fetch.push((
-                            p,
-                            Request::Commitments {
-                                key_id: self.key_id.clone(),
-                                count,
-                            },
-                        ))
+                        fetch.push((p, Request::Commitments { count }))
                     }
                 }
             }
@@ -793,7 +790,7 @@ impl ThresholdSigner {
                         if let Some(first) = it.next() {
                             commitments.insert(p, first);
                         }
-                        if let Some(Ok(mut q)) = self.caches.get(&p).map(|m| m.lock()) {
+                        if let Some(mut q) = self.queue(p) {
                             q.q.extend(it);
                         }
                     }
@@ -860,7 +857,15 @@ impl ThresholdSigner {
                     }
                     Ok(Response::Refused(r)) => {
                         errors.push(format!("node {p}: {}", r.message));
-                        excluded.push(p);
+                        // A node that blames another's commitment: check the claim here, so
+                        // a lying node cannot get an honest one left out.
+                        match r.culprit {
+                            Some(q) if q != p && package.check_commitment(q).is_err() => {
+                                excluded.push(q);
+                                self.clear(q);
+                            }
+                            _ => excluded.push(p),
+                        }
                     }
                     Ok(_) => {
                         errors.push(format!("node {p}: unexpected answer"));

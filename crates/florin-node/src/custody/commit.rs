@@ -118,7 +118,7 @@ impl Kmn {
             )));
         }
         for s in states {
-            let frost = s.keys.iter().any(|(k, _, _)| k == key_id);
+            let frost = s.keys.iter().any(|(k, _)| k == key_id);
             let ecdsa = s
                 .ecdsa
                 .as_ref()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, PublicKey, Signer};
 use florin_custody::envelope::Envelope;
-use florin_custody::frost::{DkgParty, KeyShare, NoncePool, SigningPackage};
+use florin_custody::frost::{DkgParty, KeyShare, NonceHedge, NoncePool, SigningPackage};
 use florin_custody::wire::{self, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE};
 use florin_custody::{vault, CustodyError, PartyId};
 use florin_net::channel::{accept_on, Channel, ChannelConfig};
@@ -30,14 +30,16 @@ use super::node_ecdsa::{EcdsaLevel, EcdsaNode};
 use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, sync_dir, write_private};
 
-/// Most nonces a node keeps ready per key. Each key's target starts at
-/// [`NONCE_POOL_START`] and doubles whenever a coordinator's demand drains it, so a busy key
-/// never waits while thousands of idle custodial keys cost nothing.
-pub const NONCE_POOL_TARGET: usize = 4096;
-/// A new key's nonce pool target.
-pub const NONCE_POOL_START: usize = 64;
-/// Handed-out nonces a node remembers per key before dropping the oldest.
-const MAX_ISSUED: usize = 1 << 16;
+/// Most FROST nonces a node keeps ready. One pool serves every key (a nonce is not tied to
+/// a key; see `NonceHedge`), so its size follows the node's signing rate: the target starts
+/// at [`NONCE_POOL_START`] and doubles whenever a request finds the pool too short to
+/// answer, and thousands of idle custodial keys cost nothing. A nonce costs two scalar
+/// multiplications (≈ 65 µs here), so a full pool is about half a second of one core.
+pub const NONCE_POOL_TARGET: usize = 8192;
+/// The nonce pool's first target.
+pub const NONCE_POOL_START: usize = 1024;
+/// Handed-out nonces a node remembers before dropping the oldest.
+const MAX_ISSUED: usize = 1 << 17;
 /// Concurrent connections a node serves.
 const MAX_CONNECTIONS: usize = 256;
 /// Concurrent key generations in progress, and how long one may take.
@@ -97,6 +99,11 @@ impl CustodyNodeConfig {
 
 struct KeyEntry {
     share: KeyShare,
+}
+
+/// The node's FROST nonces, for all its keys.
+struct Nonces {
+    hedge: NonceHedge,
     pool: Mutex<NoncePool>,
     /// How many ready nonces the refill keeps.
     target: AtomicUsize,
@@ -117,6 +124,7 @@ struct Inner {
     clients: Vec<PublicKey>,
     admins: Vec<PublicKey>,
     keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
+    nonces: Nonces,
     /// Shares stored but not committed (`shares/NAME.share-pending`): they sign nothing
     /// until [`Request::Commit`]. Locked after `keys` when both are.
     pending: Mutex<HashMap<String, KeyShare>>,
@@ -245,6 +253,8 @@ impl CustodyNode {
             )?)),
             None => None,
         };
+        let hedge = NonceHedge::derive(&kek[..])
+            .map_err(|e| NodeError::Corrupt(format!("nonce hedge: {e}")))?;
         Ok(CustodyNode {
             inner: Arc::new(Inner {
                 party: cfg.party,
@@ -256,6 +266,11 @@ impl CustodyNode {
                 clients: parse_keys(&cfg.clients, "client")?,
                 admins: parse_keys(&cfg.admins, "admin")?,
                 keys: RwLock::new(keys),
+                nonces: Nonces {
+                    hedge,
+                    pool: Mutex::new(NoncePool::new(OsRng.next_u64() >> 1, MAX_ISSUED)),
+                    target: AtomicUsize::new(NONCE_POOL_START),
+                },
                 pending: Mutex::new(pending),
                 dkgs: Mutex::new(HashMap::new()),
                 ecdsa,
@@ -301,11 +316,7 @@ impl CustodyNode {
 }
 
 fn entry_for(share: KeyShare) -> KeyEntry {
-    KeyEntry {
-        share,
-        pool: Mutex::new(NoncePool::new(OsRng.next_u64() >> 1, MAX_ISSUED)),
-        target: AtomicUsize::new(NONCE_POOL_START),
-    }
+    KeyEntry { share }
 }
 
 impl RunningNode {
@@ -342,24 +353,17 @@ impl Drop for RunningNode {
 }
 
 fn refill_loop(inner: &Inner) {
+    let n = &inner.nonces;
     while !inner.stop.load(Ordering::Relaxed) {
-        let entries: Vec<Arc<KeyEntry>> = match inner.keys.read() {
-            Ok(k) => k.values().cloned().collect(),
-            Err(_) => return,
-        };
-        let mut worked = false;
-        for e in entries {
-            let target = e.target.load(Ordering::Relaxed);
-            let ready = e.pool.lock().map(|p| p.ready()).unwrap_or(target);
-            if ready < target {
-                let batch = NoncePool::generate(&e.share, 256.min(target - ready), &mut OsRng);
-                if let Ok(mut p) = e.pool.lock() {
-                    p.add(batch);
-                }
-                worked = true;
+        let target = n.target.load(Ordering::Relaxed);
+        let ready = n.pool.lock().map(|p| p.ready()).unwrap_or(target);
+        if ready < target {
+            // Made outside the lock, so handing out and signing never wait for it.
+            let batch = NoncePool::generate(&n.hedge, 256.min(target - ready), &mut OsRng);
+            if let Ok(mut p) = n.pool.lock() {
+                p.add(batch);
             }
-        }
-        if !worked {
+        } else {
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -448,7 +452,6 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 .map(|(id, e)| wire::KeyInfo {
                     key_id: id.clone(),
                     group: e.share.group().to_bytes(),
-                    nonces_ready: e.pool.lock().map(|p| p.ready() as u64).unwrap_or(0),
                 })
                 .collect();
             list.sort_by(|a, b| a.key_id.cmp(&b.key_id));
@@ -472,31 +475,39 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             Ok(Response::Status {
                 party: inner.party,
                 keys: list,
+                nonces_ready: inner
+                    .nonces
+                    .pool
+                    .lock()
+                    .map(|p| p.ready() as u64)
+                    .unwrap_or(0),
                 ecdsa: inner.ecdsa.as_ref().map(|e| e.status()),
                 pending,
             })
         }
-        Request::Commitments { key_id, count } => {
-            let e = key(inner, &key_id)?;
+        Request::Commitments { count } => {
+            let n = &inner.nonces;
             let count = count.min(MAX_COMMITMENTS) as usize;
-            let mut pool = e
-                .pool
-                .lock()
-                .map_err(|_| CustodyError::Frost("lock".into()))?;
-            if pool.ready() < 2 * count {
-                // Demand outgrows the pool: keep more ready from now on.
-                let t = e.target.load(Ordering::Relaxed);
-                e.target.store(
+            let lock = || {
+                n.pool
+                    .lock()
+                    .map_err(|_| CustodyError::Frost("lock".into()))
+            };
+            let mut out = lock()?.issue(count);
+            if out.len() < count {
+                // Demand outgrew the pool: keep more ready from now on, and make the
+                // shortfall now (outside the lock, so signing goes on) rather than answer short.
+                let t = n.target.load(Ordering::Relaxed);
+                n.target.store(
                     NONCE_POOL_TARGET.min(t.max(2 * count).max(2 * t)),
                     Ordering::Relaxed,
                 );
+                let batch = NoncePool::generate(&n.hedge, count - out.len(), &mut OsRng);
+                let mut pool = lock()?;
+                pool.add(batch);
+                out.extend(pool.issue(count - out.len()));
             }
-            if pool.ready() < count {
-                // A cold pool: make the shortfall now rather than answer short.
-                let short = count - pool.ready();
-                pool.add(NoncePool::generate(&e.share, short, &mut OsRng));
-            }
-            Ok(Response::Commitments(pool.issue(count)))
+            Ok(Response::Commitments(out))
         }
         Request::Sign {
             key_id,
@@ -505,7 +516,8 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
         } => {
             let e = key(inner, &key_id)?;
             let package = SigningPackage::from_bytes(&package)?;
-            let nonces = e
+            let nonces = inner
+                .nonces
                 .pool
                 .lock()
                 .map_err(|_| CustodyError::Frost("lock".into()))?

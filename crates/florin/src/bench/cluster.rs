@@ -24,6 +24,7 @@ use florin_node::cluster::{ClusterStore, LocalCluster, Role};
 use serde_json::json;
 
 use super::ledger::{preload_txs, workload};
+use super::process_cpu_s;
 use super::{Recorder, Reference, Scale};
 
 const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
@@ -36,17 +37,6 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-/// CPU seconds (user + system) this process has used so far, from `/proc/self/stat` (Linux,
-/// whose `USER_HZ` is 100); `None` elsewhere.
-fn process_cpu_s() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// One measured run: throughput, batch latencies (ms) and CPU µs per transaction.

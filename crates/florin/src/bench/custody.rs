@@ -63,7 +63,7 @@ fn sign_compute(shares: &[KeyShare], t: u16, iters: usize) -> Result<(Duration, 
         let mut ids = Vec::new();
         for (s, pool) in chosen.iter().zip(pools.iter_mut()) {
             let st = Instant::now();
-            pool.add(NoncePool::generate(s, 1, &mut OsRng));
+            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
             prep += st.elapsed();
             let (id, c) = pool.issue(1).remove(0);
             ids.push(id);
@@ -436,6 +436,8 @@ struct E2e {
     p50: f64,
     p99: f64,
     done: u64,
+    /// CPU time of the whole process (ledger, both networks, load) per payment.
+    cpu_us: Option<f64>,
 }
 
 fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
@@ -444,6 +446,7 @@ fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
     let lats = Mutex::new(Vec::<u32>::new());
     let errors = Mutex::new(Vec::<String>::new());
     let start = Instant::now();
+    let cpu0 = super::process_cpu_s();
     std::thread::scope(|s| {
         for (i, payer) in p.payers.iter().enumerate() {
             let to = match route {
@@ -480,6 +483,7 @@ fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
         stop.store(true, Ordering::Relaxed);
     });
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(super::process_cpu_s()).map(|(a, b)| b - a);
     let errors = errors.into_inner().map_err(|_| anyhow!("lock"))?;
     if let Some(e) = errors.first() {
         bail!("{} payment(s) failed; first: {e}", errors.len());
@@ -492,6 +496,7 @@ fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
         p50: percentile(&l, 0.5),
         p99: percentile(&l, 0.99),
         done: n,
+        cpu_us: cpu.filter(|_| n > 0).map(|c| c * 1e6 / n as f64),
     })
 }
 
@@ -549,7 +554,17 @@ fn e2e(rec: &mut Recorder, quick: bool) -> Result<()> {
                     None,
                     None,
                 );
-                rec.add("e2e_latency_ms_p99", r.p99, "ms", params, None, None);
+                rec.add(
+                    "e2e_latency_ms_p99",
+                    r.p99,
+                    "ms",
+                    params.clone(),
+                    None,
+                    None,
+                );
+                if let Some(c) = r.cpu_us {
+                    rec.add("e2e_cpu_us_per_payment", c, "us", params, None, None);
+                }
                 let k = (threshold, route == Route::Same);
                 let b = best.entry(k).or_insert(0.0);
                 *b = b.max(r.per_s);
