@@ -1077,26 +1077,56 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn bad_commitments_name_their_sender() -> R<()> {
-        let shares = dkg(2, 3)?;
+    /// Parties 1 and 2 of `shares` each hand out one commitment (nonce id 1).
+    fn first_two_commit(shares: &[KeyShare]) -> ([NoncePool; 2], BTreeMap<PartyId, Vec<u8>>) {
         let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
         let mut commitments = BTreeMap::new();
         for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
             pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
             commitments.insert(s.party(), pool.issue(1).remove(0).1);
         }
-        // Party 2's hiding commitment plus a point of order 2: it still decompresses, so the
-        // coordinator's cheap decoding takes it, but the signing node's full check refuses
-        // and names party 2.
-        let mut torsion = commitments.clone();
-        let h = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(&torsion[&2][..32])
+        (pools, commitments)
+    }
+
+    /// Parties 1 and 2 sign `package` with the nonces from [`first_two_commit`].
+    fn first_two_sign(
+        shares: &[KeyShare],
+        pools: &mut [NoncePool; 2],
+        package: &SigningPackage,
+    ) -> R<BTreeMap<PartyId, Vec<u8>>> {
+        let mut out = BTreeMap::new();
+        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
+            out.insert(s.party(), sign_share(s, &pool.take(1)?, package)?);
+        }
+        Ok(out)
+    }
+
+    /// Party 2's commitment with the point at byte `at` (0: hiding, 32: binding) moved off
+    /// the prime-order subgroup by adding the 8-torsion point `which`.
+    fn with_torsion(
+        commitments: &BTreeMap<PartyId, Vec<u8>>,
+        at: usize,
+        which: usize,
+    ) -> R<BTreeMap<PartyId, Vec<u8>>> {
+        let mut out = commitments.clone();
+        let bytes = out.get_mut(&2).ok_or(CustodyError::Frost("2".into()))?;
+        let p = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(&bytes[at..at + 32])
             .ok()
             .and_then(|c| c.decompress())
             .ok_or(CustodyError::Frost("commitment".into()))?;
-        let mixed = (h + curve25519_dalek::constants::EIGHT_TORSION[4]).compress();
-        torsion.get_mut(&2).ok_or(CustodyError::Frost("2".into()))?[..32]
-            .copy_from_slice(mixed.as_bytes());
+        let mixed = (p + curve25519_dalek::constants::EIGHT_TORSION[which]).compress();
+        bytes[at..at + 32].copy_from_slice(mixed.as_bytes());
+        Ok(out)
+    }
+
+    #[test]
+    fn bad_commitments_name_their_sender() -> R<()> {
+        let shares = dkg(2, 3)?;
+        let (mut pools, commitments) = first_two_commit(&shares);
+        // Party 2's hiding commitment plus a point of order 2: it still decompresses, so the
+        // coordinator's cheap decoding takes it, but the signing node's full check refuses
+        // and names party 2.
+        let torsion = with_torsion(&commitments, 0, 4)?;
         let package = SigningPackage::new(&torsion, b"m")?;
         let wire = SigningPackage::from_bytes(&package.to_bytes()?)?;
         match sign_share(&shares[0], &pools[0].take(1)?, &wire) {
@@ -1142,26 +1172,11 @@ mod tests {
         // coordinator aggregates against the tampered one): the fast path's signature does
         // not verify, and the full check names party 2.
         let shares = dkg(2, 3)?;
-        let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
-        let mut commitments = BTreeMap::new();
-        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
-            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
-            commitments.insert(s.party(), pool.issue(1).remove(0).1);
-        }
+        let (mut pools, commitments) = first_two_commit(&shares);
         let package = SigningPackage::new(&commitments, b"m")?;
-        let mut out = BTreeMap::new();
-        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
-            out.insert(s.party(), sign_share(s, &pool.take(1)?, &package)?);
-        }
+        let out = first_two_sign(&shares, &mut pools, &package)?;
         assert!(aggregate(shares[0].group(), &package, &out).is_ok());
-        let mut torsion = commitments.clone();
-        let h = curve25519_dalek::edwards::CompressedEdwardsY::from_slice(&torsion[&2][32..])
-            .ok()
-            .and_then(|c| c.decompress())
-            .ok_or(CustodyError::Frost("commitment".into()))?;
-        let mixed = (h + curve25519_dalek::constants::EIGHT_TORSION[2]).compress();
-        torsion.get_mut(&2).ok_or(CustodyError::Frost("2".into()))?[32..]
-            .copy_from_slice(mixed.as_bytes());
+        let torsion = with_torsion(&commitments, 32, 2)?;
         let tampered = SigningPackage::new(&torsion, b"m")?;
         match aggregate(shares[0].group(), &tampered, &out) {
             Err(CustodyError::Misbehaved { party: 2, .. }) => {}
@@ -1195,17 +1210,9 @@ mod tests {
     #[test]
     fn corrupted_signature_share_names_its_sender() -> R<()> {
         let shares = dkg(2, 3)?;
-        let mut pools = [NoncePool::new(1, 10), NoncePool::new(1, 10)];
-        let mut commitments = BTreeMap::new();
-        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
-            pool.add(NoncePool::generate(&s.nonce_hedge(), 1, &mut OsRng));
-            commitments.insert(s.party(), pool.issue(1).remove(0).1);
-        }
+        let (mut pools, commitments) = first_two_commit(&shares);
         let package = SigningPackage::new(&commitments, b"m")?;
-        let mut out = BTreeMap::new();
-        for (s, pool) in shares[..2].iter().zip(pools.iter_mut()) {
-            out.insert(s.party(), sign_share(s, &pool.take(1)?, &package)?);
-        }
+        let out = first_two_sign(&shares, &mut pools, &package)?;
         // Party 2's share is replaced by another valid scalar.
         let mut bad = out.clone();
         let mut b = bad[&2].clone();
