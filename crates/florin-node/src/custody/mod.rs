@@ -170,13 +170,35 @@ impl Layout {
     }
 }
 
-/// `n` free loopback ports (bound and released; another process could take one in between).
+/// `n` free loopback ports (bound and released).
+///
+/// They are picked below the kernel's ephemeral port range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`). The kernel never hands such a port to an outgoing
+/// connection or to a `bind` on port 0, so a port found free here stays free until its node
+/// binds it. Ports from the ephemeral range could be taken in between by any connection this
+/// or another process opens; that made parallel tests fail with "address already in use".
+/// Falls back to the ephemeral range when no room is left below it.
 pub fn free_loopback_addrs(n: usize) -> Result<Vec<SocketAddr>, NodeError> {
-    let ls: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .map_err(|e| NodeError::Io(e.to_string()))?;
-    ls.iter()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let first = low.saturating_sub(16_000).max(1024);
+    let mut held: Vec<std::net::TcpListener> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while held.len() < n && first < low && tries < 64 * n.max(1) {
+        tries += 1;
+        let port = first + (rand::random::<u16>() % (low - first));
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    while held.len() < n {
+        held.push(
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| NodeError::Io(e.to_string()))?,
+        );
+    }
+    held.iter()
         .map(|l| l.local_addr().map_err(|e| NodeError::Io(e.to_string())))
         .collect()
 }
