@@ -7,13 +7,14 @@
 //!   commands (replicate this, send that to shard s, answer that submitter), and its replicated
 //!   log of in-flight batches.
 //! - [`raft`]: Raft replication of any deterministic state machine on openraft, with a durable
-//!   log in redb, snapshots and log compaction.
+//!   log of append-only segment files, snapshots and log compaction.
 //!
 //! Nothing here opens a socket: the services in `florin-node` carry the commands.
 
 pub mod coordinator;
 pub mod raft;
 pub mod route;
+mod seglog;
 pub mod shard;
 
 /// A distributed transaction (batch) id: random, never reused.

@@ -2,8 +2,9 @@
 //!
 //! A [`Replica`] is one member of a Raft group. It keeps:
 //!
-//! - a durable log in redb (`raft.redb` under its directory): the log entries, the vote, the
-//!   committed log id and the last purged log id;
+//! - a durable log (`log/` under its directory, the `seglog` module): append-only segment files
+//!   of entries written and synced by a writer thread (group commit), the vote and the last
+//!   purged log id, and the committed log id;
 //! - a snapshot file (`snapshot.bin`, written atomically: tmp file, fsync, rename) holding the
 //!   machine's full state with the last applied log id and membership;
 //! - the [`Machine`] itself in memory, restored from the snapshot on open; openraft then re-applies
@@ -24,7 +25,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use openraft::error::{
@@ -44,16 +45,36 @@ use openraft::{
     RaftSnapshotBuilder, ServerState, Snapshot, SnapshotMeta, SnapshotPolicy, StorageError,
     StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::seglog::{self, SegLog};
 
 /// A replica's id within its group.
 pub type NodeId = u64;
 
-/// A command or a reply: opaque bytes, encoded as one byte string (not byte by byte) in the
-/// log, the snapshots and on the wire.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Bytes(#[serde(with = "florin_ledger::bin_serde::bytes")] pub Vec<u8>);
+/// A command or a reply: opaque bytes, shared (a clone is a reference count, so the log's cache,
+/// replication to each follower and the state machine share one copy of an entry), encoded as
+/// one byte string (not byte by byte) in the log, the snapshots and on the wire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bytes(pub bytes::Bytes);
+
+impl Serialize for Bytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        florin_ledger::bin_serde::bytes::serialize(&self.0, s)
+    }
+}
+
+impl From<Vec<u8>> for Bytes {
+    fn from(v: Vec<u8>) -> Self {
+        Bytes(v.into())
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        florin_ledger::bin_serde::bytes::deserialize(d).map(|v| Bytes(v.into()))
+    }
+}
 
 openraft::declare_raft_types!(
     /// The openraft type configuration: opaque byte commands and replies, `u64` node ids,
@@ -79,6 +100,11 @@ pub trait Machine: Send + Sync + 'static {
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8>;
     /// The full state, as bytes [`Machine::restore`] accepts.
     fn snapshot(&self) -> Vec<u8>;
+    /// Appends [`Machine::snapshot`] to `out` (the replica's snapshot buffer, which already
+    /// holds a header). Override it to encode a large state without an intermediate copy.
+    fn snapshot_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.snapshot());
+    }
     /// Replaces the whole state with a snapshot's.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
 }
@@ -104,14 +130,24 @@ pub struct RaftOptions {
     /// Maximum election timeout (ms); must exceed `election_min_ms`.
     pub election_max_ms: u64,
     /// Build a snapshot once this many log entries have been applied since the last one and,
-    /// when the last snapshot was 1 MiB or more, their commands add up to at least its size
-    /// (0: only on demand). The size condition keeps snapshot work proportional to the log
-    /// written (at most one byte of snapshot per byte of log, however large the state), while a
-    /// restart still replays at most this many entries or one state's size of log, never the
+    /// when the last snapshot was 1 MiB or more, their commands add up to at least its size and
+    /// at least [`RaftOptions::snapshot_log_bytes`] (0: only on demand). The size condition
+    /// keeps snapshot work proportional to the log written (at most one byte of snapshot per
+    /// byte of log, however large the state), while a restart still replays at most this many
+    /// entries or the larger of one state's size and `snapshot_log_bytes` of log, never the
     /// whole history.
     pub snapshot_every: u64,
     /// Log entries already in the snapshot that are kept for lagging followers.
     pub keep_logs: u64,
+    /// A state of 1 MiB or more is snapshotted only once at least this many bytes of commands
+    /// were applied since the last snapshot (default 256 MiB, as the single-node engine's log):
+    /// the bound on what a restart replays, and on the log kept on disk.
+    #[serde(default = "default_snapshot_log_bytes")]
+    pub snapshot_log_bytes: u64,
+}
+
+fn default_snapshot_log_bytes() -> u64 {
+    256 << 20
 }
 
 impl Default for RaftOptions {
@@ -122,6 +158,7 @@ impl Default for RaftOptions {
             election_max_ms: 1000,
             snapshot_every: 1000,
             keep_logs: 500,
+            snapshot_log_bytes: default_snapshot_log_bytes(),
         }
     }
 }
@@ -223,102 +260,165 @@ fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> std::io::Result<()> 
     Ok(())
 }
 
-// ---------------------------------------------------------------- durable log (redb)
+// ---------------------------------------------------------------- durable log
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
-const PURGED: &str = "purged";
+/// The log's own directory under a replica's directory.
+const LOG_DIR: &str = "log";
 
-/// The log store openraft writes through; owns the database.
+/// What the log keeps durably besides its entries.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct LogMeta {
+    vote: Option<Vote<NodeId>>,
+    purged: Option<LogId<NodeId>>,
+}
+
+/// The log store openraft writes through: a `SegLog` of encoded entries, with the entries themselves cached in memory.
 struct LogStore {
-    db: Arc<Database>,
+    log: SegLog<Entry<TypeConfig>>,
+    meta: LogMeta,
+    /// The last entry appended (whether or not synced yet), if any is left.
+    last: Option<LogId<NodeId>>,
+    committed: Option<LogId<NodeId>>,
 }
 
-/// A log reader for replication tasks; holds the database weakly so that a shut-down replica
-/// releases the file and can be reopened at once.
+/// A log reader for replication tasks (it keeps working, reading nothing new, once the
+/// replica has shut down).
 struct LogReader {
-    db: Weak<Database>,
+    reader: seglog::Reader<Entry<TypeConfig>>,
 }
 
-fn read_meta<T: for<'a> Deserialize<'a>>(db: &Database, key: &str) -> Result<Option<T>, String> {
-    let tx = db.begin_read().str()?;
-    let table = tx.open_table(META).str()?;
-    match table.get(key).str()? {
-        Some(v) => postcard::from_bytes(v.value()).map(Some).str(),
-        None => Ok(None),
-    }
-}
-
+/// Reads a range of entries; errors are for [`log_read_err`].
 fn read_entries(
-    db: &Database,
+    reader: &seglog::Reader<Entry<TypeConfig>>,
     range: (Bound<u64>, Bound<u64>),
 ) -> Result<Vec<Entry<TypeConfig>>, String> {
-    let tx = db.begin_read().str()?;
-    let table = tx.open_table(LOG).str()?;
-    let mut out = Vec::new();
-    for item in table.range(range).str()? {
-        let (_, v) = item.str()?;
-        out.push(postcard::from_bytes(v.value()).str()?);
-    }
-    Ok(out)
+    let start = match range.0 {
+        Bound::Included(i) => i,
+        Bound::Excluded(i) => i.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.1 {
+        Bound::Included(i) => i.saturating_add(1),
+        Bound::Excluded(i) => i,
+        Bound::Unbounded => u64::MAX,
+    };
+    reader
+        .read(start, end)?
+        .into_iter()
+        .map(|g| match g {
+            seglog::Got::Cached(e) => Ok(e),
+            seglog::Got::Disk(p) => postcard::from_bytes(&p).map_err(|e| e.to_string()),
+        })
+        .collect()
 }
 
-/// One durable write transaction on the log database.
-fn write_txn(
-    db: &Database,
-    durable: bool,
-    f: impl FnOnce(&redb::WriteTransaction) -> Result<(), redb::Error>,
-) -> Result<(), String> {
-    let mut tx = db.begin_write().str()?;
-    if !durable {
-        tx.set_durability(Durability::None).str()?;
-    }
-    f(&tx).str()?;
-    tx.commit().str()
+fn log_read_err(e: String) -> StorageError<NodeId> {
+    sto(ErrorSubject::Logs, ErrorVerb::Read, e)
 }
 
 fn bounds(range: &impl RangeBounds<u64>) -> (Bound<u64>, Bound<u64>) {
     (range.start_bound().cloned(), range.end_bound().cloned())
 }
 
+/// A callback for the log writer that resolves a oneshot.
+fn completion() -> (
+    seglog::Done,
+    tokio::sync::oneshot::Receiver<Result<(), String>>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
+async fn completed(rx: tokio::sync::oneshot::Receiver<Result<(), String>>) -> Result<(), String> {
+    rx.await
+        .map_err(|_| "raft log writer stopped".to_string())?
+}
+
 impl LogStore {
-    fn open(path: PathBuf) -> Result<Self, String> {
-        // A replica shut down a moment ago may still be releasing the file: retry briefly.
-        let mut tries = 0;
-        let db = loop {
-            match Database::create(&path) {
-                Err(DatabaseError::DatabaseAlreadyOpen) if tries < 40 => {
-                    tries += 1;
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                other => break other.map_err(|e| format!("{}: {e}", path.display()))?,
-            }
-        };
-        write_txn(&db, true, |tx| {
-            tx.open_table(LOG)?;
-            tx.open_table(META)?;
-            Ok(())
+    fn open(dir: &Path) -> Result<Self, String> {
+        if dir.join("raft.redb").exists() {
+            return Err(format!(
+                "{}: this replica was written by an older Florin (raft.redb); its log format is \
+                 gone: recreate the cluster directory",
+                dir.display()
+            ));
+        }
+        let (log, found) = SegLog::open(&dir.join(LOG_DIR), seglog::Limits::default(), |m| {
+            m.map(postcard::from_bytes::<LogMeta>)
+                .transpose()
+                .map(|m| m.and_then(|m| m.purged.map(|p| p.index)))
+                .map_err(|e| format!("raft log metadata: {e}"))
         })?;
-        Ok(Self { db: Arc::new(db) })
+        let meta: LogMeta = match &found.meta {
+            Some(m) => postcard::from_bytes(m).str()?,
+            None => LogMeta::default(),
+        };
+        let last = match &found.last {
+            Some((_, p)) => Some(postcard::from_bytes::<Entry<TypeConfig>>(p).str()?.log_id),
+            None => None,
+        };
+        if found.torn_bytes > 0 {
+            eprintln!(
+                "florin raft: {}: cut {} bytes of an append torn by a crash (never acknowledged)",
+                dir.display(),
+                found.torn_bytes
+            );
+        }
+        // The commit point is written without a sync: never trust one beyond the log.
+        let committed = found
+            .committed
+            .and_then(|c| postcard::from_bytes::<Option<LogId<NodeId>>>(&c).ok())
+            .flatten()
+            .filter(|c| last.is_some_and(|l| c.index <= l.index));
+        Ok(LogStore {
+            log,
+            meta,
+            last,
+            committed,
+        })
     }
 
-    async fn put_meta<T: Serialize>(
-        &self,
-        key: &'static str,
-        value: &T,
-        durable: bool,
+    /// Encodes the entries straight into one buffer of framed records and hands it to the
+    /// writer; they are readable when this returns, `done` runs once they are synced.
+    fn submit(
+        &mut self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+        done: seglog::Done,
     ) -> Result<(), String> {
-        let bytes = postcard::to_allocvec(value).str()?;
-        let db = self.db.clone();
-        blocking(move || {
-            write_txn(&db, durable, |tx| {
-                tx.open_table(META)?.insert(key, bytes.as_slice())?;
-                Ok(())
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let size: usize = entries
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(b) => b.0.len() + 64,
+                _ => 256,
             })
-        })
-        .await
+            .sum();
+        let mut buf = Vec::with_capacity(size);
+        let mut records = Vec::with_capacity(entries.len());
+        for e in entries {
+            let index = e.log_id.index;
+            let start = buf.len();
+            seglog::frame_with(&mut buf, index, |b| {
+                postcard::to_extend(&e, std::mem::take(b)).map(|v| *b = v)
+            })
+            .str()?;
+            let len = (buf.len() - start - seglog::HEADER) as u32;
+            self.last = Some(e.log_id);
+            records.push((index, e, len));
+        }
+        self.log.append_framed(buf, records, done)
+    }
+
+    async fn save_meta(&self) -> Result<(), String> {
+        let (done, rx) = completion();
+        self.log
+            .save_meta(postcard::to_allocvec(&self.meta).str()?, done)?;
+        completed(rx).await
     }
 }
 
@@ -327,8 +427,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        read_entries(&self.db, bounds(&range))
-            .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+        read_entries(&self.log.reader(), bounds(&range)).map_err(log_read_err)
     }
 }
 
@@ -337,11 +436,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        match self.db.upgrade() {
-            Some(db) => read_entries(&db, bounds(&range)),
-            None => Err("log store closed".to_string()),
-        }
-        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+        read_entries(&self.reader, bounds(&range)).map_err(log_read_err)
     }
 }
 
@@ -349,59 +444,55 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogReader;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
-        let db = &self.db;
-        let read = || -> Result<_, String> {
-            let purged: Option<LogId<NodeId>> = read_meta(db, PURGED)?;
-            let tx = db.begin_read().str()?;
-            let last = match tx.open_table(LOG).str()?.last().str()? {
-                Some((_, v)) => Some(
-                    postcard::from_bytes::<Entry<TypeConfig>>(v.value())
-                        .str()?
-                        .log_id,
-                ),
-                None => purged,
-            };
-            Ok(LogState {
-                last_purged_log_id: purged,
-                last_log_id: last,
-            })
-        };
-        read().map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Read, e))
+        let purged = self.meta.purged;
+        Ok(LogState {
+            last_purged_log_id: purged,
+            last_log_id: if purged > self.last {
+                purged
+            } else {
+                self.last
+            },
+        })
     }
 
     async fn get_log_reader(&mut self) -> LogReader {
         LogReader {
-            db: Arc::downgrade(&self.db),
+            reader: self.log.reader(),
         }
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.put_meta(VOTE, vote, true)
+        self.meta.vote = Some(*vote);
+        self.save_meta()
             .await
             .map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        read_meta(&self.db, VOTE).map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Read, e))
+        Ok(self.meta.vote)
     }
 
-    /// Not fsynced on its own (a lost `committed` only means less is re-applied at startup, the
-    /// leader re-commits the rest); made durable by the next append or vote, or on close.
+    /// Not synced (a lost `committed` only means less is re-applied at startup, the leader
+    /// re-commits the rest).
     async fn save_committed(
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
-        self.put_meta(COMMITTED, &committed, false)
-            .await
+        self.committed = committed;
+        let bytes = postcard::to_allocvec(&committed)
+            .str()
+            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        self.log
+            .save_committed(bytes)
             .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
-        let c: Option<Option<LogId<NodeId>>> = read_meta(&self.db, COMMITTED)
-            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Read, e))?;
-        Ok(c.flatten())
+        Ok(self.committed)
     }
 
+    /// Returns once the entries are readable; the writer thread syncs them (with whatever else
+    /// queued up meanwhile) and then tells openraft through `callback`.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -411,56 +502,42 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Write, e);
-        let rows = entries
-            .into_iter()
-            .map(|e| postcard::to_allocvec(&e).map(|b| (e.log_id.index, b)))
-            .collect::<Result<Vec<_>, _>>()
-            .str()
-            .map_err(err)?;
-        let db = self.db.clone();
-        blocking(move || {
-            write_txn(&db, true, |tx| {
-                let mut table = tx.open_table(LOG)?;
-                for (index, bytes) in &rows {
-                    table.insert(index, bytes.as_slice())?;
-                }
-                Ok(())
-            })
-        })
-        .await
-        .map_err(err)?;
-        callback.log_io_completed(Ok(()));
-        Ok(())
+        self.submit(
+            entries,
+            Box::new(move |r| callback.log_io_completed(r.map_err(std::io::Error::other))),
+        )
+        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let db = self.db.clone();
-        blocking(move || {
-            write_txn(&db, true, |tx| {
-                Ok(tx
-                    .open_table(LOG)?
-                    .retain_in(log_id.index.., |_, _| false)?)
-            })
-        })
-        .await
-        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Delete, e))
+        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let (done, rx) = completion();
+        self.log.truncate(log_id.index, done).map_err(err)?;
+        completed(rx).await.map_err(err)?;
+        self.last = match log_id.index.checked_sub(1) {
+            Some(prev) => read_entries(
+                &self.log.reader(),
+                (Bound::Included(prev), Bound::Included(prev)),
+            )
+            .map_err(log_read_err)?
+            .pop()
+            .map(|e| e.log_id),
+            None => None,
+        };
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Delete, e);
-        let bytes = postcard::to_allocvec(&log_id).str().map_err(err)?;
-        let db = self.db.clone();
-        blocking(move || {
-            write_txn(&db, true, |tx| {
-                tx.open_table(META)?.insert(PURGED, bytes.as_slice())?;
-                tx.open_table(LOG)?
-                    .retain_in(..=log_id.index, |_, _| false)?;
-                Ok(())
-            })
-        })
-        .await
-        .map_err(err)
+        self.meta.purged = Some(log_id);
+        let meta = postcard::to_allocvec(&self.meta).str().map_err(err)?;
+        let (done, rx) = completion();
+        self.log.purge(log_id.index, meta, done).map_err(err)?;
+        completed(rx).await.map_err(err)?;
+        if self.last.is_some_and(|l| l.index <= log_id.index) {
+            self.last = None;
+        }
+        Ok(())
     }
 }
 
@@ -503,11 +580,11 @@ impl<M> SmState<M> {
     }
 
     /// Whether the snapshot policy of [`RaftOptions::snapshot_every`] calls for one now.
-    fn snapshot_due(&self, every: u64) -> bool {
+    fn snapshot_due(&self, every: u64, floor: u64) -> bool {
         let len = self.snapshot_len.load(Ordering::Relaxed);
         every > 0
             && self.since_entries.load(Ordering::Relaxed) >= every
-            && (len < SMALL_SNAPSHOT || self.since_bytes.load(Ordering::Relaxed) >= len)
+            && (len < SMALL_SNAPSHOT || self.since_bytes.load(Ordering::Relaxed) >= len.max(floor))
     }
 
     fn reset_since(&self, snapshot_len: u64) {
@@ -517,32 +594,33 @@ impl<M> SmState<M> {
     }
 }
 
-/// Encodes `fields` (a postcard value) followed by `bytes` as a postcard byte string: the
-/// encoding of a struct whose last field is `bytes` (with `bin_serde::bytes`), without first
-/// copying `bytes` into that struct.
-fn encode_with_tail<T: Serialize>(fields: &T, bytes: &[u8]) -> Result<Vec<u8>, String> {
-    let head = postcard::to_allocvec(&(fields, bytes.len())).str()?;
-    let mut out = Vec::with_capacity(head.len() + bytes.len());
-    out.extend_from_slice(&head);
-    out.extend_from_slice(bytes);
-    Ok(out)
+/// Appends `head` (a postcard value) with its length in front: `len u32 ‖ postcard`.
+fn put_head<T: Serialize>(out: &mut Vec<u8>, head: &T) -> Result<(), String> {
+    let bytes = postcard::to_allocvec(head).str()?;
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&bytes);
+    Ok(())
 }
 
-/// The snapshot data sent to peers: the machine's state and where it stands in the log.
-#[derive(Serialize, Deserialize)]
-struct SnapshotBody {
-    applied: Option<LogId<NodeId>>,
-    membership: StoredMembership<NodeId, BasicNode>,
-    #[serde(with = "florin_ledger::bin_serde::bytes")]
-    machine: Vec<u8>,
+/// Splits what [`put_head`] wrote (and whatever follows it).
+fn take_head<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<(T, &[u8]), String> {
+    let (len, rest) = b.split_first_chunk::<4>().ok_or("truncated header")?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if rest.len() < len {
+        return Err("truncated header".into());
+    }
+    let (head, rest) = rest.split_at(len);
+    Ok((postcard::from_bytes(head).str()?, rest))
 }
 
-/// `snapshot.bin`: the snapshot's meta and its data (an encoded [`SnapshotBody`]).
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    #[serde(with = "florin_ledger::bin_serde::bytes")]
-    data: Vec<u8>,
+/// Where a snapshot stands in the log: the first part of its data (the snapshot data sent to
+/// peers is `put_head(SnapshotHead) ‖ the machine's bytes`, so the machine writes its state
+/// straight into the buffer, and reads it back in place).
+type SnapshotHead = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
+
+/// The parts of a snapshot's data: its head and the machine's bytes.
+fn split_snapshot(data: &[u8]) -> Result<(SnapshotHead, &[u8]), String> {
+    take_head(data).map_err(|e| format!("snapshot data: {e}"))
 }
 
 /// The state machine store openraft drives; also its snapshot builder.
@@ -563,14 +641,27 @@ impl<M> Clone for SmStore<M> {
     }
 }
 
-fn read_snapshot_file(dir: &Path) -> Result<Option<SnapshotFile>, String> {
-    match std::fs::read(dir.join(SNAPSHOT_FILE)) {
-        Ok(bytes) => postcard::from_bytes(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{SNAPSHOT_FILE}: {e}")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{SNAPSHOT_FILE}: {e}")),
-    }
+/// A snapshot read from disk: its metadata and its data.
+type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Vec<u8>);
+
+/// `snapshot.bin`: `put_head(meta)` then the snapshot's data. Read in two steps so the data
+/// (a whole state) lands in its own buffer without another copy.
+fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, String> {
+    use std::io::Read;
+    let err = |e: &dyn std::fmt::Display| format!("{SNAPSHOT_FILE}: {e}");
+    let mut file = match std::fs::File::open(dir.join(SNAPSHOT_FILE)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(&e)),
+    };
+    let mut len = [0u8; 4];
+    file.read_exact(&mut len).map_err(|e| err(&e))?;
+    let mut head = vec![0u8; u32::from_le_bytes(len) as usize];
+    file.read_exact(&mut head).map_err(|e| err(&e))?;
+    let meta = postcard::from_bytes(&head).map_err(|e| err(&e))?;
+    let mut data = Vec::new();
+    file.read_to_end(&mut data).map_err(|e| err(&e))?;
+    Ok(Some((meta, data)))
 }
 
 impl<M: Machine> SmStore<M> {
@@ -591,10 +682,8 @@ impl<M: Machine> SmStore<M> {
                 e,
             )
         };
-        // The encoding of `SnapshotFile { meta, data }`, written without copying `data`.
-        let head = postcard::to_allocvec(&(meta, data.len()))
-            .str()
-            .map_err(err)?;
+        let mut head = Vec::new();
+        put_head(&mut head, meta).map_err(err)?;
         let dir = self.dir.clone();
         let data = blocking(move || {
             write_atomic(&dir, SNAPSHOT_FILE, &[&head, &data]).str()?;
@@ -611,11 +700,12 @@ impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for SmStore<M> {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let (data, applied, last_membership) = {
             let st = read_lock(&self.state);
-            let machine = st.machine.snapshot();
-            st.reset_since(machine.len() as u64);
-            // The encoding of `SnapshotBody`.
-            let data = encode_with_tail(&(st.applied, &st.membership), &machine)
+            let mut data = Vec::new();
+            put_head(&mut data, &(st.applied, &st.membership))
                 .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, e))?;
+            let start = data.len();
+            st.machine.snapshot_into(&mut data);
+            st.reset_since((data.len() - start) as u64);
             (data, st.applied, st.membership.clone())
         };
         let snapshot_id = format!(
@@ -657,7 +747,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         let mut replies = Vec::new();
         for entry in entries {
             st.applied = Some(entry.log_id);
-            replies.push(Bytes(match entry.payload {
+            replies.push(Bytes::from(match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(cmd) => {
                     st.since_entries.fetch_add(1, Ordering::Relaxed);
@@ -697,14 +787,14 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
             )
         };
         let data = snapshot.into_inner();
-        let body: SnapshotBody = postcard::from_bytes(&data).str().map_err(err)?;
-        if body.applied != meta.last_log_id {
-            return Err(err("snapshot data does not match its meta".into()));
-        }
         {
+            let ((applied, _), machine) = split_snapshot(&data).map_err(err)?;
+            if applied != meta.last_log_id {
+                return Err(err("snapshot data does not match its meta".into()));
+            }
             let mut st = write_lock(&self.state);
-            st.machine.restore(&body.machine).map_err(err)?;
-            st.reset_since(body.machine.len() as u64);
+            st.machine.restore(machine).map_err(err)?;
+            st.reset_since(machine.len() as u64);
             st.applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
         }
@@ -719,9 +809,9 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         let file = blocking(move || read_snapshot_file(&dir))
             .await
             .map_err(|e| sto(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
-        Ok(file.map(|f| Snapshot {
-            meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+        Ok(file.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
 }
@@ -891,31 +981,26 @@ impl<M: Machine> Replica<M> {
         let dir = dir.to_path_buf();
         let (log, file) = {
             let dir = dir.clone();
-            blocking(move || {
-                Ok((
-                    LogStore::open(dir.join("raft.redb"))?,
-                    read_snapshot_file(&dir)?,
-                ))
-            })
-            .await
-            .map_err(RaftError::Storage)?
+            blocking(move || Ok((LogStore::open(&dir)?, read_snapshot_file(&dir)?)))
+                .await
+                .map_err(RaftError::Storage)?
         };
         let mut sm = SmState::new(machine, None, StoredMembership::default(), 0);
         let mut persisted = None;
-        if let Some(file) = file {
-            let body: SnapshotBody = postcard::from_bytes(&file.data)
+        if let Some((meta, data)) = file {
+            let (_, bytes) = split_snapshot(&data)
                 .map_err(|e| RaftError::Storage(format!("{SNAPSHOT_FILE}: {e}")))?;
             machine = sm.machine;
             machine
-                .restore(&body.machine)
+                .restore(bytes)
                 .map_err(|e| RaftError::Storage(format!("restore: {e}")))?;
             sm = SmState::new(
                 machine,
-                file.meta.last_log_id,
-                file.meta.last_membership,
-                body.machine.len() as u64,
+                meta.last_log_id,
+                meta.last_membership,
+                bytes.len() as u64,
             );
-            persisted = file.meta.last_log_id;
+            persisted = meta.last_log_id;
         }
         let state = Arc::new(RwLock::new(sm));
         let store = SmStore {
@@ -933,14 +1018,14 @@ impl<M: Machine> Replica<M> {
             .map_err(|e| RaftError::Fatal(e.to_string()))?;
         let watcher = (opts.snapshot_every > 0).then(|| {
             let (raft, state) = (raft.clone(), Arc::downgrade(&state));
-            let every = opts.snapshot_every;
+            let (every, floor) = (opts.snapshot_every, opts.snapshot_log_bytes);
             // A few atomic loads per tick: cheap enough to check often.
             let tick = Duration::from_millis(20);
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(tick).await;
                     let Some(state) = state.upgrade() else { break };
-                    let due = read_lock(&state).snapshot_due(every);
+                    let due = read_lock(&state).snapshot_due(every, floor);
                     drop(state);
                     if due && raft.trigger().snapshot().await.is_err() {
                         break;
@@ -995,8 +1080,8 @@ impl<M: Machine> Replica<M> {
     /// Replicates a command and returns the machine's reply once it is committed and applied on
     /// this replica, which must be the leader ([`RaftError::NotLeader`] otherwise).
     pub async fn write(&self, cmd: Vec<u8>) -> Result<Vec<u8>, RaftError> {
-        match self.raft.client_write(Bytes(cmd)).await {
-            Ok(resp) => Ok(resp.data.0),
+        match self.raft.client_write(Bytes::from(cmd)).await {
+            Ok(resp) => Ok(Vec::from(resp.data.0)),
             Err(OrRaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(self.not_leader(f))
             }
@@ -1149,5 +1234,191 @@ impl<M: Machine> Replica<M> {
             .shutdown()
             .await
             .map_err(|e| RaftError::Fatal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use openraft::testing::{StoreBuilder, Suite};
+
+    /// A machine that records the commands it applied.
+    #[derive(Default)]
+    struct Recorder(Vec<Vec<u8>>);
+
+    impl Machine for Recorder {
+        fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+            self.0.push(cmd.to_vec());
+            cmd.to_vec()
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            postcard::to_allocvec(&self.0).unwrap()
+        }
+        fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+            self.0 = postcard::from_bytes(snapshot).map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    }
+
+    struct OnDisk;
+
+    impl StoreBuilder<TypeConfig, LogStore, SmStore<Recorder>, tempfile::TempDir> for OnDisk {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, SmStore<Recorder>), StorageError<NodeId>>
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let log = LogStore::open(dir.path()).unwrap();
+            let sm = SmStore {
+                state: Arc::new(RwLock::new(SmState::new(
+                    Recorder::default(),
+                    None,
+                    StoredMembership::default(),
+                    0,
+                ))),
+                dir: dir.path().to_path_buf(),
+                persisted: Arc::new(tokio::sync::Mutex::new(None)),
+            };
+            Ok((dir, log, sm))
+        }
+    }
+
+    type S = Suite<TypeConfig, LogStore, SmStore<Recorder>, OnDisk, tempfile::TempDir>;
+
+    /// Runs one test of openraft's suite on a fresh store.
+    fn run<F, Fu>(name: &str, test: F)
+    where
+        F: FnOnce(LogStore, SmStore<Recorder>) -> Fu,
+        Fu: Future<Output = Result<(), StorageError<NodeId>>>,
+    {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let (_dir, log, sm) = OnDisk.build().await.unwrap();
+            if let Err(e) = test(log, sm).await {
+                panic!("{name}: {e}");
+            }
+        });
+    }
+
+    /// openraft's own conformance suite for log stores and state machines, test by test.
+    /// Left out: `get_initial_state_membership_from_log_and_sm`, which appends entry 3 after
+    /// entry 1 — a hole, which openraft's contract forbids and this store refuses
+    /// (`append_with_a_hole_is_refused` below).
+    #[test]
+    fn openraft_storage_suite() {
+        macro_rules! suite {
+            ($($t:ident),* $(,)?) => { $( run(stringify!($t), S::$t); )* };
+        }
+        suite!(
+            last_membership_in_log_initial,
+            last_membership_in_log,
+            last_membership_in_log_multi_step,
+            get_membership_initial,
+            get_membership_from_log_and_empty_sm,
+            get_membership_from_empty_log_and_sm,
+            get_membership_from_log_le_sm_last_applied,
+            get_membership_from_log_gt_sm_last_applied_1,
+            get_membership_from_log_gt_sm_last_applied_2,
+            get_initial_state_without_init,
+            get_initial_state_with_state,
+            get_initial_state_last_log_gt_sm,
+            get_initial_state_last_log_lt_sm,
+            get_initial_state_log_ids,
+            get_initial_state_re_apply_committed,
+            save_vote,
+            get_log_entries,
+            limited_get_log_entries,
+            try_get_log_entry,
+            initial_logs,
+            get_log_state,
+            get_log_id,
+            last_id_in_log,
+            last_applied_state,
+            purge_logs_upto_0,
+            purge_logs_upto_5,
+            purge_logs_upto_20,
+            delete_logs_since_11,
+            delete_logs_since_0,
+            append_to_log,
+            snapshot_meta,
+            apply_single,
+            apply_multiple,
+        );
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(S::transfer_snapshot(&OnDisk)).unwrap();
+    }
+
+    #[test]
+    fn append_with_a_hole_is_refused() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let (_dir, mut log, _) = OnDisk.build().await.unwrap();
+            let e = |index| Entry::<TypeConfig> {
+                log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+                payload: EntryPayload::Blank,
+            };
+            let (done, rx) = completion();
+            log.submit([e(1)], done).unwrap();
+            completed(rx).await.unwrap();
+            let Err(err) = log.submit([e(3)], Box::new(|_| {})) else {
+                panic!("a hole must be refused");
+            };
+            assert!(err.contains("does not follow"), "{err}");
+            assert_eq!(log.try_get_log_entries(0..).await.unwrap().len(), 1);
+        });
+    }
+
+    /// What the log store reports survives closing and reopening it, including after a
+    /// truncation and a purge.
+    #[test]
+    fn log_store_reopens_where_it_left_off() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let id = |term, index| LogId::new(openraft::CommittedLeaderId::new(term, 1), index);
+            let entry = |term, index: u64| Entry::<TypeConfig> {
+                log_id: id(term, index),
+                payload: EntryPayload::Normal(Bytes::from(index.to_le_bytes().to_vec())),
+            };
+            {
+                let mut log = LogStore::open(dir.path()).unwrap();
+                let (done, rx) = completion();
+                log.submit((1..=20).map(|i| entry(1, i)), done).unwrap();
+                completed(rx).await.unwrap();
+                log.save_vote(&Vote::new(2, 1)).await.unwrap();
+                log.truncate(id(1, 15)).await.unwrap();
+                log.purge(id(1, 5)).await.unwrap();
+                log.save_committed(Some(id(1, 12))).await.unwrap();
+                let st = log.get_log_state().await.unwrap();
+                assert_eq!(st.last_log_id, Some(id(1, 14)));
+                assert_eq!(st.last_purged_log_id, Some(id(1, 5)));
+            }
+            let mut log = LogStore::open(dir.path()).unwrap();
+            let st = log.get_log_state().await.unwrap();
+            assert_eq!(st.last_log_id, Some(id(1, 14)));
+            assert_eq!(st.last_purged_log_id, Some(id(1, 5)));
+            assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(2, 1)));
+            assert_eq!(log.read_committed().await.unwrap(), Some(id(1, 12)));
+            let got = log.try_get_log_entries(1..6).await.unwrap();
+            assert!(got.is_empty(), "purged entries are not served");
+            let got = log.try_get_log_entries(1..100).await.unwrap();
+            assert_eq!(
+                got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+                (6..=14).collect::<Vec<_>>()
+            );
+            assert_eq!(got[0].payload, entry(1, 6).payload);
+        });
+    }
+
+    /// A replica directory from the redb era is refused with a clear message.
+    #[test]
+    fn an_old_redb_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("raft.redb"), b"old").unwrap();
+        let Err(e) = LogStore::open(dir.path()) else {
+            panic!("a redb-era directory must be refused");
+        };
+        assert!(e.contains("older Florin"), "{e}");
     }
 }

@@ -69,6 +69,7 @@ fn opts() -> RaftOptions {
         election_max_ms: 600,
         snapshot_every: 1000,
         keep_logs: 500,
+        ..RaftOptions::default()
     }
 }
 

@@ -30,6 +30,7 @@ fn fast_raft() -> RaftOptions {
         election_max_ms: 600,
         snapshot_every: 50,
         keep_logs: 20,
+        ..RaftOptions::default()
     }
 }
 

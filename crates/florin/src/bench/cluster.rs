@@ -101,6 +101,7 @@ fn raft() -> RaftOptions {
         election_max_ms: 1000,
         snapshot_every: 200,
         keep_logs: 100,
+        ..RaftOptions::default()
     }
 }
 

@@ -1,0 +1,1176 @@
+//! The Raft log on disk: append-only segment files, written by one writer thread.
+//!
+//! Why not an embedded database: a Raft log is written at its end, cut at its end (a follower's
+//! conflicting suffix) and dropped at its start (compaction). A B-tree store pays for
+//! generality it does not need: with redb the cluster spent a fifth of its CPU laying large
+//! entries out in pages, zeroing pages and copying them to the file. Here an entry costs one
+//! copy into the file's page cache and a share of one `fdatasync`.
+//!
+//! Layout of the directory:
+//! - `seg-<first index>.log`: records `len u32 ‖ crc32 u32 ‖ index u64 ‖ payload` (little
+//!   endian; the CRC covers index and payload), consecutive indexes; a new segment starts once
+//!   the current one passes [`Limits::segment_bytes`], or when the log restarts after everything in it
+//!   was purged;
+//! - `meta.bin`: the caller's durable metadata (vote and purge point), written atomically;
+//! - `committed.bin`: the caller's commit point, overwritten in place and never synced (losing
+//!   it only means re-learning it from the leader); a torn copy fails its CRC and reads as none;
+//! - `LOCK`: held while the log is open, so two processes never write one log.
+//!
+//! Writes go through a writer thread in submission order. Appends that queue up while a sync
+//! is running are written together and synced once (group commit), and each append's callback
+//! runs once its records are synced. An entry is readable from the moment its append is
+//! submitted: the in-memory cache holds every entry that is not yet synced, and entries leave
+//! the cache (oldest first, above a byte budget) only once they are on disk.
+//!
+//! Recovery reads every segment, cuts a torn record at the end of the last one (a crash in the
+//! middle of an append), drops what the caller has purged, and refuses a log with a hole or a
+//! damaged record anywhere else.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Sizes of a [`SegLog`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// A segment is closed, and the next append starts a new one, once it reaches this size.
+    pub segment_bytes: u64,
+    /// Bytes of entries kept in memory once they are on disk (the newest).
+    pub cache_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            segment_bytes: 64 << 20,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+/// Largest record payload accepted when reading.
+const MAX_RECORD: usize = 1 << 30;
+/// Bytes of a record before its payload.
+pub(crate) const HEADER: usize = 16;
+const META: &str = "meta.bin";
+const COMMITTED: &str = "committed.bin";
+const LOCK: &str = "LOCK";
+
+/// What an append's caller is told once its records are synced (or failed).
+pub(crate) type Done = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+fn seg_name(first: u64) -> String {
+    format!("seg-{first:020}.log")
+}
+
+fn first_of(name: &str) -> Option<u64> {
+    name.strip_prefix("seg-")?
+        .strip_suffix(".log")?
+        .parse()
+        .ok()
+}
+
+fn crc(index: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&index.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Appends one framed record (`index`, `payload`) to `buf`.
+#[cfg(test)]
+fn frame(buf: &mut Vec<u8>, index: u64, payload: &[u8]) {
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&crc(index, payload).to_le_bytes());
+    buf.extend_from_slice(&index.to_le_bytes());
+    buf.extend_from_slice(payload);
+}
+
+/// Frames a record whose payload `encode` appends to `buf` (no intermediate copy).
+pub(crate) fn frame_with<E>(
+    buf: &mut Vec<u8>,
+    index: u64,
+    encode: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+) -> Result<(), E> {
+    let start = buf.len();
+    buf.extend_from_slice(&[0u8; HEADER]);
+    encode(buf)?;
+    let len = (buf.len() - start - HEADER) as u32;
+    let sum = crc(index, &buf[start + HEADER..]);
+    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&sum.to_le_bytes());
+    buf[start + 8..start + 16].copy_from_slice(&index.to_le_bytes());
+    Ok(())
+}
+
+/// Where an entry lies: its segment (by first index), the record's offset and payload length.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    seg: u64,
+    offset: u64,
+    len: u32,
+}
+
+/// An entry as [`SegLog::read`] finds it.
+pub(crate) enum Got<T> {
+    /// Still in memory.
+    Cached(T),
+    /// Read back from disk: the payload to decode.
+    Disk(Vec<u8>),
+}
+
+struct Shared<T> {
+    /// Where every entry from `first` on lies on disk (set once written, before it is synced).
+    locs: VecDeque<Loc>,
+    first: u64,
+    /// Entries in memory with their sizes: every entry not yet synced, and recent ones.
+    cache: BTreeMap<u64, (T, usize)>,
+    cache_bytes: usize,
+    /// The index the next append must have (`None`: the log is empty, any index).
+    next: Option<u64>,
+    /// Read handles of the segments, by first index.
+    files: BTreeMap<u64, Arc<File>>,
+    /// The first write failure: from then on the log refuses to append.
+    failed: Option<String>,
+}
+
+impl<T> Shared<T> {
+    fn loc(&self, index: u64) -> Option<Loc> {
+        let k = index.checked_sub(self.first)?;
+        self.locs.get(usize::try_from(k).ok()?).copied()
+    }
+}
+
+/// The read side of a [`SegLog`]; cheap to clone, usable after the log is closed.
+pub(crate) struct Reader<T> {
+    shared: Arc<Mutex<Shared<T>>>,
+}
+
+impl<T> Clone for Reader<T> {
+    fn clone(&self) -> Self {
+        Reader {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<T: Clone> Reader<T> {
+    /// The entries of `start..end` that the log holds, in order (the log has no holes, so they
+    /// are consecutive; the range may begin before its first entry or end after its last).
+    pub(crate) fn read(&self, start: u64, end: u64) -> Result<Vec<Got<T>>, String> {
+        let sh = lock(&self.shared);
+        let on_disk = (!sh.locs.is_empty()).then_some(sh.first);
+        let in_memory = sh.cache.first_key_value().map(|(i, _)| *i);
+        let first = match (on_disk, in_memory) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(f) => f,
+                None => return Ok(Vec::new()),
+            },
+        };
+        let mut out = Vec::new();
+        for index in start.max(first)..end {
+            if let Some((t, _)) = sh.cache.get(&index) {
+                out.push(Got::Cached(t.clone()));
+                continue;
+            }
+            let Some(loc) = sh.loc(index) else { break };
+            let file = sh
+                .files
+                .get(&loc.seg)
+                .ok_or_else(|| format!("raft log: segment {} is missing", seg_name(loc.seg)))?;
+            let mut rec = vec![0u8; HEADER + loc.len as usize];
+            file.read_exact_at(&mut rec, loc.offset)
+                .map_err(|e| format!("raft log {}: {e}", seg_name(loc.seg)))?;
+            let payload = rec.split_off(HEADER);
+            let ok = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) == loc.len
+                && u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]) == crc(index, &payload)
+                && rec[8..16] == index.to_le_bytes();
+            if !ok {
+                return Err(format!(
+                    "raft log {}: entry {index} is damaged",
+                    seg_name(loc.seg)
+                ));
+            }
+            out.push(Got::Disk(payload));
+        }
+        Ok(out)
+    }
+}
+
+enum Job {
+    Append {
+        buf: Vec<u8>,
+        /// (index, payload length) of each record in `buf`.
+        records: Vec<(u64, u32)>,
+        done: Done,
+    },
+    Truncate {
+        from: u64,
+        done: Done,
+    },
+    Purge {
+        upto: u64,
+        meta: Vec<u8>,
+        done: Done,
+    },
+    Meta {
+        meta: Vec<u8>,
+        done: Done,
+    },
+    Committed(Vec<u8>),
+}
+
+/// What [`SegLog::open`] found on disk.
+pub(crate) struct Recovered {
+    /// The caller's metadata, as last written.
+    pub meta: Option<Vec<u8>>,
+    /// The caller's commit point, if a valid copy was found.
+    pub committed: Option<Vec<u8>>,
+    /// The last entry's index and payload, if the log holds any.
+    pub last: Option<(u64, Vec<u8>)>,
+    /// Bytes cut from a torn record at the end of the log.
+    pub torn_bytes: u64,
+}
+
+/// A durable, append-only log of opaque records with one writer thread. `T` is the caller's
+/// in-memory form of an entry, kept in the cache.
+pub(crate) struct SegLog<T> {
+    reader: Reader<T>,
+    jobs: Option<mpsc::Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+}
+
+impl<T> Drop for SegLog<T> {
+    fn drop(&mut self) {
+        // Close the queue, then wait for the writer to finish what was submitted (so a reopen
+        // never races a writer still running).
+        self.jobs = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// What [`scan`] found in one segment file.
+struct Scan {
+    /// Index and location of each valid record, in order.
+    recs: Vec<(u64, Loc)>,
+    /// Where the valid records end: everything after is torn or damaged.
+    end: u64,
+    /// The file's length.
+    file_len: u64,
+    /// The last valid record's payload (empty if none).
+    last_payload: Vec<u8>,
+}
+
+/// Scans one segment file for its valid records.
+fn scan(path: &Path, first: u64) -> io::Result<Scan> {
+    let mut bytes = Vec::new();
+    File::open(path)?.read_to_end(&mut bytes)?;
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let mut last_payload = Vec::new();
+    while pos + HEADER <= bytes.len() {
+        let h = &bytes[pos..pos + HEADER];
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let sum = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+        let mut ix = [0u8; 8];
+        ix.copy_from_slice(&h[8..16]);
+        let index = u64::from_le_bytes(ix);
+        if len > MAX_RECORD || pos + HEADER + len > bytes.len() {
+            break;
+        }
+        let payload = &bytes[pos + HEADER..pos + HEADER + len];
+        let expected = out.last().map_or(first, |(i, _): &(u64, Loc)| i + 1);
+        if crc(index, payload) != sum || index != expected {
+            break;
+        }
+        out.push((
+            index,
+            Loc {
+                seg: first,
+                offset: pos as u64,
+                len: len as u32,
+            },
+        ));
+        last_payload = payload.to_vec();
+        pos += HEADER + len;
+    }
+    Ok(Scan {
+        recs: out,
+        end: pos as u64,
+        file_len: bytes.len() as u64,
+        last_payload,
+    })
+}
+
+/// The body of a `len ‖ crc32 ‖ body` file, if it is whole.
+fn unframe(bytes: &[u8]) -> Option<Vec<u8>> {
+    if bytes.len() < 8 {
+        return None;
+    }
+    let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+    let sum = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let body = bytes.get(8..8 + len)?;
+    (crc32fast::hash(body) == sum).then(|| body.to_vec())
+}
+
+fn checked(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + body.len());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// Takes the directory's lock, waiting briefly for a log closed a moment ago.
+fn take_lock(dir: &Path) -> Result<File, String> {
+    let path = dir.join(LOCK);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    for _ in 0..40 {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(50)),
+            Err(TryLockError::Error(e)) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(format!(
+        "{}: the raft log is in use by another replica",
+        dir.display()
+    ))
+}
+
+impl<T: Clone + Send + 'static> SegLog<T> {
+    /// Opens (or creates) the log in `dir`. `purged_of` reads the purge point (the last index
+    /// dropped from the log's start) from the caller's metadata: entries up to it are ignored.
+    pub(crate) fn open(
+        dir: &Path,
+        limits: Limits,
+        purged_of: impl FnOnce(Option<&[u8]>) -> Result<Option<u64>, String>,
+    ) -> Result<(SegLog<T>, Recovered), String> {
+        let err = |e: io::Error| format!("{}: {e}", dir.display());
+        fs::create_dir_all(dir).map_err(err)?;
+        let lock_file = take_lock(dir)?;
+        let meta = match fs::read(dir.join(META)) {
+            Ok(b) => {
+                Some(unframe(&b).ok_or_else(|| format!("{}: {META} is damaged", dir.display()))?)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(err(e)),
+        };
+        let purged = purged_of(meta.as_deref())?;
+        let committed = fs::read(dir.join(COMMITTED)).ok().and_then(|b| unframe(&b));
+
+        let mut firsts: Vec<u64> = fs::read_dir(dir)
+            .map_err(err)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| first_of(&e.file_name().to_string_lossy()))
+            .collect();
+        firsts.sort_unstable();
+        let mut all: Vec<(u64, Loc)> = Vec::new();
+        let mut files = BTreeMap::new();
+        let mut torn_bytes = 0;
+        let mut last = None;
+        let mut active = None;
+        for (k, &first) in firsts.iter().enumerate() {
+            let path = dir.join(seg_name(first));
+            let Scan {
+                recs,
+                end,
+                file_len,
+                last_payload,
+            } = scan(&path, first).map_err(err)?;
+            let is_last = k + 1 == firsts.len();
+            if end < file_len {
+                if !is_last {
+                    return Err(format!(
+                        "raft log {} is damaged at byte {end} (not at the log's end)",
+                        path.display()
+                    ));
+                }
+                // A torn append: the process died before it was synced and acknowledged.
+                let f = OpenOptions::new().write(true).open(&path).map_err(err)?;
+                f.set_len(end).map_err(err)?;
+                f.sync_all().map_err(err)?;
+                torn_bytes = file_len - end;
+            }
+            if recs.is_empty() {
+                if is_last {
+                    // Created just before a crash, before its first record was synced.
+                    fs::remove_file(&path).map_err(err)?;
+                    sync_dir(dir).map_err(err)?;
+                    continue;
+                }
+                return Err(format!("raft log {} is empty", path.display()));
+            }
+            if let Some((i, _)) = recs.last() {
+                last = Some((*i, last_payload));
+            }
+            files.insert(first, Arc::new(File::open(&path).map_err(err)?));
+            if is_last {
+                active = Some((first, end, recs.last().map_or(first, |(i, _)| i + 1)));
+            }
+            all.extend(recs);
+        }
+        all.retain(|(i, _)| purged.is_none_or(|p| *i > p));
+        if let Some(w) = all.windows(2).find(|w| w[1].0 != w[0].0 + 1) {
+            return Err(format!(
+                "raft log in {} has a hole after entry {}",
+                dir.display(),
+                w[0].0
+            ));
+        }
+        if let (Some(p), Some((i, _))) = (purged, all.first()) {
+            if *i != p + 1 {
+                return Err(format!(
+                    "raft log in {} starts at entry {i}, after the purge point {p}",
+                    dir.display()
+                ));
+            }
+        }
+        let last = last.filter(|(i, _)| purged.is_none_or(|p| *i > p));
+        let shared = Shared {
+            first: all.first().map_or(0, |(i, _)| *i),
+            next: last.as_ref().map(|(i, _)| i + 1),
+            locs: all.into_iter().map(|(_, l)| l).collect(),
+            cache: BTreeMap::new(),
+            cache_bytes: 0,
+            files,
+            failed: None,
+        };
+        let shared = Arc::new(Mutex::new(shared));
+        let active = match active {
+            Some((first, len, next)) => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(dir.join(seg_name(first)))
+                    .map_err(err)?;
+                Some(Active {
+                    first,
+                    file,
+                    len,
+                    next,
+                })
+            }
+            None => None,
+        };
+        let committed_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(COMMITTED))
+            .map_err(err)?;
+        let (tx, rx) = mpsc::channel();
+        let mut writer = Writer {
+            dir: dir.to_path_buf(),
+            limits,
+            shared: shared.clone(),
+            active,
+            committed: committed_file,
+            _lock: lock_file,
+        };
+        let handle = std::thread::Builder::new()
+            .name("raft-log".into())
+            .spawn(move || writer.run(rx))
+            .map_err(err)?;
+        Ok((
+            SegLog {
+                reader: Reader { shared },
+                jobs: Some(tx),
+                writer: Some(handle),
+            },
+            Recovered {
+                meta,
+                committed,
+                last,
+                torn_bytes,
+            },
+        ))
+    }
+
+    /// A read handle.
+    pub(crate) fn reader(&self) -> Reader<T> {
+        self.reader.clone()
+    }
+
+    fn submit(&self, job: Job) -> Result<(), String> {
+        self.jobs
+            .as_ref()
+            .ok_or("raft log closed")?
+            .send(job)
+            .map_err(|_| "raft log writer stopped".to_string())
+    }
+
+    /// Appends entries: `(index, in-memory form, payload)`, consecutive and following the last
+    /// one. They are readable when this returns; `done` runs once they are synced.
+    #[cfg(test)]
+    pub(crate) fn append(&self, entries: Vec<(u64, T, Vec<u8>)>, done: Done) -> Result<(), String> {
+        let mut buf = Vec::new();
+        let records = entries
+            .into_iter()
+            .map(|(index, item, payload)| {
+                frame(&mut buf, index, &payload);
+                (index, item, payload.len() as u32)
+            })
+            .collect();
+        self.append_framed(buf, records, done)
+    }
+
+    /// Appends records framed with [`frame_with`] into `buf`; `records` gives each one's index,
+    /// in-memory form and payload length. The indexes must be consecutive and follow the log's
+    /// last. The entries are readable when this returns; `done` runs once they are synced.
+    pub(crate) fn append_framed(
+        &self,
+        buf: Vec<u8>,
+        records: Vec<(u64, T, u32)>,
+        done: Done,
+    ) -> Result<(), String> {
+        let Some(first) = records.first().map(|e| e.0) else {
+            done(Ok(()));
+            return Ok(());
+        };
+        let mut lens = Vec::with_capacity(records.len());
+        {
+            let mut sh = lock(&self.reader.shared);
+            if let Some(f) = &sh.failed {
+                return Err(f.clone());
+            }
+            if sh.next.is_some_and(|n| n != first)
+                || records.windows(2).any(|w| w[1].0 != w[0].0 + 1)
+            {
+                return Err(format!(
+                    "raft log: append of entry {first} does not follow entry {:?}",
+                    sh.next.map(|n| n.wrapping_sub(1))
+                ));
+            }
+            for (index, item, len) in records {
+                lens.push((index, len));
+                sh.cache_bytes += len as usize;
+                sh.cache.insert(index, (item, len as usize));
+                sh.next = Some(index + 1);
+            }
+        }
+        self.submit(Job::Append {
+            buf,
+            records: lens,
+            done,
+        })
+    }
+
+    /// Removes every entry from `from` on; `done` runs once that is durable. The removed
+    /// entries are unreadable from the moment this returns.
+    pub(crate) fn truncate(&self, from: u64, done: Done) -> Result<(), String> {
+        {
+            let mut sh = lock(&self.reader.shared);
+            let gone: Vec<u64> = sh.cache.range(from..).map(|(i, _)| *i).collect();
+            for i in gone {
+                if let Some((_, n)) = sh.cache.remove(&i) {
+                    sh.cache_bytes -= n;
+                }
+            }
+            let keep = from.saturating_sub(sh.first) as usize;
+            sh.locs.truncate(keep);
+            // The log still holds an entry before `from` (on disk or queued): appends go on at
+            // `from`; otherwise it is empty.
+            let holds = !sh.locs.is_empty() || sh.cache.range(..from).next().is_some();
+            sh.next = holds.then_some(from);
+        }
+        self.submit(Job::Truncate { from, done })
+    }
+
+    /// Drops every entry up to `upto` after writing `meta` (which must record the purge point)
+    /// durably; `done` runs once the metadata is durable.
+    pub(crate) fn purge(&self, upto: u64, meta: Vec<u8>, done: Done) -> Result<(), String> {
+        {
+            let mut sh = lock(&self.reader.shared);
+            let gone: Vec<u64> = sh.cache.range(..=upto).map(|(i, _)| *i).collect();
+            for i in gone {
+                if let Some((_, n)) = sh.cache.remove(&i) {
+                    sh.cache_bytes -= n;
+                }
+            }
+            while sh.first <= upto && !sh.locs.is_empty() {
+                sh.locs.pop_front();
+                sh.first += 1;
+            }
+            if sh.next.is_none_or(|n| n <= upto + 1) {
+                // Everything is purged: the next append may start anywhere after it.
+                sh.next = None;
+                sh.first = upto + 1;
+            }
+        }
+        self.submit(Job::Purge { upto, meta, done })
+    }
+
+    /// Writes the caller's metadata durably; `done` runs once it is.
+    pub(crate) fn save_meta(&self, meta: Vec<u8>, done: Done) -> Result<(), String> {
+        self.submit(Job::Meta { meta, done })
+    }
+
+    /// Writes the caller's commit point, without syncing.
+    pub(crate) fn save_committed(&self, bytes: Vec<u8>) -> Result<(), String> {
+        self.submit(Job::Committed(bytes))
+    }
+}
+
+/// The segment being appended to.
+struct Active {
+    first: u64,
+    file: File,
+    len: u64,
+    next: u64,
+}
+
+struct Writer<T> {
+    dir: PathBuf,
+    limits: Limits,
+    shared: Arc<Mutex<Shared<T>>>,
+    active: Option<Active>,
+    committed: File,
+    _lock: File,
+}
+
+impl<T> Writer<T> {
+    fn run(&mut self, jobs: mpsc::Receiver<Job>) {
+        while let Ok(job) = jobs.recv() {
+            // Everything queued behind it goes in the same round: consecutive appends share
+            // one sync.
+            let mut round = vec![job];
+            round.extend(jobs.try_iter());
+            let mut unsynced: Vec<Done> = Vec::new();
+            let mut synced_to = None;
+            for job in round {
+                match job {
+                    Job::Append { buf, records, done } => match self.write(&buf, &records) {
+                        Ok(()) => {
+                            unsynced.push(done);
+                            synced_to = records.last().map(|r| r.0).or(synced_to);
+                        }
+                        Err(e) => {
+                            self.fail(&e);
+                            done(Err(e));
+                        }
+                    },
+                    other => {
+                        self.sync(&mut unsynced, synced_to.take());
+                        self.other(other);
+                    }
+                }
+            }
+            self.sync(&mut unsynced, synced_to);
+        }
+        // The queue is closed: everything submitted has been written and synced.
+    }
+
+    fn fail(&self, e: &str) {
+        let mut sh = lock(&self.shared);
+        if sh.failed.is_none() {
+            sh.failed = Some(e.to_string());
+        }
+    }
+
+    /// Syncs the active segment and tells the appends waiting for it.
+    fn sync(&mut self, unsynced: &mut Vec<Done>, synced_to: Option<u64>) {
+        if unsynced.is_empty() {
+            return;
+        }
+        let r = match &self.active {
+            Some(a) => a.file.sync_data().map_err(|e| self.io(a.first, e)),
+            None => Ok(()),
+        };
+        if let Err(e) = &r {
+            self.fail(e);
+        } else if let Some(to) = synced_to {
+            self.evict(to);
+        }
+        for done in unsynced.drain(..) {
+            done(r.clone());
+        }
+    }
+
+    /// Drops cached entries that are on disk, oldest first, while the cache is over budget.
+    fn evict(&self, synced_to: u64) {
+        let mut sh = lock(&self.shared);
+        while sh.cache_bytes > self.limits.cache_bytes {
+            let Some((&i, _)) = sh.cache.first_key_value() else {
+                break;
+            };
+            if i > synced_to {
+                break;
+            }
+            if let Some((_, n)) = sh.cache.remove(&i) {
+                sh.cache_bytes -= n;
+            }
+        }
+    }
+
+    fn io(&self, seg: u64, e: io::Error) -> String {
+        format!("raft log {}: {e}", self.dir.join(seg_name(seg)).display())
+    }
+
+    /// Starts a new segment whose first entry is `first`; the current one is synced first
+    /// (its appends are still waiting for their sync).
+    fn roll(&mut self, first: u64) -> Result<(), String> {
+        if let Some(a) = &self.active {
+            a.file.sync_data().map_err(|e| self.io(a.first, e))?;
+        }
+        let path = self.dir.join(seg_name(first));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| self.io(first, e))?;
+        sync_dir(&self.dir).map_err(|e| self.io(first, e))?;
+        let read = File::open(&path).map_err(|e| self.io(first, e))?;
+        lock(&self.shared).files.insert(first, Arc::new(read));
+        self.active = Some(Active {
+            first,
+            file,
+            len: 0,
+            next: first,
+        });
+        Ok(())
+    }
+
+    fn write(&mut self, buf: &[u8], records: &[(u64, u32)]) -> Result<(), String> {
+        let Some(&(first, _)) = records.first() else {
+            return Ok(());
+        };
+        let roll = match &self.active {
+            Some(a) => a.next != first || a.len >= self.limits.segment_bytes,
+            None => true,
+        };
+        if roll {
+            self.roll(first)?;
+        }
+        let Some(a) = self.active.as_mut() else {
+            return Err("raft log: no active segment".into());
+        };
+        let (seg, start) = (a.first, a.len);
+        if let Err(e) = a.file.write_all_at(buf, start) {
+            return Err(format!(
+                "raft log {}: {e}",
+                self.dir.join(seg_name(seg)).display()
+            ));
+        }
+        a.len += buf.len() as u64;
+        a.next = records.last().map_or(a.next, |r| r.0 + 1);
+        let mut sh = lock(&self.shared);
+        let mut offset = start;
+        for &(index, len) in records {
+            if sh.locs.is_empty() {
+                sh.first = index;
+            }
+            // Only if the entry is still wanted (a truncate may already have cut it).
+            if sh.first + sh.locs.len() as u64 == index && sh.next.is_some_and(|n| index < n) {
+                sh.locs.push_back(Loc { seg, offset, len });
+            }
+            offset += HEADER as u64 + len as u64;
+        }
+        Ok(())
+    }
+
+    fn other(&mut self, job: Job) {
+        match job {
+            Job::Append { .. } => {}
+            Job::Truncate { from, done } => {
+                let r = self.truncate(from);
+                if let Err(e) = &r {
+                    self.fail(e);
+                }
+                done(r);
+            }
+            Job::Purge { upto, meta, done } => {
+                let r = self.write_meta(&meta).and_then(|()| self.purge(upto));
+                done(r);
+            }
+            Job::Meta { meta, done } => done(self.write_meta(&meta)),
+            Job::Committed(bytes) => {
+                let body = checked(&bytes);
+                // Best effort: never synced, checked on reading.
+                let _ = self.committed.write_all_at(&body, 0);
+            }
+        }
+    }
+
+    fn write_meta(&self, meta: &[u8]) -> Result<(), String> {
+        let err = |e: io::Error| format!("{}: {e}", self.dir.join(META).display());
+        let tmp = self.dir.join(format!("{META}.tmp"));
+        let mut f = File::create(&tmp).map_err(err)?;
+        f.write_all(&checked(meta)).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        fs::rename(&tmp, self.dir.join(META)).map_err(err)?;
+        sync_dir(&self.dir).map_err(err)
+    }
+
+    /// Cuts the log before `from`: later segments are deleted newest first (a crash half way
+    /// leaves a shorter log, never a hole), then the segment holding `from` is cut.
+    fn truncate(&mut self, from: u64) -> Result<(), String> {
+        let mut sh = lock(&self.shared);
+        let firsts: Vec<u64> = sh.files.keys().copied().collect();
+        let mut deleted = false;
+        for &first in firsts.iter().rev() {
+            if first < from {
+                break;
+            }
+            sh.files.remove(&first);
+            if self.active.as_ref().is_some_and(|a| a.first == first) {
+                self.active = None;
+            }
+            fs::remove_file(self.dir.join(seg_name(first))).map_err(|e| self.io(first, e))?;
+            deleted = true;
+        }
+        if deleted {
+            sync_dir(&self.dir).map_err(|e| self.io(from, e))?;
+        }
+        // The segment that holds `from`, if any: cut it at that record.
+        let Some((&first, _)) = sh.files.range(..from).next_back() else {
+            return Ok(());
+        };
+        let path = self.dir.join(seg_name(first));
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| self.io(first, e))?;
+        let len = file.metadata().map_err(|e| self.io(first, e))?.len();
+        // Where `from` starts: scan the segment's records (truncation is rare).
+        let Scan { recs, end, .. } = scan(&path, first).map_err(|e| self.io(first, e))?;
+        let cut = recs
+            .iter()
+            .find(|(i, _)| *i >= from)
+            .map_or(end, |(_, l)| l.offset);
+        if cut < len {
+            file.set_len(cut).map_err(|e| self.io(first, e))?;
+            file.sync_all().map_err(|e| self.io(first, e))?;
+        }
+        let next = recs
+            .iter()
+            .take_while(|(i, _)| *i < from)
+            .last()
+            .map_or(first, |(i, _)| i + 1);
+        self.active = Some(Active {
+            first,
+            file,
+            len: cut,
+            next,
+        });
+        Ok(())
+    }
+
+    /// Deletes the segments whose every entry is at most `upto` (the purge point is durable).
+    fn purge(&mut self, upto: u64) -> Result<(), String> {
+        let mut sh = lock(&self.shared);
+        let firsts: Vec<u64> = sh.files.keys().copied().collect();
+        for (k, &first) in firsts.iter().enumerate() {
+            // A segment ends where the next begins; the active one at its next index.
+            let end = match firsts.get(k + 1) {
+                Some(next) => *next,
+                None => match &self.active {
+                    Some(a) if a.first == first => a.next,
+                    _ => break,
+                },
+            };
+            if end > upto + 1 {
+                break;
+            }
+            sh.files.remove(&first);
+            if self.active.as_ref().is_some_and(|a| a.first == first) {
+                self.active = None;
+            }
+            fs::remove_file(self.dir.join(seg_name(first))).map_err(|e| self.io(first, e))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    type Log = SegLog<u64>;
+
+    /// Small segments and a small cache, so tests cross segment boundaries and read from disk.
+    const SMALL: Limits = Limits {
+        segment_bytes: 2000,
+        cache_bytes: 3000,
+    };
+
+    fn purged_of(meta: Option<&[u8]>) -> Result<Option<u64>, String> {
+        Ok(meta.map(|m| u64::from_le_bytes(m[..8].try_into().unwrap())))
+    }
+
+    fn open(dir: &Path) -> (Log, Recovered) {
+        SegLog::open(dir, SMALL, purged_of).unwrap()
+    }
+
+    fn payload(i: u64) -> Vec<u8> {
+        let n = (i % 7) as usize * 100 + 10;
+        vec![(i % 251) as u8; n]
+    }
+
+    fn wait(f: impl FnOnce(Done) -> Result<(), String>) {
+        let (tx, rx) = mpsc::channel();
+        f(Box::new(move |r| tx.send(r).unwrap())).unwrap();
+        rx.recv().unwrap().unwrap();
+    }
+
+    /// Appends (one append per entry, so segments roll) and waits for the syncs.
+    fn append(log: &Log, range: std::ops::Range<u64>) {
+        for i in range {
+            wait(|d| log.append(vec![(i, i, payload(i))], d));
+        }
+    }
+
+    /// Every entry in `range` reads back (from memory or disk) with its payload, and nothing
+    /// after it.
+    fn check(log: &Log, range: std::ops::Range<u64>) {
+        let got = log.reader().read(range.start, range.end + 5).unwrap();
+        assert_eq!(got.len() as u64, range.end - range.start);
+        for (i, g) in range.zip(got) {
+            match g {
+                Got::Cached(v) => assert_eq!(v, i),
+                Got::Disk(p) => assert_eq!(p, payload(i)),
+            }
+        }
+    }
+
+    fn segments(dir: &Path) -> Vec<u64> {
+        let mut v: Vec<u64> = fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| first_of(&e.unwrap().file_name().to_string_lossy()))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn append_read_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, rec) = open(dir.path());
+        assert!(rec.last.is_none() && rec.meta.is_none());
+        append(&log, 1..40);
+        // Several entries in one append.
+        wait(|d| log.append((40..45).map(|i| (i, i, payload(i))).collect(), d));
+        check(&log, 1..45);
+        assert!(segments(dir.path()).len() > 3);
+        // Old entries were read back from disk.
+        assert!(matches!(log.reader().read(1, 2).unwrap()[0], Got::Disk(_)));
+        // Not contiguous: refused, nothing changes.
+        assert!(log
+            .append(vec![(60, 60, payload(60))], Box::new(|_| {}))
+            .is_err());
+        log.save_committed(b"c42".to_vec()).unwrap();
+        drop(log);
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.last.as_ref().map(|l| l.0), Some(44));
+        assert_eq!(rec.last.unwrap().1, payload(44));
+        assert_eq!(rec.committed.as_deref(), Some(&b"c42"[..]));
+        check(&log, 1..45);
+        append(&log, 45..60);
+        check(&log, 1..60);
+    }
+
+    #[test]
+    fn torn_tail_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..10);
+        drop(log);
+        let last = *segments(dir.path()).last().unwrap();
+        let seg = dir.path().join(seg_name(last));
+        // A torn append: half a record at the end.
+        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+        let mut half = Vec::new();
+        frame(&mut half, 10, &payload(10));
+        f.write_all(&half[..half.len() / 2]).unwrap();
+        drop(f);
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.torn_bytes, (half.len() / 2) as u64);
+        assert_eq!(rec.last.map(|l| l.0), Some(9));
+        append(&log, 10..12);
+        check(&log, 1..12);
+        drop(log);
+        // A segment created just before a crash, with nothing synced in it, is dropped.
+        fs::write(dir.path().join(seg_name(12)), b"").unwrap();
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.last.map(|l| l.0), Some(11));
+        append(&log, 12..14);
+        check(&log, 1..14);
+    }
+
+    #[test]
+    fn damage_before_the_last_segment_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..20);
+        drop(log);
+        let first = segments(dir.path())[0];
+        let path = dir.path().join(seg_name(first));
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[HEADER + 1] ^= 0xff;
+        fs::write(&path, &bytes).unwrap();
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+            panic!("a damaged segment before the last must be refused");
+        };
+        assert!(e.contains("damaged"), "{e}");
+    }
+
+    #[test]
+    fn a_hole_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Vec::new();
+        frame(&mut a, 1, &payload(1));
+        fs::write(dir.path().join(seg_name(1)), &a).unwrap();
+        let mut b = Vec::new();
+        frame(&mut b, 3, &payload(3));
+        fs::write(dir.path().join(seg_name(3)), &b).unwrap();
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+            panic!("a hole must be refused");
+        };
+        assert!(e.contains("hole"), "{e}");
+        // Unless the entries before it are purged.
+        fs::write(dir.path().join(META), checked(&2u64.to_le_bytes())).unwrap();
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.last.map(|l| l.0), Some(3));
+        assert!(log.reader().read(1, 3).unwrap().is_empty());
+        assert_eq!(log.reader().read(3, 4).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn truncate_across_segments_then_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..40);
+        let before = segments(dir.path());
+        assert!(before.len() > 3);
+        wait(|d| log.truncate(15, d));
+        assert!(log.reader().read(15, 16).unwrap().is_empty());
+        check(&log, 1..15);
+        assert!(segments(dir.path()).iter().all(|s| *s < 15));
+        append(&log, 15..18);
+        check(&log, 1..18);
+        drop(log);
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.last.map(|l| l.0), Some(17));
+        check(&log, 1..18);
+        // Truncating everything empties the log; any index may follow.
+        wait(|d| log.truncate(1, d));
+        assert!(segments(dir.path()).is_empty());
+        check(&log, 1..1);
+        append(&log, 7..9);
+        check(&log, 7..9);
+    }
+
+    #[test]
+    fn truncate_of_entries_still_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..5);
+        // Submitted, and cut before the writer gets to them.
+        log.append(
+            (5..9).map(|i| (i, i, payload(i))).collect(),
+            Box::new(|_| {}),
+        )
+        .unwrap();
+        wait(|d| log.truncate(7, d));
+        check(&log, 1..7);
+        append(&log, 7..9);
+        check(&log, 1..9);
+        drop(log);
+        let (log, _) = open(dir.path());
+        check(&log, 1..9);
+    }
+
+    #[test]
+    fn purge_drops_segments_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..30);
+        wait(|d| log.purge(14, 14u64.to_le_bytes().to_vec(), d));
+        assert!(log.reader().read(1, 15).unwrap().is_empty());
+        check(&log, 15..30);
+        assert!(segments(dir.path())[0] <= 15);
+        assert!(segments(dir.path())[0] > 1);
+        // Everything purged (a snapshot installed far ahead): the log restarts after it.
+        wait(|d| log.purge(100, 100u64.to_le_bytes().to_vec(), d));
+        append(&log, 101..105);
+        check(&log, 101..105);
+        drop(log);
+        let (log, rec) = open(dir.path());
+        assert_eq!(purged_of(rec.meta.as_deref()).unwrap(), Some(100));
+        assert_eq!(rec.last.map(|l| l.0), Some(104));
+        check(&log, 101..105);
+        assert!(segments(dir.path()).iter().all(|s| *s >= 101));
+        // Everything purged and nothing after it: reopening gives an empty log.
+        wait(|d| log.purge(104, 104u64.to_le_bytes().to_vec(), d));
+        drop(log);
+        let (log, rec) = open(dir.path());
+        assert!(rec.last.is_none());
+        append(&log, 105..107);
+        check(&log, 105..107);
+    }
+
+    #[test]
+    fn entries_leave_the_cache_only_once_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        append(&log, 1..30);
+        let got = log.reader().read(1, 30).unwrap();
+        assert_eq!(got.len(), 29);
+        // The oldest come from disk, the newest from memory.
+        assert!(matches!(got[0], Got::Disk(_)));
+        assert!(matches!(got[28], Got::Cached(29)));
+        let cached = lock(&log.reader.shared).cache_bytes;
+        assert!(cached <= SMALL.cache_bytes, "{cached}");
+    }
+
+    #[test]
+    fn a_second_open_of_one_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_log, _) = open(dir.path());
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+            panic!("two writers on one log");
+        };
+        assert!(e.contains("in use"), "{e}");
+    }
+
+    #[test]
+    fn meta_is_durable_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, _) = open(dir.path());
+        wait(|d| log.save_meta(9u64.to_le_bytes().to_vec(), d));
+        drop(log);
+        let (log, rec) = open(dir.path());
+        assert_eq!(rec.meta.as_deref(), Some(&9u64.to_le_bytes()[..]));
+        drop(log);
+        let mut bytes = fs::read(dir.path().join(META)).unwrap();
+        bytes[9] ^= 1;
+        fs::write(dir.path().join(META), bytes).unwrap();
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+            panic!("damaged metadata must be refused");
+        };
+        assert!(e.contains("damaged"), "{e}");
+    }
+}
