@@ -32,12 +32,16 @@ impl Machine for ShardMachine {
         encode(&reply)
     }
     fn snapshot(&self) -> Vec<u8> {
-        // One buffer of the right size: the state can be millions of ids.
-        postcard::to_extend(&self.0, Vec::with_capacity(self.0.encoded_size_hint()))
-            .unwrap_or_default()
+        let mut out = Vec::new();
+        self.0.snapshot_into(&mut out);
+        out
+    }
+    fn snapshot_into(&self, out: &mut Vec<u8>) {
+        // Straight into the snapshot's buffer: the state can be millions of ids.
+        self.0.snapshot_into(out)
     }
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        self.0 = decode(snapshot)?;
+        self.0 = ShardState::from_snapshot(snapshot)?;
         Ok(())
     }
 }
