@@ -32,6 +32,7 @@ type Fast = foldhash::fast::RandomState;
 use florin_crypto::Digest;
 use florin_ledger::{Supply, TxKind, UhsId};
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::Dtx;
 
@@ -71,11 +72,17 @@ pub struct Part {
     pub kind: TxKind,
     /// Inputs in this shard's range: must exist and be unlocked.
     #[serde(with = "florin_ledger::bin_serde::ids")]
-    pub inputs: Vec<UhsId>,
+    pub inputs: PartInputs,
     /// Outputs in this shard's range, with their values.
     #[serde(with = "florin_ledger::bin_serde::valued_ids")]
-    pub outputs: Vec<(UhsId, u64)>,
+    pub outputs: PartOutputs,
 }
+
+/// A part's inputs: up to two inline, so the usual part is decoded without an allocation on
+/// each replica (a batch of thousands of parts is decoded by every replica of the shard).
+pub type PartInputs = SmallVec<[UhsId; 2]>;
+/// A part's outputs with their values: up to two inline, as [`PartInputs`].
+pub type PartOutputs = SmallVec<[(UhsId, u64); 2]>;
 
 /// A shard's vote on one part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -1077,5 +1084,35 @@ mod tests {
         let mut huge = u64::MAX.to_le_bytes().to_vec();
         huge.extend_from_slice(&bytes[8..]);
         assert!(ShardState::from_snapshot(&huge).is_err());
+    }
+    #[test]
+    fn commands_round_trip_with_parts_inline_and_spilled() {
+        // Up to two inputs and outputs stay inline; more spill to the heap. Both decode alike.
+        let cmd = ShardCmd::Prepare {
+            dtx: 7,
+            parts: vec![
+                part(1, true, &[], &[]),
+                part(2, false, &[1, 2], &[(3, 4), (5, 6)]),
+                part(
+                    3,
+                    true,
+                    &[7, 8, 9, 10, 11],
+                    &[(12, 1), (13, 2), (14, 3), (15, 4), (16, 5)],
+                ),
+            ],
+        };
+        let bytes = encode(&cmd);
+        let back: ShardCmd = decode(&bytes).unwrap();
+        assert_eq!(back, cmd);
+        let ShardCmd::Prepare { parts, .. } = back else {
+            panic!("not a prepare")
+        };
+        assert!(!parts[1].inputs.spilled() && !parts[1].outputs.spilled());
+        assert!(parts[2].inputs.spilled() && parts[2].outputs.spilled());
+        assert_eq!(parts[2].inputs.len(), 5);
+        // Truncated commands are errors whatever the cut.
+        for cut in [0, 1, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode::<ShardCmd>(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -111,10 +111,15 @@ pub mod ids {
         }
     }
 
-    /// Deserializes.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Id>, D::Error> {
+    /// Deserializes into any collection of ids (a `Vec`, or an inline small vector that
+    /// spares a short list its allocation).
+    pub fn deserialize<'de, D, C>(d: D) -> Result<C, D::Error>
+    where
+        D: Deserializer<'de>,
+        C: FromIterator<Id>,
+    {
         if d.is_human_readable() {
-            Vec::deserialize(d)
+            Ok(Vec::<Id>::deserialize(d)?.into_iter().collect())
         } else {
             d.deserialize_bytes(BytesWith("32-byte ids", |v: &[u8]| {
                 Ok(chunks::<32>(v, "ids")?.collect())
@@ -132,18 +137,33 @@ pub mod valued_ids {
         if s.is_human_readable() {
             return v.serialize(s);
         }
-        let mut out = Vec::with_capacity(v.len() * 40);
-        for (id, value) in v {
-            out.extend_from_slice(id);
-            out.extend_from_slice(&value.to_le_bytes());
+        let put = |out: &mut [u8]| {
+            for ((id, value), rec) in v.iter().zip(out.chunks_exact_mut(40)) {
+                rec[..32].copy_from_slice(id);
+                rec[32..].copy_from_slice(&value.to_le_bytes());
+            }
+        };
+        // A transaction's few outputs are laid out on the stack; longer lists on the heap.
+        let mut small = [0u8; 4 * 40];
+        if v.len() <= 4 {
+            let out = &mut small[..v.len() * 40];
+            put(out);
+            s.serialize_bytes(out)
+        } else {
+            let mut out = vec![0u8; v.len() * 40];
+            put(&mut out);
+            s.serialize_bytes(&out)
         }
-        s.serialize_bytes(&out)
     }
 
-    /// Deserializes.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(Id, u64)>, D::Error> {
+    /// Deserializes into any collection of pairs (a `Vec`, or an inline small vector).
+    pub fn deserialize<'de, D, C>(d: D) -> Result<C, D::Error>
+    where
+        D: Deserializer<'de>,
+        C: FromIterator<(Id, u64)>,
+    {
         if d.is_human_readable() {
-            Vec::deserialize(d)
+            Ok(Vec::<(Id, u64)>::deserialize(d)?.into_iter().collect())
         } else {
             d.deserialize_bytes(BytesWith("(id, value) pairs", |v: &[u8]| {
                 Ok(chunks::<40>(v, "valued ids")?
@@ -320,5 +340,40 @@ mod tests {
         assert!(matches!(e, postcard::Error::SerdeDeCustom), "{e}");
         assert!(postcard::from_bytes::<All>(&raw(64, 41)).is_err());
         assert!(postcard::from_bytes::<All>(&[]).is_err());
+    }
+    #[test]
+    fn lists_of_any_length_round_trip_into_any_collection() {
+        use std::collections::VecDeque;
+
+        #[derive(Debug, PartialEq, Deserialize)]
+        struct Deque {
+            #[serde(with = "super::ids")]
+            ids: VecDeque<[u8; 32]>,
+            #[serde(with = "super::valued_ids")]
+            valued: VecDeque<([u8; 32], u64)>,
+        }
+        // 0..=4 pairs are laid out on the stack when encoding, 5 and more on the heap.
+        for n in [0usize, 1, 4, 5, 9] {
+            let ids: Vec<[u8; 32]> = (0..n).map(|i| [i as u8 + 1; 32]).collect();
+            let valued: Vec<([u8; 32], u64)> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (*id, u64::MAX - i as u64))
+                .collect();
+            let v = All {
+                bytes: vec![],
+                id: [0; 32],
+                ids: ids.clone(),
+                valued: valued.clone(),
+            };
+            let bin = postcard::to_allocvec(&v).unwrap();
+            assert_eq!(postcard::from_bytes::<All>(&bin).unwrap(), v, "n = {n}");
+
+            let d: Deque = postcard::from_bytes(&bin[1 + 1 + 32..]).unwrap();
+            assert_eq!(d.ids, ids, "n = {n}");
+            assert_eq!(d.valued, valued, "n = {n}");
+            let json = serde_json::to_string(&v).unwrap();
+            assert_eq!(serde_json::from_str::<All>(&json).unwrap(), v, "n = {n}");
+        }
     }
 }

@@ -61,8 +61,8 @@ fn a_replicated_cluster_passes_the_store_suite() {
             txid: id(77),
             owns_txid: false,
             kind: florin_ledger::TxKind::Mint,
-            inputs: vec![],
-            outputs: vec![(id(78), 1_000_000)],
+            inputs: Default::default(),
+            outputs: [(id(78), 1_000_000)].into_iter().collect(),
         }],
     };
     let forged = Fenced {
