@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::Envelope;
+use crate::envelope::{Attestation, Envelope};
 use crate::{CustodyError, PartyId};
 
 /// Largest encoded request or answer a node or coordinator accepts.
@@ -11,6 +11,16 @@ pub const MAX_WIRE: usize = 16 << 20;
 
 /// Most nonce commitments one [`Request::Commitments`] hands out.
 pub const MAX_COMMITMENTS: u32 = 4096;
+
+/// The payload of a node's echo in a distributed key generation (the broadcast of step 2).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DkgEcho {
+    /// The FROST layer's echo (`frost::Round2Out::echo`).
+    pub frost: Vec<u8>,
+    /// Every round-1 broadcast the node got, its own included, with its sender's signature:
+    /// the evidence that [`crate::envelope::check_echoes`] weighs.
+    pub seen: Vec<Attestation>,
+}
 
 /// A coordinator's request.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

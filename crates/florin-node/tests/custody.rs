@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{verify, LocalSigner, SecretKey, Signer};
-use florin_custody::frost::{scalar_public_key, split_ed25519_seed};
-use florin_custody::wire::{Request, Response};
+use florin_custody::envelope::Envelope;
+use florin_custody::frost::{scalar_public_key, split_ed25519_seed, DkgParty};
+use florin_custody::wire::{self, DkgEcho, Refusal, Request, Response};
 use florin_node::custody::{free_loopback_addrs, Kmn, KmnError, Layout, RunningNode};
 use rand::rngs::OsRng;
 
@@ -257,5 +258,143 @@ fn a_key_signs_only_after_every_node_committed_it() -> R {
         public: vec![1],
     };
     assert!(matches!(kmn.ask(2, none)?, Response::Refused(_)));
+    Ok(())
+}
+
+type Echo = (Envelope, Vec<Envelope>);
+
+fn dkg_start(kmn: &Kmn, p: u16, session: [u8; 16]) -> Result<Envelope, Box<dyn std::error::Error>> {
+    let start = Request::DkgStart {
+        session,
+        key_id: "k".into(),
+        t: 2,
+        n: 3,
+    };
+    match kmn.ask(p, start)? {
+        Response::DkgRound1(e) => Ok(e),
+        other => Err(format!("round 1 of node {p}: {other:?}").into()),
+    }
+}
+
+fn dkg_round2(
+    kmn: &Kmn,
+    p: u16,
+    session: [u8; 16],
+    round1: Vec<Envelope>,
+) -> Result<Echo, Box<dyn std::error::Error>> {
+    match kmn.ask(p, Request::DkgRound2 { session, round1 })? {
+        Response::DkgRound2 { echo, direct } => Ok((echo, direct)),
+        other => Err(format!("round 2 of node {p}: {other:?}").into()),
+    }
+}
+
+fn dkg_refusal(
+    kmn: &Kmn,
+    p: u16,
+    session: [u8; 16],
+    echoes: Vec<Envelope>,
+    direct: Vec<Envelope>,
+) -> Result<Refusal, Box<dyn std::error::Error>> {
+    let direct = direct.into_iter().filter(|e| e.to == p).collect();
+    match kmn.ask(
+        p,
+        Request::DkgFinish {
+            session,
+            echoes,
+            direct,
+        },
+    )? {
+        Response::Refused(r) => Ok(r),
+        other => Err(format!("node {p} finished: {other:?}").into()),
+    }
+}
+
+/// The echo check weighs signed evidence: a node that sent two different round-1 messages is
+/// named, a node that lies about what it received is named instead of the honest sender it
+/// accuses, and a message broken on the way is blamed on the way. The test plays node 3 (with
+/// its identity key) and the relay; nodes 1 and 2 are real.
+#[test]
+fn dkg_evidence_names_the_equivocator_or_the_lying_witness() -> R {
+    let (_dir, layout, _nodes, kmn) = network(2, 3)?;
+    let id3 = LocalSigner::new(SecretKey::from_hex(
+        std::fs::read_to_string(layout.node_dir(3).join("identity.key"))?.trim(),
+    )?);
+    let echo3 = |session, frost: Vec<u8>, seen| {
+        Envelope::broadcast(&id3, session, 2, 3, wire::encode(&DkgEcho { frost, seen }))
+    };
+
+    // Node 3 sends one round-1 message to node 1 and another to node 2.
+    let s = rand::random::<[u8; 16]>();
+    let (e1, e2) = (dkg_start(&kmn, 1, s)?, dkg_start(&kmn, 2, s)?);
+    let (mut p3, m_a) = DkgParty::start("k", 3, 2, 3, &mut OsRng)?;
+    let (_, m_b) = DkgParty::start("k", 3, 2, 3, &mut OsRng)?;
+    let a = Envelope::broadcast(&id3, s, 1, 3, m_a)?;
+    let b = Envelope::broadcast(&id3, s, 1, 3, m_b)?;
+    let (_, _) = dkg_round2(&kmn, 1, s, vec![e2.clone(), a.clone()])?;
+    let (echo2, direct2) = dkg_round2(&kmn, 2, s, vec![e1.clone(), b])?;
+    let out3 = p3.round2(&[(1, e1.payload.clone()), (2, e2.payload.clone())].into())?;
+    let seen = vec![e1.attestation(), e2.attestation(), a.attestation()];
+    let mine = echo3(s, out3.echo, seen)?;
+    let r = dkg_refusal(&kmn, 1, s, vec![echo2, mine], direct2)?;
+    assert_eq!(r.culprit, Some(3), "{}", r.message);
+    assert!(r.message.contains("different messages"), "{}", r.message);
+
+    // Node 3 sends one message to both, then lies in its echo about what node 1 sent.
+    let s = rand::random::<[u8; 16]>();
+    let (e1, e2) = (dkg_start(&kmn, 1, s)?, dkg_start(&kmn, 2, s)?);
+    let (mut p3, m) = DkgParty::start("k", 3, 2, 3, &mut OsRng)?;
+    let a = Envelope::broadcast(&id3, s, 1, 3, m)?;
+    let (echo1, direct1) = dkg_round2(&kmn, 1, s, vec![e2.clone(), a.clone()])?;
+    let (echo2, direct2) = dkg_round2(&kmn, 2, s, vec![e1.clone(), a.clone()])?;
+    let out3 = p3.round2(&[(1, e1.payload.clone()), (2, e2.payload.clone())].into())?;
+    // Its FROST digests say node 1's message was another one; so does its attestation, with
+    // node 1's real signature from another message.
+    let mut digests: std::collections::BTreeMap<u16, [u8; 32]> = postcard::from_bytes(&out3.echo)?;
+    digests.insert(1, [7; 32]);
+    let lying_digests = postcard::to_allocvec(&digests)?;
+    let mut forged = e1.attestation();
+    forged.payload_hash = [7; 32];
+    let seen = vec![forged, e2.attestation(), a.attestation()];
+    let lie = echo3(s, lying_digests.clone(), seen)?;
+    let r = dkg_refusal(&kmn, 2, s, vec![echo1, lie], direct1)?;
+    assert_eq!(r.culprit, Some(3), "{}", r.message);
+    assert!(r.message.contains("never signed"), "{}", r.message);
+    // Honest attestations with lying digests: node 3 contradicts itself.
+    let seen = vec![e1.attestation(), e2.attestation(), a.attestation()];
+    let lie = echo3(s, lying_digests, seen)?;
+    let to1 = out3.direct.get(&1).ok_or("no share for node 1")?;
+    let node1 = SecretKey::from_hex(
+        std::fs::read_to_string(layout.node_dir(1).join("identity.key"))?.trim(),
+    )?;
+    let share3 = Envelope::direct(&id3, s, 3, 3, 1, &node1.public_key(), to1, &mut OsRng)?;
+    let direct = direct2.into_iter().chain([share3]).collect();
+    let r = dkg_refusal(&kmn, 1, s, vec![echo2, lie], direct)?;
+    assert_eq!(r.culprit, Some(3), "{}", r.message);
+    assert!(r.message.contains("contradict"), "{}", r.message);
+
+    // A message altered on the way names no party: the coordinator checked it on receipt.
+    let s = rand::random::<[u8; 16]>();
+    let (_, mut e2) = (dkg_start(&kmn, 1, s)?, dkg_start(&kmn, 2, s)?);
+    let (_, m) = DkgParty::start("k", 3, 2, 3, &mut OsRng)?;
+    let a = Envelope::broadcast(&id3, s, 1, 3, m)?;
+    e2.payload[0] ^= 1;
+    match kmn.ask(
+        1,
+        Request::DkgRound2 {
+            session: s,
+            round1: vec![e2, a],
+        },
+    )? {
+        Response::Refused(r) => {
+            assert_eq!(r.culprit, None, "{}", r.message);
+            assert!(r.message.contains("altered in transit"), "{}", r.message);
+        }
+        other => panic!("took an altered message: {other:?}"),
+    }
+
+    // The nodes are fine: a real key generation still works.
+    let group = kmn.dkg("fine")?;
+    let sig = kmn.signer("fine")?.sign(b"after the fuss")?;
+    assert!(dalek_ok(&group.public_key(), b"after the fuss", &sig));
     Ok(())
 }

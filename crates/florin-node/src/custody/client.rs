@@ -332,6 +332,24 @@ impl Kmn {
         self.link(p).map(|l| &l.key)
     }
 
+    /// Checks that every envelope party `p` just sent over its authenticated channel is in
+    /// its own name and carries its signature: a bad one here is `p`'s own doing, so `p` is
+    /// named. (Nodes that later find a broken signature know it broke on the way.)
+    pub(super) fn check_signed(&self, p: PartyId, envs: &[Envelope]) -> Result<(), KmnError> {
+        let key = self.member_key(p).ok_or_else(|| unexpected(p))?;
+        if let Some(e) = envs.iter().find(|e| e.from != p || !e.verify(key)) {
+            return Err(KmnError::Protocol(CustodyError::Misbehaved {
+                party: p,
+                reason: if e.from != p {
+                    "sent a message in another party's name".into()
+                } else {
+                    "sent a message without its valid signature".into()
+                },
+            }));
+        }
+        Ok(())
+    }
+
     /// Whether party `p` is not skipped for a recent failure.
     pub fn is_up(&self, p: PartyId) -> bool {
         self.link(p).is_some_and(|l| !l.is_down())
@@ -519,7 +537,10 @@ impl Kmn {
         let mut round1 = Vec::new();
         for (p, r) in r1 {
             match r {
-                Response::DkgRound1(e) if e.from == p => round1.push(e),
+                Response::DkgRound1(e) if e.from == p => {
+                    self.check_signed(p, std::slice::from_ref(&e))?;
+                    round1.push(e)
+                }
                 _ => return Err(unexpected(p)),
             }
         }
@@ -545,6 +566,8 @@ impl Kmn {
         for (p, r) in r2 {
             match r {
                 Response::DkgRound2 { echo, direct: d } if echo.from == p => {
+                    self.check_signed(p, std::slice::from_ref(&echo))?;
+                    self.check_signed(p, &d)?;
                     echoes.push(echo);
                     direct.extend(d.into_iter().filter(|e| e.from == p));
                 }

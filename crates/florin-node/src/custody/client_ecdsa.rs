@@ -127,21 +127,9 @@ impl Kmn {
             for (p, r) in self.round(reqs, timeout) {
                 match r {
                     Ok(Response::EcdsaStep { out, done: d }) => {
-                        if out.iter().any(|e| e.from != p) {
-                            return Err(KmnError::Protocol(CustodyError::Misbehaved {
-                                party: p,
-                                reason: "sent a message in another party's name".into(),
-                            }));
-                        }
                         // Taken from p over its authenticated channel: a bad signature here
                         // is p's own (later, it could be anyone's on the way).
-                        let key = self.member_key(p).ok_or_else(|| unexpected(p))?;
-                        if out.iter().any(|e| !e.verify(key)) {
-                            return Err(KmnError::Protocol(CustodyError::Misbehaved {
-                                party: p,
-                                reason: "sent a message without its valid signature".into(),
-                            }));
-                        }
+                        self.check_signed(p, &out)?;
                         sent.extend(out);
                         if let Some(d) = d {
                             done.insert(p, d);

@@ -6,7 +6,7 @@
 //! for signature shares; keys listed as `admins` may also create, import and export keys.
 //! Any other peer is dropped after the handshake.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,9 +15,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, PublicKey, Signer};
-use florin_custody::envelope::Envelope;
+use florin_custody::envelope::{check_echoes, Attestation, Envelope};
 use florin_custody::frost::{DkgParty, KeyShare, NonceHedge, NoncePool, SigningPackage};
-use florin_custody::wire::{self, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE};
+use florin_custody::wire::{
+    self, DkgEcho, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE,
+};
 use florin_custody::{vault, CustodyError, PartyId};
 use florin_net::channel::{accept_on, Channel, ChannelConfig};
 use florin_net::NetError;
@@ -112,6 +114,10 @@ struct Nonces {
 struct DkgRun {
     party: DkgParty,
     started: Instant,
+    /// Payload hashes of the round-1 broadcasts as this node got them, its own included.
+    round1: BTreeMap<PartyId, [u8; 32]>,
+    /// The same with their senders' signatures, for the echo.
+    seen: Vec<Attestation>,
 }
 
 struct Inner {
@@ -561,20 +567,18 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
                 return Err(CustodyError::OutOfOrder("session already started".into()));
             }
             let (party, msg) = DkgParty::start(&key_id, inner.party, t, n, &mut OsRng)?;
+            let own = Envelope::broadcast(&inner.identity, session, 1, inner.party, msg)?;
+            let att = own.attestation();
             dkgs.insert(
                 session,
                 DkgRun {
                     party,
                     started: Instant::now(),
+                    round1: [(inner.party, att.payload_hash)].into(),
+                    seen: vec![att],
                 },
             );
-            Ok(Response::DkgRound1(Envelope::broadcast(
-                &inner.identity,
-                session,
-                1,
-                inner.party,
-                msg,
-            )?))
+            Ok(Response::DkgRound1(own))
         }
         Request::DkgRound2 { session, round1 } => {
             if !admin {
@@ -583,7 +587,22 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             let mut run = take_run(inner, &session)?;
             let msgs = open_all(inner, &session, 1, &round1)?;
             let out = run.party.round2(&msgs)?;
-            let echo = Envelope::broadcast(&inner.identity, session, 2, inner.party, out.echo)?;
+            for e in round1.iter().filter(|e| e.from != inner.party) {
+                let att = e.attestation();
+                run.round1.insert(e.from, att.payload_hash);
+                run.seen.push(att);
+            }
+            let echo = DkgEcho {
+                frost: out.echo,
+                seen: std::mem::take(&mut run.seen),
+            };
+            let echo = Envelope::broadcast(
+                &inner.identity,
+                session,
+                2,
+                inner.party,
+                wire::encode(&echo),
+            )?;
             let mut direct = Vec::with_capacity(out.direct.len());
             for (to, m) in &out.direct {
                 let to_key = inner
@@ -614,8 +633,34 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             }
             let mut run = take_run(inner, &session)?;
             let echoes = open_all(inner, &session, 2, &echoes)?;
+            let mut frost_echoes = BTreeMap::new();
+            let mut attested = BTreeMap::new();
+            for (w, bytes) in echoes {
+                let echo: DkgEcho =
+                    wire::decode(&bytes, "echo").map_err(|_| CustodyError::Misbehaved {
+                        party: w,
+                        reason: "malformed echo".into(),
+                    })?;
+                frost_echoes.insert(w, echo.frost);
+                attested.insert(w, echo.seen);
+            }
+            // Signed evidence first: it names an equivocating sender or a lying witness.
+            check_echoes(&session, 1, &run.round1, &attested, |p| {
+                inner.members.get(&p).cloned()
+            })?;
             let direct = open_all(inner, &session, 3, &direct)?;
-            let share = run.party.finish(&echoes, &direct)?;
+            let share = run
+                .party
+                .finish(&frost_echoes, &direct)
+                .map_err(|e| match e {
+                    // The witness's signed attestations agreed with ours, its digests do not:
+                    // the witness contradicts itself.
+                    CustodyError::Equivocation { witness, .. } => CustodyError::Misbehaved {
+                        party: witness,
+                        reason: "its echo's digests contradict its signed attestations".into(),
+                    },
+                    other => other,
+                })?;
             store(inner, share)
         }
         Request::Import { key_id, share } => {
@@ -790,6 +835,14 @@ fn open_all(
         let k = inner.members.get(&e.from).ok_or_else(|| {
             CustodyError::BadParameters(format!("message from unknown party {}", e.from))
         })?;
+        // The coordinator checked the sender's signature when it took the envelope from the
+        // sender; a signature broken since then was broken on the way, by no party of the run.
+        if !e.verify(k) {
+            return Err(CustodyError::Inconsistent(format!(
+                "the message from party {} does not carry its signature (altered in transit)",
+                e.from
+            )));
+        }
         let m = e.open(session, step, inner.party, k, inner.identity.secret())?;
         if out.insert(e.from, m).is_some() {
             return Err(CustodyError::Misbehaved {
