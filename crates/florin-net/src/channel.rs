@@ -316,6 +316,17 @@ impl Channel {
         Ok(())
     }
 
+    /// Another handle on the socket, to shut the channel down from another thread.
+    pub fn try_clone_stream(&self) -> Result<TcpStream, NetError> {
+        Ok(self.stream.try_clone()?)
+    }
+
+    /// Sets the longest wait for a write (a peer that stops reading).
+    pub fn set_write_timeout(&self, t: Duration) -> Result<(), NetError> {
+        self.stream.set_write_timeout(Some(t))?;
+        Ok(())
+    }
+
     fn seal_out(&mut self) -> Result<(), NetError> {
         if self.out.is_empty() {
             return Ok(());

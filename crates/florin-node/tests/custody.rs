@@ -398,3 +398,33 @@ fn dkg_evidence_names_the_equivocator_or_the_lying_witness() -> R {
     assert!(dalek_ok(&group.public_key(), b"after the fuss", &sig));
     Ok(())
 }
+
+/// Peers that connect and never finish their handshake hold handshake slots only, for a few
+/// seconds at most, and the oldest is cut when a new one comes: hundreds of them do not keep
+/// a coordinator out.
+#[test]
+fn silent_connections_do_not_lock_out_the_coordinator() -> R {
+    use std::io::Read;
+    let (_dir, layout, _nodes, kmn) = network(2, 3)?;
+    let group = kmn.dkg("k")?;
+    let (net, me) = layout.load()?;
+    let addr = net.members[0].addr;
+    // More than the node's 256 connection slots and 64 handshake slots.
+    let flood: Vec<std::net::TcpStream> = (0..320)
+        .map(|_| std::net::TcpStream::connect(addr))
+        .collect::<Result<_, _>>()?;
+    // A coordinator that connects now (fresh links) is served by node 1.
+    let fresh = Kmn::new(&net, me)?;
+    match fresh.ask(1, Request::Status)? {
+        Response::Status { party, .. } => assert_eq!(party, 1),
+        other => panic!("status: {other:?}"),
+    }
+    let sig = fresh.signer("k")?.sign(b"through the flood")?;
+    assert!(dalek_ok(&group.public_key(), b"through the flood", &sig));
+    // The oldest silent peers were cut, not left to hold sockets.
+    let mut first = &flood[0];
+    first.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut buf = [0u8; 1];
+    assert!(matches!(first.read(&mut buf), Ok(0) | Err(_)));
+    Ok(())
+}

@@ -42,8 +42,17 @@ pub const NONCE_POOL_TARGET: usize = 8192;
 pub const NONCE_POOL_START: usize = 1024;
 /// Handed-out nonces a node remembers before dropping the oldest.
 const MAX_ISSUED: usize = 1 << 17;
-/// Concurrent connections a node serves.
+/// Concurrent authenticated connections (clients and admins) a node serves.
 const MAX_CONNECTIONS: usize = 256;
+/// Connections still in the Noise handshake, counted apart so that unauthenticated peers
+/// cannot crowd out the coordinator: when all slots are taken, the oldest handshake is cut.
+/// A flood must then open this many connections within one honest handshake (a round trip
+/// and a few scalar multiplications) to cut it.
+const MAX_HANDSHAKES: usize = 64;
+/// Longest a peer may take over its handshake.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(3);
+/// Longest a peer may take to read an answer.
+const WRITE_DEADLINE: Duration = Duration::from_secs(30);
 /// Concurrent key generations in progress, and how long one may take.
 const MAX_DKG_RUNS: usize = 64;
 const DKG_DEADLINE: Duration = Duration::from_secs(300);
@@ -137,6 +146,8 @@ struct Inner {
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
     connections: AtomicUsize,
+    /// Connections in their handshake, oldest first (see [`MAX_HANDSHAKES`]).
+    handshakes: Mutex<std::collections::VecDeque<(u64, std::net::TcpStream)>>,
     /// Open connections' sockets, to close them when the node stops.
     open: Mutex<HashMap<u64, std::net::TcpStream>>,
     next_conn: std::sync::atomic::AtomicU64,
@@ -281,6 +292,7 @@ impl CustodyNode {
                 dkgs: Mutex::new(HashMap::new()),
                 ecdsa,
                 connections: AtomicUsize::new(0),
+                handshakes: Mutex::new(std::collections::VecDeque::new()),
                 open: Mutex::new(HashMap::new()),
                 next_conn: std::sync::atomic::AtomicU64::new(0),
                 stop: AtomicBool::new(false),
@@ -347,6 +359,11 @@ impl RunningNode {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
+        if let Ok(mut hs) = self.inner.handshakes.lock() {
+            for (_, s) in hs.drain(..) {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
         // Wake the accept loop.
         let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
     }
@@ -377,7 +394,7 @@ fn refill_loop(inner: &Inner) {
 
 fn accept_loop(inner: &Arc<Inner>, listener: TcpListener) {
     let cfg = ChannelConfig {
-        timeout: Duration::from_secs(10),
+        timeout: HANDSHAKE_DEADLINE,
         ..ChannelConfig::default()
     };
     for stream in listener.incoming() {
@@ -385,40 +402,65 @@ fn accept_loop(inner: &Arc<Inner>, listener: TcpListener) {
             return;
         }
         let Ok(stream) = stream else { continue };
-        if inner.connections.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            continue;
-        }
-        inner.connections.fetch_add(1, Ordering::SeqCst);
         let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
-        if let (Ok(c), Ok(mut open)) = (stream.try_clone(), inner.open.lock()) {
-            open.insert(id, c);
+        let Ok(mut hs) = inner.handshakes.lock() else {
+            continue;
+        };
+        let Ok(copy) = stream.try_clone() else {
+            continue;
+        };
+        if hs.len() >= MAX_HANDSHAKES {
+            if let Some((_, oldest)) = hs.pop_front() {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+            }
         }
+        hs.push_back((id, copy));
+        drop(hs);
         let conn = inner.clone();
         let cfg = cfg.clone();
         let spawned = thread::Builder::new()
             .name("custody-conn".into())
-            .spawn(move || {
-                if let Ok(ch) = accept_on(stream, &conn.identity, &cfg) {
-                    serve_connection(&conn, ch);
-                }
-                if let Ok(mut open) = conn.open.lock() {
-                    open.remove(&id);
-                }
-                conn.connections.fetch_sub(1, Ordering::SeqCst);
-            });
+            .spawn(move || serve_stream(&conn, id, stream, &cfg));
         if spawned.is_err() {
-            inner.connections.fetch_sub(1, Ordering::SeqCst);
+            end_handshake(inner, id);
         }
     }
 }
 
-fn serve_connection(inner: &Inner, mut ch: Channel) {
+fn end_handshake(inner: &Inner, id: u64) {
+    if let Ok(mut hs) = inner.handshakes.lock() {
+        hs.retain(|(i, _)| *i != id);
+    }
+}
+
+/// One connection: the handshake in its own slot, then (for a client or admin within the
+/// connection cap) the requests.
+fn serve_stream(inner: &Inner, id: u64, stream: std::net::TcpStream, cfg: &ChannelConfig) {
+    let ch = accept_on(stream, &inner.identity, cfg);
+    end_handshake(inner, id);
+    let Ok(ch) = ch else { return };
     let peer = ch.peer();
     let admin = inner.admins.contains(&peer);
     if !admin && !inner.clients.contains(&peer) {
         return;
     }
+    if inner.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+        inner.connections.fetch_sub(1, Ordering::SeqCst);
+        return;
+    }
+    if let (Ok(c), Ok(mut open)) = (ch.try_clone_stream(), inner.open.lock()) {
+        open.insert(id, c);
+    }
+    serve_connection(inner, ch, admin);
+    if let Ok(mut open) = inner.open.lock() {
+        open.remove(&id);
+    }
+    inner.connections.fetch_sub(1, Ordering::SeqCst);
+}
+
+fn serve_connection(inner: &Inner, mut ch: Channel, admin: bool) {
     let _ = ch.set_timeout(IDLE);
+    let _ = ch.set_write_timeout(WRITE_DEADLINE);
     loop {
         if inner.stop.load(Ordering::Relaxed) {
             return;
