@@ -77,6 +77,10 @@ pub enum CustodyError {
     /// Threshold and party count that make no sense (t < 2, t > n, duplicate parties, ...).
     #[error("bad parameters: {0}")]
     BadParameters(String),
+    /// The asking client may not do this (an administrator's operation, or a key not granted
+    /// to it).
+    #[error("not allowed: {0}")]
+    Forbidden(String),
     /// A signing request names a nonce this node never issued or already used.
     #[error("unknown or already used nonce {0}")]
     UnknownNonce(u64),

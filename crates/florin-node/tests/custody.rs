@@ -9,7 +9,9 @@ use florin_crypto::{verify, LocalSigner, SecretKey, Signer};
 use florin_custody::envelope::Envelope;
 use florin_custody::frost::{scalar_public_key, split_ed25519_seed, DkgParty};
 use florin_custody::wire::{self, DkgEcho, Refusal, Request, Response};
-use florin_node::custody::{free_loopback_addrs, Kmn, KmnError, Layout, RunningNode};
+use florin_node::custody::{
+    free_loopback_addrs, Kmn, KmnError, Layout, RunningNode, ThresholdSigner,
+};
 use rand::rngs::OsRng;
 
 type R = Result<(), Box<dyn std::error::Error>>;
@@ -426,5 +428,64 @@ fn silent_connections_do_not_lock_out_the_coordinator() -> R {
     first.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut buf = [0u8; 1];
     assert!(matches!(first.read(&mut buf), Ok(0) | Err(_)));
+    Ok(())
+}
+
+/// A client with a grant signs with its keys only; administrator operations stay refused;
+/// a revoked client is dropped. Grants take effect when the nodes start.
+#[test]
+fn grants_limit_a_client_to_its_keys() -> R {
+    let (_dir, layout, nodes, kmn) = network(2, 3)?;
+    let issuer = kmn.dkg("issuer")?;
+    let alice = kmn.dkg("psp-a-alice")?;
+    let psp_a = LocalSigner::new(SecretKey::generate(&mut OsRng));
+    let addr = psp_a.public_key().to_address();
+    // Bad patterns and keys are refused before any config changes.
+    for bad in ["PSP-*", "psp a", "*-a", ""] {
+        assert!(
+            layout.grant(&addr, Some(&[bad.to_string()])).is_err(),
+            "{bad}"
+        );
+    }
+    assert!(layout.grant("eur1notakey", None).is_err());
+    layout.grant(&addr, Some(&["psp-a-*".to_string(), "ops".to_string()]))?;
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let nodes = layout.start_in_process()?;
+    let (net, _) = layout.load()?;
+    let a = Kmn::new(&net, psp_a.clone())?;
+    let own = ThresholdSigner::new(a.clone(), alice.clone()).sign(b"pay bob")?;
+    assert!(dalek_ok(&alice.public_key(), b"pay bob", &own));
+    let err = ThresholdSigner::new(a.clone(), issuer.clone())
+        .sign(b"mint a million")
+        .err()
+        .ok_or("a PSP client signed with the issuer's key")?;
+    assert!(err.to_string().contains("not granted"), "{err}");
+    // Each node refuses the share itself, whatever the coordinator does.
+    let nonce = match a.ask(2, Request::Commitments { count: 1 })? {
+        Response::Commitments(list) => list[0].0,
+        other => panic!("commitments: {other:?}"),
+    };
+    let sign = Request::Sign {
+        key_id: "issuer".into(),
+        nonce,
+        package: vec![0; 8],
+    };
+    match a.ask(2, sign)? {
+        Response::Refused(r) => assert!(r.message.contains("not granted"), "{}", r.message),
+        other => panic!("node 2 gave a share of the issuer's key: {other:?}"),
+    }
+    assert!(a.export("psp-a-alice").is_err());
+    assert!(a.dkg("psp-a-carol").is_err());
+    // The coordinator (client and admin, no grant) still uses every key.
+    let sig = kmn.signer("issuer")?.sign(b"mint")?;
+    assert!(dalek_ok(&issuer.public_key(), b"mint", &sig));
+    // Revoked: the nodes drop the client after its handshake.
+    layout.revoke(&addr)?;
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    let a = Kmn::new(&net, psp_a)?;
+    assert!(ThresholdSigner::new(a, alice).sign(b"pay bob").is_err());
     Ok(())
 }

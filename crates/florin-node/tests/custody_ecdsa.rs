@@ -20,10 +20,20 @@ type Net = (tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>);
 
 /// A t-of-n network with ECDSA on and its auxiliary information made.
 fn network(t: u16, n: usize) -> Result<Net, Box<dyn std::error::Error>> {
+    network_with(t, n, |_| Ok(()))
+}
+
+/// [`network`], with `setup` changing the configs before the nodes start.
+fn network_with(
+    t: u16,
+    n: usize,
+    setup: impl FnOnce(&Layout) -> Result<(), florin_node::NodeError>,
+) -> Result<Net, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let layout = Layout::new(&dir.path().join("kmn"));
     layout.create(t, &free_loopback_addrs(n)?)?;
     layout.set_ecdsa(Some(EcdsaLevel::InsecureTest))?;
+    setup(&layout)?;
     let nodes = layout.start_in_process()?;
     let (net, me) = layout.load()?;
     let kmn = Kmn::new(&net, me)?;
@@ -279,8 +289,39 @@ fn interactive_fallback_restart_import_export() -> R {
 
 #[test]
 fn tampered_relay_names_the_sender_and_bad_requests_are_refused() -> R {
-    let (_dir, _layout, _nodes, kmn) = network(2, 3)?;
+    // A payment provider's client key may use its customers' keys ("psp-*") only.
+    let psp = florin_crypto::LocalSigner::new(florin_crypto::SecretKey::generate(&mut OsRng));
+    let psp_addr = florin_crypto::Signer::public_key(&psp).to_address();
+    let (_dir, layout, _nodes, kmn) =
+        network_with(2, 3, |l| l.grant(&psp_addr, Some(&["psp-*".to_string()])))?;
     kmn.ecdsa_keygen("k")?;
+    kmn.ecdsa_keygen("psp-alice")?;
+    let client = Kmn::new(&layout.load()?.0, psp)?;
+    let sig = client.ecdsa_signer("psp-alice", 1)?.sign_msg(b"pay")?;
+    p256::verify(&client.ecdsa_public_key("psp-alice")?, b"pay", &sig)?;
+    for job in [
+        EcdsaJob::Presign {
+            key_id: "k".into(),
+            signers: vec![1, 2],
+        },
+        EcdsaJob::Sign {
+            key_id: "k".into(),
+            signers: vec![1, 2],
+            message: b"not yours".to_vec(),
+        },
+        EcdsaJob::Keygen {
+            key_id: "psp-bob".into(),
+            t: 2,
+        },
+    ] {
+        match client.ecdsa_run(rand::random(), &[1, 2], job.clone()) {
+            Err(KmnError::Refused { message, .. }) => {
+                assert!(message.contains("not allowed"), "{job:?}: {message}")
+            }
+            other => panic!("{job:?} ran for a client without the right: {other:?}"),
+        }
+    }
+    assert!(client.ecdsa_export("psp-alice").is_err());
     // A relay that flips a byte of party 2's message after the coordinator took it: its
     // recipient refuses the run but blames no one (anyone on the way could have done it; the
     // coordinator checks each sender's signature as it receives the envelope).

@@ -173,6 +173,29 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Let a client key (`eur1…`, e.g. a payment provider's) take signature shares at every
+    /// node, of the keys named by `--keys` only: whole names or prefixes ending in `*`
+    /// (`psp-a-*`), comma-separated; `*` grants every key. Replaces the client's earlier
+    /// grant. Takes effect when the nodes next start (`down`, then `up`).
+    Grant {
+        /// The client's key (`eur1…`).
+        client: String,
+        /// Key names and prefixes, comma-separated.
+        #[arg(long)]
+        keys: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
+    /// Remove a client key from every node (its grant too). Takes effect when the nodes next
+    /// start.
+    Revoke {
+        /// The client's key (`eur1…`).
+        client: String,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Rebuild a key from t shares and print it as a hex scalar (handle it like a key file).
     Export {
         /// The key's name.
@@ -404,6 +427,34 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 println!("{key}  {}", g.public_key().to_address());
             }
             eprintln!("committed at all {} nodes", kmn.n());
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Grant { client, keys, data } => {
+            let layout = existing(&data)?;
+            let patterns: Vec<String> = keys
+                .split(',')
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect();
+            if patterns.is_empty() {
+                bail!("--keys names no key (use '*' for every key, or `revoke`)");
+            }
+            let every = patterns.iter().any(|p| p == "*");
+            layout.grant(&client, (!every).then_some(patterns.as_slice()))?;
+            eprintln!(
+                "granted {client}: {}; restart the nodes to apply",
+                if every {
+                    "every key".to_string()
+                } else {
+                    patterns.join(", ")
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Revoke { client, data } => {
+            let layout = existing(&data)?;
+            layout.revoke(&client)?;
+            eprintln!("revoked {client}; restart the nodes to apply");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Export { key, data } => {

@@ -756,6 +756,30 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
+    // A client key limited to some keys, then revoked, in every node's config.
+    let node1 = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(custody.join("node-1").join("node.json")).unwrap())
+            .unwrap()
+    };
+    let keys = "psp-a-*,ops";
+    u.ok(&[
+        "custody", "grant", &bob, "--keys", keys, "--data", &custody_s,
+    ]);
+    assert_eq!(
+        node1()["grants"][&bob],
+        serde_json::json!(["psp-a-*", "ops"])
+    );
+    assert!(node1()["clients"]
+        .as_array()
+        .unwrap()
+        .contains(&bob.clone().into()));
+    let err = u.fails(&[
+        "custody", "grant", &bob, "--keys", "PSP", "--data", &custody_s,
+    ]);
+    assert!(err.contains("key pattern"), "{err}");
+    u.ok(&["custody", "revoke", &bob, "--data", &custody_s]);
+    assert!(node1()["grants"].get(&bob).is_none());
+    assert!(!node1()["clients"].as_array().unwrap().contains(&bob.into()));
 }
 
 /// `florin custody` with ECDSA: a network at the insecure test level, a P-256 key by DKG,

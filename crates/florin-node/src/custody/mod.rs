@@ -11,13 +11,13 @@ mod node_ecdsa;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use florin_crypto::{LocalSigner, Signer};
+use florin_crypto::{LocalSigner, PublicKey, Signer};
 use florin_custody::PartyId;
 
 pub use client::{Kmn, KmnError, NetworkConfig, ThresholdSigner};
 pub use client_ecdsa::{EcdsaNodeState, EcdsaSigner, EcdsaSignerStats, PRESIG_POOL};
 pub use commit::HeldKey;
-pub use node::{CustodyNode, CustodyNodeConfig, Member, RunningNode};
+pub use node::{CustodyNode, CustodyNodeConfig, KeyPattern, Member, RunningNode};
 pub use node_ecdsa::{EcdsaLevel, MAX_PRESIGS};
 
 use crate::error::NodeError;
@@ -116,6 +116,7 @@ impl Layout {
                 members: members.clone(),
                 clients: vec![me.clone()],
                 admins: vec![me.clone()],
+                grants: Default::default(),
                 ecdsa: None,
             };
             let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
@@ -131,11 +132,56 @@ impl Layout {
     /// read it when they start; a node with ECDSA on generates its Paillier primes in the
     /// background on its first start (minutes at the production level).
     pub fn set_ecdsa(&self, level: Option<EcdsaLevel>) -> Result<(), NodeError> {
+        self.edit_configs(|cfg| {
+            cfg.ecdsa = level;
+            Ok(())
+        })
+    }
+
+    /// Lets `client` (an `eur1…` key) take nonce commitments and signature shares at every
+    /// node: of the keys `patterns` names (whole names, or prefixes ending in `*`), or of
+    /// every key with `None`. Replaces what the client was granted before. Nodes read it when
+    /// they start.
+    pub fn grant(&self, client: &str, patterns: Option<&[String]>) -> Result<(), NodeError> {
+        PublicKey::parse(client)
+            .map_err(|e| NodeError::BadRequest(format!("client key {client}: {e}")))?;
+        if let Some(ps) = patterns {
+            for p in ps {
+                node::KeyPattern::parse(p)?;
+            }
+        }
+        self.edit_configs(|cfg| {
+            if !cfg.clients.iter().any(|c| c == client) {
+                cfg.clients.push(client.to_string());
+            }
+            match patterns {
+                Some(ps) => cfg.grants.insert(client.to_string(), ps.to_vec()),
+                None => cfg.grants.remove(client),
+            };
+            Ok(())
+        })
+    }
+
+    /// Removes `client` from every node's clients and grants (not from its admins). Nodes
+    /// read it when they start.
+    pub fn revoke(&self, client: &str) -> Result<(), NodeError> {
+        self.edit_configs(|cfg| {
+            cfg.clients.retain(|c| c != client);
+            cfg.grants.remove(client);
+            Ok(())
+        })
+    }
+
+    /// Rewrites every node's config through `f`.
+    fn edit_configs(
+        &self,
+        mut f: impl FnMut(&mut CustodyNodeConfig) -> Result<(), NodeError>,
+    ) -> Result<(), NodeError> {
         let (net, _) = self.load()?;
         for m in &net.members {
             let path = self.node_config(m.party);
             let mut cfg = CustodyNodeConfig::load(&path)?;
-            cfg.ecdsa = level;
+            f(&mut cfg)?;
             let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
             write_private(&path, &json)?;
         }

@@ -3,8 +3,9 @@
 //! generation, import, nonce commitments, signature shares, export.
 //!
 //! Who may ask what: keys listed as `clients` may read status, take nonce commitments and ask
-//! for signature shares; keys listed as `admins` may also create, import and export keys.
-//! Any other peer is dropped after the handshake.
+//! for signature shares (of every key, or of the keys their `grants` entry names); keys
+//! listed as `admins` may also create, import and export keys, and use every key. Any other
+//! peer is dropped after the handshake.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
@@ -92,6 +93,12 @@ pub struct CustodyNodeConfig {
     pub clients: Vec<String>,
     /// Keys allowed to create, import and export keys.
     pub admins: Vec<String>,
+    /// Per-client key rights: a client key (`eur1…`) → the key names it may sign with (FROST
+    /// signature shares, ECDSA presignatures and signatures). Each entry is a whole name or a
+    /// prefix ending in `*` (`psp-a-*`; `*` alone is every key). A client without an entry
+    /// may use every key, as before grants existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub grants: BTreeMap<String, Vec<String>>,
     /// Whether the node runs ECDSA P-256 (CGGMP24), and at which security level. Off when
     /// absent: a production node spends minutes of CPU on its Paillier primes first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,6 +117,109 @@ impl CustodyNodeConfig {
 
 struct KeyEntry {
     share: KeyShare,
+}
+
+/// A key-name pattern of a grant: a whole key name, or a prefix ending in `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyPattern {
+    prefix: String,
+    whole: bool,
+}
+
+impl KeyPattern {
+    /// Parses `name`, `prefix*` or `*`.
+    pub fn parse(s: &str) -> Result<KeyPattern, NodeError> {
+        let (prefix, whole) = match s.strip_suffix('*') {
+            Some(p) => (p, false),
+            None => (s, true),
+        };
+        let ok = if whole {
+            valid_key_id(prefix)
+        } else {
+            prefix.is_empty() || valid_key_id(prefix)
+        };
+        if !ok {
+            return Err(NodeError::BadRequest(format!(
+                "key pattern {s:?}: a key name ([a-z0-9_-], 1 to 64) or a prefix ending in *"
+            )));
+        }
+        Ok(KeyPattern {
+            prefix: prefix.to_string(),
+            whole,
+        })
+    }
+
+    /// Whether key `key_id` matches.
+    pub fn matches(&self, key_id: &str) -> bool {
+        if self.whole {
+            key_id == self.prefix
+        } else {
+            key_id.starts_with(&self.prefix)
+        }
+    }
+}
+
+/// What one authenticated peer may do.
+struct Rights {
+    admin: bool,
+    /// The keys it may use; `None`: every key.
+    keys: Option<Vec<KeyPattern>>,
+}
+
+impl Rights {
+    fn may_use(&self, key_id: &str) -> bool {
+        self.admin
+            || self
+                .keys
+                .as_ref()
+                .is_none_or(|ps| ps.iter().any(|p| p.matches(key_id)))
+    }
+
+    fn check_key(&self, key_id: &str) -> Result<(), CustodyError> {
+        if self.may_use(key_id) {
+            Ok(())
+        } else {
+            Err(CustodyError::Forbidden(format!(
+                "key {key_id} is not granted to this client"
+            )))
+        }
+    }
+
+    /// Whether it may start, step or abort an ECDSA run of `job`.
+    fn check_job(&self, job: &EcdsaJob) -> Result<(), CustodyError> {
+        match job {
+            EcdsaJob::Aux | EcdsaJob::Keygen { .. } if !self.admin => {
+                Err(forbidden("key generation"))
+            }
+            EcdsaJob::Aux | EcdsaJob::Keygen { .. } => Ok(()),
+            EcdsaJob::Presign { key_id, .. } | EcdsaJob::Sign { key_id, .. } => {
+                self.check_key(key_id)
+            }
+        }
+    }
+}
+
+/// Parses the grants of a config; every granted key must be a client.
+fn parse_grants(
+    cfg: &CustodyNodeConfig,
+    clients: &[PublicKey],
+) -> Result<Vec<(PublicKey, Vec<KeyPattern>)>, NodeError> {
+    let mut out = Vec::with_capacity(cfg.grants.len());
+    for (k, patterns) in &cfg.grants {
+        let key = PublicKey::parse(k)
+            .map_err(|e| NodeError::BadRequest(format!("grant for {k}: {e}")))?;
+        if !clients.contains(&key) {
+            return Err(NodeError::BadRequest(format!(
+                "grant for {k}, which is not in `clients`"
+            )));
+        }
+        let ps = patterns
+            .iter()
+            .map(|p| KeyPattern::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push((key, ps));
+    }
+    Ok(out)
 }
 
 /// The node's FROST nonces, for all its keys.
@@ -138,6 +248,7 @@ struct Inner {
     members: HashMap<PartyId, PublicKey>,
     clients: Vec<PublicKey>,
     admins: Vec<PublicKey>,
+    grants: Vec<(PublicKey, Vec<KeyPattern>)>,
     keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
     nonces: Nonces,
     /// Shares stored but not committed (`shares/NAME.share-pending`): they sign nothing
@@ -270,6 +381,7 @@ impl CustodyNode {
             )?)),
             None => None,
         };
+        let clients = parse_keys(&cfg.clients, "client")?;
         let hedge = NonceHedge::derive(&kek[..])
             .map_err(|e| NodeError::Corrupt(format!("nonce hedge: {e}")))?;
         Ok(CustodyNode {
@@ -280,7 +392,8 @@ impl CustodyNode {
                 identity,
                 kek,
                 members,
-                clients: parse_keys(&cfg.clients, "client")?,
+                grants: parse_grants(cfg, &clients)?,
+                clients,
                 admins: parse_keys(&cfg.admins, "admin")?,
                 keys: RwLock::new(keys),
                 nonces: Nonces {
@@ -444,6 +557,14 @@ fn serve_stream(inner: &Inner, id: u64, stream: std::net::TcpStream, cfg: &Chann
     if !admin && !inner.clients.contains(&peer) {
         return;
     }
+    let rights = Rights {
+        admin,
+        keys: inner
+            .grants
+            .iter()
+            .find(|(k, _)| *k == peer)
+            .map(|(_, ps)| ps.clone()),
+    };
     if inner.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
         inner.connections.fetch_sub(1, Ordering::SeqCst);
         return;
@@ -451,14 +572,14 @@ fn serve_stream(inner: &Inner, id: u64, stream: std::net::TcpStream, cfg: &Chann
     if let (Ok(c), Ok(mut open)) = (ch.try_clone_stream(), inner.open.lock()) {
         open.insert(id, c);
     }
-    serve_connection(inner, ch, admin);
+    serve_connection(inner, ch, &rights);
     if let Ok(mut open) = inner.open.lock() {
         open.remove(&id);
     }
     inner.connections.fetch_sub(1, Ordering::SeqCst);
 }
 
-fn serve_connection(inner: &Inner, mut ch: Channel, admin: bool) {
+fn serve_connection(inner: &Inner, mut ch: Channel, rights: &Rights) {
     let _ = ch.set_timeout(IDLE);
     let _ = ch.set_write_timeout(WRITE_DEADLINE);
     loop {
@@ -474,7 +595,7 @@ fn serve_connection(inner: &Inner, mut ch: Channel, admin: bool) {
         }
         let answer = match wire::decode::<Request>(&bytes, "request") {
             Ok(req) => {
-                handle(inner, admin, req).unwrap_or_else(|e| Response::Refused(Refusal::from(&e)))
+                handle(inner, rights, req).unwrap_or_else(|e| Response::Refused(Refusal::from(&e)))
             }
             Err(e) => Response::Refused(Refusal::from(&e)),
         };
@@ -485,10 +606,11 @@ fn serve_connection(inner: &Inner, mut ch: Channel, admin: bool) {
 }
 
 fn forbidden(what: &str) -> CustodyError {
-    CustodyError::BadParameters(format!("{what} needs an administrator key"))
+    CustodyError::Forbidden(format!("{what} needs an administrator key"))
 }
 
-fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyError> {
+fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, CustodyError> {
+    let admin = rights.admin;
     match req {
         Request::Status => {
             let keys = inner
@@ -562,6 +684,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
             nonce,
             package,
         } => {
+            rights.check_key(&key_id)?;
             let e = key(inner, &key_id)?;
             let package = SigningPackage::from_bytes(&package)?;
             let nonces = inner
@@ -748,7 +871,7 @@ fn handle(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyE
         | Request::EcdsaAbort { .. }
         | Request::EcdsaImport { .. }
         | Request::EcdsaExport { .. }
-        | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, admin, req),
+        | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, rights, req),
     }
 }
 
@@ -772,13 +895,12 @@ fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
     })
 }
 
-fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, CustodyError> {
+fn handle_ecdsa(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, CustodyError> {
+    let admin = rights.admin;
     let e = ecdsa(inner)?;
     match req {
         Request::EcdsaStart { session, job } => {
-            if !admin && matches!(job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
-                return Err(forbidden("key generation"));
-            }
+            rights.check_job(&job)?;
             let frost_has = match &job {
                 EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
                 _ => false,
@@ -787,20 +909,24 @@ fn handle_ecdsa(inner: &Inner, admin: bool, req: Request) -> Result<Response, Cu
             Ok(Response::EcdsaStep { out, done })
         }
         Request::EcdsaStep { session, incoming } => {
-            let (out, done) = e.step(session, incoming, admin, &inner.identity, &inner.members)?;
+            let may = |job: &EcdsaJob| rights.check_job(job);
+            let (out, done) = e.step(session, incoming, &may, &inner.identity, &inner.members)?;
             Ok(Response::EcdsaStep { out, done })
         }
         Request::EcdsaAbort { session } => {
-            e.abort(&session, admin)?;
+            e.abort(&session, &|job: &EcdsaJob| rights.check_job(job))?;
             Ok(Response::Aborted)
         }
         Request::EcdsaPartial {
             key_id,
             presig,
             message,
-        } => Ok(Response::EcdsaPartial(
-            e.partial(&key_id, presig, &message)?,
-        )),
+        } => {
+            rights.check_key(&key_id)?;
+            Ok(Response::EcdsaPartial(
+                e.partial(&key_id, presig, &message)?,
+            ))
+        }
         Request::EcdsaImport { key_id, share } => {
             if !admin {
                 return Err(forbidden("key import"));

@@ -572,14 +572,15 @@ impl EcdsaNode {
 
     /// Ends run `session` at once (the coordinator gave up on it). Runs of key generation
     /// and auxiliary information only for an administrator.
-    pub(super) fn abort(&self, session: &[u8; 16], admin: bool) -> Result<(), CustodyError> {
+    /// Ends run `session`, if `may` allows its job to the asking client.
+    pub(super) fn abort(
+        &self,
+        session: &[u8; 16],
+        may: &dyn Fn(&EcdsaJob) -> Result<(), CustodyError>,
+    ) -> Result<(), CustodyError> {
         let mut runs = self.runs.lock().map_err(|_| lock_err())?;
         if let Some(r) = runs.get(session) {
-            if !admin && matches!(r.job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
-                return Err(CustodyError::BadParameters(
-                    "key generation needs an administrator key".into(),
-                ));
-            }
+            may(&r.job)?;
             runs.remove(session);
         }
         Ok(())
@@ -602,7 +603,7 @@ impl EcdsaNode {
         &self,
         session: [u8; 16],
         incoming: Vec<Envelope>,
-        admin: bool,
+        may: &dyn Fn(&EcdsaJob) -> Result<(), CustodyError>,
         identity: &LocalSigner,
         members: &HashMap<PartyId, PublicKey>,
     ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
@@ -611,11 +612,7 @@ impl EcdsaNode {
             let run = runs
                 .get_mut(&session)
                 .ok_or_else(|| CustodyError::OutOfOrder("no ECDSA run with this session".into()))?;
-            if !admin && matches!(run.job, EcdsaJob::Aux | EcdsaJob::Keygen { .. }) {
-                return Err(CustodyError::BadParameters(
-                    "key generation needs an administrator key".into(),
-                ));
-            }
+            may(&run.job)?;
             if run.busy {
                 return Err(CustodyError::OutOfOrder(
                     "this run is computing a step already".into(),
