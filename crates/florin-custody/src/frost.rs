@@ -971,6 +971,132 @@ pub fn aggregate(
     Ok(sig)
 }
 
+// ---------------------------------------------------------------------------------------------
+// Share repair
+
+/// Checks a repair's party set: `helpers` distinct parties of the group, at least t of them,
+/// `target` a party of the group that is not a helper.
+fn check_repair(
+    group: &GroupKey,
+    helpers: &[PartyId],
+    target: PartyId,
+) -> Result<(), CustodyError> {
+    let mut sorted = helpers.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != helpers.len()
+        || helpers.len() < group.t as usize
+        || helpers.iter().any(|&h| h == 0 || h > group.n)
+    {
+        return Err(CustodyError::BadParameters(format!(
+            "repair helpers {helpers:?}: at least {} distinct parties of {}",
+            group.t, group.n
+        )));
+    }
+    if target == 0 || target > group.n || helpers.contains(&target) {
+        return Err(CustodyError::BadParameters(format!(
+            "repair of party {target} by {helpers:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Share repair, step 1, at each helper (the repairable threshold scheme of Laing and Stinson,
+/// as `frost-core` implements it): splits this helper's Lagrange-weighted share into random
+/// deltas, one per helper (this one included), that add up to it. Each delta is secret: seal
+/// it to its helper. No helper, and not the coordinator, learns a share.
+pub fn repair_deltas<R: RngCore + CryptoRng>(
+    share: &KeyShare,
+    helpers: &[PartyId],
+    target: PartyId,
+    rng: &mut R,
+) -> Result<BTreeMap<PartyId, Zeroizing<Vec<u8>>>, CustodyError> {
+    check_repair(&share.group, helpers, target)?;
+    if !helpers.contains(&share.party) {
+        return Err(CustodyError::BadParameters(format!(
+            "party {} is not a helper of {helpers:?}",
+            share.party
+        )));
+    }
+    let ids = helpers
+        .iter()
+        .map(|&h| ident(h))
+        .collect::<Result<Vec<_>, _>>()?;
+    let deltas = frost_core::keys::repairable::repair_share_part1(
+        &ids,
+        &share.key_package,
+        rng,
+        ident(target)?,
+    )
+    .map_err(frost_err)?;
+    Ok(deltas
+        .iter()
+        .map(|(id, d)| (party_of(id), Zeroizing::new(d.serialize())))
+        .collect())
+}
+
+/// Share repair, step 2, at each helper: adds the deltas addressed to it, one from every
+/// helper, into its sigma for the target (secret: seal it to the target).
+pub fn repair_sigma(
+    deltas: &BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
+) -> Result<Zeroizing<Vec<u8>>, CustodyError> {
+    let mut list = Vec::with_capacity(deltas.len());
+    for (&p, bytes) in deltas {
+        list.push(
+            frost::keys::repairable::Delta::deserialize(bytes).map_err(|_| {
+                CustodyError::Misbehaved {
+                    party: p,
+                    reason: "malformed repair delta".into(),
+                }
+            })?,
+        );
+    }
+    Ok(Zeroizing::new(
+        frost::keys::repairable::repair_share_part2(&list).serialize(),
+    ))
+}
+
+/// Share repair, step 3, at the target: adds every helper's sigma into the lost share and
+/// checks it against the group's public share for the target, so a wrong value from any
+/// helper fails the repair instead of storing a share that cannot sign.
+pub fn repair_finish(
+    group: &GroupKey,
+    target: PartyId,
+    sigmas: &BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
+) -> Result<KeyShare, CustodyError> {
+    let helpers: Vec<PartyId> = sigmas.keys().copied().collect();
+    check_repair(group, &helpers, target)?;
+    let mut list = Vec::with_capacity(sigmas.len());
+    for (&p, bytes) in sigmas {
+        list.push(
+            frost::keys::repairable::Sigma::deserialize(bytes).map_err(|_| {
+                CustodyError::Misbehaved {
+                    party: p,
+                    reason: "malformed repair sigma".into(),
+                }
+            })?,
+        );
+    }
+    let id = ident(target)?;
+    let key_package = frost::keys::repairable::repair_share_part3(&list, id, &group.package)
+        .map_err(frost_err)?;
+    let expected = group
+        .package
+        .verifying_shares()
+        .get(&id)
+        .ok_or_else(|| CustodyError::malformed("group key"))?;
+    if &frost::keys::VerifyingShare::from(*key_package.signing_share()) != expected {
+        return Err(CustodyError::Inconsistent(format!(
+            "the repaired share does not match party {target}'s public share: a helper sent a wrong value"
+        )));
+    }
+    Ok(KeyShare {
+        party: target,
+        key_package,
+        group: group.clone(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1371,6 +1497,73 @@ mod tests {
             p.round2(&[(2, m2), (3, vec![1, 2, 3])].into()),
             Err(CustodyError::Misbehaved { party: 3, .. })
         ));
+        Ok(())
+    }
+    /// Runs a repair of `target` by `helpers` in memory; `tamper` may change the deltas.
+    fn repair(
+        shares: &[KeyShare],
+        helpers: &[PartyId],
+        target: PartyId,
+        tamper: impl Fn(PartyId, PartyId, &mut Zeroizing<Vec<u8>>),
+    ) -> R<KeyShare> {
+        let mut to: BTreeMap<PartyId, BTreeMap<PartyId, Zeroizing<Vec<u8>>>> = BTreeMap::new();
+        for &h in helpers {
+            let share = &shares[h as usize - 1];
+            for (j, mut d) in repair_deltas(share, helpers, target, &mut OsRng)? {
+                tamper(h, j, &mut d);
+                to.entry(j).or_default().insert(h, d);
+            }
+        }
+        let mut sigmas = BTreeMap::new();
+        for (j, deltas) in &to {
+            sigmas.insert(*j, repair_sigma(deltas)?);
+        }
+        repair_finish(shares[0].group(), target, &sigmas)
+    }
+
+    #[test]
+    fn a_lost_share_is_repaired_by_t_helpers() -> R<()> {
+        let shares = dkg(3, 5)?;
+        let back = repair(&shares, &[1, 2, 4], 5, |_, _, _| {})?;
+        assert_eq!(back.party(), 5);
+        assert_eq!(back.to_bytes(), shares[4].to_bytes());
+        // The repaired share signs with the others.
+        let sig = sign_with(&[&back, &shares[0], &shares[2]], b"repaired")?;
+        assert!(verify(&back.group().public_key(), b"repaired", &sig).is_ok());
+        // A wrong delta from any helper fails the repair instead of giving a wrong share.
+        let bad = repair(&shares, &[1, 2, 4], 5, |h, j, d| {
+            if h == 2 && j == 4 {
+                d[0] ^= 1;
+            }
+        });
+        assert!(matches!(bad, Err(CustodyError::Inconsistent(_))), "{bad:?}");
+        let garbled = repair(&shares, &[1, 2, 4], 5, |h, _, d| {
+            if h == 4 {
+                d.truncate(5);
+            }
+        });
+        assert!(
+            matches!(garbled, Err(CustodyError::Misbehaved { party: 4, .. })),
+            "{garbled:?}"
+        );
+        // Too few helpers, a helper that is the target, duplicates, parties out of range.
+        for (helpers, target) in [
+            (vec![1, 2], 5),
+            (vec![1, 2, 5], 5),
+            (vec![1, 1, 2], 5),
+            (vec![1, 2, 6], 5),
+            (vec![1, 2, 3], 9),
+        ] {
+            assert!(
+                matches!(
+                    repair_deltas(&shares[0], &helpers, target, &mut OsRng),
+                    Err(CustodyError::BadParameters(_))
+                ),
+                "{helpers:?} -> {target}"
+            );
+        }
+        // A party that is not a helper does not take part.
+        assert!(repair_deltas(&shares[2], &[1, 2, 4], 5, &mut OsRng).is_err());
         Ok(())
     }
 }

@@ -84,6 +84,38 @@ pub enum Request {
         /// The key.
         key_id: String,
     },
+    /// Share repair, step 1, at a helper (administrators only): splits its share of `key_id`
+    /// into deltas that rebuild `target`'s lost share; the answer is [`Response::Repair`] with
+    /// one envelope per other helper, sealed to it.
+    RepairStart {
+        /// The run.
+        session: [u8; 16],
+        /// The key.
+        key_id: String,
+        /// The helpers (at least t, this node among them).
+        helpers: Vec<PartyId>,
+        /// The party whose share is lost.
+        target: PartyId,
+    },
+    /// Share repair, step 2, at a helper: the other helpers' deltas for it; the answer is
+    /// [`Response::Repair`] with its sigma, sealed to the target.
+    RepairSigma {
+        /// The run.
+        session: [u8; 16],
+        /// Every other helper's delta envelope for this node.
+        deltas: Vec<Envelope>,
+    },
+    /// Share repair, step 3, at the target: every helper's sigma and the group key. The node
+    /// checks the rebuilt share against its public share, stores it pending (it signs after
+    /// [`Request::Commit`]) and answers [`Response::Key`].
+    RepairFinish {
+        /// The run.
+        session: [u8; 16],
+        /// `GroupKey::to_bytes` of the key.
+        group: Vec<u8>,
+        /// One sigma envelope per helper.
+        sigmas: Vec<Envelope>,
+    },
     /// Starts this node's part in an ECDSA (CGGMP24) protocol run; the answer is
     /// [`Response::EcdsaStep`] with the node's first messages.
     EcdsaStart {
@@ -291,6 +323,8 @@ pub enum Response {
     Share(Vec<u8>),
     /// To [`Request::Export`]: `KeyShare::to_bytes`.
     Exported(Vec<u8>),
+    /// To [`Request::RepairStart`] and [`Request::RepairSigma`]: sealed envelopes to relay.
+    Repair(Vec<Envelope>),
     /// To [`Request::EcdsaStart`] and [`Request::EcdsaStep`]: envelopes to relay (broadcasts
     /// to every other party of the run, direct ones to their recipient) and, at the end, what
     /// the run gave this node.

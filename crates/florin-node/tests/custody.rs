@@ -489,3 +489,48 @@ fn grants_limit_a_client_to_its_keys() -> R {
     assert!(ThresholdSigner::new(a, alice).sign(b"pay bob").is_err());
     Ok(())
 }
+
+/// A node that lost its share (its disk, not its identity) gets it back from t others without
+/// the key being rebuilt anywhere, then signs again; only an administrator may ask.
+#[test]
+fn a_lost_share_is_repaired_from_the_others() -> R {
+    let (_dir, layout, nodes, kmn) = network(2, 3)?;
+    let group = kmn.dkg("issuer")?;
+    let client = LocalSigner::new(SecretKey::generate(&mut OsRng));
+    layout.grant(&client.public_key().to_address(), None)?;
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let share3 = layout.node_dir(3).join("shares").join("issuer.share");
+    std::fs::remove_file(&share3)?;
+    let mut nodes = layout.start_in_process()?;
+    let before = kmn.status();
+    assert!(before[2].up && before[2].keys.is_empty(), "{:?}", before[2]);
+    // A client that is not an administrator may not repair.
+    let (net, _) = layout.load()?;
+    let plain = Kmn::new(&net, client)?;
+    let err = plain.repair("issuer", 3).err().ok_or("a client repaired")?;
+    assert!(err.to_string().contains("administrator"), "{err}");
+    // Unknown key, unknown node.
+    assert!(kmn.repair("nope", 3).is_err());
+    assert!(kmn.repair("issuer", 9).is_err());
+
+    assert_eq!(kmn.repair("issuer", 3)?, vec![1, 2]);
+    assert!(share3.exists());
+    assert_eq!(kmn.status()[2].keys.len(), 1);
+    // Repairing a node that holds its share changes nothing.
+    assert_eq!(kmn.repair("issuer", 3)?, vec![1, 2]);
+    // Node 3 signs with node 2 alone: node 1 is down.
+    nodes.remove(0).stop();
+    for i in 0..5u32 {
+        let msg = format!("after repair {i}");
+        let sig = kmn.signer("issuer")?.sign(msg.as_bytes())?;
+        assert!(dalek_ok(&group.public_key(), msg.as_bytes(), &sig));
+    }
+    // With node 1 down, only one helper is left for node 2: a clear error.
+    let err = kmn
+        .repair("issuer", 2)
+        .err()
+        .ok_or("repaired with one helper")?;
+    assert!(err.to_string().contains("repair needs 2"), "{err}");
+    Ok(())
+}

@@ -173,6 +173,18 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Rebuild node P's lost share of a FROST key (its disk was lost; its identity key and
+    /// config are back) from t other nodes, without rebuilding the key anywhere.
+    Repair {
+        /// The key's name.
+        key: String,
+        /// The node whose share is lost.
+        #[arg(long)]
+        party: u16,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Let a client key (`eur1…`, e.g. a payment provider's) take signature shares at every
     /// node, of the keys named by `--keys` only: whole names or prefixes ending in `*`
     /// (`psp-a-*`), comma-separated; `*` grants every key. Replaces the client's earlier
@@ -427,6 +439,13 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 println!("{key}  {}", g.public_key().to_address());
             }
             eprintln!("committed at all {} nodes", kmn.n());
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Repair { key, party, data } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let helpers = kmn.repair(&key, party)?;
+            eprintln!("repaired node {party}'s share of {key} with nodes {helpers:?}");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Grant { client, keys, data } => {
@@ -774,22 +793,37 @@ pub fn ensure_up(
         if down.is_empty() {
             for (key, seed) in keys {
                 // A key some nodes have committed and others not: an earlier creation stopped
-                // in its commit round. Finish it if every node holds it; using it as it is
-                // would leave no spare share.
+                // in its commit round, or a node lost its share. Finish the commit if every
+                // node holds the key; rebuild the share of a node that holds nothing from t
+                // others (a key is committed only after every node stored it, so such a
+                // node lost it). Using the key as it is would leave no spare share.
                 let holders: Vec<&(String, String)> = st
                     .iter()
                     .filter_map(|s| s.keys.iter().find(|k| &k.0 == key))
                     .collect();
                 if !holders.is_empty() && holders.len() < st.len() {
-                    kmn.commit_pending(key).map_err(|e| {
+                    let lost: Vec<u16> = st
+                        .iter()
+                        .filter(|s| {
+                            !s.keys.iter().any(|k| &k.0 == key)
+                                && !s.pending.iter().any(|k| &k.0 == key)
+                        })
+                        .map(|s| s.party)
+                        .collect();
+                    let cannot = |e: &dyn std::fmt::Display| {
                         anyhow!(
                             "key {key} is committed at {} of {} nodes (an earlier key creation \
-                             stopped midway) and cannot be finished: {e}",
+                             stopped midway, or nodes lost their shares) and cannot be finished: {e}",
                             holders.len(),
                             st.len()
                         )
-                    })?;
-                    eprintln!("key {key}: finished its interrupted commit round");
+                    };
+                    for p in lost {
+                        kmn.repair(key, p).map_err(|e| cannot(&e))?;
+                        eprintln!("key {key}: rebuilt node {p}'s lost share from the others");
+                    }
+                    kmn.commit_pending(key).map_err(|e| cannot(&e))?;
+                    eprintln!("key {key}: held by every node again");
                 }
                 if let Some(h) = holders.first() {
                     if let Some(seed) = seed {

@@ -89,6 +89,16 @@ impl Devnet {
     }
 }
 
+/// A child process killed when dropped.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Drop for Devnet {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -756,6 +766,53 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
+    // Node 3 loses its share of the issuer key; `repair` rebuilds it from the other two.
+    let nodes = Devnet::start_with(&data, &["--custody", "threshold"]);
+    let share3 = custody.join("node-3").join("shares").join("issuer.share");
+    u.ok(&["custody", "kill", "3", "--data", &custody_s]);
+    std::fs::remove_file(&share3).unwrap();
+    drop(nodes);
+    // Nodes tied to the devnet exit within 250 ms of it.
+    std::thread::sleep(Duration::from_millis(750));
+    let node = |p: u16| {
+        let cfg = custody.join(format!("node-{p}")).join("node.json");
+        KillOnDrop(
+            Command::new(BIN)
+                .args(["custody", "node", "--config"])
+                .arg(cfg)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let running: Vec<KillOnDrop> = (1..=3).map(node).collect();
+    let holds_issuer = |p: usize| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = u.run(&["custody", "status", "--data", &custody_s, "--json"]);
+            let st: Value = serde_json::from_slice(&st.stdout).unwrap_or(Value::Null);
+            if st["up"] == 3 {
+                return st["nodes"][p]["keys"].to_string().contains("issuer");
+            }
+            assert!(Instant::now() < deadline, "nodes did not come up: {st}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    assert!(!holds_issuer(2));
+    u.ok(&[
+        "custody", "repair", "issuer", "--party", "3", "--data", &custody_s,
+    ]);
+    assert!(share3.exists());
+    assert!(holds_issuer(2));
+    drop(running);
+    std::thread::sleep(Duration::from_millis(300));
+    // The devnet does it by itself when it starts nodes and finds a share lost.
+    std::fs::remove_file(&share3).unwrap();
+    let net = Devnet::start_with(&data, &["--custody", "threshold"]);
+    assert!(holds_issuer(2));
+    assert!(share3.exists());
+    drop(net);
     // A client key limited to some keys, then revoked, in every node's config.
     let node1 = || -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(custody.join("node-1").join("node.json")).unwrap())

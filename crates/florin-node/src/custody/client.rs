@@ -654,6 +654,106 @@ impl Kmn {
         self.commit_everywhere(key_id, &group.to_bytes())
     }
 
+    /// Share repair: rebuilds party `target`'s lost share of FROST key `key_id` (a node
+    /// whose disk was lost or replaced, same identity) from t other nodes, without
+    /// reconstructing the key. Each helper splits its share into sealed random deltas for the
+    /// other helpers; each sums what it got into a sigma sealed to the target; the target adds
+    /// the sigmas, checks the result against its public share, stores it and, once committed,
+    /// signs again. The coordinator sees only sealed envelopes. Needs an administrator key.
+    /// Returns the helpers.
+    pub fn repair(&self, key_id: &str, target: PartyId) -> Result<Vec<PartyId>, KmnError> {
+        let group = self.group(key_id)?;
+        if self.link(target).is_none() {
+            return Err(KmnError::Config(format!("no node {target}")));
+        }
+        let helpers: Vec<PartyId> = self
+            .status()
+            .into_iter()
+            .filter(|s| s.up && s.party != target && s.keys.iter().any(|(k, _)| k == key_id))
+            .map(|s| s.party)
+            .take(self.t as usize)
+            .collect();
+        if helpers.len() < self.t as usize {
+            return Err(KmnError::Unavailable(format!(
+                "repair needs {} nodes holding {key_id} besides node {target}; {} answer",
+                self.t,
+                helpers.len()
+            )));
+        }
+        let mut session = [0u8; 16];
+        OsRng.fill_bytes(&mut session);
+        let answers =
+            |rs: Vec<(PartyId, Result<Response, String>)>| -> Result<Vec<Envelope>, KmnError> {
+                let mut out = Vec::new();
+                for (p, r) in rs {
+                    match r {
+                        Ok(Response::Repair(envs)) => {
+                            self.check_signed(p, &envs)?;
+                            out.extend(envs);
+                        }
+                        Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                        Ok(_) => return Err(unexpected(p)),
+                        Err(e) => return Err(KmnError::Unavailable(format!("repair: {e}"))),
+                    }
+                }
+                Ok(out)
+            };
+        let deltas = answers(
+            self.round(
+                helpers
+                    .iter()
+                    .map(|&p| {
+                        let req = Request::RepairStart {
+                            session,
+                            key_id: key_id.to_string(),
+                            helpers: helpers.clone(),
+                            target,
+                        };
+                        (p, req)
+                    })
+                    .collect(),
+                SIGN_TIMEOUT,
+            ),
+        )?;
+        let sigmas = answers(
+            self.round(
+                helpers
+                    .iter()
+                    .map(|&p| {
+                        let mine = deltas.iter().filter(|e| e.to == p).cloned().collect();
+                        (
+                            p,
+                            Request::RepairSigma {
+                                session,
+                                deltas: mine,
+                            },
+                        )
+                    })
+                    .collect(),
+                SIGN_TIMEOUT,
+            ),
+        )?;
+        let finish = Request::RepairFinish {
+            session,
+            group: group.to_bytes(),
+            sigmas,
+        };
+        match self.ask(target, finish)? {
+            Response::Key(g) if g == group.to_bytes() => {}
+            Response::Refused(r) => return Err(refused(target, r)),
+            _ => return Err(unexpected(target)),
+        }
+        let commit = Request::Commit {
+            key_id: key_id.to_string(),
+            public: group.to_bytes(),
+        };
+        match self.ask(target, commit)? {
+            Response::Key(_) => Ok(helpers),
+            Response::Refused(r) => Err(refused(target, r)),
+            _ => Err(unexpected(target)),
+        }
+    }
+
     /// Key export (R4): collects t shares and rebuilds the signing scalar, checked against the
     /// group key. Needs an administrator key.
     pub fn export(&self, key_id: &str) -> Result<Zeroizing<[u8; 32]>, KmnError> {

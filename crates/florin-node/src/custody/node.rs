@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, PublicKey, Signer};
 use florin_custody::envelope::{check_echoes, Attestation, Envelope};
-use florin_custody::frost::{DkgParty, KeyShare, NonceHedge, NoncePool, SigningPackage};
+use florin_custody::frost::{
+    self, DkgParty, GroupKey, KeyShare, NonceHedge, NoncePool, SigningPackage,
+};
 use florin_custody::wire::{
     self, DkgEcho, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE,
 };
@@ -230,6 +232,20 @@ struct Nonces {
     target: AtomicUsize,
 }
 
+/// Envelope steps of a share repair (apart from key generation's 1 to 3).
+const REPAIR_DELTA: u8 = 21;
+const REPAIR_SIGMA: u8 = 22;
+
+/// A helper's share repair between its two steps.
+struct RepairRun {
+    key_id: String,
+    helpers: Vec<PartyId>,
+    target: PartyId,
+    /// The delta this helper keeps for itself.
+    own: Zeroizing<Vec<u8>>,
+    started: Instant,
+}
+
 struct DkgRun {
     party: DkgParty,
     started: Instant,
@@ -255,6 +271,7 @@ struct Inner {
     /// until [`Request::Commit`]. Locked after `keys` when both are.
     pending: Mutex<HashMap<String, KeyShare>>,
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
+    repairs: Mutex<HashMap<[u8; 16], RepairRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
     connections: AtomicUsize,
     /// Connections in their handshake, oldest first (see [`MAX_HANDSHAKES`]).
@@ -403,6 +420,7 @@ impl CustodyNode {
                 },
                 pending: Mutex::new(pending),
                 dkgs: Mutex::new(HashMap::new()),
+                repairs: Mutex::new(HashMap::new()),
                 ecdsa,
                 connections: AtomicUsize::new(0),
                 handshakes: Mutex::new(std::collections::VecDeque::new()),
@@ -770,20 +788,7 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
             )?;
             let mut direct = Vec::with_capacity(out.direct.len());
             for (to, m) in &out.direct {
-                let to_key = inner
-                    .members
-                    .get(to)
-                    .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
-                direct.push(Envelope::direct(
-                    &inner.identity,
-                    session,
-                    3,
-                    inner.party,
-                    *to,
-                    to_key,
-                    m,
-                    &mut OsRng,
-                )?);
+                direct.push(sealed_to(inner, session, 3, *to, m)?);
             }
             put_run(inner, session, run)?;
             Ok(Response::DkgRound2 { echo, direct })
@@ -858,6 +863,107 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
             }
             let e = key(inner, &key_id)?;
             Ok(Response::Exported(e.share.to_bytes().to_vec()))
+        }
+        Request::RepairStart {
+            session,
+            key_id,
+            helpers,
+            target,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let e = key(inner, &key_id)?;
+            let mut deltas = frost::repair_deltas(&e.share, &helpers, target, &mut OsRng)?;
+            let own = deltas
+                .remove(&inner.party)
+                .ok_or_else(|| CustodyError::BadParameters("not a helper".into()))?;
+            let mut out = Vec::with_capacity(deltas.len());
+            for (to, d) in &deltas {
+                out.push(sealed_to(inner, session, REPAIR_DELTA, *to, d)?);
+            }
+            let mut runs = inner
+                .repairs
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            runs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
+            if runs.len() >= MAX_DKG_RUNS || runs.contains_key(&session) {
+                return Err(CustodyError::OutOfOrder(
+                    "repair run taken, or too many running".into(),
+                ));
+            }
+            runs.insert(
+                session,
+                RepairRun {
+                    key_id,
+                    helpers,
+                    target,
+                    own,
+                    started: Instant::now(),
+                },
+            );
+            Ok(Response::Repair(out))
+        }
+        Request::RepairSigma { session, deltas } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let run = inner
+                .repairs
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .remove(&session)
+                .ok_or_else(|| CustodyError::OutOfOrder("no repair with this session".into()))?;
+            let mut got: BTreeMap<PartyId, Zeroizing<Vec<u8>>> =
+                open_all(inner, &session, REPAIR_DELTA, &deltas)?
+                    .into_iter()
+                    .map(|(p, d)| (p, Zeroizing::new(d)))
+                    .collect();
+            let expected: Vec<PartyId> = run
+                .helpers
+                .iter()
+                .copied()
+                .filter(|&h| h != inner.party)
+                .collect();
+            if got.keys().copied().ne(expected.iter().copied()) {
+                return Err(CustodyError::OutOfOrder(format!(
+                    "repair of {}: deltas from {:?}, helpers {expected:?}",
+                    run.key_id,
+                    got.keys().collect::<Vec<_>>()
+                )));
+            }
+            got.insert(inner.party, run.own);
+            let sigma = frost::repair_sigma(&got)?;
+            Ok(Response::Repair(vec![sealed_to(
+                inner,
+                session,
+                REPAIR_SIGMA,
+                run.target,
+                &sigma,
+            )?]))
+        }
+        Request::RepairFinish {
+            session,
+            group,
+            sigmas,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let group = GroupKey::from_bytes(&group)?;
+            let key_id = group.key_id().to_string();
+            if !valid_key_id(&key_id) || ecdsa_has(inner, &key_id) || group.parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "key {key_id:?}: not a key of this network's kind"
+                )));
+            }
+            let sigmas: BTreeMap<PartyId, Zeroizing<Vec<u8>>> =
+                open_all(inner, &session, REPAIR_SIGMA, &sigmas)?
+                    .into_iter()
+                    .map(|(p, d)| (p, Zeroizing::new(d)))
+                    .collect();
+            let share = frost::repair_finish(&group, inner.party, &sigmas)?;
+            store(inner, share)
         }
         Request::Commit { key_id, public } => {
             if !admin {
@@ -985,6 +1091,30 @@ fn put_run(inner: &Inner, session: [u8; 16], run: DkgRun) -> Result<(), CustodyE
         .map_err(|_| CustodyError::Frost("lock".into()))?
         .insert(session, run);
     Ok(())
+}
+
+/// A secret message from this node to party `to`, sealed to its identity key.
+fn sealed_to(
+    inner: &Inner,
+    session: [u8; 16],
+    step: u8,
+    to: PartyId,
+    payload: &[u8],
+) -> Result<Envelope, CustodyError> {
+    let to_key = inner
+        .members
+        .get(&to)
+        .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
+    Envelope::direct(
+        &inner.identity,
+        session,
+        step,
+        inner.party,
+        to,
+        to_key,
+        payload,
+        &mut OsRng,
+    )
 }
 
 /// Opens other parties' envelopes of one step: each must come from a distinct member other
