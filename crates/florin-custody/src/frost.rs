@@ -1035,22 +1035,32 @@ pub fn repair_deltas<R: RngCore + CryptoRng>(
         .collect())
 }
 
+/// Decodes one value from each party; bytes that do not decode name their sender.
+fn decode_each<T, E>(
+    from: &BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
+    what: &str,
+    decode: impl Fn(&[u8]) -> Result<T, E>,
+) -> Result<Vec<T>, CustodyError> {
+    from.iter()
+        .map(|(&p, bytes)| {
+            decode(bytes).map_err(|_| CustodyError::Misbehaved {
+                party: p,
+                reason: format!("malformed {what}"),
+            })
+        })
+        .collect()
+}
+
 /// Share repair, step 2, at each helper: adds the deltas addressed to it, one from every
 /// helper, into its sigma for the target (secret: seal it to the target).
 pub fn repair_sigma(
     deltas: &BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
 ) -> Result<Zeroizing<Vec<u8>>, CustodyError> {
-    let mut list = Vec::with_capacity(deltas.len());
-    for (&p, bytes) in deltas {
-        list.push(
-            frost::keys::repairable::Delta::deserialize(bytes).map_err(|_| {
-                CustodyError::Misbehaved {
-                    party: p,
-                    reason: "malformed repair delta".into(),
-                }
-            })?,
-        );
-    }
+    let list = decode_each(
+        deltas,
+        "repair delta",
+        frost::keys::repairable::Delta::deserialize,
+    )?;
     Ok(Zeroizing::new(
         frost::keys::repairable::repair_share_part2(&list).serialize(),
     ))
@@ -1066,17 +1076,11 @@ pub fn repair_finish(
 ) -> Result<KeyShare, CustodyError> {
     let helpers: Vec<PartyId> = sigmas.keys().copied().collect();
     check_repair(group, &helpers, target)?;
-    let mut list = Vec::with_capacity(sigmas.len());
-    for (&p, bytes) in sigmas {
-        list.push(
-            frost::keys::repairable::Sigma::deserialize(bytes).map_err(|_| {
-                CustodyError::Misbehaved {
-                    party: p,
-                    reason: "malformed repair sigma".into(),
-                }
-            })?,
-        );
-    }
+    let list = decode_each(
+        sigmas,
+        "repair sigma",
+        frost::keys::repairable::Sigma::deserialize,
+    )?;
     let id = ident(target)?;
     let key_package = frost::keys::repairable::repair_share_part3(&list, id, &group.package)
         .map_err(frost_err)?;

@@ -914,11 +914,7 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
                 .map_err(|_| CustodyError::Frost("lock".into()))?
                 .remove(&session)
                 .ok_or_else(|| CustodyError::OutOfOrder("no repair with this session".into()))?;
-            let mut got: BTreeMap<PartyId, Zeroizing<Vec<u8>>> =
-                open_all(inner, &session, REPAIR_DELTA, &deltas)?
-                    .into_iter()
-                    .map(|(p, d)| (p, Zeroizing::new(d)))
-                    .collect();
+            let mut got = open_secrets(inner, &session, REPAIR_DELTA, &deltas)?;
             let expected: Vec<PartyId> = run
                 .helpers
                 .iter()
@@ -957,11 +953,7 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
                     "key {key_id:?}: not a key of this network's kind"
                 )));
             }
-            let sigmas: BTreeMap<PartyId, Zeroizing<Vec<u8>>> =
-                open_all(inner, &session, REPAIR_SIGMA, &sigmas)?
-                    .into_iter()
-                    .map(|(p, d)| (p, Zeroizing::new(d)))
-                    .collect();
+            let sigmas = open_secrets(inner, &session, REPAIR_SIGMA, &sigmas)?;
             let share = frost::repair_finish(&group, inner.party, &sigmas)?;
             store(inner, share)
         }
@@ -1115,6 +1107,19 @@ fn sealed_to(
         payload,
         &mut OsRng,
     )
+}
+
+/// [`open_all`] for sealed secrets: the plaintexts are wiped when dropped.
+fn open_secrets(
+    inner: &Inner,
+    session: &[u8; 16],
+    step: u8,
+    envs: &[Envelope],
+) -> Result<BTreeMap<PartyId, Zeroizing<Vec<u8>>>, CustodyError> {
+    Ok(open_all(inner, session, step, envs)?
+        .into_iter()
+        .map(|(p, d)| (p, Zeroizing::new(d)))
+        .collect())
 }
 
 /// Opens other parties' envelopes of one step: each must come from a distinct member other
