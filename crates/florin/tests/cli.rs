@@ -766,14 +766,28 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
+    // Nodes tied to a devnet exit within 250 ms of it: wait until none answers, so the next
+    // devnet starts its own instead of finding the old ones about to go.
+    let all_down = || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = u.run(&["custody", "status", "--data", &custody_s, "--json"]);
+            let st: Value = serde_json::from_slice(&st.stdout).unwrap_or(Value::Null);
+            if st["up"] == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nodes did not exit: {st}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
     // Node 3 loses its share of the issuer key; `repair` rebuilds it from the other two.
+    all_down();
     let nodes = Devnet::start_with(&data, &["--custody", "threshold"]);
     let share3 = custody.join("node-3").join("shares").join("issuer.share");
     u.ok(&["custody", "kill", "3", "--data", &custody_s]);
     std::fs::remove_file(&share3).unwrap();
     drop(nodes);
-    // Nodes tied to the devnet exit within 250 ms of it.
-    std::thread::sleep(Duration::from_millis(750));
+    all_down();
     let node = |p: u16| {
         let cfg = custody.join(format!("node-{p}")).join("node.json");
         KillOnDrop(
@@ -806,7 +820,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     assert!(share3.exists());
     assert!(holds_issuer(2));
     drop(running);
-    std::thread::sleep(Duration::from_millis(300));
+    all_down();
     // The devnet does it by itself when it starts nodes and finds a share lost.
     std::fs::remove_file(&share3).unwrap();
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
