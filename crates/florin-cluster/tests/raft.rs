@@ -369,6 +369,21 @@ async fn wiped_replica_rejoins_by_snapshot() {
                 .find(|&i| i != leader.id() && (i == 1) == wipe_smallest)
                 .unwrap_or(if leader.id() == 1 { 2 } else { 1 });
             wait_applied(&cluster.node(wiped), 100).await;
+            // Snapshots are taken in the background: wait until the leader has one and has
+            // purged the log before it, so the rejoining replica can only get the state by
+            // snapshot.
+            let start = Instant::now();
+            loop {
+                let l = leader.status();
+                if l.snapshot > Some(50) && l.purged > Some(50) {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "no snapshot or purge: {l:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             cluster.stop(wiped).await;
             cluster.dirs.insert(wiped, TempDir::new().unwrap());
             let fresh = cluster.open(wiped).await;
