@@ -11,6 +11,7 @@
 //! party's bytes never panics and names the party on failure.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use curve25519_dalek::Scalar;
 use florin_crypto::{hash, PublicKey, Signature};
@@ -28,6 +29,7 @@ use crate::{CustodyError, PartyId};
 pub const MAX_PARTIES: u16 = 255;
 
 const ECHO_DOMAIN: &str = "florin/custody/dkg-echo/v1";
+const GROUP_DOMAIN: &str = "florin/custody/group/v1";
 
 fn ident(p: PartyId) -> Result<Identifier, CustodyError> {
     Identifier::try_from(p).map_err(|_| CustodyError::BadParameters(format!("party {p}")))
@@ -109,6 +111,22 @@ impl GroupKey {
             k.copy_from_slice(&b);
         }
         PublicKey(k)
+    }
+
+    /// A digest of [`GroupKey::to_bytes`]: it names one sharing of the key, so it changes
+    /// when the shares are refreshed while [`GroupKey::public_key`] stays.
+    pub fn digest(&self) -> [u8; 32] {
+        hash(GROUP_DOMAIN, &[&self.to_bytes()])
+    }
+
+    /// Whether `self` is a refreshed sharing of `old`: the same name, threshold, parties and
+    /// public key, other public shares.
+    pub fn is_refresh_of(&self, old: &GroupKey) -> bool {
+        self.key_id == old.key_id
+            && self.t == old.t
+            && self.n == old.n
+            && self.package.verifying_key() == old.package.verifying_key()
+            && self.package.verifying_shares() != old.package.verifying_shares()
     }
 
     /// Encodes for the wire and for disk.
@@ -243,6 +261,8 @@ pub struct DkgParty {
     n: u16,
     own_round1: Vec<u8>,
     step: DkgStep,
+    /// For a share refresh: the share being refreshed.
+    refresh: Option<Box<KeyShare>>,
 }
 
 /// What [`DkgParty::round2`] sends.
@@ -277,9 +297,44 @@ impl DkgParty {
                 n,
                 own_round1: own_round1.clone(),
                 step: DkgStep::Round1(Box::new(secret)),
+                refresh: None,
             },
             own_round1,
         ))
+    }
+
+    /// Starts a proactive refresh of `old`'s key as `old`'s party: the same three steps as a
+    /// key generation, but every party deals a random sharing of zero, and each adds what it
+    /// gets to its share. The public key stays; every share changes, so shares stolen before
+    /// the refresh do not combine with shares stolen after it. Every party of the key must
+    /// take part. Returns the round-1 message to broadcast.
+    pub fn start_refresh<R: RngCore + CryptoRng>(
+        old: &KeyShare,
+        rng: &mut R,
+    ) -> Result<(DkgParty, Vec<u8>), CustodyError> {
+        let (t, n, me) = (old.group.t, old.group.n, old.party);
+        check_params(t, n)?;
+        let (secret, package) =
+            frost_core::keys::refresh::refresh_dkg_part1(ident(me)?, n, t, &mut *rng)
+                .map_err(frost_err)?;
+        let own_round1 = package.serialize().map_err(frost_err)?;
+        Ok((
+            DkgParty {
+                key_id: old.group.key_id.clone(),
+                me,
+                t,
+                n,
+                own_round1: own_round1.clone(),
+                step: DkgStep::Round1(Box::new(secret)),
+                refresh: Some(Box::new(old.clone())),
+            },
+            own_round1,
+        ))
+    }
+
+    /// Whether this run refreshes an existing key (else it makes a new one).
+    pub fn is_refresh(&self) -> bool {
+        self.refresh.is_some()
     }
 
     /// This party's number.
@@ -338,8 +393,22 @@ impl DkgParty {
             packages.insert(ident(p)?, pkg);
             digests.insert(p, self.digest(p, bytes));
         }
-        let (secret2, out) = dkg::part2(*secret, &packages)
-            .map_err(|e| culprit_err(e, "invalid round-1 package"))?;
+        let (secret2, out) = if self.refresh.is_some() {
+            // A refresh commitment leaves out the constant term (zero, added back by each
+            // receiver): t − 1 coefficients. The library refuses other lengths without a name.
+            for (id, pkg) in &packages {
+                if pkg.commitment().coefficients().len() + 1 != self.t as usize {
+                    return Err(CustodyError::Misbehaved {
+                        party: party_of(id),
+                        reason: "refresh commitment of the wrong degree".into(),
+                    });
+                }
+            }
+            frost_core::keys::refresh::refresh_dkg_part2(*secret, &packages)
+                .map_err(|e| culprit_err(e, "invalid round-1 package"))?
+        } else {
+            dkg::part2(*secret, &packages).map_err(|e| culprit_err(e, "invalid round-1 package"))?
+        };
         let mut direct = BTreeMap::new();
         for (id, pkg) in out {
             let bytes = pkg.serialize().map_err(frost_err)?;
@@ -412,8 +481,27 @@ impl DkgParty {
                 })?;
             packages.insert(ident(p)?, pkg);
         }
-        let (key_package, public) = dkg::part3(secret, round1, &packages)
-            .map_err(|e| culprit_err(e, "invalid secret share"))?;
+        let (key_package, public) = match &self.refresh {
+            None => dkg::part3(secret, round1, &packages)
+                .map_err(|e| culprit_err(e, "invalid secret share"))?,
+            Some(old) => {
+                check_refresh_shares(self.me, round1, &packages)?;
+                let (kp, public) = frost_core::keys::refresh::refresh_dkg_shares(
+                    secret,
+                    round1,
+                    &packages,
+                    old.group.package.clone(),
+                    old.key_package.clone(),
+                )
+                .map_err(frost_err)?;
+                if public.verifying_key() != old.group.package.verifying_key() {
+                    return Err(CustodyError::Inconsistent(
+                        "the refresh changed the public key".into(),
+                    ));
+                }
+                (kp, public)
+            }
+        };
         self.step = DkgStep::Done;
         Ok(KeyShare {
             party: self.me,
@@ -428,6 +516,39 @@ impl DkgParty {
     }
 }
 
+/// Checks each refresh share addressed to `me` against its sender's commitment (with the
+/// zero constant term put back), naming a sender whose share does not match: the library
+/// checks the same but names no one.
+fn check_refresh_shares(
+    me: PartyId,
+    round1: &BTreeMap<Identifier, dkg::round1::Package>,
+    direct: &BTreeMap<Identifier, dkg::round2::Package>,
+) -> Result<(), CustodyError> {
+    use frost_core::keys::{CoefficientCommitment, SecretShare, VerifiableSecretSharingCommitment};
+    for (id, pkg) in direct {
+        let commitment = round1.get(id).ok_or_else(|| CustodyError::Misbehaved {
+            party: party_of(id),
+            reason: "refresh share without a commitment".into(),
+        })?;
+        let mut coefficients = vec![CoefficientCommitment::new(
+            <frost::Ed25519Group as frost_core::Group>::identity(),
+        )];
+        coefficients.extend_from_slice(commitment.commitment().coefficients());
+        let share = SecretShare::new(
+            ident(me)?,
+            *pkg.signing_share(),
+            VerifiableSecretSharingCommitment::new(coefficients),
+        );
+        if share.verify().is_err() {
+            return Err(CustodyError::Misbehaved {
+                party: party_of(id),
+                reason: "invalid refresh share".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Runs a whole DKG with all `n` parties in this process (tests, benchmarks, an offline
 /// ceremony on one air-gapped machine). Returns every party's share and how long each party
 /// computed, over its three steps.
@@ -437,7 +558,6 @@ pub fn dkg_in_memory<R: RngCore + CryptoRng>(
     n: u16,
     rng: &mut R,
 ) -> Result<(Vec<KeyShare>, Vec<std::time::Duration>), CustodyError> {
-    use std::time::{Duration, Instant};
     let mut spent = vec![Duration::ZERO; n as usize];
     let mut parties = Vec::with_capacity(n as usize);
     let mut round1 = BTreeMap::new();
@@ -448,6 +568,53 @@ pub fn dkg_in_memory<R: RngCore + CryptoRng>(
         parties.push(party);
         round1.insert(p, msg);
     }
+    finish_in_memory(parties, round1, spent)
+}
+
+/// Refreshes every share of one key in this process (tests, benchmarks, an offline
+/// ceremony): `shares` must hold every party's share. Returns the refreshed shares, in
+/// party order, and how long each party computed.
+pub fn refresh_in_memory<R: RngCore + CryptoRng>(
+    shares: &[KeyShare],
+    rng: &mut R,
+) -> Result<(Vec<KeyShare>, Vec<Duration>), CustodyError> {
+    let n = shares.first().map(|s| s.group.n).unwrap_or(0) as usize;
+    let mut spent = vec![Duration::ZERO; n];
+    let mut parties = Vec::with_capacity(n);
+    let mut round1 = BTreeMap::new();
+    for old in shares {
+        if old.group != shares[0].group || old.party == 0 || old.party as usize > n {
+            return Err(CustodyError::BadParameters(
+                "a refresh needs the shares of one key".into(),
+            ));
+        }
+        let s = Instant::now();
+        let (party, msg) = DkgParty::start_refresh(old, rng)?;
+        spent[old.party as usize - 1] += s.elapsed();
+        if round1.insert(party.party(), msg).is_some() {
+            return Err(CustodyError::BadParameters(format!(
+                "two shares of party {}",
+                old.party
+            )));
+        }
+        parties.push(party);
+    }
+    if round1.len() != n {
+        return Err(CustodyError::BadParameters(
+            "a refresh needs the share of every party".into(),
+        ));
+    }
+    let (mut out, spent) = finish_in_memory(parties, round1, spent)?;
+    out.sort_by_key(|s| s.party);
+    Ok((out, spent))
+}
+
+/// Rounds 2 and 3 of an in-memory run; `spent` is indexed like `parties`.
+fn finish_in_memory(
+    mut parties: Vec<DkgParty>,
+    round1: BTreeMap<PartyId, Vec<u8>>,
+    mut spent: Vec<Duration>,
+) -> Result<(Vec<KeyShare>, Vec<Duration>), CustodyError> {
     let others = |me: PartyId, m: &BTreeMap<PartyId, Vec<u8>>| -> BTreeMap<PartyId, Vec<u8>> {
         m.iter()
             .filter(|(p, _)| **p != me)
@@ -467,7 +634,7 @@ pub fn dkg_in_memory<R: RngCore + CryptoRng>(
             direct.entry(to).or_default().insert(me, m.to_vec());
         }
     }
-    let mut shares = Vec::with_capacity(n as usize);
+    let mut shares = Vec::with_capacity(parties.len());
     for party in parties.iter_mut() {
         let me = party.party();
         let e = others(me, &echoes);
@@ -1568,6 +1735,107 @@ mod tests {
         }
         // A party that is not a helper does not take part.
         assert!(repair_deltas(&shares[2], &[1, 2, 4], 5, &mut OsRng).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_refresh_keeps_the_key_and_changes_every_share() -> R<()> {
+        let old = dkg(3, 5)?;
+        let (new, spent) = refresh_in_memory(&old, &mut OsRng)?;
+        assert_eq!(spent.len(), 5);
+        let pk = old[0].group().public_key();
+        for (o, n) in old.iter().zip(&new) {
+            assert_eq!(n.party(), o.party());
+            assert_eq!(n.group().public_key(), pk);
+            assert_ne!(n.key_package.signing_share(), o.key_package.signing_share());
+            assert!(n.group().is_refresh_of(o.group()));
+            assert_ne!(n.group().digest(), o.group().digest());
+            // A refreshed share survives its own encoding and the check against its group.
+            assert_eq!(&KeyShare::from_bytes(&n.to_bytes())?, n);
+        }
+        assert!(!old[0].group().is_refresh_of(old[0].group()));
+        // Any t refreshed shares sign under the same public key.
+        let sig = sign_with(&[&new[4], &new[0], &new[2]], b"after")?;
+        assert!(verify(&pk, b"after", &sig).is_ok());
+        // The secret is the same: reconstruction from new shares equals that from old.
+        assert_eq!(reconstruct(&new[1..4])?, reconstruct(&old[..3])?);
+        // Old and new shares do not combine, whichever group the coordinator holds.
+        assert!(sign_with(&[&old[0], &new[1], &new[2]], b"mixed").is_err());
+        assert!(sign_with(&[&new[0], &old[1], &old[2]], b"mixed").is_err());
+        let mixed = [old[0].clone(), new[1].clone(), new[2].clone()];
+        let back = reconstruct(&mixed);
+        assert!(back.is_err() || back? != reconstruct(&old[..3])?);
+        // A second refresh works from the first one's shares.
+        let (again, _) = refresh_in_memory(&new, &mut OsRng)?;
+        let sig = sign_with(&[&again[1], &again[3], &again[2]], b"twice")?;
+        assert!(verify(&pk, b"twice", &sig).is_ok());
+        // Shares of different keys, or a party missing, are refused.
+        let other = dkg(3, 5)?;
+        let stray = [
+            old[0].clone(),
+            old[1].clone(),
+            other[2].clone(),
+            old[3].clone(),
+            old[4].clone(),
+        ];
+        assert!(refresh_in_memory(&stray, &mut OsRng).is_err());
+        assert!(refresh_in_memory(&old[..4], &mut OsRng).is_err());
+        Ok(())
+    }
+
+    /// Runs a refresh of `old` by hand; party 2 may send party 1 a key generation's round-1
+    /// package (`tamper_round1`) or another party's share (`tamper_share`).
+    fn refresh_with(old: &[KeyShare], tamper_round1: bool, tamper_share: bool) -> R<KeyShare> {
+        let mut parties = Vec::new();
+        let mut round1 = BTreeMap::new();
+        for s in old {
+            let (p, m) = DkgParty::start_refresh(s, &mut OsRng)?;
+            round1.insert(s.party(), m);
+            parties.push(p);
+        }
+        let mut to_one = round1.clone();
+        to_one.remove(&1);
+        if tamper_round1 {
+            // A key generation's round-1 package: a commitment with a constant term.
+            let (_, fresh) = DkgParty::start("k", 2, old[0].group().threshold(), 3, &mut OsRng)?;
+            to_one.insert(2, fresh);
+        }
+        let mut first = parties.remove(0);
+        first.round2(&to_one)?;
+        let mut echoes = BTreeMap::new();
+        let mut direct = BTreeMap::new();
+        for p in parties.iter_mut() {
+            let mut mine = round1.clone();
+            mine.remove(&p.party());
+            let out = p.round2(&mine)?;
+            echoes.insert(p.party(), out.echo);
+            let mut d = out.direct.get(&1).map(|d| d.to_vec()).unwrap_or_default();
+            if tamper_share && p.party() == 2 {
+                // Another party's share, valid bytes, wrong value.
+                d = out.direct.get(&3).map(|d| d.to_vec()).unwrap_or_default();
+            }
+            direct.insert(p.party(), d);
+        }
+        first.finish(&echoes, &direct)
+    }
+
+    #[test]
+    fn a_bad_refresh_share_or_commitment_names_its_sender() -> R<()> {
+        let old = dkg(2, 3)?;
+        let honest = refresh_with(&old, false, false)?;
+        assert_eq!(honest.group().public_key(), old[0].group().public_key());
+        match refresh_with(&old, false, true) {
+            Err(CustodyError::Misbehaved { party: 2, reason }) => {
+                assert!(reason.contains("refresh share"), "{reason}")
+            }
+            other => panic!("a wrong refresh share: {other:?}"),
+        }
+        match refresh_with(&old, true, false) {
+            Err(CustodyError::Misbehaved { party: 2, reason }) => {
+                assert!(reason.contains("degree"), "{reason}")
+            }
+            other => panic!("a commitment with a constant term: {other:?}"),
+        }
         Ok(())
     }
 }

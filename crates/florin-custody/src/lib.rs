@@ -84,6 +84,10 @@ pub enum CustodyError {
     /// A signing request names a nonce this node never issued or already used.
     #[error("unknown or already used nonce {0}")]
     UnknownNonce(u64),
+    /// A request named another sharing of a key than the one this node holds: the key's shares
+    /// were refreshed (or the refresh is half committed). The public key is the same.
+    #[error("key {0}: this node holds another sharing (refreshed shares); fetch the key again")]
+    StaleGroup(String),
     /// A message arrived for a protocol step that is not the current one.
     #[error("out of order: {0}")]
     OutOfOrder(String),

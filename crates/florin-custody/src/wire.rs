@@ -39,6 +39,20 @@ pub enum Request {
         /// Parties.
         n: u16,
     },
+    /// Starts a proactive refresh of FROST key `key_id` (administrators only): the same three
+    /// steps as a key generation ([`Request::DkgRound2`], [`Request::DkgFinish`] go on with
+    /// the same session), each node dealing a sharing of zero. The node refuses unless it
+    /// holds the key committed as `group` (a `GroupKey::digest`), so every node refreshes
+    /// the same sharing. The refreshed share is stored pending and replaces the old one at
+    /// [`Request::Commit`].
+    RefreshStart {
+        /// The run.
+        session: [u8; 16],
+        /// The key.
+        key_id: String,
+        /// `GroupKey::digest` of the sharing being refreshed.
+        group: [u8; 32],
+    },
     /// Every other party's round-1 broadcast; the answer is the echo and the sealed shares.
     DkgRound2 {
         /// The run.
@@ -74,6 +88,10 @@ pub enum Request {
     Sign {
         /// The key.
         key_id: String,
+        /// `GroupKey::digest` of the sharing the coordinator aggregates with: a node whose
+        /// share was refreshed since refuses (`Refusal::stale_group`) instead of sending a
+        /// share the coordinator would take for a bad one.
+        group: [u8; 32],
         /// The nonce's id from [`Request::Commitments`].
         nonce: u64,
         /// `SigningPackage::to_bytes`.
@@ -173,7 +191,9 @@ pub enum Request {
     /// Makes a pending key usable (only from an administrator key). A new key (generated,
     /// imported or added) is stored as *pending* at each node and signs nothing until the
     /// coordinator has seen every node report the same key and sends this. Idempotent: a
-    /// key already committed with the same `public` answers again; any other is refused.
+    /// key already committed with the same `public` answers again. A committed FROST key is
+    /// replaced only by a pending refresh of it ([`Request::RefreshStart`]: same public key,
+    /// new shares); any other is refused.
     Commit {
         /// The key's name.
         key_id: String,
@@ -272,6 +292,9 @@ pub struct Refusal {
     pub culprit: Option<PartyId>,
     /// The nonce was unknown (the node restarted or dropped it): ask for new commitments.
     pub stale_nonce: bool,
+    /// The node holds another sharing of the key than the request named (its shares were
+    /// refreshed): fetch the key's group again.
+    pub stale_group: bool,
 }
 
 impl From<&CustodyError> for Refusal {
@@ -284,6 +307,7 @@ impl From<&CustodyError> for Refusal {
                 _ => None,
             },
             stale_nonce: matches!(e, CustodyError::UnknownNonce(_)),
+            stale_group: matches!(e, CustodyError::StaleGroup(_)),
         }
     }
 }
@@ -363,6 +387,7 @@ mod tests {
     fn round_trip_and_garbage() {
         let r = Request::Sign {
             key_id: "issuer".into(),
+            group: [3; 32],
             nonce: 7,
             package: vec![1, 2, 3],
         };

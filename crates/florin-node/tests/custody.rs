@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use florin_crypto::{verify, LocalSigner, SecretKey, Signer};
 use florin_custody::envelope::Envelope;
-use florin_custody::frost::{scalar_public_key, split_ed25519_seed, DkgParty};
+use florin_custody::frost::{scalar_public_key, split_ed25519_seed, DkgParty, KeyShare};
 use florin_custody::wire::{self, DkgEcho, Refusal, Request, Response};
 use florin_node::custody::{
     free_loopback_addrs, Kmn, KmnError, Layout, RunningNode, ThresholdSigner,
@@ -193,6 +193,7 @@ fn a_key_signs_only_after_every_node_committed_it() -> R {
     };
     let sign = Request::Sign {
         key_id: "legacy".into(),
+        group: [0; 32],
         nonce,
         package: vec![0; 8],
     };
@@ -468,6 +469,7 @@ fn grants_limit_a_client_to_its_keys() -> R {
     };
     let sign = Request::Sign {
         key_id: "issuer".into(),
+        group: [0; 32],
         nonce,
         package: vec![0; 8],
     };
@@ -532,5 +534,159 @@ fn a_lost_share_is_repaired_from_the_others() -> R {
         .err()
         .ok_or("repaired with one helper")?;
     assert!(err.to_string().contains("repair needs 2"), "{err}");
+    Ok(())
+}
+
+/// Runs a refresh of `key` by hand up to (not including) the commit: every node stores its
+/// refreshed share pending. Returns the new group key's bytes.
+fn refresh_uncommitted(kmn: &Kmn, key: &str) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+    let digest = kmn.group(key)?.digest();
+    let mut session = [0u8; 16];
+    rand::RngCore::fill_bytes(&mut OsRng, &mut session);
+    let mut round1 = Vec::new();
+    for p in 1..=3 {
+        let start = Request::RefreshStart {
+            session,
+            key_id: key.into(),
+            group: digest,
+        };
+        match kmn.ask(p, start)? {
+            Response::DkgRound1(e) => round1.push(e),
+            other => return Err(format!("refresh start at {p}: {other:?}").into()),
+        }
+    }
+    let mut echoes = Vec::new();
+    let mut direct = Vec::new();
+    for p in 1..=3 {
+        let others = round1.iter().filter(|e| e.from != p).cloned().collect();
+        let (echo, d) = dkg_round2(kmn, p, session, others)?;
+        echoes.push(echo);
+        direct.extend(d);
+    }
+    let mut group = None;
+    for p in 1..=3 {
+        let finish = Request::DkgFinish {
+            session,
+            echoes: echoes.iter().filter(|e| e.from != p).cloned().collect(),
+            direct: direct.iter().filter(|e| e.to == p).cloned().collect(),
+        };
+        match kmn.ask(p, finish)? {
+            Response::Key(g) => group = Some(g),
+            other => return Err(format!("refresh finish at {p}: {other:?}").into()),
+        }
+    }
+    Ok(group.ok_or("no group")?)
+}
+
+fn exported_share(kmn: &Kmn, p: u16, key: &str) -> Result<KeyShare, Box<dyn std::error::Error>> {
+    match kmn.ask(p, Request::Export { key_id: key.into() })? {
+        Response::Exported(b) => Ok(KeyShare::from_bytes(&b)?),
+        other => Err(format!("export at {p}: {other:?}").into()),
+    }
+}
+
+/// A proactive refresh changes every node's share and keeps the public key; signers that
+/// hold the old sharing follow by themselves; old and new shares do not combine; a refresh
+/// needs every node and an administrator; a refresh cut short before or during its commit
+/// round is finished (or harmlessly left) and survives restarts.
+#[test]
+fn a_refresh_renews_every_share_and_signers_follow() -> R {
+    let (_dir, layout, mut nodes, kmn) = network(2, 3)?;
+    let old = kmn.dkg("issuer")?;
+    let pk = old.public_key();
+    let signer = kmn.signer("issuer")?;
+    assert!(dalek_ok(&pk, b"before", &signer.sign(b"before")?));
+    let old1 = exported_share(&kmn, 1, "issuer")?;
+    let secret = kmn.export("issuer")?;
+
+    let new = kmn.refresh("issuer")?;
+    assert_eq!(new.public_key(), pk);
+    assert!(new.is_refresh_of(&old));
+    assert_eq!(kmn.group("issuer")?, new);
+    // The signer made before the refresh takes up the new sharing by itself.
+    for i in 0..5u32 {
+        let msg = format!("after refresh {i}");
+        assert!(dalek_ok(&pk, msg.as_bytes(), &signer.sign(msg.as_bytes())?));
+    }
+    assert_eq!(signer.group(), new);
+    // Every share changed, the key did not; an old share does not combine with a new one.
+    let new1 = exported_share(&kmn, 1, "issuer")?;
+    let new2 = exported_share(&kmn, 2, "issuer")?;
+    assert_ne!(new1, old1);
+    assert_eq!(*kmn.export("issuer")?, *secret);
+    assert_eq!(scalar_public_key(&*kmn.export("issuer")?)?, pk);
+    let mixed = florin_custody::frost::reconstruct(&[old1.clone(), new2]);
+    assert!(mixed.map(|m| *m != *secret).unwrap_or(true));
+    // A node asked to refresh a sharing it does not hold refuses, naming the reason.
+    let stale = Request::RefreshStart {
+        session: [9; 16],
+        key_id: "issuer".into(),
+        group: old.digest(),
+    };
+    match kmn.ask(1, stale)? {
+        Response::Refused(r) => assert!(r.stale_group, "{}", r.message),
+        other => panic!("refreshed a sharing it does not hold: {other:?}"),
+    }
+
+    // Only an administrator refreshes.
+    let client = LocalSigner::new(SecretKey::generate(&mut OsRng));
+    layout.grant(&client.public_key().to_address(), None)?;
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    nodes = layout.start_in_process()?;
+    let (net, _) = layout.load()?;
+    let plain = Kmn::new(&net, client)?;
+    let err = plain.refresh("issuer").err().ok_or("a client refreshed")?;
+    assert!(err.to_string().contains("administrator"), "{err}");
+    assert!(kmn.refresh("nope").is_err());
+
+    // Cut short before its commit: every node holds the new sharing pending, and signs on
+    // with the old one, across a restart too.
+    let pending = refresh_uncommitted(&kmn, "issuer")?;
+    assert!(kmn.status().iter().all(|s| s.pending.len() == 1));
+    assert!(dalek_ok(&pk, b"pending", &signer.sign(b"pending")?));
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    nodes = layout.start_in_process()?;
+    assert!(kmn.status().iter().all(|s| s.pending.len() == 1));
+    assert_eq!(kmn.group("issuer")?, new);
+    // Cut short during its commit: node 1 alone has the newer sharing.
+    let commit = Request::Commit {
+        key_id: "issuer".into(),
+        public: pending.clone(),
+    };
+    assert!(matches!(kmn.ask(1, commit)?, Response::Key(_)));
+    // Nodes 2 and 3 still hold the older sharing: signing goes on with them.
+    for i in 0..3u32 {
+        let msg = format!("half committed {i}");
+        assert!(dalek_ok(&pk, msg.as_bytes(), &signer.sign(msg.as_bytes())?));
+    }
+    // The next refresh first finishes the cut-short one, then refreshes again.
+    let third = kmn.refresh("issuer")?;
+    assert_eq!(third.public_key(), pk);
+    let status = kmn.status();
+    assert!(status.iter().all(|s| s.pending.is_empty()), "{status:?}");
+    assert_eq!(kmn.group("issuer")?, third);
+    assert_ne!(third.to_bytes(), pending);
+    assert!(dalek_ok(&pk, b"third", &signer.sign(b"third")?));
+    // Restarted nodes keep the refreshed shares.
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    nodes = layout.start_in_process()?;
+    assert_eq!(kmn.group("issuer")?, third);
+    assert!(dalek_ok(
+        &pk,
+        b"restart",
+        &kmn.signer("issuer")?.sign(b"restart")?
+    ));
+    // A refresh needs every node; with one down it fails clearly and the key signs on.
+    nodes.remove(2).stop();
+    let err = kmn
+        .refresh("issuer")
+        .err()
+        .ok_or("refreshed with a node down")?;
+    assert!(err.to_string().contains("every node"), "{err}");
+    assert!(dalek_ok(&pk, b"degraded", &signer.sign(b"degraded")?));
+    assert_eq!(kmn.group("issuer")?, third);
     Ok(())
 }

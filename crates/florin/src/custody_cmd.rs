@@ -185,6 +185,22 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Proactively refresh the shares of FROST keys: every node deals a random sharing of
+    /// zero to the others and adds what it gets, so the public keys stay and every share
+    /// changes; shares stolen before do not combine with shares stolen after. Needs every
+    /// node. Running signers (devnet, payment providers) take up the new shares by
+    /// themselves. Schedule it (e.g. daily) to bound how long an attacker has to collect t
+    /// shares.
+    Refresh {
+        /// The keys' names.
+        keys: Vec<String>,
+        /// Every FROST key the network holds.
+        #[arg(long, conflicts_with = "keys")]
+        all: bool,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Let a client key (`eur1…`, e.g. a payment provider's) take signature shares at every
     /// node, of the keys named by `--keys` only: whole names or prefixes ending in `*`
     /// (`psp-a-*`), comma-separated; `*` grants every key. Replaces the client's earlier
@@ -446,6 +462,38 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let kmn = open(&layout)?;
             let helpers = kmn.repair(&key, party)?;
             eprintln!("repaired node {party}'s share of {key} with nodes {helpers:?}");
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::Refresh { keys, all, data } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let keys = if all {
+                let mut names: Vec<String> = kmn
+                    .status()
+                    .into_iter()
+                    .flat_map(|s| s.keys.into_iter().map(|(k, _)| k))
+                    .collect();
+                names.sort();
+                names.dedup();
+                names
+            } else {
+                keys
+            };
+            if keys.is_empty() {
+                bail!("name the keys to refresh, or --all");
+            }
+            for key in &keys {
+                let started = Instant::now();
+                let g = kmn
+                    .refresh(key)
+                    .with_context(|| format!("refresh of {key}"))?;
+                println!("{key}  {}  refreshed", g.public_key().to_address());
+                eprintln!(
+                    "{key}: new shares at all {} nodes in {:.0} ms; the old ones are erased",
+                    kmn.n(),
+                    started.elapsed().as_secs_f64() * 1e3
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Grant { client, keys, data } => {
@@ -801,6 +849,15 @@ pub fn ensure_up(
                     .iter()
                     .filter_map(|s| s.keys.iter().find(|k| &k.0 == key))
                     .collect();
+                // Every node holds the key and one holds it pending too: a refresh stopped in
+                // its commit round. Finish it (or keep the old shares if not every node
+                // stored the new ones), so no node is left on the old sharing.
+                let refreshing = st.iter().any(|s| s.pending.iter().any(|k| &k.0 == key));
+                if holders.len() == st.len() && refreshing {
+                    kmn.commit_pending(key).map_err(|e| {
+                        anyhow!("key {key}: a refresh stopped midway and cannot be finished: {e}")
+                    })?;
+                }
                 if !holders.is_empty() && holders.len() < st.len() {
                     let lost: Vec<u16> = st
                         .iter()
@@ -927,7 +984,14 @@ fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> Result<usiz
                 } else {
                     pk.clone()
                 };
-                println!("      {k:<12} {pk}  PENDING: signs nothing until committed");
+                if s.keys.iter().any(|(c, _)| c == k) {
+                    println!(
+                        "      {k:<12} {pk}  REFRESHED SHARES PENDING: the old ones sign until \
+                         committed (`florin custody commit {k}`)"
+                    );
+                } else {
+                    println!("      {k:<12} {pk}  PENDING: signs nothing until committed");
+                }
             }
         }
     }

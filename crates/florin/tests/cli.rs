@@ -741,6 +741,31 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let a = u.ok(&["audit", "--json"]);
     assert_eq!(a["balanced"], true, "{a}");
     assert_eq!(a["minted_cents"], 3100);
+    // Proactive refresh while the devnet runs: every share is new, the keys are the same,
+    // and the devnet's signers take up the new shares by themselves.
+    let out = u.run(&["custody", "refresh", "--all", "--data", &custody_s]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("authority") && text.contains("issuer"),
+        "{text}"
+    );
+    assert!(text.contains(authority_pk.as_str().unwrap()), "{text}");
+    u.wallet("carol", &["faucet", "1"]);
+    assert_eq!(
+        u.wallet("carol", &["withdraw", "1"])["withdrawn_cents"],
+        100
+    );
+    assert_eq!(net.get("/v1/info")["authority"], authority_pk);
+    let a = u.ok(&["audit", "--json"]);
+    assert_eq!(a["balanced"], true, "{a}");
+    assert_eq!(a["minted_cents"], 3200);
+    let err = u.fails(&["custody", "refresh", "--data", &custody_s]);
+    assert!(err.contains("--all"), "{err}");
     // Export gives the signing scalar in a form no key-file reader mistakes for a seed.
     let out = u.run(&["custody", "export", "issuer", "--data", &custody_s]);
     assert!(out.status.success());

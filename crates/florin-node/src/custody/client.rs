@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, PublicKey, Signature, Signer, SignerError};
@@ -493,6 +493,63 @@ impl Kmn {
     /// holds the whole key. The coordinator only relays signed envelopes; shares travel sealed
     /// to their recipient.
     pub fn dkg(&self, key_id: &str) -> Result<GroupKey, KmnError> {
+        let (t, n) = (self.t, self.n());
+        let g = self.run_dkg("key generation", |session| Request::DkgStart {
+            session,
+            key_id: key_id.to_string(),
+            t,
+            n,
+        })?;
+        let group = GroupKey::from_bytes(&g)?;
+        self.commit_everywhere(key_id, &g)?;
+        Ok(group)
+    }
+
+    /// Proactive share refresh of FROST key `key_id` (`florin custody refresh`): every node
+    /// deals a sharing of zero to the others and adds what it gets to its share, so the
+    /// public key stays and every share changes; shares stolen before the refresh do not
+    /// combine with shares stolen after it. Needs all n nodes and an administrator key.
+    /// Each node stores its new share pending; only when every node reports the same new
+    /// sharing does the coordinator commit it, and each node then replaces its old share.
+    /// A refresh whose commit round was cut short is finished first (see
+    /// [`Kmn::commit_pending`]). Signers pick up the new sharing by themselves.
+    pub fn refresh(&self, key_id: &str) -> Result<GroupKey, KmnError> {
+        let old = self.settled(key_id)?;
+        let digest = old.digest();
+        let g = self.run_dkg("key refresh", |session| Request::RefreshStart {
+            session,
+            key_id: key_id.to_string(),
+            group: digest,
+        })?;
+        let group = GroupKey::from_bytes(&g)?;
+        if !group.is_refresh_of(&old) {
+            return Err(KmnError::Protocol(CustodyError::Inconsistent(format!(
+                "the nodes' refresh of {key_id} is not a new sharing of the same key"
+            ))));
+        }
+        self.commit_everywhere(key_id, &g)?;
+        Ok(group)
+    }
+
+    /// The sharing of `key_id` that every node holds committed, after finishing a refresh
+    /// whose commit was cut short. Every node must answer.
+    fn settled(&self, key_id: &str) -> Result<GroupKey, KmnError> {
+        let held = self.commit_pending(key_id)?;
+        if held.ecdsa {
+            return Err(KmnError::Config(format!(
+                "{key_id} is an ECDSA key; only FROST keys are refreshed yet"
+            )));
+        }
+        Ok(GroupKey::from_bytes(&held.public)?)
+    }
+
+    /// The three relayed steps of a key generation or refresh among all n nodes, the first
+    /// request made by `start`; returns the group key every node ended with.
+    fn run_dkg(
+        &self,
+        what: &str,
+        start: impl Fn([u8; 16]) -> Request,
+    ) -> Result<Vec<u8>, KmnError> {
         let mut session = [0u8; 16];
         OsRng.fill_bytes(&mut session);
         let n = self.n();
@@ -511,27 +568,14 @@ impl Kmn {
                 Ok(out)
             } else {
                 Err(KmnError::Unavailable(format!(
-                    "key generation needs all {n} nodes: {}",
+                    "{what} needs all {n} nodes: {}",
                     down.join("; ")
                 )))
             }
         };
         // Round 1.
         let r1 = all(self.round(
-            parties
-                .iter()
-                .map(|&p| {
-                    (
-                        p,
-                        Request::DkgStart {
-                            session,
-                            key_id: key_id.to_string(),
-                            t: self.t,
-                            n,
-                        },
-                    )
-                })
-                .collect(),
+            parties.iter().map(|&p| (p, start(session))).collect(),
             DKG_TIMEOUT,
         ))?;
         let mut round1 = Vec::new();
@@ -601,15 +645,12 @@ impl Kmn {
                 Some(x) if *x == g => {}
                 Some(_) => {
                     return Err(KmnError::Unavailable(format!(
-                        "node {p} ended the key generation with another group key"
+                        "node {p} ended the {what} with another group key"
                     )))
                 }
             }
         }
-        let g = group.ok_or_else(|| KmnError::Config("empty network".into()))?;
-        let group = GroupKey::from_bytes(&g)?;
-        self.commit_everywhere(key_id, &g)?;
-        Ok(group)
+        group.ok_or_else(|| KmnError::Config("empty network".into()))
     }
 
     /// Key import (trusted dealer): splits an existing Ed25519 key (its 32-byte seed, as in
@@ -812,7 +853,11 @@ struct CommitmentQueue {
 /// signatures under [`GroupKey::public_key`].
 pub struct ThresholdSigner {
     kmn: Arc<Kmn>,
-    group: GroupKey,
+    /// The sharing signatures are aggregated with, and its digest; replaced when the nodes
+    /// report a refreshed sharing of the same public key.
+    group: RwLock<Arc<(GroupKey, [u8; 32])>>,
+    public: PublicKey,
+    threshold: u16,
     key_id: String,
     next: AtomicUsize,
 }
@@ -825,19 +870,49 @@ impl ThresholdSigner {
         let start = (OsRng.next_u32() as usize) % kmn.links.len().max(1);
         ThresholdSigner {
             key_id: group.key_id().to_string(),
+            public: group.public_key(),
+            threshold: group.threshold(),
             kmn,
-            group,
+            group: RwLock::new(Arc::new((group.clone(), group.digest()))),
             next: AtomicUsize::new(start),
         }
+    }
+
+    fn current(&self) -> Arc<(GroupKey, [u8; 32])> {
+        match self.group.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Takes up the sharing the nodes hold now, after a node said `used` is stale (its
+    /// shares were refreshed). The public key must not change.
+    fn reload(&self, used: &[u8; 32]) -> Result<(), KmnError> {
+        if self.current().1 != *used {
+            return Ok(()); // another thread reloaded already
+        }
+        let fresh = self.kmn.group(&self.key_id)?;
+        if fresh.public_key() != self.public || fresh.threshold() != self.threshold {
+            return Err(KmnError::Protocol(CustodyError::Inconsistent(format!(
+                "the nodes now hold another key named {}",
+                self.key_id
+            ))));
+        }
+        let digest = fresh.digest();
+        if let Ok(mut g) = self.group.write() {
+            *g = Arc::new((fresh, digest));
+        }
+        Ok(())
     }
 
     fn queue(&self, p: PartyId) -> Option<std::sync::MutexGuard<'_, CommitmentQueue>> {
         self.kmn.link(p)?.commitments.lock().ok()
     }
 
-    /// The key's public side.
-    pub fn group(&self) -> &GroupKey {
-        &self.group
+    /// The key's public side, as of the last signature (a refresh changes the public shares,
+    /// not the public key).
+    pub fn group(&self) -> GroupKey {
+        self.current().0.clone()
     }
 
     /// t nodes to ask, rotating, nodes that recently failed last.
@@ -854,7 +929,7 @@ impl ThresholdSigner {
             .map(|l| l.party)
             .collect();
         up.extend(order.iter().filter(|l| l.is_down()).map(|l| l.party));
-        up.truncate(self.group.threshold() as usize);
+        up.truncate(self.threshold as usize);
         up
     }
 
@@ -876,10 +951,11 @@ impl ThresholdSigner {
 
     /// Signs `msg`: see the module documentation for what happens when nodes fail.
     pub fn sign_msg(&self, msg: &[u8]) -> Result<Signature, KmnError> {
-        let t = self.group.threshold() as usize;
+        let t = self.threshold as usize;
         let mut excluded: Vec<PartyId> = Vec::new();
         let mut errors: Vec<String> = Vec::new();
         for _attempt in 0..(self.kmn.links.len() + 2) {
+            let group = self.current();
             let chosen = self.choose(&excluded);
             if chosen.len() < t {
                 break;
@@ -961,6 +1037,7 @@ impl ThresholdSigner {
                         *p,
                         Request::Sign {
                             key_id: self.key_id.clone(),
+                            group: group.1,
                             nonce: c.0,
                             package: bytes.clone(),
                         },
@@ -968,10 +1045,19 @@ impl ThresholdSigner {
                 })
                 .collect();
             let mut shares = BTreeMap::new();
+            let mut stale = Vec::new();
             for (p, r) in self.kmn.round(reqs, SIGN_TIMEOUT) {
                 match r {
                     Ok(Response::Share(s)) => {
                         shares.insert(p, s);
+                    }
+                    Ok(Response::Refused(r)) if r.stale_group => {
+                        // Refused before its nonce was used: the commitment stays valid.
+                        if let Some(c) = commitments.get(&p) {
+                            self.push_back(p, c.clone());
+                        }
+                        errors.push(format!("node {p}: {}", r.message));
+                        stale.push(p);
                     }
                     Ok(Response::Refused(r)) if r.stale_nonce => {
                         // The node restarted or dropped the nonce: fresh commitments next time.
@@ -1000,10 +1086,22 @@ impl ThresholdSigner {
                     }
                 }
             }
+            if !stale.is_empty() {
+                // The shares were refreshed: take up the sharing the nodes hold and sign
+                // again. If that is the sharing used here already, the refusing node is the
+                // one behind (a refresh whose commit did not reach it): go on without it.
+                if let Err(e) = self.reload(&group.1) {
+                    errors.push(e.to_string());
+                }
+                if self.current().1 == group.1 {
+                    excluded.extend(stale);
+                }
+                continue;
+            }
             if shares.len() < t {
                 continue;
             }
-            match frost::aggregate(&self.group, &package, &shares) {
+            match frost::aggregate(&group.0, &package, &shares) {
                 Ok(sig) => return Ok(sig),
                 Err(CustodyError::Misbehaved { party, reason }) => {
                     errors.push(format!("node {party} sent a bad signature share: {reason}"));
@@ -1026,7 +1124,7 @@ impl ThresholdSigner {
 
 impl Signer for ThresholdSigner {
     fn public_key(&self) -> PublicKey {
-        self.group.public_key()
+        self.public
     }
 
     fn sign(&self, msg: &[u8]) -> Result<Signature, SignerError> {

@@ -141,13 +141,20 @@ impl Kmn {
     /// nodes hold the same key under the name, committed or pending, commits it everywhere
     /// (idempotent). A key that some node does not hold cannot be committed; make it again
     /// (a new key generation or import replaces pending shares).
+    ///
+    /// A FROST key being refreshed is held twice at a node: the committed sharing and the
+    /// pending refreshed one. The sharing that every node holds in either form is the one
+    /// committed, the refreshed one when every node stored it (nodes that committed it
+    /// already have dropped the old shares, and a refresh that every node stored is as good
+    /// as the old sharing), else the old one, which then needs nothing.
     pub fn commit_pending(&self, key_id: &str) -> Result<HeldKey, KmnError> {
         let reqs = self
             .parties()
             .into_iter()
             .map(|p| (p, Request::Status))
             .collect();
-        let mut held: Vec<HeldKey> = Vec::new();
+        // Per node: what it holds under the name, committed first.
+        let mut held: Vec<Vec<HeldKey>> = Vec::new();
         let mut missing = Vec::new();
         for (p, r) in self.round(reqs, COMMIT_TIMEOUT) {
             match r {
@@ -157,35 +164,32 @@ impl Kmn {
                     pending,
                     ..
                 }) => {
-                    let found = keys
+                    let mut mine: Vec<HeldKey> = keys
                         .into_iter()
-                        .find(|k| k.key_id == key_id)
+                        .filter(|k| k.key_id == key_id)
                         .map(|k| HeldKey {
                             ecdsa: false,
                             public: k.group,
                         })
-                        .or_else(|| {
-                            ecdsa.and_then(|e| {
-                                e.keys.into_iter().find(|(k, _, _)| k == key_id).map(
-                                    |(_, public, _)| HeldKey {
-                                        ecdsa: true,
-                                        public,
-                                    },
-                                )
-                            })
-                        })
-                        .or_else(|| {
-                            pending
-                                .into_iter()
-                                .find(|k| k.key_id == key_id)
-                                .map(|k| HeldKey {
-                                    ecdsa: k.ecdsa,
-                                    public: k.public,
-                                })
-                        });
-                    match found {
-                        Some(h) => held.push(h),
-                        None => missing.push(format!("node {p} does not hold it")),
+                        .collect();
+                    if let Some(e) = ecdsa {
+                        mine.extend(e.keys.into_iter().filter(|(k, _, _)| k == key_id).map(
+                            |(_, public, _)| HeldKey {
+                                ecdsa: true,
+                                public,
+                            },
+                        ));
+                    }
+                    mine.extend(pending.into_iter().filter(|k| k.key_id == key_id).map(|k| {
+                        HeldKey {
+                            ecdsa: k.ecdsa,
+                            public: k.public,
+                        }
+                    }));
+                    if mine.is_empty() {
+                        missing.push(format!("node {p} does not hold it"));
+                    } else {
+                        held.push(mine);
                     }
                 }
                 Ok(Response::Refused(r)) => return Err(refused(p, r)),
@@ -200,15 +204,32 @@ impl Kmn {
                 missing.join("; ")
             )));
         }
-        let first = held
+        let common: Vec<&HeldKey> = held
             .first()
-            .cloned()
-            .ok_or_else(|| KmnError::Config("empty network".into()))?;
-        if held.iter().any(|h| *h != first) {
-            return Err(KmnError::Protocol(CustodyError::Inconsistent(format!(
-                "the nodes hold different keys named {key_id}"
-            ))));
-        }
+            .map(|first| {
+                first
+                    .iter()
+                    .filter(|h| held.iter().all(|m| m.contains(h)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Prefer what some node holds only pending (a refresh to finish) over what every
+        // node has committed (nothing to do).
+        let all_committed = |h: &HeldKey| held.iter().all(|m| m.first() == Some(h));
+        let first = common
+            .iter()
+            .find(|h| !all_committed(h))
+            .or(common.first())
+            .map(|h| (*h).clone())
+            .ok_or_else(|| {
+                if held.is_empty() {
+                    KmnError::Config("empty network".into())
+                } else {
+                    KmnError::Protocol(CustodyError::Inconsistent(format!(
+                        "the nodes hold different keys named {key_id}"
+                    )))
+                }
+            })?;
         self.commit_everywhere(key_id, &first.public)?;
         Ok(first)
     }

@@ -119,6 +119,8 @@ impl CustodyNodeConfig {
 
 struct KeyEntry {
     share: KeyShare,
+    /// `GroupKey::digest` of the share's group: what a `Sign` request must name.
+    digest: [u8; 32],
 }
 
 /// A key-name pattern of a grant: a whole key name, or a prefix ending in `*`.
@@ -390,8 +392,12 @@ impl CustodyNode {
                 pending.insert(stem.to_string(), share);
             }
         }
-        // A committed share wins over a leftover pending file of the same name.
-        pending.retain(|k, _| !keys.contains_key(k));
+        // A committed share wins over a leftover pending file of the same name, unless that
+        // file is a refresh of it waiting for its commit.
+        pending.retain(|k, p: &mut KeyShare| {
+            keys.get(k)
+                .is_none_or(|e: &Arc<KeyEntry>| p.group().is_refresh_of(e.share.group()))
+        });
         let ecdsa = match cfg.ecdsa {
             Some(level) => Some(Arc::new(EcdsaNode::open(
                 level, cfg.party, n, &cfg.dir, &kek,
@@ -465,7 +471,10 @@ impl CustodyNode {
 }
 
 fn entry_for(share: KeyShare) -> KeyEntry {
-    KeyEntry { share }
+    KeyEntry {
+        digest: share.group().digest(),
+        share,
+    }
 }
 
 impl RunningNode {
@@ -699,11 +708,16 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
         }
         Request::Sign {
             key_id,
+            group,
             nonce,
             package,
         } => {
             rights.check_key(&key_id)?;
             let e = key(inner, &key_id)?;
+            if e.digest != group {
+                // Checked before the nonce is taken: the coordinator retries with it.
+                return Err(CustodyError::StaleGroup(key_id));
+            }
             let package = SigningPackage::from_bytes(&package)?;
             let nonces = inner
                 .nonces
@@ -736,32 +750,30 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
             if key(inner, &key_id).is_ok() || ecdsa_has(inner, &key_id) {
                 return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
             }
-            let mut dkgs = inner
-                .dkgs
-                .lock()
-                .map_err(|_| CustodyError::Frost("lock".into()))?;
-            dkgs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
-            if dkgs.len() >= MAX_DKG_RUNS {
-                return Err(CustodyError::BadParameters(
-                    "too many key generations running".into(),
-                ));
-            }
-            if dkgs.contains_key(&session) {
-                return Err(CustodyError::OutOfOrder("session already started".into()));
-            }
             let (party, msg) = DkgParty::start(&key_id, inner.party, t, n, &mut OsRng)?;
-            let own = Envelope::broadcast(&inner.identity, session, 1, inner.party, msg)?;
-            let att = own.attestation();
-            dkgs.insert(
-                session,
-                DkgRun {
-                    party,
-                    started: Instant::now(),
-                    round1: [(inner.party, att.payload_hash)].into(),
-                    seen: vec![att],
-                },
-            );
-            Ok(Response::DkgRound1(own))
+            begin_run(inner, session, party, msg)
+        }
+        Request::RefreshStart {
+            session,
+            key_id,
+            group,
+        } => {
+            if !admin {
+                return Err(forbidden("key refresh"));
+            }
+            let e = key(inner, &key_id)?;
+            if e.digest != group {
+                return Err(CustodyError::StaleGroup(key_id));
+            }
+            if e.share.group().parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "key {key_id} has {} parties, the network {}",
+                    e.share.group().parties(),
+                    inner.n
+                )));
+            }
+            let (party, msg) = DkgParty::start_refresh(&e.share, &mut OsRng)?;
+            begin_run(inner, session, party, msg)
         }
         Request::DkgRound2 { session, round1 } => {
             if !admin {
@@ -819,6 +831,7 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
                 inner.members.get(&p).cloned()
             })?;
             let direct = open_all(inner, &session, 3, &direct)?;
+            let refresh = run.party.is_refresh();
             let share = run
                 .party
                 .finish(&frost_echoes, &direct)
@@ -831,7 +844,11 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
                     },
                     other => other,
                 })?;
-            store(inner, share)
+            if refresh {
+                store_refresh(inner, share)
+            } else {
+                store(inner, share)
+            }
         }
         Request::Import { key_id, share } => {
             if !admin {
@@ -1067,6 +1084,41 @@ fn key(inner: &Inner, key_id: &str) -> Result<Arc<KeyEntry>, CustodyError> {
         .ok_or_else(|| CustodyError::BadParameters(format!("no key {key_id}")))
 }
 
+/// Registers a key generation or refresh run that `party` started, and answers with its
+/// signed round-1 broadcast.
+fn begin_run(
+    inner: &Inner,
+    session: [u8; 16],
+    party: DkgParty,
+    msg: Vec<u8>,
+) -> Result<Response, CustodyError> {
+    let mut dkgs = inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    dkgs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
+    if dkgs.len() >= MAX_DKG_RUNS {
+        return Err(CustodyError::BadParameters(
+            "too many key generations running".into(),
+        ));
+    }
+    if dkgs.contains_key(&session) {
+        return Err(CustodyError::OutOfOrder("session already started".into()));
+    }
+    let own = Envelope::broadcast(&inner.identity, session, 1, inner.party, msg)?;
+    let att = own.attestation();
+    dkgs.insert(
+        session,
+        DkgRun {
+            party,
+            started: Instant::now(),
+            round1: [(inner.party, att.payload_hash)].into(),
+            seen: vec![att],
+        },
+    );
+    Ok(Response::DkgRound1(own))
+}
+
 fn take_run(inner: &Inner, session: &[u8; 16]) -> Result<DkgRun, CustodyError> {
     inner
         .dkgs
@@ -1182,16 +1234,53 @@ fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
     if pending.get(&key_id) == Some(&share) {
         return Ok(Response::Key(group));
     }
+    write_pending(inner, &share)?;
+    pending.insert(key_id, share);
+    Ok(Response::Key(group))
+}
+
+/// Stores a refreshed share durably as *pending* next to the committed one it refreshes; the
+/// old share signs on until [`Request::Commit`] names the new sharing. A pending share of the
+/// name (an earlier run that was not committed) is replaced.
+fn store_refresh(inner: &Inner, share: KeyShare) -> Result<Response, CustodyError> {
+    let key_id = share.group().key_id().to_string();
+    let keys = inner
+        .keys
+        .read()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    let group = share.group().to_bytes();
+    match keys.get(&key_id) {
+        Some(e) if e.share == share => return Ok(Response::Key(group)),
+        Some(e) if share.group().is_refresh_of(e.share.group()) && share.party() == inner.party => {
+        }
+        _ => {
+            return Err(CustodyError::Inconsistent(format!(
+                "the refresh of {key_id} does not refresh the share this node holds"
+            )))
+        }
+    }
+    let mut pending = inner
+        .pending
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if pending.get(&key_id) == Some(&share) {
+        return Ok(Response::Key(group));
+    }
+    write_pending(inner, &share)?;
+    pending.insert(key_id, share);
+    Ok(Response::Key(group))
+}
+
+fn write_pending(inner: &Inner, share: &KeyShare) -> Result<(), CustodyError> {
+    let key_id = share.group().key_id();
     let sealed = vault::seal(
         &inner.kek,
-        &share_name(&key_id, inner.party),
+        &share_name(key_id, inner.party),
         &share.to_bytes(),
         &mut OsRng,
     )?;
-    write_private(&share_paths(&inner.dir, &key_id).1, &sealed)
-        .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))?;
-    pending.insert(key_id, share);
-    Ok(Response::Key(group))
+    write_private(&share_paths(&inner.dir, key_id).1, &sealed)
+        .map_err(|e| CustodyError::Frost(format!("cannot store the share: {e}")))
 }
 
 /// [`Request::Commit`]: a pending share (of either scheme) whose key is `public` becomes a key
@@ -1208,6 +1297,10 @@ fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, Custod
         .and_then(|e| e.committed_as(key_id, public));
     match frost.or(ecdsa) {
         Some(true) => return Ok(answer),
+        // A refresh replaces the committed sharing.
+        Some(false) if frost.is_some() && commit_frost(inner, key_id, public)? => {
+            return Ok(answer)
+        }
         Some(false) => {
             return Err(CustodyError::BadParameters(format!(
                 "key {key_id} is committed as another key"
@@ -1233,21 +1326,31 @@ fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, Custod
     )))
 }
 
-/// Commits a pending FROST share whose group key is `public`: `false` if there is none.
+/// Commits a pending FROST share whose group key is `public`: `false` if there is none. A
+/// pending refresh of a committed key replaces it, old share and file alike.
 fn commit_frost(inner: &Inner, key_id: &str, public: &[u8]) -> Result<bool, CustodyError> {
     let mut keys = inner
         .keys
         .write()
         .map_err(|_| CustodyError::Frost("lock".into()))?;
-    if let Some(e) = keys.get(key_id) {
-        // A concurrent commit of the same key got here first.
-        return Ok(e.share.group().to_bytes() == public);
+    let committed = keys.get(key_id).cloned();
+    if let Some(e) = &committed {
+        if e.share.group().to_bytes() == public {
+            // A concurrent commit of the same key got here first.
+            return Ok(true);
+        }
     }
     let mut pending = inner
         .pending
         .lock()
         .map_err(|_| CustodyError::Frost("lock".into()))?;
-    if pending.get(key_id).map(|s| s.group().to_bytes() == public) != Some(true) {
+    let fits = pending.get(key_id).is_some_and(|s| {
+        s.group().to_bytes() == public
+            && committed
+                .as_ref()
+                .is_none_or(|e| s.group().is_refresh_of(e.share.group()))
+    });
+    if !fits {
         return Ok(false);
     }
     let (done, waiting) = share_paths(&inner.dir, key_id);

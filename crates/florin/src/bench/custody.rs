@@ -153,6 +153,10 @@ fn crypto_points(rec: &mut Recorder, quick: bool) -> Result<()> {
         );
         rec.add("presign_ms", ms(prep_c), "ms", p("compute"), None, None);
         rec.add("sign_ms", ms(sign_c), "ms", p("compute"), None, None);
+        // Proactive refresh: the same three steps as the DKG, each party dealing zero.
+        let (_, spent) = frost::refresh_in_memory(&shares, &mut OsRng)?;
+        let refresh_c = spent.iter().sum::<Duration>() / n as u32;
+        rec.add("refresh_ms", ms(refresh_c), "ms", p("compute"), None, None);
         // Over the network, where this machine can host the nodes.
         if n > 20 {
             continue;
@@ -208,6 +212,29 @@ fn crypto_points(rec: &mut Recorder, quick: bool) -> Result<()> {
             percentile(&lat, 0.99),
             "ms",
             p("total"),
+            None,
+            None,
+        );
+        // A refresh over the network, and the first signature after it (the signer is
+        // refused as stale once, fetches the new sharing and signs again).
+        let st = Instant::now();
+        net.kmn.refresh("bench")?;
+        let refresh_wall = st.elapsed();
+        rec.add(
+            "refresh_ms",
+            ms(refresh_wall.saturating_sub(refresh_c)),
+            "ms",
+            p("wait"),
+            None,
+            None,
+        );
+        let st = Instant::now();
+        signer.sign(b"after refresh")?;
+        rec.add(
+            "sign_ms",
+            ms(st.elapsed()),
+            "ms",
+            p("first_after_refresh"),
             None,
             None,
         );
