@@ -449,13 +449,15 @@ fn grants_limit_a_client_to_its_keys() -> R {
         );
     }
     assert!(layout.grant("eur1notakey", None).is_err());
-    layout.grant(&addr, Some(&["psp-a-*".to_string(), "ops".to_string()]))?;
-    drop(nodes);
-    std::thread::sleep(Duration::from_millis(200));
-    let nodes = layout.start_in_process()?;
     let (net, _) = layout.load()?;
     let a = Kmn::new(&net, psp_a.clone())?;
-    let own = ThresholdSigner::new(a.clone(), alice.clone()).sign(b"pay bob")?;
+    // Not a client yet: dropped after the handshake.
+    assert!(ThresholdSigner::new(a.clone(), alice.clone())
+        .sign(b"pay bob")
+        .is_err());
+    // The running nodes take the grant up by themselves (they watch their config).
+    layout.grant(&addr, Some(&["psp-a-*".to_string(), "ops".to_string()]))?;
+    let own = eventually(|| ThresholdSigner::new(a.clone(), alice.clone()).sign(b"pay bob"))?;
     assert!(dalek_ok(&alice.public_key(), b"pay bob", &own));
     let err = ThresholdSigner::new(a.clone(), issuer.clone())
         .sign(b"mint a million")
@@ -482,14 +484,53 @@ fn grants_limit_a_client_to_its_keys() -> R {
     // The coordinator (client and admin, no grant) still uses every key.
     let sig = kmn.signer("issuer")?.sign(b"mint")?;
     assert!(dalek_ok(&issuer.public_key(), b"mint", &sig));
-    // Revoked: the nodes drop the client after its handshake.
+    // A config that does not parse changes nothing: the node serves on as it did.
+    let cfg1 = layout.node_config(1);
+    let good = std::fs::read(&cfg1)?;
+    std::fs::write(&cfg1, b"{ not json")?;
+    std::thread::sleep(florin_node::custody::node::CONFIG_POLL * 3);
+    assert!(kmn.status().iter().all(|s| s.up));
+    for i in 0..4u32 {
+        let m = format!("still granted {i}");
+        ThresholdSigner::new(a.clone(), alice.clone()).sign(m.as_bytes())?;
+    }
+    std::fs::write(&cfg1, &good)?;
+    // Revoked while its connections are open: every node drops the client at its next
+    // request, without a restart.
     layout.revoke(&addr)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ThresholdSigner::new(a.clone(), alice.clone())
+        .sign(b"pay bob")
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the revoked client still signs");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for p in 1..=3 {
+        assert!(a.ask(p, Request::Commitments { count: 1 }).is_err());
+    }
+    // The coordinator is not affected.
+    assert!(dalek_ok(
+        &alice.public_key(),
+        b"coordinator",
+        &kmn.signer("psp-a-alice")?.sign(b"coordinator")?
+    ));
     drop(nodes);
-    std::thread::sleep(Duration::from_millis(200));
-    let _nodes = layout.start_in_process()?;
-    let a = Kmn::new(&net, psp_a)?;
-    assert!(ThresholdSigner::new(a, alice).sign(b"pay bob").is_err());
     Ok(())
+}
+
+/// Retries `f` for up to ten seconds (a change the nodes pick up from their config).
+fn eventually<T, E: std::fmt::Display>(
+    mut f: impl FnMut() -> Result<T, E>,
+) -> Result<T, Box<dyn std::error::Error>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() > deadline => return Err(e.to_string().into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
 
 /// A node that lost its share (its disk, not its identity) gets it back from t others without

@@ -204,7 +204,7 @@ pub enum CustodyCommand {
     /// Let a client key (`eur1…`, e.g. a payment provider's) take signature shares at every
     /// node, of the keys named by `--keys` only: whole names or prefixes ending in `*`
     /// (`psp-a-*`), comma-separated; `*` grants every key. Replaces the client's earlier
-    /// grant. Takes effect when the nodes next start (`down`, then `up`).
+    /// grant. Running nodes apply it within a second (they watch their node.json).
     Grant {
         /// The client's key (`eur1…`).
         client: String,
@@ -215,8 +215,8 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
-    /// Remove a client key from every node (its grant too). Takes effect when the nodes next
-    /// start.
+    /// Remove a client key from every node (its grant too). Running nodes apply it within a
+    /// second and drop the client's open connections at its next request.
     Revoke {
         /// The client's key (`eur1…`).
         client: String,
@@ -292,7 +292,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             if exit_with_parent {
                 watch_parent();
             }
-            florin_node::custody::node::run_node(&cfg)?;
+            florin_node::custody::node::run_node(&cfg, Some(&config))?;
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Status { data, json } => {
@@ -509,7 +509,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let every = patterns.iter().any(|p| p == "*");
             layout.grant(&client, (!every).then_some(patterns.as_slice()))?;
             eprintln!(
-                "granted {client}: {}; restart the nodes to apply",
+                "granted {client}: {}; running nodes apply it within a second",
                 if every {
                     "every key".to_string()
                 } else {
@@ -521,7 +521,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Revoke { client, data } => {
             let layout = existing(&data)?;
             layout.revoke(&client)?;
-            eprintln!("revoked {client}; restart the nodes to apply");
+            eprintln!("revoked {client}; running nodes drop it within a second");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Export { key, data } => {

@@ -140,8 +140,8 @@ impl Layout {
 
     /// Lets `client` (an `eur1…` key) take nonce commitments and signature shares at every
     /// node: of the keys `patterns` names (whole names, or prefixes ending in `*`), or of
-    /// every key with `None`. Replaces what the client was granted before. Nodes read it when
-    /// they start.
+    /// every key with `None`. Replaces what the client was granted before. Running nodes take
+    /// it up within [`node::CONFIG_POLL`] (they watch their config).
     pub fn grant(&self, client: &str, patterns: Option<&[String]>) -> Result<(), NodeError> {
         PublicKey::parse(client)
             .map_err(|e| NodeError::BadRequest(format!("client key {client}: {e}")))?;
@@ -162,8 +162,8 @@ impl Layout {
         })
     }
 
-    /// Removes `client` from every node's clients and grants (not from its admins). Nodes
-    /// read it when they start.
+    /// Removes `client` from every node's clients and grants (not from its admins). Running
+    /// nodes drop it within [`node::CONFIG_POLL`], open connections included.
     pub fn revoke(&self, client: &str) -> Result<(), NodeError> {
         self.edit_configs(|cfg| {
             cfg.clients.retain(|c| c != client);
@@ -210,7 +210,9 @@ impl Layout {
             let cfg = CustodyNodeConfig::load(&self.node_config(m.party))?;
             let listener = std::net::TcpListener::bind(cfg.listen)
                 .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
-            out.push(CustodyNode::open(&cfg)?.start(listener)?);
+            let node = CustodyNode::open(&cfg)?.start(listener)?;
+            node.watch_config(self.node_config(m.party))?;
+            out.push(node);
         }
         Ok(out)
     }

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -203,6 +203,44 @@ impl Rights {
     }
 }
 
+/// Who may connect to a node, and what each peer may use (from `clients`, `admins` and
+/// `grants` of its config).
+struct Access {
+    clients: Vec<PublicKey>,
+    admins: Vec<PublicKey>,
+    grants: Vec<(PublicKey, Vec<KeyPattern>)>,
+}
+
+impl Access {
+    fn from_config(cfg: &CustodyNodeConfig) -> Result<Access, NodeError> {
+        let clients = parse_keys(&cfg.clients, "client")?;
+        Ok(Access {
+            grants: parse_grants(cfg, &clients)?,
+            clients,
+            admins: parse_keys(&cfg.admins, "admin")?,
+        })
+    }
+
+    /// What `peer` may do; `None`: it is neither a client nor an administrator.
+    fn rights(&self, peer: &PublicKey) -> Option<Rights> {
+        let admin = self.admins.contains(peer);
+        if !admin && !self.clients.contains(peer) {
+            return None;
+        }
+        Some(Rights {
+            admin,
+            keys: self
+                .grants
+                .iter()
+                .find(|(k, _)| k == peer)
+                .map(|(_, ps)| ps.clone()),
+        })
+    }
+}
+
+/// How often a node started from a config file looks at it for changed access.
+pub const CONFIG_POLL: Duration = Duration::from_millis(500);
+
 /// Parses the grants of a config; every granted key must be a client.
 fn parse_grants(
     cfg: &CustodyNodeConfig,
@@ -264,9 +302,11 @@ struct Inner {
     identity: LocalSigner,
     kek: Zeroizing<[u8; 32]>,
     members: HashMap<PartyId, PublicKey>,
-    clients: Vec<PublicKey>,
-    admins: Vec<PublicKey>,
-    grants: Vec<(PublicKey, Vec<KeyPattern>)>,
+    /// Who may connect and what each may use: replaced whole when the config changes (see
+    /// [`RunningNode::reload_access`]); `access_gen` counts the replacements, so open
+    /// connections re-check their peer's rights at their next request.
+    access: RwLock<Arc<Access>>,
+    access_gen: AtomicU64,
     keys: RwLock<HashMap<String, Arc<KeyEntry>>>,
     nonces: Nonces,
     /// Shares stored but not committed (`shares/NAME.share-pending`): they sign nothing
@@ -404,7 +444,7 @@ impl CustodyNode {
             )?)),
             None => None,
         };
-        let clients = parse_keys(&cfg.clients, "client")?;
+        let access = Access::from_config(cfg)?;
         let hedge = NonceHedge::derive(&kek[..])
             .map_err(|e| NodeError::Corrupt(format!("nonce hedge: {e}")))?;
         Ok(CustodyNode {
@@ -415,9 +455,8 @@ impl CustodyNode {
                 identity,
                 kek,
                 members,
-                grants: parse_grants(cfg, &clients)?,
-                clients,
-                admins: parse_keys(&cfg.admins, "admin")?,
+                access: RwLock::new(Arc::new(access)),
+                access_gen: AtomicU64::new(0),
                 keys: RwLock::new(keys),
                 nonces: Nonces {
                     hedge,
@@ -483,6 +522,62 @@ impl RunningNode {
         self.addr
     }
 
+    /// Takes up the `clients`, `admins` and `grants` of `cfg` at once: new peers and open
+    /// connections alike are served under them from their next request, and a revoked peer
+    /// is dropped. A config that does not parse changes nothing. Other fields (members,
+    /// address, directory, ECDSA) apply at the next start.
+    pub fn reload_access(&self, cfg: &CustodyNodeConfig) -> Result<(), NodeError> {
+        reload_access(&self.inner, cfg)
+    }
+
+    /// Looks at the node's config file every [`CONFIG_POLL`] in a background thread and
+    /// applies changed access ([`RunningNode::reload_access`]), so `florin custody grant` and
+    /// `revoke` take effect on running nodes. A config that does not parse is reported on
+    /// stderr and the node keeps serving under the access it had.
+    pub fn watch_config(&self, path: PathBuf) -> Result<(), NodeError> {
+        let inner = self.inner.clone();
+        let stamp = |p: &Path| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        };
+        let mut last = stamp(&path);
+        thread::Builder::new()
+            .name("custody-config".into())
+            .spawn(move || {
+                while !inner.stop.load(Ordering::Relaxed) {
+                    thread::sleep(CONFIG_POLL);
+                    let now = stamp(&path);
+                    if now == last {
+                        continue;
+                    }
+                    last = now;
+                    let applied = CustodyNodeConfig::load(&path).and_then(|cfg| {
+                        reload_access(&inner, &cfg)?;
+                        Ok(cfg)
+                    });
+                    match applied {
+                        Ok(cfg) => eprintln!(
+                            "custody node {}: access reloaded from {} ({} clients, {} admins, \
+                             {} grants)",
+                            inner.party,
+                            path.display(),
+                            cfg.clients.len(),
+                            cfg.admins.len(),
+                            cfg.grants.len()
+                        ),
+                        Err(e) => eprintln!(
+                            "custody node {}: {} not applied, access unchanged: {e}",
+                            inner.party,
+                            path.display()
+                        ),
+                    }
+                }
+            })
+            .map_err(|e| NodeError::Io(e.to_string()))?;
+        Ok(())
+    }
+
     /// Blocks until the node stops.
     pub fn wait(mut self) {
         if let Some(h) = self.accept.take() {
@@ -513,6 +608,16 @@ impl Drop for RunningNode {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn reload_access(inner: &Inner, cfg: &CustodyNodeConfig) -> Result<(), NodeError> {
+    let fresh = Access::from_config(cfg)?;
+    match inner.access.write() {
+        Ok(mut a) => *a = Arc::new(fresh),
+        Err(p) => *p.into_inner() = Arc::new(fresh),
+    }
+    inner.access_gen.fetch_add(1, Ordering::SeqCst);
+    Ok(())
 }
 
 fn refill_loop(inner: &Inner) {
@@ -580,17 +685,9 @@ fn serve_stream(inner: &Inner, id: u64, stream: std::net::TcpStream, cfg: &Chann
     end_handshake(inner, id);
     let Ok(ch) = ch else { return };
     let peer = ch.peer();
-    let admin = inner.admins.contains(&peer);
-    if !admin && !inner.clients.contains(&peer) {
+    let seen = inner.access_gen.load(Ordering::SeqCst);
+    let Some(rights) = access(inner).rights(&peer) else {
         return;
-    }
-    let rights = Rights {
-        admin,
-        keys: inner
-            .grants
-            .iter()
-            .find(|(k, _)| *k == peer)
-            .map(|(_, ps)| ps.clone()),
     };
     if inner.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
         inner.connections.fetch_sub(1, Ordering::SeqCst);
@@ -599,16 +696,24 @@ fn serve_stream(inner: &Inner, id: u64, stream: std::net::TcpStream, cfg: &Chann
     if let (Ok(c), Ok(mut open)) = (ch.try_clone_stream(), inner.open.lock()) {
         open.insert(id, c);
     }
-    serve_connection(inner, ch, &rights);
+    serve_connection(inner, ch, rights, seen);
     if let Ok(mut open) = inner.open.lock() {
         open.remove(&id);
     }
     inner.connections.fetch_sub(1, Ordering::SeqCst);
 }
 
-fn serve_connection(inner: &Inner, mut ch: Channel, rights: &Rights) {
+fn access(inner: &Inner) -> Arc<Access> {
+    match inner.access.read() {
+        Ok(a) => a.clone(),
+        Err(p) => p.into_inner().clone(),
+    }
+}
+
+fn serve_connection(inner: &Inner, mut ch: Channel, mut rights: Rights, mut seen: u64) {
     let _ = ch.set_timeout(IDLE);
     let _ = ch.set_write_timeout(WRITE_DEADLINE);
+    let peer = ch.peer();
     loop {
         if inner.stop.load(Ordering::Relaxed) {
             return;
@@ -620,9 +725,19 @@ fn serve_connection(inner: &Inner, mut ch: Channel, rights: &Rights) {
         if inner.stop.load(Ordering::Relaxed) {
             return;
         }
+        // The access list changed since this peer's rights were read: read them again, and
+        // drop a peer that was revoked, before serving anything more.
+        let now = inner.access_gen.load(Ordering::SeqCst);
+        if now != seen {
+            seen = now;
+            match access(inner).rights(&peer) {
+                Some(r) => rights = r,
+                None => return,
+            }
+        }
         let answer = match wire::decode::<Request>(&bytes, "request") {
             Ok(req) => {
-                handle(inner, rights, req).unwrap_or_else(|e| Response::Refused(Refusal::from(&e)))
+                handle(inner, &rights, req).unwrap_or_else(|e| Response::Refused(Refusal::from(&e)))
             }
             Err(e) => Response::Refused(Refusal::from(&e)),
         };
@@ -1377,7 +1492,8 @@ fn drop_frost_pending(inner: &Inner, key_id: &str) {
 }
 
 /// Runs a node from its config until the process is stopped.
-pub fn run_node(cfg: &CustodyNodeConfig) -> Result<(), NodeError> {
+/// `config_path`, the file `cfg` was read from, is watched for changed access.
+pub fn run_node(cfg: &CustodyNodeConfig, config_path: Option<&Path>) -> Result<(), NodeError> {
     let node = CustodyNode::open(cfg)?;
     let listener = TcpListener::bind(cfg.listen)
         .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
@@ -1387,6 +1503,10 @@ pub fn run_node(cfg: &CustodyNodeConfig) -> Result<(), NodeError> {
         cfg.listen,
         node.identity().to_address()
     );
-    node.start(listener)?.wait();
+    let running = node.start(listener)?;
+    if let Some(path) = config_path {
+        running.watch_config(path.to_path_buf())?;
+    }
+    running.wait();
     Ok(())
 }
