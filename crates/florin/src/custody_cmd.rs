@@ -185,6 +185,21 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
+    /// Give node P a new identity key, after its machine or disk was lost together with its
+    /// old one (or the key leaked): every node's config and network.json name the new key,
+    /// and P's config is recreated if it was lost. Then restart the network (`down`, `up`):
+    /// `up` rebuilds P's share of every FROST key from the others.
+    ReplaceNode {
+        /// The node to give a new identity.
+        #[arg(long)]
+        party: u16,
+        /// Replace it even though the node answers with its current identity.
+        #[arg(long)]
+        force: bool,
+        /// The network's directory.
+        #[arg(long, default_value = "./florin-custody")]
+        data: PathBuf,
+    },
     /// Proactively refresh the shares of FROST keys: every node deals a random sharing of
     /// zero to the others and adds what it gets, so the public keys stay and every share
     /// changes; shares stolen before do not combine with shares stolen after. Needs every
@@ -462,6 +477,31 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let kmn = open(&layout)?;
             let helpers = kmn.repair(&key, party)?;
             eprintln!("repaired node {party}'s share of {key} with nodes {helpers:?}");
+            Ok(ExitCode::SUCCESS)
+        }
+        CustodyCommand::ReplaceNode { party, force, data } => {
+            let layout = existing(&data)?;
+            let kmn = open(&layout)?;
+            let st = kmn.status();
+            let node = st
+                .iter()
+                .find(|s| s.party == party)
+                .ok_or_else(|| anyhow!("the network has no node {party}"))?;
+            if node.up && !force {
+                bail!(
+                    "node {party} answers with its identity {}: it is not lost (stop it first, \
+                     or pass --force if its key leaked)",
+                    node.key
+                );
+            }
+            let key = layout.replace_identity(party)?;
+            println!("node {party}  {}", key.to_address());
+            eprintln!(
+                "node {party} has a new identity in every config. Restart the network \
+                 (`florin custody down`, then `up`, or the devnet): node {party}'s FROST shares \
+                 are rebuilt from the others when it starts. ECDSA shares and auxiliary \
+                 information of node {party} are not rebuilt."
+            );
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Refresh { keys, all, data } => {

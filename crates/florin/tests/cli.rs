@@ -851,6 +851,58 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
     assert!(holds_issuer(2));
     assert!(share3.exists());
+    // A node that answers with its identity is not replaced.
+    let err = u.fails(&[
+        "custody",
+        "replace-node",
+        "--party",
+        "3",
+        "--data",
+        &custody_s,
+    ]);
+    assert!(err.contains("not lost"), "{err}");
+    drop(net);
+    // Node 3's machine is lost whole (identity and seal keys, shares, config): it gets a new
+    // identity in every config, and the next devnet rebuilds its shares of both keys.
+    all_down();
+    let node3 = custody.join("node-3");
+    let old_identity = std::fs::read(node3.join("identity.key")).unwrap();
+    std::fs::remove_dir_all(&node3).unwrap();
+    let out = u.run(&[
+        "custody",
+        "replace-node",
+        "--party",
+        "3",
+        "--data",
+        &custody_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(
+        std::fs::read(node3.join("identity.key")).unwrap(),
+        old_identity
+    );
+    let net = Devnet::start_with(&data, &["--custody", "threshold"]);
+    assert!(holds_issuer(2));
+    let st = u.ok(&["custody", "status", "--data", &custody_s, "--json"]);
+    assert!(
+        st["nodes"][2]["keys"].to_string().contains("authority"),
+        "{st}"
+    );
+    // Node 3 signs with node 2 alone.
+    u.ok(&["custody", "kill", "1", "--data", &custody_s]);
+    let w = User {
+        dir: dir.path().to_path_buf(),
+        node: net.url.clone(),
+    };
+    w.wallet("carol", &["faucet", "1"]);
+    assert_eq!(
+        w.wallet("carol", &["withdraw", "1"])["withdrawn_cents"],
+        100
+    );
     drop(net);
     // A client key limited to some keys, then revoked, in every node's config.
     let node1 = || -> serde_json::Value {

@@ -188,6 +188,71 @@ impl Layout {
         Ok(())
     }
 
+    /// Gives node `p` a new identity key, for a node whose machine or disk was lost together
+    /// with its `identity.key` (or whose key leaked): writes the new key into its directory,
+    /// recreates its `node.json` from another node's if that was lost too, and names the new
+    /// key in every node's config and in `network.json`. The other nodes take it up when they
+    /// next start; its FROST shares then come back by share repair (`custody up` and `devnet
+    /// --custody threshold` do that by themselves). Stop node `p` first. Returns the new key.
+    pub fn replace_identity(&self, p: PartyId) -> Result<PublicKey, NodeError> {
+        let (mut net, _) = self.load()?;
+        let member = net
+            .members
+            .iter()
+            .find(|m| m.party == p)
+            .cloned()
+            .ok_or_else(|| NodeError::BadRequest(format!("the network has no node {p}")))?;
+        let dir = self.node_dir(p);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| NodeError::Io(format!("{}: {e}", dir.display())))?;
+        let cfg_path = self.node_config(p);
+        let mut own = match CustodyNodeConfig::load(&cfg_path) {
+            Ok(c) => c,
+            Err(_) => {
+                // Lost with the disk: the other nodes' configs say everything but its place.
+                let other = net
+                    .members
+                    .iter()
+                    .filter(|m| m.party != p)
+                    .find_map(|m| CustodyNodeConfig::load(&self.node_config(m.party)).ok())
+                    .ok_or_else(|| {
+                        NodeError::BadRequest("no other node's config to start from".into())
+                    })?;
+                CustodyNodeConfig {
+                    party: p,
+                    listen: member.addr,
+                    dir: dir.clone(),
+                    seal_key: None,
+                    ..other
+                }
+            }
+        };
+        let key_path = dir.join("identity.key");
+        match std::fs::remove_file(&key_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NodeError::Io(format!("{}: {e}", key_path.display()))),
+        }
+        let fresh = load_or_create_key(&key_path)?.public_key();
+        let addr = fresh.to_address();
+        let rename = |members: &mut Vec<Member>| {
+            for m in members.iter_mut().filter(|m| m.party == p) {
+                m.key = addr.clone();
+            }
+        };
+        rename(&mut own.members);
+        let json = serde_json::to_vec_pretty(&own).map_err(|e| NodeError::Io(e.to_string()))?;
+        write_private(&cfg_path, &json)?;
+        self.edit_configs(|cfg| {
+            rename(&mut cfg.members);
+            Ok(())
+        })?;
+        rename(&mut net.members);
+        let json = serde_json::to_vec_pretty(&net).map_err(|e| NodeError::Io(e.to_string()))?;
+        write_private(&self.network_file(), &json)?;
+        Ok(fresh)
+    }
+
     /// The ECDSA level the nodes are configured with (node 1's config).
     pub fn ecdsa(&self) -> Result<Option<EcdsaLevel>, NodeError> {
         Ok(CustodyNodeConfig::load(&self.node_config(1))?.ecdsa)
