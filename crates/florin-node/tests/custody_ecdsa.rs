@@ -322,6 +322,49 @@ fn tampered_relay_names_the_sender_and_bad_requests_are_refused() -> R {
         }
     }
     assert!(client.ecdsa_export("psp-alice").is_err());
+    // One client holds at most half of a node's run slots: runs it starts and never steps
+    // do not lock out the others.
+    let start = |who: &Kmn, session: [u8; 16]| {
+        who.ask(
+            1,
+            Request::EcdsaStart {
+                session,
+                job: EcdsaJob::Presign {
+                    key_id: "psp-alice".into(),
+                    signers: vec![1, 2],
+                },
+            },
+        )
+    };
+    let mut held = Vec::new();
+    for _ in 0..florin_node::custody::MAX_RUNS_PER_CLIENT {
+        let session: [u8; 16] = rand::random();
+        match start(&client, session)? {
+            Response::EcdsaStep { .. } => held.push(session),
+            other => panic!("a client's run was refused early: {other:?}"),
+        }
+    }
+    match start(&client, rand::random())? {
+        Response::Refused(r) => assert!(r.message.contains("one client"), "{}", r.message),
+        other => panic!("a client took more than its share of run slots: {other:?}"),
+    }
+    // The administrator is served meanwhile, and the client again once it ends a run.
+    kmn.ecdsa_run(
+        rand::random(),
+        &[1, 2],
+        EcdsaJob::Presign {
+            key_id: "k".into(),
+            signers: vec![1, 2],
+        },
+    )?;
+    assert!(matches!(
+        client.ask(1, Request::EcdsaAbort { session: held[0] })?,
+        Response::Aborted
+    ));
+    assert!(matches!(
+        start(&client, rand::random())?,
+        Response::EcdsaStep { .. }
+    ));
     // A relay that flips a byte of party 2's message after the coordinator took it: its
     // recipient refuses the run but blames no one (anyone on the way could have done it; the
     // coordinator checks each sender's signature as it receives the envelope).

@@ -165,6 +165,7 @@ impl KeyPattern {
 
 /// What one authenticated peer may do.
 struct Rights {
+    peer: PublicKey,
     admin: bool,
     /// The keys it may use; `None`: every key.
     keys: Option<Vec<KeyPattern>>,
@@ -228,6 +229,7 @@ impl Access {
             return None;
         }
         Some(Rights {
+            peer: *peer,
             admin,
             keys: self
                 .grants
@@ -1135,7 +1137,15 @@ fn handle_ecdsa(inner: &Inner, rights: &Rights, req: Request) -> Result<Response
                 EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
                 _ => false,
             };
-            let (out, done) = e.start(session, job, frost_has, &inner.identity, &inner.members)?;
+            let client = (!rights.admin).then_some(rights.peer);
+            let (out, done) = e.start(
+                session,
+                job,
+                frost_has,
+                client,
+                &inner.identity,
+                &inner.members,
+            )?;
             Ok(Response::EcdsaStep { out, done })
         }
         Request::EcdsaStep { session, incoming } => {

@@ -42,6 +42,9 @@ use crate::keyfile::{sync_dir, write_private};
 pub const MAX_PRESIGS: usize = 4096;
 /// ECDSA runs in progress at once.
 const MAX_RUNS: usize = 64;
+/// ECDSA runs one client key (not an administrator) may have in progress at once, so no
+/// client holds more than half of a node's run slots and others are always served.
+pub const MAX_RUNS_PER_CLIENT: usize = MAX_RUNS / 2;
 /// A run nobody stepped for this long is dropped (its thread ends): an auxiliary-information
 /// run, whose steps take tens of seconds at the production level, and the others.
 const AUX_IDLE: Duration = Duration::from_secs(900);
@@ -117,6 +120,8 @@ struct Run {
     parties: Vec<PartyId>,
     job: EcdsaJob,
     last: Instant,
+    /// The client that started it; `None` for an administrator (no per-client limit).
+    client: Option<PublicKey>,
 }
 
 impl Run {
@@ -469,6 +474,7 @@ impl EcdsaNode {
         session: [u8; 16],
         job: EcdsaJob,
         frost_has: bool,
+        client: Option<PublicKey>,
         identity: &LocalSigner,
         members: &HashMap<PartyId, PublicKey>,
     ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
@@ -536,6 +542,18 @@ impl EcdsaNode {
                     "too many ECDSA runs in progress".into(),
                 ));
             }
+            if let Some(c) = &client {
+                let own = runs
+                    .values()
+                    .filter(|r| r.client.as_ref() == Some(c))
+                    .count();
+                if own >= MAX_RUNS_PER_CLIENT {
+                    return Err(CustodyError::BadParameters(format!(
+                        "this client has {own} ECDSA runs in progress, the most one client \
+                         may have (finish or abort one)"
+                    )));
+                }
+            }
             // One auxiliary-information run, and one key generation per name, at a time.
             if runs.values().any(|r| match (&r.job, &job) {
                 (EcdsaJob::Aux, EcdsaJob::Aux) => true,
@@ -560,6 +578,7 @@ impl EcdsaNode {
                 parties,
                 job: job.clone(),
                 last: Instant::now(),
+                client,
             };
             let limit = run.step_limit();
             runs.insert(session, run);
