@@ -866,6 +866,14 @@ impl NoncePool {
         self.ready.len()
     }
 
+    /// Drops ready nonces beyond `keep` (never handed out, so no one waits for them; they
+    /// are wiped as they drop). Returns how many were dropped.
+    pub fn trim(&mut self, keep: usize) -> usize {
+        let extra = self.ready.len().saturating_sub(keep);
+        self.ready.truncate(keep);
+        extra
+    }
+
     /// Hands out up to `count` ready nonces' commitments, each with its id.
     pub fn issue(&mut self, count: usize) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::with_capacity(count.min(self.ready.len()));

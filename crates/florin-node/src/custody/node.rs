@@ -272,6 +272,23 @@ struct Nonces {
     pool: Mutex<NoncePool>,
     /// How many ready nonces the refill keeps.
     target: AtomicUsize,
+    /// The fewest ready nonces left after a hand-out since the last look (`usize::MAX`:
+    /// none handed out), for shrinking the target when demand drops.
+    low_water: AtomicUsize,
+}
+
+/// How often the refill looks at the demand since its last look.
+const DEMAND_WINDOW: Duration = Duration::from_secs(30);
+
+/// The nonce pool's next target: halved (not below [`NONCE_POOL_START`]) when a whole window
+/// left at least half of it unused (`low_water`: the fewest ready nonces seen after a
+/// hand-out, `usize::MAX` if none), else kept. Growth happens on demand, in the request.
+fn next_target(target: usize, low_water: usize) -> usize {
+    if low_water >= target / 2 {
+        (target / 2).max(NONCE_POOL_START)
+    } else {
+        target
+    }
 }
 
 /// Envelope steps of a share repair (apart from key generation's 1 to 3).
@@ -464,6 +481,7 @@ impl CustodyNode {
                     hedge,
                     pool: Mutex::new(NoncePool::new(OsRng.next_u64() >> 1, MAX_ISSUED)),
                     target: AtomicUsize::new(NONCE_POOL_START),
+                    low_water: AtomicUsize::new(usize::MAX),
                 },
                 pending: Mutex::new(pending),
                 dkgs: Mutex::new(HashMap::new()),
@@ -624,7 +642,21 @@ fn reload_access(inner: &Inner, cfg: &CustodyNodeConfig) -> Result<(), NodeError
 
 fn refill_loop(inner: &Inner) {
     let n = &inner.nonces;
+    let mut window = Instant::now();
     while !inner.stop.load(Ordering::Relaxed) {
+        if window.elapsed() >= DEMAND_WINDOW {
+            // Demand dropped after a burst: keep fewer nonces (and free their memory).
+            window = Instant::now();
+            let low = n.low_water.swap(usize::MAX, Ordering::Relaxed);
+            let target = n.target.load(Ordering::Relaxed);
+            let next = next_target(target, low);
+            if next < target {
+                n.target.store(next, Ordering::Relaxed);
+                if let Ok(mut p) = n.pool.lock() {
+                    p.trim(next);
+                }
+            }
+        }
         let target = n.target.load(Ordering::Relaxed);
         let ready = n.pool.lock().map(|p| p.ready()).unwrap_or(target);
         if ready < target {
@@ -820,6 +852,9 @@ fn handle(inner: &Inner, rights: &Rights, req: Request) -> Result<Response, Cust
                 let mut pool = lock()?;
                 pool.add(batch);
                 out.extend(pool.issue(count - out.len()));
+            }
+            if let Ok(pool) = lock() {
+                n.low_water.fetch_min(pool.ready(), Ordering::Relaxed);
             }
             Ok(Response::Commitments(out))
         }
@@ -1519,4 +1554,35 @@ pub fn run_node(cfg: &CustodyNodeConfig, config_path: Option<&Path>) -> Result<(
     }
     running.wait();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nonce_target_shrinks_only_after_a_quiet_window() {
+        // No hand-out in a window: halve, down to the start.
+        assert_eq!(next_target(8192, usize::MAX), 4096);
+        assert_eq!(next_target(NONCE_POOL_START, usize::MAX), NONCE_POOL_START);
+        assert_eq!(next_target(1500, usize::MAX), NONCE_POOL_START);
+        // Demand kept the pool below half: keep the target.
+        assert_eq!(next_target(8192, 4095), 8192);
+        assert_eq!(next_target(8192, 0), 8192);
+        // Half or more never used: halve.
+        assert_eq!(next_target(8192, 4096), 4096);
+    }
+
+    #[test]
+    fn trim_drops_only_ready_nonces() {
+        let hedge = NonceHedge::derive(&[7u8; 32]).unwrap_or_else(|e| panic!("{e}"));
+        let mut pool = NoncePool::new(1, 16);
+        pool.add(NoncePool::generate(&hedge, 10, &mut OsRng));
+        let issued = pool.issue(2);
+        assert_eq!(pool.trim(3), 5);
+        assert_eq!(pool.ready(), 3);
+        assert_eq!(pool.trim(8), 0);
+        // Handed-out nonces still sign.
+        assert!(pool.take(issued[0].0).is_ok());
+    }
 }
