@@ -38,7 +38,8 @@ use crate::keyfile::{load_or_create_key, sync_dir, write_private};
 /// Most FROST nonces a node keeps ready. One pool serves every key (a nonce is not tied to
 /// a key; see `NonceHedge`), so its size follows the node's signing rate: the target starts
 /// at [`NONCE_POOL_START`] and doubles whenever a request finds the pool too short to
-/// answer, and thousands of idle custodial keys cost nothing. A nonce costs two scalar
+/// answer (and halves after a quiet 30 s window), and thousands of idle custodial keys
+/// cost nothing. A nonce costs two scalar
 /// multiplications (≈ 65 µs here), so a full pool is about half a second of one core.
 pub const NONCE_POOL_TARGET: usize = 8192;
 /// The nonce pool's first target.
