@@ -729,8 +729,23 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
         start.elapsed()
     );
     assert!(err.contains("key-management"), "{err}");
+    // Nodes tied to a devnet exit within 250 ms of it: wait until none answers, so the next
+    // devnet starts its own instead of finding the old ones about to go.
+    let all_down = || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = u.run(&["custody", "status", "--data", &custody_s, "--json"]);
+            let st: Value = serde_json::from_slice(&st.stdout).unwrap_or(Value::Null);
+            if st["up"] == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nodes did not exit: {st}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
     // The devnet restarts the missing nodes; their shares survived.
     drop(net);
+    all_down();
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
     let u = User {
         dir: dir.path().to_path_buf(),
@@ -791,20 +806,6 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--custody threshold"));
-    // Nodes tied to a devnet exit within 250 ms of it: wait until none answers, so the next
-    // devnet starts its own instead of finding the old ones about to go.
-    let all_down = || {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let st = u.run(&["custody", "status", "--data", &custody_s, "--json"]);
-            let st: Value = serde_json::from_slice(&st.stdout).unwrap_or(Value::Null);
-            if st["up"] == 0 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "nodes did not exit: {st}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
     // Node 3 loses its share of the issuer key; `repair` rebuilds it from the other two.
     all_down();
     let nodes = Devnet::start_with(&data, &["--custody", "threshold"]);
