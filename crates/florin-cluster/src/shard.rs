@@ -284,8 +284,17 @@ impl ShardState {
     }
 
     fn vote(&self, part: &Part) -> Vote {
-        if part.owns_txid && self.confirmed.contains_key(&part.txid) {
-            return Vote::Applied;
+        if part.owns_txid {
+            if let Some(t) = self.confirmed.get(&part.txid) {
+                // Confirmed by a two-phase batch not yet discarded here: its commit may still
+                // be on its way to the transaction's other shards (a batch is discarded only
+                // once every shard has committed it). A replay waits until then, so that once
+                // it is answered as applied, every output of the first submission is readable.
+                if self.rest.committed.iter().any(|d| tag(*d) == *t) {
+                    return Vote::InFlight;
+                }
+                return Vote::Applied;
+            }
         }
         if part.owns_txid && self.rest.locks.contains_key(&part.txid) {
             return Vote::InFlight;
@@ -719,11 +728,22 @@ mod tests {
                 commit: vec![true],
             },
         );
-        // The same transaction in a new batch: a replay.
+        // The same transaction in a new batch while batch 1 is not yet discarded: it waits
+        // (batch 1 may still be committing elsewhere); once discarded, a replay.
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
                 dtx: 2,
+                parts: vec![part(1, true, &[1], &[(10, 10)])],
+            },
+        );
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::InFlight]));
+        s.apply(BY, ShardCmd::Discard { dtx: 2 });
+        s.apply(BY, ShardCmd::Discard { dtx: 1 });
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 12,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
         );
@@ -1085,6 +1105,44 @@ mod tests {
         huge.extend_from_slice(&bytes[8..]);
         assert!(ShardState::from_snapshot(&huge).is_err());
     }
+    #[test]
+    fn a_replay_is_applied_only_once_its_first_batch_is_committed_everywhere() {
+        // Transaction 1 spends id 1 on shard A, which owns its txid; its output (id 9) lives
+        // on shard B. Batch 5 is prepared on both and so far committed on A only.
+        let mut a = seeded();
+        let mut b = ShardState::new();
+        let on_a = part(1, true, &[1], &[]);
+        let on_b = part(1, false, &[], &[(9, 10)]);
+        a.apply(BY, prepare(5, vec![on_a.clone()]));
+        b.apply(BY, prepare(5, vec![on_b.clone()]));
+        assert_eq!(a.apply(BY, commit(5, &[true])), ShardReply::Committed);
+        assert!(a.is_confirmed(&on_a.txid) && !b.is_unspent(&id(9)));
+        // A resubmission of the same transaction (batch 6) must not be told "applied" while
+        // batch 5's output is not yet readable on B: it waits.
+        assert_eq!(
+            a.apply(BY, prepare(6, vec![on_a.clone()])),
+            ShardReply::Prepared(vec![Vote::InFlight])
+        );
+        // Once B has committed and the coordinator discarded batch 5, a replay is a replay.
+        assert_eq!(b.apply(BY, commit(5, &[true])), ShardReply::Committed);
+        assert!(b.is_unspent(&id(9)));
+        a.apply(BY, ShardCmd::Discard { dtx: 5 });
+        b.apply(BY, ShardCmd::Discard { dtx: 5 });
+        assert_eq!(
+            a.apply(BY, prepare(7, vec![on_a.clone()])),
+            ShardReply::Prepared(vec![Vote::Applied])
+        );
+        // The same holds across a snapshot taken while batch 5 is committed but not discarded.
+        let mut a2 = seeded();
+        a2.apply(BY, prepare(5, vec![on_a.clone()]));
+        a2.apply(BY, commit(5, &[true]));
+        let mut a2 = round_trip(&a2);
+        assert_eq!(
+            a2.apply(BY, prepare(6, vec![on_a])),
+            ShardReply::Prepared(vec![Vote::InFlight])
+        );
+    }
+
     #[test]
     fn commands_round_trip_with_parts_inline_and_spilled() {
         // Up to two inputs and outputs stay inline; more spill to the heap. Both decode alike.

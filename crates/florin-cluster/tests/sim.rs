@@ -195,6 +195,9 @@ impl Sim {
                             SwapOutcome::Confirmed => {}
                         }
                         if matches!(o, SwapOutcome::Confirmed | SwapOutcome::AlreadyApplied) {
+                            if !self.acked.contains(&tx.txid) {
+                                self.check_readable(tx, o);
+                            }
                             self.acked.insert(tx.txid);
                             for i in &tx.inputs {
                                 self.view.remove(i);
@@ -206,6 +209,30 @@ impl Sim {
                     }
                 }
             }
+        }
+    }
+
+    /// Reads after an acknowledgement see it: when a transaction is first acknowledged
+    /// (confirmed, or answered as a replay), its txid is confirmed and its outputs are unspent
+    /// on their shards right then (nobody can have spent them yet: wallets learn outputs only
+    /// from acknowledgements), and its inputs are gone.
+    fn check_readable(&self, tx: &CompactTx, o: SwapOutcome) {
+        let shard = |id: &UhsId| &self.shards[self.map.shard_of(id) as usize];
+        assert!(
+            shard(&tx.txid).is_confirmed(&tx.txid),
+            "answered {o:?} but the txid is not confirmed on its shard"
+        );
+        for (id, _) in &tx.outputs {
+            assert!(
+                shard(id).is_unspent(id),
+                "answered {o:?} but an output is not yet readable as unspent"
+            );
+        }
+        for id in &tx.inputs {
+            assert!(
+                !shard(id).is_unspent(id),
+                "answered {o:?} but an input is still unspent"
+            );
         }
     }
 
