@@ -1094,6 +1094,10 @@ fn bench_custody_quick_prints_the_contract() {
     }
     assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);
+    // The floor of that ratio with every party on this machine: above 1, since a threshold
+    // signature costs more CPU than the single key's one signature it replaces.
+    assert!(find("threshold_vs_single_e2e_cpu_floor", "route", "same_provider") > 1.0);
+    assert!(find("sign_ms", "part", "compute_all_parties") > find("sign_ms", "part", "compute"));
     // The ECDSA (CGGMP24) half, labelled with its security level.
     for name in ["aux_info_ms", "dkg_ms", "presign_ms", "sign_ms"] {
         assert!(
@@ -1297,6 +1301,11 @@ fn bench_cluster_quick_prints_the_contract() {
     ] {
         assert!(get(name)[0]["value"].as_f64().unwrap() > 0.0, "{name}");
     }
+    // The target ratio comes from pairs of runs, its spread alongside.
+    let ratio = &get("cluster_r3_vs_single_ratio")[0]["params"];
+    assert_eq!(ratio["pairs"], 2);
+    assert!(ratio["min"].as_f64().unwrap() <= ratio["max"].as_f64().unwrap());
+    assert!(get("failover_recovery_s")[0]["params"]["recovered"].is_boolean());
     // The failover run loses nothing and accepts no double spend.
     assert_eq!(get("failover_lost_tx")[0]["value"], 0.0);
     assert_eq!(get("failover_double_spend_accepted")[0]["value"], 0.0);
