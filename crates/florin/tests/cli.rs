@@ -1096,7 +1096,13 @@ fn bench_custody_quick_prints_the_contract() {
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);
     // The floor of that ratio with every party on this machine: above 1, since a threshold
     // signature costs more CPU than the single key's one signature it replaces.
-    assert!(find("threshold_vs_single_e2e_cpu_floor", "route", "same_provider") > 1.0);
+    assert!(
+        find(
+            "threshold_vs_single_e2e_cpu_floor",
+            "route",
+            "same_provider"
+        ) > 1.0
+    );
     assert!(find("sign_ms", "part", "compute_all_parties") > find("sign_ms", "part", "compute"));
     // The ECDSA (CGGMP24) half, labelled with its security level.
     for name in ["aux_info_ms", "dkg_ms", "presign_ms", "sign_ms"] {

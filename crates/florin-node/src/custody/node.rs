@@ -566,8 +566,12 @@ impl RunningNode {
         thread::Builder::new()
             .name("custody-config".into())
             .spawn(move || {
-                while !inner.stop.load(Ordering::Relaxed) {
+                loop {
                     thread::sleep(CONFIG_POLL);
+                    // A stopped node's directory may be gone already: nothing to report.
+                    if inner.stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let now = stamp(&path);
                     if now == last {
                         continue;

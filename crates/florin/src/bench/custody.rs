@@ -106,11 +106,12 @@ fn sign_compute(shares: &[KeyShare], t: u16, iters: usize) -> Result<SignCompute
     })
 }
 
-/// A t-of-n network of in-process nodes over real sockets.
+/// A t-of-n network of in-process nodes over real sockets. (Fields drop in order: the nodes
+/// stop before their directory goes, so their config watchers do not report it missing.)
 struct Net {
-    _dir: tempfile::TempDir,
-    _nodes: Vec<RunningNode>,
     kmn: Arc<Kmn>,
+    _nodes: Vec<RunningNode>,
+    _dir: tempfile::TempDir,
 }
 
 fn network(t: u16, n: u16) -> Result<Net> {
@@ -129,9 +130,9 @@ fn network(t: u16, n: u16) -> Result<Net> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(Net {
-        _dir: dir,
-        _nodes: nodes,
         kmn,
+        _nodes: nodes,
+        _dir: dir,
     })
 }
 
