@@ -10,7 +10,9 @@
 //! three times the shard work on the same CPUs. So that runs on machines of different sizes
 //! can be compared, every throughput comes with the CPU time the whole process spent per
 //! transaction (`*_cpu_us_per_tx`), and the one-shard, three-replica cluster is also measured
-//! with one-phase commit off (every transaction through two-phase commit).
+//! with one-phase commit off (every transaction through two-phase commit). The target ratio
+//! (`cluster_r3_vs_single_ratio`) is the median of pairs of fresh runs, single node then
+//! cluster, not one pass of each.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
