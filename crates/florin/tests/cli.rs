@@ -1312,6 +1312,11 @@ fn bench_cluster_quick_prints_the_contract() {
     assert_eq!(ratio["pairs"], 2);
     assert!(ratio["min"].as_f64().unwrap() <= ratio["max"].as_f64().unwrap());
     assert!(get("failover_recovery_s")[0]["params"]["recovered"].is_boolean());
+    // The killed shard leader comes back from its disk under load and catches up (or says
+    // it did not within the run).
+    let rejoin = get("failover_rejoin_catch_up_s")[0];
+    assert!(rejoin["value"].as_f64().unwrap() > 0.0);
+    assert!(rejoin["params"]["caught_up"].is_boolean());
     // The failover run loses nothing and accepts no double spend.
     assert_eq!(get("failover_lost_tx")[0]["value"], 0.0);
     assert_eq!(get("failover_double_spend_accepted")[0]["value"], 0.0);

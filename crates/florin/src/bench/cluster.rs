@@ -358,17 +358,40 @@ fn paired_ratio(
     Ok(())
 }
 
+/// The highest applied log index among a group's running members (its leader's, near enough).
+fn group_applied(cluster: &LocalCluster, role: Role, g: u16) -> u64 {
+    cluster
+        .statuses()
+        .into_iter()
+        .filter(|(r, grp, _)| *r == role && *grp == g)
+        .filter_map(|(_, _, st)| st.last_applied)
+        .max()
+        .unwrap_or(0)
+}
+
+/// One member's applied log index (0 while it has applied nothing or is not running).
+fn member_applied(cluster: &LocalCluster, role: Role, g: u16, id: u64) -> u64 {
+    cluster
+        .statuses()
+        .into_iter()
+        .find(|(r, grp, st)| *r == role && *grp == g && st.id == id)
+        .and_then(|(_, _, st)| st.last_applied)
+        .unwrap_or(0)
+}
+
 /// Steady load on 2 shards × 3 replicas; the leaders of shard 0 and of the coordinator group
 /// are killed mid-run.
 fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Result<()> {
-    let secs = if quick { 6 } else { 12 };
-    let kill_at = Duration::from_secs(secs / 3);
+    // Load for `secs`; the leaders die at a quarter of it and come back 40 % of it later,
+    // which leaves a third for the restarted members to catch up under load.
+    let secs = if quick { 8 } else { 15 };
+    let kill_at = Duration::from_secs(secs) / 4;
     let dir = tempfile::tempdir()?;
     let mut cluster = start(rt, dir.path(), 2, 3, true)?;
     let store: Arc<ClusterStore> = Arc::new(cluster.store()?);
     // Ids for more than the whole run at the rate this machine reaches (≈ 100 K/s, 2 ids
     // per transaction); should they run out all the same, the run is measured up to there.
-    let n_ids: u64 = if quick { 1_600_000 } else { 3_200_000 };
+    let n_ids: u64 = if quick { 2_000_000 } else { 3_600_000 };
     preload(store.as_ref(), &preload_txs(n_ids))?;
     let stop = Arc::new(AtomicBool::new(false));
     let next = Arc::new(AtomicU64::new(0));
@@ -432,13 +455,38 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     let shard_leader = cluster.leader(Role::Shard, 0);
     let coord_leader = cluster.leader(Role::Coordinator, 0);
     let killed_at = began.elapsed().as_secs_f64();
+    let applied_at_kill = shard_leader.map_or(0, |l| member_applied(&cluster, Role::Shard, 0, l));
     if let Some(l) = shard_leader {
         rt.block_on(cluster.kill(Role::Shard, 0, l));
     }
     if let Some(l) = coord_leader {
         rt.block_on(cluster.kill(Role::Coordinator, 0, l));
     }
-    std::thread::sleep(Duration::from_secs(secs) - kill_at);
+    // The killed members come back from their disks a while later, under the same load, and
+    // must catch up with their groups (by log, or by snapshot once the leader has compacted
+    // past them).
+    let down = Duration::from_secs(secs) * 2 / 5;
+    std::thread::sleep(down);
+    let mut rejoin = None;
+    if let Some(l) = shard_leader {
+        let target = group_applied(&cluster, Role::Shard, 0);
+        let at = began.elapsed().as_secs_f64();
+        rt.block_on(cluster.restart(Role::Shard, 0, l))?;
+        rejoin = Some((l, at, target));
+    }
+    if let Some(l) = coord_leader {
+        rt.block_on(cluster.restart(Role::Coordinator, 0, l))?;
+    }
+    let end = began + Duration::from_secs(secs);
+    let mut caught_up = None;
+    while Instant::now() < end {
+        if let (None, Some((id, at, target))) = (caught_up, rejoin) {
+            if member_applied(&cluster, Role::Shard, 0, id) >= target {
+                caught_up = Some(began.elapsed().as_secs_f64() - at);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20).min(end - Instant::now().min(end)));
+    }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
@@ -514,6 +562,22 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
         }),
         None,
     );
+    if let Some((_, at, target)) = rejoin {
+        rec.add(
+            "failover_rejoin_catch_up_s",
+            caught_up.unwrap_or(total - at),
+            "s",
+            json!({
+                "member": "the killed shard 0 leader, restarted from its disk",
+                "down_s": down.as_secs_f64(),
+                "entries_behind": target.saturating_sub(applied_at_kill),
+                "caught_up": caught_up.is_some(),
+                "what": "from the restart under load to applying every entry its group had applied at the restart",
+            }),
+            None,
+            None,
+        );
+    }
     let acked = acked.lock().map(|a| a.clone()).unwrap_or_default();
     let found = store.confirmed_many(&acked)?;
     let lost = found.iter().filter(|f| !**f).count();
