@@ -221,6 +221,18 @@ pub enum Output {
         /// One outcome per transaction, in order.
         outcomes: Vec<SwapOutcome>,
     },
+    /// A submission cannot be decided here: a shard refused a one-phase batch holding some of
+    /// its transactions (a refusal changes nothing on the shard, and the same command would be
+    /// refused again: a shard map or a format that differs between coordinator and shard).
+    /// Its other transactions may still commit in other batches, so the submitter holds the
+    /// whole submission as in doubt, as after a lost leader: a resubmission is answered by
+    /// txid.
+    Fail {
+        /// The submitter's handle.
+        ticket: Ticket,
+        /// What the shard said.
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -653,6 +665,25 @@ impl Coordinator {
                 // Nothing is locked and nothing was logged here: the batch is finished.
                 return;
             }
+            (Phase::Applying, ShardReply::Refused(why)) => {
+                // Nothing was applied, and resending would be refused alike: fail the
+                // submitters and free the slot instead of holding it for ever.
+                self.active = self.active.saturating_sub(1);
+                self.produced(&f.txs);
+                let mut failed: Vec<Ticket> =
+                    f.origins.iter().flatten().map(|o| o.ticket).collect();
+                failed.sort_unstable();
+                failed.dedup();
+                for ticket in failed {
+                    if self.tickets.remove(&ticket).is_some() {
+                        out.push(Output::Fail {
+                            ticket,
+                            why: format!("shard {shard} refused batch {dtx:032x}: {why}"),
+                        });
+                    }
+                }
+                return;
+            }
             (Phase::Preparing, ShardReply::Prepared(votes)) if f.waiting.contains(&shard) => {
                 let idx = f.plan.get(&shard).cloned().unwrap_or_default();
                 if votes.len() == idx.len() {
@@ -691,9 +722,11 @@ impl Coordinator {
                     out.push(Output::Replicate(CoordEntry::Done { dtx }));
                 }
             }
-            // A late answer to an earlier phase, or a refusal: the phase's send is repeated
-            // on the next tick if still unanswered. (`Deposed` means a later leader of this
-            // group has reached the shard: the service stops this coordinator.)
+            // A late answer to an earlier phase, or a refusal of a two-phase command: the
+            // phase's send is repeated on the next tick if still unanswered (a two-phase batch
+            // may hold locks and a logged decision, so it is never dropped). (`Deposed` means a
+            // later leader of this group has reached the shard: the service stops this
+            // coordinator.)
             _ => {}
         }
         self.flights.insert(dtx, f);
@@ -1139,6 +1172,7 @@ mod tests {
                         pending.push(c.handle(Input::Replicated(e)));
                     }
                     Output::Answer { outcomes, .. } => answers.push(outcomes),
+                    Output::Fail { ticket, why } => panic!("submission {ticket} failed: {why}"),
                     Output::Send { .. } => {}
                 }
             }
@@ -1293,5 +1327,60 @@ mod tests {
             drive(&mut c, &mut log, &mut shards, out),
             vec![vec![SwapOutcome::AlreadyApplied]]
         );
+    }
+
+    #[test]
+    fn a_refused_one_phase_batch_fails_its_submitters_and_frees_its_slot() {
+        // The coordinator routes by two shards, the shard by one (a configuration that
+        // differs): every Apply is refused, as it would be on every resend.
+        let map = ShardMap::even(2).unwrap();
+        let mut c = Coordinator::new(
+            map.clone(),
+            CoordinatorConfig {
+                max_batch: 1,
+                max_inflight: 1,
+                max_attempts: 3,
+                resend_after: 10,
+                one_phase: true,
+            },
+            Fence { group: 0, term: 1 },
+            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+        );
+        let local = |k: u64| {
+            (k..)
+                .map(|n| mint(n, &[(n + 1_000, 5)]))
+                .find(|t| map.shard_of(&t.txid) == 0 && map.shard_of(&t.outputs[0].0) == 0)
+                .unwrap()
+        };
+        let (t1, t2) = (local(1), local(500));
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![t1],
+        });
+        let (dtx, _) = match &sends(&out)[..] {
+            [(0, ShardCmd::Apply { dtx, parts })] => (*dtx, parts.clone()),
+            other => panic!("expected one Apply, got {other:?}"),
+        };
+        // A second submission waits: the one slot is taken.
+        let out = c.handle(Input::Submit {
+            ticket: 2,
+            txs: vec![t2],
+        });
+        assert!(sends(&out).is_empty());
+        let out = c.handle(Input::Reply {
+            dtx,
+            shard: 0,
+            reply: ShardReply::Refused("part 0 does not lie wholly on this shard".into()),
+        });
+        assert!(out.iter().any(|o| matches!(
+            o,
+            Output::Fail { ticket: 1, why } if why.contains("does not lie wholly")
+        )));
+        // The slot is free: the waiting submission goes out, and nothing of the failed one
+        // is resent.
+        assert!(matches!(&sends(&out)[..], [(0, ShardCmd::Apply { .. })]));
+        assert_eq!((c.in_flight(), c.open_tickets()), (1, 1));
+        let resent = c.handle(Input::Tick(100));
+        assert_eq!(sends(&resent).len(), 1, "only the second batch is resent");
     }
 }

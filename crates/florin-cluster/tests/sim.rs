@@ -184,6 +184,10 @@ impl Sim {
                     }
                     self.at(d, Ev::ToShard(shard, by, cmd, self.epoch));
                 }
+                Output::Fail { ticket, why } => {
+                    // Never in this simulation (shards and coordinators agree on the map).
+                    panic!("submission {ticket} failed: {why}");
+                }
                 Output::Answer { ticket, outcomes } => {
                     let txs = self.tickets.remove(&ticket).expect("answered once");
                     assert_eq!(txs.len(), outcomes.len());

@@ -274,6 +274,15 @@ async fn engine_loop(
                         if ep == epoch =>
                     {
                         eprintln!("florin coordinator: shard {shard} refused batch {dtx:032x}: {why}");
+                        // A refused one-phase batch fails its submitters; a refused two-phase
+                        // command is resent.
+                        if let Some(e) = engine.as_mut() {
+                            outputs = e.handle(Input::Reply {
+                                dtx,
+                                shard,
+                                reply: ShardReply::Refused(why),
+                            });
+                        }
                     }
                     // A later leader of this group has reached the shard: this one is deposed.
                     EngineMsg::Input(ep, Input::Reply { shard, reply: ShardReply::Deposed(newer), .. })
@@ -360,6 +369,11 @@ async fn engine_loop(
                 Output::Answer { ticket, outcomes } => {
                     if let Some(w) = waiters.remove(&ticket) {
                         let _ = w.send(Ok(outcomes));
+                    }
+                }
+                Output::Fail { ticket, why } => {
+                    if let Some(w) = waiters.remove(&ticket) {
+                        let _ = w.send(Err(why));
                     }
                 }
             }
