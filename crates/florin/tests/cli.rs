@@ -269,6 +269,42 @@ fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
 }
 
 #[test]
+fn a_closed_standard_output_ends_quietly() {
+    // `florin … | head`: the reader goes away before florin prints. No panic, no backtrace:
+    // exit 141 (as if killed by SIGPIPE), or 0 should the output have fit in before.
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..3 {
+        let w = dir.path().join(format!("w{}.json", rand_suffix()));
+        let mut child = Command::new(BIN)
+            .args(["wallet", "--node", "http://127.0.0.1:1", "--wallet"])
+            .arg(&w)
+            .arg("new")
+            .env("RUST_BACKTRACE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(
+            out.status.success() || out.status.code() == Some(141),
+            "{:?}: {err}",
+            out.status
+        );
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::time::SystemTime;
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+#[test]
 fn faucet_five_offline_hops_then_deposit() {
     let (_dir, _net, u) = setup(&["w0", "w1", "w2", "w3", "w4", "w5"]);
     u.tokens("w0", "20");
