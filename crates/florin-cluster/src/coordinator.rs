@@ -71,6 +71,10 @@ pub enum Decision {
     /// The same transaction is in flight in another batch: wait for it (not counted as a
     /// try; that batch finishes, after which this one is a replay).
     Wait,
+    /// The transaction is confirmed and its batch is still committing on other shards: wait
+    /// for that, then answer it as a replay (as a replay too if waiting runs out: it is
+    /// confirmed, only its outputs may not be readable everywhere yet).
+    Confirming,
 }
 
 /// An entry of the coordinator's replicated log.
@@ -223,7 +227,8 @@ pub enum Output {
     },
     /// A submission cannot be decided here: a shard refused a one-phase batch holding some of
     /// its transactions (a refusal changes nothing on the shard, and the same command would be
-    /// refused again: a shard map or a format that differs between coordinator and shard).
+    /// refused again: bytes that do not decode, from a build that differs between coordinator
+    /// and shard, or a batch id already used).
     /// Its other transactions may still commit in other batches, so the submitter holds the
     /// whole submission as in doubt, as after a lost leader: a resubmission is answered by
     /// txid.
@@ -756,7 +761,7 @@ impl Coordinator {
                     });
                     continue;
                 }
-                Decision::Wait if o.waits < MAX_WAITS => {
+                Decision::Wait | Decision::Confirming if o.waits < MAX_WAITS => {
                     again.push(Queued {
                         tx: f.txs[i].clone(),
                         origin: Origin {
@@ -767,6 +772,7 @@ impl Coordinator {
                     });
                     continue;
                 }
+                Decision::Confirming => SwapOutcome::AlreadyApplied,
                 Decision::Retry | Decision::Wait => SwapOutcome::MissingInput,
             };
             if let Some(t) = self.tickets.get_mut(&o.ticket) {
@@ -832,6 +838,8 @@ impl Coordinator {
 pub fn decide(votes: &[Vote]) -> Decision {
     if votes.contains(&Vote::Applied) {
         Decision::Applied
+    } else if votes.contains(&Vote::Committing) {
+        Decision::Confirming
     } else if votes.contains(&Vote::InFlight) {
         Decision::Wait
     } else if votes.contains(&Vote::Missing) {
@@ -1330,9 +1338,62 @@ mod tests {
     }
 
     #[test]
+    fn votes_combine_replays_first_and_a_confirming_replay_waits() {
+        use Vote::*;
+        assert_eq!(decide(&[Ok, Applied, Missing]), Decision::Applied);
+        assert_eq!(decide(&[Ok, Committing, Missing]), Decision::Confirming);
+        assert_eq!(decide(&[InFlight, Busy]), Decision::Wait);
+        assert_eq!(decide(&[Busy, Missing]), Decision::Missing);
+        assert_eq!(decide(&[Ok, Busy]), Decision::Retry);
+        assert_eq!(decide(&[Ok, Ok]), Decision::Commit);
+        // A replay whose first batch is still committing elsewhere is held back, and answered
+        // as a replay (never as a missing input) once waiting runs out.
+        let mut c = coord(1);
+        let t = mint(1, &[(2, 5)]);
+        let mut out = c.handle(Input::Submit {
+            ticket: 9,
+            txs: vec![t],
+        });
+        let mut now = 0;
+        for round in 0..=MAX_WAITS {
+            let (dtx, _) = begin_of(&out);
+            // Replicated: the prepare goes out (the shard's vote is played below).
+            c.handle(Input::Replicated(CoordEntry::Begin {
+                dtx,
+                txs: vec![mint(1, &[(2, 5)])],
+            }));
+            out = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Prepared(vec![Vote::Committing]),
+            });
+            out.extend(c.handle(Input::Replicated(CoordEntry::Decide {
+                dtx,
+                decisions: vec![Decision::Confirming],
+            })));
+            out.extend(c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Committed,
+            }));
+            let answered = out.iter().find_map(|o| match o {
+                Output::Answer { outcomes, .. } => Some(outcomes.clone()),
+                _ => None,
+            });
+            if round < MAX_WAITS {
+                assert_eq!(answered, None, "round {round}");
+                now += 1_000;
+                out = c.handle(Input::Tick(now));
+            } else {
+                assert_eq!(answered, Some(vec![SwapOutcome::AlreadyApplied]));
+            }
+        }
+    }
+
+    #[test]
     fn a_refused_one_phase_batch_fails_its_submitters_and_frees_its_slot() {
-        // The coordinator routes by two shards, the shard by one (a configuration that
-        // differs): every Apply is refused, as it would be on every resend.
+        // The shard refuses the Apply (as it refuses bytes that do not decode, from a build
+        // that differs from the coordinator's): every resend would be refused alike.
         let map = ShardMap::even(2).unwrap();
         let mut c = Coordinator::new(
             map.clone(),

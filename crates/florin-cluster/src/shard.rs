@@ -97,6 +97,10 @@ pub enum Vote {
     InFlight,
     /// The txid is already confirmed (a replay).
     Applied,
+    /// The txid is confirmed by a two-phase batch whose commit may not have reached the
+    /// transaction's other shards yet (the batch is not discarded here): a replay, to be
+    /// answered once that commit is done everywhere.
+    Committing,
 }
 
 /// A command to a shard.
@@ -291,7 +295,7 @@ impl ShardState {
                 // once every shard has committed it). A replay waits until then, so that once
                 // it is answered as applied, every output of the first submission is readable.
                 if self.rest.committed.iter().any(|d| tag(*d) == *t) {
-                    return Vote::InFlight;
+                    return Vote::Committing;
                 }
                 return Vote::Applied;
             }
@@ -737,7 +741,7 @@ mod tests {
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
         );
-        assert_eq!(r, ShardReply::Prepared(vec![Vote::InFlight]));
+        assert_eq!(r, ShardReply::Prepared(vec![Vote::Committing]));
         s.apply(BY, ShardCmd::Discard { dtx: 2 });
         s.apply(BY, ShardCmd::Discard { dtx: 1 });
         let r = s.apply(
@@ -1121,7 +1125,7 @@ mod tests {
         // batch 5's output is not yet readable on B: it waits.
         assert_eq!(
             a.apply(BY, prepare(6, vec![on_a.clone()])),
-            ShardReply::Prepared(vec![Vote::InFlight])
+            ShardReply::Prepared(vec![Vote::Committing])
         );
         // Once B has committed and the coordinator discarded batch 5, a replay is a replay.
         assert_eq!(b.apply(BY, commit(5, &[true])), ShardReply::Committed);
@@ -1139,7 +1143,7 @@ mod tests {
         let mut a2 = round_trip(&a2);
         assert_eq!(
             a2.apply(BY, prepare(6, vec![on_a])),
-            ShardReply::Prepared(vec![Vote::InFlight])
+            ShardReply::Prepared(vec![Vote::Committing])
         );
     }
 

@@ -1351,7 +1351,7 @@ fn bench_cluster_quick_prints_the_contract() {
     // The killed shard leader comes back from its disk under load and catches up (or says
     // it did not within the run).
     let rejoin = get("failover_rejoin_catch_up_s")[0];
-    assert!(rejoin["value"].as_f64().unwrap() > 0.0);
+    assert!(rejoin["value"].as_f64().unwrap() >= 0.0);
     assert!(rejoin["params"]["caught_up"].is_boolean());
     // The failover run loses nothing and accepts no double spend.
     assert_eq!(get("failover_lost_tx")[0]["value"], 0.0);

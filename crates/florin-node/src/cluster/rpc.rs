@@ -66,6 +66,9 @@ pub enum Response {
     NotLeader(Option<String>),
     /// Refused or failed.
     Error(String),
+    /// The leader took the request and refuses it for good: asking again, here or at
+    /// another member, gets the same answer (a shard refused a batch of it).
+    Refused(String),
 }
 
 /// What `Status` reports.

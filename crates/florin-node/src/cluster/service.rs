@@ -145,7 +145,15 @@ impl Handler for ShardService {
     }
 }
 
-type Answer = Result<Vec<SwapOutcome>, String>;
+/// Why a submission got no outcomes.
+enum Failed {
+    /// Try again (this replica lost leadership, or its engine stopped).
+    Retry(String),
+    /// A shard refused a batch of it; asking again gets the same answer.
+    Refused(String),
+}
+
+type Answer = Result<Vec<SwapOutcome>, Failed>;
 
 enum EngineMsg {
     Submit(Vec<CompactTx>, oneshot::Sender<Answer>),
@@ -218,7 +226,8 @@ impl Handler for CoordService {
                 }
                 match rx.await {
                     Ok(Ok(v)) => Response::Submitted(v),
-                    Ok(Err(e)) => Response::Error(e),
+                    Ok(Err(Failed::Retry(e))) => Response::Error(e),
+                    Ok(Err(Failed::Refused(e))) => Response::Refused(e),
                     Err(_) => Response::Error("the coordinator lost leadership; retry".into()),
                 }
             }
@@ -267,7 +276,7 @@ async fn engine_loop(
                             outputs = e.handle(Input::Submit { ticket: next_ticket, txs });
                         }
                         None => {
-                            let _ = reply.send(Err("not the leader; retry".into()));
+                            let _ = reply.send(Err(Failed::Retry("not the leader; retry".into())));
                         }
                     },
                     EngineMsg::Input(ep, Input::Reply { dtx, shard, reply: ShardReply::Refused(why) })
@@ -373,7 +382,7 @@ async fn engine_loop(
                 }
                 Output::Fail { ticket, why } => {
                     if let Some(w) = waiters.remove(&ticket) {
-                        let _ = w.send(Err(why));
+                        let _ = w.send(Err(Failed::Refused(why)));
                     }
                 }
             }
@@ -389,12 +398,16 @@ fn step_down(
     if let Some(mut e) = engine.take() {
         for t in e.abandon() {
             if let Some(w) = waiters.remove(&t) {
-                let _ = w.send(Err("the coordinator lost leadership; retry".into()));
+                let _ = w.send(Err(Failed::Retry(
+                    "the coordinator lost leadership; retry".into(),
+                )));
             }
         }
     }
     for (_, w) in waiters.drain() {
-        let _ = w.send(Err("the coordinator lost leadership; retry".into()));
+        let _ = w.send(Err(Failed::Retry(
+            "the coordinator lost leadership; retry".into(),
+        )));
     }
     *epoch += 1;
 }

@@ -290,12 +290,17 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
 
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
-    percentile(&mut v, 0.5)
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// `cluster_r3_vs_single_ratio`, the target: `pairs` pairs of runs, each a fresh single-node
-/// engine then a fresh one-shard, three-replica cluster, both preloaded alike and given the
-/// same workload; the ratio of each pair is taken and the median reported. Single runs of a
+/// engine and a fresh one-shard, three-replica cluster (which goes first alternates), both
+/// preloaded alike and given the same workload; the ratio of each pair is taken and the median reported. Single runs of a
 /// fraction of a second on a shared machine drift by tens of percent; pairing puts both sides
 /// of a ratio in the same conditions. Nothing of one side runs during the other (a cluster
 /// left idle still sends heartbeats and takes snapshots).
@@ -308,22 +313,31 @@ fn paired_ratio(
     let pre = preload_txs(2 * seg);
     let work = workload(seg, 0);
     let (mut singles, mut clusters, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let single_run = || -> Result<f64> {
+        let dir = tempfile::tempdir()?;
+        let emb = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
+        preload(&emb, &pre)?;
+        Ok(drive(&emb, &work)?.rate)
+    };
+    let cluster_run = || -> Result<f64> {
+        let dir = tempfile::tempdir()?;
+        let cluster = start(rt, dir.path(), 1, 3, true)?;
+        let store = cluster.store()?;
+        preload(&store, &pre)?;
+        let rate = drive(&store, &work);
+        drop(store);
+        rt.block_on(cluster.stop());
+        Ok(rate?.rate)
+    };
     for k in 0..pairs {
-        let s = {
-            let dir = tempfile::tempdir()?;
-            let emb = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
-            preload(&emb, &pre)?;
-            drive(&emb, &work)?.rate
-        };
-        let c = {
-            let dir = tempfile::tempdir()?;
-            let cluster = start(rt, dir.path(), 1, 3, true)?;
-            let store = cluster.store()?;
-            preload(&store, &pre)?;
-            let rate = drive(&store, &work)?.rate;
-            drop(store);
-            rt.block_on(cluster.stop());
-            rate
+        // Which side runs first alternates, so that an order effect does not always favour
+        // the same side.
+        let (s, c) = if k % 2 == 0 {
+            let s = single_run()?;
+            (s, cluster_run()?)
+        } else {
+            let c = cluster_run()?;
+            (single_run()?, c)
         };
         eprintln!(
             "  pair {}: single {:.0}/s, cluster {:.0}/s, ratio {:.3}",
@@ -347,7 +361,7 @@ fn paired_ratio(
             "transactions_per_run": seg, "min": lo, "max": hi,
             "single_tx_per_s_median": median(&singles),
             "cluster_tx_per_s_median": median(&clusters),
-            "how": "median over pairs of runs (fresh single-node engine, then fresh cluster) on the same workload",
+            "how": "median over pairs of runs (a fresh single-node engine and a fresh cluster, alternately first) on the same workload",
         }),
         None,
         Some(Reference {
@@ -468,18 +482,24 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     let down = Duration::from_secs(secs) * 2 / 5;
     std::thread::sleep(down);
     let mut rejoin = None;
+    // A failed restart stops the load and the cluster before it is reported.
+    let mut failure = None;
     if let Some(l) = shard_leader {
         let target = group_applied(&cluster, Role::Shard, 0);
         let at = began.elapsed().as_secs_f64();
-        rt.block_on(cluster.restart(Role::Shard, 0, l))?;
-        rejoin = Some((l, at, target));
+        match rt.block_on(cluster.restart(Role::Shard, 0, l)) {
+            Ok(()) => rejoin = Some((l, at, target)),
+            Err(e) => failure = Some(e),
+        }
     }
-    if let Some(l) = coord_leader {
-        rt.block_on(cluster.restart(Role::Coordinator, 0, l))?;
+    if let (None, Some(l)) = (&failure, coord_leader) {
+        if let Err(e) = rt.block_on(cluster.restart(Role::Coordinator, 0, l)) {
+            failure = Some(e);
+        }
     }
     let end = began + Duration::from_secs(secs);
     let mut caught_up = None;
-    while Instant::now() < end {
+    while failure.is_none() && Instant::now() < end {
         if let (None, Some((id, at, target))) = (caught_up, rejoin) {
             if member_applied(&cluster, Role::Shard, 0, id) >= target {
                 caught_up = Some(began.elapsed().as_secs_f64() - at);
@@ -488,9 +508,16 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
         std::thread::sleep(Duration::from_millis(20).min(end - Instant::now().min(end)));
     }
     stop.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+    let joined: Result<Vec<()>> = clients
+        .into_iter()
+        .map(|c| c.join().map_err(|_| anyhow::anyhow!("client panicked"))?)
+        .collect();
+    if let Some(e) = failure {
+        drop(store);
+        rt.block_on(cluster.stop());
+        return Err(anyhow::Error::from(e).context("restarting the killed members"));
     }
+    joined?;
     // Measured up to the end of the load, or to where the ids ran out.
     let total = match ran_out.load(Ordering::Relaxed) {
         0 => began.elapsed().as_secs_f64(),
@@ -504,15 +531,17 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     let commits = commits.lock().map(|c| c.clone()).unwrap_or_default();
     let buckets = (total / 0.5).ceil() as usize;
     let mut per = vec![0usize; buckets.max(1)];
-    for (t, n) in &commits {
+    // (Batches that finished after the ids ran out are past the measured span.)
+    for (t, n) in commits.iter().filter(|(t, _)| *t <= total) {
         let b = ((t / 0.5) as usize).min(per.len() - 1);
         per[b] += n;
     }
     let rate = |b: usize| per[b] as f64 / 0.5;
     let kill_b = (killed_at / 0.5) as usize;
     let before: f64 = (1..kill_b).map(rate).sum::<f64>() / (kill_b.saturating_sub(1)).max(1) as f64;
-    // Recovered: the first half second after the kill at ≥ 50 % of the rate before it.
-    let recovered_b = (kill_b + 1..per.len()).find(|b| rate(*b) >= 0.5 * before);
+    // Recovered: the first half second after the kill at ≥ 50 % of the rate before it (the
+    // last window, a partial one, does not count).
+    let recovered_b = (kill_b + 1..per.len().saturating_sub(1)).find(|b| rate(*b) >= 0.5 * before);
     // Not recovered within the run: the time measured after the kill, a lower bound (and
     // `recovered: false` says so).
     let recovery_s = match recovered_b {
@@ -565,7 +594,7 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
     if let Some((_, at, target)) = rejoin {
         rec.add(
             "failover_rejoin_catch_up_s",
-            caught_up.unwrap_or(total - at),
+            caught_up.unwrap_or((total - at).max(0.0)),
             "s",
             json!({
                 "member": "the killed shard 0 leader, restarted from its disk",
