@@ -878,6 +878,22 @@ mod tests {
         )
     }
 
+    /// A coordinator with one-phase commit on.
+    fn one_phase_coord(map: &ShardMap, max_batch: usize, max_inflight: usize) -> Coordinator {
+        Coordinator::new(
+            map.clone(),
+            CoordinatorConfig {
+                max_batch,
+                max_inflight,
+                max_attempts: 3,
+                resend_after: 10,
+                one_phase: true,
+            },
+            Fence { group: 0, term: 1 },
+            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+        )
+    }
+
     fn begin_of(out: &[Output]) -> (Dtx, Vec<CompactTx>) {
         out.iter()
             .find_map(|o| match o {
@@ -1265,18 +1281,7 @@ mod tests {
     #[test]
     fn single_shard_transactions_commit_in_one_phase_without_the_log() {
         let map = ShardMap::even(2).unwrap();
-        let mut c = Coordinator::new(
-            map.clone(),
-            CoordinatorConfig {
-                max_batch: 16,
-                max_inflight: 2,
-                max_attempts: 3,
-                resend_after: 10,
-                one_phase: true,
-            },
-            Fence { group: 0, term: 1 },
-            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
-        );
+        let mut c = one_phase_coord(&map, 16, 2);
         let on = |s: ShardId, from: u64| (from..).find(|n| map.shard_of(&id(*n)) == s).unwrap();
         let a = on(0, 1);
         let b = on(0, a + 1);
@@ -1395,18 +1400,7 @@ mod tests {
         // The shard refuses the Apply (as it refuses bytes that do not decode, from a build
         // that differs from the coordinator's): every resend would be refused alike.
         let map = ShardMap::even(2).unwrap();
-        let mut c = Coordinator::new(
-            map.clone(),
-            CoordinatorConfig {
-                max_batch: 1,
-                max_inflight: 1,
-                max_attempts: 3,
-                resend_after: 10,
-                one_phase: true,
-            },
-            Fence { group: 0, term: 1 },
-            Box::new(rand::rngs::StdRng::seed_from_u64(1)),
-        );
+        let mut c = one_phase_coord(&map, 1, 1);
         let local = |k: u64| {
             (k..)
                 .map(|n| mint(n, &[(n + 1_000, 5)]))
