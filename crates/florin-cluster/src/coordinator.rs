@@ -228,8 +228,7 @@ pub enum Output {
     /// A submission cannot be decided here: a shard refused a one-phase batch holding some of
     /// its transactions (a refusal changes nothing on the shard, and the same command would be
     /// refused again: bytes that do not decode, from a build that differs between coordinator
-    /// and shard, or a batch id already used).
-    /// Its other transactions may still commit in other batches, so the submitter holds the
+    /// and shard, or a batch id already used). Its other transactions may still commit in other batches, so the submitter holds the
     /// whole submission as in doubt, as after a lost leader: a resubmission is answered by
     /// txid.
     Fail {
@@ -1412,8 +1411,8 @@ mod tests {
             ticket: 1,
             txs: vec![t1],
         });
-        let (dtx, _) = match &sends(&out)[..] {
-            [(0, ShardCmd::Apply { dtx, parts })] => (*dtx, parts.clone()),
+        let dtx = match &sends(&out)[..] {
+            [(0, ShardCmd::Apply { dtx, .. })] => *dtx,
             other => panic!("expected one Apply, got {other:?}"),
         };
         // A second submission waits: the one slot is taken.
