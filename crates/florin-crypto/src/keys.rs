@@ -23,12 +23,26 @@ pub enum KeyError {
     /// Not an address.
     #[error(transparent)]
     Address(#[from] AddressError),
+    /// The bytes do not decompress to a point on the curve.
+    #[error("key {0} is not a point on the curve")]
+    NotAPoint(String),
+    /// The point is encoded non-canonically (y ≥ p, or a sign bit set on x = 0): the same key
+    /// has another, canonical, spelling.
+    #[error("key {0} is not canonically encoded")]
+    NonCanonical(String),
+    /// The point has small order (the identity, zero-ish keys and the other torsion points):
+    /// anyone could sign for it, or nobody can receive with it.
+    #[error("key {0} has small order: it is not a usable key")]
+    SmallOrder(String),
 }
 
 /// An Ed25519 public key: 32 bytes, the identity of a wallet, the authority or the issuer.
 ///
-/// Any 32 bytes are accepted here; whether they are a usable key is decided, under the one
-/// validity rule, when a signature is verified against them.
+/// The type holds any 32 bytes (so that historical data — tokens, fraud proofs, wallet files —
+/// always decodes; a signature by an unusable key simply never verifies). Where a key *enters*
+/// the system — an address typed by a user, a payee in an API request — it is checked with
+/// [`PublicKey::validate`] or parsed with [`PublicKey::parse_valid`]: a canonical encoding of a
+/// curve point that does not have small order.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PublicKey(pub [u8; 32]);
 
@@ -58,6 +72,37 @@ impl PublicKey {
         let arr = <[u8; 32]>::try_from(bytes.as_slice())
             .map_err(|_| KeyError::WrongLength(bytes.len()))?;
         Ok(PublicKey(arr))
+    }
+
+    /// Parses an address or 64 hex digits and [validates](PublicKey::validate) the key: use
+    /// this wherever a key enters from outside before anything is signed or submitted to it.
+    pub fn parse_valid(s: &str) -> Result<Self, KeyError> {
+        let k = Self::parse(s)?;
+        k.validate()?;
+        Ok(k)
+    }
+
+    /// Checks that the key can own money: the bytes decompress to a point on the curve, they
+    /// are that point's canonical encoding, and the point does not have small order (order
+    /// dividing 8, which includes the identity and the all-zero-ish keys). The same rule the
+    /// signature verifier applies to keys, so a valid key is one a signature can verify under.
+    pub fn validate(&self) -> Result<(), KeyError> {
+        use curve25519_dalek::edwards::CompressedEdwardsY;
+        let point = CompressedEdwardsY(self.0)
+            .decompress()
+            .ok_or_else(|| KeyError::NotAPoint(self.to_address()))?;
+        if point.compress().to_bytes() != self.0 {
+            return Err(KeyError::NonCanonical(self.to_address()));
+        }
+        if point.is_small_order() {
+            return Err(KeyError::SmallOrder(self.to_address()));
+        }
+        Ok(())
+    }
+
+    /// Whether [`PublicKey::validate`] accepts the key.
+    pub fn is_valid(&self) -> bool {
+        self.validate().is_ok()
     }
 }
 
@@ -215,6 +260,96 @@ mod tests {
             bech32::encode::<bech32::Bech32>(bech32::Hrp::parse_unchecked("eur"), &pk.0).unwrap();
         assert!(PublicKey::from_address(&legacy).is_err());
         assert_eq!(PublicKey::parse("abcd"), Err(KeyError::WrongLength(2)));
+    }
+
+    #[test]
+    fn validation_accepts_real_keys() {
+        for seed in 0u8..32 {
+            let pk = SecretKey::from_seed(&[seed; 32]).public_key();
+            assert_eq!(pk.validate(), Ok(()));
+            assert_eq!(PublicKey::parse_valid(&pk.to_address()), Ok(pk));
+            assert_eq!(PublicKey::parse_valid(&hex::encode(pk.0)), Ok(pk));
+        }
+    }
+
+    #[test]
+    fn validation_refuses_zero_identity_small_order_and_non_canonical() {
+        // All zeros: y = 0 is the point (±sqrt(-1), 0), of order 4.
+        let zero = PublicKey([0u8; 32]);
+        assert!(matches!(zero.validate(), Err(KeyError::SmallOrder(_))));
+        // The identity (y = 1).
+        let mut id = [0u8; 32];
+        id[0] = 1;
+        assert!(matches!(
+            PublicKey(id).validate(),
+            Err(KeyError::SmallOrder(_))
+        ));
+        // -1 (y = p - 1): order 2.
+        let mut minus_one = [0xffu8; 32];
+        minus_one[0] = 0xec;
+        minus_one[31] = 0x7f;
+        assert!(matches!(
+            PublicKey(minus_one).validate(),
+            Err(KeyError::SmallOrder(_))
+        ));
+        // The identity with the sign bit set: x = 0, so the sign bit must be clear.
+        let mut id_neg = id;
+        id_neg[31] |= 0x80;
+        assert!(matches!(
+            PublicKey(id_neg).validate(),
+            Err(KeyError::NonCanonical(_)) | Err(KeyError::NotAPoint(_))
+        ));
+        // y = p + 1 ≡ 1: a non-canonical spelling of the identity.
+        let mut p_plus_1 = [0xffu8; 32];
+        p_plus_1[0] = 0xee;
+        p_plus_1[31] = 0x7f;
+        assert!(matches!(
+            PublicKey(p_plus_1).validate(),
+            Err(KeyError::NonCanonical(_)) | Err(KeyError::NotAPoint(_))
+        ));
+        // A real key with y increased by p (its top bits overflow): bytes that are not a point
+        // or not canonical are refused, never accepted.
+        let mut not_point = None;
+        for i in 0u8..=255 {
+            let mut b = [i; 32];
+            b[31] &= 0x7f;
+            if curve25519_dalek::edwards::CompressedEdwardsY(b)
+                .decompress()
+                .is_none()
+            {
+                not_point = Some(b);
+                break;
+            }
+        }
+        let b = not_point.expect("some y is not on the curve");
+        assert!(matches!(
+            PublicKey(b).validate(),
+            Err(KeyError::NotAPoint(_))
+        ));
+        // Through the parser: the zero key as an address and as hex.
+        let zero_addr = zero.to_address();
+        assert!(
+            PublicKey::parse(&zero_addr).is_ok(),
+            "parse keeps history decodable"
+        );
+        assert!(matches!(
+            PublicKey::parse_valid(&zero_addr),
+            Err(KeyError::SmallOrder(_))
+        ));
+        assert!(PublicKey::parse_valid(&"00".repeat(32)).is_err());
+        assert_eq!(
+            PublicKey::parse_valid("abcd"),
+            Err(KeyError::WrongLength(2))
+        );
+        // Every small-order point (the 8-torsion) is refused, canonical or not.
+        let eight_torsion = curve25519_dalek::constants::EIGHT_TORSION;
+        for p in eight_torsion {
+            let k = PublicKey(p.compress().to_bytes());
+            assert!(
+                matches!(k.validate(), Err(KeyError::SmallOrder(_))),
+                "{k:?}"
+            );
+        }
     }
 
     #[test]
