@@ -2,14 +2,56 @@
 //! wallet's secret (a fresh key per change output), payments with change, and the handoff of
 //! output preimages to payees (Hamilton 3.7).
 
-use florin_crypto::{LocalSigner, PublicKey, Signature, Signer};
-use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
+use florin_crypto::{Digest, LocalSigner, PublicKey, Signature, Signer};
+use florin_ledger::{Encumbrance, Output, Transaction, Transfer, UhsId, Utxo, Witness};
 use serde::{Deserialize, Serialize};
 
 use crate::wallet::{Wallet, WalletError};
 
 /// Version byte of a handoff message.
 pub const HANDOFF_VERSION: u8 = 1;
+
+/// Domain of the message a withdrawal's owner signs ([`withdraw_message`]).
+pub const WITHDRAW_AUTH_DOMAIN: &str = "florin/withdraw/authorize/v1";
+
+/// What the owner of a withdrawal signs so that the authority mints its tokens to the owner's
+/// choice and nobody else's: `H("florin/withdraw/authorize/v1", txid ‖ output (u64 LE) ‖
+/// recipient (32) ‖ handshake (32))`, Florin's domain-separated SHA-256. The signer is the key
+/// of an input of the transfer that paid the reserve. The node checks the same bytes
+/// (`florin_node::api::withdraw_message`).
+pub fn withdraw_message(
+    txid: &Digest,
+    output: u64,
+    recipient: &PublicKey,
+    handshake: &[u8; 32],
+) -> Digest {
+    florin_crypto::hash(
+        WITHDRAW_AUTH_DOMAIN,
+        &[txid, &output.to_le_bytes(), &recipient.0, handshake],
+    )
+}
+
+/// A withdrawal's authorization: a signature by the key of one of the paying transfer's inputs
+/// over [`withdraw_message`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WithdrawAuth {
+    /// The signing key (64 hex: Ed25519).
+    pub key: String,
+    /// The signature (128 hex).
+    pub signature: String,
+}
+
+/// What happened to one handoff when the wallet tried to deliver it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandoffFate {
+    /// Delivered to the payee's mailbox.
+    Delivered,
+    /// Not delivered now (the node is unreachable or refused for now); kept and retried.
+    Pending(String),
+    /// Can never be delivered (the payee's key is not a usable key: sealing to it fails);
+    /// dropped. The money stays the payee's on the ledger.
+    Dropped(String),
+}
 
 /// A UTXO the wallet can spend.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -37,6 +79,9 @@ pub struct PendingTx {
     /// For a withdrawal: the handshake the tokens must carry (hex).
     #[serde(default)]
     pub handshake: Option<String>,
+    /// For a withdrawal: the owner's authorization (see [`withdraw_message`]).
+    #[serde(default)]
+    pub withdraw_auth: Option<WithdrawAuth>,
 }
 
 /// A confirmed payment to the reserve whose tokens have not arrived yet.
@@ -48,6 +93,10 @@ pub struct AwaitingTokens {
     pub handshake: String,
     /// The value.
     pub cents: u64,
+    /// The owner's authorization for the authority (absent in wallet files written before
+    /// withdrawals were bound to their owner: recomputed from the transaction then).
+    #[serde(default)]
+    pub auth: Option<WithdrawAuth>,
 }
 
 /// Online state kept in the wallet file.
@@ -150,6 +199,8 @@ impl Wallet {
         if self.online.pending.is_some() {
             return Err(WalletError::Busy);
         }
+        // Before anything is signed: money locked to a key nobody holds is lost for good.
+        payee.validate().map_err(WalletError::InvalidAddress)?;
         if amount_cents == 0 {
             return Err(WalletError::InsufficientFunds { have: 0, need: 0 });
         }
@@ -214,14 +265,20 @@ impl Wallet {
         let spent: Vec<String> = chosen.iter().map(|(_, o)| o.utxo.clone()).collect();
         self.online.utxos.retain(|o| !spent.contains(&o.utxo));
         let tx = Transaction::Transfer(t);
+        let handshake =
+            (purpose == "withdraw").then(|| Self::fresh_handshake(&mut rand::rngs::OsRng));
+        let withdraw_auth = match (&handshake, chosen.first()) {
+            (Some(hs), Some((_, o))) => Some(self.sign_withdrawal(o.key, &txid, 0, hs)?),
+            _ => None,
+        };
         self.online.pending = Some(PendingTx {
             tx: hex::encode(tx.encode()),
             inputs: chosen.into_iter().map(|(_, o)| o).collect(),
             change,
             handoff: Some((payee, hex::encode(created[0].encode()))),
             purpose: purpose.into(),
-            handshake: (purpose == "withdraw")
-                .then(|| hex::encode(Self::fresh_handshake(&mut rand::rngs::OsRng))),
+            handshake: handshake.map(hex::encode),
+            withdraw_auth,
         });
         Ok(tx)
     }
@@ -255,6 +312,7 @@ impl Wallet {
                     tx: p.tx.clone(),
                     handshake: p.handshake.clone().unwrap_or_default(),
                     cents,
+                    auth: p.withdraw_auth.clone(),
                 });
             }
         } else {
@@ -268,7 +326,7 @@ impl Wallet {
         &self.online.outbox
     }
 
-    /// Marks a handoff delivered.
+    /// Marks a handoff delivered (or dropped: it can never be delivered).
     pub fn delivered(&mut self, payee: &PublicKey, utxo: &str) {
         self.online
             .outbox
@@ -278,6 +336,79 @@ impl Wallet {
     /// Withdrawals waiting for their tokens.
     pub fn awaiting_tokens(&self) -> &[AwaitingTokens] {
         &self.online.awaiting_tokens
+    }
+
+    fn sign_withdrawal(
+        &self,
+        key: Option<u64>,
+        txid: &Digest,
+        output: u64,
+        handshake: &[u8; 32],
+    ) -> Result<WithdrawAuth, WalletError> {
+        let s = self.ledger_signer(key);
+        let msg = withdraw_message(txid, output, &self.public_key(), handshake);
+        let sig = s
+            .sign(&msg)
+            .map_err(|e| WalletError::Signing(e.to_string()))?;
+        Ok(WithdrawAuth {
+            key: hex::encode(s.public_key().0),
+            signature: hex::encode(sig.0),
+        })
+    }
+
+    /// The authorization for a withdrawal waiting for its tokens: the stored one, or (for a
+    /// wallet file written before withdrawals were bound to their owner) one signed now by the
+    /// key of an input of the paying transfer that this wallet holds. `None` if no input is
+    /// this wallet's.
+    pub fn withdraw_authorization(&self, a: &AwaitingTokens) -> Option<WithdrawAuth> {
+        if a.auth.is_some() {
+            return a.auth.clone();
+        }
+        let tx = hex::decode(&a.tx)
+            .ok()
+            .and_then(|b| Transaction::decode(&b).ok())?;
+        let Transaction::Transfer(t) = &tx else {
+            return None;
+        };
+        let hs = hex::decode(&a.handshake)
+            .ok()
+            .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())?;
+        let txid = t.txid();
+        let mine = |enc: &Encumbrance| -> Option<Option<u64>> {
+            if *enc == Encumbrance::ed25519(&self.public_key()) {
+                return Some(None);
+            }
+            (0..self.online.next_key)
+                .find(|i| *enc == Encumbrance::ed25519(&self.ledger_signer(Some(*i)).public_key()))
+                .map(Some)
+        };
+        let key = t.inputs.iter().find_map(|u| mine(&u.encumbrance))?;
+        self.sign_withdrawal(key, &txid, 0, &hs).ok()
+    }
+
+    /// The ledger outputs this wallet holds (not those of a transaction in flight).
+    pub fn held_utxos(&self) -> Vec<Utxo> {
+        self.online
+            .utxos
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo))
+            .collect()
+    }
+
+    /// Forgets held outputs the ledger no longer holds unspent (spent by a copy of this
+    /// wallet, or by a restored backup's twin). Returns (how many, their value in cents).
+    pub fn forget_spent(&mut self, spent: &[UhsId]) -> (usize, u64) {
+        let mut n = 0;
+        let mut cents = 0;
+        self.online.utxos.retain(|o| match decode_utxo(&o.utxo) {
+            Some(u) if spent.contains(&u.id()) => {
+                n += 1;
+                cents += u.value;
+                false
+            }
+            _ => true,
+        });
+        (n, cents)
     }
 
     /// Receives a withdrawal's tokens: verified like any tokens from the authority, then the
@@ -321,6 +452,22 @@ impl Wallet {
     /// Opens a sealed box addressed to this wallet's key.
     pub fn open_sealed(&self, sealed: &[u8]) -> Option<Vec<u8>> {
         florin_crypto::sealed::open(self.signer().secret(), sealed).ok()
+    }
+
+    /// Seals a queued handoff to its payee. `Err` (with the reason) means it can never be
+    /// delivered — the payee's key is not a usable key, so sealing to it fails, or the queued
+    /// output is unreadable — and should be dropped; the money stays the payee's on the ledger.
+    pub fn seal_handoff<R: rand::RngCore + rand::CryptoRng>(
+        payee: &PublicKey,
+        utxo: &str,
+        rng: &mut R,
+    ) -> Result<Vec<u8>, String> {
+        let u = decode_utxo(utxo).ok_or_else(|| "the queued output is unreadable".to_string())?;
+        payee
+            .validate()
+            .map_err(|e| format!("the payee's address is not a usable key ({e})"))?;
+        florin_crypto::sealed::seal(payee, &encode_handoff(&[u]), rng)
+            .map_err(|e| format!("sealing to the payee failed ({e})"))
     }
 
     /// The UTXO a handoff string names.

@@ -1,5 +1,23 @@
 //! Where a wallet lives. The file store writes atomically: a crash leaves either the old or the
 //! new wallet, never a torn one.
+//!
+//! The file is JSON and carries its own checksum as its first field:
+//!
+//! ```text
+//! {
+//!   "checksum": "<64 hex>",
+//!   "format": 1,
+//!   ...
+//! }
+//! ```
+//!
+//! The checksum is `H("florin/wallet/file/v1", body)` (Florin's domain-separated SHA-256) of
+//! the *body*: the file with the checksum line removed (`{` newline, then everything after the
+//! checksum line). A file whose body does not hash to its checksum is refused on load, naming
+//! the file and both values, and nothing is written. A file without a checksum line (written
+//! before checksums existed) still loads — as long as it holds nothing but wallet fields, so a
+//! damaged checksum line is not mistaken for an old file — and gets a checksum on its next
+//! save.
 
 use std::fs;
 use std::io::Write;
@@ -27,6 +45,19 @@ pub enum StoreError {
         /// The error.
         source: std::io::Error,
     },
+    /// The file's content does not match its checksum: damaged on disk (or edited by hand).
+    #[error(
+        "wallet file {path} is damaged: its checksum says {expected}, but its content hashes to \
+         {found}; nothing was changed — restore the file from a backup"
+    )]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// The checksum the file carries.
+        expected: String,
+        /// What its content hashes to.
+        found: String,
+    },
     /// The file is not a wallet.
     #[error("wallet file {path} is corrupt: {reason}")]
     Corrupt {
@@ -51,6 +82,54 @@ pub trait WalletStore {
 #[derive(Debug, Clone)]
 pub struct FileStore {
     path: PathBuf,
+}
+
+/// Domain of the wallet file's checksum.
+pub const FILE_CHECKSUM_DOMAIN: &str = "florin/wallet/file/v1";
+const HEAD: &[u8] = b"{\n  \"checksum\": \"";
+const HEAD_END: &[u8] = b"\",\n";
+
+fn checksum_hex(body: &[u8]) -> String {
+    hex::encode(florin_crypto::hash(FILE_CHECKSUM_DOMAIN, &[body]))
+}
+
+/// Adds the checksum line to a wallet's JSON (`{` newline, fields…).
+pub fn seal_file(body: &[u8]) -> Vec<u8> {
+    let sum = checksum_hex(body);
+    let mut out = Vec::with_capacity(body.len() + 96);
+    out.extend_from_slice(HEAD);
+    out.extend_from_slice(sum.as_bytes());
+    out.extend_from_slice(HEAD_END);
+    out.extend_from_slice(body.strip_prefix(b"{\n").unwrap_or(body));
+    out
+}
+
+/// Checks a file's checksum and returns its body: `Ok(body)` for a file whose checksum
+/// matches, `Ok(whole file)` for a file without a checksum line (older wallets), and
+/// `Err((expected, found))` for a file whose content does not match.
+pub fn open_file(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, (String, String)> {
+    let Some(rest) = bytes.strip_prefix(HEAD) else {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    };
+    let expected = rest
+        .get(..64)
+        .map(|h| String::from_utf8_lossy(h).into_owned())
+        .unwrap_or_default();
+    let Some(after) = rest.get(64..).and_then(|r| r.strip_prefix(HEAD_END)) else {
+        return Err((
+            expected,
+            "nothing: the checksum line is malformed (expected 64 hex digits, a quote, a \
+             comma and a newline)"
+                .into(),
+        ));
+    };
+    let mut body = b"{\n".to_vec();
+    body.extend_from_slice(after);
+    let found = checksum_hex(&body);
+    if found != expected {
+        return Err((expected, found));
+    }
+    Ok(std::borrow::Cow::Owned(body))
 }
 
 impl FileStore {
@@ -104,14 +183,19 @@ impl WalletStore for FileStore {
             }
             Err(e) => return Err(self.io(e)),
         };
-        Wallet::from_json(&bytes).map_err(|reason| StoreError::Corrupt {
+        let body = open_file(&bytes).map_err(|(expected, found)| StoreError::Damaged {
+            path: self.path.clone(),
+            expected,
+            found,
+        })?;
+        Wallet::from_json(&body).map_err(|reason| StoreError::Corrupt {
             path: self.path.clone(),
             reason,
         })
     }
 
     fn save(&self, wallet: &Wallet) -> Result<(), StoreError> {
-        let json = wallet.to_json();
+        let json = seal_file(&wallet.to_json());
         let dir = match self.path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),

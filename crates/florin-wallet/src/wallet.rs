@@ -103,6 +103,10 @@ pub enum WalletError {
     /// Signing failed.
     #[error("signing failed: {0}")]
     Signing(String),
+    /// The payee's address is not a usable key (not a curve point, non-canonical, or of small
+    /// order): money sent to it would be lost. Refused before anything is signed.
+    #[error("refusing to pay an invalid address: {0}")]
+    InvalidAddress(florin_crypto::KeyError),
 }
 
 /// How the wallet holds a token.
@@ -176,7 +180,11 @@ pub struct PendingDeposit {
     pub credit: bool,
 }
 
+/// The wallet file. Unknown fields are refused: they are either damage (a wallet file's
+/// checksum line with a changed byte would otherwise read as an old file without one) or a newer
+/// wallet's state, which saving with this version would silently drop.
 #[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WalletFile {
     format: u32,
     secret_key: String,
@@ -517,6 +525,7 @@ impl Wallet {
         if req.payee == self.public_key() {
             return Err(WalletError::PayingSelf);
         }
+        req.payee.validate().map_err(WalletError::InvalidAddress)?;
         let hs = hex::encode(req.handshake);
         if let Some(s) = self
             .sent

@@ -307,3 +307,180 @@ fn refused_channel_payments_are_not_retried_and_open_requests_count_against_the_
     assert!(alice.undelivered(&bob.public_key()).is_empty());
     assert_eq!(alice.balance().undelivered_cents, 500);
 }
+
+/// A wallet holding one ledger output of `cents` locked to its main key.
+fn with_ledger_funds(rng: &mut StdRng, cents: u64) -> (Wallet, florin_ledger::Utxo) {
+    let mut w = Wallet::generate(rng, Some(authority().public_key()));
+    let u = florin_ledger::Utxo {
+        value: cents,
+        encumbrance: florin_ledger::Encumbrance::ed25519(&w.public_key()),
+        serial: [cents as u8; 32],
+    };
+    assert_eq!(w.receive_utxos(&[u]), cents);
+    (w, u)
+}
+
+#[test]
+fn payments_to_invalid_addresses_are_refused_before_signing() {
+    let mut rng = StdRng::seed_from_u64(40);
+    let (mut w, _) = with_ledger_funds(&mut rng, 1000);
+    let before = w.to_json();
+    let mut identity = [0u8; 32];
+    identity[0] = 1;
+    for bad in [
+        florin_crypto::PublicKey([0u8; 32]),
+        florin_crypto::PublicKey(identity),
+        florin_crypto::PublicKey([0xff; 32]),
+    ] {
+        let e = w.build_payment(bad, 100, "pay").unwrap_err();
+        assert!(matches!(e, WalletError::InvalidAddress(_)), "{e}");
+        assert!(w.pending_tx().is_none());
+        assert_eq!(w.to_json(), before, "nothing signed, nothing changed");
+    }
+    // Offline: a request naming an invalid payee is refused too.
+    let mut payer = funded(&mut rng, &[Denomination::E1]);
+    let before = payer.to_json();
+    let req = PaymentRequest {
+        amount_cents: 100,
+        payee: florin_crypto::PublicKey([0u8; 32]),
+        handshake: [3; 32],
+        max_hops: 8,
+    };
+    assert!(matches!(
+        payer.pay(&req).unwrap_err(),
+        WalletError::InvalidAddress(_)
+    ));
+    assert_eq!(payer.to_json(), before);
+    // A queued handoff to an unusable key can never be sealed: it is reported for dropping.
+    let u = hex::encode(
+        florin_ledger::Utxo {
+            value: 5,
+            encumbrance: florin_ledger::Encumbrance::ed25519(&florin_crypto::PublicKey([0; 32])),
+            serial: [1; 32],
+        }
+        .encode(),
+    );
+    let why = Wallet::seal_handoff(&florin_crypto::PublicKey([0; 32]), &u, &mut rng).unwrap_err();
+    assert!(why.contains("not a usable key"), "{why}");
+    let good = Wallet::generate(&mut rng, None).public_key();
+    assert!(Wallet::seal_handoff(&good, &u, &mut rng).is_ok());
+}
+
+#[test]
+fn withdrawals_carry_an_owner_signature_over_the_request() {
+    let mut rng = StdRng::seed_from_u64(41);
+    let (mut w, _) = with_ledger_funds(&mut rng, 1000);
+    let reserve = authority().public_key();
+    let tx = w.build_payment(reserve, 400, "withdraw").unwrap();
+    w.settle_pending(true);
+    let a = w.awaiting_tokens()[0].clone();
+    let auth = a.auth.clone().expect("stored at build time");
+    // Signed by the key of the input, over txid, output 0, recipient and handshake.
+    let florin_ledger::Transaction::Transfer(t) = &tx else {
+        panic!()
+    };
+    assert_eq!(
+        t.inputs[0].encumbrance,
+        florin_ledger::Encumbrance::ed25519(&florin_crypto::PublicKey::parse(&auth.key).unwrap())
+    );
+    let hs: [u8; 32] = hex::decode(&a.handshake).unwrap().try_into().unwrap();
+    let msg = florin_wallet::online::withdraw_message(&tx.txid(), 0, &w.public_key(), &hs);
+    let sig: [u8; 64] = hex::decode(&auth.signature).unwrap().try_into().unwrap();
+    let key = florin_crypto::PublicKey::parse(&auth.key).unwrap();
+    florin_crypto::verify(&key, &msg, &florin_crypto::Signature(sig)).unwrap();
+    let other = florin_wallet::online::withdraw_message(&tx.txid(), 0, &reserve, &hs);
+    assert!(florin_crypto::verify(&key, &other, &florin_crypto::Signature(sig)).is_err());
+    // A wallet file from before authorizations: recomputed from the transaction, same bytes.
+    let mut old = a.clone();
+    old.auth = None;
+    assert_eq!(w.withdraw_authorization(&old), Some(auth));
+    // Another wallet holds no input of it: it cannot authorize.
+    let (stranger, _) = with_ledger_funds(&mut rng, 10);
+    assert_eq!(stranger.withdraw_authorization(&old), None);
+}
+
+#[test]
+fn forget_spent_removes_coins_the_ledger_no_longer_holds() {
+    let mut rng = StdRng::seed_from_u64(42);
+    let (mut w, u) = with_ledger_funds(&mut rng, 700);
+    let v = florin_ledger::Utxo {
+        serial: [9; 32],
+        ..u
+    };
+    w.receive_utxos(&[v]);
+    assert_eq!(w.online_cents(), 1400);
+    assert_eq!(w.forget_spent(&[u.id()]), (1, 700));
+    assert_eq!(w.online_cents(), 700);
+    assert_eq!(w.held_utxos(), vec![v]);
+    assert_eq!(w.forget_spent(&[u.id()]), (0, 0));
+}
+
+#[test]
+fn wallet_file_checksum_detects_damage_and_old_files_still_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = StdRng::seed_from_u64(43);
+    let path = dir.path().join("w.json");
+    let store = FileStore::new(&path);
+    let (w, _) = with_ledger_funds(&mut rng, 1234);
+    store.create(&w).unwrap();
+    let good = std::fs::read_to_string(&path).unwrap();
+    assert!(good.starts_with("{\n  \"checksum\": \""), "{good}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&good).is_ok(),
+        "still JSON"
+    );
+    assert_eq!(store.load().unwrap().online_cents(), 1234);
+    // A changed digit in an amount is refused, naming the file and the expected checksum.
+    let damaged = good.replace(
+        "\"max_offline_cents\": 100000",
+        "\"max_offline_cents\": 900000",
+    );
+    assert_ne!(damaged, good);
+    std::fs::write(&path, &damaged).unwrap();
+    let Err(e) = store.load() else {
+        panic!("a damaged file must not load")
+    };
+    let msg = e.to_string();
+    assert!(
+        matches!(e, florin_wallet::StoreError::Damaged { .. }),
+        "{msg}"
+    );
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    let expected = &good[17..17 + 64];
+    assert!(msg.contains(expected), "names the expected checksum: {msg}");
+    // Nothing on disk was changed by the refused load.
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), damaged);
+    // A flipped byte in the checksum itself, or in its name, is refused too.
+    let mut bad_sum = good.clone().into_bytes();
+    bad_sum[20] = if bad_sum[20] == b'0' { b'1' } else { b'0' };
+    std::fs::write(&path, &bad_sum).unwrap();
+    assert!(store.load().is_err());
+    std::fs::write(&path, good.replacen("\"checksum\"", "\"checksuM\"", 1)).unwrap();
+    assert!(store.load().is_err());
+    // A hex digit of a held output changed: refused.
+    let utxo_at = good.find("\"utxo\": \"").unwrap() + 20;
+    let mut bad_utxo = good.clone().into_bytes();
+    bad_utxo[utxo_at] = if bad_utxo[utxo_at] == b'a' {
+        b'b'
+    } else {
+        b'a'
+    };
+    std::fs::write(&path, &bad_utxo).unwrap();
+    assert!(matches!(
+        store.load(),
+        Err(florin_wallet::StoreError::Damaged { .. })
+    ));
+    // An old file without a checksum loads, and is rewritten with one on the next save.
+    let old = format!("{{\n{}", &good[good.find("\",\n").unwrap() + 3..]);
+    std::fs::write(&path, &old).unwrap();
+    let w2 = store.load().unwrap();
+    assert_eq!(w2.online_cents(), 1234);
+    store.save(&w2).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), good);
+    // No temporary files are left behind.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["w.json".to_string()]);
+}
