@@ -7,19 +7,47 @@
 //! Hamilton's and OpenCBDC's shards make the same choice.
 //!
 //! Layout of the directory:
-//! - `snapshot-<seq>.bin`: the whole state after log `seq − 1` (magic, counters, ids with values,
-//!   applied txids, CRC-32 of everything before it);
-//! - `wal-<seq>.log`: records appended since that snapshot, each `len u32 ‖ crc32 u32 ‖ payload`,
-//!   the payload listing the confirmed compact transactions of one batch.
+//! - `snapshot-<gen>.bin`: the whole state after the records before it (magic `FLSNAP02`, the
+//!   number of records it contains, counters, ids with values, applied txids, CRC-32 of
+//!   everything before it);
+//! - `wal-<gen>.log`: records appended since that snapshot, each `len u32 ‖ crc32 u32 ‖
+//!   payload`, the payload `2 ‖ seq u64 ‖ count u32 ‖ transactions`: the confirmed compact
+//!   transactions of one batch under a sequence number that counts every record since the store
+//!   was created (version 1 payloads, written before sequence numbers existed, are still read);
+//! - `acked.bin`: the acknowledgement mark, two 32-byte slots written alternately (`FLACK001 ‖
+//!   generation u64 ‖ records acknowledged u64 ‖ reserved ‖ crc32`), the valid slot with the
+//!   higher generation counting. A background thread writes it at most every
+//!   [`EmbeddedConfig::mark_every`] (100 ms) once batches were acknowledged, and at close.
 //!
-//! A batch is acknowledged only after its record is synced (per [`SyncPolicy`]). Recovery loads
-//! the newest valid snapshot, replays its log and cuts a torn tail. A snapshot is taken when the
-//! log passes [`EmbeddedConfig::snapshot_after_bytes`], so recovery replays at most that much.
+//! A batch is acknowledged only after its record is synced (per [`SyncPolicy`]).
+//!
+//! **Recovery and damage.** Opening loads the newest snapshot and replays its log. Every record
+//! must carry the next sequence number. At the first record that does not read back (short
+//! header, length past the end, checksum, payload), recovery decides between a torn tail and
+//! damage:
+//! - if any valid record follows anywhere in the file, the bad one is damage, not a crash;
+//! - if the mark says that record was acknowledged, it is damage: an acknowledged record was
+//!   synced before the answer left, so no crash can have torn it;
+//! - otherwise it is a torn tail (a crash during the append of a batch nobody was told about),
+//!   and it is cut.
+//!
+//! Damage refuses to open with [`StoreError::Damaged`] naming the file, the offset and what
+//! was expected, and changes nothing on disk. So does a log that ends before the mark's count
+//! (acknowledged records missing), a missing log or snapshot, or a missing mark in a directory
+//! written with one. The one case the mark cannot cover: a crash within `mark_every` of an
+//! acknowledgement *and* media damage to exactly that last record — then the record is cut as
+//! torn; the supply audit's cross-checks against the authority's independent records
+//! (issuance journal, reserve outputs) still catch lost mints and withdrawals.
+//! [`EmbeddedStore::check`] runs the same checks read-only (`florin node check`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use florin_crypto::Digest;
 
@@ -28,8 +56,14 @@ use crate::memory::UhsState;
 use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
 use crate::tx::UhsId;
 
-const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP01";
-const WAL_VERSION: u8 = 1;
+const SNAPSHOT_MAGIC_V1: &[u8; 8] = b"FLSNAP01";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP02";
+const WAL_V1: u8 = 1;
+const WAL_V2: u8 = 2;
+/// The acknowledgement mark's file name.
+pub const MARK_FILE: &str = "acked.bin";
+const MARK_MAGIC: &[u8; 8] = b"FLACK001";
+const MARK_SLOT: usize = 32;
 
 /// When a batch's log record is synced before the batch is acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +72,8 @@ pub enum SyncPolicy {
     Data,
     /// `fsync` per batch (also flushes metadata).
     Full,
-    /// No sync: survives a process crash (the OS has the data) but not a power loss. For
+    /// No sync: survives a process crash (the OS has the data) but not a power loss (after
+    /// one the store may refuse to open: the mark can reach the disk before the log). For
     /// experiments only.
     Never,
 }
@@ -52,15 +87,20 @@ pub struct EmbeddedConfig {
     pub snapshot_after_bytes: u64,
     /// Sync policy.
     pub sync: SyncPolicy,
+    /// How often at most the acknowledgement mark is written while batches are acknowledged;
+    /// `None` writes no mark and version-1 records (the store as it was before the integrity
+    /// checks: only for the `integrity_overhead_ratio` benchmark).
+    pub mark_every: Option<Duration>,
 }
 
 impl EmbeddedConfig {
-    /// Defaults: fdatasync per batch, snapshot every 256 MiB of log.
+    /// Defaults: fdatasync per batch, snapshot every 256 MiB of log, mark every 100 ms.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         EmbeddedConfig {
             dir: dir.into(),
             snapshot_after_bytes: 256 << 20,
             sync: SyncPolicy::Data,
+            mark_every: Some(Duration::from_millis(100)),
         }
     }
 }
@@ -69,20 +109,57 @@ struct Inner {
     state: UhsState,
     wal: File,
     wal_bytes: u64,
-    seq: u64,
+    /// Generation of the current snapshot and log.
+    gen: u64,
+    /// Sequence number of the next record.
+    next_seq: u64,
     /// Set when a write failed: memory may be ahead of disk, so the store refuses further work
     /// until reopened (recovery rebuilds from disk).
     poisoned: bool,
+}
+
+/// The background writer of the acknowledgement mark.
+struct Marker {
+    shared: Arc<MarkShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct MarkShared {
+    /// Records acknowledged (durable and answered).
+    acked: AtomicU64,
+    /// Marks that failed to write (they weaken only the torn-tail decision, never data).
+    failures: AtomicU64,
+    stop: Mutex<bool>,
+    wake: Condvar,
 }
 
 /// The embedded durable swap store.
 pub struct EmbeddedStore {
     cfg: EmbeddedConfig,
     inner: Mutex<Inner>,
+    marker: Option<Marker>,
 }
 
 fn io(e: std::io::Error) -> StoreError {
     StoreError::Io(e.to_string())
+}
+
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |e| StoreError::Io(format!("{}: {e}", path.display()))
+}
+
+fn damaged(
+    file: &Path,
+    offset: u64,
+    expected: impl Into<String>,
+    found: impl Into<String>,
+) -> StoreError {
+    StoreError::Damaged {
+        file: file.display().to_string(),
+        offset,
+        expected: expected.into(),
+        found: found.into(),
+    }
 }
 
 fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
@@ -104,15 +181,198 @@ fn seq_of(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
         .ok()
 }
 
-/// What recovery found, for operators and tests.
+/// What recovery found (or, for [`EmbeddedStore::check`], would do), for operators and tests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
     /// The snapshot loaded, if any.
     pub snapshot_seq: Option<u64>,
     /// Log records replayed.
     pub records_replayed: u64,
-    /// Bytes cut from a torn log tail.
+    /// Bytes cut from a torn log tail (by `check`: that would be cut).
     pub torn_bytes: u64,
+    /// Records in the store's history (the sequence number of the next one).
+    pub records_total: u64,
+    /// Records the acknowledgement mark says were acknowledged (`None`: no mark yet, a new
+    /// directory or one written before marks existed).
+    pub acknowledged: Option<u64>,
+    /// The books recovered.
+    pub supply: Supply,
+}
+
+/// The result of reading a directory, before anything on disk is changed.
+struct Plan {
+    state: UhsState,
+    gen: u64,
+    next_seq: u64,
+    /// Length of the valid log prefix, and the log file's length (0, 0 if absent).
+    good_len: u64,
+    file_len: u64,
+    wal_exists: bool,
+    mark: Option<u64>,
+    snapshots: Vec<u64>,
+    wals: Vec<u64>,
+    report: Recovery,
+}
+
+/// Reads a store directory and decides what opening it means; changes nothing.
+fn plan(dir: &Path) -> Result<Plan, StoreError> {
+    let mut snapshots = Vec::new();
+    let mut wals = Vec::new();
+    match fs::read_dir(dir) {
+        Ok(rd) => {
+            for entry in rd {
+                let name = entry
+                    .map_err(io_at(dir))?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned();
+                if let Some(s) = seq_of(&name, "snapshot-", ".bin") {
+                    snapshots.push(s);
+                } else if let Some(s) = seq_of(&name, "wal-", ".log") {
+                    wals.push(s);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_at(dir)(e)),
+    }
+    snapshots.sort_unstable();
+    wals.sort_unstable();
+    let mark_path = dir.join(MARK_FILE);
+    let mark = read_mark(&mark_path)?;
+    let mut report = Recovery {
+        acknowledged: mark,
+        ..Recovery::default()
+    };
+    let mut state = UhsState::default();
+    let mut gen = 0;
+    let mut next_seq = 0;
+    let mut versioned = false;
+    // The newest snapshot. Its predecessors' logs are gone once it exists, so if it does not
+    // read back intact, refuse to open rather than start from an incomplete state.
+    if let Some(&s) = snapshots.last() {
+        let (st, n, v2) = read_snapshot(&snapshot_path(dir, s))?;
+        state = st;
+        next_seq = n;
+        versioned |= v2;
+        gen = s;
+        report.snapshot_seq = Some(s);
+    }
+    if let Some(&w) = wals.last() {
+        if w > gen {
+            return Err(damaged(
+                &snapshot_path(dir, w),
+                0,
+                format!("the snapshot that starts log {w} (wal-{w:020}.log exists)"),
+                "no such file",
+            ));
+        }
+    }
+    let path = wal_path(dir, gen);
+    let bytes = match fs::read(&path) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io_at(&path)(e)),
+    };
+    let wal_exists = bytes.is_some();
+    let bytes = match bytes {
+        Some(b) => b,
+        None => {
+            // Legitimately absent: a new directory, or a crash between renaming a new snapshot
+            // into place and creating its (empty) log, while the previous log still exists.
+            let fresh = snapshots.is_empty() && wals.is_empty() && mark.is_none();
+            let between = gen > 0 && wals.contains(&(gen - 1));
+            if !fresh && !between {
+                return Err(damaged(
+                    &path,
+                    0,
+                    "the log of the newest snapshot (this directory holds a store)",
+                    "no such file",
+                ));
+            }
+            Vec::new()
+        }
+    };
+    let mut pos = 0usize;
+    let start_seq = next_seq;
+    while pos < bytes.len() {
+        match parse_frame(&bytes, pos) {
+            Ok(frame) => {
+                if let Some(seq) = frame.seq {
+                    versioned = true;
+                    if seq != next_seq {
+                        return Err(damaged(
+                            &path,
+                            pos as u64,
+                            format!("record {next_seq}"),
+                            format!("record {seq} (a valid record out of sequence)"),
+                        ));
+                    }
+                }
+                for t in &frame.txs {
+                    // Logged transactions were valid when they were applied; replay them.
+                    state.apply(t);
+                }
+                pos += frame.len;
+                next_seq += 1;
+            }
+            Err(why) => {
+                if let Some(q) = find_valid_frame(&bytes, pos + 1, next_seq) {
+                    return Err(damaged(
+                        &path,
+                        pos as u64,
+                        format!("record {next_seq}"),
+                        format!("{why}, and a valid record follows at byte {q}: not a torn tail"),
+                    ));
+                }
+                if let Some(acked) = mark.filter(|&a| a > next_seq) {
+                    return Err(damaged(
+                        &path,
+                        pos as u64,
+                        format!(
+                            "record {next_seq}, acknowledged ({} says {acked} records were)",
+                            MARK_FILE
+                        ),
+                        why,
+                    ));
+                }
+                // A torn tail: a crash during an append nobody was told about.
+                break;
+            }
+        }
+    }
+    if let Some(acked) = mark.filter(|&a| a > next_seq) {
+        return Err(damaged(
+            &path,
+            pos as u64,
+            format!("records up to {acked} (acknowledged, per {MARK_FILE})"),
+            format!("the log ends after record {next_seq}: acknowledged records are missing"),
+        ));
+    }
+    if mark.is_none() && versioned {
+        return Err(damaged(
+            &mark_path,
+            0,
+            "the acknowledgement mark (this store was written with one)",
+            "no such file",
+        ));
+    }
+    report.records_replayed = next_seq - start_seq;
+    report.records_total = next_seq;
+    report.torn_bytes = (bytes.len() - pos) as u64;
+    report.supply = state.supply();
+    Ok(Plan {
+        state,
+        gen,
+        next_seq,
+        good_len: pos as u64,
+        file_len: bytes.len() as u64,
+        wal_exists,
+        mark,
+        snapshots,
+        wals,
+        report,
+    })
 }
 
 impl EmbeddedStore {
@@ -121,80 +381,81 @@ impl EmbeddedStore {
         Self::open_with_report(cfg).map(|(s, _)| s)
     }
 
+    /// Checks a store directory read-only: what opening it would recover, or why it would
+    /// refuse. Changes nothing on disk.
+    pub fn check(dir: &Path) -> Result<Recovery, StoreError> {
+        if !dir.exists() {
+            return Err(damaged(
+                dir,
+                0,
+                "a ledger store directory",
+                "no such directory",
+            ));
+        }
+        plan(dir).map(|p| p.report)
+    }
+
     /// Opens the store and reports what recovery did.
     pub fn open_with_report(cfg: EmbeddedConfig) -> Result<(Self, Recovery), StoreError> {
-        fs::create_dir_all(&cfg.dir).map_err(io)?;
-        let mut snapshots = Vec::new();
-        let mut wals = Vec::new();
-        for entry in fs::read_dir(&cfg.dir).map_err(io)? {
-            let name = entry
-                .map_err(io)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            if let Some(s) = seq_of(&name, "snapshot-", ".bin") {
-                snapshots.push(s);
-            } else if let Some(s) = seq_of(&name, "wal-", ".log") {
-                wals.push(s);
-            }
-        }
-        snapshots.sort_unstable();
-        let mut report = Recovery::default();
-        let mut state = UhsState::default();
-        let mut seq = 0;
-        // The newest snapshot. Its predecessors' logs are gone once it exists, so if it does not
-        // read back intact, refuse to open rather than start from an incomplete state.
-        if let Some(&s) = snapshots.last() {
-            state = read_snapshot(&snapshot_path(&cfg.dir, s))?;
-            seq = s;
-            report.snapshot_seq = Some(s);
-        }
-        if let Some(&w) = wals.iter().max() {
-            if w > seq {
-                return Err(StoreError::Corrupt(format!(
-                    "log {w} is newer than the newest snapshot {seq}: the snapshot is missing"
-                )));
-            }
-        }
-        let path = wal_path(&cfg.dir, seq);
-        let (records, good_len, file_len) = replay_wal(&path, &mut state)?;
-        report.records_replayed = records;
-        report.torn_bytes = file_len - good_len;
-        let wal = OpenOptions::new()
+        // Every check first; only then is anything on disk changed.
+        let p = plan(&cfg.dir)?;
+        let dir = &cfg.dir;
+        fs::create_dir_all(dir).map_err(io_at(dir))?;
+        let path = wal_path(dir, p.gen);
+        let mut wal = OpenOptions::new()
             .create(true)
             .read(true)
             .write(true)
             .truncate(false)
             .open(&path)
-            .map_err(io)?;
-        if file_len != good_len {
-            wal.set_len(good_len).map_err(io)?;
-            wal.sync_all().map_err(io)?;
+            .map_err(io_at(&path))?;
+        if p.file_len != p.good_len {
+            // Proved a torn tail above: nothing valid follows and it was never acknowledged.
+            wal.set_len(p.good_len).map_err(io_at(&path))?;
+            wal.sync_all().map_err(io_at(&path))?;
+        } else if !p.wal_exists {
+            wal.sync_all().map_err(io_at(&path))?;
         }
-        sync_dir(&cfg.dir)?;
-        let mut wal = wal;
         use std::io::Seek;
-        wal.seek(std::io::SeekFrom::End(0)).map_err(io)?;
+        wal.seek(std::io::SeekFrom::End(0)).map_err(io_at(&path))?;
+        let mark_path = dir.join(MARK_FILE);
+        let marker = match cfg.mark_every {
+            Some(every) => {
+                if p.mark.is_none() {
+                    create_mark(&mark_path, p.next_seq)?;
+                }
+                Some(Marker::start(
+                    &mark_path,
+                    p.mark.unwrap_or(p.next_seq),
+                    p.next_seq,
+                    every,
+                )?)
+            }
+            None => None,
+        };
+        sync_dir(dir)?;
         // Files older than the state we loaded are obsolete.
-        for s in snapshots.iter().filter(|&&s| s < seq) {
-            let _ = fs::remove_file(snapshot_path(&cfg.dir, *s));
+        for s in p.snapshots.iter().filter(|&&s| s < p.gen) {
+            let _ = fs::remove_file(snapshot_path(dir, *s));
         }
-        for s in wals.iter().filter(|&&s| s < seq) {
-            let _ = fs::remove_file(wal_path(&cfg.dir, *s));
+        for s in p.wals.iter().filter(|&&s| s < p.gen) {
+            let _ = fs::remove_file(wal_path(dir, *s));
         }
         let inner = Inner {
-            state,
+            state: p.state,
             wal,
-            wal_bytes: good_len,
-            seq,
+            wal_bytes: p.good_len,
+            gen: p.gen,
+            next_seq: p.next_seq,
             poisoned: false,
         };
         Ok((
             EmbeddedStore {
                 cfg,
                 inner: Mutex::new(inner),
+                marker,
             },
-            report,
+            p.report,
         ))
     }
 
@@ -217,11 +478,20 @@ impl EmbeddedStore {
         self.snapshot_locked(&mut g)
     }
 
+    /// Marks that failed to write since the store was opened.
+    pub fn mark_failures(&self) -> u64 {
+        self.marker
+            .as_ref()
+            .map_or(0, |m| m.shared.failures.load(Ordering::Relaxed))
+    }
+
     fn snapshot_locked(&self, g: &mut Inner) -> Result<(), StoreError> {
-        let next = g.seq + 1;
+        let next = g.gen + 1;
         let dir = &self.cfg.dir;
         let tmp = dir.join("snapshot.tmp");
-        write_snapshot(&tmp, &g.state)?;
+        write_snapshot(&tmp, &g.state, g.next_seq)?;
+        // The snapshot first, then its empty log: a crash between the two leaves the previous
+        // log beside the new snapshot, which recovery recognises.
         fs::rename(&tmp, snapshot_path(dir, next)).map_err(io)?;
         let wal = OpenOptions::new()
             .create(true)
@@ -230,14 +500,23 @@ impl EmbeddedStore {
             .truncate(true)
             .open(wal_path(dir, next))
             .map_err(io)?;
+        wal.sync_all().map_err(io)?;
         sync_dir(dir)?;
-        let old = g.seq;
+        let old = g.gen;
         g.wal = wal;
         g.wal_bytes = 0;
-        g.seq = next;
+        g.gen = next;
         let _ = fs::remove_file(wal_path(dir, old));
         let _ = fs::remove_file(snapshot_path(dir, old));
         Ok(())
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        if let Some(m) = self.marker.as_mut() {
+            m.stop();
+        }
     }
 }
 
@@ -254,7 +533,8 @@ impl SwapStore for EmbeddedStore {
         if confirmed.is_empty() {
             return Ok(outcomes);
         }
-        let record = encode_record(&confirmed);
+        let seq = self.marker.as_ref().map(|_| g.next_seq);
+        let record = encode_record(seq, &confirmed);
         let written = (|| {
             g.wal.write_all(&record)?;
             match self.cfg.sync {
@@ -269,6 +549,10 @@ impl SwapStore for EmbeddedStore {
             return Err(io(e));
         }
         g.wal_bytes += record.len() as u64;
+        g.next_seq += 1;
+        if let Some(m) = &self.marker {
+            m.shared.acked.store(g.next_seq, Ordering::Release);
+        }
         if g.wal_bytes >= self.cfg.snapshot_after_bytes {
             if let Err(e) = self.snapshot_locked(&mut g) {
                 // The batch is durable in the log; only the snapshot failed. Keep going with
@@ -292,9 +576,159 @@ impl SwapStore for EmbeddedStore {
     }
 }
 
-fn encode_record(txs: &[&CompactTx]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(8 + txs.len() * 200);
-    p.push(WAL_VERSION);
+// ---------------------------------------------------------------- the acknowledgement mark
+
+fn mark_slot(generation: u64, acked: u64) -> [u8; MARK_SLOT] {
+    let mut b = [0u8; MARK_SLOT];
+    b[..8].copy_from_slice(MARK_MAGIC);
+    b[8..16].copy_from_slice(&generation.to_le_bytes());
+    b[16..24].copy_from_slice(&acked.to_le_bytes());
+    let crc = crc32fast::hash(&b[..MARK_SLOT - 4]);
+    b[MARK_SLOT - 4..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Reads the mark: `None` if the file does not exist; the acknowledged count of the valid
+/// slot with the higher generation; damage if no slot is valid.
+fn read_mark(path: &Path) -> Result<Option<u64>, StoreError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_at(path)(e)),
+    };
+    if bytes.len() != 2 * MARK_SLOT {
+        return Err(damaged(
+            path,
+            bytes.len().min(2 * MARK_SLOT) as u64,
+            format!("{} bytes (two slots)", 2 * MARK_SLOT),
+            format!("{} bytes", bytes.len()),
+        ));
+    }
+    let best = bytes
+        .chunks_exact(MARK_SLOT)
+        .filter(|s| {
+            &s[..8] == MARK_MAGIC
+                && crc32fast::hash(&s[..MARK_SLOT - 4]).to_le_bytes() == s[MARK_SLOT - 4..]
+        })
+        .map(|s| {
+            let g = u64::from_le_bytes(s[8..16].try_into().unwrap_or_default());
+            let a = u64::from_le_bytes(s[16..24].try_into().unwrap_or_default());
+            (g, a)
+        })
+        .max();
+    match best {
+        Some((_, acked)) => Ok(Some(acked)),
+        None => Err(damaged(
+            path,
+            0,
+            "a slot with a valid checksum",
+            "two damaged slots",
+        )),
+    }
+}
+
+fn create_mark(path: &Path, acked: u64) -> Result<(), StoreError> {
+    let tmp = path.with_extension("tmp");
+    let mut b = mark_slot(1, acked).to_vec();
+    b.extend_from_slice(&[0u8; MARK_SLOT]);
+    let mut f = File::create(&tmp).map_err(io_at(&tmp))?;
+    f.write_all(&b).map_err(io_at(&tmp))?;
+    f.sync_all().map_err(io_at(&tmp))?;
+    fs::rename(&tmp, path).map_err(io_at(path))?;
+    if let Some(d) = path.parent() {
+        sync_dir(d)?;
+    }
+    Ok(())
+}
+
+impl Marker {
+    fn start(path: &Path, written: u64, acked: u64, every: Duration) -> Result<Self, StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_at(path))?;
+        // Continue the generation of the slots on disk.
+        let mut generation = 1u64;
+        let mut buf = [0u8; 2 * MARK_SLOT];
+        if file.read_exact_at(&mut buf, 0).is_ok() {
+            for s in buf.chunks_exact(MARK_SLOT) {
+                if &s[..8] == MARK_MAGIC {
+                    generation =
+                        generation.max(u64::from_le_bytes(s[8..16].try_into().unwrap_or_default()));
+                }
+            }
+        }
+        let shared = Arc::new(MarkShared {
+            acked: AtomicU64::new(acked),
+            failures: AtomicU64::new(0),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("florin-ledger-mark".into())
+            .spawn(move || {
+                let mut written = written;
+                loop {
+                    // Wait first: a mark says only what was acknowledged by the time it is
+                    // written, `every` after the batches it covers at the earliest.
+                    let stopping = match sh.stop.lock() {
+                        Ok(g) => match sh.wake.wait_timeout_while(g, every, |s| !*s) {
+                            Ok((g, _)) => *g,
+                            Err(_) => true,
+                        },
+                        Err(_) => true,
+                    };
+                    let a = sh.acked.load(Ordering::Acquire);
+                    if a > written {
+                        generation += 1;
+                        let slot = (generation % 2) * MARK_SLOT as u64;
+                        let ok = file
+                            .write_all_at(&mark_slot(generation, a), slot)
+                            .and_then(|_| file.sync_data());
+                        match ok {
+                            Ok(()) => written = a,
+                            Err(_) => {
+                                sh.failures.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    if stopping {
+                        return;
+                    }
+                }
+            })
+            .map_err(io)?;
+        Ok(Marker {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Writes the final mark and stops the thread.
+    fn stop(&mut self) {
+        if let Ok(mut s) = self.shared.stop.lock() {
+            *s = true;
+        }
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+// ---------------------------------------------------------------- records
+
+fn encode_record(seq: Option<u64>, txs: &[&CompactTx]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(16 + txs.len() * 200);
+    match seq {
+        Some(s) => {
+            p.push(WAL_V2);
+            p.extend_from_slice(&s.to_le_bytes());
+        }
+        None => p.push(WAL_V1),
+    }
     p.extend_from_slice(&(txs.len() as u32).to_le_bytes());
     for t in txs {
         p.extend_from_slice(&t.txid);
@@ -342,20 +776,28 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decodes one record's payload into compact transactions.
-fn decode_payload(p: &[u8]) -> Option<Vec<CompactTx>> {
+/// Decodes one record's payload: its sequence number (version 2) and compact transactions.
+fn decode_payload(p: &[u8]) -> Option<(Option<u64>, Vec<CompactTx>)> {
     let mut c = Cursor(p);
-    if c.take(1)? != [WAL_VERSION] {
-        return None;
-    }
+    let seq = match c.take(1)?[0] {
+        WAL_V1 => None,
+        WAL_V2 => Some(c.u64()?),
+        _ => return None,
+    };
     let n = c.u32()? as usize;
     let mut out = Vec::with_capacity(n.min(p.len() / 40));
     for _ in 0..n {
         let txid = c.id()?;
         let kind = TxKind::from_byte(c.take(1)?[0])?;
         let ni = c.u32()? as usize;
+        if ni > c.0.len() / 32 {
+            return None;
+        }
         let inputs = (0..ni).map(|_| c.id()).collect::<Option<Vec<_>>>()?;
         let no = c.u32()? as usize;
+        if no > c.0.len() / 40 {
+            return None;
+        }
         let outputs = (0..no)
             .map(|_| Some((c.id()?, c.u64()?)))
             .collect::<Option<Vec<_>>>()?;
@@ -366,50 +808,68 @@ fn decode_payload(p: &[u8]) -> Option<Vec<CompactTx>> {
             outputs,
         });
     }
-    c.0.is_empty().then_some(out)
+    c.0.is_empty().then_some((seq, out))
 }
 
-/// Replays the log into `state`. Returns (records, length of the valid prefix, file length).
-fn replay_wal(path: &Path, state: &mut UhsState) -> Result<(u64, u64, u64), StoreError> {
-    let mut bytes = Vec::new();
-    match File::open(path) {
-        Ok(mut f) => {
-            f.read_to_end(&mut bytes).map_err(io)?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0, 0)),
-        Err(e) => return Err(io(e)),
-    }
-    let mut pos = 0usize;
-    let mut records = 0u64;
-    while bytes.len() - pos >= 8 {
-        let len = u32::from_le_bytes([bytes[pos], bytes[pos + 1], bytes[pos + 2], bytes[pos + 3]])
-            as usize;
-        let crc = u32::from_le_bytes([
-            bytes[pos + 4],
-            bytes[pos + 5],
-            bytes[pos + 6],
-            bytes[pos + 7],
-        ]);
-        let Some(payload) = bytes.get(pos + 8..pos + 8 + len) else {
-            break;
-        };
-        if crc32fast::hash(payload) != crc {
-            break;
-        }
-        let Some(txs) = decode_payload(payload) else {
-            break;
-        };
-        for t in &txs {
-            // Logged transactions were valid when they were applied; replay them as they were.
-            state.apply(t);
-        }
-        pos += 8 + len;
-        records += 1;
-    }
-    Ok((records, pos as u64, bytes.len() as u64))
+/// One record read back.
+struct Frame {
+    seq: Option<u64>,
+    txs: Vec<CompactTx>,
+    /// Bytes of the frame (header and payload).
+    len: usize,
 }
 
-fn write_snapshot(path: &Path, s: &UhsState) -> Result<(), StoreError> {
+/// Reads the record at `pos`, or says why it does not read back.
+fn parse_frame(bytes: &[u8], pos: usize) -> Result<Frame, String> {
+    let rest = &bytes[pos..];
+    if rest.len() < 8 {
+        return Err(format!(
+            "a record header cut short ({} of 8 bytes)",
+            rest.len()
+        ));
+    }
+    let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+    let Some(payload) = rest.get(8..8 + len) else {
+        return Err(format!(
+            "a record of {len} bytes with only {} left in the file",
+            rest.len() - 8
+        ));
+    };
+    let actual = crc32fast::hash(payload);
+    if actual != crc {
+        return Err(format!(
+            "checksum {actual:08x} of the record's {len} bytes, stored {crc:08x}"
+        ));
+    }
+    let (seq, txs) = decode_payload(payload).ok_or("a payload that does not decode")?;
+    Ok(Frame {
+        seq,
+        txs,
+        len: 8 + len,
+    })
+}
+
+/// The offset of the first valid record at or after `from` whose sequence number (if it has
+/// one) is at least `min_seq`: evidence that the damage before it is not a torn tail.
+fn find_valid_frame(bytes: &[u8], from: usize, min_seq: u64) -> Option<usize> {
+    let last = bytes.len().checked_sub(9)?;
+    (from..=last).find(|&q| {
+        let len = u32::from_le_bytes([bytes[q], bytes[q + 1], bytes[q + 2], bytes[q + 3]]) as usize;
+        // Cheap filters before the checksum: the length fits and the version byte is known.
+        if len < 5 || len > bytes.len() - q - 8 || !matches!(bytes[q + 8], WAL_V1 | WAL_V2) {
+            return false;
+        }
+        match parse_frame(bytes, q) {
+            Ok(f) => f.seq.is_none_or(|s| s >= min_seq),
+            Err(_) => false,
+        }
+    })
+}
+
+// ---------------------------------------------------------------- snapshots
+
+fn write_snapshot(path: &Path, s: &UhsState, next_seq: u64) -> Result<(), StoreError> {
     let f = OpenOptions::new()
         .create(true)
         .write(true)
@@ -423,6 +883,7 @@ fn write_snapshot(path: &Path, s: &UhsState) -> Result<(), StoreError> {
         w.write_all(b).map_err(io)
     };
     put(&mut w, SNAPSHOT_MAGIC)?;
+    put(&mut w, &next_seq.to_le_bytes())?;
     put(&mut w, &s.minted.to_le_bytes())?;
     put(&mut w, &s.redeemed.to_le_bytes())?;
     put(&mut w, &(s.unspent.len() as u64).to_le_bytes())?;
@@ -440,46 +901,89 @@ fn write_snapshot(path: &Path, s: &UhsState) -> Result<(), StoreError> {
     f.sync_all().map_err(io)
 }
 
-fn read_snapshot(path: &Path) -> Result<UhsState, StoreError> {
-    let bytes = fs::read(path).map_err(io)?;
-    let corrupt = || StoreError::Corrupt(format!("snapshot {}", path.display()));
-    if bytes.len() < 4 {
-        return Err(corrupt());
+/// Reads a snapshot: (state, records it contains, whether it is version 2).
+fn read_snapshot(path: &Path) -> Result<(UhsState, u64, bool), StoreError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(io_at(path))?;
+    if bytes.len() < 8 + 4 {
+        return Err(damaged(
+            path,
+            bytes.len() as u64,
+            "a snapshot of at least 12 bytes",
+            format!("{} bytes", bytes.len()),
+        ));
     }
     let (body, sum) = bytes.split_at(bytes.len() - 4);
-    if crc32fast::hash(body).to_le_bytes() != sum {
-        return Err(corrupt());
+    let actual = crc32fast::hash(body);
+    if actual.to_le_bytes() != sum {
+        return Err(damaged(
+            path,
+            body.len() as u64,
+            format!(
+                "checksum {actual:08x} of the {} bytes before it",
+                body.len()
+            ),
+            format!(
+                "{:08x}",
+                u32::from_le_bytes([sum[0], sum[1], sum[2], sum[3]])
+            ),
+        ));
     }
     let mut c = Cursor(body);
-    if c.take(8).ok_or_else(corrupt)? != SNAPSHOT_MAGIC {
-        return Err(corrupt());
-    }
+    let at = |c: &Cursor| (body.len() - c.0.len()) as u64;
+    let short =
+        |c: &Cursor, what: &str| damaged(path, at(c), what.to_string(), "the end of the file");
+    let v2 = match c.take(8) {
+        Some(m) if m == SNAPSHOT_MAGIC => true,
+        Some(m) if m == SNAPSHOT_MAGIC_V1 => false,
+        _ => {
+            return Err(damaged(
+                path,
+                0,
+                "magic FLSNAP02",
+                format!("{:02x?}", &body[..8]),
+            ))
+        }
+    };
+    let next_seq = if v2 {
+        c.u64().ok_or_else(|| short(&c, "the record count"))?
+    } else {
+        0
+    };
     let mut s = UhsState {
-        minted: c.u64().ok_or_else(corrupt)?,
-        redeemed: c.u64().ok_or_else(corrupt)?,
+        minted: c.u64().ok_or_else(|| short(&c, "minted"))?,
+        redeemed: c.u64().ok_or_else(|| short(&c, "redeemed"))?,
         ..Default::default()
     };
-    let n = c.u64().ok_or_else(corrupt)? as usize;
+    let n = c.u64().ok_or_else(|| short(&c, "the id count"))? as usize;
     s.unspent.reserve(n.min(body.len() / 40));
     for _ in 0..n {
-        let id = c.id().ok_or_else(corrupt)?;
-        s.unspent.insert(id, c.u64().ok_or_else(corrupt)?);
+        let id = c.id().ok_or_else(|| short(&c, "an id"))?;
+        s.unspent
+            .insert(id, c.u64().ok_or_else(|| short(&c, "a value"))?);
     }
-    let m = c.u64().ok_or_else(corrupt)? as usize;
+    let m = c.u64().ok_or_else(|| short(&c, "the txid count"))? as usize;
     s.applied.reserve(m.min(body.len() / 32));
     for _ in 0..m {
-        s.applied.insert(c.id().ok_or_else(corrupt)?);
+        s.applied.insert(c.id().ok_or_else(|| short(&c, "a txid"))?);
     }
     if !c.0.is_empty() {
-        return Err(corrupt());
+        return Err(damaged(
+            path,
+            at(&c),
+            "the checksum",
+            format!("{} more bytes", c.0.len()),
+        ));
     }
-    Ok(s)
+    Ok((s, next_seq, v2))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::testing::{mint, run_suite, transfer};
+    use crate::store::testing::{mint, run_suite};
 
     fn cfg(dir: &Path) -> EmbeddedConfig {
         EmbeddedConfig::new(dir)
@@ -529,14 +1033,342 @@ mod tests {
         );
     }
 
+    /// Every file of a directory and its bytes, to prove a refused open changed nothing.
+    fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    fs::read(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        for (name, bytes) in contents(from) {
+            fs::write(to.join(name), bytes).unwrap();
+        }
+    }
+
+    /// Record `i` of the test history: a mint of id `i`.
+    fn record(i: u64) -> CompactTx {
+        mint(i, &[(i, 10 + i)])
+    }
+
+    /// The records a store holds, checked to be exactly a prefix of the history: returns its
+    /// length, or panics if the store holds anything else.
+    fn prefix_len(s: &EmbeddedStore, n: u64) -> u64 {
+        let held: Vec<bool> = (0..n)
+            .map(|i| s.is_confirmed(&record(i).txid).unwrap())
+            .collect();
+        let k = held.iter().take_while(|h| **h).count() as u64;
+        assert!(
+            held[k as usize..].iter().all(|h| !h),
+            "not a prefix: {held:?}"
+        );
+        let minted: u64 = (0..k).map(|i| 10 + i).sum();
+        assert_eq!(s.supply().unwrap().minted_cents, minted);
+        for i in 0..n {
+            assert_eq!(s.is_unspent(&crate::store::testing::id(i)).unwrap(), i < k);
+        }
+        k
+    }
+
+    /// A store of `n` one-record batches in one log, with `acked` of them covered by the mark
+    /// (the rest were appended after the last mark, as a crash leaves them).
+    fn history(dir: &Path, n: u64, acked: u64) {
+        let quiet = EmbeddedConfig {
+            mark_every: Some(Duration::from_secs(3600)),
+            ..cfg(dir)
+        };
+        {
+            let s = EmbeddedStore::open(quiet.clone()).unwrap();
+            for i in 0..acked {
+                s.swap(&[record(i)]).unwrap();
+            }
+        } // closing writes the mark
+        let s = EmbeddedStore::open(quiet).unwrap();
+        for i in acked..n {
+            s.swap(&[record(i)]).unwrap();
+        }
+        // A crash: no final mark (the marker sleeps for an hour and the store is never dropped).
+        std::mem::forget(s);
+    }
+
+    /// Record boundaries of the one log in `dir`.
+    fn boundaries(dir: &Path) -> (PathBuf, Vec<usize>) {
+        let wal = wal_path(dir, 0);
+        let bytes = fs::read(&wal).unwrap();
+        let mut b = vec![0];
+        let mut pos = 0;
+        while pos < bytes.len() {
+            pos += parse_frame(&bytes, pos).unwrap().len;
+            b.push(pos);
+        }
+        (wal, b)
+    }
+
+    /// Opens a damaged copy: either it recovers a prefix holding every acknowledged record, or
+    /// it refuses and changed nothing. Returns the prefix recovered.
+    fn open_damaged(dir: &Path, n: u64, acked: u64) -> Option<u64> {
+        let before = contents(dir);
+        match EmbeddedStore::open(cfg(dir)) {
+            Ok(s) => {
+                let k = prefix_len(&s, n);
+                assert!(k >= acked, "acknowledged records lost: {k} < {acked}");
+                Some(k)
+            }
+            Err(e) => {
+                assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
+                assert_eq!(
+                    contents(dir),
+                    before,
+                    "a refused open changed the directory"
+                );
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn crash_and_corruption_matrix_of_the_log() {
+        const N: u64 = 6;
+        for acked in [0, 3, N] {
+            let base = tempfile::tempdir().unwrap();
+            history(base.path(), N, acked);
+            let (wal, b) = boundaries(base.path());
+            let len = *b.last().unwrap();
+            let case = |damage: &dyn Fn(&Path)| -> Option<u64> {
+                let d = tempfile::tempdir().unwrap();
+                copy_dir(base.path(), d.path());
+                damage(d.path());
+                open_damaged(d.path(), N, acked)
+            };
+            let name = wal.file_name().unwrap().to_owned();
+            // Truncation at and inside every record.
+            for cut in 0..len {
+                let got = case(&|d: &Path| {
+                    let f = OpenOptions::new().write(true).open(d.join(&name)).unwrap();
+                    f.set_len(cut as u64).unwrap();
+                });
+                let whole = b.iter().filter(|&&x| x <= cut).count() as u64 - 1;
+                if whole >= acked {
+                    assert_eq!(got, Some(whole), "acked {acked}, cut at {cut}");
+                } else {
+                    assert_eq!(got, None, "acked {acked}, cut at {cut}");
+                }
+            }
+            // A flipped bit in every byte of every record.
+            for at in 0..len {
+                let got = case(&|d: &Path| {
+                    let p = d.join(&name);
+                    let mut bytes = fs::read(&p).unwrap();
+                    bytes[at] ^= 0x10;
+                    fs::write(&p, bytes).unwrap();
+                });
+                let rec = b.iter().filter(|&&x| x <= at).count() as u64 - 1;
+                if rec == N - 1 && rec >= acked {
+                    // The last record, never acknowledged: a torn tail, cut.
+                    assert_eq!(got, Some(N - 1), "acked {acked}, flip at {at}");
+                } else {
+                    assert_eq!(got, None, "acked {acked}, flip at {at}");
+                }
+            }
+            // Garbage appended after the last record: a torn append, cut.
+            assert_eq!(
+                case(&|d: &Path| {
+                    let mut f = OpenOptions::new().append(true).open(d.join(&name)).unwrap();
+                    f.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, 5]).unwrap();
+                }),
+                Some(N)
+            );
+            // Deleted or emptied files.
+            for file in [name.to_string_lossy().into_owned(), MARK_FILE.to_string()] {
+                assert_eq!(
+                    case(&|d: &Path| fs::remove_file(d.join(&file)).unwrap()),
+                    None
+                );
+                let emptied = case(&|d: &Path| fs::write(d.join(&file), b"").unwrap());
+                if file == MARK_FILE || acked > 0 {
+                    assert_eq!(emptied, None, "{file} emptied, acked {acked}");
+                }
+            }
+            // A damaged mark slot: the other slot still counts (never fewer than it said).
+            let got = case(&|d: &Path| {
+                let p = d.join(MARK_FILE);
+                let mut bytes = fs::read(&p).unwrap();
+                let (g0, g1) = (bytes[8], bytes[MARK_SLOT + 8]);
+                let newer = if g1 > g0 { MARK_SLOT } else { 0 };
+                bytes[newer + 20] ^= 1;
+                fs::write(&p, bytes).unwrap();
+            });
+            assert!(got.is_none() || got == Some(N), "acked {acked}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn crash_and_corruption_matrix_of_snapshots() {
+        let base = tempfile::tempdir().unwrap();
+        let c = EmbeddedConfig {
+            snapshot_after_bytes: 1,
+            ..cfg(base.path())
+        };
+        {
+            let s = EmbeddedStore::open(c.clone()).unwrap();
+            for i in 0..4 {
+                s.swap(&[record(i)]).unwrap();
+            }
+        }
+        let snap = snapshot_path(base.path(), 4);
+        let len = fs::read(&snap).unwrap().len();
+        let case = |damage: &dyn Fn(&Path)| -> Option<u64> {
+            let d = tempfile::tempdir().unwrap();
+            copy_dir(base.path(), d.path());
+            damage(d.path());
+            open_damaged(d.path(), 4, 4)
+        };
+        assert_eq!(case(&|_| {}), Some(4));
+        let name = snap.file_name().unwrap().to_owned();
+        for at in (0..len).step_by(3).chain([len - 1]) {
+            let got = case(&|d: &Path| {
+                let p = d.join(&name);
+                let mut b = fs::read(&p).unwrap();
+                b[at] ^= 0x01;
+                fs::write(&p, b).unwrap();
+            });
+            assert_eq!(got, None, "flip at {at}");
+        }
+        for cut in [0, 4, 11, len / 2, len - 1] {
+            let got = case(&|d: &Path| {
+                let f = OpenOptions::new().write(true).open(d.join(&name)).unwrap();
+                f.set_len(cut as u64).unwrap();
+            });
+            assert_eq!(got, None, "cut at {cut}");
+        }
+        assert_eq!(
+            case(&|d: &Path| fs::remove_file(d.join(&name)).unwrap()),
+            None
+        );
+        // The snapshot's log deleted.
+        let wal = wal_path(base.path(), 4);
+        let wal_name = wal.file_name().unwrap().to_owned();
+        assert_eq!(
+            case(&|d: &Path| fs::remove_file(d.join(&wal_name)).unwrap()),
+            None
+        );
+        // Every file deleted but the mark: refused, never a fresh empty ledger.
+        assert_eq!(
+            case(&|d: &Path| {
+                fs::remove_file(d.join(&name)).unwrap();
+                fs::remove_file(d.join(&wal_name)).unwrap();
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn check_reports_without_changing_anything() {
+        let dir = tempfile::tempdir().unwrap();
+        history(dir.path(), 3, 2);
+        let wal = wal_path(dir.path(), 0);
+        let mut f = OpenOptions::new().append(true).open(&wal).unwrap();
+        f.write_all(&[9, 9, 9]).unwrap();
+        drop(f);
+        let before = contents(dir.path());
+        let r = EmbeddedStore::check(dir.path()).unwrap();
+        assert_eq!(
+            (r.records_total, r.torn_bytes, r.acknowledged),
+            (3, 3, Some(2))
+        );
+        assert_eq!(contents(dir.path()), before);
+        let (_, rep) = EmbeddedStore::open_with_report(cfg(dir.path())).unwrap();
+        assert_eq!(rep.torn_bytes, 3);
+        assert!(EmbeddedStore::check(&dir.path().join("absent")).is_err());
+    }
+
+    #[test]
+    fn a_store_written_before_marks_opens_and_gains_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = EmbeddedConfig {
+            mark_every: None,
+            ..cfg(dir.path())
+        };
+        {
+            let s = EmbeddedStore::open(legacy).unwrap();
+            s.swap(&[record(0)]).unwrap();
+            s.swap(&[record(1)]).unwrap();
+        }
+        assert!(!dir.path().join(MARK_FILE).exists());
+        {
+            let s = EmbeddedStore::open(cfg(dir.path())).unwrap();
+            assert_eq!(prefix_len(&s, 3), 2);
+            s.swap(&[record(2)]).unwrap();
+        }
+        let r = EmbeddedStore::check(dir.path()).unwrap();
+        assert_eq!((r.records_total, r.acknowledged), (3, Some(3)));
+        // From now on the mark is required.
+        fs::remove_file(dir.path().join(MARK_FILE)).unwrap();
+        assert!(matches!(
+            EmbeddedStore::open(cfg(dir.path())),
+            Err(StoreError::Damaged { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Random histories and random damage: the store never serves a history other than
+        /// a prefix holding every acknowledged record, and a refusal changes nothing.
+        #[test]
+        fn damage_never_yields_a_different_history(
+            n in 1u64..10,
+            acked_frac in 0u64..=4,
+            snap in proptest::bool::ANY,
+            kind in 0u8..3,
+            at in proptest::num::usize::ANY,
+            bit in 0u8..8,
+        ) {
+            let acked = n * acked_frac / 4;
+            let dir = tempfile::tempdir().unwrap();
+            history(dir.path(), n, acked);
+            if snap {
+                // Also a snapshot in the middle of the history: its file is damaged too.
+                let s = EmbeddedStore::open(EmbeddedConfig {
+                    mark_every: Some(Duration::from_secs(3600)),
+                    ..cfg(dir.path())
+                }).unwrap();
+                s.snapshot().unwrap();
+                drop(s);
+            }
+            let mut files: Vec<PathBuf> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
+            files.sort();
+            let f = &files[at % files.len()];
+            let mut bytes = fs::read(f).unwrap();
+            match kind {
+                0 if !bytes.is_empty() => {
+                    let i = (at / files.len()) % bytes.len();
+                    bytes[i] ^= 1 << bit;
+                }
+                1 => bytes.truncate((at / files.len()) % (bytes.len() + 1)),
+                _ => bytes.extend_from_slice(&[bit, 0, 0, 0, 7]),
+            }
+            fs::write(f, bytes).unwrap();
+            let acked = if snap { n } else { acked };
+            open_damaged(dir.path(), n, acked);
+        }
+    }
+
     #[test]
     fn torn_tail_is_cut_and_the_rest_kept() {
         let dir = tempfile::tempdir().unwrap();
-        {
-            let s = EmbeddedStore::open(cfg(dir.path())).unwrap();
-            s.swap(&[mint(1, &[(1, 10)])]).unwrap();
-            s.swap(&[transfer(1, &[1], &[(2, 10)])]).unwrap();
-        }
+        history(dir.path(), 2, 0);
         // Half a record appended, as a crash mid-write leaves it.
         let wal = wal_path(dir.path(), 0);
         let mut f = OpenOptions::new().append(true).open(&wal).unwrap();
@@ -544,16 +1376,30 @@ mod tests {
         drop(f);
         let (s, rep) = EmbeddedStore::open_with_report(cfg(dir.path())).unwrap();
         assert_eq!((rep.records_replayed, rep.torn_bytes), (2, 9));
-        assert!(s.is_unspent(&crate::store::testing::id(2)).unwrap());
-        // A flipped byte inside the last record: that record is dropped, earlier ones kept.
+        assert!(s.is_unspent(&crate::store::testing::id(1)).unwrap());
         drop(s);
+        // A flipped byte inside the last record, which the mark now covers: damage, refused.
+        let mut bytes = fs::read(&wal).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 1;
+        fs::write(&wal, &bytes).unwrap();
+        let err = EmbeddedStore::open(cfg(dir.path())).err().unwrap();
+        assert!(err.to_string().contains("acknowledged"), "{err}");
+        assert_eq!(fs::read(&wal).unwrap(), bytes);
+    }
+
+    #[test]
+    fn torn_tail_of_an_unacknowledged_record_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        history(dir.path(), 2, 1);
+        let wal = wal_path(dir.path(), 0);
         let mut bytes = fs::read(&wal).unwrap();
         let n = bytes.len();
         bytes[n - 3] ^= 1;
         fs::write(&wal, bytes).unwrap();
         let (s, rep) = EmbeddedStore::open_with_report(cfg(dir.path())).unwrap();
         assert_eq!(rep.records_replayed, 1);
-        assert!(s.is_unspent(&crate::store::testing::id(1)).unwrap());
+        assert!(s.is_unspent(&crate::store::testing::id(0)).unwrap());
     }
 
     #[test]
@@ -574,13 +1420,13 @@ mod tests {
         // The snapshot is corrupt: refuse to open rather than start from an incomplete state.
         assert!(matches!(
             EmbeddedStore::open(c.clone()),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Damaged { .. })
         ));
         // A missing snapshot with a newer log is refused too.
         fs::remove_file(&snap).unwrap();
         assert!(matches!(
             EmbeddedStore::open(c),
-            Err(StoreError::Corrupt(_))
+            Err(StoreError::Damaged { .. })
         ));
     }
 }

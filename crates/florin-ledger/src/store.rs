@@ -43,6 +43,19 @@ pub enum StoreError {
     /// Stored data is corrupt.
     #[error("store corrupt: {0}")]
     Corrupt(String),
+    /// A durable file is damaged (or missing) where a crash cannot explain it: the store
+    /// refuses to open and has changed nothing on disk.
+    #[error("{file}: damaged at byte {offset}: expected {expected}, found {found}")]
+    Damaged {
+        /// The file.
+        file: String,
+        /// Byte offset of the damage in the file.
+        offset: u64,
+        /// What should have been there.
+        expected: String,
+        /// What was there.
+        found: String,
+    },
     /// The backend (a database) refused.
     #[error("store backend: {0}")]
     Backend(String),
