@@ -14,6 +14,7 @@ mod error;
 mod keyfile;
 pub mod ledger;
 pub mod psp;
+pub mod redb_open;
 mod server;
 mod store;
 

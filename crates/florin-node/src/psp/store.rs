@@ -8,7 +8,7 @@
 //! once the ledger says it is confirmed. A pending payment is resolved by sending the same
 //! transaction again, which the ledger answers idempotently.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use florin_ledger::{Encumbrance, Transaction, Utxo};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use super::api::HistoryEntry;
 use super::PspError;
+use crate::keyfile::write_private;
+use crate::redb_open::{open_strict, Expect};
 
 /// name → JSON [`AccountRecord`].
 const ACCOUNTS: TableDefinition<&str, &[u8]> = TableDefinition::new("psp_accounts_v1");
@@ -158,6 +160,22 @@ pub(crate) fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// `PATH.created`: says the books at `PATH` exist (written at their first start).
+pub fn created_marker(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".created");
+    path.with_file_name(name)
+}
+
+/// A write transaction committed with two-phase commit: redb then refuses a newest commit
+/// that fails its checksums instead of rolling back to the previous one (see
+/// [`crate::redb_open`]).
+fn begin(db: &redb::Database) -> Result<redb::WriteTransaction, PspError> {
+    let mut tx = db.begin_write()?;
+    tx.set_two_phase_commit(true);
+    Ok(tx)
+}
+
 /// The books.
 pub struct Books {
     db: redb::Database,
@@ -223,10 +241,27 @@ impl<'t> Writer<'t> {
 }
 
 impl Books {
-    /// Opens (or creates) the books at `path`.
+    /// Opens the books at `path` strictly ([`crate::redb_open::open_strict`]): a missing file is
+    /// created only on the provider's first start, which the marker `PATH.created` (written once
+    /// the books exist) tells apart from books that were lost; an emptied, truncated or damaged
+    /// file is refused with an error naming it, and a refused open changes nothing on disk.
     pub fn open(path: &Path) -> Result<Books, PspError> {
-        let db = redb::Database::create(path)?;
-        let tx = db.begin_write()?;
+        let marker = created_marker(path);
+        let expect = if marker.exists() {
+            Expect::Existing
+        } else {
+            Expect::FirstStart
+        };
+        let db = open_strict(path, expect).map_err(|e| PspError::Storage(e.to_string()))?;
+        if expect == Expect::FirstStart {
+            write_private(
+                &marker,
+                b"the provider's books were created next to this file; they are never \
+                  recreated while it exists\n",
+            )
+            .map_err(|e| PspError::Storage(e.to_string()))?;
+        }
+        let tx = begin(&db)?;
         {
             tx.open_table(ACCOUNTS)?;
             tx.open_table(OWNERS)?;
@@ -263,7 +298,7 @@ impl Books {
     /// Stores a new account; `false` if the name is taken.
     pub(crate) fn add_account(&self, rec: &AccountRecord) -> Result<bool, PspError> {
         let enc = rec.enc()?;
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         {
             let mut a = tx.open_table(ACCOUNTS)?;
             if a.get(rec.name.as_str())?.is_some() {
@@ -316,7 +351,7 @@ impl Books {
         coins: &[Utxo],
         line: Line<'_>,
     ) -> Result<Vec<bool>, PspError> {
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         let mut fresh = Vec::with_capacity(coins.len());
         {
             let mut w = Writer::open(&tx)?;
@@ -347,7 +382,7 @@ impl Books {
         name: &str,
         ids: &[[u8; 32]],
     ) -> Result<(), PspError> {
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         {
             if let Some(txid) = txid {
                 tx.open_table(PENDING)?.remove(txid.as_slice())?;
@@ -362,7 +397,7 @@ impl Books {
     }
 
     pub(crate) fn put_pending(&self, txid: &[u8; 32], p: &PendingPayment) -> Result<(), PspError> {
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         tx.open_table(PENDING)?
             .insert(txid.as_slice(), json(p)?.as_slice())?;
         tx.commit()?;
@@ -398,7 +433,7 @@ impl Books {
         let t = p.transfer()?;
         let outs = t.output_utxos();
         let hex_txid = hex::encode(txid);
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         {
             let mut pending = tx.open_table(PENDING)?;
             if pending.remove(txid.as_slice())?.is_none() {
@@ -491,7 +526,7 @@ impl Books {
     }
 
     pub(crate) fn drop_notice(&self, txid: &[u8; 32]) -> Result<(), PspError> {
-        let tx = self.db.begin_write()?;
+        let tx = begin(&self.db)?;
         tx.open_table(NOTICES)?.remove(txid.as_slice())?;
         tx.commit()?;
         Ok(())
@@ -509,5 +544,118 @@ impl Books {
         }
         out.reverse();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use florin_crypto::SecretKey;
+
+    /// Books with `n` accounts, each committed in its own transaction, closed cleanly.
+    fn books_with_accounts(path: &Path, n: u8) {
+        let books = Books::open(path).unwrap();
+        for i in 0..n {
+            let key = SecretKey::from_seed(&[i + 1; 32]).public_key();
+            let rec = AccountRecord {
+                name: format!("account-{i}-{}", "x".repeat(40)),
+                key_id: format!("psp-test-{i}"),
+                scheme: "ed25519".into(),
+                public_key: hex::encode(key.0),
+                encumbrance: Encumbrance::ed25519(&key).to_text(),
+            };
+            assert!(books.add_account(&rec).unwrap());
+        }
+        drop(books);
+    }
+
+    fn refused(path: &Path) -> String {
+        let dir = path.parent().unwrap();
+        let snapshot = |d: &Path| {
+            let mut v: Vec<(PathBuf, Vec<u8>)> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| {
+                    let p = e.unwrap().path();
+                    let b = std::fs::read(&p).unwrap();
+                    (p, b)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let before = snapshot(dir);
+        let e = match Books::open(path) {
+            Ok(_) => panic!("damaged books opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert_eq!(
+            snapshot(dir),
+            before,
+            "a refused open changed the directory"
+        );
+        e
+    }
+
+    /// Every copy on disk of `needle` (a freed page may still hold an old one).
+    fn copies(file: &[u8], needle: &[u8]) -> Vec<usize> {
+        file.windows(needle.len())
+            .enumerate()
+            .filter(|(_, w)| *w == needle)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    #[test]
+    fn damaged_truncated_emptied_or_lost_books_refuse_to_open_and_change_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("psp.redb");
+        books_with_accounts(&path, 3);
+        assert!(created_marker(&path).exists());
+        let good = std::fs::read(&path).unwrap();
+        assert_eq!(Books::open(&path).unwrap().accounts().unwrap().len(), 3);
+        let good_after_open = std::fs::read(&path).unwrap();
+
+        let first = copies(&good_after_open, b"account-0-xxxxxxxx");
+        let last = copies(&good_after_open, b"account-2-xxxxxxxx");
+        assert!(!first.is_empty() && !last.is_empty());
+        let damage: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+            ("magic", Box::new(|b| b[3] ^= 1)),
+            ("primary bit", Box::new(|b| b[9] ^= 1)),
+            (
+                "primary commit slot",
+                Box::new(|b| {
+                    let slot = 64 + 128 * usize::from(b[9] & 1);
+                    b[slot + 8] ^= 1
+                }),
+            ),
+            (
+                "first account",
+                Box::new(move |b| first.iter().for_each(|&o| b[o + 12] ^= 1)),
+            ),
+            (
+                "last account",
+                Box::new(move |b| last.iter().for_each(|&o| b[o + 17] ^= 1)),
+            ),
+            ("header cut", Box::new(|b| b.truncate(200))),
+            ("half cut", Box::new(|b| b.truncate(b.len() / 2))),
+            ("last byte cut", Box::new(|b| b.truncate(b.len() - 1))),
+            ("emptied", Box::new(|b| b.clear())),
+        ];
+        for (what, f) in damage {
+            let mut bad = good_after_open.clone();
+            f(&mut bad);
+            std::fs::write(&path, &bad).unwrap();
+            let e = refused(&path);
+            eprintln!("{what}: {e}");
+        }
+        // Deleted while the marker says the books existed: refused, not recreated.
+        std::fs::remove_file(&path).unwrap();
+        let e = refused(&path);
+        assert!(e.contains("missing"), "{e}");
+        assert!(!path.exists());
+        // Put back, the books open with every account.
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(Books::open(&path).unwrap().accounts().unwrap().len(), 3);
     }
 }
