@@ -629,8 +629,10 @@ fn read_mark(path: &Path) -> Result<Option<u64>, StoreError> {
 
 fn create_mark(path: &Path, acked: u64) -> Result<(), StoreError> {
     let tmp = path.with_extension("tmp");
-    let mut b = mark_slot(1, acked).to_vec();
-    b.extend_from_slice(&[0u8; MARK_SLOT]);
+    // Generation g lives in slot g % 2: the next write (generation 2) goes to the other slot
+    // than this one, so a torn write never hits the only valid slot.
+    let mut b = vec![0u8; MARK_SLOT];
+    b.extend_from_slice(&mark_slot(1, acked));
     let mut f = File::create(&tmp).map_err(io_at(&tmp))?;
     f.write_all(&b).map_err(io_at(&tmp))?;
     f.sync_all().map_err(io_at(&tmp))?;

@@ -23,6 +23,20 @@ pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
     }
 }
 
+/// Loads the key at `path`, which must exist: for a service whose key was created when its
+/// directory was initialized (a missing key is never replaced by a new one).
+pub fn load_key(path: &Path) -> Result<SecretKey, NodeError> {
+    match fs::read_to_string(path) {
+        Ok(s) => SecretKey::from_hex(s.trim())
+            .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NodeError::Corrupt(format!(
+            "key file {} is missing: refusing to create a new key over existing state (restore it from a backup)",
+            path.display()
+        ))),
+        Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),
+    }
+}
+
 /// Writes `bytes` to `path` atomically and durably, readable by the owner only: a temporary
 /// file created with mode 0600, synced, renamed over `path`, and the directory synced.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {

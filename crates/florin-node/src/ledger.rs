@@ -171,6 +171,17 @@ impl Ledger {
         enc: Encumbrance,
         amount_cents: u64,
     ) -> Result<(Digest, Vec<Utxo>), NodeError> {
+        let (tx, utxos) = self.build_mint(enc, amount_cents)?;
+        self.submit_mint(tx).await.map(|txid| (txid, utxos))
+    }
+
+    /// Builds and signs the issuer's mint of `amount_cents` to `enc` without submitting it
+    /// (so that the issuance can be journaled first). Returns the mint and its outputs.
+    pub fn build_mint(
+        &self,
+        enc: Encumbrance,
+        amount_cents: u64,
+    ) -> Result<(Transaction, Vec<Utxo>), NodeError> {
         if amount_cents == 0 {
             return Err(NodeError::BadRequest("amount must be positive".into()));
         }
@@ -199,9 +210,14 @@ impl Ledger {
             .sign(&mint.txid())
             .map_err(|e| NodeError::Signer(e.to_string()))?;
         let utxos = mint.output_utxos();
-        let (txid, status) = self.submit(Transaction::Mint(mint)).await?;
+        Ok((Transaction::Mint(mint), utxos))
+    }
+
+    /// Submits a mint built by [`Ledger::build_mint`]; its txid once confirmed.
+    pub async fn submit_mint(&self, tx: Transaction) -> Result<Digest, NodeError> {
+        let (txid, status) = self.submit(tx).await?;
         match status {
-            TxStatus::Confirmed => Ok((txid, utxos)),
+            TxStatus::Confirmed => Ok(txid),
             other => Err(NodeError::Storage(format!("mint not confirmed: {other:?}"))),
         }
     }

@@ -6,6 +6,7 @@
 //! batched verification, keys on disk and the network.
 
 pub mod api;
+pub mod audit;
 mod authority;
 pub mod bridge;
 pub mod cluster;
@@ -13,6 +14,7 @@ pub mod custody;
 mod error;
 mod keyfile;
 pub mod ledger;
+pub mod manifest;
 pub mod psp;
 pub mod redb_open;
 mod server;
@@ -20,6 +22,6 @@ mod store;
 
 pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
 pub use error::NodeError;
-pub use keyfile::{load_or_create_key, write_private};
+pub use keyfile::{load_key, load_or_create_key, write_private};
 pub use ledger::{Ledger, TxStatus};
 pub use server::{router, serve, settle_credit, AppState, MAX_SUBMIT_BATCH};

@@ -21,7 +21,11 @@ pub(crate) const CREDITS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("
 /// withdrawals served: reserve output id → the tokens issued for it.
 pub(crate) const WITHDRAWALS: TableDefinition<&[u8], &[u8]> =
     TableDefinition::new("withdrawals_v1");
-/// counters: "minted_count", "minted_cents".
+/// the issuer's journal of ledger mints, kept apart from the ledger's own log: txid → value
+/// (u64 LE) ‖ state (0: recorded before submission, 1: confirmed by the ledger).
+pub(crate) const ISSUANCE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("issuance_v1");
+/// counters: "minted_count", "minted_cents", "issuance_baseline_cents" (ledger mints from
+/// before the journal existed), "issuance_baseline_set".
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta_v1");
 
 pub(crate) fn serial_key(serial: &[u8; 8]) -> u64 {
@@ -39,6 +43,7 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(RESERVE)?;
         tx.open_table(CREDITS)?;
         tx.open_table(WITHDRAWALS)?;
+        tx.open_table(ISSUANCE)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;

@@ -19,7 +19,10 @@ use clap::{Args, Subcommand};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_node::cluster::rpc::{Peer, Request, Response};
 use florin_node::cluster::{start_member, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
-use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
+use florin_node::manifest::{check_dir, DirState, Manifest};
+use florin_node::{
+    load_key, load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger,
+};
 use serde::{Deserialize, Serialize};
 
 /// One process's configuration (`node.toml`). Relative paths are relative to the file.
@@ -80,12 +83,17 @@ impl NodeConfig {
     }
 }
 
-/// Options of `florin node`.
+/// Options of `florin node`: run a cluster process from its config, or check, back up or
+/// restore a data directory.
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct NodeArgs {
     /// The process's config (`node.toml`).
     #[arg(long)]
-    config: PathBuf,
+    config: Option<PathBuf>,
+    /// A data-directory command instead.
+    #[command(subcommand)]
+    command: Option<crate::node_cmd::NodeCommand>,
 }
 
 /// `florin cluster …`.
@@ -632,7 +640,14 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
 
 /// Runs `florin node --config FILE` until SIGTERM or Ctrl-C.
 pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
-    let cfg = NodeConfig::load(&args.config)?;
+    let config = match (args.command, args.config) {
+        (Some(cmd), _) => return crate::node_cmd::run(cmd),
+        (None, Some(c)) => c,
+        (None, None) => {
+            bail!("florin node needs --config FILE or a command (check, backup, restore)")
+        }
+    };
+    let cfg = NodeConfig::load(&config)?;
     let spec = ClusterSpec::load(&cfg.cluster)?;
     let me = Arc::new(LocalSigner::new(load_or_create_key(&cfg.key)?));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -685,7 +700,8 @@ fn run_sentinel(
         .issuer_key
         .clone()
         .ok_or_else(|| anyhow!("a sentinel needs `issuer_key`"))?;
-    let issuer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_or_create_key(&issuer_key)?));
+    // `cluster up` created the keys: a missing one is refused, never replaced.
+    let issuer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&issuer_key)?));
     let store = ClusterStore::new(spec, me)?;
     let ledger = Ledger::start(Arc::new(store), issuer);
     let authority = if cfg.authority {
@@ -693,13 +709,37 @@ fn run_sentinel(
             .authority_key
             .clone()
             .ok_or_else(|| anyhow!("the authority sentinel needs `authority_key`"))?;
+        // The registry, once initialized, is required (never silently a fresh one).
+        let required = vec!["authority.redb".to_string()];
+        let dir_state = check_dir(&cfg.data, &required)?;
         std::fs::create_dir_all(&cfg.data)?;
         let mut config = AuthorityConfig::devnet(&cfg.data);
         if let Some(m) = &cfg.max_faucet {
             config.max_faucet_cents = florin_token::amount::parse_euros(m)?;
         }
-        let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_or_create_key(&key)?));
-        Some(Arc::new(Authority::open(config, signer)?))
+        let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&key)?));
+        let address = signer.public_key().to_address();
+        let issuer_address = ledger.issuer().to_address();
+        match &dir_state {
+            DirState::Known(m) => {
+                m.verify_key("authority", &address, &cfg.data)?;
+                m.verify_key("issuer", &issuer_address, &cfg.data)?;
+            }
+            _ => {}
+        }
+        let a = Arc::new(Authority::open(config, signer)?);
+        if !matches!(dir_state, DirState::Known(_)) {
+            Manifest::new(
+                "cluster-authority",
+                vec![
+                    ("authority".into(), address),
+                    ("issuer".into(), issuer_address),
+                ],
+                required,
+            )
+            .save(&cfg.data)?;
+        }
+        Some(a)
     } else {
         None
     };
@@ -712,6 +752,16 @@ fn run_sentinel(
             .await
             .with_context(|| format!("cannot listen on {http}"))?;
         if let Some(a) = &authority {
+            // Mints from before the issuer's journal existed (the audit's baseline), once.
+            let (a2, l2) = (a.clone(), ledger.clone());
+            let baseline = tokio::task::spawn_blocking(move || {
+                l2.supply()
+                    .and_then(|s| a2.ensure_issuance_baseline(s.minted_cents))
+            })
+            .await?;
+            if let Err(e) = baseline {
+                eprintln!("note: the audit's issuance baseline is not set yet ({e}); it is set at the next start");
+            }
             for intent in a.pending_credits()? {
                 florin_node::settle_credit(a, &ledger, intent).await?;
             }

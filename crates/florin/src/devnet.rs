@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use florin_crypto::{LocalSigner, Signer};
 use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
 
 /// Options of `florin devnet`.
@@ -93,18 +94,74 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
     }
 }
 
+/// The files a devnet's data directory must hold once initialized (see [`Manifest`]).
+pub(crate) fn required_files(custody: Custody) -> Vec<String> {
+    let mut files = vec![
+        "authority.redb".to_string(),
+        format!("ledger/{}", florin_ledger::embedded::MARK_FILE),
+    ];
+    match custody {
+        Custody::Local => files.extend(["authority.key".into(), "issuer.key".into()]),
+        Custody::Threshold => files.push("custody".into()),
+    }
+    files
+}
+
 /// Runs the devnet until interrupted.
 pub fn run(args: DevnetArgs) -> Result<ExitCode> {
+    // Before anything is created: a directory initialized before must still hold every file
+    // its manifest names (never a fresh key, registry or ledger over existing state).
+    let mut required = required_files(args.custody);
+    let dir_state = match check_dir(&args.data, &required) {
+        Err(e) if args.custody == Custody::Threshold => {
+            // A devnet that ran with key files keeps them when it moves to threshold custody.
+            required = required_files(Custody::Local);
+            check_dir(&args.data, &required).map_err(|_| e)?
+        }
+        other => other?,
+    };
+    if let DirState::Known(m) = &dir_state {
+        let custody_dir = args.data.join("custody");
+        if m.files.iter().any(|f| f == "custody") && args.custody == Custody::Local {
+            bail!(
+                "this devnet's keys are in the key-management network {}: run it with --custody threshold",
+                custody_dir.display()
+            );
+        }
+    }
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
+    // One process per directory (and `florin node backup` waits for none).
+    let _lock = crate::node_cmd::lock_dir(&args.data)?;
     let (signer, issuer) = signers(&args)?;
+    if let DirState::Known(m) = &dir_state {
+        m.verify_key("authority", &signer.public_key().to_address(), &args.data)?;
+        m.verify_key("issuer", &issuer.public_key().to_address(), &args.data)?;
+    }
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
     let authority = Arc::new(Authority::open(config, signer)?);
     // The ledger: the embedded durable swap store and the issuer's key.
     let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
+    match &dir_state {
+        DirState::Known(m) if m.files == required_files(args.custody) => {}
+        _ => {
+            // First start (or a directory from before manifests, or one that moved to
+            // threshold custody): from now on it is held to what it holds.
+            Manifest::new(
+                "devnet",
+                vec![
+                    ("authority".into(), authority.public_key().to_address()),
+                    ("issuer".into(), issuer.public_key().to_address()),
+                ],
+                required_files(args.custody),
+            )
+            .save(&args.data)?;
+        }
+    }
     let ledger = Ledger::start(Arc::new(store), issuer);
+    authority.ensure_issuance_baseline(ledger.supply()?.minted_cents)?;
     let state = AppState {
         authority: Some(authority.clone()),
         ledger: Some(ledger.clone()),

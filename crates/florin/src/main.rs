@@ -6,6 +6,7 @@ mod cluster_cmd;
 mod custody_cmd;
 mod devnet;
 mod fraud_cmd;
+mod node_cmd;
 mod offline_cmd;
 mod psp_cmd;
 mod util;
@@ -50,7 +51,7 @@ enum Command {
         command: fraud_cmd::FraudCommand,
     },
     /// Run one cluster process (shard replica, coordinator replica or sentinel) from its
-    /// config.
+    /// config; or check, back up and restore a node's data directory.
     Node(cluster_cmd::NodeArgs),
     /// Run a sharded, replicated ledger on this machine: up, status, kill, down.
     Cluster {

@@ -117,6 +117,8 @@ pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<(
         None,
     );
 
+    integrity_overhead(rec, &pre, &work, if scale.tokens <= 2_000 { 5 } else { 7 })?;
+
     // PostgreSQL, the same workload, 4 client threads.
     match postgres {
         None => eprintln!("PostgreSQL store skipped: pass --postgres URL or set FLORIN_BENCH_PG (scripts/pg-test-server.sh starts one)"),
@@ -149,6 +151,71 @@ pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<(
     let bound = sentinel(rec, if scale.tokens <= 2_000 { 4_000 } else { 20_000 })?;
     drop((mem, emb, dir));
     super::ledger_e2e::run(rec, scale, &pre, preload, bound)
+}
+
+/// The embedded store with its integrity checks (sequence-numbered records, the
+/// acknowledgement mark) against the same store without them, as the median of `pairs`
+/// interleaved pairs of fresh stores on the same workload (which runs first alternates).
+fn integrity_overhead(
+    rec: &mut Recorder,
+    pre: &[CompactTx],
+    work: &[CompactTx],
+    pairs: usize,
+) -> Result<()> {
+    let run = |checked: bool| -> Result<f64> {
+        let dir = tempfile::tempdir()?;
+        let mut cfg = EmbeddedConfig::new(dir.path());
+        if !checked {
+            cfg.mark_every = None;
+        }
+        let s = EmbeddedStore::open(cfg)?;
+        for chunk in pre.chunks(100) {
+            s.swap(chunk)?;
+        }
+        measure(&s, work, 1000)
+    };
+    let mut ratios = Vec::with_capacity(pairs);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for i in 0..pairs {
+        let (a, b) = if i % 2 == 0 {
+            let a = run(true)?;
+            (a, run(false)?)
+        } else {
+            let b = run(false)?;
+            (run(true)?, b)
+        };
+        ratios.push(a / b);
+        with.push(a);
+        without.push(b);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let (lo, hi) = (
+        ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratios.iter().copied().fold(0.0, f64::max),
+    );
+    let r = median(&mut ratios);
+    let (w, wo) = (median(&mut with), median(&mut without));
+    eprintln!("integrity overhead: {pairs} pairs, ratio median {r:.3} (min {lo:.3}, max {hi:.3}); with {w:.0}/s, without {wo:.0}/s");
+    rec.add(
+        "integrity_overhead_ratio",
+        r,
+        "ratio",
+        json!({ "store": "embedded", "pairs": pairs, "min": lo, "max": hi, "with_per_s": w, "without_per_s": wo, "target": ">= 0.9" }),
+        None,
+        Some(Reference {
+            value: 1.0,
+            source: "the embedded store without sequence numbers and acknowledgement mark, same workload, interleaved in the same run".into(),
+        }),
+    );
+    Ok(())
 }
 
 /// Sentinel validation of real signed 2-in/2-out transfers, each input owned by its own key.

@@ -1,0 +1,236 @@
+//! The supply audit's cross-checks: the ledger's books against records kept elsewhere, so
+//! that lost ledger history shows up as unbalanced instead of as a smaller but consistent
+//! ledger (summing what is there balances after losing any suffix of the log).
+//!
+//! Two independent records, both in the authority's registry (a different file, written by a
+//! different commit protocol than the ledger's log):
+//! - **the issuer's journal**: every ledger mint is recorded (txid, value) before it is
+//!   submitted and marked confirmed once the ledger confirmed it. The ledger must hold every
+//!   confirmed mint, and its minted total must equal the journal's (plus the mints from
+//!   before the journal existed, fixed once as a baseline);
+//! - **the reserve**: every reserve output the authority counts as backing tokens must be
+//!   unspent on the ledger (a withdrawal's payment to the reserve that the ledger lost leaves
+//!   tokens unbacked).
+//!
+//! In the spirit of Taler's auditor, which recomputes the exchange's books from records the
+//! exchange cannot all lose together.
+
+use std::sync::Arc;
+
+use florin_crypto::Digest;
+use florin_ledger::{Encumbrance, Transaction, Utxo};
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::authority::Authority;
+use crate::bridge::{Audit, CreditIntent};
+use crate::error::NodeError;
+use crate::ledger::{Ledger, TxStatus};
+use crate::store::{ISSUANCE, META, RESERVE};
+
+const RECORDED: u8 = 0;
+const CONFIRMED: u8 = 1;
+
+fn entry(cents: u64, state: u8) -> [u8; 9] {
+    let mut b = [0u8; 9];
+    b[..8].copy_from_slice(&cents.to_le_bytes());
+    b[8] = state;
+    b
+}
+
+fn decode_entry(b: &[u8]) -> Result<(u64, u8), NodeError> {
+    match b {
+        [v @ .., s] if v.len() == 8 && (*s == RECORDED || *s == CONFIRMED) => Ok((
+            u64::from_le_bytes(
+                v.try_into()
+                    .map_err(|_| NodeError::Corrupt("issuance".into()))?,
+            ),
+            *s,
+        )),
+        _ => Err(NodeError::Corrupt(format!(
+            "issuance journal entry of {} bytes (expected 9)",
+            b.len()
+        ))),
+    }
+}
+
+impl Authority {
+    /// Journals a mint before it is submitted.
+    pub fn record_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
+        let tx = self.db().begin_write()?;
+        tx.open_table(ISSUANCE)?
+            .insert(txid.as_slice(), entry(cents, RECORDED).as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks a journaled mint confirmed by the ledger.
+    pub fn confirm_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
+        let tx = self.db().begin_write()?;
+        tx.open_table(ISSUANCE)?
+            .insert(txid.as_slice(), entry(cents, CONFIRMED).as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Fixes, once, the ledger mints made before this registry kept a journal (0 for a new
+    /// directory). Call at start with the ledger's minted total.
+    pub fn ensure_issuance_baseline(&self, ledger_minted_cents: u64) -> Result<(), NodeError> {
+        let tx = self.db().begin_write()?;
+        {
+            let mut meta = tx.open_table(META)?;
+            if meta.get("issuance_baseline_set")?.is_some() {
+                return Ok(());
+            }
+            let mut journaled = 0u64;
+            for item in tx.open_table(ISSUANCE)?.iter()? {
+                let (_, v) = item?;
+                let (cents, state) = decode_entry(v.value())?;
+                if state == CONFIRMED {
+                    journaled += cents;
+                }
+            }
+            meta.insert(
+                "issuance_baseline_cents",
+                ledger_minted_cents.saturating_sub(journaled),
+            )?;
+            meta.insert("issuance_baseline_set", 1)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The journal: (baseline cents, entries (txid, cents, confirmed)).
+    fn issuance(&self) -> Result<(Option<u64>, Vec<(Digest, u64, bool)>), NodeError> {
+        let tx = self.db().begin_read()?;
+        let meta = tx.open_table(META)?;
+        let baseline = match meta.get("issuance_baseline_set")? {
+            Some(_) => Some(
+                meta.get("issuance_baseline_cents")?
+                    .map_or(0, |v| v.value()),
+            ),
+            None => None,
+        };
+        let mut out = Vec::new();
+        for item in tx.open_table(ISSUANCE)?.iter()? {
+            let (k, v) = item?;
+            let txid: Digest = k
+                .value()
+                .try_into()
+                .map_err(|_| NodeError::Corrupt("issuance journal key".into()))?;
+            let (cents, state) = decode_entry(v.value())?;
+            out.push((txid, cents, state == CONFIRMED));
+        }
+        Ok((baseline, out))
+    }
+
+    /// Reserve outputs the authority relies on, and credits in flight.
+    fn reserve_records(&self) -> Result<(Vec<Utxo>, Vec<CreditIntent>), NodeError> {
+        let tx = self.db().begin_read()?;
+        let mut reserve = Vec::new();
+        for item in tx.open_table(RESERVE)?.iter()? {
+            let (_, v) = item?;
+            reserve.push(Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?);
+        }
+        drop(tx);
+        Ok((reserve, self.pending_credits()?))
+    }
+}
+
+/// The issuer mints `cents` to `owner` on the ledger, journaled in the authority's registry
+/// (recorded before submission, confirmed after). Returns the txid and the new outputs.
+pub async fn issue(
+    authority: &Arc<Authority>,
+    ledger: &Arc<Ledger>,
+    owner: Encumbrance,
+    cents: u64,
+) -> Result<(Digest, Vec<Utxo>), NodeError> {
+    let (tx, utxos) = ledger.build_mint(owner, cents)?;
+    let txid = tx.txid();
+    let a = authority.clone();
+    tokio::task::spawn_blocking(move || a.record_mint(&txid, cents))
+        .await
+        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+    let txid = ledger.submit_mint(tx).await?;
+    let a = authority.clone();
+    tokio::task::spawn_blocking(move || a.confirm_mint(&txid, cents))
+        .await
+        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+    Ok((txid, utxos))
+}
+
+/// The whole audit: the books summed, then cross-checked against the issuer's journal and
+/// the reserve records. Blocking (reads both stores).
+pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeError> {
+    let supply = ledger.supply()?;
+    let (reserve_cents, outstanding) = authority.audit_parts()?;
+    let mut audit = crate::bridge::audit(supply, reserve_cents, outstanding);
+    let mut problems = Vec::new();
+    let confirmed = |txid: &Digest| -> Result<bool, NodeError> {
+        Ok(ledger.status(txid)? == Some(TxStatus::Confirmed))
+    };
+
+    // The issuer's journal.
+    let (baseline, entries) = authority.issuance()?;
+    let mut journaled = 0u64;
+    for (txid, cents, was_confirmed) in &entries {
+        let on_ledger = confirmed(txid)?;
+        if *was_confirmed && !on_ledger {
+            problems.push(format!(
+                "mint {} of {cents} cents, confirmed per the issuer's journal, is missing from the ledger",
+                hex::encode(txid)
+            ));
+        }
+        if *was_confirmed || on_ledger {
+            journaled += cents;
+        }
+    }
+    if let Some(base) = baseline {
+        let expected = base + journaled;
+        audit.issued_journal_cents = Some(expected);
+        if supply.minted_cents != expected {
+            problems.push(format!(
+                "the ledger says {} cents were minted, the issuer's journal {expected}",
+                supply.minted_cents
+            ));
+        }
+    }
+
+    // The reserve: every output backing tokens must be unspent on the ledger; inputs of a
+    // credit in flight may already be spent, but then by that credit.
+    let (reserve, credits) = authority.reserve_records()?;
+    for u in &reserve {
+        if !ledger.is_unspent(&u.id())? {
+            problems.push(format!(
+                "reserve output {} of {} cents, which backs tokens in circulation, is not unspent on the ledger",
+                hex::encode(u.id()),
+                u.value
+            ));
+        }
+    }
+    let mut checked = reserve.len() as u64;
+    for c in &credits {
+        let Transaction::Transfer(t) = &c.tx else {
+            continue;
+        };
+        if confirmed(&c.tx.txid())? {
+            continue;
+        }
+        for u in &t.inputs {
+            checked += 1;
+            if !ledger.is_unspent(&u.id())? {
+                problems.push(format!(
+                    "reserve output {} of {} cents, held for credit {}, is neither unspent nor spent by that credit",
+                    hex::encode(u.id()),
+                    u.value,
+                    hex::encode(c.tx.txid())
+                ));
+            }
+        }
+    }
+    audit.reserve_outputs_checked = checked;
+    if !problems.is_empty() {
+        audit.balanced = false;
+    }
+    audit.problems = problems;
+    Ok(audit)
+}
