@@ -76,6 +76,32 @@ pub struct WithdrawRequest {
     pub recipient: String,
     /// The recipient's handshake (64 hex).
     pub handshake: String,
+    /// The key that authorizes the withdrawal: the key of one of the transfer's inputs (64 hex
+    /// for Ed25519; 66 hex, SEC1 compressed, for P-256).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// That key's signature on [`withdraw_message`] (128 hex). Without a valid one the
+    /// authority mints nothing and returns nothing: seeing the transaction gives no tokens.
+    #[serde(default)]
+    pub signature: Option<String>,
+}
+
+/// Domain of [`withdraw_message`].
+pub const WITHDRAW_AUTH_DOMAIN: &str = "florin/withdraw/authorize/v1";
+
+/// What the owner of a withdrawal signs: `H("florin/withdraw/authorize/v1", txid ‖ output
+/// (u64 little-endian) ‖ recipient key (32 bytes) ‖ handshake (32 bytes))`, Florin's
+/// domain-separated SHA-256 (the same bytes as `florin_wallet::online::withdraw_message`).
+pub fn withdraw_message(
+    txid: &[u8; 32],
+    output: u64,
+    recipient: &florin_crypto::PublicKey,
+    handshake: &[u8; 32],
+) -> [u8; 32] {
+    florin_crypto::hash(
+        WITHDRAW_AUTH_DOMAIN,
+        &[txid, &output.to_le_bytes(), &recipient.0, handshake],
+    )
 }
 
 /// A detected double spend.

@@ -98,12 +98,27 @@ pub(crate) fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
     PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
 }
 
+/// Parses an address or hex key that value or messages will be sent to, and checks that it is
+/// a usable key (a canonical curve point, not of small order): money or a handoff addressed to
+/// anything else is lost.
+pub(crate) fn parse_valid_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
+    PublicKey::parse_valid(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
+}
+
 impl Authority {
     /// Opens (or creates) the registry in `config.data_dir` with `signer` as the authority key.
     pub fn open(config: AuthorityConfig, signer: Arc<dyn Signer>) -> Result<Self, NodeError> {
         std::fs::create_dir_all(&config.data_dir)
             .map_err(|e| NodeError::Io(format!("data dir {}: {e}", config.data_dir.display())))?;
-        let db = redb::Database::create(config.data_dir.join("authority.redb"))?;
+        // Strictly: damage is refused naming the file, and a registry is created only in a
+        // directory that was never initialized (no manifest): never a fresh one over state.
+        let expect = if config.data_dir.join(crate::manifest::MANIFEST_FILE).exists() {
+            crate::redb_open::Expect::Existing
+        } else {
+            crate::redb_open::Expect::FirstStart
+        };
+        let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
+            .map_err(|e| NodeError::Corrupt(e.to_string()))?;
         store::init(&db)?;
         let key = signer.public_key();
         Ok(Authority {
@@ -236,7 +251,7 @@ impl Authority {
                 self.config.max_faucet_cents
             )));
         }
-        let recipient = parse_key(recipient, "recipient")?;
+        let recipient = parse_valid_key(recipient, "recipient")?;
         let handshake = parse_hex32(handshake, "handshake")?;
         self.mint(recipient, amount_cents, handshake)
     }
@@ -262,7 +277,7 @@ impl Authority {
         depositor: &str,
         tokens_hex: &[String],
     ) -> Result<Vec<DepositReport>, NodeError> {
-        let depositor = parse_key(depositor, "depositor")?;
+        let depositor = parse_valid_key(depositor, "depositor")?;
         self.check_deposit_size(tokens_hex.len())?;
         let decoded = decode_hex_tokens(tokens_hex);
         self.deposit_tokens(&depositor, &decoded)
@@ -289,7 +304,7 @@ impl Authority {
         depositor: &str,
         tokens_hex: &[String],
     ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
-        let depositor = parse_key(depositor, "depositor")?;
+        let depositor = parse_valid_key(depositor, "depositor")?;
         self.check_deposit_size(tokens_hex.len())?;
         let decoded = decode_hex_tokens(tokens_hex);
         self.deposit_mode(&depositor, &decoded, SettleMode::Redeem)
@@ -521,7 +536,7 @@ impl Authority {
 
     /// Leaves a sealed message for `to` (the payment handoff). Durable before it returns.
     pub fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64, NodeError> {
-        let to = parse_key(to, "to")?;
+        let to = parse_valid_key(to, "to")?;
         if message.is_empty() || message.len() > MAX_MAILBOX_MESSAGE {
             return Err(NodeError::BadRequest(format!(
                 "a message is 1 to {MAX_MAILBOX_MESSAGE} bytes"

@@ -14,7 +14,7 @@ use florin_token::{Denomination, Token};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::Serialize;
 
-use crate::authority::{parse_key, Authority};
+use crate::authority::{parse_valid_key, Authority};
 use crate::error::NodeError;
 use crate::store::{CREDITS, RESERVE, TOKENS, WITHDRAWALS};
 
@@ -70,9 +70,20 @@ pub struct Audit {
     pub ledger_circulating_cents: u64,
     /// Value of tokens in circulation at the authority.
     pub tokens_outstanding_cents: u64,
-    /// Whether `minted − redeemed = ledger circulating + tokens outstanding` and the ledger's
-    /// own books agree (`supply = minted − redeemed`).
+    /// Whether `minted − redeemed = ledger circulating + tokens outstanding`, the ledger's
+    /// own books agree (`supply = minted − redeemed`) and the cross-checks against the
+    /// authority's independent records found nothing missing ([`Audit::problems`]).
     pub balanced: bool,
+    /// Cents the issuer's journal (in the authority's registry, apart from the ledger's log)
+    /// says were minted and confirmed; `None` where this node keeps no journal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_journal_cents: Option<u64>,
+    /// Reserve outputs the authority relies on that were checked on the ledger.
+    #[serde(default)]
+    pub reserve_outputs_checked: u64,
+    /// What the cross-checks found missing or different, one line each (empty when balanced).
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 impl Authority {
@@ -177,21 +188,29 @@ impl Authority {
     /// the authority mints tokens of that value to `recipient` under `handshake`. Asking again
     /// for the same output returns the same tokens. `confirmed` and `unspent` are the ledger's
     /// answers for the transfer and the output.
+    ///
+    /// Bound to whoever paid: `auth` is (key, signature) by the key of one of the transfer's
+    /// inputs over [`crate::api::withdraw_message`] (txid, output, recipient, handshake). It is
+    /// checked before anything is minted and before a repeat is answered with the stored
+    /// tokens, so someone who only saw the transaction gets nothing.
+    #[allow(clippy::too_many_arguments)]
     pub fn withdraw(
         &self,
         tx: &Transaction,
         index: usize,
         recipient: &str,
         handshake: [u8; 32],
+        auth: Option<(&str, &str)>,
         confirmed: bool,
         unspent: bool,
     ) -> Result<Vec<Token>, NodeError> {
-        let recipient = parse_key(recipient, "recipient")?;
+        let recipient = parse_valid_key(recipient, "recipient")?;
         let Transaction::Transfer(t) = tx else {
             return Err(NodeError::BadRequest(
                 "a withdrawal is paid by a transfer".into(),
             ));
         };
+        check_withdraw_auth(t, index, &recipient, &handshake, auth)?;
         let out = t
             .output_utxos()
             .get(index)
@@ -280,6 +299,68 @@ pub fn audit(supply: florin_ledger::Supply, reserve: u64, outstanding: u64) -> A
         balanced: supply.unspent_cents >= reserve
             && supply.unspent_cents == issued
             && issued == circulating + outstanding,
+        issued_journal_cents: None,
+        reserve_outputs_checked: 0,
+        problems: Vec::new(),
+    }
+}
+
+/// Checks a withdrawal's authorization: `auth` is (key hex, signature hex); the key must be
+/// the key of one of `t`'s inputs (an Ed25519 key, or a P-256 key whose hash is the input's
+/// encumbrance) and the signature must verify on [`crate::api::withdraw_message`].
+fn check_withdraw_auth(
+    t: &Transfer,
+    index: usize,
+    recipient: &PublicKey,
+    handshake: &[u8; 32],
+    auth: Option<(&str, &str)>,
+) -> Result<(), NodeError> {
+    let refuse = |why: &str| {
+        NodeError::Forbidden(format!(
+            "withdrawal not authorized: {why} (sign the request with the key of an input of the \
+             transfer that paid the reserve)"
+        ))
+    };
+    let Some((key_hex, sig_hex)) = auth else {
+        return Err(refuse("the request carries no signature"));
+    };
+    let key = hex::decode(key_hex).map_err(|_| refuse("the key is not hex"))?;
+    let sig = hex::decode(sig_hex)
+        .ok()
+        .and_then(|s| <[u8; 64]>::try_from(s.as_slice()).ok())
+        .ok_or_else(|| refuse("the signature is not 128 hex digits"))?;
+    let msg = crate::api::withdraw_message(&t.txid(), index as u64, recipient, handshake);
+    match key.len() {
+        32 => {
+            let mut k = [0u8; 32];
+            k.copy_from_slice(&key);
+            let k = PublicKey(k);
+            if !t
+                .inputs
+                .iter()
+                .any(|u| u.encumbrance == Encumbrance::ed25519(&k))
+            {
+                return Err(refuse("the key owns no input of the transfer"));
+            }
+            florin_crypto::verify(&k, &msg, &Signature(sig))
+                .map_err(|e| refuse(&format!("bad signature ({e})")))
+        }
+        33 => {
+            let k = florin_crypto::P256PublicKey::from_sec1(&key)
+                .map_err(|e| refuse(&format!("bad P-256 key ({e})")))?;
+            if !t
+                .inputs
+                .iter()
+                .any(|u| u.encumbrance == Encumbrance::p256(&k))
+            {
+                return Err(refuse("the key owns no input of the transfer"));
+            }
+            florin_crypto::verify_p256(&k, &msg, &florin_crypto::P256Signature(sig))
+                .map_err(|e| refuse(&format!("bad signature ({e})")))
+        }
+        n => Err(refuse(&format!(
+            "the key is {n} bytes (32 for Ed25519, 33 for P-256)"
+        ))),
     }
 }
 

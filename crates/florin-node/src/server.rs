@@ -181,11 +181,16 @@ async fn withdraw(
             Some(id) => ledger.is_unspent(&id)?,
             None => false,
         };
+        let auth = match (&req.key, &req.signature) {
+            (Some(k), Some(s)) => Some((k.as_str(), s.as_str())),
+            _ => None,
+        };
         a.withdraw(
             &tx,
             req.output,
             &req.recipient,
             handshake,
+            auth,
             confirmed,
             unspent,
         )
@@ -388,10 +393,19 @@ async fn ledger_faucet(
     let ledger = st.ledger()?;
     // A wallet address (or hex key), or an encumbrance's text form (`p256:…` for a P-256
     // wallet, e.g. a payment provider's custodial customer).
+    // An Ed25519 owner must be a usable key (money minted to anything else is lost); a P-256
+    // encumbrance names a key by its hash, which cannot be checked here.
     let owner = match florin_ledger::Encumbrance::parse_text(&req.owner) {
-        Some(e) => e,
+        Some(e) => {
+            if e.scheme == florin_ledger::tx::SCHEME_ED25519 {
+                florin_crypto::PublicKey(e.key)
+                    .validate()
+                    .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?;
+            }
+            e
+        }
         None => florin_ledger::Encumbrance::ed25519(
-            &florin_crypto::PublicKey::parse(&req.owner)
+            &florin_crypto::PublicKey::parse_valid(&req.owner)
                 .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?,
         ),
     };

@@ -294,6 +294,8 @@ fn write_qr(path: &Path, kind: Kind, msg: &[u8]) -> Result<Vec<String>> {
 fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)> {
     if let Some((key, at)) = peer.split_once('@') {
         let key = PublicKey::parse(key).context("the key before @ is not a Florin address")?;
+        key.validate()
+            .context("the key before @ is not a usable Florin address")?;
         let addr = at
             .to_socket_addrs()?
             .next()
@@ -301,6 +303,8 @@ fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)
         return Ok((addr, Some(key)));
     }
     if let Ok(key) = PublicKey::parse(peer) {
+        key.validate()
+            .with_context(|| format!("the peer {peer} is not a usable Florin address"))?;
         let found = discover(wait, Some(key))?;
         let (_, addr) = found.into_iter().find(|(k, _)| *k == key).ok_or_else(|| {
             anyhow!(

@@ -10,7 +10,7 @@ use florin_ledger::Utxo;
 use florin_node::api::{DepositRequest, LedgerFaucet, WithdrawRequest};
 use florin_token::amount::{format_cents, parse_euros};
 use florin_token::{FraudProof, Token};
-use florin_wallet::online::{decode_handoff, encode_handoff};
+use florin_wallet::online::decode_handoff;
 use florin_wallet::{DepositItem, FileStore, Wallet, WalletStore};
 use rand::rngs::OsRng;
 use serde_json::json;
@@ -194,6 +194,9 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let utxos = decode_utxos(&resp.outputs)?;
             let got = w.receive_utxos(&utxos);
             store.save(&w)?;
+            // Handoffs owed to payees go out in the background; they never block this.
+            let handoffs = rt.block_on(deliver(&mut w, &store, &client))?;
+            handoffs.tell(json);
             if json {
                 print_json(
                     &json!({ "received_cents": got, "outputs": utxos.len(), "online_cents": w.balance().online_cents, "total_cents": w.balance().total_cents }),
@@ -208,29 +211,59 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         }
         WalletCommand::Pay { address, amount } => {
             let cents = parse_euros(&amount)?;
-            let payee = PublicKey::parse(&address).context("payee address")?;
+            // Checked before the wallet is even opened: nothing is signed or submitted to an
+            // address that is not a usable key (the money would be lost for good).
+            let payee = PublicKey::parse_valid(&address)
+                .with_context(|| format!("payee address {address}"))?;
             let mut w = store.load()?;
             let client = NodeClient::new(&args.node)?;
             let rt = runtime()?;
-            rt.block_on(finish_in_flight(&mut w, &store, &client))?;
+            let earlier = rt.block_on(finish_in_flight(&mut w, &store, &client))?;
             let tx = w.build_payment(payee, cents, "pay")?;
             // Saved before it leaves: a crash resumes it (submission is idempotent).
             store.save(&w)?;
-            let status = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
-            let delivered = rt.block_on(deliver(&mut w, &store, &client))?;
+            let s = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
+            if s.status != "confirmed" {
+                earlier.tell(json);
+                bail!("{}", s.refusal("payment", &w));
+            }
+            let mut handoffs = rt.block_on(deliver(&mut w, &store, &client))?;
+            handoffs.merge(earlier);
+            let utxo = hex::encode(tx_payee_output(&tx)?.encode());
+            let fate = if handoffs.delivered_this(&utxo) {
+                "delivered"
+            } else if handoffs.dropped_this(&utxo) {
+                "dropped"
+            } else {
+                "pending"
+            };
             if json {
-                print_json(
-                    &json!({ "txid": hex::encode(tx.txid()), "status": status, "amount_cents": cents, "payee": payee.to_address(), "handoff_delivered": delivered > 0, "online_cents": w.balance().online_cents }),
-                );
-            } else if status == "confirmed" {
+                print_json(&json!({
+                    "txid": hex::encode(tx.txid()),
+                    "status": "confirmed",
+                    "paid": true,
+                    "amount_cents": cents,
+                    "payee": payee.to_address(),
+                    "handoff": fate,
+                    "handoff_delivered": fate == "delivered",
+                    "handoffs_pending": w.outbox().len(),
+                    "handoffs_dropped": handoffs.dropped_json(),
+                    "online_cents": w.balance().online_cents,
+                }));
+            } else {
                 println!(
                     "paid €{} to {payee} (txid {})",
                     format_cents(cents),
                     hex::encode(tx.txid())
                 );
-            }
-            if status != "confirmed" {
-                bail!("the ledger did not confirm the payment ({status}); your inputs are back in the wallet");
+                if fate == "pending" {
+                    println!(
+                        "handoff pending: the payment is confirmed on the ledger, but the payee's \
+                         notice could not be delivered yet; later commands (sync, pay, withdraw) \
+                         retry it. Do not pay again."
+                    );
+                }
+                handoffs.tell(false);
             }
         }
         WalletCommand::Sync => {
@@ -240,15 +273,37 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let rt = runtime()?;
             let r = rt.block_on(sync(&mut w, &store, &client))?;
             if json {
-                print_json(
-                    &json!({ "received_cents": r.0, "withdrawn_cents": r.1, "online_cents": w.balance().online_cents, "total_cents": w.balance().total_cents }),
-                );
+                print_json(&json!({
+                    "received_cents": r.received,
+                    "withdrawn_cents": r.withdrawn,
+                    "removed_coins": r.removed.0,
+                    "removed_cents": r.removed.1,
+                    "handoffs_delivered": r.handoffs.delivered.len(),
+                    "handoffs_pending": w.outbox().len(),
+                    "handoffs_dropped": r.handoffs.dropped_json(),
+                    "withdrawals_waiting": w.awaiting_tokens().len(),
+                    "withdrawal_errors": r.withdraw_errors,
+                    "online_cents": w.balance().online_cents,
+                    "total_cents": w.balance().total_cents,
+                }));
             } else {
                 println!(
                     "received €{} on the ledger; €{} of withdrawals arrived as tokens",
-                    format_cents(r.0),
-                    format_cents(r.1)
+                    format_cents(r.received),
+                    format_cents(r.withdrawn)
                 );
+                if r.removed.0 > 0 {
+                    println!(
+                        "removed {} coins worth €{}: the ledger says they were spent elsewhere \
+                         (a copy of this wallet, or a restored backup)",
+                        r.removed.0,
+                        format_cents(r.removed.1)
+                    );
+                }
+                r.handoffs.tell(false);
+                for e in &r.withdraw_errors {
+                    println!("withdrawal still waiting for its tokens: {e}");
+                }
             }
         }
         WalletCommand::Withdraw { amount } => {
@@ -258,20 +313,38 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let reserve = w.authority().ok_or_else(|| anyhow!("no authority"))?;
             let client = NodeClient::new(&args.node)?;
             let rt = runtime()?;
-            rt.block_on(finish_in_flight(&mut w, &store, &client))?;
+            let earlier = rt.block_on(finish_in_flight(&mut w, &store, &client))?;
+            earlier.tell(json);
             let tx = w.build_payment(reserve, cents, "withdraw")?;
             store.save(&w)?;
-            let status = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
-            if status != "confirmed" {
-                bail!("the ledger did not confirm the payment to the reserve ({status}); your funds are back in the wallet");
+            let s = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
+            if s.status != "confirmed" {
+                bail!("{}", s.refusal("payment to the reserve", &w));
             }
-            let got = rt.block_on(collect_withdrawals(&mut w, &store, &client))?;
+            let txhex = hex::encode(tx.encode());
+            let (got, errors) = rt.block_on(collect_withdrawals(&mut w, &store, &client))?;
+            let waiting = w.awaiting_tokens().iter().any(|a| a.tx == txhex);
             if json {
-                print_json(
-                    &json!({ "withdrawn_cents": got, "online_cents": w.balance().online_cents, "verified_cents": w.balance().verified_cents, "total_cents": w.balance().total_cents }),
-                );
+                print_json(&json!({
+                    "withdrawn_cents": got,
+                    "paid_to_reserve_cents": cents,
+                    "tokens_pending": waiting,
+                    "withdrawal_errors": errors,
+                    "online_cents": w.balance().online_cents,
+                    "verified_cents": w.balance().verified_cents,
+                    "total_cents": w.balance().total_cents,
+                }));
             } else {
                 println!("withdrew €{} into tokens", format_cents(got));
+            }
+            if waiting {
+                bail!(
+                    "paid €{} to the reserve (txid {}), but its tokens have not arrived: {}; \
+                     `florin wallet sync` collects them",
+                    format_cents(cents),
+                    hex::encode(tx.txid()),
+                    errors.last().cloned().unwrap_or_default()
+                );
             }
         }
         WalletCommand::Offline { command } => {
@@ -345,9 +418,14 @@ fn deposit(store: &FileStore, node: &str, json: bool, credit: bool) -> Result<Ex
     }
     let res = w.finish_deposit(items, &mut OsRng)?;
     store.save(&w)?;
+    let mut sync_note = None;
     if credit {
         // The credit arrives as a ledger output handed off to this wallet's mailbox.
-        runtime()?.block_on(sync(&mut w, store, &client))?;
+        if let Err(e) = runtime()?.block_on(sync(&mut w, store, &client)) {
+            sync_note = Some(format!(
+                "the credit waits in this wallet's mailbox ({e:#}); `florin wallet sync` collects it"
+            ));
+        }
     }
     if json {
         let fraud: Vec<_> = res
@@ -386,6 +464,32 @@ fn deposit(store: &FileStore, node: &str, json: bool, credit: bool) -> Result<Ex
                 res.still_pending
             );
         }
+        if let Some(n) = &sync_note {
+            println!("{n}");
+        }
+    }
+    // Nothing credited or re-anchored and something refused: the deposit did nothing the user
+    // asked for. (Tokens found double spent were decided — lost, with a proof — not refused.)
+    if res.credited_cents == 0
+        && res.reanchored == 0
+        && (!res.refused.is_empty() || res.still_pending > 0)
+    {
+        bail!(
+            "nothing was deposited: {} tokens refused{}{}",
+            res.refused.len(),
+            res.refused
+                .first()
+                .map(|(s, r)| format!(" (token {s}: {r})"))
+                .unwrap_or_default(),
+            if res.still_pending > 0 {
+                format!(
+                    ", {} still pending (run deposit again later)",
+                    res.still_pending
+                )
+            } else {
+                String::new()
+            }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -429,88 +533,273 @@ fn decode_utxos(hs: &[String]) -> Result<Vec<Utxo>> {
         .collect()
 }
 
+/// The ledger's verdict on the wallet's transaction in flight.
+struct Settled {
+    status: String,
+    error: Option<String>,
+    /// Inputs the ledger no longer holds unspent, removed from the wallet: (count, cents).
+    removed: (usize, u64),
+}
+
+impl Settled {
+    /// What to tell the user when the ledger did not confirm.
+    fn refusal(&self, what: &str, w: &Wallet) -> String {
+        let why = self
+            .error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        match self.status.as_str() {
+            "state_invalid" if self.removed.0 > 0 => format!(
+                "the ledger refused the {what} ({}{why}): {} of your coins worth €{} were already \
+                 spent elsewhere (a copy of this wallet, or a restored backup) and are removed; \
+                 nothing was paid; €{} remains on the ledger — pay again",
+                self.status,
+                self.removed.0,
+                format_cents(self.removed.1),
+                format_cents(w.balance().online_cents)
+            ),
+            "state_invalid" | "static_invalid" => format!(
+                "the ledger refused the {what} ({}{why}); nothing was paid and your coins are back \
+                 in the wallet",
+                self.status
+            ),
+            other => format!(
+                "the {what} is submitted but not confirmed yet ({other}); do not pay again: \
+                 `florin wallet sync` finishes it"
+            ),
+        }
+    }
+}
+
 /// Submits `tx_hex` (idempotent) and settles the wallet's transaction in flight by the answer.
+/// When the ledger says its inputs are not unspent, each input is checked and those the ledger
+/// no longer holds are removed, so the next payment does not choose them again.
 async fn settle(
     w: &mut Wallet,
     store: &FileStore,
     client: &NodeClient,
     tx_hex: String,
-) -> Result<String> {
+) -> Result<Settled> {
     let answer = client
         .submit(tx_hex)
         .await
         .context("the payment is saved and will be retried by `florin wallet sync`")?;
+    let mut removed = (0, 0);
     match answer.status.as_str() {
         "confirmed" => {
             w.settle_pending(true);
         }
-        "static_invalid" | "state_invalid" => {
+        "static_invalid" => {
             w.settle_pending(false);
+        }
+        "state_invalid" => {
+            w.settle_pending(false);
+            store.save(w)?;
+            removed = reconcile(w, client).await?;
         }
         _ => {}
     }
     store.save(w)?;
-    Ok(answer.status)
+    Ok(Settled {
+        status: answer.status,
+        error: answer.error,
+        removed,
+    })
 }
 
-/// Finishes whatever a crash or a lost answer left in flight.
-async fn finish_in_flight(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<()> {
+/// Checks every coin the wallet holds against the ledger and forgets those no longer unspent.
+/// Returns (count, cents) removed.
+async fn reconcile(w: &mut Wallet, client: &NodeClient) -> Result<(usize, u64)> {
+    let mut spent = Vec::new();
+    for u in w.held_utxos() {
+        if !client.unspent(&u.id()).await? {
+            spent.push(u.id());
+        }
+    }
+    Ok(w.forget_spent(&spent))
+}
+
+/// The payee's output of a payment built by the wallet (output 0).
+fn tx_payee_output(tx: &florin_ledger::Transaction) -> Result<Utxo> {
+    match tx {
+        florin_ledger::Transaction::Transfer(t) => t
+            .output_utxos()
+            .first()
+            .copied()
+            .ok_or_else(|| anyhow!("the payment has no output")),
+        _ => bail!("not a transfer"),
+    }
+}
+
+/// What happened to the handoffs owed to payees.
+#[derive(Default)]
+struct Handoffs {
+    /// UTXOs (hex) delivered.
+    delivered: Vec<String>,
+    /// Why delivery is pending, if it is.
+    pending: Option<String>,
+    /// (payee, UTXO hex, why) dropped: they can never be delivered.
+    dropped: Vec<(PublicKey, String, String)>,
+}
+
+impl Handoffs {
+    fn merge(&mut self, other: Handoffs) {
+        self.delivered.extend(other.delivered);
+        self.dropped.extend(other.dropped);
+        if self.pending.is_none() {
+            self.pending = other.pending;
+        }
+    }
+
+    fn delivered_this(&self, utxo: &str) -> bool {
+        self.delivered.iter().any(|u| u == utxo)
+    }
+
+    fn dropped_this(&self, utxo: &str) -> bool {
+        self.dropped.iter().any(|(_, u, _)| u == utxo)
+    }
+
+    fn dropped_json(&self) -> Vec<serde_json::Value> {
+        self.dropped
+            .iter()
+            .map(|(p, u, why)| {
+                let cents = Wallet::handoff_utxo(u).map(|u| u.value).unwrap_or(0);
+                json!({ "payee": p.to_address(), "cents": cents, "reason": why })
+            })
+            .collect()
+    }
+
+    /// Tells the user about dropped handoffs (text mode; JSON carries them in fields).
+    fn tell(&self, json: bool) {
+        if json {
+            return;
+        }
+        for (p, u, why) in &self.dropped {
+            let cents = Wallet::handoff_utxo(u).map(|u| u.value).unwrap_or(0);
+            println!(
+                "dropped the handoff of €{} to {p}: it can never be delivered ({why}); the \
+                 payment is confirmed and the money stays with that key on the ledger",
+                format_cents(cents)
+            );
+        }
+    }
+}
+
+/// Finishes whatever a crash or a lost answer left in flight. Handoffs and withdrawals owed
+/// from earlier are retried but never block: their failures are reported, not returned.
+async fn finish_in_flight(
+    w: &mut Wallet,
+    store: &FileStore,
+    client: &NodeClient,
+) -> Result<Handoffs> {
     if let Some(p) = w.pending_tx() {
         let tx = p.tx.clone();
-        settle(w, store, client, tx).await?;
+        let s = settle(w, store, client, tx).await?;
+        if s.status == "pending" {
+            bail!(
+                "an earlier transaction is still pending on the ledger; `florin wallet sync` \
+                 finishes it"
+            );
+        }
     }
-    deliver(w, store, client).await?;
+    let h = deliver(w, store, client).await?;
     collect_withdrawals(w, store, client).await?;
-    Ok(())
+    Ok(h)
 }
 
-/// Delivers confirmed handoffs: each payee's output preimage, sealed to the payee.
-async fn deliver(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<usize> {
-    let mut n = 0;
+/// Delivers confirmed handoffs: each payee's output preimage, sealed to the payee. A handoff
+/// that cannot be delivered now stays queued (retried by later commands); one that can never
+/// be delivered (the payee's key is unusable) is dropped. Only saving the wallet can fail.
+async fn deliver(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<Handoffs> {
+    let mut out = Handoffs::default();
     for (payee, utxo) in w.outbox().to_vec() {
-        let Some(u) = Wallet::handoff_utxo(&utxo) else {
-            continue;
+        let sealed = match Wallet::seal_handoff(&payee, &utxo, &mut OsRng) {
+            Ok(s) => s,
+            Err(why) => {
+                w.delivered(&payee, &utxo);
+                store.save(w)?;
+                out.dropped.push((payee, utxo, why));
+                continue;
+            }
         };
-        let sealed = florin_crypto::sealed::seal(&payee, &encode_handoff(&[u]), &mut OsRng)?;
-        client.mailbox_put(&payee.to_address(), &sealed).await?;
-        w.delivered(&payee, &utxo);
-        store.save(w)?;
-        n += 1;
+        match client.mailbox_put(&payee.to_address(), &sealed).await {
+            Ok(_) => {
+                w.delivered(&payee, &utxo);
+                store.save(w)?;
+                out.delivered.push(utxo);
+            }
+            Err(e) => {
+                // Unreachable or refused for now: the rest would fare the same.
+                out.pending = Some(format!("{e:#}"));
+                break;
+            }
+        }
     }
-    Ok(n)
+    Ok(out)
 }
 
-/// Collects the tokens of withdrawals paid on the ledger.
+/// Collects the tokens of withdrawals paid on the ledger, each request signed by the key of an
+/// input of its payment. Returns the cents received and, per withdrawal still waiting, why.
 async fn collect_withdrawals(
     w: &mut Wallet,
     store: &FileStore,
     client: &NodeClient,
-) -> Result<u64> {
+) -> Result<(u64, Vec<String>)> {
     let mut got = 0;
+    let mut errors = Vec::new();
     for a in w.awaiting_tokens().to_vec() {
+        let Some(auth) = w.withdraw_authorization(&a) else {
+            errors.push(format!(
+                "€{}: no input of its payment is this wallet's, so it cannot sign for the tokens",
+                format_cents(a.cents)
+            ));
+            continue;
+        };
         let req = WithdrawRequest {
             tx: a.tx.clone(),
             output: 0,
             recipient: w.public_key().to_address(),
             handshake: a.handshake.clone(),
+            key: Some(auth.key),
+            signature: Some(auth.signature),
         };
-        let resp = client.withdraw(&req).await?;
-        let tokens = decode_tokens(&resp.tokens)?;
-        got += w.receive_withdrawal(&a.tx, tokens, &mut OsRng)?;
-        store.save(w)?;
+        let tokens = match client.withdraw(&req).await {
+            Ok(resp) => decode_tokens(&resp.tokens),
+            Err(e) => Err(e),
+        };
+        match tokens.and_then(|t| Ok(w.receive_withdrawal(&a.tx, t, &mut OsRng)?)) {
+            Ok(n) => {
+                got += n;
+                store.save(w)?;
+            }
+            Err(e) => errors.push(format!("€{}: {e:#}", format_cents(a.cents))),
+        }
     }
-    Ok(got)
+    Ok((got, errors))
 }
 
-/// Sync: finish what is in flight, then collect handoffs from the mailbox, counting only
-/// outputs the ledger confirms are unspent. Returns (received, withdrawn) cents.
-async fn sync(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<(u64, u64)> {
+/// What `sync` did.
+struct SyncReport {
+    received: u64,
+    withdrawn: u64,
+    removed: (usize, u64),
+    handoffs: Handoffs,
+    withdraw_errors: Vec<String>,
+}
+
+/// Sync: finish what is in flight, collect handoffs from the mailbox (counting only outputs the
+/// ledger confirms are unspent), then reconcile every held coin with the ledger: those it no
+/// longer holds unspent are removed, so a copied or restored wallet converges to the truth.
+async fn sync(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<SyncReport> {
+    let mut removed = (0, 0);
     if let Some(p) = w.pending_tx() {
         let tx = p.tx.clone();
-        settle(w, store, client, tx).await?;
+        let s = settle(w, store, client, tx).await?;
+        removed = s.removed;
     }
-    deliver(w, store, client).await?;
-    let withdrawn = collect_withdrawals(w, store, client).await?;
+    let handoffs = deliver(w, store, client).await?;
+    let (withdrawn, withdraw_errors) = collect_withdrawals(w, store, client).await?;
     let mut received = 0;
     loop {
         let list = client
@@ -537,5 +826,14 @@ async fn sync(w: &mut Wallet, store: &FileStore, client: &NodeClient) -> Result<
             store.save(w)?;
         }
     }
-    Ok((received, withdrawn))
+    let r = reconcile(w, client).await?;
+    store.save(w)?;
+    removed = (removed.0 + r.0, removed.1 + r.1);
+    Ok(SyncReport {
+        received,
+        withdrawn,
+        removed,
+        handoffs,
+        withdraw_errors,
+    })
 }

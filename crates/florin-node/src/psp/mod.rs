@@ -151,6 +151,20 @@ pub struct PspConfig {
     pub presign_pool: usize,
 }
 
+/// Checks that a payee's encumbrance can be spent by someone before money is signed over to
+/// it: an Ed25519 key must be a canonical curve point not of small order (anything else burns
+/// the money). A P-256 encumbrance is a key's hash, which cannot be checked; an unknown scheme
+/// is refused.
+pub fn check_payee(enc: &Encumbrance) -> Result<(), String> {
+    match enc.scheme {
+        florin_ledger::tx::SCHEME_ED25519 => florin_crypto::PublicKey(enc.key)
+            .validate()
+            .map_err(|e| e.to_string()),
+        florin_ledger::tx::SCHEME_P256 => Ok(()),
+        s => Err(format!("unknown key scheme {s}")),
+    }
+}
+
 /// Account names: short, and safe as key names in the network.
 pub fn valid_account(name: &str) -> bool {
     !name.is_empty()
@@ -754,6 +768,9 @@ impl Psp {
                 let enc = Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
                     PspError::Refused("the payee's provider sent a bad encumbrance".into())
                 })?;
+                check_payee(&enc).map_err(|e| {
+                    PspError::Refused(format!("the payee's provider sent an unusable key: {e}"))
+                })?;
                 // One of our own accounts (our own URL, or a peer naming our customer): pay
                 // it here, never trusting another provider to credit it.
                 match self.books.owner(&enc)? {
@@ -769,6 +786,8 @@ impl Psp {
             }
             None => match Encumbrance::parse_text(&req.to) {
                 Some(enc) => {
+                    check_payee(&enc)
+                        .map_err(|e| PspError::BadRequest(format!("payee {}: {e}", req.to)))?;
                     // An encumbrance that is one of ours is a same-provider payment.
                     match self.books.owner(&enc)? {
                         Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
