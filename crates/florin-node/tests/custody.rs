@@ -109,21 +109,39 @@ fn restart_keeps_shares_and_old_nonces_are_refused() -> R {
         n.stop();
     }
     std::thread::sleep(Duration::from_millis(100));
-    let _nodes = layout.start_in_process()?;
+    let nodes = layout.start_in_process()?;
     let sig = signer.sign(b"after restart")?;
     assert!(verify(&group.public_key(), b"after restart", &sig).is_ok());
     assert_eq!(kmn.group("authority")?, group);
     // Shares are encrypted at rest: the file does not hold the share's bytes, and a changed
-    // file stops the node from starting instead of serving a wrong share.
+    // file is never served: the node starts, leaves the file as it is, and refuses the key
+    // by the file's name until it is repaired (more in tests/integrity_custody_psp.rs).
     let path = layout.node_dir(1).join("shares").join("authority.share");
     let sealed = std::fs::read(&path)?;
     assert!(sealed.len() > 100);
     let mut bad = sealed.clone();
     let last = bad.len() - 1;
     bad[last] ^= 1;
+    for n in nodes {
+        n.stop();
+    }
+    std::thread::sleep(Duration::from_millis(100));
     std::fs::write(&path, &bad)?;
-    let cfg = florin_node::custody::CustodyNodeConfig::load(&layout.node_config(1))?;
-    assert!(florin_node::custody::CustodyNode::open(&cfg).is_err());
+    let _nodes = layout.start_in_process()?;
+    assert_eq!(std::fs::read(&path)?, bad);
+    let export = Request::Export {
+        key_id: "authority".into(),
+    };
+    match kmn.ask(1, export)? {
+        Response::Refused(r) => assert!(
+            r.message.contains(&path.display().to_string())
+                && r.message
+                    .contains("florin custody repair authority --party 1"),
+            "{}",
+            r.message
+        ),
+        other => return Err(format!("node 1 served a damaged share: {other:?}").into()),
+    }
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod client_ecdsa;
 mod commit;
+mod manifest;
 pub mod node;
 mod node_ecdsa;
 
@@ -262,7 +263,18 @@ impl Layout {
     pub fn load(&self) -> Result<(NetworkConfig, LocalSigner), NodeError> {
         let net = NetworkConfig::load(&self.network_file())
             .map_err(|e| NodeError::BadRequest(e.to_string()))?;
-        let me = LocalSigner::new(load_or_create_key(&self.coordinator_key())?);
+        // The network's administrator key: never made again once the network exists (the
+        // nodes would not know a new one).
+        let key = self.coordinator_key();
+        if !key.exists() {
+            return Err(NodeError::Corrupt(format!(
+                "{}: coordinator key missing while {} exists (the nodes admit only the key they \
+                 were made with) — restore it from a backup",
+                key.display(),
+                self.network_file().display()
+            )));
+        }
+        let me = LocalSigner::new(load_or_create_key(&key)?);
         Ok((net, me))
     }
 

@@ -332,6 +332,11 @@ struct Inner {
     /// Shares stored but not committed (`shares/NAME.share-pending`): they sign nothing
     /// until [`Request::Commit`]. Locked after `keys` when both are.
     pending: Mutex<HashMap<String, KeyShare>>,
+    /// Committed FROST keys whose share file is missing or damaged: key → why. They sign
+    /// nothing until a repair stores their share again.
+    lost: RwLock<HashMap<String, String>>,
+    /// The record of committed keys (`keys.sealed`), as last written.
+    record: Mutex<std::collections::BTreeMap<String, String>>,
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     repairs: Mutex<HashMap<[u8; 16], RepairRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
@@ -373,17 +378,53 @@ pub fn valid_key_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-fn load_kek(path: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
+/// Sealed files in `dir` (shares of either scheme, the key record, ECDSA set-up), for
+/// deciding whether a missing seal key may be made: only for a node that holds nothing.
+fn sealed_state(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for d in [dir.join("shares"), dir.join("ecdsa")] {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            out.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+        }
+    }
+    let record = super::manifest::path(dir);
+    if record.exists() {
+        out.push(record);
+    }
+    out
+}
+
+/// The key-encryption key; made only on a node that holds no sealed file yet (a lost seal
+/// key is never replaced: every share sealed under it would be unreadable).
+fn load_kek(path: &Path, dir: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
     match std::fs::read_to_string(path) {
         Ok(s) => {
-            let b = hex::decode(s.trim())
-                .map_err(|_| NodeError::Corrupt(format!("{}: not hex", path.display())))?;
-            let k: [u8; 32] = b
-                .try_into()
-                .map_err(|_| NodeError::Corrupt(format!("{}: not 32 bytes", path.display())))?;
+            let b = hex::decode(s.trim()).map_err(|_| {
+                NodeError::Corrupt(format!(
+                    "{}: damaged: not hex (expected 64 hex digits)",
+                    path.display()
+                ))
+            })?;
+            let k: [u8; 32] = b.try_into().map_err(|_| {
+                NodeError::Corrupt(format!(
+                    "{}: damaged: not 32 bytes (expected 64 hex digits)",
+                    path.display()
+                ))
+            })?;
             Ok(Zeroizing::new(k))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let held = sealed_state(dir);
+            if let Some(f) = held.first() {
+                return Err(NodeError::Corrupt(format!(
+                    "{}: seal key missing while the node holds {} sealed file(s) ({} …); it is \
+                     never made again — restore it (or, if it is lost for good, repair the node's \
+                     shares: move them away and run `florin custody repair`)",
+                    path.display(),
+                    held.len(),
+                    f.display()
+                )));
+            }
             let mut k = Zeroizing::new([0u8; 32]);
             OsRng.fill_bytes(&mut k[..]);
             write_private(path, hex::encode(&k[..]).as_bytes())?;
@@ -410,10 +451,18 @@ impl CustodyNode {
     /// Opens the node's directory: identity key and key-encryption key (created on first
     /// start), and every stored share, each decrypted and checked against its group key.
     pub fn open(cfg: &CustodyNodeConfig) -> Result<CustodyNode, NodeError> {
-        std::fs::create_dir_all(cfg.dir.join("shares"))
-            .map_err(|e| NodeError::Io(format!("{}: {e}", cfg.dir.display())))?;
-        let identity = LocalSigner::new(load_or_create_key(&cfg.dir.join("identity.key"))?);
-        let kek = load_kek(&cfg.seal_key.clone().unwrap_or(cfg.dir.join("seal.key")))?;
+        let id_path = cfg.dir.join("identity.key");
+        if !id_path.exists() {
+            return Err(NodeError::Corrupt(format!(
+                "{}: identity key missing (the member list names it; a new one is made only by \
+                 `florin custody replace-node`)",
+                id_path.display()
+            )));
+        }
+        let identity = LocalSigner::new(load_or_create_key(&id_path)?);
+        let seal_path = cfg.seal_key.clone().unwrap_or(cfg.dir.join("seal.key"));
+        let kek = load_kek(&seal_path, &cfg.dir)?;
+        let record = super::manifest::load(&cfg.dir, &kek, cfg.party, &seal_path)?;
         let mut members = HashMap::new();
         for m in &cfg.members {
             let k = PublicKey::parse(&m.key)
@@ -430,8 +479,14 @@ impl CustodyNode {
         }
         let mut keys = HashMap::new();
         let mut pending = HashMap::new();
-        let rd =
-            std::fs::read_dir(cfg.dir.join("shares")).map_err(|e| NodeError::Io(e.to_string()))?;
+        // Committed keys whose share is missing or does not open: key → why.
+        let mut lost: HashMap<String, String> = HashMap::new();
+        let shares_dir = cfg.dir.join("shares");
+        let rd = match std::fs::read_dir(&shares_dir) {
+            Ok(rd) => rd.collect::<Vec<_>>(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(NodeError::Io(format!("{}: {e}", shares_dir.display()))),
+        };
         for entry in rd {
             let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
             let (Some(stem), Some(ext @ ("share" | "share-pending"))) = (
@@ -442,10 +497,40 @@ impl CustodyNode {
             };
             let bytes = std::fs::read(&path)
                 .map_err(|e| NodeError::Io(format!("{}: {e}", path.display())))?;
-            let plain = vault::open(&kek, &share_name(stem, cfg.party), &bytes)
-                .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
-            let share = KeyShare::from_bytes(&plain)
-                .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
+            let share = vault::open(&kek, &share_name(stem, cfg.party), &bytes)
+                .map_err(|_| {
+                    format!(
+                        "damaged or sealed under another seal key ({}, {} bytes)",
+                        path.display(),
+                        bytes.len()
+                    )
+                })
+                .and_then(|plain| {
+                    KeyShare::from_bytes(&plain)
+                        .map_err(|e| format!("damaged: {e} ({})", path.display()))
+                })
+                .and_then(|share| {
+                    if share.group().key_id() == stem && share.party() == cfg.party {
+                        Ok(share)
+                    } else {
+                        Err(format!(
+                            "not this node's share of {stem} ({})",
+                            path.display()
+                        ))
+                    }
+                });
+            let share = match share {
+                Ok(s) => s,
+                Err(why) if ext == "share" => {
+                    lost.insert(stem.to_string(), why);
+                    continue;
+                }
+                Err(why) => {
+                    // Not committed: it signs nothing, and the next key creation replaces it.
+                    eprintln!("custody node {}: pending share ignored: {why}", cfg.party);
+                    continue;
+                }
+            };
             if ext == "share" {
                 keys.insert(stem.to_string(), Arc::new(entry_for(share)));
             } else {
@@ -464,9 +549,54 @@ impl CustodyNode {
             )?)),
             None => None,
         };
+        // The record of committed keys: every key in it must have opened above, and a
+        // committed share file it does not list (a crash between the commit's rename and the
+        // record's update, or a node older than the record) is added to it.
+        let had_record = record.is_some();
+        let mut record = record.unwrap_or_default();
+        let before = record.clone();
+        for (k, scheme) in &before {
+            let held = match scheme.as_str() {
+                "ecdsa" => ecdsa.as_ref().is_none_or(|e| e.has_key(k) || e.is_lost(k)),
+                _ => keys.contains_key(k) || lost.contains_key(k),
+            };
+            if !held {
+                let file = match scheme.as_str() {
+                    "ecdsa" => shares_dir.join(format!("{k}.p256")),
+                    _ => shares_dir.join(format!("{k}.share")),
+                };
+                let why = format!("missing ({})", file.display());
+                match (scheme.as_str(), &ecdsa) {
+                    ("ecdsa", Some(e)) => e.mark_lost(k, why),
+                    _ => {
+                        lost.insert(k.clone(), why);
+                    }
+                }
+            }
+        }
+        for k in keys.keys().chain(lost.keys()) {
+            record.entry(k.clone()).or_insert_with(|| "frost".into());
+        }
+        if let Some(e) = &ecdsa {
+            for k in e.committed_and_lost() {
+                record.entry(k).or_insert_with(|| "ecdsa".into());
+            }
+        }
+        for (k, why) in &lost {
+            eprintln!(
+                "custody node {}: key {k} is not served: its share is {why}; run `florin custody \
+                 repair {k} --party {}`",
+                cfg.party, cfg.party
+            );
+        }
         let access = Access::from_config(cfg)?;
         let hedge = NonceHedge::derive(&kek[..])
             .map_err(|e| NodeError::Corrupt(format!("nonce hedge: {e}")))?;
+        std::fs::create_dir_all(&shares_dir)
+            .map_err(|e| NodeError::Io(format!("{}: {e}", shares_dir.display())))?;
+        if !had_record || record != before {
+            super::manifest::store(&cfg.dir, &kek, cfg.party, &record)?;
+        }
         Ok(CustodyNode {
             inner: Arc::new(Inner {
                 party: cfg.party,
@@ -485,6 +615,8 @@ impl CustodyNode {
                     low_water: AtomicUsize::new(usize::MAX),
                 },
                 pending: Mutex::new(pending),
+                lost: RwLock::new(lost),
+                record: Mutex::new(record),
                 dkgs: Mutex::new(HashMap::new()),
                 repairs: Mutex::new(HashMap::new()),
                 ecdsa,
@@ -1239,7 +1371,18 @@ fn handle_ecdsa(inner: &Inner, rights: &Rights, req: Request) -> Result<Response
     }
 }
 
+/// The refusal for a key whose share this node lost.
+pub(super) fn lost_error(party: PartyId, key_id: &str, why: &str) -> CustodyError {
+    CustodyError::BadParameters(format!(
+        "node {party} cannot use key {key_id}: its share is {why}; the node serves nothing for \
+         this key until `florin custody repair {key_id} --party {party}` restores it"
+    ))
+}
+
 fn key(inner: &Inner, key_id: &str) -> Result<Arc<KeyEntry>, CustodyError> {
+    if let Some(why) = inner.lost.read().ok().and_then(|l| l.get(key_id).cloned()) {
+        return Err(lost_error(inner.party, key_id, &why));
+    }
     inner
         .keys
         .read()
@@ -1464,7 +1607,8 @@ fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, Custod
         Some(true) => return Ok(answer),
         // A refresh replaces the committed sharing.
         Some(false) if frost.is_some() && commit_frost(inner, key_id, public)? => {
-            return Ok(answer)
+            record(inner, key_id, "frost")?;
+            return Ok(answer);
         }
         Some(false) => {
             return Err(CustodyError::BadParameters(format!(
@@ -1477,11 +1621,13 @@ fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, Custod
         if let Some(e) = &inner.ecdsa {
             e.drop_pending(key_id);
         }
+        record(inner, key_id, "frost")?;
         return Ok(answer);
     }
     if let Some(e) = &inner.ecdsa {
         if e.commit(key_id, public)? {
             drop_frost_pending(inner, key_id);
+            record(inner, key_id, "ecdsa")?;
             return Ok(answer);
         }
     }
@@ -1489,6 +1635,24 @@ fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Response, Custod
         "no pending key {key_id} with this public key (none was stored here, or a later key \
          creation replaced it)"
     )))
+}
+
+/// Adds a committed key to the record (`keys.sealed`), durably; a key already recorded
+/// under `scheme` costs nothing.
+fn record(inner: &Inner, key_id: &str, scheme: &str) -> Result<(), CustodyError> {
+    let mut r = inner
+        .record
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if r.get(key_id).map(String::as_str) == Some(scheme) {
+        return Ok(());
+    }
+    let mut next = r.clone();
+    next.insert(key_id.to_string(), scheme.to_string());
+    super::manifest::store(&inner.dir, &inner.kek, inner.party, &next)
+        .map_err(|e| CustodyError::Frost(format!("cannot record the committed key: {e}")))?;
+    *r = next;
+    Ok(())
 }
 
 /// Commits a pending FROST share whose group key is `public`: `false` if there is none. A
@@ -1519,8 +1683,21 @@ fn commit_frost(inner: &Inner, key_id: &str, public: &[u8]) -> Result<bool, Cust
         return Ok(false);
     }
     let (done, waiting) = share_paths(&inner.dir, key_id);
+    let mut lost = inner
+        .lost
+        .write()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    if lost.contains_key(key_id) && done.exists() {
+        // A repair replaces a damaged share: the damaged file is kept aside, never deleted.
+        let mut aside = done.file_name().unwrap_or_default().to_os_string();
+        aside.push(format!(".damaged-{}", crate::psp::store::now()));
+        std::fs::rename(&done, done.with_file_name(aside))
+            .map_err(|e| CustodyError::Frost(format!("cannot move the damaged share: {e}")))?;
+    }
     std::fs::rename(&waiting, &done)
         .map_err(|e| CustodyError::Frost(format!("cannot commit the share: {e}")))?;
+    lost.remove(key_id);
+    drop(lost);
     if let Some(share) = pending.remove(key_id) {
         keys.insert(key_id.to_string(), Arc::new(entry_for(share)));
     }

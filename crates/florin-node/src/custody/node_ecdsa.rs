@@ -191,6 +191,9 @@ pub(super) struct EcdsaNode {
     keys: RwLock<HashMap<String, Arc<EcdsaKey>>>,
     /// Shares stored but not committed (`shares/NAME.p256-pending`); locked after `keys`.
     pending: Mutex<HashMap<String, Arc<EcdsaKey>>>,
+    /// Committed keys whose share file is missing or damaged: key → why. They sign nothing;
+    /// ECDSA shares are not rebuilt by repair yet.
+    lost: RwLock<HashMap<String, String>>,
     runs: Mutex<HashMap<[u8; 16], Run>>,
     seen: Mutex<Seen>,
 }
@@ -270,6 +273,7 @@ impl EcdsaNode {
         let primes = read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?;
         let mut keys = HashMap::new();
         let mut pending = HashMap::new();
+        let mut lost = HashMap::new();
         let shares = dir.join("shares");
         if let Ok(rd) = std::fs::read_dir(&shares) {
             for entry in rd {
@@ -280,19 +284,39 @@ impl EcdsaNode {
                 ) else {
                     continue;
                 };
-                let Some(plain) = read_sealed(kek, &share_name(stem, party), &path)? else {
-                    continue;
+                let opened = match read_sealed(kek, &share_name(stem, party), &path) {
+                    Ok(Some(plain)) => CoreShare::from_bytes(&plain)
+                        .map_err(|e| format!("damaged: {e} ({})", path.display()))
+                        .and_then(|core| {
+                            if core.party() != party || core.n() != n {
+                                Err(format!(
+                                    "a share of party {} of {}, not this node's ({})",
+                                    core.party(),
+                                    core.n(),
+                                    path.display()
+                                ))
+                            } else {
+                                Ok(core)
+                            }
+                        }),
+                    Ok(None) => continue,
+                    Err(NodeError::Corrupt(_)) => Err(format!(
+                        "damaged or sealed under another seal key ({})",
+                        path.display()
+                    )),
+                    Err(e) => return Err(e),
                 };
-                let core = CoreShare::from_bytes(&plain)
-                    .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display())))?;
-                if core.party() != party || core.n() != n {
-                    return Err(NodeError::Corrupt(format!(
-                        "{}: share of party {} of {}",
-                        path.display(),
-                        core.party(),
-                        core.n()
-                    )));
-                }
+                let core = match opened {
+                    Ok(c) => c,
+                    Err(why) if ext == "p256" => {
+                        lost.insert(stem.to_string(), why);
+                        continue;
+                    }
+                    Err(why) => {
+                        eprintln!("custody node {party}: pending ECDSA share ignored: {why}");
+                        continue;
+                    }
+                };
                 let entry = Arc::new(key_entry(&core));
                 if ext == "p256" {
                     keys.insert(stem.to_string(), entry);
@@ -313,6 +337,7 @@ impl EcdsaNode {
             generating: AtomicBool::new(false),
             keys: RwLock::new(keys),
             pending: Mutex::new(pending),
+            lost: RwLock::new(lost),
             runs: Mutex::new(HashMap::new()),
             seen: Mutex::new(Seen::default()),
         })
@@ -363,6 +388,34 @@ impl EcdsaNode {
             .read()
             .map(|k| k.contains_key(key_id))
             .unwrap_or(false)
+    }
+
+    /// Whether a committed key of this name is lost (its share missing or damaged).
+    pub(super) fn is_lost(&self, key_id: &str) -> bool {
+        self.lost
+            .read()
+            .map(|l| l.contains_key(key_id))
+            .unwrap_or(false)
+    }
+
+    /// Marks a committed key lost (the node's record names it, its file is missing).
+    pub(super) fn mark_lost(&self, key_id: &str, why: String) {
+        if let Ok(mut l) = self.lost.write() {
+            l.insert(key_id.to_string(), why);
+        }
+    }
+
+    /// Committed keys, served or lost.
+    pub(super) fn committed_and_lost(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .keys
+            .read()
+            .map(|k| k.keys().cloned().collect())
+            .unwrap_or_default();
+        if let Ok(l) = self.lost.read() {
+            out.extend(l.keys().cloned());
+        }
+        out
     }
 
     /// The pending keys, for `Status`.
@@ -447,6 +500,13 @@ impl EcdsaNode {
     }
 
     fn key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+        if let Some(why) = self.lost.read().ok().and_then(|l| l.get(key_id).cloned()) {
+            return Err(CustodyError::BadParameters(format!(
+                "node {} cannot use ECDSA key {key_id}: its share is {why}; ECDSA shares are not \
+                 rebuilt by repair yet — restore the file from a backup",
+                self.party
+            )));
+        }
         self.keys
             .read()
             .map_err(|_| lock_err())?
