@@ -333,3 +333,262 @@ fn binary_and_batch_submission() {
     );
     node.stop();
 }
+
+/// Body of a `/v1/withdraw` request for output 0 of `tx`, signed by `signer` (if any) over the
+/// authorization message for `recipient` and `handshake`.
+fn withdraw_body(
+    tx: &Transaction,
+    recipient: &florin_crypto::PublicKey,
+    handshake: [u8; 32],
+    auth: Option<(String, String)>,
+) -> String {
+    let mut v = serde_json::json!({
+        "tx": hex::encode(tx.encode()),
+        "output": 0,
+        "recipient": recipient.to_address(),
+        "handshake": hex::encode(handshake),
+    });
+    if let Some((k, s)) = auth {
+        v["key"] = k.into();
+        v["signature"] = s.into();
+    }
+    v.to_string()
+}
+
+fn ed_auth(
+    signer: &LocalSigner,
+    tx: &Transaction,
+    recipient: &florin_crypto::PublicKey,
+    handshake: [u8; 32],
+) -> Option<(String, String)> {
+    let msg = florin_node::api::withdraw_message(&tx.txid(), 0, recipient, &handshake);
+    Some((
+        hex::encode(signer.public_key().0),
+        hex::encode(signer.sign(&msg).unwrap().0),
+    ))
+}
+
+#[test]
+fn withdrawal_is_bound_to_the_key_that_paid_the_reserve() {
+    let node = TestNode::start();
+    let addr = node.addr;
+    let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
+    let owner = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
+    let thief = LocalSigner::new(SecretKey::from_seed(&[66; 32]));
+    let utxos = faucet(addr, &owner, 500);
+    let tx = pay(utxos, &owner, &reserve, 300);
+    let (code, st) = http(
+        addr,
+        "POST",
+        "/v1/ledger/transactions",
+        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()))),
+    );
+    assert_eq!(
+        (code, st["status"].as_str()),
+        (200, Some("confirmed")),
+        "{st}"
+    );
+    let thief_key = thief.public_key();
+    let owner_key = owner.public_key();
+    // Someone who saw the transaction: no signature, their own signature (they own no input),
+    // or the owner's signature lifted onto their own recipient or handshake.
+    let owner_auth = ed_auth(&owner, &tx, &owner_key, [1; 32]);
+    for (who, body) in [
+        (
+            "no signature",
+            withdraw_body(&tx, &thief_key, [7; 32], None),
+        ),
+        (
+            "a key owning no input",
+            withdraw_body(
+                &tx,
+                &thief_key,
+                [7; 32],
+                ed_auth(&thief, &tx, &thief_key, [7; 32]),
+            ),
+        ),
+        (
+            "the owner's signature, another recipient",
+            withdraw_body(&tx, &thief_key, [1; 32], owner_auth.clone()),
+        ),
+        (
+            "the owner's signature, another handshake",
+            withdraw_body(&tx, &owner_key, [7; 32], owner_auth.clone()),
+        ),
+        (
+            "a garbage signature",
+            withdraw_body(
+                &tx,
+                &thief_key,
+                [7; 32],
+                Some((hex::encode(owner_key.0), "00".repeat(64))),
+            ),
+        ),
+    ] {
+        let (code, e) = http(addr, "POST", "/v1/withdraw", Some(&body));
+        assert_eq!(code, 403, "{who}: {e}");
+        assert!(
+            e["error"].as_str().unwrap().contains("not authorized"),
+            "{who}: {e}"
+        );
+    }
+    // The owner still collects its tokens, addressed to it.
+    let (code, ok) = http(
+        addr,
+        "POST",
+        "/v1/withdraw",
+        Some(&withdraw_body(&tx, &owner_key, [1; 32], owner_auth.clone())),
+    );
+    assert_eq!(code, 200, "{ok}");
+    let tokens = ok["tokens"].as_array().unwrap().clone();
+    let total: u64 = tokens
+        .iter()
+        .map(|t| {
+            let t =
+                florin_token::Token::decode(&hex::decode(t.as_str().unwrap()).unwrap()).unwrap();
+            assert_eq!(t.links.last().unwrap().recipient, owner_key);
+            t.value.cents()
+        })
+        .sum();
+    assert_eq!(total, 300);
+    // A repeat without the owner's signature is refused too; with it, the same tokens.
+    let (code, _) = http(
+        addr,
+        "POST",
+        "/v1/withdraw",
+        Some(&withdraw_body(&tx, &thief_key, [7; 32], None)),
+    );
+    assert_eq!(code, 403);
+    let (code, again) = http(
+        addr,
+        "POST",
+        "/v1/withdraw",
+        Some(&withdraw_body(&tx, &owner_key, [1; 32], owner_auth)),
+    );
+    assert_eq!((code, again["tokens"].as_array().unwrap()), (200, &tokens));
+    node.stop();
+}
+
+#[test]
+fn p256_owners_sign_their_withdrawals_too() {
+    use rand::SeedableRng;
+    let node = TestNode::start();
+    let addr = node.addr;
+    let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let sk = florin_crypto::P256SecretKey::generate(&mut rng);
+    let pk = sk.public_key();
+    let enc = Encumbrance::p256(&pk);
+    let (code, minted) = http(
+        addr,
+        "POST",
+        "/v1/ledger/faucet",
+        Some(&format!(
+            r#"{{"owner":"{}","amount_cents":200}}"#,
+            enc.to_text()
+        )),
+    );
+    assert_eq!(code, 200, "{minted}");
+    let inputs: Vec<Utxo> = minted["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
+        .collect();
+    let mut t = Transfer {
+        inputs,
+        outputs: vec![Output {
+            value: 200,
+            encumbrance: Encumbrance::ed25519(&reserve.public_key()),
+        }],
+        witnesses: vec![],
+    };
+    let txid = t.txid();
+    t.witnesses = t
+        .inputs
+        .iter()
+        .map(|_| Witness::p256(pk, sk.sign(&txid).unwrap()))
+        .collect();
+    let tx = Transaction::Transfer(t);
+    let (code, st) = http(
+        addr,
+        "POST",
+        "/v1/ledger/transactions",
+        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()))),
+    );
+    assert_eq!(
+        (code, st["status"].as_str()),
+        (200, Some("confirmed")),
+        "{st}"
+    );
+    let recipient = LocalSigner::new(SecretKey::from_seed(&[3; 32])).public_key();
+    let msg = florin_node::api::withdraw_message(&tx.txid(), 0, &recipient, &[4; 32]);
+    let good = (hex::encode(pk.0), hex::encode(sk.sign(&msg).unwrap().0));
+    let other = florin_node::api::withdraw_message(&tx.txid(), 0, &recipient, &[5; 32]);
+    let wrong = (hex::encode(pk.0), hex::encode(sk.sign(&other).unwrap().0));
+    let (code, _) = http(
+        addr,
+        "POST",
+        "/v1/withdraw",
+        Some(&withdraw_body(&tx, &recipient, [4; 32], Some(wrong))),
+    );
+    assert_eq!(code, 403);
+    let (code, ok) = http(
+        addr,
+        "POST",
+        "/v1/withdraw",
+        Some(&withdraw_body(&tx, &recipient, [4; 32], Some(good))),
+    );
+    assert_eq!(code, 200, "{ok}");
+    node.stop();
+}
+
+#[test]
+fn invalid_addresses_are_refused_at_the_api() {
+    let node = TestNode::start();
+    let addr = node.addr;
+    let zero = florin_crypto::PublicKey([0; 32]);
+    let mut identity = [0u8; 32];
+    identity[0] = 1;
+    let identity = florin_crypto::PublicKey(identity);
+    for bad in [zero, identity] {
+        for owner in [
+            bad.to_address(),
+            hex::encode(bad.0),
+            format!("ed25519:{}", hex::encode(bad.0)),
+        ] {
+            let (code, e) = http(
+                addr,
+                "POST",
+                "/v1/ledger/faucet",
+                Some(&format!(r#"{{"owner":"{owner}","amount_cents":100}}"#)),
+            );
+            assert_eq!(code, 400, "faucet to {owner}: {e}");
+            assert!(e["error"].as_str().unwrap().contains("small order"), "{e}");
+        }
+        let (code, e) = http(
+            addr,
+            "POST",
+            "/v1/mailbox",
+            Some(&format!(r#"{{"to":"{bad}","message":"00"}}"#)),
+        );
+        assert_eq!(code, 400, "{e}");
+        let (code, e) = http(
+            addr,
+            "POST",
+            "/v1/deposit",
+            Some(&format!(r#"{{"depositor":"{bad}","tokens":["00"]}}"#)),
+        );
+        assert_eq!(code, 400, "{e}");
+    }
+    // The ledger's supply did not move: nothing was minted to the bad keys.
+    let (_, s) = http(addr, "GET", "/v1/ledger/supply", None);
+    assert_eq!(s["minted_cents"], 0, "{s}");
+    // A good key still works.
+    let ok = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
+    assert_eq!(
+        faucet(addr, &ok, 100).iter().map(|u| u.value).sum::<u64>(),
+        100
+    );
+    node.stop();
+}
