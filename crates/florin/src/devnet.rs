@@ -138,12 +138,13 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         m.verify_key("authority", &signer.public_key().to_address(), &args.data)?;
         m.verify_key("issuer", &issuer.public_key().to_address(), &args.data)?;
     }
+    // The ledger first: its checks refuse damage before anything (the registry's crash
+    // recovery included) writes to the directory.
+    let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
+        .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
     let authority = Arc::new(Authority::open(config, signer)?);
-    // The ledger: the embedded durable swap store and the issuer's key.
-    let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
-        .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     match &dir_state {
         DirState::Known(m) if m.files == required_files(args.custody) => {}
         _ => {

@@ -1,0 +1,300 @@
+//! Damage as an operator meets it: a real devnet process killed with `kill -9`, its files
+//! damaged on disk, then `florin node check`, a restart that must refuse (changing nothing),
+//! a rolled-back ledger that the audit must call unbalanced, and backup and restore.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_florin");
+
+struct Devnet {
+    child: Child,
+    url: String,
+}
+
+impl Devnet {
+    fn start(data: &Path) -> Devnet {
+        let mut child = Command::new(BIN)
+            .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("devnet did not start: {line:?}"))
+            .to_string();
+        Devnet { child, url }
+    }
+
+    /// `kill -9` once the acknowledgement mark has had time to follow (it is written every
+    /// 100 ms).
+    fn crash(mut self) {
+        std::thread::sleep(Duration::from_millis(400));
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Devnet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a devnet that must refuse: returns its error output (it must exit by itself).
+fn start_refused(data: &Path) -> String {
+    let mut child = Command::new(BIN)
+        .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            assert!(!status.success(), "the devnet must refuse to start");
+            return String::from_utf8_lossy(&out.stderr).into_owned();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the devnet started on a damaged directory");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn florin(dir: &Path, node: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .current_dir(dir)
+        .env("FLORIN_NODE", node)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(o: Output) -> String {
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every file under `dir` with its bytes (but the empty lock file a start takes).
+fn tree(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if !p.ends_with(".lock") {
+                out.push((p.clone(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    for (p, b) in tree(from) {
+        let q = to.join(p.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(q.parent().unwrap()).unwrap();
+        std::fs::write(q, b).unwrap();
+    }
+}
+
+fn wal(data: &Path) -> PathBuf {
+    let dir = data.join("ledger");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("wal-"))
+        .unwrap()
+}
+
+#[test]
+fn damaged_files_are_refused_and_lost_history_is_audited() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let data = home.join("data");
+
+    // History part one: a faucet payment. Then a crash.
+    let d = Devnet::start(&data);
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "a.json", "new"],
+    ));
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "a.json", "faucet", "50"],
+    ));
+    d.crash();
+    let early = home.join("early");
+    copy_tree(&data, &early);
+
+    // Part two: a withdrawal (a payment to the reserve) and another mint.
+    let d = Devnet::start(&data);
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "a.json", "withdraw", "10"],
+    ));
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "a.json", "faucet", "5"],
+    ));
+    let audit: Value =
+        serde_json::from_str(&ok(florin(home, &d.url, &["audit", "--json"]))).unwrap();
+    assert_eq!(audit["balanced"], true, "{audit}");
+    d.crash();
+    let check = ok(florin(home, "", &["node", "check", "--data", "data"]));
+    assert!(check.contains("every file checked is sound"), "{check}");
+    let good = home.join("good");
+    copy_tree(&data, &good);
+
+    // A flipped byte in the first log record, valid records after it: refused, unchanged.
+    let w = wal(&data);
+    let mut bytes = std::fs::read(&w).unwrap();
+    bytes[20] ^= 0x04;
+    std::fs::write(&w, &bytes).unwrap();
+    let before = tree(&data);
+    let o = florin(home, "", &["node", "check", "--data", "data", "--json"]);
+    assert!(!o.status.success());
+    let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    let err = start_refused(&data);
+    assert!(
+        err.contains("wal-")
+            && err.contains("damaged at byte 0")
+            && err.contains("not a torn tail"),
+        "{err}"
+    );
+    let after = tree(&data);
+    let changed: Vec<_> = before
+        .iter()
+        .zip(&after)
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.0.display().to_string())
+        .collect();
+    assert!(
+        changed.is_empty() && before.len() == after.len(),
+        "a refused start changed {changed:?}"
+    );
+
+    // The last record cut short: it was acknowledged (the mark says so), so it is damage.
+    std::fs::write(&w, std::fs::read(wal(&good)).unwrap()).unwrap();
+    let len = std::fs::metadata(&w).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&w)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let err = start_refused(&data);
+    assert!(err.contains("acknowledged"), "{err}");
+    assert_eq!(
+        std::fs::metadata(&w).unwrap().len(),
+        len - 5,
+        "never shortened further"
+    );
+
+    // Required files deleted or emptied: refused, never recreated.
+    for victim in ["authority.key", "authority.redb", "ledger/acked.bin"] {
+        std::fs::remove_dir_all(&data).unwrap();
+        copy_tree(&good, &data);
+        std::fs::remove_file(data.join(victim)).unwrap();
+        let err = start_refused(&data);
+        assert!(
+            err.contains(victim.rsplit('/').next().unwrap()),
+            "{victim}: {err}"
+        );
+        assert!(!data.join(victim).exists(), "{victim} was recreated");
+    }
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_tree(&good, &data);
+    std::fs::write(data.join("authority.redb"), b"").unwrap();
+    let err = start_refused(&data);
+    assert!(err.contains("authority.redb"), "{err}");
+
+    // A ledger rolled back to an older, internally consistent state (an old copy of its
+    // directory): it opens, but the audit finds the lost mint and the lost reserve output.
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_tree(&good, &data);
+    std::fs::remove_dir_all(data.join("ledger")).unwrap();
+    copy_tree(&early.join("ledger"), &data.join("ledger"));
+    let d = Devnet::start(&data);
+    let o = florin(home, &d.url, &["audit", "--json"]);
+    assert!(!o.status.success(), "an unbalanced audit exits non-zero");
+    let audit: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(audit["balanced"], false, "{audit}");
+    let problems = audit["problems"].to_string();
+    assert!(
+        problems.contains("is missing from the ledger"),
+        "{problems}"
+    );
+    assert!(problems.contains("reserve output"), "{problems}");
+    drop(d);
+
+    // Backup and restore: the restored directory checks and serves the same books.
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_tree(&good, &data);
+    ok(florin(
+        home,
+        "",
+        &["node", "backup", "--data", "data", "--out", "b.bin"],
+    ));
+    let o = florin(
+        home,
+        "",
+        &["node", "restore", "--from", "b.bin", "--data", "data"],
+    );
+    assert!(!o.status.success(), "restore never writes over a directory");
+    ok(florin(
+        home,
+        "",
+        &["node", "restore", "--from", "b.bin", "--data", "restored"],
+    ));
+    let d = Devnet::start(&home.join("restored"));
+    let audit: Value =
+        serde_json::from_str(&ok(florin(home, &d.url, &["audit", "--json"]))).unwrap();
+    assert_eq!(audit["balanced"], true, "{audit}");
+    assert_eq!(audit["minted_cents"], 5500);
+    drop(d);
+    // A damaged archive is refused and creates nothing.
+    let mut b = std::fs::read(home.join("b.bin")).unwrap();
+    let mid = b.len() / 2;
+    b[mid] ^= 1;
+    std::fs::write(home.join("bad.bin"), b).unwrap();
+    let o = florin(
+        home,
+        "",
+        &["node", "restore", "--from", "bad.bin", "--data", "r2"],
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("damaged at byte"));
+    assert!(!home.join("r2").exists());
+}
