@@ -340,7 +340,15 @@ async fn completed(rx: tokio::sync::oneshot::Receiver<Result<(), String>>) -> Re
 }
 
 impl LogStore {
+    /// Opens the log without comparing it with a snapshot (tests of the log alone).
+    #[cfg(test)]
     fn open(dir: &Path) -> Result<Self, String> {
+        Self::open_with(dir, None)
+    }
+
+    /// Opens the log. `snapshot`, when given, is the last index the replica's snapshot file
+    /// holds (`None`: no snapshot): the log must not have been purged past it.
+    fn open_with(dir: &Path, snapshot: Option<Option<u64>>) -> Result<Self, String> {
         if dir.join("raft.redb").exists() {
             return Err(format!(
                 "{}: this replica was written by an older Florin (raft.redb); its log format is \
@@ -348,12 +356,51 @@ impl LogStore {
                 dir.display()
             ));
         }
-        let (log, found) = SegLog::open(&dir.join(LOG_DIR), seglog::Limits::default(), |m| {
-            m.map(postcard::from_bytes::<LogMeta>)
+        let log_dir = dir.join(LOG_DIR);
+        let bounds = |meta: Option<&[u8]>, committed: Option<&[u8]>| {
+            let meta = meta
+                .map(postcard::from_bytes::<LogMeta>)
                 .transpose()
-                .map(|m| m.and_then(|m| m.purged.map(|p| p.index)))
-                .map_err(|e| format!("raft log metadata: {e}"))
-        })?;
+                .map_err(|e| {
+                    seglog::Damage::new(
+                        log_dir.join("meta.bin"),
+                        8,
+                        "the vote and purge point",
+                        e.to_string(),
+                    )
+                })?;
+            let purged = meta.and_then(|m| m.purged.map(|p| p.index));
+            if let (Some(snapshot), Some(p)) = (snapshot, purged) {
+                if snapshot.is_none_or(|s| s < p) {
+                    return Err(seglog::Damage::new(
+                        dir.join(SNAPSHOT_FILE),
+                        0,
+                        format!(
+                            "a snapshot up to entry {p} or later (the log is purged up to {p})"
+                        ),
+                        match snapshot {
+                            Some(s) => format!("a snapshot up to entry {s}"),
+                            None => "no file".into(),
+                        },
+                    )
+                    .into());
+                }
+            }
+            Ok(seglog::Bounds {
+                purged,
+                // A copy that does not decode is a torn one: no bound.
+                committed: committed
+                    .and_then(|c| postcard::from_bytes::<Option<LogId<NodeId>>>(c).ok())
+                    .flatten()
+                    .map(|c| c.index),
+                covered: snapshot.flatten(),
+                // openraft's first entry (the group's first membership) is entry 0, and a
+                // replica saves a vote before it accepts any entry after it.
+                origin: Some(0),
+            })
+        };
+        let (log, found) =
+            SegLog::open(&log_dir, seglog::Limits::default(), bounds).map_err(|e| e.to_string())?;
         let meta: LogMeta = match &found.meta {
             Some(m) => postcard::from_bytes(m).str()?,
             None => LogMeta::default(),
@@ -644,24 +691,145 @@ impl<M> Clone for SmStore<M> {
 /// A snapshot read from disk: its metadata and its data.
 type StoredSnapshot = (SnapshotMeta<NodeId, BasicNode>, Vec<u8>);
 
-/// `snapshot.bin`: `put_head(meta)` then the snapshot's data. Read in two steps so the data
-/// (a whole state) lands in its own buffer without another copy.
-fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, String> {
+/// The first bytes of `snapshot.bin`.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP02";
+/// Bytes of `snapshot.bin` before its body: magic, body length, checksum.
+const SNAPSHOT_HEADER: u64 = 20;
+
+/// The header of `snapshot.bin` for a body of `parts`: `FLSNAP02 ‖ body length u64 ‖ crc32 of
+/// the body u32` (little endian).
+fn snapshot_header(parts: &[&[u8]]) -> Vec<u8> {
+    let mut h = crc32fast::Hasher::new();
+    let mut len = 0u64;
+    for p in parts {
+        h.update(p);
+        len += p.len() as u64;
+    }
+    let mut out = Vec::with_capacity(SNAPSHOT_HEADER as usize);
+    out.extend_from_slice(SNAPSHOT_MAGIC);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&h.finalize().to_le_bytes());
+    out
+}
+
+/// `snapshot.bin`: a [`snapshot_header`], then the body: `put_head(meta)` and the snapshot's
+/// data. Read in steps so the data (a whole state) lands in its own buffer without another
+/// copy. A file that is shorter or longer than its header says, or whose body does not match
+/// its checksum, is refused as [`seglog::Damage`]. A file from before the checksum (no magic)
+/// is read as it was written, unchecked; the next snapshot replaces it.
+fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::OpenError> {
     use std::io::Read;
-    let err = |e: &dyn std::fmt::Display| format!("{SNAPSHOT_FILE}: {e}");
-    let mut file = match std::fs::File::open(dir.join(SNAPSHOT_FILE)) {
+    let path = dir.join(SNAPSHOT_FILE);
+    let other =
+        |e: &dyn std::fmt::Display| seglog::OpenError::Other(format!("{}: {e}", path.display()));
+    let bad = |offset: u64, expected: String, found: String| {
+        seglog::OpenError::from(seglog::Damage::new(path.clone(), offset, expected, found))
+    };
+    let mut file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(err(&e)),
+        Err(e) => return Err(other(&e)),
     };
+    let file_len = file.metadata().map_err(|e| other(&e))?.len();
+    let mut magic = [0u8; 8];
+    if file_len >= 8 {
+        file.read_exact(&mut magic).map_err(|e| other(&e))?;
+    }
+    if file_len >= 8 && &magic != SNAPSHOT_MAGIC {
+        return read_old_snapshot(&magic, file, file_len)
+            .map(Some)
+            .map_err(|found| {
+                bad(
+                    0,
+                    format!(
+                        "{} (or an older snapshot)",
+                        String::from_utf8_lossy(SNAPSHOT_MAGIC)
+                    ),
+                    found,
+                )
+            });
+    }
+    if file_len < SNAPSHOT_HEADER {
+        return Err(bad(
+            file_len,
+            format!("a {SNAPSHOT_HEADER}-byte header (magic, length, checksum)"),
+            format!("a file of {file_len} bytes"),
+        ));
+    }
+    let mut rest = [0u8; 12];
+    file.read_exact(&mut rest).map_err(|e| other(&e))?;
+    let (len, sum) = rest.split_at(8);
+    let body_len = u64::from_le_bytes(len.try_into().unwrap_or_default());
+    let sum = u32::from_le_bytes(sum.try_into().unwrap_or_default());
+    let want = SNAPSHOT_HEADER.saturating_add(body_len);
+    if file_len != want {
+        return Err(bad(
+            file_len.min(want),
+            format!("a file of {want} bytes (its header gives a {body_len}-byte body)"),
+            format!("{file_len} bytes"),
+        ));
+    }
     let mut len = [0u8; 4];
-    file.read_exact(&mut len).map_err(|e| err(&e))?;
-    let mut head = vec![0u8; u32::from_le_bytes(len) as usize];
-    file.read_exact(&mut head).map_err(|e| err(&e))?;
-    let meta = postcard::from_bytes(&head).map_err(|e| err(&e))?;
-    let mut data = Vec::new();
-    file.read_to_end(&mut data).map_err(|e| err(&e))?;
+    file.read_exact(&mut len).map_err(|e| other(&e))?;
+    let head_len = u32::from_le_bytes(len) as u64;
+    if head_len + 4 > body_len {
+        return Err(bad(
+            SNAPSHOT_HEADER,
+            format!("a snapshot head within the {body_len}-byte body"),
+            format!("a head of {head_len} bytes"),
+        ));
+    }
+    let mut head = vec![0u8; head_len as usize];
+    file.read_exact(&mut head).map_err(|e| other(&e))?;
+    let mut data = Vec::with_capacity((body_len - 4 - head_len) as usize);
+    file.read_to_end(&mut data).map_err(|e| other(&e))?;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&len);
+    h.update(&head);
+    h.update(&data);
+    let computed = h.finalize();
+    if computed != sum {
+        return Err(bad(
+            SNAPSHOT_HEADER,
+            format!("a body summing to the header's checksum {sum:#010x}"),
+            format!("one summing to {computed:#010x}"),
+        ));
+    }
+    let meta = postcard::from_bytes(&head).map_err(|e| {
+        bad(
+            SNAPSHOT_HEADER + 4,
+            "the snapshot's metadata".into(),
+            e.to_string(),
+        )
+    })?;
     Ok(Some((meta, data)))
+}
+
+/// A `snapshot.bin` from before the checksum: `put_head(meta)` and the data. `start` is its
+/// first 8 bytes, already read.
+fn read_old_snapshot(
+    start: &[u8; 8],
+    mut file: std::fs::File,
+    file_len: u64,
+) -> Result<StoredSnapshot, String> {
+    use std::io::Read;
+    let head_len = u32::from_le_bytes([start[0], start[1], start[2], start[3]]) as u64;
+    if 4 + head_len > file_len {
+        return Err(format!(
+            "a header giving a {head_len}-byte head in a file of {file_len} bytes"
+        ));
+    }
+    let mut head = start[4..].to_vec();
+    head.resize(head_len as usize, 0);
+    if head_len > 4 {
+        file.read_exact(&mut head[4..]).map_err(|e| e.to_string())?;
+    } else {
+        return Err(format!("a head of {head_len} bytes"));
+    }
+    let meta = postcard::from_bytes(&head).map_err(|e| e.to_string())?;
+    let mut data = Vec::new();
+    file.read_to_end(&mut data).map_err(|e| e.to_string())?;
+    Ok((meta, data))
 }
 
 impl<M: Machine> SmStore<M> {
@@ -686,7 +854,8 @@ impl<M: Machine> SmStore<M> {
         put_head(&mut head, meta).map_err(err)?;
         let dir = self.dir.clone();
         let data = blocking(move || {
-            write_atomic(&dir, SNAPSHOT_FILE, &[&head, &data]).str()?;
+            let header = snapshot_header(&[&head, &data]);
+            write_atomic(&dir, SNAPSHOT_FILE, &[&header, &head, &data]).str()?;
             Ok(data)
         })
         .await
@@ -806,7 +975,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let _guard = self.persisted.lock().await;
         let dir = self.dir.clone();
-        let file = blocking(move || read_snapshot_file(&dir))
+        let file = blocking(move || read_snapshot_file(&dir).str())
             .await
             .map_err(|e| sto(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
         Ok(file.map(|(meta, data)| Snapshot {
@@ -979,17 +1148,30 @@ impl<M: Machine> Replica<M> {
         std::fs::create_dir_all(dir)
             .map_err(|e| RaftError::Storage(format!("{}: {e}", dir.display())))?;
         let dir = dir.to_path_buf();
+        // The snapshot first (reading changes nothing), so that the log can be checked against
+        // it before the log's own open changes anything.
         let (log, file) = {
             let dir = dir.clone();
-            blocking(move || Ok((LogStore::open(&dir)?, read_snapshot_file(&dir)?)))
-                .await
-                .map_err(RaftError::Storage)?
+            blocking(move || {
+                let file = read_snapshot_file(&dir).str()?;
+                let at = file.as_ref().map(|(m, _)| m.last_log_id.index());
+                Ok((LogStore::open_with(&dir, Some(at.flatten()))?, file))
+            })
+            .await
+            .map_err(RaftError::Storage)?
         };
         let mut sm = SmState::new(machine, None, StoredMembership::default(), 0);
         let mut persisted = None;
         if let Some((meta, data)) = file {
-            let (_, bytes) = split_snapshot(&data)
+            let ((applied, _), bytes) = split_snapshot(&data)
                 .map_err(|e| RaftError::Storage(format!("{SNAPSHOT_FILE}: {e}")))?;
+            if applied != meta.last_log_id {
+                return Err(RaftError::Storage(format!(
+                    "{}: its data is of entry {applied:?}, its metadata of {:?}",
+                    dir.join(SNAPSHOT_FILE).display(),
+                    meta.last_log_id
+                )));
+            }
             machine = sm.machine;
             machine
                 .restore(bytes)

@@ -59,6 +59,7 @@ const MAX_RECORD: usize = 1 << 30;
 pub(crate) const HEADER: usize = 16;
 const META: &str = "meta.bin";
 const COMMITTED: &str = "committed.bin";
+const SYNCED: &str = "synced.bin";
 const LOCK: &str = "LOCK";
 
 /// What an append's caller is told once its records are synced (or failed).
@@ -265,6 +266,86 @@ impl<T> Drop for SegLog<T> {
     }
 }
 
+/// Damage found when the log (or a replica's snapshot) is opened: the file, the byte where it
+/// is, what was expected there and what was found. Opening refuses and changes nothing on disk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+#[error(
+    "{} is damaged at byte {offset}: expected {expected}, found {found} (nothing was changed on \
+     disk; see \"Damage and recovery\" in docs/cluster.md)",
+    path.display()
+)]
+pub(crate) struct Damage {
+    /// The damaged (or missing) file.
+    pub path: PathBuf,
+    /// Where in it.
+    pub offset: u64,
+    /// What should be there.
+    pub expected: String,
+    /// What is there.
+    pub found: String,
+}
+
+impl Damage {
+    pub(crate) fn new(
+        path: PathBuf,
+        offset: u64,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        Damage {
+            path,
+            offset,
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+}
+
+/// Why [`SegLog::open`] failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum OpenError {
+    /// A durable file is damaged, or missing, in a way a crash cannot explain.
+    #[error("{0}")]
+    Damaged(#[from] Damage),
+    /// Anything else (input/output, the lock).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for OpenError {
+    fn from(e: String) -> Self {
+        OpenError::Other(e)
+    }
+}
+
+/// What the caller's own records say about the log, given to [`SegLog::open`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Bounds {
+    /// The purge point: the last index dropped from the log's start (entries up to it are
+    /// ignored).
+    pub purged: Option<u64>,
+    /// The commit point, as `committed.bin` holds it: entries up to it were acknowledged.
+    pub committed: Option<u64>,
+    /// Entries up to this index are held elsewhere (the caller's snapshot): a commit point up
+    /// to it needs no log entry.
+    pub covered: Option<u64>,
+    /// The index the log begins at when nothing was ever purged; and once the log holds an
+    /// entry after it, the metadata file must exist. `None`: neither is checked.
+    pub origin: Option<u64>,
+}
+
+/// A torn append found by [`SegLog::open`], to cut once every check has passed.
+struct Torn {
+    path: PathBuf,
+    /// Where the valid records end.
+    end: u64,
+    file_len: u64,
+    /// No valid record at all: the file goes.
+    remove: bool,
+}
+
 /// What [`scan`] found in one segment file.
 struct Scan {
     /// Index and location of each valid record, in order.
@@ -275,29 +356,62 @@ struct Scan {
     file_len: u64,
     /// The last valid record's payload (empty if none).
     last_payload: Vec<u8>,
+    /// What lies at `end` instead of the next valid record (for error messages).
+    found: String,
+    /// A valid record somewhere after `end` (its offset and index): then what lies at `end` is
+    /// damage, not a torn append.
+    resumes: Option<(u64, u64)>,
+}
+
+fn le32(b: &[u8]) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(a)
+}
+
+fn le64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(a)
 }
 
 /// Scans one segment file for its valid records.
 fn scan(path: &Path, first: u64) -> io::Result<Scan> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, Loc)> = Vec::new();
     let mut pos = 0usize;
     let mut last_payload = Vec::new();
-    while pos + HEADER <= bytes.len() {
+    let found = loop {
+        let expected = out.last().map_or(first, |(i, _)| i + 1);
+        let left = bytes.len() - pos;
+        if left == 0 {
+            break if bytes.is_empty() {
+                "an empty file".to_string()
+            } else {
+                "the end of the file".to_string()
+            };
+        }
+        if left < HEADER {
+            break format!("{left} bytes, less than a {HEADER}-byte record header");
+        }
         let h = &bytes[pos..pos + HEADER];
-        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
-        let sum = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
-        let mut ix = [0u8; 8];
-        ix.copy_from_slice(&h[8..16]);
-        let index = u64::from_le_bytes(ix);
-        if len > MAX_RECORD || pos + HEADER + len > bytes.len() {
-            break;
+        let (len, sum, index) = (le32(h) as usize, le32(&h[4..]), le64(&h[8..]));
+        if len > MAX_RECORD || HEADER + len > left {
+            break format!(
+                "a header giving a {len}-byte payload with {} bytes left in the file",
+                left - HEADER
+            );
         }
         let payload = &bytes[pos + HEADER..pos + HEADER + len];
-        let expected = out.last().map_or(first, |(i, _): &(u64, Loc)| i + 1);
-        if crc(index, payload) != sum || index != expected {
-            break;
+        let computed = crc(index, payload);
+        if computed != sum {
+            break format!(
+                "a record whose checksum reads {sum:#010x} but whose bytes sum to {computed:#010x}"
+            );
+        }
+        if index != expected {
+            break format!("a valid record of entry {index}");
         }
         out.push((
             index,
@@ -309,24 +423,69 @@ fn scan(path: &Path, first: u64) -> io::Result<Scan> {
         ));
         last_payload = payload.to_vec();
         pos += HEADER + len;
-    }
+    };
+    let expected = out.last().map_or(first, |(i, _)| i + 1);
+    let resumes = (pos < bytes.len())
+        .then(|| valid_after(&bytes, pos + 1, expected))
+        .flatten();
     Ok(Scan {
         recs: out,
         end: pos as u64,
         file_len: bytes.len() as u64,
         last_payload,
+        found,
+        resumes,
     })
 }
 
-/// The body of a `len ‖ crc32 ‖ body` file, if it is whole.
-fn unframe(bytes: &[u8]) -> Option<Vec<u8>> {
-    if bytes.len() < 8 {
-        return None;
+/// The first valid record at or after byte `from` whose index is `expected` or later (as the
+/// records after a damaged one would be): its offset and index.
+fn valid_after(bytes: &[u8], from: usize, expected: u64) -> Option<(u64, u64)> {
+    let most = (bytes.len() / HEADER) as u64 + 1;
+    let mut p = from;
+    while p + HEADER <= bytes.len() {
+        let h = &bytes[p..p + HEADER];
+        let (len, index) = (le32(h) as usize, le64(&h[8..]));
+        let fits = len <= bytes.len() - p - HEADER;
+        if fits
+            && index.checked_sub(expected).is_some_and(|d| d <= most)
+            && crc(index, &bytes[p + HEADER..p + HEADER + len]) == le32(&h[4..])
+        {
+            return Some((p as u64, index));
+        }
+        p += 1;
     }
-    let len = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-    let sum = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    let body = bytes.get(8..8 + len)?;
-    (crc32fast::hash(body) == sum).then(|| body.to_vec())
+    None
+}
+
+/// The body of a `len ‖ crc32 ‖ body` file, or where and how it is damaged: (offset, expected,
+/// found).
+fn unframe(bytes: &[u8]) -> Result<Vec<u8>, (u64, String, String)> {
+    if bytes.len() < 8 {
+        return Err((
+            0,
+            "an 8-byte header (length, checksum)".into(),
+            format!("a file of {} bytes", bytes.len()),
+        ));
+    }
+    let len = le32(bytes) as usize;
+    let sum = le32(&bytes[4..]);
+    let Some(body) = bytes.get(8..8 + len) else {
+        return Err((
+            bytes.len() as u64,
+            format!("{} bytes (the header gives a {len}-byte body)", 8 + len),
+            format!("a file of {} bytes", bytes.len()),
+        ));
+    };
+    let computed = crc32fast::hash(body);
+    if computed != sum {
+        return Err((
+            8,
+            format!("a body summing to the checksum {sum:#010x}"),
+            format!("one summing to {computed:#010x}"),
+        ));
+    }
+    Ok(body.to_vec())
 }
 
 fn checked(body: &[u8]) -> Vec<u8> {
@@ -335,6 +494,57 @@ fn checked(body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     out.extend_from_slice(body);
     out
+}
+
+/// The contents of `synced.bin`: `crc32 ‖ index u64`, the last index synced.
+fn synced_bytes(index: u64) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[..4].copy_from_slice(&crc32fast::hash(&index.to_le_bytes()).to_le_bytes());
+    b[4..].copy_from_slice(&index.to_le_bytes());
+    b
+}
+
+/// Reads `synced.bin`: `None` if it is missing, empty or all zeros (created, or extended by a
+/// crash before its first write reached the disk), the index if it is whole.
+fn read_synced(path: &Path) -> Result<Option<u64>, OpenError> {
+    let b = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(OpenError::Other(format!("{}: {e}", path.display()))),
+    };
+    if b.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    if b.len() != 12 {
+        return Err(Damage::new(
+            path.to_path_buf(),
+            0,
+            "12 bytes (checksum, index)",
+            format!("a file of {} bytes", b.len()),
+        )
+        .into());
+    }
+    let (sum, index) = (le32(&b), le64(&b[4..]));
+    let computed = crc32fast::hash(&b[4..]);
+    if computed != sum {
+        return Err(Damage::new(
+            path.to_path_buf(),
+            0,
+            format!("the checksum {computed:#010x} of the index that follows"),
+            format!("{sum:#010x}"),
+        )
+        .into());
+    }
+    Ok(Some(index))
+}
+
+/// Reads a file, `None` if it does not exist.
+fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, OpenError> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(OpenError::Other(format!("{}: {e}", path.display()))),
+    }
 }
 
 /// Takes the directory's lock, waiting briefly for a log closed a moment ago.
@@ -360,25 +570,40 @@ fn take_lock(dir: &Path) -> Result<File, String> {
 }
 
 impl<T: Clone + Send + 'static> SegLog<T> {
-    /// Opens (or creates) the log in `dir`. `purged_of` reads the purge point (the last index
-    /// dropped from the log's start) from the caller's metadata: entries up to it are ignored.
+    /// Opens (or creates) the log in `dir`. `bounds_of` reads the caller's metadata and commit
+    /// point (the bodies of `meta.bin` and `committed.bin`, if whole) into [`Bounds`].
+    ///
+    /// Everything is checked before anything is changed: a torn append at the end of the last
+    /// segment that was never acknowledged is cut; any other damage, hole or missing file
+    /// refuses with [`OpenError::Damaged`] and leaves the directory as it was.
     pub(crate) fn open(
         dir: &Path,
         limits: Limits,
-        purged_of: impl FnOnce(Option<&[u8]>) -> Result<Option<u64>, String>,
-    ) -> Result<(SegLog<T>, Recovered), String> {
-        let err = |e: io::Error| format!("{}: {e}", dir.display());
+        bounds_of: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> Result<Bounds, OpenError>,
+    ) -> Result<(SegLog<T>, Recovered), OpenError> {
+        let err = |e: io::Error| OpenError::Other(format!("{}: {e}", dir.display()));
         fs::create_dir_all(dir).map_err(err)?;
         let lock_file = take_lock(dir)?;
-        let meta = match fs::read(dir.join(META)) {
-            Ok(b) => {
-                Some(unframe(&b).ok_or_else(|| format!("{}: {META} is damaged", dir.display()))?)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(err(e)),
+        let meta_path = dir.join(META);
+        let meta = match read_opt(&meta_path)? {
+            Some(b) => Some(unframe(&b).map_err(|(offset, expected, found)| {
+                Damage::new(meta_path.clone(), offset, expected, found)
+            })?),
+            None => None,
         };
-        let purged = purged_of(meta.as_deref())?;
-        let committed = fs::read(dir.join(COMMITTED)).ok().and_then(|b| unframe(&b));
+        let committed_path = dir.join(COMMITTED);
+        let committed_file = read_opt(&committed_path)?;
+        // Written in place without a sync: a torn copy is a crash's doing and reads as none.
+        let committed = committed_file.as_deref().and_then(|b| unframe(b).ok());
+        let synced_path = dir.join(SYNCED);
+        let synced = read_synced(&synced_path)?;
+        let bounds = bounds_of(meta.as_deref(), committed.as_deref())?;
+        let purged = bounds.purged;
+        // Entries up to here were acknowledged: they may never be cut.
+        let acked = [(synced, SYNCED), (bounds.committed, COMMITTED)]
+            .into_iter()
+            .filter_map(|(b, name)| b.map(|b| (b, name)))
+            .max();
 
         let mut firsts: Vec<u64> = fs::read_dir(dir)
             .map_err(err)?
@@ -386,75 +611,197 @@ impl<T: Clone + Send + 'static> SegLog<T> {
             .filter_map(|e| first_of(&e.file_name().to_string_lossy()))
             .collect();
         firsts.sort_unstable();
-        let mut all: Vec<(u64, Loc)> = Vec::new();
-        let mut files = BTreeMap::new();
-        let mut torn_bytes = 0;
-        let mut last = None;
-        let mut active = None;
+        let mut segs = Vec::with_capacity(firsts.len());
+        let mut torn = None;
         for (k, &first) in firsts.iter().enumerate() {
             let path = dir.join(seg_name(first));
-            let Scan {
-                recs,
-                end,
-                file_len,
-                last_payload,
-            } = scan(&path, first).map_err(err)?;
-            let is_last = k + 1 == firsts.len();
-            if end < file_len {
-                if !is_last {
-                    return Err(format!(
-                        "raft log {} is damaged at byte {end} (not at the log's end)",
-                        path.display()
-                    ));
+            let s = scan(&path, first).map_err(err)?;
+            let at = s.recs.last().map_or(first, |(i, _)| i + 1);
+            if s.end < s.file_len || s.recs.is_empty() {
+                if k + 1 < firsts.len() {
+                    return Err(Damage::new(
+                        path,
+                        s.end,
+                        format!("entry {at} (segments before the last hold only whole records)"),
+                        s.found,
+                    )
+                    .into());
                 }
-                // A torn append: the process died before it was synced and acknowledged.
-                let f = OpenOptions::new().write(true).open(&path).map_err(err)?;
-                f.set_len(end).map_err(err)?;
-                f.sync_all().map_err(err)?;
-                torn_bytes = file_len - end;
-            }
-            if recs.is_empty() {
-                if is_last {
-                    // Created just before a crash, before its first record was synced.
-                    fs::remove_file(&path).map_err(err)?;
-                    sync_dir(dir).map_err(err)?;
-                    continue;
+                if let Some((offset, index)) = s.resumes {
+                    return Err(Damage::new(
+                        path,
+                        s.end,
+                        format!("entry {at}"),
+                        format!(
+                            "{}, and a valid record of entry {index} at byte {offset} after it \
+                             (not a torn append)",
+                            s.found
+                        ),
+                    )
+                    .into());
                 }
-                return Err(format!("raft log {} is empty", path.display()));
+                if let Some((a, name)) = acked.filter(|(a, _)| at <= *a) {
+                    return Err(Damage::new(
+                        path,
+                        s.end,
+                        format!("entry {at}, acknowledged ({name} records entries up to {a})"),
+                        s.found,
+                    )
+                    .into());
+                }
+                torn = Some(Torn {
+                    path: path.clone(),
+                    end: s.end,
+                    file_len: s.file_len,
+                    remove: s.recs.is_empty(),
+                });
             }
-            if let Some((i, _)) = recs.last() {
-                last = Some((*i, last_payload));
+            segs.push((first, path, s));
+        }
+        // A segment starts where the one before it ends (unless the entries between are purged).
+        for w in segs.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            let a_last = a.2.recs.last().map_or(a.0, |(i, _)| *i);
+            let need = b.0.saturating_sub(1);
+            if purged.is_none_or(|p| need > p) && a_last != need {
+                return Err(Damage::new(
+                    dir.join(seg_name(a_last + 1)),
+                    0,
+                    format!(
+                        "a segment from entry {} (the one before ends there)",
+                        a_last + 1
+                    ),
+                    format!(
+                        "the next segment starts at entry {}: a hole in the log",
+                        b.0
+                    ),
+                )
+                .into());
             }
-            files.insert(first, Arc::new(File::open(&path).map_err(err)?));
-            if is_last {
-                active = Some((first, end, recs.last().map_or(first, |(i, _)| i + 1)));
+        }
+        let mut all: Vec<(u64, Loc)> = Vec::new();
+        let mut files = BTreeMap::new();
+        let mut last = None;
+        let mut active = None;
+        let mut end_of = (dir.join(seg_name(0)), 0);
+        for (first, path, s) in segs {
+            if s.recs.is_empty() {
+                continue;
             }
-            all.extend(recs);
+            if let Some((i, _)) = s.recs.last() {
+                last = Some((*i, s.last_payload));
+                active = Some((first, s.end, i + 1));
+            }
+            end_of = (path, s.end);
+            files.insert(first, ());
+            all.extend(s.recs);
         }
         all.retain(|(i, _)| purged.is_none_or(|p| *i > p));
+        let last = last.filter(|(i, _)| purged.is_none_or(|p| *i > p));
         if let Some(w) = all.windows(2).find(|w| w[1].0 != w[0].0 + 1) {
-            return Err(format!(
-                "raft log in {} has a hole after entry {}",
-                dir.display(),
-                w[0].0
-            ));
+            return Err(Damage::new(
+                dir.join(seg_name(w[0].0 + 1)),
+                0,
+                format!("entry {}", w[0].0 + 1),
+                format!("entry {}: a hole in the log", w[1].0),
+            )
+            .into());
         }
-        if let (Some(p), Some((i, _))) = (purged, all.first()) {
-            if *i != p + 1 {
-                return Err(format!(
-                    "raft log in {} starts at entry {i}, after the purge point {p}",
-                    dir.display()
-                ));
+        let first_kept = all.first().map(|(i, _)| *i);
+        if let (Some(p), Some(i)) = (purged, first_kept) {
+            if i != p + 1 {
+                return Err(Damage::new(
+                    dir.join(seg_name(p + 1)),
+                    0,
+                    format!("a segment holding entry {} (the purge point is {p})", p + 1),
+                    format!("the log starts at entry {i}"),
+                )
+                .into());
             }
         }
-        let last = last.filter(|(i, _)| purged.is_none_or(|p| *i > p));
+        if let Some(o) = bounds.origin {
+            if let (None, Some(i)) = (purged, first_kept) {
+                if i != o {
+                    return Err(Damage::new(
+                        dir.join(seg_name(o)),
+                        0,
+                        format!("the first segment, from entry {o} (nothing was purged)"),
+                        format!("the log starts at entry {i}"),
+                    )
+                    .into());
+                }
+            }
+            if let (None, Some((l, _))) = (&meta, &last) {
+                if *l > o {
+                    return Err(Damage::new(
+                        meta_path,
+                        0,
+                        format!("the caller's metadata (the log holds entries up to {l})"),
+                        "no file",
+                    )
+                    .into());
+                }
+            }
+        }
+        // The log (with the purge point and the snapshot) reaches everything acknowledged.
+        let reach = [last.as_ref().map(|l| l.0), purged, bounds.covered]
+            .into_iter()
+            .flatten()
+            .max();
+        for (bound, name, what) in [
+            (synced, SYNCED, "synced"),
+            (bounds.committed, COMMITTED, "committed"),
+        ] {
+            if let Some(b) = bound.filter(|b| reach.is_none_or(|r| r < *b)) {
+                return Err(Damage::new(
+                    end_of.0,
+                    end_of.1,
+                    format!("entries up to {b} ({name} records them as {what})"),
+                    match reach {
+                        Some(r) => format!("the end of the log at entry {r}"),
+                        None => "no entry at all".into(),
+                    },
+                )
+                .into());
+            }
+        }
+        if committed_file.is_none() && (!firsts.is_empty() || meta.is_some()) {
+            return Err(Damage::new(
+                committed_path,
+                0,
+                "the commit point file (created when the log was first opened)",
+                "no file",
+            )
+            .into());
+        }
+
+        // Every check passed: only now is anything changed.
+        let mut torn_bytes = 0;
+        if let Some(t) = torn {
+            if t.remove {
+                // Created just before a crash, before its first record was synced.
+                fs::remove_file(&t.path).map_err(err)?;
+                sync_dir(dir).map_err(err)?;
+            } else {
+                // A torn append: the process died before it was synced and acknowledged.
+                let f = OpenOptions::new().write(true).open(&t.path).map_err(err)?;
+                f.set_len(t.end).map_err(err)?;
+                f.sync_all().map_err(err)?;
+            }
+            torn_bytes = t.file_len - t.end;
+        }
+        let mut handles = BTreeMap::new();
+        for first in files.into_keys() {
+            let file = File::open(dir.join(seg_name(first))).map_err(err)?;
+            handles.insert(first, Arc::new(file));
+        }
         let shared = Shared {
             first: all.first().map_or(0, |(i, _)| *i),
             next: last.as_ref().map(|(i, _)| i + 1),
             locs: all.into_iter().map(|(_, l)| l).collect(),
             cache: BTreeMap::new(),
             cache_bytes: 0,
-            files,
+            files: handles,
             failed: None,
         };
         let shared = Arc::new(Mutex::new(shared));
@@ -473,12 +820,16 @@ impl<T: Clone + Send + 'static> SegLog<T> {
             }
             None => None,
         };
-        let committed_file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(COMMITTED))
-            .map_err(err)?;
+        let open_rw = |path: &Path| {
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path)
+                .map_err(err)
+        };
+        let committed_file = open_rw(&committed_path)?;
+        let synced_file = open_rw(&synced_path)?;
         let (tx, rx) = mpsc::channel();
         let mut writer = Writer {
             dir: dir.to_path_buf(),
@@ -486,6 +837,8 @@ impl<T: Clone + Send + 'static> SegLog<T> {
             shared: shared.clone(),
             active,
             committed: committed_file,
+            synced_file,
+            synced,
             _lock: lock_file,
         };
         let handle = std::thread::Builder::new()
@@ -646,6 +999,10 @@ struct Writer<T> {
     shared: Arc<Mutex<Shared<T>>>,
     active: Option<Active>,
     committed: File,
+    /// `synced.bin`, and the index it holds: the last entry synced (a hint, never synced
+    /// itself, except when a truncation lowers it).
+    synced_file: File,
+    synced: Option<u64>,
     _lock: File,
 }
 
@@ -700,6 +1057,11 @@ impl<T> Writer<T> {
         if let Err(e) = &r {
             self.fail(e);
         } else if let Some(to) = synced_to {
+            // Before anyone hears of the sync: whatever the process acknowledged, this file
+            // names (best effort: a stale copy only bounds less).
+            if self.synced_file.write_all_at(&synced_bytes(to), 0).is_ok() {
+                self.synced = Some(to);
+            }
             self.evict(to);
         }
         for done in unsynced.drain(..) {
@@ -806,6 +1168,10 @@ impl<T> Writer<T> {
             }
             Job::Meta { meta, done } => done(self.write_meta(&meta)),
             Job::Committed(bytes) => {
+                if lock(&self.shared).failed.is_some() {
+                    // A failed sync: the commit point might name entries not on disk.
+                    return;
+                }
                 let body = checked(&bytes);
                 // Best effort: never synced, checked on reading.
                 let _ = self.committed.write_all_at(&body, 0);
@@ -827,6 +1193,19 @@ impl<T> Writer<T> {
     /// Cuts the log before `from`: later segments are deleted newest first (a crash half way
     /// leaves a shorter log, never a hole), then the segment holding `from` is cut.
     fn truncate(&mut self, from: u64) -> Result<(), String> {
+        // First lower the synced mark below the cut, durably: otherwise a crash could leave a
+        // shorter log than the mark says, which would refuse to open.
+        if self.synced.is_some_and(|s| s >= from) {
+            let below = from.checked_sub(1);
+            let f = &self.synced_file;
+            match below {
+                Some(b) => f.write_all_at(&synced_bytes(b), 0),
+                None => f.set_len(0),
+            }
+            .and_then(|()| f.sync_all())
+            .map_err(|e| format!("{}: {e}", self.dir.join(SYNCED).display()))?;
+            self.synced = below;
+        }
         let mut sh = lock(&self.shared);
         let firsts: Vec<u64> = sh.files.keys().copied().collect();
         let mut deleted = false;
@@ -921,8 +1300,20 @@ mod tests {
         Ok(meta.map(|m| u64::from_le_bytes(m[..8].try_into().unwrap())))
     }
 
+    /// The purge point from the metadata (a `u64`), the commit point from `committed.bin` (a
+    /// `u64`).
+    fn bounds(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, OpenError> {
+        Ok(Bounds {
+            purged: purged_of(meta)?,
+            committed: committed
+                .and_then(|c| c.get(..8))
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
+            ..Bounds::default()
+        })
+    }
+
     fn open(dir: &Path) -> (Log, Recovered) {
-        SegLog::open(dir, SMALL, purged_of).unwrap()
+        SegLog::open(dir, SMALL, bounds).unwrap()
     }
 
     fn payload(i: u64) -> Vec<u8> {
@@ -1031,10 +1422,10 @@ mod tests {
         let mut bytes = fs::read(&path).unwrap();
         bytes[HEADER + 1] ^= 0xff;
         fs::write(&path, &bytes).unwrap();
-        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, bounds) else {
             panic!("a damaged segment before the last must be refused");
         };
-        assert!(e.contains("damaged"), "{e}");
+        assert!(e.to_string().contains("damaged"), "{e}");
     }
 
     #[test]
@@ -1046,12 +1437,13 @@ mod tests {
         let mut b = Vec::new();
         frame(&mut b, 3, &payload(3));
         fs::write(dir.path().join(seg_name(3)), &b).unwrap();
-        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, bounds) else {
             panic!("a hole must be refused");
         };
-        assert!(e.contains("hole"), "{e}");
+        assert!(e.to_string().contains("hole"), "{e}");
         // Unless the entries before it are purged.
         fs::write(dir.path().join(META), checked(&2u64.to_le_bytes())).unwrap();
+        fs::write(dir.path().join(COMMITTED), b"").unwrap();
         let (log, rec) = open(dir.path());
         assert_eq!(rec.last.map(|l| l.0), Some(3));
         assert!(log.reader().read(1, 3).unwrap().is_empty());
@@ -1150,10 +1542,10 @@ mod tests {
     fn a_second_open_of_one_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let (_log, _) = open(dir.path());
-        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, bounds) else {
             panic!("two writers on one log");
         };
-        assert!(e.contains("in use"), "{e}");
+        assert!(e.to_string().contains("in use"), "{e}");
     }
 
     #[test]
@@ -1168,9 +1560,429 @@ mod tests {
         let mut bytes = fs::read(dir.path().join(META)).unwrap();
         bytes[9] ^= 1;
         fs::write(dir.path().join(META), bytes).unwrap();
-        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, purged_of) else {
+        let Err(e) = SegLog::<u64>::open(dir.path(), SMALL, bounds) else {
             panic!("damaged metadata must be refused");
         };
-        assert!(e.contains("damaged"), "{e}");
+        assert!(e.to_string().contains("damaged"), "{e}");
+    }
+
+    // ------------------------------------------------ crash and corruption
+
+    /// Segments of two or three records, read back from disk.
+    const TINY: Limits = Limits {
+        segment_bytes: 700,
+        cache_bytes: 0,
+    };
+
+    /// As [`bounds`], and the log begins at entry 1 with its metadata written before it.
+    fn strict(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, OpenError> {
+        Ok(Bounds {
+            origin: Some(1),
+            ..bounds(meta, committed)?
+        })
+    }
+
+    /// Every file of `dir` and its bytes.
+    fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, fs::read(e.path()).unwrap())
+            })
+            .collect()
+    }
+
+    fn restore(dir: &Path, files: &BTreeMap<String, Vec<u8>>) {
+        for e in fs::read_dir(dir).unwrap() {
+            fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        for (name, bytes) in files {
+            fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+
+    /// The matrix's log: entries `1..=n` in several segments, the metadata (purge point 0),
+    /// and a commit point of 5.
+    fn build(dir: &Path, n: u64) {
+        let (log, _) = SegLog::<u64>::open(dir, TINY, strict).unwrap();
+        wait(|d| log.save_meta(0u64.to_le_bytes().to_vec(), d));
+        append(&log, 1..n + 1);
+        log.save_committed(5u64.to_le_bytes().to_vec()).unwrap();
+        drop(log);
+        assert!(segments(dir).len() >= 4, "{:?}", segments(dir));
+    }
+
+    /// Each segment (by first index) with its records: (index, offset, length in bytes).
+    /// A segment's first index and its records: (index, offset, length in bytes).
+    type Layout = (u64, Vec<(u64, usize, usize)>);
+
+    fn layout(dir: &Path) -> Vec<Layout> {
+        segments(dir)
+            .into_iter()
+            .map(|first| {
+                let s = scan(&dir.join(seg_name(first)), first).unwrap();
+                assert_eq!(s.end, s.file_len);
+                let recs = s
+                    .recs
+                    .iter()
+                    .map(|(i, l)| (*i, l.offset as usize, HEADER + l.len as usize))
+                    .collect();
+                (first, recs)
+            })
+            .collect()
+    }
+
+    /// Opens the damaged log in `dir`, whose entries `1..=n` were all appended and whose
+    /// entries up to `acked` were acknowledged. Either it opens holding exactly `1..=m` with
+    /// their payloads, `m >= acked` (returned), or it refuses with damage naming a file in
+    /// `dir` (returned) and the directory is byte for byte as it was.
+    fn attempt(dir: &Path, n: u64, acked: u64) -> Result<u64, Damage> {
+        let before = contents(dir);
+        match SegLog::<u64>::open(dir, TINY, strict) {
+            Err(OpenError::Damaged(d)) => {
+                assert_eq!(
+                    contents(dir),
+                    before,
+                    "a refusal changed the directory: {d}"
+                );
+                assert!(d.path.starts_with(dir), "{d}");
+                assert!(d.to_string().contains(&format!("byte {}", d.offset)), "{d}");
+                Err(d)
+            }
+            Err(e) => panic!("not a damage error: {e}"),
+            Ok((log, rec)) => {
+                let got = log.reader().read(0, u64::MAX).unwrap();
+                let m = got.len() as u64;
+                assert!(m >= acked, "acknowledged entries lost: {m} < {acked}");
+                assert!(m <= n);
+                assert_eq!(rec.last.as_ref().map(|l| l.0), (m > 0).then_some(m));
+                for (i, g) in (1..).zip(got) {
+                    match g {
+                        Got::Disk(p) => assert_eq!(p, payload(i), "entry {i} differs"),
+                        Got::Cached(_) => panic!("nothing is cached after opening"),
+                    }
+                }
+                // The log goes on, and reopens.
+                append(&log, m + 1..m + 3);
+                drop(log);
+                let (log, _) = SegLog::<u64>::open(dir, TINY, strict).unwrap();
+                check(&log, 1..m + 3);
+                Ok(m)
+            }
+        }
+    }
+
+    #[test]
+    fn crash_and_corruption_matrix() {
+        let n = 14;
+        let base = tempfile::tempdir().unwrap();
+        build(base.path(), n);
+        let pristine = contents(base.path());
+        let segs = layout(base.path());
+        let last_first = segs.last().unwrap().0;
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        let mut cases = 0;
+        // All of the log acknowledged (as written), or only up to the last segment (a crash
+        // after its records were written, before they were synced: `synced.bin` still names
+        // the earlier point).
+        for acked in [n, last_first - 1] {
+            let mut start = pristine.clone();
+            start.insert(SYNCED.into(), synced_bytes(acked).to_vec());
+            // Truncation at and inside every record of the last segment, and inside a record
+            // of every other segment.
+            for (k, (first, recs)) in segs.iter().enumerate() {
+                let is_last = k + 1 == segs.len();
+                let name = seg_name(*first);
+                for &(index, off, len) in recs {
+                    let cuts: &[usize] = if is_last {
+                        &[0, 1, HEADER - 1, HEADER, len - 1]
+                    } else {
+                        &[HEADER + 1]
+                    };
+                    for &c in cuts {
+                        restore(dir, &start);
+                        let f = OpenOptions::new()
+                            .write(true)
+                            .open(dir.join(&name))
+                            .unwrap();
+                        f.set_len((off + c) as u64).unwrap();
+                        drop(f);
+                        let r = attempt(dir, n, acked);
+                        cases += 1;
+                        match r {
+                            Ok(m) => {
+                                // Only a torn tail past the acknowledged point is cut, and
+                                // exactly the entries before it survive.
+                                assert!(is_last && index > acked, "{name} cut at {c} of {index}");
+                                assert_eq!(m, index - 1);
+                            }
+                            Err(d) => {
+                                assert!(!is_last || index <= acked, "{name}: {d}");
+                                if c > 0 {
+                                    assert_eq!(d.path, dir.join(&name), "{d}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // A byte changed in every region of every record of every segment: length,
+            // checksum, index, the payload's first and last bytes.
+            for (k, (first, recs)) in segs.iter().enumerate() {
+                let is_last = k + 1 == segs.len();
+                let name = seg_name(*first);
+                for (r, &(index, off, len)) in recs.iter().enumerate() {
+                    let last_record = is_last && r + 1 == recs.len();
+                    for at in [0, 3, 4, 7, 8, 15, HEADER, len - 1] {
+                        for flip in [0x01u8, 0x80] {
+                            restore(dir, &start);
+                            let mut bytes = start[&name].clone();
+                            bytes[off + at] ^= flip;
+                            fs::write(dir.join(&name), &bytes).unwrap();
+                            cases += 1;
+                            match attempt(dir, n, acked) {
+                                Ok(m) => {
+                                    assert!(last_record && index > acked, "{name} byte {at}");
+                                    assert_eq!(m, index - 1);
+                                }
+                                Err(d) => {
+                                    assert!(!last_record || index <= acked, "{d}");
+                                    assert_eq!(d.path, dir.join(&name), "{d}");
+                                    assert_eq!(d.offset, off as u64, "{d}");
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // Every file deleted, and emptied.
+            for name in start.keys().filter(|f| *f != LOCK) {
+                for delete in [true, false] {
+                    restore(dir, &start);
+                    if delete {
+                        fs::remove_file(dir.join(name)).unwrap();
+                    } else {
+                        fs::write(dir.join(name), b"").unwrap();
+                    }
+                    cases += 1;
+                    let r = attempt(dir, n, acked);
+                    let last_seg = *name == seg_name(last_first);
+                    let hint = [SYNCED, COMMITTED].contains(&name.as_str());
+                    match r {
+                        // The last segment held nothing acknowledged; the hints are hints
+                        // (but `committed.bin` may not vanish).
+                        Ok(m) => {
+                            assert!(
+                                (last_seg && acked < last_first)
+                                    || (hint && !(delete && name == COMMITTED)),
+                                "{name} {delete}"
+                            );
+                            assert_eq!(m, if last_seg { last_first - 1 } else { n });
+                        }
+                        Err(d) => {
+                            assert!(!hint || (delete && name == COMMITTED), "{d}");
+                            assert!(!last_seg || acked >= last_first, "{d}");
+                        }
+                    }
+                }
+            }
+            // The metadata and the hints damaged.
+            for name in [META, COMMITTED, SYNCED] {
+                for at in 0..start[name].len() {
+                    restore(dir, &start);
+                    let mut bytes = start[name].clone();
+                    bytes[at] ^= 0x10;
+                    fs::write(dir.join(name), &bytes).unwrap();
+                    cases += 1;
+                    match attempt(dir, n, acked) {
+                        // A torn commit point reads as none.
+                        Ok(m) => assert!(name == COMMITTED && m == n, "{name} byte {at}"),
+                        Err(d) => {
+                            assert_ne!(name, COMMITTED, "{d}");
+                            assert_eq!(d.path, dir.join(name), "{d}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cases > 300, "{cases}");
+    }
+
+    #[test]
+    fn a_torn_tail_at_or_below_the_commit_point_is_refused() {
+        let n = 14;
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        build(dir, n);
+        let last = *segments(dir).last().unwrap();
+        let seg = dir.join(seg_name(last));
+        let len = fs::metadata(&seg).unwrap().len();
+        // The synced mark lost (power failure): the commit point still covers the tail.
+        fs::remove_file(dir.join(SYNCED)).unwrap();
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.set_len(len - 1).unwrap();
+        drop(f);
+        let mut c = OpenOptions::new()
+            .write(true)
+            .open(dir.join(COMMITTED))
+            .unwrap();
+        c.write_all(&checked(&n.to_le_bytes())).unwrap();
+        drop(c);
+        let e = attempt(dir, n, n).unwrap_err();
+        assert!(e.expected.contains(COMMITTED), "{e}");
+        assert_eq!((e.path.as_path(), e.offset), (seg.as_path(), e.offset));
+        // With no bound at all, the same tail is taken for a torn append and cut.
+        fs::write(dir.join(COMMITTED), b"").unwrap();
+        assert_eq!(attempt(dir, n, 0).unwrap(), n - 1);
+    }
+
+    #[test]
+    fn a_lost_last_segment_is_refused() {
+        let n = 14;
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        build(dir, n);
+        let last = *segments(dir).last().unwrap();
+        fs::remove_file(dir.join(seg_name(last))).unwrap();
+        let e = attempt(dir, n, n).unwrap_err();
+        assert!(e.expected.contains(&format!("entries up to {n}")), "{e}");
+        assert!(e.found.contains(&format!("entry {}", last - 1)), "{e}");
+    }
+
+    #[test]
+    fn truncation_lowers_the_synced_mark_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        build(dir, 14);
+        let (log, _) = SegLog::<u64>::open(dir, TINY, strict).unwrap();
+        wait(|d| log.truncate(9, d));
+        drop(log);
+        assert_eq!(read_synced(&dir.join(SYNCED)).unwrap(), Some(8));
+        // Entries 9.. written again but torn before their sync: cut, not refused.
+        let last = *segments(dir).last().unwrap();
+        let mut torn = Vec::new();
+        frame(&mut torn, 9, &payload(9));
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.join(seg_name(last)))
+            .unwrap();
+        f.write_all(&torn[..torn.len() - 3]).unwrap();
+        drop(f);
+        assert_eq!(attempt(dir, 14, 8).unwrap(), 8);
+    }
+
+    mod damage_prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Append(u8),
+            Truncate(u8),
+            Purge(u8),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                6 => (1u8..6).prop_map(Op::Append),
+                1 => (0u8..8).prop_map(Op::Truncate),
+                1 => (0u8..8).prop_map(Op::Purge),
+            ]
+        }
+
+        fn body(i: u64, generation: u64) -> Vec<u8> {
+            let mut v = vec![(i ^ generation) as u8; (i % 5) as usize * 60 + 3];
+            v.extend_from_slice(&generation.to_le_bytes());
+            v
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+            /// Random histories of appends, truncations and purges, then one random byte
+            /// changed or the file cut short anywhere in one file of the log: the log either
+            /// refuses (changing nothing) or holds exactly what was appended and kept.
+            #[test]
+            fn damage_never_changes_what_the_log_returns(
+                ops in proptest::collection::vec(op(), 1..16),
+                pick in any::<proptest::sample::Index>(),
+                at in any::<proptest::sample::Index>(),
+                flip in 1u8..=255,
+                cut in any::<bool>(),
+            ) {
+                let dir = tempfile::tempdir().unwrap();
+                let dir = dir.path();
+                let mut model: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+                let mut purged = 0u64;
+                {
+                    let (log, _) = SegLog::<u64>::open(dir, TINY, bounds).unwrap();
+                    wait(|d| log.save_meta(0u64.to_le_bytes().to_vec(), d));
+                    let mut generation = 0;
+                    for op in ops {
+                        let next = model.keys().next_back().map_or(purged + 1, |l| l + 1);
+                        match op {
+                            Op::Append(k) => {
+                                generation += 1;
+                                let batch: Vec<_> = (next..next + k as u64)
+                                    .map(|i| (i, i, body(i, generation)))
+                                    .collect();
+                                for (i, _, b) in &batch {
+                                    model.insert(*i, b.clone());
+                                }
+                                wait(|d| log.append(batch, d));
+                            }
+                            Op::Truncate(k) => {
+                                let from = next.saturating_sub(k as u64).max(purged + 1);
+                                model.retain(|i, _| *i < from);
+                                wait(|d| log.truncate(from, d));
+                            }
+                            Op::Purge(k) => {
+                                let upto = next.saturating_sub(k as u64 + 1).max(purged);
+                                purged = upto;
+                                model.retain(|i, _| *i > upto);
+                                wait(|d| log.purge(upto, upto.to_le_bytes().to_vec(), d));
+                            }
+                        }
+                    }
+                }
+                let files: Vec<String> = contents(dir).into_keys().filter(|f| f != LOCK).collect();
+                let name = &files[pick.index(files.len())];
+                let mut bytes = fs::read(dir.join(name)).unwrap();
+                if !bytes.is_empty() {
+                    let at = at.index(bytes.len());
+                    if cut {
+                        bytes.truncate(at);
+                    } else {
+                        bytes[at] ^= flip;
+                    }
+                    fs::write(dir.join(name), &bytes).unwrap();
+                }
+                let before = contents(dir);
+                match SegLog::<u64>::open(dir, TINY, bounds) {
+                    Err(OpenError::Damaged(d)) => {
+                        prop_assert_eq!(contents(dir), before, "{}", d);
+                        prop_assert!(d.path.starts_with(dir));
+                    }
+                    Err(e) => prop_assert!(false, "{}", e),
+                    Ok((log, _)) => {
+                        // Everything appended was synced, so acknowledged: nothing may be
+                        // missing, and nothing may differ.
+                        let got = log.reader().read(0, u64::MAX).unwrap();
+                        let got: Vec<Vec<u8>> = got
+                            .into_iter()
+                            .map(|g| match g {
+                                Got::Disk(p) => p,
+                                Got::Cached(_) => Vec::new(),
+                            })
+                            .collect();
+                        let want: Vec<Vec<u8>> = model.values().cloned().collect();
+                        prop_assert_eq!(got, want, "{} damaged", name);
+                    }
+                }
+            }
+        }
     }
 }

@@ -114,6 +114,23 @@ impl Cluster {
         r
     }
 
+    /// Opens a replica without putting it on the network; the error if it refuses.
+    async fn try_open(&self, id: NodeId) -> Result<Replica<Counter>, RaftError> {
+        let transport = Arc::new(Transport {
+            net: self.net.clone(),
+            from: id,
+        });
+        Replica::open(
+            &self.dir(id),
+            id,
+            self.members.clone(),
+            Counter::default(),
+            transport,
+            self.opts.clone(),
+        )
+        .await
+    }
+
     async fn start(&self) -> Vec<Arc<Replica<Counter>>> {
         let mut all = Vec::new();
         for &id in self.members.keys() {
@@ -494,6 +511,103 @@ async fn garbage_rpc_gets_error_answer() {
             assert!(msg.contains("undecodable"), "{msg}");
         }
         write_all(&leader, 0..3).await;
+    })
+    .await;
+}
+
+/// Every file under `dir` (recursively) and its bytes.
+fn tree(dir: &std::path::Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(tree(&path));
+        } else {
+            out.insert(path.clone(), std::fs::read(&path).unwrap());
+        }
+    }
+    out
+}
+
+/// `snapshot.bin` changed in each of its regions, cut short, emptied, or deleted while the log
+/// is purged past it: the replica refuses to open, names the file, and changes nothing on disk;
+/// the file as written opens with every command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_snapshot_is_refused_and_left_as_it_was() {
+    bounded(async {
+        let cluster = Cluster::new(
+            &[1],
+            RaftOptions {
+                snapshot_every: 0,
+                keep_logs: 0,
+                ..opts()
+            },
+        );
+        cluster.start().await;
+        let leader = cluster.leader().await;
+        write_all(&leader, 0..20).await;
+        leader.snapshot_now().await.unwrap();
+        let start = Instant::now();
+        while leader.status().purged.is_none() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never purged");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        write_all(&leader, 20..25).await;
+        drop(leader);
+        cluster.stop(1).await;
+
+        let dir = cluster.dir(1);
+        let path = dir.join("snapshot.bin");
+        let good = std::fs::read(&path).unwrap();
+        let pristine = tree(&dir);
+        let mut damaged: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+        let len = good.len();
+        // Magic, body length, checksum, head length, head, data (first, middle, last byte).
+        for at in [
+            0,
+            7,
+            8,
+            15,
+            16,
+            19,
+            20,
+            24,
+            30,
+            len - 40,
+            len / 2 + 10,
+            len - 1,
+        ] {
+            let mut b = good.clone();
+            b[at] ^= 0x04;
+            damaged.push((format!("byte {at} changed"), Some(b)));
+        }
+        for cut in [0, 4, 12, 20, 30, len - 1] {
+            damaged.push((format!("cut to {cut} bytes"), Some(good[..cut].to_vec())));
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        damaged.push(("one byte longer".into(), Some(longer)));
+        damaged.push(("deleted".into(), None));
+        for (what, bytes) in damaged {
+            match &bytes {
+                Some(b) => std::fs::write(&path, b).unwrap(),
+                None => std::fs::remove_file(&path).unwrap(),
+            }
+            let before = tree(&dir);
+            let Err(e) = cluster.try_open(1).await else {
+                panic!("snapshot {what}: opened");
+            };
+            let RaftError::Storage(msg) = &e else {
+                panic!("snapshot {what}: {e}");
+            };
+            assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
+            assert!(msg.contains("at byte"), "{what}: {msg}");
+            assert_eq!(tree(&dir), before, "snapshot {what}: the directory changed");
+            std::fs::write(&path, &good).unwrap();
+        }
+        assert_eq!(tree(&dir), pristine);
+        let r = cluster.open(1).await;
+        assert_eq!(r.with_machine(|c| c.cmds.clone()), cmds(0..25));
     })
     .await;
 }
