@@ -16,8 +16,9 @@ use florin_node::custody::{
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
-fn network(
-) -> Result<(tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>), Box<dyn std::error::Error>> {
+type Net = (tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>);
+
+fn network() -> Result<Net, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let layout = Layout::new(&dir.path().join("kmn"));
     layout.create(2, &free_loopback_addrs(3)?)?;
@@ -72,7 +73,8 @@ fn a_damaged_emptied_or_deleted_share_is_refused_by_name_and_repaired() -> R {
     kmn.dkg("other")?;
     stop(nodes);
     let share3 = layout.node_dir(3).join("shares").join("issuer.share");
-    let cases: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+    type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+    let cases: Vec<(&str, Damage)> = vec![
         ("header byte", Box::new(|b| b[0] ^= 1)),
         ("nonce byte", Box::new(|b| b[5] ^= 0x40)),
         (
@@ -168,14 +170,14 @@ fn a_damaged_record_or_missing_key_file_refuses_the_node_and_changes_nothing() -
     let d3 = layout.node_dir(3);
     let cfg = CustodyNodeConfig::load(&layout.node_config(3))?;
     let refused = |what: &str, file: &Path| -> R {
-        let before = snapshot(&layout.dir().to_path_buf());
+        let before = snapshot(layout.dir());
         let e = match CustodyNode::open(&cfg) {
             Ok(_) => return Err(format!("{what}: node 3 opened").into()),
             Err(e) => e.to_string(),
         };
         assert!(e.contains(&file.display().to_string()), "{what}: {e}");
         assert_eq!(
-            snapshot(&layout.dir().to_path_buf()),
+            snapshot(layout.dir()),
             before,
             "{what}: a refused open changed the network's files"
         );

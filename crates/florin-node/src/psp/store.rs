@@ -619,7 +619,8 @@ mod tests {
         let first = copies(&good_after_open, b"account-0-xxxxxxxx");
         let last = copies(&good_after_open, b"account-2-xxxxxxxx");
         assert!(!first.is_empty() && !last.is_empty());
-        let damage: Vec<(&str, Box<dyn Fn(&mut Vec<u8>)>)> = vec![
+        type Damage = Box<dyn Fn(&mut Vec<u8>)>;
+        let damage: Vec<(&str, Damage)> = vec![
             ("magic", Box::new(|b| b[3] ^= 1)),
             ("primary bit", Box::new(|b| b[9] ^= 1)),
             (
