@@ -1476,3 +1476,227 @@ fn psp_processes_pay_within_and_across_providers() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot change"));
 }
+
+/// An HTTP proxy in front of `upstream` that answers a request itself when `rule` says so
+/// (method, path, body → status and JSON body) and forwards everything else, one request per
+/// connection. Returns its URL.
+fn proxy(upstream: &str, rule: fn(&str, &str, &[u8]) -> Option<(u16, String)>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let up = upstream.trim_start_matches("http://").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let up = up.clone();
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 8192];
+                let head_end = loop {
+                    let n = c.read(&mut tmp).unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break p + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())
+                            .flatten()
+                    })
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    let n = c.read(&mut tmp).unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                }
+                let body = buf[head_end..head_end + len].to_vec();
+                let mut first = head.lines().next().unwrap_or("").split(' ');
+                let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+                if let Some((code, json)) = rule(method, path, &body) {
+                    let _ = write!(
+                        c,
+                        "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{json}",
+                        json.len()
+                    );
+                    return;
+                }
+                let mut u = std::net::TcpStream::connect(&up).unwrap();
+                let mut new_head = String::new();
+                for l in head.split("\r\n") {
+                    if l.is_empty() || l.to_ascii_lowercase().starts_with("connection:") {
+                        continue;
+                    }
+                    new_head.push_str(l);
+                    new_head.push_str("\r\n");
+                }
+                new_head.push_str("connection: close\r\n\r\n");
+                let _ = u.write_all(new_head.as_bytes());
+                let _ = u.write_all(&body);
+                let mut resp = Vec::new();
+                let _ = u.read_to_end(&mut resp);
+                let _ = c.write_all(&resp);
+            });
+        }
+    });
+    url
+}
+
+fn address(u: &User, name: &str) -> String {
+    u.wallet(name, &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn payment_to_an_invalid_address_is_refused_before_anything_is_signed() {
+    let (dir, net, u) = setup(&["alice"]);
+    u.wallet("alice", &["faucet", "5"]);
+    let before = std::fs::read(dir.path().join("alice")).unwrap();
+    let supply = net.get("/v1/ledger/supply");
+    let mut identity = [0u8; 32];
+    identity[0] = 1;
+    let zero_addr = florin_crypto::PublicKey([0; 32]).to_address();
+    let identity_addr = florin_crypto::PublicKey(identity).to_address();
+    for bad in [zero_addr.as_str(), identity_addr.as_str(), &"00".repeat(32)] {
+        let err = u.fails(&["wallet", "--wallet", "alice", "pay", bad, "1"]);
+        assert!(err.contains("small order"), "{err}");
+        // Device-to-device payments to such a peer are refused too.
+        let err = u.fails(&[
+            "wallet", "--wallet", "alice", "offline", "pay", "1", "--peer", bad,
+        ]);
+        assert!(err.contains("not a usable"), "{err}");
+    }
+    // Nothing was signed (the wallet file is byte for byte the same) and nothing submitted.
+    assert_eq!(std::fs::read(dir.path().join("alice")).unwrap(), before);
+    assert_eq!(net.get("/v1/ledger/supply"), supply);
+    assert_eq!(u.wallet("alice", &["balance"])["online_cents"], 500);
+}
+
+#[test]
+fn copied_wallet_that_lost_a_race_pays_again_after_sync() {
+    let (dir, _net, u) = setup(&["a", "carol"]);
+    let carol = address(&u, "carol");
+    u.wallet("a", &["faucet", "10"]);
+    let copy = |from: &str, to: &str| {
+        std::fs::copy(dir.path().join(from), dir.path().join(to)).unwrap();
+    };
+    copy("a", "a-copy");
+    assert_eq!(u.wallet("a", &["pay", &carol, "10"])["status"], "confirmed");
+    // The copy lost the race: pay tells the truth, removes the spent coins, exits non-zero.
+    let err = u.fails(&["wallet", "--wallet", "a-copy", "pay", &carol, "4"]);
+    assert!(err.contains("already spent elsewhere"), "{err}");
+    assert!(err.contains("nothing was paid"), "{err}");
+    assert_eq!(u.wallet("a-copy", &["balance"])["online_cents"], 0);
+    // With fresh money it pays again.
+    u.wallet("a-copy", &["faucet", "5"]);
+    assert_eq!(
+        u.wallet("a-copy", &["pay", &carol, "5"])["status"],
+        "confirmed"
+    );
+    // A restored backup (copied before that payment) converges with sync.
+    u.wallet("a", &["faucet", "7"]);
+    copy("a", "a-backup");
+    assert_eq!(u.wallet("a", &["pay", &carol, "7"])["status"], "confirmed");
+    u.wallet("a-backup", &["faucet", "2"]);
+    assert_eq!(u.wallet("a-backup", &["balance"])["online_cents"], 900);
+    let s = u.wallet("a-backup", &["sync"]);
+    assert!(s["removed_coins"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["removed_cents"], 700, "{s}");
+    assert_eq!(s["online_cents"], 200);
+    assert_eq!(u.wallet("a-backup", &["sync"])["removed_cents"], 0);
+    assert_eq!(
+        u.wallet("a-backup", &["pay", &carol, "2"])["status"],
+        "confirmed"
+    );
+    assert_eq!(u.wallet("carol", &["sync"])["received_cents"], 2400);
+}
+
+#[test]
+fn a_confirmed_payment_whose_handoff_is_undeliverable_reports_paid() {
+    let (_dir, net, u) = setup(&["alice", "bob"]);
+    let bob = address(&u, "bob");
+    u.wallet("alice", &["faucet", "5"]);
+    // The mailbox is down; the ledger is not.
+    let mailbox_down = proxy(&net.url, |m, p, _| {
+        (m == "POST" && p == "/v1/mailbox").then(|| {
+            (
+                503,
+                r#"{"code":"unavailable","error":"mailbox down"}"#.to_string(),
+            )
+        })
+    });
+    let via = User {
+        dir: u.dir.clone(),
+        node: mailbox_down,
+    };
+    let p = via.wallet("alice", &["pay", &bob, "2"]);
+    assert_eq!(p["status"], "confirmed", "{p}");
+    assert_eq!(p["paid"], true);
+    assert_eq!(p["handoff"], "pending");
+    assert_eq!(p["handoffs_pending"], 1);
+    // Later commands are not blocked by it (another payment through the same broken mailbox).
+    let p2 = via.wallet("alice", &["pay", &bob, "1"]);
+    assert_eq!(
+        (p2["status"].as_str(), p2["handoffs_pending"].as_u64()),
+        (Some("confirmed"), Some(2))
+    );
+    assert_eq!(u.wallet("bob", &["sync"])["received_cents"], 0);
+    // Any later command with the mailbox back delivers them.
+    let s = u.wallet("alice", &["sync"]);
+    assert_eq!(
+        (
+            s["handoffs_delivered"].as_u64(),
+            s["handoffs_pending"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{s}"
+    );
+    assert_eq!(u.wallet("bob", &["sync"])["received_cents"], 300);
+}
+
+#[test]
+fn deposit_with_every_token_refused_exits_non_zero() {
+    let (_dir, net, u) = setup(&["alice", "carol"]);
+    u.tokens("alice", "2");
+    u.pay("alice", "carol", "2", "d");
+    let refusing = proxy(&net.url, |m, p, body| {
+        (m == "POST" && p == "/v1/deposit").then(|| {
+            let req: Value = serde_json::from_slice(body).unwrap();
+            let results: Vec<Value> = req["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|_| {
+                    serde_json::json!({ "serial": "00", "value_cents": 0, "outcome": "refused",
+                        "token": null, "fraud": null, "error": "token is unknown", "retry": false })
+                })
+                .collect();
+            (200, serde_json::json!({ "results": results }).to_string())
+        })
+    });
+    let via = User {
+        dir: u.dir.clone(),
+        node: refusing,
+    };
+    let out = via.run(&["wallet", "--wallet", "carol", "--json", "deposit"]);
+    assert!(
+        !out.status.success(),
+        "nothing deposited must exit non-zero"
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["credited_cents"], 0);
+    assert!(!v["refused"].as_array().unwrap().is_empty(), "{v}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nothing was deposited"), "{err}");
+}
