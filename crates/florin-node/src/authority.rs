@@ -112,7 +112,11 @@ impl Authority {
             .map_err(|e| NodeError::Io(format!("data dir {}: {e}", config.data_dir.display())))?;
         // Strictly: damage is refused naming the file, and a registry is created only in a
         // directory that was never initialized (no manifest): never a fresh one over state.
-        let expect = if config.data_dir.join(crate::manifest::MANIFEST_FILE).exists() {
+        let expect = if config
+            .data_dir
+            .join(crate::manifest::MANIFEST_FILE)
+            .exists()
+        {
             crate::redb_open::Expect::Existing
         } else {
             crate::redb_open::Expect::FirstStart
