@@ -594,4 +594,57 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
     assert_eq!(a.balance("fay"), 1_000);
     let info = ok(a.call("GET", "/v1/psp/info", None));
     assert_eq!(info["unresolved"], 0);
+
+    // Damaged books refuse to start, naming the file, and are left as they were; lost books
+    // are not recreated empty. Put back, the provider starts with every balance.
+    a.halt();
+    let good = std::fs::read(&a.books).unwrap();
+    let open = |a: &Provider| {
+        Psp::open(
+            PspConfig {
+                name: "bank-a".into(),
+                books: a.books.clone(),
+                ledger: format!("http://{}", node.addr),
+                scheme: PspScheme::Ed25519,
+                presign_pool: 1,
+            },
+            a.kmn.clone(),
+        )
+        .map(drop)
+    };
+    let primary_slot = 64 + 128 * usize::from(good[9] & 1);
+    let mut flipped = good.clone();
+    flipped[primary_slot + 8] ^= 1;
+    for (what, bytes, expect) in [
+        ("flipped", Some(flipped), "damaged"),
+        ("cut", Some(good[..good.len() / 2].to_vec()), "damaged"),
+        ("emptied", Some(Vec::new()), "empty"),
+        ("deleted", None, "missing"),
+    ] {
+        match &bytes {
+            Some(b) => std::fs::write(&a.books, b).unwrap(),
+            None => std::fs::remove_file(&a.books).unwrap(),
+        }
+        let e = open(&a)
+            .err()
+            .unwrap_or_else(|| panic!("{what} books opened"));
+        let e = e.to_string();
+        assert!(
+            e.contains(&a.books.display().to_string()) && e.contains(expect),
+            "{what}: {e}"
+        );
+        assert_eq!(
+            std::fs::read(&a.books).ok(),
+            bytes,
+            "{what}: the books changed"
+        );
+    }
+    std::fs::write(&a.books, &good).unwrap();
+    a.serve(
+        "bank-a",
+        PspScheme::Ed25519,
+        &format!("http://{}", node.addr),
+    );
+    assert_eq!(a.balance("dora"), 4_000);
+    assert_eq!(a.balance("fay"), 1_000);
 }

@@ -210,7 +210,13 @@ fn read_sealed(
     match std::fs::read(path) {
         Ok(b) => vault::open(kek, name, &b)
             .map(|p| Some(Zeroizing::new(p.to_vec())))
-            .map_err(|e| NodeError::Corrupt(format!("{}: {e}", path.display()))),
+            .map_err(|_| {
+                NodeError::Corrupt(format!(
+                    "{}: damaged or sealed under another seal key ({} bytes)",
+                    path.display(),
+                    b.len()
+                ))
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
     }
