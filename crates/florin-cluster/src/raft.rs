@@ -6,7 +6,9 @@
 //!   of entries written and synced by a writer thread (group commit), the vote and the last
 //!   purged log id, and the committed log id;
 //! - a snapshot file (`snapshot.bin`, written atomically: tmp file, fsync, rename) holding the
-//!   machine's full state with the last applied log id and membership;
+//!   machine's full state with the last applied log id and membership, behind a header with its
+//!   length and CRC32; a file that does not match them, or a missing one when the log was
+//!   purged past it, refuses to open (before the log is touched) and is left as it was;
 //! - the [`Machine`] itself in memory, restored from the snapshot on open; openraft then re-applies
 //!   the committed entries that follow it.
 //!

@@ -12,8 +12,13 @@
 //!   the current one passes [`Limits::segment_bytes`], or when the log restarts after everything in it
 //!   was purged;
 //! - `meta.bin`: the caller's durable metadata (vote and purge point), written atomically;
-//! - `committed.bin`: the caller's commit point, overwritten in place and never synced (losing
-//!   it only means re-learning it from the leader); a torn copy fails its CRC and reads as none;
+//! - `committed.bin`: the caller's commit point (`len u32 ‖ crc32 u32 ‖ body`), overwritten in
+//!   place and never synced (losing it only means re-learning it from the leader); a torn copy
+//!   fails its CRC and reads as none; created when the log is first opened, so a log with
+//!   segments or metadata but no `committed.bin` is refused;
+//! - `synced.bin`: `crc32 u32 ‖ index u64`, the last index synced, overwritten in place after
+//!   each sync and before the appends it covers are acknowledged (no sync of its own, so no
+//!   extra fsync per append; a truncation that lowers it syncs it);
 //! - `LOCK`: held while the log is open, so two processes never write one log.
 //!
 //! Writes go through a writer thread in submission order. Appends that queue up while a sync
@@ -22,9 +27,29 @@
 //! submitted: the in-memory cache holds every entry that is not yet synced, and entries leave
 //! the cache (oldest first, above a byte budget) only once they are on disk.
 //!
-//! Recovery reads every segment, cuts a torn record at the end of the last one (a crash in the
-//! middle of an append), drops what the caller has purged, and refuses a log with a hole or a
-//! damaged record anywhere else.
+//! # Damage and the torn tail
+//!
+//! [`SegLog::open`] checks everything before it changes anything. It cuts a *torn tail*, and
+//! nothing else: damage at the end of the last segment, with no valid record anywhere after
+//! it, whose entry can never have been acknowledged. An append is acknowledged (its callback
+//! runs, and openraft tells the leader) only after its segment is synced and `synced.bin`
+//! names its index; a commit point is written only after the appends before it are synced.
+//! So an entry at or below the index in `synced.bin` or `committed.bin` was acknowledged: its
+//! damage refuses to open, as does a log that ends before either index (a lost last segment),
+//! rather than shortening a log that a leader counted towards a commit. Above both it was
+//! never acknowledged by this process. The two files are hints written without a sync, so
+//! after a power failure they may name less than was acknowledged; cutting an acknowledged
+//! entry then needs that entry's own bytes damaged by the same failure, which a synced record
+//! is not (stated in docs/cluster.md, "Damage and recovery").
+//!
+//! Anything else refuses with [`Damage`], naming the file, the byte and what was expected, and
+//! leaves every file as it was: a damaged record followed by a valid one (found by trying every
+//! later offset), damage in a segment before the last, an empty segment before the last, a hole
+//! between segments (each segment starts where the one before it ends), a log that starts after
+//! the purge point or (with [`Bounds::origin`]) not at the origin when nothing was purged, a
+//! damaged `meta.bin` or `synced.bin`, a missing `meta.bin` when the log holds more than its
+//! first entry, a missing `committed.bin`. A whole last segment with no valid record, past both
+//! marks, is a segment created just before a crash and is deleted.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
