@@ -46,6 +46,18 @@
 //!
 //! Writers of a strictly opened file should commit with two-phase commit, so that the rule
 //! "the newest commit verifies or the file is refused" holds through crashes too.
+//!
+//! # Use
+//!
+//! ```ignore
+//! let expect = if first_start { Expect::FirstStart } else { Expect::Existing };
+//! let db: redb::Database = open_strict(&path, expect)?; // RedbOpenError names the file
+//! let mut tx = db.begin_write()?;
+//! tx.set_two_phase_commit(true);
+//! ```
+//!
+//! `first_start` must come from the service's own records (a data-directory manifest, a
+//! marker written once the database exists), never from whether the file exists.
 
 use std::fs;
 use std::io::Read;
