@@ -27,6 +27,13 @@ use crate::error::NodeError;
 use crate::ledger::{Ledger, TxStatus};
 use crate::store::{ISSUANCE, META, RESERVE};
 
+/// One mint in the issuer's journal.
+struct Issued {
+    txid: Digest,
+    cents: u64,
+    confirmed: bool,
+}
+
 const RECORDED: u8 = 0;
 const CONFIRMED: u8 = 1;
 
@@ -99,8 +106,8 @@ impl Authority {
         Ok(())
     }
 
-    /// The journal: (baseline cents, entries (txid, cents, confirmed)).
-    fn issuance(&self) -> Result<(Option<u64>, Vec<(Digest, u64, bool)>), NodeError> {
+    /// The journal: the baseline (cents minted before it existed) and its entries.
+    fn issuance(&self) -> Result<(Option<u64>, Vec<Issued>), NodeError> {
         let tx = self.db().begin_read()?;
         let meta = tx.open_table(META)?;
         let baseline = match meta.get("issuance_baseline_set")? {
@@ -118,7 +125,11 @@ impl Authority {
                 .try_into()
                 .map_err(|_| NodeError::Corrupt("issuance journal key".into()))?;
             let (cents, state) = decode_entry(v.value())?;
-            out.push((txid, cents, state == CONFIRMED));
+            out.push(Issued {
+                txid,
+                cents,
+                confirmed: state == CONFIRMED,
+            });
         }
         Ok((baseline, out))
     }
@@ -172,7 +183,12 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
     // The issuer's journal.
     let (baseline, entries) = authority.issuance()?;
     let mut journaled = 0u64;
-    for (txid, cents, was_confirmed) in &entries {
+    for Issued {
+        txid,
+        cents,
+        confirmed: was_confirmed,
+    } in &entries
+    {
         let on_ledger = confirmed(txid)?;
         if *was_confirmed && !on_ledger {
             problems.push(format!(

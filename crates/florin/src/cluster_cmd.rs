@@ -720,12 +720,9 @@ fn run_sentinel(
         let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&key)?));
         let address = signer.public_key().to_address();
         let issuer_address = ledger.issuer().to_address();
-        match &dir_state {
-            DirState::Known(m) => {
-                m.verify_key("authority", &address, &cfg.data)?;
-                m.verify_key("issuer", &issuer_address, &cfg.data)?;
-            }
-            _ => {}
+        if let DirState::Known(m) = &dir_state {
+            m.verify_key("authority", &address, &cfg.data)?;
+            m.verify_key("issuer", &issuer_address, &cfg.data)?;
         }
         let a = Arc::new(Authority::open(config, signer)?);
         if !matches!(dir_state, DirState::Known(_)) {

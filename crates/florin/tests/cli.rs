@@ -1480,7 +1480,11 @@ fn psp_processes_pay_within_and_across_providers() {
 /// An HTTP proxy in front of `upstream` that answers a request itself when `rule` says so
 /// (method, path, body → status and JSON body) and forwards everything else, one request per
 /// connection. Returns its URL.
-fn proxy(upstream: &str, rule: fn(&str, &str, &[u8]) -> Option<(u16, String)>) -> String {
+/// A proxy's rule: (method, path, body) → an answer of its own (status, JSON), or `None` to
+/// pass the request on.
+type ProxyRule = fn(&str, &str, &[u8]) -> Option<(u16, String)>;
+
+fn proxy(upstream: &str, rule: ProxyRule) -> String {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
