@@ -220,43 +220,47 @@ pub fn open_strict(path: &Path, expect: Expect) -> Result<Database, RedbOpenErro
         Ok(_) => {}
     }
     let unclean = check_header(path)?;
-    if unclean {
-        // Recovery rewrites the header before it verifies the pages: try it on a copy.
-        let copy = sibling(path, "verify-tmp");
-        let _ = fs::remove_file(&copy);
-        fs::copy(path, &copy).map_err(|e| io_err(path, "cannot copy for verification", e))?;
-        let trial = open_verified(&copy, true).map(drop).map_err(|e| match e {
-            RedbOpenError::Damaged { detail, .. } => RedbOpenError::Damaged {
+    // A read-only open writes nothing: it refuses a corrupted primary slot (keeping the
+    // recorded primary), a file another handle has open, and a file that needs recovery.
+    let ro = catch_unwind(AssertUnwindSafe(|| {
+        redb::Builder::new().open_read_only(path)
+    }))
+    .map_err(|_| damaged(path, "redb panicked reading the header".into()))?;
+    match ro {
+        Ok(db) => drop(db),
+        Err(DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(RedbOpenError::AlreadyOpen {
                 path: path.to_path_buf(),
-                detail,
-            },
-            RedbOpenError::Io { detail, .. } => RedbOpenError::Io {
-                path: path.to_path_buf(),
-                detail,
-            },
-            other => other,
-        });
-        let _ = fs::remove_file(&copy);
-        trial?;
-    } else {
-        // Keeps the recorded primary and refuses a corrupted primary slot; writes nothing.
-        let ro = catch_unwind(AssertUnwindSafe(|| {
-            redb::Builder::new().open_read_only(path)
-        }))
-        .map_err(|_| damaged(path, "redb panicked reading the header".into()))?;
-        match ro {
-            Ok(db) => drop(db),
-            Err(DatabaseError::RepairAborted) => {
-                // The layout does not match the file's length: redb calls that recovery.
-                return Err(damaged(
-                    path,
-                    "the file's length does not match its recorded layout in a file closed \
-                     cleanly"
-                        .into(),
-                ));
-            }
-            Err(e) => return Err(map_err(path, e, false)),
+            })
         }
+        Err(DatabaseError::RepairAborted) if unclean => {
+            // Recovery rewrites the header before it verifies the pages: try it on a copy.
+            let copy = sibling(path, "verify-tmp");
+            let _ = fs::remove_file(&copy);
+            fs::copy(path, &copy).map_err(|e| io_err(path, "cannot copy for verification", e))?;
+            let trial = open_verified(&copy, true).map(drop).map_err(|e| match e {
+                RedbOpenError::Damaged { detail, .. } => RedbOpenError::Damaged {
+                    path: path.to_path_buf(),
+                    detail,
+                },
+                RedbOpenError::Io { detail, .. } => RedbOpenError::Io {
+                    path: path.to_path_buf(),
+                    detail,
+                },
+                other => other,
+            });
+            let _ = fs::remove_file(&copy);
+            trial?;
+        }
+        Err(DatabaseError::RepairAborted) => {
+            // Closed cleanly, yet the layout does not match the file's length.
+            return Err(damaged(
+                path,
+                "the file's length does not match its recorded layout in a file closed cleanly"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(map_err(path, e, false)),
     }
     open_verified(path, unclean)
 }
@@ -448,6 +452,22 @@ mod tests {
             path.display()
         );
         e
+    }
+
+    #[test]
+    fn a_database_open_elsewhere_is_refused_as_open_not_as_damaged() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("db.redb");
+        build(&p, 2);
+        let held = open_strict(&p, Expect::Existing).unwrap();
+        let e = open_strict(&p, Expect::Existing).err().unwrap();
+        assert!(matches!(e, RedbOpenError::AlreadyOpen { .. }), "{e}");
+        assert!(!sibling(&p, "verify-tmp").exists());
+        drop(held);
+        assert_eq!(
+            read_all(&open_strict(&p, Expect::Existing).unwrap()).len(),
+            2
+        );
     }
 
     #[test]
