@@ -147,6 +147,13 @@ impl Authority {
     }
 }
 
+impl Authority {
+    /// Writes a consistent copy of the registry to `to` (a new file) while it keeps serving.
+    pub fn backup_registry(&self, to: &std::path::Path) -> Result<(), NodeError> {
+        crate::store::copy_consistent(self.db(), to)
+    }
+}
+
 /// The issuer mints `cents` to `owner` on the ledger, journaled in the authority's registry
 /// (recorded before submission, confirmed after). Returns the txid and the new outputs.
 pub async fn issue(

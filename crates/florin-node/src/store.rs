@@ -49,3 +49,37 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
     let _ = db.begin_read()?;
     Ok(())
 }
+
+/// Copies every table of `src`, as one read transaction sees it, into a new database at `to`
+/// (which must not exist): a consistent copy of a registry that keeps serving meanwhile.
+pub(crate) fn copy_consistent(
+    src: &redb::Database,
+    to: &std::path::Path,
+) -> Result<(), crate::NodeError> {
+    use redb::ReadableTable;
+    let dst = crate::redb_open::open_strict(to, crate::redb_open::Expect::FirstStart)
+        .map_err(|e| crate::NodeError::Io(e.to_string()))?;
+    let r = src.begin_read()?;
+    let w = dst.begin_write()?;
+    {
+        let (from, mut into) = (r.open_table(TOKENS)?, w.open_table(TOKENS)?);
+        for item in from.iter()? {
+            let (k, v) = item?;
+            into.insert(k.value(), v.value())?;
+        }
+        for t in [FRAUD, MAILBOX, RESERVE, CREDITS, WITHDRAWALS, ISSUANCE] {
+            let (from, mut into) = (r.open_table(t)?, w.open_table(t)?);
+            for item in from.iter()? {
+                let (k, v) = item?;
+                into.insert(k.value(), v.value())?;
+            }
+        }
+        let (from, mut into) = (r.open_table(META)?, w.open_table(META)?);
+        for item in from.iter()? {
+            let (k, v) = item?;
+            into.insert(k.value(), v.value())?;
+        }
+    }
+    w.commit()?;
+    Ok(())
+}

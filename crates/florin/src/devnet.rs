@@ -161,7 +161,8 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .save(&args.data)?;
         }
     }
-    let ledger = Ledger::start(Arc::new(store), issuer);
+    let store = Arc::new(store);
+    let ledger = Ledger::start(store.clone(), issuer);
     authority.ensure_issuance_baseline(ledger.supply()?.minted_cents)?;
     let state = AppState {
         authority: Some(authority.clone()),
@@ -175,6 +176,15 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        // `florin node backup` of this running devnet: a consistent copy over DIR/admin.sock.
+        let admin = {
+            let (dir, a, st) = (args.data.clone(), authority.clone(), store.clone());
+            tokio::spawn(async move {
+                if let Err(e) = crate::node_cmd::serve_admin(dir, a, st).await {
+                    eprintln!("note: no admin socket ({e:#}); `florin node backup` needs this devnet stopped");
+                }
+            })
+        };
         // Credits recorded before a crash but not confirmed: finish them now.
         for intent in authority.pending_credits()? {
             florin_node::settle_credit(&authority, &ledger, intent).await?;
@@ -191,6 +201,8 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;
+        admin.abort();
+        let _ = std::fs::remove_file(args.data.join(crate::node_cmd::ADMIN_SOCKET));
         eprintln!("florin devnet stopped");
         Ok(ExitCode::SUCCESS)
     })

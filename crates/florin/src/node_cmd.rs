@@ -49,6 +49,125 @@ pub enum NodeCommand {
     },
 }
 
+/// The Unix socket a running devnet answers `backup` on (mode 0600: its owner only).
+pub const ADMIN_SOCKET: &str = "admin.sock";
+
+/// Asks the devnet running on `dir` for a consistent copy of itself (an archive).
+fn backup_running(dir: &Path) -> Result<Vec<u8>> {
+    use std::io::BufRead;
+    let path = dir.join(ADMIN_SOCKET);
+    let mut s = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
+        format!(
+            "{} is in use, but its admin socket {} does not answer",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(600)))?;
+    s.write_all(b"backup\n")?;
+    let mut r = std::io::BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let line = line.trim_end();
+    if let Some(len) = line.strip_prefix("OK ") {
+        let len: usize = len.parse().context("the devnet's answer")?;
+        let mut bytes = vec![0u8; len];
+        r.read_exact(&mut bytes)?;
+        Ok(bytes)
+    } else {
+        bail!(
+            "the running devnet refused the backup: {}",
+            line.trim_start_matches("ERR ")
+        )
+    }
+}
+
+/// Serves `backup` on `DIR/admin.sock` for a running devnet: a consistent copy taken in the
+/// process, registry first (a read transaction copied table by table), then the ledger (under
+/// its lock), so the copy's ledger is never behind its registry.
+pub async fn serve_admin(
+    dir: PathBuf,
+    authority: std::sync::Arc<florin_node::Authority>,
+    store: std::sync::Arc<EmbeddedStore>,
+) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let path = dir.join(ADMIN_SOCKET);
+    // We hold the directory's lock: a socket file left there is a dead process's.
+    let _ = fs::remove_file(&path);
+    let listener = tokio::net::UnixListener::bind(&path)
+        .with_context(|| format!("cannot listen on {}", path.display()))?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (dir, authority, store) = (dir.clone(), authority.clone(), store.clone());
+        tokio::spawn(async move {
+            let (rd, mut wr) = stream.into_split();
+            let mut line = String::new();
+            let mut rd = tokio::io::BufReader::new(rd);
+            let read =
+                tokio::time::timeout(std::time::Duration::from_secs(5), rd.read_line(&mut line))
+                    .await;
+            if !matches!(read, Ok(Ok(_))) {
+                return;
+            }
+            let answer = if line.trim() == "backup" {
+                tokio::task::spawn_blocking(move || live_copy(&dir, &authority, &store))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))
+                    .and_then(|r| r)
+            } else {
+                Err(anyhow!(
+                    "unknown command {:?} (this socket answers: backup)",
+                    line.trim()
+                ))
+            };
+            let _ = match answer {
+                Ok(bytes) => {
+                    let head = format!("OK {}\n", bytes.len());
+                    match wr.write_all(head.as_bytes()).await {
+                        Ok(()) => wr.write_all(&bytes).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => {
+                    wr.write_all(
+                        format!("ERR {}\n", format!("{e:#}").replace('\n', " ")).as_bytes(),
+                    )
+                    .await
+                }
+            };
+        });
+    }
+}
+
+/// The running devnet's consistent copy, as an archive.
+fn live_copy(
+    dir: &Path,
+    authority: &florin_node::Authority,
+    store: &EmbeddedStore,
+) -> Result<Vec<u8>> {
+    let mut entries = Vec::new();
+    let tmp = tempfile::tempdir()?;
+    let reg = tmp.path().join("authority.redb");
+    authority.backup_registry(&reg)?;
+    entries.push(("authority.redb".to_string(), fs::read(&reg)?));
+    for (name, bytes) in store.backup_files()? {
+        entries.push((format!("ledger/{name}"), bytes));
+    }
+    // Every other file as it is: keys and the manifest never change while running, and
+    // custody nodes (their own processes) replace their files atomically.
+    for f in files_under(dir)? {
+        let name = f.to_string_lossy().into_owned();
+        if name == "authority.redb" || name.starts_with("ledger/") || name == ADMIN_SOCKET {
+            continue;
+        }
+        entries.push((name, fs::read(dir.join(&f))?));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    archive(&entries)
+}
+
 /// The lock a running devnet or authority sentinel holds on its data directory.
 pub const LOCK_FILE: &str = ".lock";
 
@@ -226,7 +345,34 @@ pub fn run(cmd: NodeCommand) -> Result<ExitCode> {
             })
         }
         NodeCommand::Backup { data, out } => {
-            let _lock = lock_dir(&data)?;
+            let _lock = match lock_dir(&data) {
+                Ok(l) => l,
+                Err(_) if data.join(ADMIN_SOCKET).exists() => {
+                    // A running devnet: it takes the consistent copy itself.
+                    let bytes = backup_running(&data)?;
+                    // Prove the archive restores and checks before calling it a backup.
+                    let trial = tempfile::tempdir()?;
+                    let n = restore_bytes(&bytes, &out, &trial.path().join("data"))?;
+                    if let Some(f) = check_dir(&trial.path().join("data"))?
+                        .iter()
+                        .find(|f| !f.ok)
+                    {
+                        bail!(
+                            "the running node's copy does not check: {}: {}",
+                            f.file,
+                            f.detail
+                        );
+                    }
+                    write_durably(&out, &bytes)?;
+                    println!(
+                        "backed up {n} files of the running node in {} to {}",
+                        data.display(),
+                        out.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) => return Err(e),
+            };
             let findings = check_dir(&data)?;
             if let Some(f) = findings.iter().find(|f| !f.ok) {
                 bail!(
@@ -303,48 +449,65 @@ fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Archive: magic, a JSON line listing (path, len, sha256) of each file, the files' bytes in
-/// that order, then the sha256 of everything before it. Written to a temporary file, synced
-/// and renamed into place.
-fn write_archive(dir: &Path, out: &Path) -> Result<usize> {
-    let files = files_under(dir)?;
-    let mut bodies = Vec::with_capacity(files.len());
-    let mut entries = Vec::with_capacity(files.len());
-    for f in &files {
-        let b = fs::read(dir.join(f)).with_context(|| format!("reading {}", f.display()))?;
-        entries.push(Entry {
-            path: f.to_string_lossy().into_owned(),
+/// that order, then the sha256 of everything before it.
+pub fn archive(entries: &[(String, Vec<u8>)]) -> Result<Vec<u8>> {
+    let list: Vec<Entry> = entries
+        .iter()
+        .map(|(p, b)| Entry {
+            path: p.clone(),
             len: b.len() as u64,
-            sha256: sha(&b),
-        });
-        bodies.push(b);
-    }
+            sha256: sha(b),
+        })
+        .collect();
     let mut all = ARCHIVE_MAGIC.to_vec();
-    all.extend_from_slice(&serde_json::to_vec(&entries)?);
+    all.extend_from_slice(&serde_json::to_vec(&list)?);
     all.push(b'\n');
-    for b in &bodies {
+    for (_, b) in entries {
         all.extend_from_slice(b);
     }
     let sum = florin_crypto::hash("florin/backup/archive", &[&all]);
     all.extend_from_slice(&sum);
+    Ok(all)
+}
+
+/// Writes `bytes` to `out` through a temporary file, synced and renamed into place.
+fn write_durably(out: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = out.with_extension("partial");
     let mut f = fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(&all)?;
+    f.write_all(bytes)?;
     f.sync_all()?;
     fs::rename(&tmp, out)?;
+    Ok(())
+}
+
+/// Archives a stopped node's directory file by file.
+fn write_archive(dir: &Path, out: &Path) -> Result<usize> {
+    let files = files_under(dir)?;
+    let mut entries = Vec::with_capacity(files.len());
+    for f in &files {
+        let b = fs::read(dir.join(f)).with_context(|| format!("reading {}", f.display()))?;
+        entries.push((f.to_string_lossy().into_owned(), b));
+    }
+    write_durably(out, &archive(&entries)?)?;
     Ok(files.len())
 }
 
 fn restore_archive(from: &Path, dir: &Path) -> Result<usize> {
+    let mut all = Vec::new();
+    fs::File::open(from)
+        .with_context(|| format!("opening {}", from.display()))?
+        .read_to_end(&mut all)?;
+    restore_bytes(&all, from, dir)
+}
+
+/// Restores archive bytes (`from` names them in errors) into the new directory `dir`.
+fn restore_bytes(all: &[u8], from: &Path, dir: &Path) -> Result<usize> {
     if dir.exists() && fs::read_dir(dir)?.next().is_some() {
         bail!(
             "{} is not empty: restore into a new directory (never over a node's state)",
             dir.display()
         );
     }
-    let mut all = Vec::new();
-    fs::File::open(from)
-        .with_context(|| format!("opening {}", from.display()))?
-        .read_to_end(&mut all)?;
     let bad = |offset: usize, what: &str| {
         anyhow!(
             "{}: damaged at byte {offset}: expected {what}",
