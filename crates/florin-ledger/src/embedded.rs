@@ -323,7 +323,7 @@ fn plan(dir: &Path) -> Result<Plan, StoreError> {
                 next_seq += 1;
             }
             Err(why) => {
-                if let Some(q) = find_valid_frame(&bytes, pos + 1, next_seq) {
+                if let Some(q) = find_valid_frame(&bytes, pos + 1, next_seq, !versioned) {
                     return Err(damaged(
                         &path,
                         pos as u64,
@@ -489,21 +489,45 @@ impl EmbeddedStore {
     /// (taken under the store's lock, between batches, so every record copied is durable).
     /// Written into an empty directory, the files open as this store did at that moment.
     pub fn backup_files(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let g = self.lock()?;
-        let dir = &self.cfg.dir;
-        let mut out = Vec::new();
-        let snap = snapshot_path(dir, g.gen);
-        if g.gen > 0 || snap.exists() {
-            out.push((name_of(&snap), fs::read(&snap).map_err(io_at(&snap))?));
-        }
-        let wal = wal_path(dir, g.gen);
-        let mut bytes = fs::read(&wal).map_err(io_at(&wal))?;
-        bytes.truncate(g.wal_bytes as usize);
-        out.push((name_of(&wal), bytes));
-        let mut mark = vec![0u8; MARK_SLOT];
-        mark.extend_from_slice(&mark_slot(1, g.next_seq));
-        out.push((MARK_FILE.to_string(), mark));
-        Ok(out)
+        // Under the lock only pin the files (hard links: a snapshot roll cannot delete them)
+        // and note the log's synced length; read them after, so swaps are not held up.
+        let pin = self
+            .cfg
+            .dir
+            .join(format!("backup-pin.{}", std::process::id()));
+        let _ = fs::remove_dir_all(&pin);
+        fs::create_dir(&pin).map_err(io_at(&pin))?;
+        let pinned = (|| {
+            let g = self.lock()?;
+            let dir = &self.cfg.dir;
+            let mut names = Vec::new();
+            let snap = snapshot_path(dir, g.gen);
+            if snap.exists() {
+                fs::hard_link(&snap, pin.join(name_of(&snap))).map_err(io_at(&snap))?;
+                names.push((name_of(&snap), None));
+            }
+            let wal = wal_path(dir, g.gen);
+            fs::hard_link(&wal, pin.join(name_of(&wal))).map_err(io_at(&wal))?;
+            names.push((name_of(&wal), Some(g.wal_bytes)));
+            Ok::<_, StoreError>((names, g.next_seq))
+        })();
+        let read = pinned.and_then(|(names, records)| {
+            let mut out = Vec::new();
+            for (name, len) in names {
+                let p = pin.join(&name);
+                let mut bytes = fs::read(&p).map_err(io_at(&p))?;
+                if let Some(len) = len {
+                    bytes.truncate(len as usize);
+                }
+                out.push((name, bytes));
+            }
+            let mut mark = vec![0u8; MARK_SLOT];
+            mark.extend_from_slice(&mark_slot(1, records));
+            out.push((MARK_FILE.to_string(), mark));
+            Ok(out)
+        });
+        let _ = fs::remove_dir_all(&pin);
+        read
     }
 
     /// Marks that failed to write since the store was opened.
@@ -521,15 +545,27 @@ impl EmbeddedStore {
         // The snapshot first, then its empty log: a crash between the two leaves the previous
         // log beside the new snapshot, which recovery recognises.
         fs::rename(&tmp, snapshot_path(dir, next)).map_err(io)?;
-        let wal = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .write(true)
-            .truncate(true)
-            .open(wal_path(dir, next))
-            .map_err(io)?;
-        wal.sync_all().map_err(io)?;
-        sync_dir(dir)?;
+        // From here the new snapshot is what recovery loads: if its log cannot be made, no
+        // further batch may go to the old log (recovery would not read it). Stop; reopening
+        // recovers from the new snapshot, which holds every batch so far.
+        let started = (|| {
+            let wal = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .write(true)
+                .truncate(true)
+                .open(wal_path(dir, next))?;
+            wal.sync_all()?;
+            File::open(dir)?.sync_all()?;
+            Ok(wal)
+        })();
+        let wal = match started {
+            Ok(w) => w,
+            Err(e) => {
+                g.poisoned = true;
+                return Err(io(e));
+            }
+        };
         let old = g.gen;
         g.wal = wal;
         g.wal_bytes = 0;
@@ -583,8 +619,9 @@ impl SwapStore for EmbeddedStore {
         }
         if g.wal_bytes >= self.cfg.snapshot_after_bytes {
             if let Err(e) = self.snapshot_locked(&mut g) {
-                // The batch is durable in the log; only the snapshot failed. Keep going with
-                // the old log, but report nothing lost.
+                // The batch is durable (in the old log, or in the new snapshot if the store
+                // stopped itself): acknowledge it. A snapshot that failed before its rename
+                // leaves the old log in use; one that failed after poisoned the store.
                 let _ = e;
             }
         }
@@ -634,10 +671,7 @@ fn read_mark(path: &Path) -> Result<Option<u64>, StoreError> {
     }
     let best = bytes
         .chunks_exact(MARK_SLOT)
-        .filter(|s| {
-            &s[..8] == MARK_MAGIC
-                && crc32fast::hash(&s[..MARK_SLOT - 4]).to_le_bytes() == s[MARK_SLOT - 4..]
-        })
+        .filter(|s| slot_valid(s))
         .map(|s| {
             let g = u64::from_le_bytes(s[8..16].try_into().unwrap_or_default());
             let a = u64::from_le_bytes(s[16..24].try_into().unwrap_or_default());
@@ -653,6 +687,13 @@ fn read_mark(path: &Path) -> Result<Option<u64>, StoreError> {
             "two damaged slots",
         )),
     }
+}
+
+/// Whether a mark slot has the magic and a matching checksum.
+fn slot_valid(s: &[u8]) -> bool {
+    s.len() == MARK_SLOT
+        && &s[..8] == MARK_MAGIC
+        && crc32fast::hash(&s[..MARK_SLOT - 4]).to_le_bytes() == s[MARK_SLOT - 4..]
 }
 
 fn create_mark(path: &Path, acked: u64) -> Result<(), StoreError> {
@@ -683,7 +724,7 @@ impl Marker {
         let mut buf = [0u8; 2 * MARK_SLOT];
         if file.read_exact_at(&mut buf, 0).is_ok() {
             for s in buf.chunks_exact(MARK_SLOT) {
-                if &s[..8] == MARK_MAGIC {
+                if slot_valid(s) {
                     generation =
                         generation.max(u64::from_le_bytes(s[8..16].try_into().unwrap_or_default()));
                 }
@@ -712,7 +753,7 @@ impl Marker {
                     };
                     let a = sh.acked.load(Ordering::Acquire);
                     if a > written {
-                        generation += 1;
+                        generation = generation.wrapping_add(1).max(1);
                         let slot = (generation % 2) * MARK_SLOT as u64;
                         let ok = file
                             .write_all_at(&mark_slot(generation, a), slot)
@@ -880,20 +921,38 @@ fn parse_frame(bytes: &[u8], pos: usize) -> Result<Frame, String> {
     })
 }
 
-/// The offset of the first valid record at or after `from` whose sequence number (if it has
-/// one) is at least `min_seq`: evidence that the damage before it is not a torn tail.
-fn find_valid_frame(bytes: &[u8], from: usize, min_seq: u64) -> Option<usize> {
+/// The offset of the first valid record at or after `from` that could follow record
+/// `min_seq − 1`: evidence that the damage before it is not a torn tail. A version-2 record
+/// must carry a sequence number between `min_seq` and the most records the rest of the file
+/// could hold; those cheap checks come before the checksum, so a long damaged log is scanned in
+/// linear time. Version-1 records (no sequence number) count only in a log without version-2
+/// records (`v1_possible`).
+fn find_valid_frame(bytes: &[u8], from: usize, min_seq: u64, v1_possible: bool) -> Option<usize> {
     let last = bytes.len().checked_sub(9)?;
+    // The smallest record: header (8), version (1), sequence (8), count (4).
+    let max_seq = min_seq.saturating_add((bytes.len() / 21) as u64);
     (from..=last).find(|&q| {
         let len = u32::from_le_bytes([bytes[q], bytes[q + 1], bytes[q + 2], bytes[q + 3]]) as usize;
-        // Cheap filters before the checksum: the length fits and the version byte is known.
-        if len < 5 || len > bytes.len() - q - 8 || !matches!(bytes[q + 8], WAL_V1 | WAL_V2) {
+        if len < 5 || len > bytes.len() - q - 8 {
             return false;
         }
-        match parse_frame(bytes, q) {
-            Ok(f) => f.seq.is_none_or(|s| s >= min_seq),
-            Err(_) => false,
+        match bytes[q + 8] {
+            WAL_V2 => {
+                let Some(seq) = bytes
+                    .get(q + 9..q + 17)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                else {
+                    return false;
+                };
+                if seq < min_seq || seq > max_seq {
+                    return false;
+                }
+            }
+            WAL_V1 if v1_possible => {}
+            _ => return false,
         }
+        parse_frame(bytes, q).is_ok()
     })
 }
 

@@ -25,7 +25,7 @@ use crate::authority::Authority;
 use crate::bridge::{Audit, CreditIntent};
 use crate::error::NodeError;
 use crate::ledger::{Ledger, TxStatus};
-use crate::store::{ISSUANCE, META, RESERVE};
+use crate::store::{CREDITS, ISSUANCE, META, RESERVE};
 
 /// One mint in the issuer's journal.
 struct Issued {
@@ -63,7 +63,7 @@ fn decode_entry(b: &[u8]) -> Result<(u64, u8), NodeError> {
 impl Authority {
     /// Journals a mint before it is submitted.
     pub fn record_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
-        let tx = self.db().begin_write()?;
+        let tx = self.begin_write()?;
         tx.open_table(ISSUANCE)?
             .insert(txid.as_slice(), entry(cents, RECORDED).as_slice())?;
         tx.commit()?;
@@ -72,7 +72,7 @@ impl Authority {
 
     /// Marks a journaled mint confirmed by the ledger.
     pub fn confirm_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
-        let tx = self.db().begin_write()?;
+        let tx = self.begin_write()?;
         tx.open_table(ISSUANCE)?
             .insert(txid.as_slice(), entry(cents, CONFIRMED).as_slice())?;
         tx.commit()?;
@@ -82,7 +82,7 @@ impl Authority {
     /// Fixes, once, the ledger mints made before this registry kept a journal (0 for a new
     /// directory). Call at start with the ledger's minted total.
     pub fn ensure_issuance_baseline(&self, ledger_minted_cents: u64) -> Result<(), NodeError> {
-        let tx = self.db().begin_write()?;
+        let tx = self.begin_write()?;
         {
             let mut meta = tx.open_table(META)?;
             if meta.get("issuance_baseline_set")?.is_some() {
@@ -134,7 +134,8 @@ impl Authority {
         Ok((baseline, out))
     }
 
-    /// Reserve outputs the authority relies on, and credits in flight.
+    /// Reserve outputs the authority relies on, and credits in flight, as one read
+    /// transaction sees them (a credit moves outputs from one to the other atomically).
     fn reserve_records(&self) -> Result<(Vec<Utxo>, Vec<CreditIntent>), NodeError> {
         let tx = self.db().begin_read()?;
         let mut reserve = Vec::new();
@@ -142,15 +143,42 @@ impl Authority {
             let (_, v) = item?;
             reserve.push(Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?);
         }
-        drop(tx);
-        Ok((reserve, self.pending_credits()?))
+        let mut credits = Vec::new();
+        for item in tx.open_table(CREDITS)?.iter()? {
+            let (_, v) = item?;
+            credits.push(
+                CreditIntent::decode_stored(v.value())
+                    .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?,
+            );
+        }
+        Ok((reserve, credits))
+    }
+
+    /// Whether a reserve output is (still) in the reserve table.
+    fn in_reserve(&self, id: &Digest) -> Result<bool, NodeError> {
+        let tx = self.db().begin_read()?;
+        let t = tx.open_table(RESERVE)?;
+        Ok(t.get(id.as_slice())?.is_some())
     }
 }
 
 impl Authority {
-    /// Writes a consistent copy of the registry to `to` (a new file) while it keeps serving.
-    pub fn backup_registry(&self, to: &std::path::Path) -> Result<(), NodeError> {
-        crate::store::copy_consistent(self.db(), to)
+    /// Writes a consistent copy of the registry to `to` (a new file) while it keeps serving,
+    /// then runs `then` (e.g. copying the ledger) before any registry write or mint can land:
+    /// a mint in flight is waited for, and a write transaction is held (and aborted) around
+    /// both, so the copied ledger is never behind the copied registry nor ahead of its journal.
+    /// Blocking: call from a blocking thread.
+    pub fn backup_registry_then<T>(
+        &self,
+        to: &std::path::Path,
+        then: impl FnOnce() -> Result<T, NodeError>,
+    ) -> Result<T, NodeError> {
+        let _no_mint = self.issuing.blocking_lock();
+        let hold = self.begin_write()?;
+        crate::store::copy_consistent(&hold, to)?;
+        let out = then();
+        hold.abort()?;
+        out
     }
 }
 
@@ -164,6 +192,9 @@ pub async fn issue(
 ) -> Result<(Digest, Vec<Utxo>), NodeError> {
     let (tx, utxos) = ledger.build_mint(owner, cents)?;
     let txid = tx.txid();
+    // One mint at a time between its journal record and its confirmation, and none while the
+    // audit or a live backup reads the journal and the ledger together.
+    let _minting = authority.issuing.lock().await;
     let a = authority.clone();
     tokio::task::spawn_blocking(move || a.record_mint(&txid, cents))
         .await
@@ -179,13 +210,15 @@ pub async fn issue(
 /// The whole audit: the books summed, then cross-checked against the issuer's journal and
 /// the reserve records. Blocking (reads both stores).
 pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeError> {
-    let supply = ledger.supply()?;
-    let (reserve_cents, outstanding) = authority.audit_parts()?;
-    let mut audit = crate::bridge::audit(supply, reserve_cents, outstanding);
     let mut problems = Vec::new();
     let confirmed = |txid: &Digest| -> Result<bool, NodeError> {
         Ok(ledger.status(txid)? == Some(TxStatus::Confirmed))
     };
+    // No mint between reading the ledger's books and the journal: the two agree exactly.
+    let minting = authority.issuing.blocking_lock();
+    let supply = ledger.supply()?;
+    let (reserve_cents, outstanding) = authority.audit_parts()?;
+    let mut audit = crate::bridge::audit(supply, reserve_cents, outstanding);
 
     // The issuer's journal.
     let (baseline, entries) = authority.issuance()?;
@@ -207,6 +240,7 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
             journaled += cents;
         }
     }
+    drop(minting);
     if let Some(base) = baseline {
         let expected = base + journaled;
         audit.issued_journal_cents = Some(expected);
@@ -218,11 +252,11 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
         }
     }
 
-    // The reserve: every output backing tokens must be unspent on the ledger; inputs of a
-    // credit in flight may already be spent, but then by that credit.
+    // The reserve: every output backing tokens must be unspent on the ledger. Read with the
+    // credits in flight in one transaction; an output a credit took meanwhile is re-checked.
     let (reserve, credits) = authority.reserve_records()?;
     for u in &reserve {
-        if !ledger.is_unspent(&u.id())? {
+        if !ledger.is_unspent(&u.id())? && authority.in_reserve(&u.id())? {
             problems.push(format!(
                 "reserve output {} of {} cents, which backs tokens in circulation, is not unspent on the ledger",
                 hex::encode(u.id()),
@@ -230,17 +264,16 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
             ));
         }
     }
+    // Inputs of a credit in flight: unspent, or spent by that credit (checked in that order:
+    // a credit confirmed in between is seen as confirmed).
     let mut checked = reserve.len() as u64;
     for c in &credits {
         let Transaction::Transfer(t) = &c.tx else {
             continue;
         };
-        if confirmed(&c.tx.txid())? {
-            continue;
-        }
         for u in &t.inputs {
             checked += 1;
-            if !ledger.is_unspent(&u.id())? {
+            if !ledger.is_unspent(&u.id())? && !confirmed(&c.tx.txid())? {
                 problems.push(format!(
                     "reserve output {} of {} cents, held for credit {}, is neither unspent nor spent by that credit",
                     hex::encode(u.id()),

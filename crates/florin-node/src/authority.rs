@@ -58,6 +58,9 @@ pub struct Authority {
     signer: Arc<dyn Signer>,
     key: PublicKey,
     config: AuthorityConfig,
+    /// Held by a mint from its journal record to its confirmation, and by the audit and the
+    /// live backup while they read the journal and the ledger (a consistent view of both).
+    pub(crate) issuing: tokio::sync::Mutex<()>,
 }
 
 fn now() -> u64 {
@@ -112,14 +115,9 @@ impl Authority {
             .map_err(|e| NodeError::Io(format!("data dir {}: {e}", config.data_dir.display())))?;
         // Strictly: damage is refused naming the file, and a registry is created only in a
         // directory that was never initialized (no manifest): never a fresh one over state.
-        let expect = if config
-            .data_dir
-            .join(crate::manifest::MANIFEST_FILE)
-            .exists()
-        {
-            crate::redb_open::Expect::Existing
-        } else {
-            crate::redb_open::Expect::FirstStart
+        let expect = match crate::manifest::Manifest::load(&config.data_dir)? {
+            Some(m) if !m.initializing => crate::redb_open::Expect::Existing,
+            _ => crate::redb_open::Expect::FirstStart,
         };
         let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
             .map_err(|e| NodeError::Corrupt(e.to_string()))?;
@@ -130,6 +128,7 @@ impl Authority {
             signer,
             key,
             config,
+            issuing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -184,7 +183,7 @@ impl Authority {
         denominations: &[Denomination],
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
-        let tx = self.db.begin_write()?;
+        let tx = self.begin_write()?;
         let tokens = self.mint_in(&tx, recipient, denominations, handshake)?;
         tx.commit()?;
         Ok(tokens)
@@ -231,6 +230,15 @@ impl Authority {
 
     pub(crate) fn db(&self) -> &redb::Database {
         &self.db
+    }
+
+    /// A write transaction with two-phase commit: redb then refuses (rather than rolls back)
+    /// a newest commit that fails its checksums after a crash, so an acknowledged commit is
+    /// never silently undone (see `redb_open`).
+    pub(crate) fn begin_write(&self) -> Result<redb::WriteTransaction, NodeError> {
+        let mut tx = self.db.begin_write()?;
+        tx.set_two_phase_commit(true);
+        Ok(tx)
     }
 
     pub(crate) fn signer(&self) -> &dyn Signer {
@@ -371,7 +379,7 @@ impl Authority {
 
         let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
         let detected_at = now();
-        let tx = self.db.begin_write()?;
+        let tx = self.begin_write()?;
         let mut reports = Vec::with_capacity(decoded.len());
         let mut credited = 0u64;
         let mut intent = None;
@@ -522,7 +530,7 @@ impl Authority {
     /// Takes a token out of circulation (lost or stolen, or by policy). Durable.
     pub fn blacklist(&self, serial_hex: &str) -> Result<(), NodeError> {
         let serial = parse_serial(serial_hex)?;
-        let tx = self.db.begin_write()?;
+        let tx = self.begin_write()?;
         {
             let mut table = tx.open_table(TOKENS)?;
             let bytes = table
@@ -546,7 +554,7 @@ impl Authority {
                 "a message is 1 to {MAX_MAILBOX_MESSAGE} bytes"
             )));
         }
-        let tx = self.db.begin_write()?;
+        let tx = self.begin_write()?;
         let seq;
         {
             let mut t = tx.open_table(MAILBOX)?;

@@ -41,6 +41,11 @@ impl CreditIntent {
         out
     }
 
+    /// Decodes an intent as the registry stores it.
+    pub(crate) fn decode_stored(b: &[u8]) -> Option<CreditIntent> {
+        Self::decode(b)
+    }
+
     fn decode(b: &[u8]) -> Option<CreditIntent> {
         let n = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
         let tx = Transaction::decode(b.get(4..4 + n)?).ok()?;
@@ -155,7 +160,7 @@ impl Authority {
     /// Marks a credit confirmed on the ledger: its change joins the reserve.
     pub fn finish_credit(&self, intent: &CreditIntent) -> Result<(), NodeError> {
         let txid = intent.tx.txid();
-        let tx = self.db().begin_write()?;
+        let tx = self.begin_write()?;
         {
             let mut credits = tx.open_table(CREDITS)?;
             if credits.remove(txid.as_slice())?.is_some() {
@@ -227,7 +232,7 @@ impl Authority {
             ));
         }
         let id = out.id();
-        let wtx = self.db().begin_write()?;
+        let wtx = self.begin_write()?;
         let tokens;
         {
             let mut w = wtx.open_table(WITHDRAWALS)?;

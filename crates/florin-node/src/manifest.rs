@@ -36,6 +36,11 @@ pub struct Manifest {
     pub keys: Vec<(String, String)>,
     /// Files (relative paths) that must exist and be non-empty.
     pub files: Vec<String>,
+    /// Written before the first start creates anything and cleared once it finished: a first
+    /// start that failed or was killed half-way is simply continued, never held to files it
+    /// had not created yet.
+    #[serde(default)]
+    pub initializing: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -63,6 +68,15 @@ impl Manifest {
                 .map_or(0, |d| d.as_secs()),
             keys,
             files,
+            initializing: false,
+        }
+    }
+
+    /// The manifest a first start writes before it creates anything.
+    pub fn provisional(kind: &str, files: Vec<String>) -> Self {
+        Manifest {
+            initializing: true,
+            ..Manifest::new(kind, Vec::new(), files)
         }
     }
 
@@ -165,6 +179,10 @@ pub enum DirState {
 /// from before manifests); anything in between is refused, naming what is missing.
 pub fn check_dir(dir: &Path, required: &[String]) -> Result<DirState, NodeError> {
     if let Some(m) = Manifest::load(dir)? {
+        if m.initializing {
+            // A first start that did not finish: continue it.
+            return Ok(DirState::Fresh);
+        }
         m.verify_files(dir)?;
         return Ok(DirState::Known(m));
     }
@@ -249,6 +267,22 @@ mod tests {
         assert!(m.verify_key("authority", "eur1x", d.path()).is_ok());
         let e = m.verify_key("authority", "eur1y", d.path()).unwrap_err();
         assert!(e.to_string().contains("replaced"), "{e}");
+    }
+
+    #[test]
+    fn an_unfinished_first_start_is_continued() {
+        let d = tempfile::tempdir().unwrap();
+        Manifest::provisional("test", files())
+            .save(d.path())
+            .unwrap();
+        std::fs::write(d.path().join("a.key"), b"k").unwrap();
+        assert!(matches!(check_dir(d.path(), &files()), Ok(DirState::Fresh)));
+        populate(d.path());
+        Manifest::new("test", vec![], files())
+            .save(d.path())
+            .unwrap();
+        std::fs::remove_file(d.path().join("db")).unwrap();
+        assert!(check_dir(d.path(), &files()).is_err());
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub(crate) fn serial_key(serial: &[u8; 8]) -> u64 {
 
 /// Creates the tables so readers never meet a missing one.
 pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
-    let tx = db.begin_write()?;
+    let mut tx = db.begin_write()?;
+    tx.set_two_phase_commit(true);
     {
         tx.open_table(TOKENS)?;
         tx.open_table(FRAUD)?;
@@ -50,31 +51,31 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
     Ok(())
 }
 
-/// Copies every table of `src`, as one read transaction sees it, into a new database at `to`
-/// (which must not exist): a consistent copy of a registry that keeps serving meanwhile.
+/// Copies every table as the write transaction `src` sees it (holding it keeps every other
+/// writer out) into a new database at `to`, which must not exist.
 pub(crate) fn copy_consistent(
-    src: &redb::Database,
+    src: &redb::WriteTransaction,
     to: &std::path::Path,
 ) -> Result<(), crate::NodeError> {
     use redb::ReadableTable;
     let dst = crate::redb_open::open_strict(to, crate::redb_open::Expect::FirstStart)
         .map_err(|e| crate::NodeError::Io(e.to_string()))?;
-    let r = src.begin_read()?;
-    let w = dst.begin_write()?;
+    let mut w = dst.begin_write()?;
+    w.set_two_phase_commit(true);
     {
-        let (from, mut into) = (r.open_table(TOKENS)?, w.open_table(TOKENS)?);
+        let (from, mut into) = (src.open_table(TOKENS)?, w.open_table(TOKENS)?);
         for item in from.iter()? {
             let (k, v) = item?;
             into.insert(k.value(), v.value())?;
         }
         for t in [FRAUD, MAILBOX, RESERVE, CREDITS, WITHDRAWALS, ISSUANCE] {
-            let (from, mut into) = (r.open_table(t)?, w.open_table(t)?);
+            let (from, mut into) = (src.open_table(t)?, w.open_table(t)?);
             for item in from.iter()? {
                 let (k, v) = item?;
                 into.insert(k.value(), v.value())?;
             }
         }
-        let (from, mut into) = (r.open_table(META)?, w.open_table(META)?);
+        let (from, mut into) = (src.open_table(META)?, w.open_table(META)?);
         for item in from.iter()? {
             let (k, v) = item?;
             into.insert(k.value(), v.value())?;

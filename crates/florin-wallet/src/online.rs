@@ -115,7 +115,15 @@ pub struct OnlinePurse {
     /// Withdrawals paid on the ledger, tokens not yet received.
     #[serde(default)]
     pub awaiting_tokens: Vec<AwaitingTokens>,
+    /// Outputs a node said were no longer unspent, kept (never deleted) and checked again by
+    /// every sync: if the node was wrong (another network, a ledger being restored, a hostile
+    /// answer) they come back. The most recent [`MAX_SPENT_ELSEWHERE`] are kept.
+    #[serde(default)]
+    pub spent_elsewhere: Vec<OwnedUtxo>,
 }
+
+/// How many outputs [`OnlinePurse::spent_elsewhere`] keeps.
+pub const MAX_SPENT_ELSEWHERE: usize = 4096;
 
 /// Encodes a handoff message: the preimages of outputs for the payee.
 pub fn encode_handoff(utxos: &[Utxo]) -> Vec<u8> {
@@ -395,19 +403,67 @@ impl Wallet {
             .collect()
     }
 
-    /// Forgets held outputs the ledger no longer holds unspent (spent by a copy of this
-    /// wallet, or by a restored backup's twin). Returns (how many, their value in cents).
+    /// Sets aside held outputs the ledger no longer holds unspent (spent by a copy of this
+    /// wallet, or by a restored backup's twin): they leave the balance and coin selection but
+    /// are kept in [`OnlinePurse::spent_elsewhere`]. Returns (how many, their value in cents).
     pub fn forget_spent(&mut self, spent: &[UhsId]) -> (usize, u64) {
         let mut n = 0;
         let mut cents = 0;
+        let mut moved = Vec::new();
         self.online.utxos.retain(|o| match decode_utxo(&o.utxo) {
             Some(u) if spent.contains(&u.id()) => {
                 n += 1;
                 cents += u.value;
+                moved.push(o.clone());
                 false
             }
             _ => true,
         });
+        for o in moved {
+            if !self.online.spent_elsewhere.iter().any(|x| x.utxo == o.utxo) {
+                self.online.spent_elsewhere.push(o);
+            }
+        }
+        let excess = self
+            .online
+            .spent_elsewhere
+            .len()
+            .saturating_sub(MAX_SPENT_ELSEWHERE);
+        self.online.spent_elsewhere.drain(..excess);
+        (n, cents)
+    }
+
+    /// Outputs set aside as spent elsewhere (to check again).
+    pub fn set_aside_utxos(&self) -> Vec<Utxo> {
+        self.online
+            .spent_elsewhere
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo))
+            .collect()
+    }
+
+    /// Brings back set-aside outputs the ledger holds unspent after all. Returns (how many,
+    /// their value in cents).
+    pub fn restore_unspent(&mut self, unspent: &[UhsId]) -> (usize, u64) {
+        let mut n = 0;
+        let mut cents = 0;
+        let mut back = Vec::new();
+        self.online
+            .spent_elsewhere
+            .retain(|o| match decode_utxo(&o.utxo) {
+                Some(u) if unspent.contains(&u.id()) => {
+                    n += 1;
+                    cents += u.value;
+                    back.push(o.clone());
+                    false
+                }
+                _ => true,
+            });
+        for o in back {
+            if !self.online.utxos.iter().any(|x| x.utxo == o.utxo) {
+                self.online.utxos.push(o);
+            }
+        }
         (n, cents)
     }
 

@@ -413,6 +413,12 @@ fn forget_spent_removes_coins_the_ledger_no_longer_holds() {
     assert_eq!(w.online_cents(), 700);
     assert_eq!(w.held_utxos(), vec![v]);
     assert_eq!(w.forget_spent(&[u.id()]), (0, 0));
+    // Set aside, not deleted: a node that was wrong (a ledger restored) gives it back.
+    assert_eq!(w.set_aside_utxos(), vec![u]);
+    assert_eq!(w.restore_unspent(&[v.id()]), (0, 0));
+    assert_eq!(w.restore_unspent(&[u.id()]), (1, 700));
+    assert_eq!(w.online_cents(), 1400);
+    assert!(w.set_aside_utxos().is_empty());
 }
 
 #[test]

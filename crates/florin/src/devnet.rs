@@ -102,13 +102,16 @@ pub(crate) fn required_files(custody: Custody) -> Vec<String> {
     ];
     match custody {
         Custody::Local => files.extend(["authority.key".into(), "issuer.key".into()]),
-        Custody::Threshold => files.push("custody".into()),
+        Custody::Threshold => files.push("custody/network.json".into()),
     }
     files
 }
 
 /// Runs the devnet until interrupted.
 pub fn run(args: DevnetArgs) -> Result<ExitCode> {
+    // Every argument checked before anything is written.
+    let max_faucet_cents =
+        florin_token::amount::parse_euros(&args.max_faucet).context("--max-faucet")?;
     // Before anything is created: a directory initialized before must still hold every file
     // its manifest names (never a fresh key, registry or ledger over existing state).
     let mut required = required_files(args.custody);
@@ -122,7 +125,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     };
     if let DirState::Known(m) = &dir_state {
         let custody_dir = args.data.join("custody");
-        if m.files.iter().any(|f| f == "custody") && args.custody == Custody::Local {
+        if m.files.iter().any(|f| f.starts_with("custody")) && args.custody == Custody::Local {
             bail!(
                 "this devnet's keys are in the key-management network {}: run it with --custody threshold",
                 custody_dir.display()
@@ -133,6 +136,11 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot create data directory {}", args.data.display()))?;
     // One process per directory (and `florin node backup` waits for none).
     let _lock = crate::node_cmd::lock_dir(&args.data)?;
+    if matches!(dir_state, DirState::Fresh) {
+        // Before the first file is created: a first start killed half-way is continued by
+        // the next start instead of being refused for the files it had not made yet.
+        Manifest::provisional("devnet", required_files(args.custody)).save(&args.data)?;
+    }
     let (signer, issuer) = signers(&args)?;
     if let DirState::Known(m) = &dir_state {
         m.verify_key("authority", &signer.public_key().to_address(), &args.data)?;
@@ -143,7 +151,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     let store = EmbeddedStore::open(EmbeddedConfig::new(args.data.join("ledger")))
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     let mut config = AuthorityConfig::devnet(&args.data);
-    config.max_faucet_cents = florin_token::amount::parse_euros(&args.max_faucet)?;
+    config.max_faucet_cents = max_faucet_cents;
     let authority = Arc::new(Authority::open(config, signer)?);
     match &dir_state {
         DirState::Known(m) if m.files == required_files(args.custody) => {}
@@ -176,7 +184,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
-        // `florin node backup` of this running devnet: a consistent copy over DIR/admin.sock.
+        // `florin node backup` of this running devnet: a consistent copy over DIR/admin/sock.
         let admin = {
             let (dir, a, st) = (args.data.clone(), authority.clone(), store.clone());
             tokio::spawn(async move {
@@ -202,7 +210,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;
         admin.abort();
-        let _ = std::fs::remove_file(args.data.join(crate::node_cmd::ADMIN_SOCKET));
+        let _ = std::fs::remove_dir_all(args.data.join(crate::node_cmd::ADMIN_DIR));
         eprintln!("florin devnet stopped");
         Ok(ExitCode::SUCCESS)
     })

@@ -49,13 +49,14 @@ pub enum NodeCommand {
     },
 }
 
-/// The Unix socket a running devnet answers `backup` on (mode 0600: its owner only).
-pub const ADMIN_SOCKET: &str = "admin.sock";
+/// The directory (mode 0700: its owner only) holding the Unix socket `sock` a running devnet
+/// answers `backup` on.
+pub const ADMIN_DIR: &str = "admin";
 
 /// Asks the devnet running on `dir` for a consistent copy of itself (an archive).
 fn backup_running(dir: &Path) -> Result<Vec<u8>> {
     use std::io::BufRead;
-    let path = dir.join(ADMIN_SOCKET);
+    let path = dir.join(ADMIN_DIR).join("sock");
     let mut s = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
         format!(
             "{} is in use, but its admin socket {} does not answer",
@@ -82,7 +83,7 @@ fn backup_running(dir: &Path) -> Result<Vec<u8>> {
     }
 }
 
-/// Serves `backup` on `DIR/admin.sock` for a running devnet: a consistent copy taken in the
+/// Serves `backup` on `DIR/admin/sock` for a running devnet: a consistent copy taken in the
 /// process, registry first (a read transaction copied table by table), then the ledger (under
 /// its lock), so the copy's ledger is never behind its registry.
 pub async fn serve_admin(
@@ -90,11 +91,18 @@ pub async fn serve_admin(
     authority: std::sync::Arc<florin_node::Authority>,
     store: std::sync::Arc<EmbeddedStore>,
 ) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let path = dir.join(ADMIN_SOCKET);
-    // We hold the directory's lock: a socket file left there is a dead process's.
-    let _ = fs::remove_file(&path);
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    // The socket lives in a directory only the owner can enter, made so before the socket
+    // exists (a socket's own mode is set only after bind, too late).
+    let sock_dir = dir.join(ADMIN_DIR);
+    let _ = fs::remove_dir_all(&sock_dir);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&sock_dir)
+        .with_context(|| format!("creating {}", sock_dir.display()))?;
+    fs::set_permissions(&sock_dir, fs::Permissions::from_mode(0o700))?;
+    let path = sock_dir.join("sock");
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
@@ -104,7 +112,8 @@ pub async fn serve_admin(
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
             let mut line = String::new();
-            let mut rd = tokio::io::BufReader::new(rd);
+            // One short command line: at most 64 bytes are read.
+            let mut rd = tokio::io::BufReader::new(rd.take(64));
             let read =
                 tokio::time::timeout(std::time::Duration::from_secs(5), rd.read_line(&mut line))
                     .await;
@@ -150,16 +159,22 @@ fn live_copy(
     let mut entries = Vec::new();
     let tmp = tempfile::tempdir()?;
     let reg = tmp.path().join("authority.redb");
-    authority.backup_registry(&reg)?;
+    // The ledger is copied while the registry copy's write transaction still keeps every
+    // registry writer (and every mint) out: the two are of one moment.
+    let ledger = authority.backup_registry_then(&reg, || {
+        store
+            .backup_files()
+            .map_err(|e| florin_node::NodeError::Storage(e.to_string()))
+    })?;
     entries.push(("authority.redb".to_string(), fs::read(&reg)?));
-    for (name, bytes) in store.backup_files()? {
+    for (name, bytes) in ledger {
         entries.push((format!("ledger/{name}"), bytes));
     }
     // Every other file as it is: keys and the manifest never change while running, and
     // custody nodes (their own processes) replace their files atomically.
     for f in files_under(dir)? {
         let name = f.to_string_lossy().into_owned();
-        if name == "authority.redb" || name.starts_with("ledger/") || name == ADMIN_SOCKET {
+        if name == "authority.redb" || name.starts_with("ledger/") || name.starts_with("admin/") {
             continue;
         }
         entries.push((name, fs::read(dir.join(&f))?));
@@ -170,6 +185,14 @@ fn live_copy(
 
 /// The lock a running devnet or authority sentinel holds on its data directory.
 pub const LOCK_FILE: &str = ".lock";
+
+/// Whether a process holds the directory's lock (without creating the lock file).
+fn in_use(dir: &Path) -> bool {
+    match fs::OpenOptions::new().write(true).open(dir.join(LOCK_FILE)) {
+        Ok(f) => matches!(f.try_lock(), Err(fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
 
 /// Takes the data directory's lock for the life of the returned file: one process at a time.
 pub fn lock_dir(dir: &Path) -> Result<fs::File> {
@@ -286,10 +309,17 @@ fn check_dir(dir: &Path) -> Result<Vec<Finding>> {
                 .map_err(Into::into),
         );
     }
-    // The authority's registry.
+    // The authority's registry: a copy taken while a devnet writes it could be mid-commit.
     let redb = dir.join("authority.redb");
     if redb.exists() {
-        add("authority.redb", check_redb(&redb));
+        add(
+            "authority.redb",
+            if in_use(dir) {
+                Ok("not checked: a running devnet holds it (`florin node backup` checks a consistent copy of a running node)".into())
+            } else {
+                check_redb(&redb)
+            },
+        );
     }
     Ok(out)
 }
@@ -347,7 +377,7 @@ pub fn run(cmd: NodeCommand) -> Result<ExitCode> {
         NodeCommand::Backup { data, out } => {
             let _lock = match lock_dir(&data) {
                 Ok(l) => l,
-                Err(_) if data.join(ADMIN_SOCKET).exists() => {
+                Err(_) if data.join(ADMIN_DIR).join("sock").exists() => {
                     // A running devnet: it takes the consistent copy itself.
                     let bytes = backup_running(&data)?;
                     // Prove the archive restores and checks before calling it a backup.
@@ -528,17 +558,53 @@ fn restore_bytes(all: &[u8], from: &Path, dir: &Path) -> Result<usize> {
         .ok_or_else(|| bad(start, "the file list"))?;
     let entries: Vec<Entry> = serde_json::from_slice(&body[start..start + nl])
         .map_err(|_| bad(start, "the file list"))?;
-    let mut pos = start + nl + 1;
-    let staging = dir.with_extension("restoring");
+    let mut staging_name = dir.as_os_str().to_owned();
+    staging_name.push(".restoring");
+    let staging = PathBuf::from(staging_name);
     if staging.exists() {
-        fs::remove_dir_all(&staging)?;
+        bail!(
+            "{} exists (an earlier restore that did not finish?): remove it first",
+            staging.display()
+        );
     }
-    for e in &entries {
+    let written = stage(
+        &body[start + nl + 1..],
+        &entries,
+        &staging,
+        from,
+        start + nl + 1,
+    );
+    if let Err(e) = written {
+        let _ = fs::remove_dir_all(&staging);
+        return Err(e);
+    }
+    if dir.exists() {
+        fs::remove_dir(dir)?;
+    }
+    fs::rename(&staging, dir)?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(entries.len())
+}
+
+/// Writes the archive's files (their bytes `files`, starting at byte `base` of the archive)
+/// into `staging`, each checked against its hash first.
+fn stage(files: &[u8], entries: &[Entry], staging: &Path, from: &Path, base: usize) -> Result<()> {
+    let bad = |offset: usize, what: &str| {
+        anyhow!(
+            "{}: damaged at byte {offset}: expected {what}",
+            from.display()
+        )
+    };
+    fs::create_dir_all(staging)?;
+    let mut pos = 0usize;
+    for e in entries {
         let rel = Path::new(&e.path);
         if rel.is_absolute()
             || rel
                 .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
             bail!(
                 "{}: file name {:?} leaves the directory",
@@ -548,11 +614,14 @@ fn restore_bytes(all: &[u8], from: &Path, dir: &Path) -> Result<usize> {
         }
         let end = pos
             .checked_add(e.len as usize)
-            .filter(|&end| end <= body.len())
-            .ok_or_else(|| bad(pos, "the bytes the file list announces"))?;
-        let b = &body[pos..end];
+            .filter(|&end| end <= files.len())
+            .ok_or_else(|| bad(base + pos, "the bytes the file list announces"))?;
+        let b = &files[pos..end];
         if sha(b) != e.sha256 {
-            return Err(bad(pos, &format!("{} with sha256 {}", e.path, e.sha256)));
+            return Err(bad(
+                base + pos,
+                &format!("{} with sha256 {}", e.path, e.sha256),
+            ));
         }
         let p = staging.join(rel);
         if let Some(parent) = p.parent() {
@@ -563,15 +632,8 @@ fn restore_bytes(all: &[u8], from: &Path, dir: &Path) -> Result<usize> {
         f.sync_all()?;
         pos = end;
     }
-    if pos != body.len() {
-        return Err(bad(pos, "the end of the files"));
+    if pos != files.len() {
+        return Err(bad(base + pos, "the end of the files"));
     }
-    if dir.exists() {
-        fs::remove_dir(dir)?;
-    }
-    fs::rename(&staging, dir)?;
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::File::open(parent)?.sync_all()?;
-    }
-    Ok(entries.len())
+    Ok(())
 }

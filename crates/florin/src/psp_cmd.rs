@@ -304,10 +304,35 @@ fn serve(
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create data directory {}", data.display()))?;
     let stored_path = data.join("psp.json");
+    // Books already here: their configuration and key-management network must be too (a
+    // fresh provider name, scheme or set of keys over existing books is never made).
+    let has_books = data.join("psp.redb").exists() || data.join("psp.redb.created").exists();
     let stored: Option<Stored> = match std::fs::read(&stored_path) {
-        Ok(b) => Some(serde_json::from_slice(&b).context("psp.json")?),
-        Err(_) => None,
+        Ok(b) => Some(serde_json::from_slice(&b).with_context(|| {
+            format!(
+                "{} is damaged: expected the provider's JSON",
+                stored_path.display()
+            )
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if has_books {
+                bail!(
+                    "{} is missing, but {} holds a provider's books: refusing to start with a new configuration (restore it from a backup)",
+                    stored_path.display(),
+                    data.display()
+                );
+            }
+            None
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", stored_path.display())),
     };
+    if has_books && !data.join("custody").exists() {
+        bail!(
+            "{} is missing, but {} holds a provider's books: refusing to create a new key-management network (new keys) over them",
+            data.join("custody").display(),
+            data.display()
+        );
+    }
     let stored = match stored {
         Some(s) => {
             if name.as_ref().is_some_and(|n| *n != s.name) {

@@ -617,6 +617,21 @@ async fn reconcile(w: &mut Wallet, client: &NodeClient) -> Result<(usize, u64)> 
             spent.push(u.id());
         }
     }
+    // Set aside, never deleted: outputs a node called spent that it holds unspent again
+    // (a ledger restored, a wrong node) come back.
+    let mut back = Vec::new();
+    for u in w.set_aside_utxos() {
+        if client.unspent(&u.id()).await? {
+            back.push(u.id());
+        }
+    }
+    let (n, cents) = w.restore_unspent(&back);
+    if n > 0 {
+        eprintln!(
+            "{n} output(s) of €{} set aside earlier as spent are unspent on the ledger again: back in the wallet",
+            florin_token::amount::format_cents(cents)
+        );
+    }
     Ok(w.forget_spent(&spent))
 }
 

@@ -275,6 +275,37 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
         &d.url,
         &["wallet", "--wallet", "a.json", "faucet", "1"],
     ));
+    // Copies taken while mints land: each restores to books that balance.
+    let url = d.url.clone();
+    let h = home.to_path_buf();
+    let minting = std::thread::spawn(move || {
+        for _ in 0..12 {
+            ok(florin(
+                &h,
+                &url,
+                &["wallet", "--wallet", "a.json", "faucet", "0.01"],
+            ));
+        }
+    });
+    for i in 0..3 {
+        let name = format!("busy{i}.bin");
+        ok(florin(
+            home,
+            "",
+            &["node", "backup", "--data", "data", "--out", &name],
+        ));
+        let dir = format!("busy{i}");
+        ok(florin(
+            home,
+            "",
+            &["node", "restore", "--from", &name, "--data", &dir],
+        ));
+        let b = Devnet::start(&home.join(&dir));
+        let audit: Value =
+            serde_json::from_str(&ok(florin(home, &b.url, &["audit", "--json"]))).unwrap();
+        assert_eq!(audit["balanced"], true, "copy {i}: {audit}");
+    }
+    minting.join().unwrap();
     drop(d);
     ok(florin(
         home,
@@ -289,6 +320,7 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
         audit["minted_cents"], 5500,
         "the copy is of the moment it was taken"
     );
+    assert_eq!(audit["issued_journal_cents"], 5500);
     drop(d);
     std::fs::remove_dir_all(&data).unwrap();
     copy_tree(&good, &data);
@@ -327,4 +359,36 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("damaged at byte"));
     assert!(!home.join("r2").exists());
+}
+
+#[test]
+fn a_provider_with_books_never_gets_a_new_configuration_or_network() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("psp");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("psp.redb.created"), b"").unwrap();
+    let serve = |d: &Path| {
+        Command::new(BIN)
+            .args(["psp", "serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(d)
+            .output()
+            .unwrap()
+    };
+    // psp.json missing beside the books: refused, nothing written.
+    let o = serve(&data);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("psp.json is missing"), "{err}");
+    assert!(!data.join("psp.json").exists() && !data.join("custody").exists());
+    // The configuration there, its key-management network gone: refused too.
+    std::fs::write(
+        data.join("psp.json"),
+        br#"{"name":"bank","scheme":"ed25519"}"#,
+    )
+    .unwrap();
+    let o = serve(&data);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("custody is missing"), "{err}");
+    assert!(!data.join("custody").exists());
 }
