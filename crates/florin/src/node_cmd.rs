@@ -309,6 +309,19 @@ fn check_dir(dir: &Path) -> Result<Vec<Finding>> {
                 .map_err(Into::into),
         );
     }
+    // A threshold devnet's key-management network: its nodes check their own files (every
+    // share and record sealed and checksummed) when they start; here, that it is there.
+    let custody = dir.join("custody");
+    if custody.exists() {
+        add(
+            "custody/",
+            if custody.join("network.json").is_file() {
+                Ok("a key-management network; its nodes verify their shares when they start (`florin custody status --data DIR/custody`)".into())
+            } else {
+                Err(anyhow!("{} has no network.json", custody.display()))
+            },
+        );
+    }
     // The authority's registry: a copy taken while a devnet writes it could be mid-commit.
     let redb = dir.join("authority.redb");
     if redb.exists() {
