@@ -148,6 +148,28 @@ pub fn decode_handoff(b: &[u8]) -> Option<Vec<Utxo>> {
     body.chunks(73).map(|c| Utxo::decode(c).ok()).collect()
 }
 
+/// Moves the outputs with the given ids from `from` to `to` (once each). Returns (how many,
+/// their value in cents).
+fn move_utxos(from: &mut Vec<OwnedUtxo>, to: &mut Vec<OwnedUtxo>, ids: &[UhsId]) -> (usize, u64) {
+    let (mut n, mut cents) = (0, 0);
+    let mut moved = Vec::new();
+    from.retain(|o| match decode_utxo(&o.utxo) {
+        Some(u) if ids.contains(&u.id()) => {
+            n += 1;
+            cents += u.value;
+            moved.push(o.clone());
+            false
+        }
+        _ => true,
+    });
+    for o in moved {
+        if !to.iter().any(|x| x.utxo == o.utxo) {
+            to.push(o);
+        }
+    }
+    (n, cents)
+}
+
 fn decode_utxo(h: &str) -> Option<Utxo> {
     hex::decode(h).ok().and_then(|b| Utxo::decode(&b).ok())
 }
@@ -407,30 +429,18 @@ impl Wallet {
     /// wallet, or by a restored backup's twin): they leave the balance and coin selection but
     /// are kept in [`OnlinePurse::spent_elsewhere`]. Returns (how many, their value in cents).
     pub fn forget_spent(&mut self, spent: &[UhsId]) -> (usize, u64) {
-        let mut n = 0;
-        let mut cents = 0;
-        let mut moved = Vec::new();
-        self.online.utxos.retain(|o| match decode_utxo(&o.utxo) {
-            Some(u) if spent.contains(&u.id()) => {
-                n += 1;
-                cents += u.value;
-                moved.push(o.clone());
-                false
-            }
-            _ => true,
-        });
-        for o in moved {
-            if !self.online.spent_elsewhere.iter().any(|x| x.utxo == o.utxo) {
-                self.online.spent_elsewhere.push(o);
-            }
-        }
+        let moved = move_utxos(
+            &mut self.online.utxos,
+            &mut self.online.spent_elsewhere,
+            spent,
+        );
         let excess = self
             .online
             .spent_elsewhere
             .len()
             .saturating_sub(MAX_SPENT_ELSEWHERE);
         self.online.spent_elsewhere.drain(..excess);
-        (n, cents)
+        moved
     }
 
     /// Outputs set aside as spent elsewhere (to check again).
@@ -445,26 +455,11 @@ impl Wallet {
     /// Brings back set-aside outputs the ledger holds unspent after all. Returns (how many,
     /// their value in cents).
     pub fn restore_unspent(&mut self, unspent: &[UhsId]) -> (usize, u64) {
-        let mut n = 0;
-        let mut cents = 0;
-        let mut back = Vec::new();
-        self.online
-            .spent_elsewhere
-            .retain(|o| match decode_utxo(&o.utxo) {
-                Some(u) if unspent.contains(&u.id()) => {
-                    n += 1;
-                    cents += u.value;
-                    back.push(o.clone());
-                    false
-                }
-                _ => true,
-            });
-        for o in back {
-            if !self.online.utxos.iter().any(|x| x.utxo == o.utxo) {
-                self.online.utxos.push(o);
-            }
-        }
-        (n, cents)
+        move_utxos(
+            &mut self.online.spent_elsewhere,
+            &mut self.online.utxos,
+            unspent,
+        )
     }
 
     /// Receives a withdrawal's tokens: verified like any tokens from the authority, then the
