@@ -412,7 +412,15 @@ async fn wiped_replica_rejoins_by_snapshot() {
             let fresh = cluster.open(wiped).await;
             wait_applied(&fresh, 100).await;
             assert_eq!(fresh.with_machine(|c| c.cmds.clone()), cmds(0..100));
-            assert!(fresh.status().snapshot > Some(50));
+            // openraft's metrics follow the installed machine a moment later (bounded wait,
+            // as in `snapshots_compact_and_install`: a clean-clone run read them before the
+            // install showed).
+            let start = Instant::now();
+            while fresh.status().snapshot <= Some(50) {
+                let s = fresh.status();
+                assert!(start.elapsed() < Duration::from_secs(10), "{s:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             let leader = cluster.leader().await;
             write_all(&leader, 100..105).await;
             wait_applied(&fresh, 105).await;
