@@ -257,6 +257,14 @@ impl Wallet {
             sum += u.value;
             chosen.push((u, o));
         }
+        if chosen.len() > florin_ledger::tx::MAX_IO {
+            // The ledger does not even decode a transaction with more inputs: never build one
+            // (the wallet would retry it for ever). Consolidate first.
+            return Err(WalletError::TooManyInputs {
+                needed: chosen.len(),
+                max: florin_ledger::tx::MAX_IO,
+            });
+        }
         let mut outputs = vec![Output {
             value: amount_cents,
             encumbrance: Encumbrance::ed25519(&payee),
@@ -311,6 +319,66 @@ impl Wallet {
             withdraw_auth,
         });
         Ok(tx)
+    }
+
+    /// Builds and signs a consolidation: the smallest held coins, as many as one transaction
+    /// takes ([`florin_ledger::tx::MAX_IO`]), into one output to a fresh derived key of this
+    /// wallet, recorded as pending like a payment. For a payment that needs more coins than
+    /// one transaction takes. Returns `None` when there is nothing to consolidate (one coin).
+    pub fn build_consolidation(&mut self) -> Result<Option<Transaction>, WalletError> {
+        if self.online.pending.is_some() {
+            return Err(WalletError::Busy);
+        }
+        let mut owned: Vec<(Utxo, OwnedUtxo)> = self
+            .online
+            .utxos
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (u, o.clone())))
+            .collect();
+        if owned.len() < 2 {
+            return Ok(None);
+        }
+        owned.sort_by_key(|b| b.0.value);
+        owned.truncate(florin_ledger::tx::MAX_IO);
+        let sum: u64 = owned.iter().map(|(u, _)| u.value).sum();
+        let idx = self.online.next_key;
+        self.online.next_key += 1;
+        let k = self.ledger_signer(Some(idx)).public_key();
+        let mut t = Transfer {
+            inputs: owned.iter().map(|(u, _)| *u).collect(),
+            outputs: vec![Output {
+                value: sum,
+                encumbrance: Encumbrance::ed25519(&k),
+            }],
+            witnesses: vec![],
+        };
+        let txid = t.txid();
+        let mut witnesses = Vec::with_capacity(owned.len());
+        for (_, o) in &owned {
+            let s = self.ledger_signer(o.key);
+            let sig: Signature = s
+                .sign(&txid)
+                .map_err(|e| WalletError::Signing(e.to_string()))?;
+            witnesses.push(Witness::ed25519(s.public_key(), sig));
+        }
+        t.witnesses = witnesses;
+        let created = t.output_utxos();
+        let spent: Vec<String> = owned.iter().map(|(_, o)| o.utxo.clone()).collect();
+        self.online.utxos.retain(|o| !spent.contains(&o.utxo));
+        let tx = Transaction::Transfer(t);
+        self.online.pending = Some(PendingTx {
+            tx: hex::encode(tx.encode()),
+            inputs: owned.into_iter().map(|(_, o)| o).collect(),
+            change: Some(OwnedUtxo {
+                utxo: hex::encode(created[0].encode()),
+                key: Some(idx),
+            }),
+            handoff: None,
+            purpose: "consolidate".into(),
+            handshake: None,
+            withdraw_auth: None,
+        });
+        Ok(Some(tx))
     }
 
     /// The transaction in flight, if any.

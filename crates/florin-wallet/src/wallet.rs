@@ -91,6 +91,14 @@ pub enum WalletError {
         /// Value of the tokens within it.
         eligible: u64,
     },
+    /// The payment needs more coins than one ledger transaction takes.
+    #[error("this payment needs {needed} coins, more than the {max} one ledger transaction takes: consolidate first (`florin wallet pay` does it by itself)")]
+    TooManyInputs {
+        /// Coins the payment needs.
+        needed: usize,
+        /// Most inputs of one transaction.
+        max: usize,
+    },
     /// A ledger transaction is already in flight.
     #[error("a ledger transaction is still in flight: run `florin wallet sync` to settle it")]
     Busy,

@@ -490,3 +490,57 @@ fn wallet_file_checksum_detects_damage_and_old_files_still_load() {
         .collect();
     assert_eq!(names, vec!["w.json".to_string()]);
 }
+
+/// A wallet holding more coins than one ledger transaction takes never builds a transaction
+/// the ledger cannot decode: the payment asks for a consolidation first, after which the whole
+/// balance pays.
+#[test]
+fn more_coins_than_one_transaction_takes_are_consolidated_first() {
+    use florin_ledger::tx::MAX_IO;
+    let mut rng = StdRng::seed_from_u64(44);
+    let mut w = Wallet::generate(&mut rng, Some(authority().public_key()));
+    let coins: Vec<florin_ledger::Utxo> = (0..MAX_IO as u32 + 76)
+        .map(|i| {
+            let mut serial = [7u8; 32];
+            serial[..4].copy_from_slice(&i.to_le_bytes());
+            florin_ledger::Utxo {
+                value: 1,
+                encumbrance: florin_ledger::Encumbrance::ed25519(&w.public_key()),
+                serial,
+            }
+        })
+        .collect();
+    let total = coins.len() as u64;
+    assert_eq!(w.receive_utxos(&coins), total);
+    let payee = SecretKey::generate(&mut rng).public_key();
+    let e = w.build_payment(payee, total, "pay").unwrap_err();
+    assert!(
+        matches!(e, WalletError::TooManyInputs { needed, max } if needed == coins.len() && max == MAX_IO),
+        "{e}"
+    );
+    assert!(w.pending_tx().is_none(), "nothing built");
+    assert_eq!(w.online_cents(), total);
+    // One consolidation of the most one transaction takes; it decodes on the ledger's side.
+    let tx = w.build_consolidation().unwrap().unwrap();
+    let florin_ledger::Transaction::Transfer(t) = &tx else {
+        panic!("a transfer")
+    };
+    assert_eq!((t.inputs.len(), t.outputs.len()), (MAX_IO, 1));
+    assert_eq!(t.outputs[0].value, MAX_IO as u64);
+    assert!(florin_ledger::Transaction::decode(&tx.encode()).is_ok());
+    assert_eq!(w.online_cents(), total, "in flight, still the wallet's");
+    w.settle_pending(true);
+    assert_eq!(w.held_utxos().len(), 77);
+    // Now the whole balance pays in one transaction.
+    let tx = w.build_payment(payee, total, "pay").unwrap();
+    let florin_ledger::Transaction::Transfer(t) = &tx else {
+        panic!("a transfer")
+    };
+    assert_eq!(t.inputs.len(), 77);
+    assert!(florin_ledger::Transaction::decode(&tx.encode()).is_ok());
+    w.settle_pending(true);
+    assert_eq!(w.online_cents(), 0);
+    // A single coin has nothing to consolidate.
+    let (mut one, _) = with_ledger_funds(&mut rng, 5);
+    assert!(one.build_consolidation().unwrap().is_none());
+}

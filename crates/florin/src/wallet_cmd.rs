@@ -219,7 +219,7 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let client = NodeClient::new(&args.node)?;
             let rt = runtime()?;
             let earlier = rt.block_on(finish_in_flight(&mut w, &store, &client))?;
-            let tx = w.build_payment(payee, cents, "pay")?;
+            let tx = rt.block_on(build_paying(&mut w, &store, &client, payee, cents, "pay"))?;
             // Saved before it leaves: a crash resumes it (submission is idempotent).
             store.save(&w)?;
             let s = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
@@ -315,7 +315,9 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let rt = runtime()?;
             let earlier = rt.block_on(finish_in_flight(&mut w, &store, &client))?;
             earlier.tell(json);
-            let tx = w.build_payment(reserve, cents, "withdraw")?;
+            let tx = rt.block_on(build_paying(
+                &mut w, &store, &client, reserve, cents, "withdraw",
+            ))?;
             store.save(&w)?;
             let s = rt.block_on(settle(&mut w, &store, &client, hex::encode(tx.encode())))?;
             if s.status != "confirmed" {
@@ -575,6 +577,38 @@ impl Settled {
 /// Submits `tx_hex` (idempotent) and settles the wallet's transaction in flight by the answer.
 /// When the ledger says its inputs are not unspent, each input is checked and those the ledger
 /// no longer holds are removed, so the next payment does not choose them again.
+/// Builds a payment; one that needs more coins than a ledger transaction takes is preceded by
+/// consolidations (the smallest coins into one), each confirmed before the next step.
+async fn build_paying(
+    w: &mut Wallet,
+    store: &FileStore,
+    client: &NodeClient,
+    payee: PublicKey,
+    cents: u64,
+    purpose: &str,
+) -> Result<florin_ledger::Transaction> {
+    loop {
+        match w.build_payment(payee, cents, purpose) {
+            Err(florin_wallet::WalletError::TooManyInputs { needed, max }) => {
+                let Some(tx) = w.build_consolidation()? else {
+                    bail!("the payment needs {needed} coins, more than {max}, and there is nothing to consolidate");
+                };
+                // Saved before it leaves, like a payment: a crash resumes it.
+                store.save(w)?;
+                let s = settle(w, store, client, hex::encode(tx.encode())).await?;
+                if s.status != "confirmed" {
+                    bail!("{}", s.refusal("consolidation", w));
+                }
+                eprintln!(
+                    "the payment needs {needed} coins and one transaction takes {max}: consolidated the smallest into one (txid {})",
+                    hex::encode(tx.txid())
+                );
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
 async fn settle(
     w: &mut Wallet,
     store: &FileStore,

@@ -392,3 +392,66 @@ fn a_provider_with_books_never_gets_a_new_configuration_or_network() {
     assert!(err.contains("custody is missing"), "{err}");
     assert!(!data.join("custody").exists());
 }
+
+/// A wallet holding more coins than one ledger transaction takes (1,024 inputs) pays its whole
+/// balance: it consolidates first instead of building a transaction the ledger cannot decode
+/// (which it would have retried for ever).
+#[test]
+fn a_wallet_with_more_coins_than_one_transaction_takes_pays_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let d = Devnet::start(&home.join("data"));
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "a.json", "new"],
+    ));
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "b.json", "new"],
+    ));
+    // €3.88 is minted as 8 outputs (one per denomination): 130 × 8 = 1,040 coins.
+    for _ in 0..130 {
+        ok(florin(
+            home,
+            &d.url,
+            &["wallet", "--wallet", "a.json", "faucet", "3.88"],
+        ));
+    }
+    let b = ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "b.json", "address"],
+    ));
+    let o = florin(
+        home,
+        &d.url,
+        &[
+            "wallet",
+            "--wallet",
+            "a.json",
+            "--json",
+            "pay",
+            b.trim(),
+            "504.40",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let paid: Value = serde_json::from_str(&ok(o)).unwrap();
+    assert_eq!(paid["status"], "confirmed", "{paid}");
+    assert_eq!(paid["online_cents"], 0);
+    assert!(err.contains("consolidated"), "{err}");
+    ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "b.json", "sync"],
+    ));
+    let bal: Value = serde_json::from_str(&ok(florin(
+        home,
+        &d.url,
+        &["wallet", "--wallet", "b.json", "--json", "balance"],
+    )))
+    .unwrap();
+    assert_eq!(bal["online_cents"], 50440, "{bal}");
+}
