@@ -298,6 +298,7 @@ fn committer(
         };
         let mut outcomes = outcomes.into_iter();
         let mut decided = Vec::with_capacity(n);
+        let mut answers = Vec::with_capacity(n);
         for (jobs, verdicts) in batch {
             for (job, verdict) in jobs.into_iter().zip(verdicts) {
                 let (txid, status) = match verdict {
@@ -318,17 +319,20 @@ fn committer(
                 if status != TxStatus::Confirmed {
                     decided.push((txid, status.clone()));
                 }
-                let _ = job.reply.send((txid, status));
+                answers.push((job.reply, txid, status));
             }
         }
-        if decided.is_empty() {
-            continue;
-        }
-        if let Ok(mut r) = recent.lock() {
-            if r.len() > RECENT_LIMIT {
-                r.clear();
+        // Recorded before anyone is answered: a status asked right after an answer finds it.
+        if !decided.is_empty() {
+            if let Ok(mut r) = recent.lock() {
+                if r.len() > RECENT_LIMIT {
+                    r.clear();
+                }
+                r.extend(decided);
             }
-            r.extend(decided);
+        }
+        for (reply, txid, status) in answers {
+            let _ = reply.send((txid, status));
         }
     }
 }
