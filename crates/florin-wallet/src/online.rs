@@ -182,6 +182,30 @@ impl Wallet {
         }
     }
 
+    /// A transfer spending `inputs` into `outputs`, every input signed by its own key.
+    fn signed_transfer(
+        &self,
+        inputs: &[(Utxo, OwnedUtxo)],
+        outputs: Vec<Output>,
+    ) -> Result<Transfer, WalletError> {
+        let mut t = Transfer {
+            inputs: inputs.iter().map(|(u, _)| *u).collect(),
+            outputs,
+            witnesses: vec![],
+        };
+        let txid = t.txid();
+        let mut witnesses = Vec::with_capacity(inputs.len());
+        for (_, o) in inputs {
+            let s = self.ledger_signer(o.key);
+            let sig: Signature = s
+                .sign(&txid)
+                .map_err(|e| WalletError::Signing(e.to_string()))?;
+            witnesses.push(Witness::ed25519(s.public_key(), sig));
+        }
+        t.witnesses = witnesses;
+        Ok(t)
+    }
+
     /// Money on the ledger, in cents (including change of a transaction in flight).
     pub fn online_cents(&self) -> u64 {
         let held: u64 = self
@@ -280,21 +304,8 @@ impl Wallet {
             });
             change_key = Some(idx);
         }
-        let mut t = Transfer {
-            inputs: chosen.iter().map(|(u, _)| *u).collect(),
-            outputs,
-            witnesses: vec![],
-        };
+        let t = self.signed_transfer(&chosen, outputs)?;
         let txid = t.txid();
-        let mut witnesses = Vec::with_capacity(chosen.len());
-        for (_, o) in &chosen {
-            let s = self.ledger_signer(o.key);
-            let sig: Signature = s
-                .sign(&txid)
-                .map_err(|e| WalletError::Signing(e.to_string()))?;
-            witnesses.push(Witness::ed25519(s.public_key(), sig));
-        }
-        t.witnesses = witnesses;
         let created = t.output_utxos();
         let change = change_key.map(|k| OwnedUtxo {
             utxo: hex::encode(created[1].encode()),
@@ -344,24 +355,13 @@ impl Wallet {
         let idx = self.online.next_key;
         self.online.next_key += 1;
         let k = self.ledger_signer(Some(idx)).public_key();
-        let mut t = Transfer {
-            inputs: owned.iter().map(|(u, _)| *u).collect(),
-            outputs: vec![Output {
+        let t = self.signed_transfer(
+            &owned,
+            vec![Output {
                 value: sum,
                 encumbrance: Encumbrance::ed25519(&k),
             }],
-            witnesses: vec![],
-        };
-        let txid = t.txid();
-        let mut witnesses = Vec::with_capacity(owned.len());
-        for (_, o) in &owned {
-            let s = self.ledger_signer(o.key);
-            let sig: Signature = s
-                .sign(&txid)
-                .map_err(|e| WalletError::Signing(e.to_string()))?;
-            witnesses.push(Witness::ed25519(s.public_key(), sig));
-        }
-        t.witnesses = witnesses;
+        )?;
         let created = t.output_utxos();
         let spent: Vec<String> = owned.iter().map(|(_, o)| o.utxo.clone()).collect();
         self.online.utxos.retain(|o| !spent.contains(&o.utxo));
