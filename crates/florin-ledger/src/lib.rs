@@ -6,6 +6,7 @@
 //! one lives here, durable ones beside it.
 
 pub mod bin_serde;
+pub mod build;
 mod codec;
 pub mod compact;
 pub mod embedded;
@@ -15,6 +16,7 @@ pub mod store;
 pub mod tx;
 pub mod validate;
 
+pub use build::{BuildError, Draft};
 pub use codec::DecodeError;
 pub use compact::{CompactTx, TxKind};
 pub use store::{StoreError, Supply, SwapOutcome, SwapStore};

@@ -268,19 +268,31 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
     // a credit confirmed in between is seen as confirmed).
     let mut checked = reserve.len() as u64;
     for c in &credits {
-        let Transaction::Transfer(t) = &c.tx else {
-            continue;
-        };
-        for u in &t.inputs {
-            checked += 1;
-            if !ledger.is_unspent(&u.id())? && !confirmed(&c.tx.txid())? {
-                problems.push(format!(
-                    "reserve output {} of {} cents, held for credit {}, is neither unspent nor spent by that credit",
-                    hex::encode(u.id()),
-                    u.value,
-                    hex::encode(c.tx.txid())
-                ));
+        // A credit's joins create outputs its later transactions spend: such an input exists
+        // only once its join is confirmed.
+        let mut created: Vec<(Digest, Digest)> = Vec::new();
+        for tx in c.transactions() {
+            let Transaction::Transfer(t) = tx else {
+                continue;
+            };
+            let txid = tx.txid();
+            for u in &t.inputs {
+                if let Some((_, by)) = created.iter().find(|(id, _)| *id == u.id()) {
+                    if !confirmed(by)? {
+                        continue;
+                    }
+                }
+                checked += 1;
+                if !ledger.is_unspent(&u.id())? && !confirmed(&txid)? {
+                    problems.push(format!(
+                        "reserve output {} of {} cents, held for credit {}, is neither unspent nor spent by that credit",
+                        hex::encode(u.id()),
+                        u.value,
+                        hex::encode(c.tx.txid())
+                    ));
+                }
             }
+            created.extend(t.output_utxos().iter().map(|o| (o.id(), txid)));
         }
     }
     audit.reserve_outputs_checked = checked;

@@ -8,7 +8,7 @@
 //! `minted − redeemed = (ledger supply − reserve) + tokens outstanding`.
 
 use florin_crypto::{Digest, PublicKey, Signature};
-use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
+use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::{Denomination, Token};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
@@ -21,7 +21,11 @@ use crate::store::{CREDITS, RESERVE, TOKENS, WITHDRAWALS};
 /// A ledger payment from the reserve to a depositor, recorded durably before it is submitted.
 #[derive(Debug, Clone)]
 pub struct CreditIntent {
-    /// The transaction.
+    /// Transfers that first join reserve outputs into fewer (reserve to reserve), for a credit
+    /// that needs more of them than one transaction takes; submitted in order before `tx`.
+    /// Usually empty.
+    pub before: Vec<Transaction>,
+    /// The transaction paying the depositor.
     pub tx: Transaction,
     /// The depositor's new output.
     pub credit: Utxo,
@@ -29,10 +33,28 @@ pub struct CreditIntent {
     pub change: Option<Utxo>,
 }
 
+/// Marks the stored form of an intent with joins: a length no transaction has.
+const WITH_JOINS: u32 = u32::MAX;
+
 impl CreditIntent {
+    /// Every transaction of the credit, in submission order.
+    pub fn transactions(&self) -> impl Iterator<Item = &Transaction> {
+        self.before.iter().chain(std::iter::once(&self.tx))
+    }
+
     fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if !self.before.is_empty() {
+            out.extend_from_slice(&WITH_JOINS.to_le_bytes());
+            out.extend_from_slice(&(self.before.len() as u32).to_le_bytes());
+            for t in &self.before {
+                let b = t.encode();
+                out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                out.extend_from_slice(&b);
+            }
+        }
         let tx = self.tx.encode();
-        let mut out = (tx.len() as u32).to_le_bytes().to_vec();
+        out.extend_from_slice(&(tx.len() as u32).to_le_bytes());
         out.extend_from_slice(&tx);
         out.extend_from_slice(&self.credit.encode());
         if let Some(c) = &self.change {
@@ -46,8 +68,26 @@ impl CreditIntent {
         Self::decode(b)
     }
 
-    fn decode(b: &[u8]) -> Option<CreditIntent> {
-        let n = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    fn decode(mut b: &[u8]) -> Option<CreditIntent> {
+        fn u32_at(b: &[u8]) -> Option<u32> {
+            Some(u32::from_le_bytes(b.get(..4)?.try_into().ok()?))
+        }
+        let mut before = Vec::new();
+        if u32_at(b)? == WITH_JOINS {
+            let count = u32_at(b.get(4..)?)? as usize;
+            b = &b[8..];
+            // Each join spends at least one input: a count past what the rest could hold is
+            // damage, not an allocation to make.
+            if count > b.len() / 4 {
+                return None;
+            }
+            for _ in 0..count {
+                let n = u32_at(b)? as usize;
+                before.push(Transaction::decode(b.get(4..4 + n)?).ok()?);
+                b = &b[4 + n..];
+            }
+        }
+        let n = u32_at(b)? as usize;
         let tx = Transaction::decode(b.get(4..4 + n)?).ok()?;
         let rest = b.get(4 + n..)?;
         let credit = Utxo::decode(rest.get(..73)?).ok()?;
@@ -56,7 +96,12 @@ impl CreditIntent {
             146 => Some(Utxo::decode(&rest[73..]).ok()?),
             _ => return None,
         };
-        Some(CreditIntent { tx, credit, change })
+        Some(CreditIntent {
+            before,
+            tx,
+            credit,
+            change,
+        })
     }
 }
 
@@ -102,7 +147,9 @@ impl Authority {
         cents: u64,
     ) -> Result<CreditIntent, NodeError> {
         let mut reserve = tx.open_table(RESERVE)?;
-        let mut chosen: Vec<Utxo> = Vec::new();
+        // Reserve outputs in key order until they cover the credit; the builder then spends
+        // the largest of them first, joining them first when more than one transaction takes.
+        let mut offered: Vec<Utxo> = Vec::new();
         let mut sum = 0u64;
         for item in reserve.iter()? {
             if sum >= cents {
@@ -110,8 +157,8 @@ impl Authority {
             }
             let (_, v) = item?;
             let u = Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
-            sum += u.value;
-            chosen.push(u);
+            sum = sum.saturating_add(u.value);
+            offered.push(u);
         }
         if sum < cents {
             return Err(NodeError::Storage(format!(
@@ -119,41 +166,40 @@ impl Authority {
             )));
         }
         let me = Encumbrance::ed25519(&self.public_key());
-        let mut outputs = vec![Output {
+        let pay = Output {
             value: cents,
             encumbrance: Encumbrance::ed25519(depositor),
-        }];
-        if sum > cents {
-            outputs.push(Output {
-                value: sum - cents,
-                encumbrance: me,
-            });
+        };
+        let drafts = florin_ledger::build::payment_chain(&offered, pay, me)
+            .map_err(|e| NodeError::Storage(format!("crediting {cents} cents: {e}")))?;
+        let mut spent: Vec<&Utxo> = Vec::new();
+        let mut txs = Vec::with_capacity(drafts.len());
+        let mut last = None;
+        for d in drafts {
+            spent.extend(d.chosen.iter().filter_map(|&i| offered.get(i)));
+            let change = d.change;
+            let signer = self.signer();
+            let signers = vec![signer; d.transfer.inputs.len()];
+            let t = d
+                .sign(&signers)
+                .map_err(|e| NodeError::Signer(e.to_string()))?;
+            last = Some((t.output_utxos(), change));
+            txs.push(Transaction::Transfer(t));
         }
-        let mut t = Transfer {
-            inputs: chosen.clone(),
-            outputs,
-            witnesses: vec![],
+        let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
+            return Err(NodeError::Storage("crediting built no transaction".into()));
         };
-        let txid = t.txid();
-        let sig: Signature = self
-            .signer()
-            .sign(&txid)
-            .map_err(|e| NodeError::Signer(e.to_string()))?;
-        t.witnesses = chosen
-            .iter()
-            .map(|_| Witness::ed25519(self.public_key(), sig))
-            .collect();
-        let created = t.output_utxos();
         let intent = CreditIntent {
-            tx: Transaction::Transfer(t),
+            before: txs,
             credit: created[0],
-            change: created.get(1).copied(),
+            change: change.map(|i| created[i]),
+            tx: tx_pay,
         };
-        for u in &chosen {
+        for u in spent {
             reserve.remove(u.id().as_slice())?;
         }
         tx.open_table(CREDITS)?
-            .insert(txid.as_slice(), intent.encode().as_slice())?;
+            .insert(intent.tx.txid().as_slice(), intent.encode().as_slice())?;
         Ok(intent)
     }
 
@@ -399,4 +445,74 @@ fn decode_tokens(mut b: &[u8]) -> Result<Vec<Token>, NodeError> {
 /// The txid of an intent.
 pub fn intent_txid(i: &CreditIntent) -> Digest {
     i.tx.txid()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use florin_crypto::{LocalSigner, SecretKey, Signer};
+    use florin_ledger::build;
+
+    fn coins(owner: &PublicKey, n: usize) -> Vec<Utxo> {
+        (0..n)
+            .map(|i| Utxo {
+                value: 1,
+                encumbrance: Encumbrance::ed25519(owner),
+                serial: florin_crypto::hash("test/reserve", &[&(i as u64).to_le_bytes()]),
+            })
+            .collect()
+    }
+
+    fn intent(n: usize) -> CreditIntent {
+        let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
+        let depositor = LocalSigner::new(SecretKey::from_seed(&[2; 32])).public_key();
+        let me = Encumbrance::ed25519(&reserve.public_key());
+        let pay = Output {
+            value: n as u64 - 1,
+            encumbrance: Encumbrance::ed25519(&depositor),
+        };
+        let drafts =
+            build::payment_chain(&coins(&reserve.public_key(), n), pay, me).expect("chain");
+        let mut txs: Vec<Transaction> = drafts
+            .into_iter()
+            .map(|d| {
+                let k = d.transfer.inputs.len();
+                Transaction::Transfer(d.sign(&vec![&reserve as &dyn Signer; k]).expect("sign"))
+            })
+            .collect();
+        let tx = txs.pop().expect("payment");
+        let Transaction::Transfer(t) = &tx else {
+            unreachable!()
+        };
+        let created = t.output_utxos();
+        CreditIntent {
+            before: txs,
+            credit: created[0],
+            change: created.get(1).copied(),
+            tx,
+        }
+    }
+
+    #[test]
+    fn intents_round_trip_with_and_without_joins() {
+        for n in [3, florin_ledger::tx::MAX_IO + 5] {
+            let i = intent(n);
+            assert_eq!(i.before.len(), usize::from(n > 3) * 2);
+            let b = i.encode();
+            let d = CreditIntent::decode(&b).expect("decodes");
+            assert_eq!(d.transactions().count(), i.transactions().count());
+            assert_eq!(d.encode(), b);
+            // Cut anywhere, or a trailing byte: refused, not misread.
+            for cut in [1, 5, 9, b.len() / 2, b.len() - 1] {
+                assert!(CreditIntent::decode(&b[..cut]).is_none(), "cut at {cut}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(CreditIntent::decode(&long).is_none());
+        }
+        // A join count no record could hold is refused before anything is allocated.
+        let mut huge = WITH_JOINS.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(CreditIntent::decode(&huge).is_none());
+    }
 }

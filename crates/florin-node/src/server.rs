@@ -134,6 +134,19 @@ pub async fn settle_credit(
     ledger: &Arc<Ledger>,
     intent: CreditIntent,
 ) -> Result<CreditInfo, NodeError> {
+    // Joins of reserve outputs first, each confirmed before the next (a later one spends what
+    // an earlier one created). Resubmitting a confirmed one is answered confirmed.
+    for join in &intent.before {
+        let (txid, status) = ledger.submit(join.clone()).await?;
+        if status != TxStatus::Confirmed {
+            let answer = tx_answer(&txid, &status);
+            return Ok(CreditInfo {
+                txid: hex::encode(intent.tx.txid()),
+                status: answer.status,
+                output: hex::encode(intent.credit.encode()),
+            });
+        }
+    }
     let (txid, status) = ledger.submit(intent.tx.clone()).await?;
     let answer = tx_answer(&txid, &status);
     if status == TxStatus::Confirmed {

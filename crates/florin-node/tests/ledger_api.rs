@@ -592,3 +592,103 @@ fn invalid_addresses_are_refused_at_the_api() {
     );
     node.stop();
 }
+
+/// A deposit of more tokens than one ledger transaction takes inputs, each backed by its own
+/// small reserve output: the reserve joins its outputs (1,024 at a time) and then pays the
+/// depositor; the credit is confirmed, its output is the depositor's and the books balance.
+#[test]
+fn a_credit_needing_more_reserve_outputs_than_a_transaction_takes() {
+    use florin_token::Token;
+    let node = TestNode::start();
+    let addr = node.addr;
+    let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
+    let owner = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
+    let n = florin_ledger::tx::MAX_IO + 76;
+    // n withdrawals of one cent each: n reserve outputs, n one-cent tokens to the owner.
+    let mut coin = faucet(addr, &owner, n as u64 + 10);
+    let mut tokens: Vec<Token> = Vec::with_capacity(n);
+    for i in 0..n {
+        let tx = pay(std::mem::take(&mut coin), &owner, &reserve, 1);
+        let body = format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()));
+        let (code, st) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+        assert_eq!(
+            (code, st["status"].as_str()),
+            (200, Some("confirmed")),
+            "{st}"
+        );
+        let Transaction::Transfer(t) = &tx else {
+            unreachable!()
+        };
+        coin = vec![t.output_utxos()[1]];
+        let hs = [(i % 251) as u8; 32];
+        let auth = ed_auth(&owner, &tx, &owner.public_key(), hs);
+        let (code, w) = http(
+            addr,
+            "POST",
+            "/v1/withdraw",
+            Some(&withdraw_body(&tx, &owner.public_key(), hs, auth)),
+        );
+        assert_eq!(code, 200, "{w}");
+        for h in w["tokens"].as_array().unwrap() {
+            tokens.push(Token::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap());
+        }
+    }
+    assert_eq!(tokens.len(), n);
+    // Every token paid offline to bob, who deposits them all, credited, in one deposit.
+    let bob = LocalSigner::new(SecretKey::from_seed(&[2; 32]));
+    let signed: Vec<String> = tokens
+        .iter()
+        .map(|t| {
+            let t = t.transfer(&owner, bob.public_key(), [41; 32]).unwrap();
+            hex::encode(
+                t.transfer(&bob, reserve.public_key(), [42; 32])
+                    .unwrap()
+                    .encode(),
+            )
+        })
+        .collect();
+    let body = serde_json::json!({
+        "depositor": bob.public_key().to_address(),
+        "tokens": signed,
+        "credit": true,
+    })
+    .to_string();
+    let (code, d) = http(addr, "POST", "/v1/deposit", Some(&body));
+    assert_eq!(code, 200, "{}", d["error"]);
+    let credited = d["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["outcome"] == "credited")
+        .count();
+    assert_eq!(credited, n, "{}", d["results"][0]);
+    assert_eq!(d["credit"]["status"], "confirmed", "{}", d["credit"]);
+    let out = Utxo::decode(&hex::decode(d["credit"]["output"].as_str().unwrap()).unwrap()).unwrap();
+    assert_eq!(out.value, n as u64);
+    assert_eq!(out.encumbrance, Encumbrance::ed25519(&bob.public_key()));
+    let id = hex::encode(out.id());
+    assert_eq!(
+        http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"],
+        true
+    );
+    // The whole reserve went to the credit; the books balance with nothing outstanding.
+    let (_, a) = http(addr, "GET", "/v1/audit", None);
+    assert_eq!(a["balanced"], true, "{a}");
+    assert_eq!(
+        (
+            a["reserve_cents"].as_u64(),
+            a["tokens_outstanding_cents"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{a}"
+    );
+    // The same deposit again credits nothing twice.
+    let (code, again) = http(addr, "POST", "/v1/deposit", Some(&body));
+    assert_eq!(code, 200, "{}", again["error"]);
+    assert!(again["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["outcome"] == "already_credited"));
+    node.stop();
+}

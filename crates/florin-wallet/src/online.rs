@@ -2,8 +2,8 @@
 //! wallet's secret (a fresh key per change output), payments with change, and the handoff of
 //! output preimages to payees (Hamilton 3.7).
 
-use florin_crypto::{Digest, LocalSigner, PublicKey, Signature, Signer};
-use florin_ledger::{Encumbrance, Output, Transaction, Transfer, UhsId, Utxo, Witness};
+use florin_crypto::{Digest, LocalSigner, PublicKey, Signer};
+use florin_ledger::{BuildError, Draft, Encumbrance, Output, Transaction, Transfer, UhsId, Utxo};
 use serde::{Deserialize, Serialize};
 
 use crate::wallet::{Wallet, WalletError};
@@ -170,6 +170,16 @@ fn move_utxos(from: &mut Vec<OwnedUtxo>, to: &mut Vec<OwnedUtxo>, ids: &[UhsId])
     (n, cents)
 }
 
+/// The builder's refusals in the wallet's terms.
+fn build_error(e: BuildError) -> WalletError {
+    match e {
+        BuildError::Insufficient { have, need } => WalletError::InsufficientFunds { have, need },
+        BuildError::TooManyInputs { needed, max } => WalletError::TooManyInputs { needed, max },
+        BuildError::Signing(m) => WalletError::Signing(m),
+        other => WalletError::Build(other),
+    }
+}
+
 fn decode_utxo(h: &str) -> Option<Utxo> {
     hex::decode(h).ok().and_then(|b| Utxo::decode(&b).ok())
 }
@@ -182,28 +192,21 @@ impl Wallet {
         }
     }
 
-    /// A transfer spending `inputs` into `outputs`, every input signed by its own key.
-    fn signed_transfer(
-        &self,
-        inputs: &[(Utxo, OwnedUtxo)],
-        outputs: Vec<Output>,
-    ) -> Result<Transfer, WalletError> {
-        let mut t = Transfer {
-            inputs: inputs.iter().map(|(u, _)| *u).collect(),
-            outputs,
-            witnesses: vec![],
-        };
-        let txid = t.txid();
-        let mut witnesses = Vec::with_capacity(inputs.len());
-        for (_, o) in inputs {
-            let s = self.ledger_signer(o.key);
-            let sig: Signature = s
-                .sign(&txid)
-                .map_err(|e| WalletError::Signing(e.to_string()))?;
-            witnesses.push(Witness::ed25519(s.public_key(), sig));
-        }
-        t.witnesses = witnesses;
-        Ok(t)
+    /// Signs `draft`, each input with its own key (`owners[i]` is the wallet's record of
+    /// input `i`), through the one transaction builder ([`florin_ledger::build`]).
+    fn sign_draft(&self, draft: Draft, owners: &[&OwnedUtxo]) -> Result<Transfer, WalletError> {
+        let signers: Vec<LocalSigner> = owners.iter().map(|o| self.ledger_signer(o.key)).collect();
+        let refs: Vec<&dyn Signer> = signers.iter().map(|s| s as &dyn Signer).collect();
+        draft.sign(&refs).map_err(build_error)
+    }
+
+    /// The coins the wallet holds, with its record of each (undecodable records are skipped).
+    fn owned_coins(&self) -> (Vec<Utxo>, Vec<OwnedUtxo>) {
+        self.online
+            .utxos
+            .iter()
+            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (u, o.clone())))
+            .unzip()
     }
 
     /// Money on the ledger, in cents (including change of a transaction in flight).
@@ -258,71 +261,43 @@ impl Wallet {
         if amount_cents == 0 {
             return Err(WalletError::InsufficientFunds { have: 0, need: 0 });
         }
-        let mut owned: Vec<(Utxo, OwnedUtxo)> = self
-            .online
-            .utxos
-            .iter()
-            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (u, o.clone())))
-            .collect();
-        owned.sort_by_key(|b| std::cmp::Reverse(b.0.value));
-        let have: u64 = owned.iter().map(|(u, _)| u.value).sum();
-        if have < amount_cents {
-            return Err(WalletError::InsufficientFunds {
-                have,
-                need: amount_cents,
-            });
-        }
-        let mut chosen = Vec::new();
-        let mut sum = 0u64;
-        for (u, o) in owned {
-            if sum >= amount_cents {
-                break;
-            }
-            sum += u.value;
-            chosen.push((u, o));
-        }
-        if chosen.len() > florin_ledger::tx::MAX_IO {
-            // The ledger does not even decode a transaction with more inputs: never build one
-            // (the wallet would retry it for ever). Consolidate first.
-            return Err(WalletError::TooManyInputs {
-                needed: chosen.len(),
-                max: florin_ledger::tx::MAX_IO,
-            });
-        }
-        let mut outputs = vec![Output {
+        let (coins, owners) = self.owned_coins();
+        // The change goes to a fresh derived key; the index is used up only if there is change.
+        let idx = self.online.next_key;
+        let change_key = self.ledger_signer(Some(idx)).public_key();
+        let pay = Output {
             value: amount_cents,
             encumbrance: Encumbrance::ed25519(&payee),
-        }];
-        let mut change_key = None;
-        if sum > amount_cents {
-            let idx = self.online.next_key;
+        };
+        let draft =
+            florin_ledger::build::payment(&coins, vec![pay], Encumbrance::ed25519(&change_key))
+                .map_err(build_error)?;
+        let chosen: Vec<OwnedUtxo> = draft.chosen.iter().map(|&i| owners[i].clone()).collect();
+        let has_change = draft.change.is_some();
+        let t = self.sign_draft(draft, &chosen.iter().collect::<Vec<_>>())?;
+        if has_change {
             self.online.next_key += 1;
-            let k = self.ledger_signer(Some(idx)).public_key();
-            outputs.push(Output {
-                value: sum - amount_cents,
-                encumbrance: Encumbrance::ed25519(&k),
-            });
-            change_key = Some(idx);
         }
-        let t = self.signed_transfer(&chosen, outputs)?;
         let txid = t.txid();
         let created = t.output_utxos();
-        let change = change_key.map(|k| OwnedUtxo {
+        let change = has_change.then(|| OwnedUtxo {
             utxo: hex::encode(created[1].encode()),
-            key: Some(k),
+            key: Some(idx),
         });
-        let spent: Vec<String> = chosen.iter().map(|(_, o)| o.utxo.clone()).collect();
-        self.online.utxos.retain(|o| !spent.contains(&o.utxo));
+        let spent: Vec<&str> = chosen.iter().map(|o| o.utxo.as_str()).collect();
+        self.online
+            .utxos
+            .retain(|o| !spent.contains(&o.utxo.as_str()));
         let tx = Transaction::Transfer(t);
         let handshake =
             (purpose == "withdraw").then(|| Self::fresh_handshake(&mut rand::rngs::OsRng));
         let withdraw_auth = match (&handshake, chosen.first()) {
-            (Some(hs), Some((_, o))) => Some(self.sign_withdrawal(o.key, &txid, 0, hs)?),
+            (Some(hs), Some(o)) => Some(self.sign_withdrawal(o.key, &txid, 0, hs)?),
             _ => None,
         };
         self.online.pending = Some(PendingTx {
             tx: hex::encode(tx.encode()),
-            inputs: chosen.into_iter().map(|(_, o)| o).collect(),
+            inputs: chosen,
             change,
             handoff: Some((payee, hex::encode(created[0].encode()))),
             purpose: purpose.into(),
@@ -340,35 +315,26 @@ impl Wallet {
         if self.online.pending.is_some() {
             return Err(WalletError::Busy);
         }
-        let mut owned: Vec<(Utxo, OwnedUtxo)> = self
-            .online
-            .utxos
-            .iter()
-            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (u, o.clone())))
-            .collect();
-        if owned.len() < 2 {
-            return Ok(None);
-        }
-        owned.sort_by_key(|b| b.0.value);
-        owned.truncate(florin_ledger::tx::MAX_IO);
-        let sum: u64 = owned.iter().map(|(u, _)| u.value).sum();
+        let (coins, owners) = self.owned_coins();
         let idx = self.online.next_key;
-        self.online.next_key += 1;
         let k = self.ledger_signer(Some(idx)).public_key();
-        let t = self.signed_transfer(
-            &owned,
-            vec![Output {
-                value: sum,
-                encumbrance: Encumbrance::ed25519(&k),
-            }],
-        )?;
+        let Some(draft) = florin_ledger::build::consolidation(&coins, Encumbrance::ed25519(&k))
+            .map_err(build_error)?
+        else {
+            return Ok(None);
+        };
+        let owned: Vec<OwnedUtxo> = draft.chosen.iter().map(|&i| owners[i].clone()).collect();
+        let t = self.sign_draft(draft, &owned.iter().collect::<Vec<_>>())?;
+        self.online.next_key += 1;
         let created = t.output_utxos();
-        let spent: Vec<String> = owned.iter().map(|(_, o)| o.utxo.clone()).collect();
-        self.online.utxos.retain(|o| !spent.contains(&o.utxo));
+        let spent: Vec<&str> = owned.iter().map(|o| o.utxo.as_str()).collect();
+        self.online
+            .utxos
+            .retain(|o| !spent.contains(&o.utxo.as_str()));
         let tx = Transaction::Transfer(t);
         self.online.pending = Some(PendingTx {
             tx: hex::encode(tx.encode()),
-            inputs: owned.into_iter().map(|(_, o)| o).collect(),
+            inputs: owned,
             change: Some(OwnedUtxo {
                 utxo: hex::encode(created[0].encode()),
                 key: Some(idx),

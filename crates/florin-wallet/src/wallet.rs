@@ -115,6 +115,9 @@ pub enum WalletError {
     /// order): money sent to it would be lost. Refused before anything is signed.
     #[error("refusing to pay an invalid address: {0}")]
     InvalidAddress(florin_crypto::KeyError),
+    /// The ledger transaction could not be built (see [`florin_ledger::BuildError`]).
+    #[error("cannot build the ledger transaction: {0}")]
+    Build(florin_ledger::BuildError),
 }
 
 /// How the wallet holds a token.

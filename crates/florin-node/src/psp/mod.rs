@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use florin_crypto::p256::P256Signer;
 use florin_crypto::{Digest, Signer};
-use florin_ledger::tx::MAX_IO;
+use florin_ledger::build;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use thiserror::Error;
 
@@ -824,8 +824,8 @@ impl Psp {
                 rec.name
             )));
         }
-        // Largest coins first, until the amount is covered.
-        let mut coins = self.books.coins(&rec.name)?;
+        // The one transaction builder: largest coins first, change back to the account.
+        let coins = self.books.coins(&rec.name)?;
         let balance: u64 = coins.iter().map(|u| u.value).sum();
         if balance < req.amount_cents {
             return Err(PspError::InsufficientFunds {
@@ -834,45 +834,29 @@ impl Psp {
                 asked_cents: req.amount_cents,
             });
         }
-        coins.sort_by_key(|u| std::cmp::Reverse(u.value));
-        let mut inputs = Vec::new();
-        let mut sum = 0u64;
-        for u in coins {
-            if sum >= req.amount_cents {
-                break;
-            }
-            sum += u.value;
-            inputs.push(u);
-        }
-        if inputs.len() > MAX_IO {
-            return Err(PspError::Refused(format!(
-                "the payment needs {} coins, a transaction takes at most {MAX_IO}; pay less first",
-                inputs.len()
-            )));
-        }
-        let own = rec.enc()?;
-        let mut outputs = vec![Output {
+        let pay = Output {
             value: req.amount_cents,
             encumbrance: payee_enc,
-        }];
-        if sum > req.amount_cents {
-            outputs.push(Output {
-                value: sum - req.amount_cents,
-                encumbrance: own,
-            });
-        }
-        let mut t = Transfer {
-            inputs,
-            outputs,
-            witnesses: vec![],
         };
-        let txid = t.txid();
+        let draft = build::payment(&coins, vec![pay], rec.enc()?).map_err(|e| match e {
+            build::BuildError::TooManyInputs { needed, max } => PspError::Refused(format!(
+                "the payment needs {needed} coins, a transaction takes at most {max}; pay less first"
+            )),
+            other => PspError::Refused(format!("cannot build the payment: {other}")),
+        })?;
+        let txid = draft.txid();
         let s0 = Instant::now();
-        let n_in = t.inputs.len();
         let sig_signer = signer.clone();
-        t.witnesses = tokio::task::spawn_blocking(move || sig_signer.witnesses(&txid, n_in))
-            .await
-            .map_err(blocking_err)??;
+        // One signature over the txid serves every input (all are the account's key); the
+        // builder checks it against each input's encumbrance.
+        let t = tokio::task::spawn_blocking(move || -> Result<Transfer, PspError> {
+            let w = sig_signer.witnesses(&txid, 1)?[0];
+            draft
+                .sign_with(|_, _| Ok(w))
+                .map_err(|e| PspError::Refused(format!("cannot sign the payment: {e}")))
+        })
+        .await
+        .map_err(blocking_err)??;
         let sign_ms = s0.elapsed().as_secs_f64() * 1e3;
         let outs = t.output_utxos();
         let pending = PendingPayment {
