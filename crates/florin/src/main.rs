@@ -1,6 +1,5 @@
 //! `florin`: run a devnet, use a wallet, inspect fraud, run benchmarks.
 
-mod bench;
 mod client;
 mod cluster_cmd;
 mod custody_cmd;
@@ -59,7 +58,7 @@ enum Command {
         command: cluster_cmd::ClusterCommand,
     },
     /// Run a benchmark suite (see docs/benchmarks.md).
-    Bench(bench::BenchArgs),
+    Bench(florin_bench::BenchArgs),
     /// Check the books: minted − redeemed = ledger money + tokens outstanding.
     Audit {
         /// The node's API.
@@ -98,7 +97,7 @@ fn main() -> ExitCode {
         Command::Fraud { command } => fraud_cmd::run(command),
         Command::Custody { command } => custody_cmd::run(command),
         Command::Psp { command } => psp_cmd::run(command),
-        Command::Bench(a) => bench::run(a),
+        Command::Bench(a) => florin_bench::run(a),
         Command::Node(a) => cluster_cmd::run_node(a),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Audit { node, json } => audit(&node, json),

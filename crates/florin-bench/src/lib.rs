@@ -1,5 +1,10 @@
-//! `florin bench <suite>`: system-level benchmarks printing the JSON shape of
-//! `docs/benchmarks.md` (one object on stdout with `--json`, a table otherwise).
+//! Florin's system-level benchmarks: every suite (`offline`, `ledger`, `transfer`, `custody`,
+//! `cluster`), their command-line options ([`BenchArgs`]) and the runner ([`run`]) that prints
+//! the JSON shape of `docs/benchmarks.md` (one object on stdout with `--json`, a table
+//! otherwise).
+//!
+//! This crate owns the benchmarks; the `florin` command line only dispatches to it:
+//! `florin bench <suite> …` parses [`BenchArgs`] and calls [`run`].
 
 mod cluster;
 mod custody;
