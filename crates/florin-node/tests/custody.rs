@@ -528,7 +528,10 @@ fn grants_limit_a_client_to_its_keys() -> R {
     // their next config poll.
     for p in 1..=3 {
         while a.ask(p, Request::Commitments { count: 1 }).is_ok() {
-            assert!(Instant::now() < deadline, "node {p} still serves the revoked client");
+            assert!(
+                Instant::now() < deadline,
+                "node {p} still serves the revoked client"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
