@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use florin_cluster::raft::RaftOptions;
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::{CompactTx, SwapOutcome, SwapStore};
 use florin_node::cluster::{ClusterStore, LocalCluster, Role};
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::json;
 
 use super::ledger::{preload_txs, workload};

@@ -8,14 +8,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use florin_crypto::{hash, LocalSigner, SecretKey, Signature, Signer};
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::memory::MemoryStore;
-use florin_ledger::pg::PgStore;
 use florin_ledger::validate::validate_many;
 use florin_ledger::{
     CompactTx, Encumbrance, Mint, Output, SwapOutcome, SwapStore, Transaction, Transfer, TxKind,
     UhsId, Witness,
 };
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
+use florin_store::pg::PgStore;
 use rand::rngs::OsRng;
 use serde_json::json;
 

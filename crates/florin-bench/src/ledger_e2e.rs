@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, SecretKey, Signature, Signer};
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::{Encumbrance, Mint, Output, SwapStore, Transaction, Transfer, Utxo, Witness};
 use florin_node::api::{LedgerTxStatus, SubmitBatchAnswer};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use rand::rngs::{OsRng, StdRng};
 use rand::{Rng, SeedableRng};
 use serde_json::json;

@@ -2,16 +2,15 @@
 //! the UTXO hash set (UHS), transaction-local validation by sentinels, compaction, and the one
 //! primitive the state needs, `swap`.
 //!
-//! The format and validation modules do no I/O. Stores implement [`SwapStore`]; the in-memory
-//! one lives here, durable ones beside it.
+//! Nothing here does I/O. Stores implement [`SwapStore`], and every store must pass the one
+//! shared suite, [`store::testing::run_suite`]; the in-memory store ([`memory::MemoryStore`])
+//! lives here, the durable ones (embedded, PostgreSQL) in the `florin-store` crate.
 
 pub mod bin_serde;
 pub mod build;
 mod codec;
 pub mod compact;
-pub mod embedded;
 pub mod memory;
-pub mod pg;
 pub mod store;
 pub mod tx;
 pub mod validate;

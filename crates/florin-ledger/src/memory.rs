@@ -13,7 +13,8 @@ use crate::tx::UhsId;
 /// SipHash would spend more time hashing than the set spends on everything else.
 type Fast = foldhash::fast::RandomState;
 
-/// The UHS state, shared by the in-memory and the embedded durable store.
+/// The UHS state, shared by the in-memory and the embedded durable store
+/// (`florin_store::embedded`).
 #[derive(Default)]
 pub struct UhsState {
     /// Unspent ids and their values.

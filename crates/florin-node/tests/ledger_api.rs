@@ -6,9 +6,9 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::Value;
 
 fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {

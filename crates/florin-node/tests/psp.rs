@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, SecretKey};
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::{Encumbrance, Utxo};
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
 use florin_node::psp::{Psp, PspConfig, PspScheme};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::{json, Value};
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use florin_crypto::{LocalSigner, Signer};
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 
 /// Options of `florin devnet`.
 #[derive(Args)]
@@ -98,7 +98,7 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
 pub(crate) fn required_files(custody: Custody) -> Vec<String> {
     let mut files = vec![
         "authority.redb".to_string(),
-        format!("ledger/{}", florin_ledger::embedded::MARK_FILE),
+        format!("ledger/{}", florin_store::embedded::MARK_FILE),
     ];
     match custody {
         Custody::Local => files.extend(["authority.key".into(), "issuer.key".into()]),

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use florin_ledger::embedded::EmbeddedStore;
 use florin_node::manifest::{Manifest, MANIFEST_FILE};
+use florin_store::embedded::EmbeddedStore;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

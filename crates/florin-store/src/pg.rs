@@ -8,11 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use florin_crypto::Digest;
+use florin_ledger::compact::{CompactTx, TxKind};
+use florin_ledger::store::{StoreError, Supply, SwapOutcome, SwapStore};
+use florin_ledger::tx::UhsId;
 use postgres::{Client, NoTls};
-
-use crate::compact::{CompactTx, TxKind};
-use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
-use crate::tx::UhsId;
 
 fn db(e: postgres::Error) -> StoreError {
     StoreError::Backend(e.to_string())
@@ -236,7 +235,7 @@ mod tests {
             rand::random::<u32>()
         );
         let open = || PgStore::connect(&url, &schema, 2).unwrap();
-        crate::store::testing::run_suite(open, |s| {
+        florin_ledger::store::testing::run_suite(open, |s| {
             drop(s);
             PgStore::connect(&url, &schema, 2).unwrap()
         });

@@ -8,9 +8,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use florin_ledger::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_ledger::store::testing::{mint, transfer};
 use florin_ledger::SwapStore;
+use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 
 const CHILD_ENV: &str = "FLORIN_CRASH_CHILD_DIR";
 

@@ -50,11 +50,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use florin_crypto::Digest;
-
-use crate::compact::{CompactTx, TxKind};
-use crate::memory::UhsState;
-use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
-use crate::tx::UhsId;
+use florin_ledger::compact::{CompactTx, TxKind};
+use florin_ledger::memory::UhsState;
+use florin_ledger::store::{StoreError, Supply, SwapOutcome, SwapStore};
+use florin_ledger::tx::UhsId;
 
 const SNAPSHOT_MAGIC_V1: &[u8; 8] = b"FLSNAP01";
 const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP02";
@@ -1072,7 +1071,7 @@ fn read_snapshot(path: &Path) -> Result<(UhsState, u64, bool), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::testing::{mint, run_suite};
+    use florin_ledger::store::testing::{id, mint, run_suite};
 
     fn cfg(dir: &Path) -> EmbeddedConfig {
         EmbeddedConfig::new(dir)
@@ -1163,7 +1162,7 @@ mod tests {
         let minted: u64 = (0..k).map(|i| 10 + i).sum();
         assert_eq!(s.supply().unwrap().minted_cents, minted);
         for i in 0..n {
-            assert_eq!(s.is_unspent(&crate::store::testing::id(i)).unwrap(), i < k);
+            assert_eq!(s.is_unspent(&id(i)).unwrap(), i < k);
         }
         k
     }
@@ -1493,7 +1492,7 @@ mod tests {
         drop(f);
         let (s, rep) = EmbeddedStore::open_with_report(cfg(dir.path())).unwrap();
         assert_eq!((rep.records_replayed, rep.torn_bytes), (2, 9));
-        assert!(s.is_unspent(&crate::store::testing::id(1)).unwrap());
+        assert!(s.is_unspent(&id(1)).unwrap());
         drop(s);
         // A flipped byte inside the last record, which the mark now covers: damage, refused.
         let mut bytes = fs::read(&wal).unwrap();
@@ -1516,7 +1515,7 @@ mod tests {
         fs::write(&wal, bytes).unwrap();
         let (s, rep) = EmbeddedStore::open_with_report(cfg(dir.path())).unwrap();
         assert_eq!(rep.records_replayed, 1);
-        assert!(s.is_unspent(&crate::store::testing::id(0)).unwrap());
+        assert!(s.is_unspent(&id(0)).unwrap());
     }
 
     #[test]
