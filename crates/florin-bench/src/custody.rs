@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
 use florin_custody::frost::{self, KeyShare, NoncePool, SigningPackage};
-use florin_ledger::{Encumbrance, Mint, Output, Transaction, Transfer, Utxo, Witness};
+use florin_ledger::{Draft, Encumbrance, Mint, Output, Transaction, Utxo};
 use florin_node::custody::{free_loopback_addrs, Kmn, Layout, RunningNode};
 use rand::rngs::OsRng;
 use serde_json::json;
@@ -459,22 +459,17 @@ fn providers(
 /// confirmation; on the cross-provider route the payee's provider then checks the output on
 /// the ledger.
 fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Route) -> Result<()> {
-    let mut t = Transfer {
-        inputs: vec![c.coin],
-        outputs: vec![
-            Output {
-                value: 1,
-                encumbrance: *to,
-            },
-            Output {
-                value: c.coin.value - 1,
-                encumbrance: c.coin.encumbrance,
-            },
-        ],
-        witnesses: vec![],
-    };
-    let txid = t.txid();
-    t.witnesses = vec![Witness::ed25519(c.key.public_key(), c.key.sign(&txid)?)];
+    let outputs = vec![
+        Output {
+            value: 1,
+            encumbrance: *to,
+        },
+        Output {
+            value: c.coin.value - 1,
+            encumbrance: c.coin.encumbrance,
+        },
+    ];
+    let t = Draft::new(vec![c.coin], outputs)?.sign(&[c.key.as_ref()])?;
     let outs = t.output_utxos();
     let body = http.call(
         "POST",

@@ -11,8 +11,7 @@ use florin_crypto::{hash, LocalSigner, SecretKey, Signature, Signer};
 use florin_ledger::memory::MemoryStore;
 use florin_ledger::validate::validate_many;
 use florin_ledger::{
-    CompactTx, Encumbrance, Mint, Output, SwapOutcome, SwapStore, Transaction, Transfer, TxKind,
-    UhsId, Witness,
+    CompactTx, Draft, Encumbrance, Mint, Output, SwapOutcome, SwapStore, Transaction, TxKind, UhsId,
 };
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use florin_store::pg::PgStore;
@@ -237,32 +236,23 @@ fn sentinel(rec: &mut Recorder, n: usize) -> Result<f64> {
     };
     let utxos = mint.output_utxos();
     let txs: Vec<Transaction> = (0..n)
-        .map(|k| {
+        .map(|k| -> Result<Transaction> {
             let (a, b) = (&owners[2 * k], &owners[2 * k + 1]);
-            let mut t = Transfer {
-                inputs: vec![utxos[2 * k], utxos[2 * k + 1]],
-                outputs: vec![
-                    Output {
-                        value: 600,
-                        encumbrance: Encumbrance::ed25519(&b.public_key()),
-                    },
-                    Output {
-                        value: 400,
-                        encumbrance: Encumbrance::ed25519(&a.public_key()),
-                    },
-                ],
-                witnesses: vec![],
-            };
-            let txid = t.txid();
-            t.witnesses = [a, b]
-                .iter()
-                .map(|o| {
-                    Witness::ed25519(o.public_key(), o.sign(&txid).unwrap_or(Signature([0; 64])))
-                })
-                .collect();
-            Transaction::Transfer(t)
+            let outputs = vec![
+                Output {
+                    value: 600,
+                    encumbrance: Encumbrance::ed25519(&b.public_key()),
+                },
+                Output {
+                    value: 400,
+                    encumbrance: Encumbrance::ed25519(&a.public_key()),
+                },
+            ];
+            let t = Draft::new(vec![utxos[2 * k], utxos[2 * k + 1]], outputs)
+                .and_then(|d| d.sign(&[a as &dyn Signer, b]))?;
+            Ok(Transaction::Transfer(t))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let refs: Vec<&Transaction> = txs.iter().collect();
     let ik = issuer.public_key();
     let batch = 256;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, SecretKey, Signature, Signer};
-use florin_ledger::{Encumbrance, Mint, Output, SwapStore, Transaction, Transfer, Utxo, Witness};
+use florin_ledger::{Draft, Encumbrance, Mint, Output, SwapStore, Transaction, Utxo};
 use florin_node::api::{LedgerTxStatus, SubmitBatchAnswer};
 use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
@@ -157,29 +157,27 @@ fn workload(
     plans.sort_by(|a, b| a.0.total_cmp(&b.0));
     let txs = parallel_map(&plans, |&(_, first, k, variant)| {
         let ins = &utxos[first..first + k];
-        let signers = &keys[first..first + k];
-        let mut t = Transfer {
-            inputs: ins.to_vec(),
-            outputs: (0..k)
-                .map(|o| Output {
-                    // The conflicting variant moves value between outputs: another txid.
-                    value: if variant == 1 && o < 2 {
-                        [150, 50][o]
-                    } else {
-                        100
-                    },
-                    encumbrance: Encumbrance::ed25519(&recipient),
-                })
-                .collect(),
-            witnesses: vec![],
-        };
-        let txid = t.txid();
-        t.witnesses = signers
+        let signers: Vec<&dyn Signer> = keys[first..first + k]
             .iter()
-            .map(|s| Witness::ed25519(s.public_key(), s.sign(&txid).unwrap_or(Signature([0; 64]))))
+            .map(|s| s as &dyn Signer)
             .collect();
-        Transaction::Transfer(t).encode()
-    });
+        let outputs = (0..k)
+            .map(|o| Output {
+                // The conflicting variant moves value between outputs: another txid.
+                value: if variant == 1 && o < 2 {
+                    [150, 50][o]
+                } else {
+                    100
+                },
+                encumbrance: Encumbrance::ed25519(&recipient),
+            })
+            .collect();
+        Draft::new(ins.to_vec(), outputs)
+            .and_then(|d| d.sign(&signers))
+            .map(|t| Transaction::Transfer(t).encode())
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
     Ok(Workload {
         txs,
         valid: n_orig,

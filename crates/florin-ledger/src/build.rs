@@ -155,7 +155,12 @@ impl Draft {
             });
         }
         for (i, o) in outputs.iter().enumerate() {
-            check_output(i, o)?;
+            // Back to an input's own key (change): that key signs for the input, no check.
+            if !inputs.iter().any(|u| u.encumbrance == o.encumbrance) {
+                check_output(i, o)?;
+            } else if o.value == 0 {
+                return Err(BuildError::ZeroOutput { index: i });
+            }
         }
         let vin = sum(inputs.iter().map(|u| u.value));
         let vout = sum(outputs.iter().map(|o| o.value));

@@ -14,6 +14,7 @@ pub mod memory;
 pub mod store;
 pub mod tx;
 pub mod validate;
+pub mod withdraw;
 
 pub use build::{BuildError, Draft};
 pub use codec::DecodeError;

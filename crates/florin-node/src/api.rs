@@ -86,23 +86,7 @@ pub struct WithdrawRequest {
     pub signature: Option<String>,
 }
 
-/// Domain of [`withdraw_message`].
-pub const WITHDRAW_AUTH_DOMAIN: &str = "florin/withdraw/authorize/v1";
-
-/// What the owner of a withdrawal signs: `H("florin/withdraw/authorize/v1", txid ‖ output
-/// (u64 little-endian) ‖ recipient key (32 bytes) ‖ handshake (32 bytes))`, Florin's
-/// domain-separated SHA-256 (the same bytes as `florin_wallet::online::withdraw_message`).
-pub fn withdraw_message(
-    txid: &[u8; 32],
-    output: u64,
-    recipient: &florin_crypto::PublicKey,
-    handshake: &[u8; 32],
-) -> [u8; 32] {
-    florin_crypto::hash(
-        WITHDRAW_AUTH_DOMAIN,
-        &[txid, &output.to_le_bytes(), &recipient.0, handshake],
-    )
-}
+pub use florin_ledger::withdraw::{withdraw_message, WITHDRAW_AUTH_DOMAIN};
 
 /// A detected double spend.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

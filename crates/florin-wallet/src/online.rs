@@ -11,25 +11,7 @@ use crate::wallet::{Wallet, WalletError};
 /// Version byte of a handoff message.
 pub const HANDOFF_VERSION: u8 = 1;
 
-/// Domain of the message a withdrawal's owner signs ([`withdraw_message`]).
-pub const WITHDRAW_AUTH_DOMAIN: &str = "florin/withdraw/authorize/v1";
-
-/// What the owner of a withdrawal signs so that the authority mints its tokens to the owner's
-/// choice and nobody else's: `H("florin/withdraw/authorize/v1", txid ‖ output (u64 LE) ‖
-/// recipient (32) ‖ handshake (32))`, Florin's domain-separated SHA-256. The signer is the key
-/// of an input of the transfer that paid the reserve. The node checks the same bytes
-/// (`florin_node::api::withdraw_message`).
-pub fn withdraw_message(
-    txid: &Digest,
-    output: u64,
-    recipient: &PublicKey,
-    handshake: &[u8; 32],
-) -> Digest {
-    florin_crypto::hash(
-        WITHDRAW_AUTH_DOMAIN,
-        &[txid, &output.to_le_bytes(), &recipient.0, handshake],
-    )
-}
+pub use florin_ledger::withdraw::{withdraw_message, WITHDRAW_AUTH_DOMAIN};
 
 /// A withdrawal's authorization: a signature by the key of one of the paying transfer's inputs
 /// over [`withdraw_message`].
