@@ -75,9 +75,7 @@ fn primes<L: Level>(n: u16, cache: Option<&PathBuf>) -> Result<(Vec<Primes<L>>, 
             if let Some(dir) = f.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            let tmp = f.with_extension("tmp");
-            std::fs::write(&tmp, primes.to_bytes())?;
-            std::fs::rename(&tmp, f)?;
+            florin_fs::write_atomic(f, &[&primes.to_bytes()])?;
         }
         out.push(primes);
     }

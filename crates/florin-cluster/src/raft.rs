@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::future::Future;
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -246,20 +246,9 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f).await.str()?
 }
 
-/// Writes `dir/name` atomically: tmp file, fsync, rename, fsync of the directory. The file's
-/// contents are `parts`, one after the other.
+/// Writes `dir/name` atomically and durably ([`florin_fs::write_atomic`]).
 fn write_atomic(dir: &Path, name: &str, parts: &[&[u8]]) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    for bytes in parts {
-        file.write_all(bytes)?;
-    }
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, dir.join(name))?;
-    #[cfg(unix)]
-    std::fs::File::open(dir)?.sync_all()?;
-    Ok(())
+    florin_fs::write_atomic(&dir.join(name), parts)
 }
 
 // ---------------------------------------------------------------- durable log

@@ -53,7 +53,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -112,9 +112,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+use florin_fs::sync_dir;
 
 /// Appends one framed record (`index`, `payload`) to `buf`.
 #[cfg(test)]
@@ -1205,14 +1203,7 @@ impl<T> Writer<T> {
     }
 
     fn write_meta(&self, meta: &[u8]) -> Result<(), String> {
-        let err = |e: io::Error| format!("{}: {e}", self.dir.join(META).display());
-        let tmp = self.dir.join(format!("{META}.tmp"));
-        let mut f = File::create(&tmp).map_err(err)?;
-        f.write_all(&checked(meta)).map_err(err)?;
-        f.sync_all().map_err(err)?;
-        drop(f);
-        fs::rename(&tmp, self.dir.join(META)).map_err(err)?;
-        sync_dir(&self.dir).map_err(err)
+        florin_fs::write_atomic(&self.dir.join(META), &[&checked(meta)]).map_err(|e| e.to_string())
     }
 
     /// Cuts the log before `from`: later segments are deleted newest first (a crash half way
@@ -1312,6 +1303,7 @@ impl<T> Writer<T> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     type Log = SegLog<u64>;
 

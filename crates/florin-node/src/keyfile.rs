@@ -1,7 +1,6 @@
 //! Keys on disk: created on first start, 0600, written atomically.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use florin_crypto::SecretKey;
@@ -37,40 +36,13 @@ pub fn load_key(path: &Path) -> Result<SecretKey, NodeError> {
     }
 }
 
-/// Writes `bytes` to `path` atomically and durably, readable by the owner only: a temporary
-/// file created with mode 0600, synced, renamed over `path`, and the directory synced.
+/// Writes `bytes` to `path` atomically and durably, readable by the owner only
+/// ([`florin_fs::write_private`]).
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    // The whole name plus a suffix: `K.share` and `K.p256` must not share a temporary file.
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".tmp.{}", std::process::id()));
-    let tmp = path.with_file_name(name);
-    let _ = fs::remove_file(&tmp);
-    let io = |e: std::io::Error| NodeError::Io(format!("{}: {e}", path.display()));
-    let mut opts = fs::OpenOptions::new();
-    // create_new: the mode applies to a file we create, never to a leftover.
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let mut f = opts.open(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    fs::rename(&tmp, path).map_err(io)?;
-    // The rename is durable only once the directory is synced.
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-    }
-    Ok(())
+    florin_fs::write_private(path, &[bytes]).map_err(|e| NodeError::Io(e.to_string()))
 }
 
 /// Syncs the directory holding `path`, making a rename into it durable.
 pub fn sync_dir(path: &Path) -> Result<(), NodeError> {
-    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        Some(dir) => fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| NodeError::Io(format!("{}: {e}", dir.display()))),
-        None => Ok(()),
-    }
+    florin_fs::sync_parent(path).map_err(|e| NodeError::Io(e.to_string()))
 }

@@ -696,18 +696,11 @@ fn slot_valid(s: &[u8]) -> bool {
 }
 
 fn create_mark(path: &Path, acked: u64) -> Result<(), StoreError> {
-    let tmp = path.with_extension("tmp");
     // Generation g lives in slot g % 2: the next write (generation 2) goes to the other slot
     // than this one, so a torn write never hits the only valid slot.
     let mut b = vec![0u8; MARK_SLOT];
     b.extend_from_slice(&mark_slot(1, acked));
-    let mut f = File::create(&tmp).map_err(io_at(&tmp))?;
-    f.write_all(&b).map_err(io_at(&tmp))?;
-    f.sync_all().map_err(io_at(&tmp))?;
-    fs::rename(&tmp, path).map_err(io_at(path))?;
-    if let Some(d) = path.parent() {
-        sync_dir(d)?;
-    }
+    florin_fs::write_atomic(path, &[&b]).map_err(io_at(path))?;
     Ok(())
 }
 

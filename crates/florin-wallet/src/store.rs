@@ -20,7 +20,6 @@
 //! save.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -196,34 +195,8 @@ impl WalletStore for FileStore {
 
     fn save(&self, wallet: &Wallet) -> Result<(), StoreError> {
         let json = seal_file(&wallet.to_json());
-        let dir = match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let name = self
-            .path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let _ = fs::remove_file(&tmp);
-        let mut opts = fs::OpenOptions::new();
-        // create_new: the 0600 mode applies to a file this call creates, never to a leftover.
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let mut f = opts.open(&tmp).map_err(|e| self.io(e))?;
-        f.write_all(&json).map_err(|e| self.io(e))?;
-        f.sync_all().map_err(|e| self.io(e))?;
-        drop(f);
-        fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
-        if let Ok(d) = fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
+        // Owner-only, atomic and durable: the wallet holds its secret key.
+        florin_fs::write_private(&self.path, &[&json]).map_err(|e| self.io(e))
     }
 
     fn create(&self, wallet: &Wallet) -> Result<(), StoreError> {

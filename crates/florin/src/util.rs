@@ -1,23 +1,13 @@
 //! Small helpers shared by the commands.
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename).
+/// Writes `bytes` to `path` atomically and durably ([`florin_fs::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let mut tmp = tempfile::NamedTempFile::new_in(&dir)
-        .with_context(|| format!("cannot write in {}", dir.display()))?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    florin_fs::write_atomic(path, &[bytes])
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Reads a file with a clear error.
