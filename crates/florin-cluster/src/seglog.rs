@@ -1640,6 +1640,34 @@ mod tests {
             panic!("two writers on one log");
         };
         assert!(e.to_string().contains("in use"), "{e}");
+        assert!(matches!(e, LogError::Locked { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_keep_their_source() {
+        use std::error::Error as _;
+        let path = Path::new("/x/seg-00000000000000000001.log");
+        let e = LogError::io(path, "sync", io::Error::other("disk on fire"));
+        let text = e.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(
+            text.contains("sync") && text.contains("disk on fire"),
+            "{text}"
+        );
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("disk on fire")
+        );
+        // Shared by every append that waited for the failed sync.
+        assert_eq!(e.clone().to_string(), text);
+        let e = LogError::OutOfOrder {
+            first: 3,
+            last: Some(1),
+        };
+        assert_eq!(
+            e.to_string(),
+            "raft log: append of entry 3 does not follow entry Some(1)"
+        );
     }
 
     #[test]
