@@ -216,8 +216,69 @@ pub struct ReplicaStatus {
 type OrRaftError<E = openraft::error::Infallible> = openraft::error::RaftError<NodeId, E>;
 type NetError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, OrRaftError<E>>;
 
-fn sto(subject: ErrorSubject<NodeId>, verb: ErrorVerb, e: impl ToString) -> StorageError<NodeId> {
-    StorageIOError::new(subject, verb, AnyError::error(e)).into()
+/// Why the replica's durable state (its log, its snapshot file) could not be read or written;
+/// where it crosses into openraft it becomes a [`StorageError`] (see [`sto`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum StoreError {
+    /// The log's files.
+    #[error(transparent)]
+    Log(#[from] seglog::LogError),
+    /// A value could not be encoded, or stored bytes could not be decoded.
+    #[error("{what}: {source}")]
+    Codec {
+        /// What was being encoded or decoded.
+        what: &'static str,
+        /// postcard's error.
+        #[source]
+        source: postcard::Error,
+    },
+    /// An input/output operation on one of the replica's files failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The directory holds a replica written by an older Florin (`raft.redb`).
+    #[error(
+        "{}: this replica was written by an older Florin (raft.redb); its log format is gone: \
+         recreate the cluster directory",
+        dir.display()
+    )]
+    OldFormat {
+        /// The replica's directory.
+        dir: PathBuf,
+    },
+    /// Snapshot data shorter than the header at its start says.
+    #[error("snapshot data: truncated header")]
+    TruncatedHead,
+    /// A received snapshot whose data is of another entry than its metadata.
+    #[error("snapshot data does not match its meta")]
+    SnapshotMismatch,
+    /// The machine refused a snapshot's state ([`Machine::restore`]).
+    #[error("restore: {0}")]
+    Restore(String),
+    /// The blocking task that did the disk work panicked or was cancelled.
+    #[error("raft storage task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl StoreError {
+    fn codec(what: &'static str) -> impl FnOnce(postcard::Error) -> StoreError {
+        move |source| StoreError::Codec { what, source }
+    }
+}
+
+/// A storage error for openraft, built from a typed one (its sources are kept).
+fn sto<E: std::error::Error + 'static>(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: &E,
+) -> StorageError<NodeId> {
+    StorageIOError::new(subject, verb, AnyError::new(e)).into()
 }
 
 fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -228,22 +289,11 @@ fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Any displayable error as a `String`, the currency of the internal helpers.
-trait Str<T> {
-    fn str(self) -> Result<T, String>;
-}
-
-impl<T, E: std::fmt::Display> Str<T> for Result<T, E> {
-    fn str(self) -> Result<T, String> {
-        self.map_err(|e| e.to_string())
-    }
-}
-
 /// Runs blocking disk work off the async workers.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
-    tokio::task::spawn_blocking(f).await.str()?
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await?
 }
 
 /// Writes `dir/name` atomically and durably ([`florin_fs::write_atomic`]).
@@ -282,7 +332,7 @@ struct LogReader {
 fn read_entries(
     reader: &seglog::Reader<Entry<TypeConfig>>,
     range: (Bound<u64>, Bound<u64>),
-) -> Result<Vec<Entry<TypeConfig>>, String> {
+) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
     let start = match range.0 {
         Bound::Included(i) => i,
         Bound::Excluded(i) => i.saturating_add(1),
@@ -298,13 +348,15 @@ fn read_entries(
         .into_iter()
         .map(|g| match g {
             seglog::Got::Cached(e) => Ok(e),
-            seglog::Got::Disk(p) => postcard::from_bytes(&p).map_err(|e| e.to_string()),
+            seglog::Got::Disk(p) => {
+                postcard::from_bytes(&p).map_err(StoreError::codec("a log entry"))
+            }
         })
         .collect()
 }
 
-fn log_read_err(e: String) -> StorageError<NodeId> {
-    sto(ErrorSubject::Logs, ErrorVerb::Read, e)
+fn log_read_err(e: StoreError) -> StorageError<NodeId> {
+    sto(ErrorSubject::Logs, ErrorVerb::Read, &e)
 }
 
 fn bounds(range: &impl RangeBounds<u64>) -> (Bound<u64>, Bound<u64>) {
@@ -314,7 +366,7 @@ fn bounds(range: &impl RangeBounds<u64>) -> (Bound<u64>, Bound<u64>) {
 /// A callback for the log writer that resolves a oneshot.
 fn completion() -> (
     seglog::Done,
-    tokio::sync::oneshot::Receiver<Result<(), String>>,
+    tokio::sync::oneshot::Receiver<Result<(), seglog::LogError>>,
 ) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     (
@@ -325,27 +377,26 @@ fn completion() -> (
     )
 }
 
-async fn completed(rx: tokio::sync::oneshot::Receiver<Result<(), String>>) -> Result<(), String> {
-    rx.await
-        .map_err(|_| "raft log writer stopped".to_string())?
+async fn completed(
+    rx: tokio::sync::oneshot::Receiver<Result<(), seglog::LogError>>,
+) -> Result<(), seglog::LogError> {
+    rx.await.map_err(|_| seglog::LogError::Stopped)?
 }
 
 impl LogStore {
     /// Opens the log without comparing it with a snapshot (tests of the log alone).
     #[cfg(test)]
-    fn open(dir: &Path) -> Result<Self, String> {
+    fn open(dir: &Path) -> Result<Self, StoreError> {
         Self::open_with(dir, None)
     }
 
     /// Opens the log. `snapshot`, when given, is the last index the replica's snapshot file
     /// holds (`None`: no snapshot): the log must not have been purged past it.
-    fn open_with(dir: &Path, snapshot: Option<Option<u64>>) -> Result<Self, String> {
+    fn open_with(dir: &Path, snapshot: Option<Option<u64>>) -> Result<Self, StoreError> {
         if dir.join("raft.redb").exists() {
-            return Err(format!(
-                "{}: this replica was written by an older Florin (raft.redb); its log format is \
-                 gone: recreate the cluster directory",
-                dir.display()
-            ));
+            return Err(StoreError::OldFormat {
+                dir: dir.to_path_buf(),
+            });
         }
         let log_dir = dir.join(LOG_DIR);
         let bounds = |meta: Option<&[u8]>, committed: Option<&[u8]>| {
@@ -390,14 +441,17 @@ impl LogStore {
                 origin: Some(0),
             })
         };
-        let (log, found) =
-            SegLog::open(&log_dir, seglog::Limits::default(), bounds).map_err(|e| e.to_string())?;
+        let (log, found) = SegLog::open(&log_dir, seglog::Limits::default(), bounds)?;
         let meta: LogMeta = match &found.meta {
-            Some(m) => postcard::from_bytes(m).str()?,
+            Some(m) => postcard::from_bytes(m).map_err(StoreError::codec("the log's metadata"))?,
             None => LogMeta::default(),
         };
         let last = match &found.last {
-            Some((_, p)) => Some(postcard::from_bytes::<Entry<TypeConfig>>(p).str()?.log_id),
+            Some((_, p)) => Some(
+                postcard::from_bytes::<Entry<TypeConfig>>(p)
+                    .map_err(StoreError::codec("the log's last entry"))?
+                    .log_id,
+            ),
             None => None,
         };
         if found.torn_bytes > 0 {
@@ -427,7 +481,7 @@ impl LogStore {
         &mut self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
         done: seglog::Done,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let size: usize = entries
             .iter()
@@ -444,19 +498,20 @@ impl LogStore {
             seglog::frame_with(&mut buf, index, |b| {
                 postcard::to_extend(&e, std::mem::take(b)).map(|v| *b = v)
             })
-            .str()?;
+            .map_err(StoreError::codec("a log entry"))?;
             let len = (buf.len() - start - seglog::HEADER) as u32;
             self.last = Some(e.log_id);
             records.push((index, e, len));
         }
-        self.log.append_framed(buf, records, done)
+        Ok(self.log.append_framed(buf, records, done)?)
     }
 
-    async fn save_meta(&self) -> Result<(), String> {
+    async fn save_meta(&self) -> Result<(), StoreError> {
         let (done, rx) = completion();
-        self.log
-            .save_meta(postcard::to_allocvec(&self.meta).str()?, done)?;
-        completed(rx).await
+        let meta =
+            postcard::to_allocvec(&self.meta).map_err(StoreError::codec("the log's metadata"))?;
+        self.log.save_meta(meta, done)?;
+        Ok(completed(rx).await?)
     }
 }
 
@@ -503,7 +558,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.meta.vote = Some(*vote);
         self.save_meta()
             .await
-            .map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Write, e))
+            .map_err(|e| sto(ErrorSubject::Vote, ErrorVerb::Write, &e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
@@ -518,11 +573,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     ) -> Result<(), StorageError<NodeId>> {
         self.committed = committed;
         let bytes = postcard::to_allocvec(&committed)
-            .str()
-            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, e))?;
+            .map_err(StoreError::codec("the commit point"))
+            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, &e))?;
         self.log
             .save_committed(bytes)
-            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, e))
+            .map_err(|e| sto(ErrorSubject::Store, ErrorVerb::Write, &e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
@@ -544,11 +599,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             entries,
             Box::new(move |r| callback.log_io_completed(r.map_err(std::io::Error::other))),
         )
-        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Write, e))
+        .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Write, &e))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let err = |e: seglog::LogError| sto(ErrorSubject::Logs, ErrorVerb::Delete, &e);
         let (done, rx) = completion();
         self.log.truncate(log_id.index, done).map_err(err)?;
         completed(rx).await.map_err(err)?;
@@ -566,9 +621,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let err = |e: String| sto(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let err = |e: seglog::LogError| sto(ErrorSubject::Logs, ErrorVerb::Delete, &e);
         self.meta.purged = Some(log_id);
-        let meta = postcard::to_allocvec(&self.meta).str().map_err(err)?;
+        let meta = postcard::to_allocvec(&self.meta)
+            .map_err(StoreError::codec("the log's metadata"))
+            .map_err(|e| sto(ErrorSubject::Logs, ErrorVerb::Delete, &e))?;
         let (done, rx) = completion();
         self.log.purge(log_id.index, meta, done).map_err(err)?;
         completed(rx).await.map_err(err)?;
@@ -633,22 +690,25 @@ impl<M> SmState<M> {
 }
 
 /// Appends `head` (a postcard value) with its length in front: `len u32 ‖ postcard`.
-fn put_head<T: Serialize>(out: &mut Vec<u8>, head: &T) -> Result<(), String> {
-    let bytes = postcard::to_allocvec(head).str()?;
+fn put_head<T: Serialize>(out: &mut Vec<u8>, head: &T) -> Result<(), StoreError> {
+    let bytes = postcard::to_allocvec(head).map_err(StoreError::codec("snapshot head"))?;
     out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&bytes);
     Ok(())
 }
 
 /// Splits what [`put_head`] wrote (and whatever follows it).
-fn take_head<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<(T, &[u8]), String> {
-    let (len, rest) = b.split_first_chunk::<4>().ok_or("truncated header")?;
+fn take_head<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<(T, &[u8]), StoreError> {
+    let (len, rest) = b
+        .split_first_chunk::<4>()
+        .ok_or(StoreError::TruncatedHead)?;
     let len = u32::from_le_bytes(*len) as usize;
     if rest.len() < len {
-        return Err("truncated header".into());
+        return Err(StoreError::TruncatedHead);
     }
     let (head, rest) = rest.split_at(len);
-    Ok((postcard::from_bytes(head).str()?, rest))
+    let head = postcard::from_bytes(head).map_err(StoreError::codec("snapshot data"))?;
+    Ok((head, rest))
 }
 
 /// Where a snapshot stands in the log: the first part of its data (the snapshot data sent to
@@ -657,8 +717,8 @@ fn take_head<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<(T, &[u8]), String>
 type SnapshotHead = (Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>);
 
 /// The parts of a snapshot's data: its head and the machine's bytes.
-fn split_snapshot(data: &[u8]) -> Result<(SnapshotHead, &[u8]), String> {
-    take_head(data).map_err(|e| format!("snapshot data: {e}"))
+fn split_snapshot(data: &[u8]) -> Result<(SnapshotHead, &[u8]), StoreError> {
+    take_head(data)
 }
 
 /// The state machine store openraft drives; also its snapshot builder.
@@ -708,23 +768,22 @@ fn snapshot_header(parts: &[&[u8]]) -> Vec<u8> {
 /// copy. A file that is shorter or longer than its header says, or whose body does not match
 /// its checksum, is refused as [`seglog::Damage`]. A file from before the checksum (no magic)
 /// is read as it was written, unchecked; the next snapshot replaces it.
-fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::OpenError> {
+fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::LogError> {
     use std::io::Read;
     let path = dir.join(SNAPSHOT_FILE);
-    let other =
-        |e: &dyn std::fmt::Display| seglog::OpenError::Other(format!("{}: {e}", path.display()));
+    let other = |e: std::io::Error| seglog::LogError::io(&path, "read", e);
     let bad = |offset: u64, expected: String, found: String| {
-        seglog::OpenError::from(seglog::Damage::new(path.clone(), offset, expected, found))
+        seglog::LogError::from(seglog::Damage::new(path.clone(), offset, expected, found))
     };
     let mut file = match std::fs::File::open(&path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(other(&e)),
+        Err(e) => return Err(other(e)),
     };
-    let file_len = file.metadata().map_err(|e| other(&e))?.len();
+    let file_len = file.metadata().map_err(other)?.len();
     let mut magic = [0u8; 8];
     if file_len >= 8 {
-        file.read_exact(&mut magic).map_err(|e| other(&e))?;
+        file.read_exact(&mut magic).map_err(other)?;
     }
     if file_len >= 8 && &magic != SNAPSHOT_MAGIC {
         return read_old_snapshot(&magic, file, file_len)
@@ -748,7 +807,7 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::Open
         ));
     }
     let mut rest = [0u8; 12];
-    file.read_exact(&mut rest).map_err(|e| other(&e))?;
+    file.read_exact(&mut rest).map_err(other)?;
     let (len, sum) = rest.split_at(8);
     let body_len = u64::from_le_bytes(len.try_into().unwrap_or_default());
     let sum = u32::from_le_bytes(sum.try_into().unwrap_or_default());
@@ -761,7 +820,7 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::Open
         ));
     }
     let mut len = [0u8; 4];
-    file.read_exact(&mut len).map_err(|e| other(&e))?;
+    file.read_exact(&mut len).map_err(other)?;
     let head_len = u32::from_le_bytes(len) as u64;
     if head_len + 4 > body_len {
         return Err(bad(
@@ -771,9 +830,9 @@ fn read_snapshot_file(dir: &Path) -> Result<Option<StoredSnapshot>, seglog::Open
         ));
     }
     let mut head = vec![0u8; head_len as usize];
-    file.read_exact(&mut head).map_err(|e| other(&e))?;
+    file.read_exact(&mut head).map_err(other)?;
     let mut data = Vec::with_capacity((body_len - 4 - head_len) as usize);
-    file.read_to_end(&mut data).map_err(|e| other(&e))?;
+    file.read_to_end(&mut data).map_err(other)?;
     let mut h = crc32fast::Hasher::new();
     h.update(&len);
     h.update(&head);
@@ -834,11 +893,11 @@ impl<M: Machine> SmStore<M> {
         if *persisted > meta.last_log_id {
             return Ok(data);
         }
-        let err = |e: String| {
+        let err = |e: StoreError| {
             sto(
                 ErrorSubject::Snapshot(Some(meta.signature())),
                 ErrorVerb::Write,
-                e,
+                &e,
             )
         };
         let mut head = Vec::new();
@@ -846,7 +905,12 @@ impl<M: Machine> SmStore<M> {
         let dir = self.dir.clone();
         let data = blocking(move || {
             let header = snapshot_header(&[&head, &data]);
-            write_atomic(&dir, SNAPSHOT_FILE, &[&header, &head, &data]).str()?;
+            write_atomic(&dir, SNAPSHOT_FILE, &[&header, &head, &data]).map_err(|source| {
+                StoreError::Io {
+                    path: dir.join(SNAPSHOT_FILE),
+                    source,
+                }
+            })?;
             Ok(data)
         })
         .await
@@ -862,7 +926,7 @@ impl<M: Machine> RaftSnapshotBuilder<TypeConfig> for SmStore<M> {
             let st = read_lock(&self.state);
             let mut data = Vec::new();
             put_head(&mut data, &(st.applied, &st.membership))
-                .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, e))?;
+                .map_err(|e| sto(ErrorSubject::StateMachine, ErrorVerb::Read, &e))?;
             let start = data.len();
             st.machine.snapshot_into(&mut data);
             st.reset_since((data.len() - start) as u64);
@@ -939,21 +1003,23 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
         meta: &SnapshotMeta<NodeId, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
-        let err = |e: String| {
+        let err = |e: StoreError| {
             sto(
                 ErrorSubject::Snapshot(Some(meta.signature())),
                 ErrorVerb::Write,
-                e,
+                &e,
             )
         };
         let data = snapshot.into_inner();
         {
             let ((applied, _), machine) = split_snapshot(&data).map_err(err)?;
             if applied != meta.last_log_id {
-                return Err(err("snapshot data does not match its meta".into()));
+                return Err(err(StoreError::SnapshotMismatch));
             }
             let mut st = write_lock(&self.state);
-            st.machine.restore(machine).map_err(err)?;
+            st.machine
+                .restore(machine)
+                .map_err(|e| err(StoreError::Restore(e)))?;
             st.reset_since(machine.len() as u64);
             st.applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();
@@ -966,9 +1032,9 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let _guard = self.persisted.lock().await;
         let dir = self.dir.clone();
-        let file = blocking(move || read_snapshot_file(&dir).str())
+        let file = blocking(move || Ok(read_snapshot_file(&dir)?))
             .await
-            .map_err(|e| sto(ErrorSubject::Snapshot(None), ErrorVerb::Read, e))?;
+            .map_err(|e| sto(ErrorSubject::Snapshot(None), ErrorVerb::Read, &e))?;
         Ok(file.map(|(meta, data)| Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -1144,12 +1210,12 @@ impl<M: Machine> Replica<M> {
         let (log, file) = {
             let dir = dir.clone();
             blocking(move || {
-                let file = read_snapshot_file(&dir).str()?;
+                let file = read_snapshot_file(&dir)?;
                 let at = file.as_ref().map(|(m, _)| m.last_log_id.index());
                 Ok((LogStore::open_with(&dir, Some(at.flatten()))?, file))
             })
             .await
-            .map_err(RaftError::Storage)?
+            .map_err(|e| RaftError::Storage(e.to_string()))?
         };
         let mut sm = SmState::new(machine, None, StoredMembership::default(), 0);
         let mut persisted = None;
@@ -1320,7 +1386,7 @@ impl<M: Machine> Replica<M> {
                 }
             }
         }
-        .str()
+        .map_err(|e| e.to_string())
     }
 
     /// Serves an encoded raft RPC from a peer and returns the encoded answer: a postcard
@@ -1537,7 +1603,7 @@ mod tests {
             let Err(err) = log.submit([e(3)], Box::new(|_| {})) else {
                 panic!("a hole must be refused");
             };
-            assert!(err.contains("does not follow"), "{err}");
+            assert!(err.to_string().contains("does not follow"), "{err}");
             assert_eq!(log.try_get_log_entries(0..).await.unwrap().len(), 1);
         });
     }
@@ -1592,6 +1658,6 @@ mod tests {
         let Err(e) = LogStore::open(dir.path()) else {
             panic!("a redb-era directory must be refused");
         };
-        assert!(e.contains("older Florin"), "{e}");
+        assert!(e.to_string().contains("older Florin"), "{e}");
     }
 }

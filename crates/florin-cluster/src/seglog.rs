@@ -88,7 +88,7 @@ const SYNCED: &str = "synced.bin";
 const LOCK: &str = "LOCK";
 
 /// What an append's caller is told once its records are synced (or failed).
-pub(crate) type Done = Box<dyn FnOnce(Result<(), String>) + Send>;
+pub(crate) type Done = Box<dyn FnOnce(Result<(), LogError>) + Send>;
 
 fn seg_name(first: u64) -> String {
     format!("seg-{first:020}.log")
@@ -157,6 +157,8 @@ pub(crate) enum Got<T> {
 }
 
 struct Shared<T> {
+    /// The log's directory (for error messages).
+    dir: PathBuf,
     /// Where every entry from `first` on lies on disk (set once written, before it is synced).
     locs: VecDeque<Loc>,
     first: u64,
@@ -168,7 +170,7 @@ struct Shared<T> {
     /// Read handles of the segments, by first index.
     files: BTreeMap<u64, Arc<File>>,
     /// The first write failure: from then on the log refuses to append.
-    failed: Option<String>,
+    failed: Option<LogError>,
 }
 
 impl<T> Shared<T> {
@@ -194,7 +196,7 @@ impl<T> Clone for Reader<T> {
 impl<T: Clone> Reader<T> {
     /// The entries of `start..end` that the log holds, in order (the log has no holes, so they
     /// are consecutive; the range may begin before its first entry or end after its last).
-    pub(crate) fn read(&self, start: u64, end: u64) -> Result<Vec<Got<T>>, String> {
+    pub(crate) fn read(&self, start: u64, end: u64) -> Result<Vec<Got<T>>, LogError> {
         let sh = lock(&self.shared);
         let on_disk = (!sh.locs.is_empty()).then_some(sh.first);
         let in_memory = sh.cache.first_key_value().map(|(i, _)| *i);
@@ -212,22 +214,23 @@ impl<T: Clone> Reader<T> {
                 continue;
             }
             let Some(loc) = sh.loc(index) else { break };
+            let path = || sh.dir.join(seg_name(loc.seg));
             let file = sh
                 .files
                 .get(&loc.seg)
-                .ok_or_else(|| format!("raft log: segment {} is missing", seg_name(loc.seg)))?;
+                .ok_or_else(|| LogError::MissingSegment { path: path() })?;
             let mut rec = vec![0u8; HEADER + loc.len as usize];
             file.read_exact_at(&mut rec, loc.offset)
-                .map_err(|e| format!("raft log {}: {e}", seg_name(loc.seg)))?;
+                .map_err(|e| LogError::io(&path(), "read", e))?;
             let payload = rec.split_off(HEADER);
             let ok = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]) == loc.len
                 && u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]) == crc(index, &payload)
                 && rec[8..16] == index.to_le_bytes();
             if !ok {
-                return Err(format!(
-                    "raft log {}: entry {index} is damaged",
-                    seg_name(loc.seg)
-                ));
+                return Err(LogError::EntryDamaged {
+                    path: path(),
+                    index,
+                });
             }
             out.push(Got::Disk(payload));
         }
@@ -325,21 +328,73 @@ impl Damage {
     }
 }
 
-/// Why [`SegLog::open`] failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why the log could not be opened, read or written. `Clone`: one failed sync is reported to
+/// every append that waited for it, and kept as the reason the log refuses further appends.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum OpenError {
-    /// A durable file is damaged, or missing, in a way a crash cannot explain.
-    #[error("{0}")]
+pub(crate) enum LogError {
+    /// A durable file is damaged, or missing, in a way a crash cannot explain (found by
+    /// [`SegLog::open`], which then changes nothing).
+    #[error(transparent)]
     Damaged(#[from] Damage),
-    /// Anything else (input/output, the lock).
-    #[error("{0}")]
-    Other(String),
+    /// An input/output operation on one of the log's files (or its directory) failed.
+    #[error("raft log {}: {op}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done (`"read"`, `"sync"`, ...).
+        op: &'static str,
+        /// The operating system's error (shared: the error may be reported to several callers).
+        #[source]
+        source: Arc<io::Error>,
+    },
+    /// The directory's lock is held by another open log (another replica or process).
+    #[error("{}: the raft log is in use by another replica", dir.display())]
+    Locked {
+        /// The log's directory.
+        dir: PathBuf,
+    },
+    /// A record read back from a segment does not match its length, index or checksum.
+    #[error("raft log {}: entry {index} is damaged", path.display())]
+    EntryDamaged {
+        /// The segment file.
+        path: PathBuf,
+        /// The entry read.
+        index: u64,
+    },
+    /// The segment that should hold an entry is not open (deleted meanwhile).
+    #[error("raft log: segment {} is missing", path.display())]
+    MissingSegment {
+        /// The segment file.
+        path: PathBuf,
+    },
+    /// An append whose entries are not consecutive or do not follow the log's last entry.
+    #[error("raft log: append of entry {first} does not follow entry {last:?}")]
+    OutOfOrder {
+        /// The append's first entry.
+        first: u64,
+        /// The log's last entry (`None`: the log is empty).
+        last: Option<u64>,
+    },
+    /// The writer has no segment to append to (a bug: a segment is started before writing).
+    #[error("raft log: no active segment")]
+    NoActiveSegment,
+    /// The log was closed: nothing more can be submitted.
+    #[error("raft log closed")]
+    Closed,
+    /// The writer thread is gone (it stopped, or the log was dropped before the job ran).
+    #[error("raft log writer stopped")]
+    Stopped,
 }
 
-impl From<String> for OpenError {
-    fn from(e: String) -> Self {
-        OpenError::Other(e)
+impl LogError {
+    /// An input/output error on `path` while doing `op`.
+    pub(crate) fn io(path: &Path, op: &'static str, source: io::Error) -> Self {
+        LogError::Io {
+            path: path.to_path_buf(),
+            op,
+            source: Arc::new(source),
+        }
     }
 }
 
@@ -529,11 +584,11 @@ fn synced_bytes(index: u64) -> [u8; 12] {
 
 /// Reads `synced.bin`: `None` if it is missing, empty or all zeros (created, or extended by a
 /// crash before its first write reached the disk), the index if it is whole.
-fn read_synced(path: &Path) -> Result<Option<u64>, OpenError> {
+fn read_synced(path: &Path) -> Result<Option<u64>, LogError> {
     let b = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(OpenError::Other(format!("{}: {e}", path.display()))),
+        Err(e) => return Err(LogError::io(path, "read", e)),
     };
     if b.iter().all(|&x| x == 0) {
         return Ok(None);
@@ -562,34 +617,38 @@ fn read_synced(path: &Path) -> Result<Option<u64>, OpenError> {
 }
 
 /// Reads a file, `None` if it does not exist.
-fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, OpenError> {
+fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, LogError> {
     match fs::read(path) {
         Ok(b) => Ok(Some(b)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(OpenError::Other(format!("{}: {e}", path.display()))),
+        Err(e) => Err(LogError::io(path, "read", e)),
     }
 }
 
+/// Maps an input/output error on `path` while doing `op` to a [`LogError`].
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> LogError + 'a {
+    move |e| LogError::io(path, op, e)
+}
+
 /// Takes the directory's lock, waiting briefly for a log closed a moment ago.
-fn take_lock(dir: &Path) -> Result<File, String> {
+fn take_lock(dir: &Path) -> Result<File, LogError> {
     let path = dir.join(LOCK);
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| LogError::io(&path, "open", e))?;
     for _ in 0..40 {
         match file.try_lock() {
             Ok(()) => return Ok(file),
             Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(50)),
-            Err(TryLockError::Error(e)) => return Err(format!("{}: {e}", path.display())),
+            Err(TryLockError::Error(e)) => return Err(LogError::io(&path, "lock", e)),
         }
     }
-    Err(format!(
-        "{}: the raft log is in use by another replica",
-        dir.display()
-    ))
+    Err(LogError::Locked {
+        dir: dir.to_path_buf(),
+    })
 }
 
 impl<T: Clone + Send + 'static> SegLog<T> {
@@ -598,14 +657,13 @@ impl<T: Clone + Send + 'static> SegLog<T> {
     ///
     /// Everything is checked before anything is changed: a torn append at the end of the last
     /// segment that was never acknowledged is cut; any other damage, hole or missing file
-    /// refuses with [`OpenError::Damaged`] and leaves the directory as it was.
+    /// refuses with [`LogError::Damaged`] and leaves the directory as it was.
     pub(crate) fn open(
         dir: &Path,
         limits: Limits,
-        bounds_of: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> Result<Bounds, OpenError>,
-    ) -> Result<(SegLog<T>, Recovered), OpenError> {
-        let err = |e: io::Error| OpenError::Other(format!("{}: {e}", dir.display()));
-        fs::create_dir_all(dir).map_err(err)?;
+        bounds_of: impl FnOnce(Option<&[u8]>, Option<&[u8]>) -> Result<Bounds, LogError>,
+    ) -> Result<(SegLog<T>, Recovered), LogError> {
+        fs::create_dir_all(dir).map_err(io_err(dir, "create the directory"))?;
         let lock_file = take_lock(dir)?;
         let meta_path = dir.join(META);
         let meta = match read_opt(&meta_path)? {
@@ -629,7 +687,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
             .max();
 
         let mut firsts: Vec<u64> = fs::read_dir(dir)
-            .map_err(err)?
+            .map_err(io_err(dir, "list the directory"))?
             .filter_map(|e| e.ok())
             .filter_map(|e| first_of(&e.file_name().to_string_lossy()))
             .collect();
@@ -638,7 +696,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         let mut torn = None;
         for (k, &first) in firsts.iter().enumerate() {
             let path = dir.join(seg_name(first));
-            let s = scan(&path, first).map_err(err)?;
+            let s = scan(&path, first).map_err(io_err(&path, "read"))?;
             let at = s.recs.last().map_or(first, |(i, _)| i + 1);
             if s.end < s.file_len || s.recs.is_empty() {
                 if k + 1 < firsts.len() {
@@ -803,22 +861,28 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         if let Some(t) = torn {
             if t.remove {
                 // Created just before a crash, before its first record was synced.
-                fs::remove_file(&t.path).map_err(err)?;
-                sync_dir(dir).map_err(err)?;
+                fs::remove_file(&t.path).map_err(io_err(&t.path, "remove"))?;
+                sync_dir(dir).map_err(io_err(dir, "sync the directory"))?;
             } else {
                 // A torn append: the process died before it was synced and acknowledged.
-                let f = OpenOptions::new().write(true).open(&t.path).map_err(err)?;
-                f.set_len(t.end).map_err(err)?;
-                f.sync_all().map_err(err)?;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&t.path)
+                    .map_err(io_err(&t.path, "open"))?;
+                f.set_len(t.end)
+                    .map_err(io_err(&t.path, "cut the torn tail"))?;
+                f.sync_all().map_err(io_err(&t.path, "sync"))?;
             }
             torn_bytes = t.file_len - t.end;
         }
         let mut handles = BTreeMap::new();
         for first in files.into_keys() {
-            let file = File::open(dir.join(seg_name(first))).map_err(err)?;
+            let path = dir.join(seg_name(first));
+            let file = File::open(&path).map_err(io_err(&path, "open"))?;
             handles.insert(first, Arc::new(file));
         }
         let shared = Shared {
+            dir: dir.to_path_buf(),
             first: all.first().map_or(0, |(i, _)| *i),
             next: last.as_ref().map(|(i, _)| i + 1),
             locs: all.into_iter().map(|(_, l)| l).collect(),
@@ -830,10 +894,11 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         let shared = Arc::new(Mutex::new(shared));
         let active = match active {
             Some((first, len, next)) => {
+                let path = dir.join(seg_name(first));
                 let file = OpenOptions::new()
                     .write(true)
-                    .open(dir.join(seg_name(first)))
-                    .map_err(err)?;
+                    .open(&path)
+                    .map_err(io_err(&path, "open"))?;
                 Some(Active {
                     first,
                     file,
@@ -849,7 +914,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
                 .truncate(false)
                 .write(true)
                 .open(path)
-                .map_err(err)
+                .map_err(io_err(path, "open"))
         };
         let committed_file = open_rw(&committed_path)?;
         let synced_file = open_rw(&synced_path)?;
@@ -867,7 +932,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         let handle = std::thread::Builder::new()
             .name("raft-log".into())
             .spawn(move || writer.run(rx))
-            .map_err(err)?;
+            .map_err(io_err(dir, "start the writer thread"))?;
         Ok((
             SegLog {
                 reader: Reader { shared },
@@ -888,18 +953,22 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         self.reader.clone()
     }
 
-    fn submit(&self, job: Job) -> Result<(), String> {
+    fn submit(&self, job: Job) -> Result<(), LogError> {
         self.jobs
             .as_ref()
-            .ok_or("raft log closed")?
+            .ok_or(LogError::Closed)?
             .send(job)
-            .map_err(|_| "raft log writer stopped".to_string())
+            .map_err(|_| LogError::Stopped)
     }
 
     /// Appends entries: `(index, in-memory form, payload)`, consecutive and following the last
     /// one. They are readable when this returns; `done` runs once they are synced.
     #[cfg(test)]
-    pub(crate) fn append(&self, entries: Vec<(u64, T, Vec<u8>)>, done: Done) -> Result<(), String> {
+    pub(crate) fn append(
+        &self,
+        entries: Vec<(u64, T, Vec<u8>)>,
+        done: Done,
+    ) -> Result<(), LogError> {
         let mut buf = Vec::new();
         let records = entries
             .into_iter()
@@ -919,7 +988,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
         buf: Vec<u8>,
         records: Vec<(u64, T, u32)>,
         done: Done,
-    ) -> Result<(), String> {
+    ) -> Result<(), LogError> {
         let Some(first) = records.first().map(|e| e.0) else {
             done(Ok(()));
             return Ok(());
@@ -933,10 +1002,10 @@ impl<T: Clone + Send + 'static> SegLog<T> {
             if sh.next.is_some_and(|n| n != first)
                 || records.windows(2).any(|w| w[1].0 != w[0].0 + 1)
             {
-                return Err(format!(
-                    "raft log: append of entry {first} does not follow entry {:?}",
-                    sh.next.map(|n| n.wrapping_sub(1))
-                ));
+                return Err(LogError::OutOfOrder {
+                    first,
+                    last: sh.next.map(|n| n.wrapping_sub(1)),
+                });
             }
             for (index, item, len) in records {
                 lens.push((index, len));
@@ -954,7 +1023,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
 
     /// Removes every entry from `from` on; `done` runs once that is durable. The removed
     /// entries are unreadable from the moment this returns.
-    pub(crate) fn truncate(&self, from: u64, done: Done) -> Result<(), String> {
+    pub(crate) fn truncate(&self, from: u64, done: Done) -> Result<(), LogError> {
         {
             let mut sh = lock(&self.reader.shared);
             let gone: Vec<u64> = sh.cache.range(from..).map(|(i, _)| *i).collect();
@@ -975,7 +1044,7 @@ impl<T: Clone + Send + 'static> SegLog<T> {
 
     /// Drops every entry up to `upto` after writing `meta` (which must record the purge point)
     /// durably; `done` runs once the metadata is durable.
-    pub(crate) fn purge(&self, upto: u64, meta: Vec<u8>, done: Done) -> Result<(), String> {
+    pub(crate) fn purge(&self, upto: u64, meta: Vec<u8>, done: Done) -> Result<(), LogError> {
         {
             let mut sh = lock(&self.reader.shared);
             let gone: Vec<u64> = sh.cache.range(..=upto).map(|(i, _)| *i).collect();
@@ -998,12 +1067,12 @@ impl<T: Clone + Send + 'static> SegLog<T> {
     }
 
     /// Writes the caller's metadata durably; `done` runs once it is.
-    pub(crate) fn save_meta(&self, meta: Vec<u8>, done: Done) -> Result<(), String> {
+    pub(crate) fn save_meta(&self, meta: Vec<u8>, done: Done) -> Result<(), LogError> {
         self.submit(Job::Meta { meta, done })
     }
 
     /// Writes the caller's commit point, without syncing.
-    pub(crate) fn save_committed(&self, bytes: Vec<u8>) -> Result<(), String> {
+    pub(crate) fn save_committed(&self, bytes: Vec<u8>) -> Result<(), LogError> {
         self.submit(Job::Committed(bytes))
     }
 }
@@ -1061,10 +1130,10 @@ impl<T> Writer<T> {
         // The queue is closed: everything submitted has been written and synced.
     }
 
-    fn fail(&self, e: &str) {
+    fn fail(&self, e: &LogError) {
         let mut sh = lock(&self.shared);
         if sh.failed.is_none() {
-            sh.failed = Some(e.to_string());
+            sh.failed = Some(e.clone());
         }
     }
 
@@ -1074,7 +1143,7 @@ impl<T> Writer<T> {
             return;
         }
         let r = match &self.active {
-            Some(a) => a.file.sync_data().map_err(|e| self.io(a.first, e)),
+            Some(a) => a.file.sync_data().map_err(|e| self.io(a.first, "sync", e)),
             None => Ok(()),
         };
         if let Err(e) = &r {
@@ -1108,15 +1177,18 @@ impl<T> Writer<T> {
         }
     }
 
-    fn io(&self, seg: u64, e: io::Error) -> String {
-        format!("raft log {}: {e}", self.dir.join(seg_name(seg)).display())
+    /// An input/output error on the segment that starts at `seg`.
+    fn io(&self, seg: u64, op: &'static str, e: io::Error) -> LogError {
+        LogError::io(&self.dir.join(seg_name(seg)), op, e)
     }
 
     /// Starts a new segment whose first entry is `first`; the current one is synced first
     /// (its appends are still waiting for their sync).
-    fn roll(&mut self, first: u64) -> Result<(), String> {
+    fn roll(&mut self, first: u64) -> Result<(), LogError> {
         if let Some(a) = &self.active {
-            a.file.sync_data().map_err(|e| self.io(a.first, e))?;
+            a.file
+                .sync_data()
+                .map_err(|e| self.io(a.first, "sync", e))?;
         }
         let path = self.dir.join(seg_name(first));
         let file = OpenOptions::new()
@@ -1124,9 +1196,9 @@ impl<T> Writer<T> {
             .truncate(true)
             .write(true)
             .open(&path)
-            .map_err(|e| self.io(first, e))?;
-        sync_dir(&self.dir).map_err(|e| self.io(first, e))?;
-        let read = File::open(&path).map_err(|e| self.io(first, e))?;
+            .map_err(|e| self.io(first, "create", e))?;
+        sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, "sync the directory", e))?;
+        let read = File::open(&path).map_err(|e| self.io(first, "open", e))?;
         lock(&self.shared).files.insert(first, Arc::new(read));
         self.active = Some(Active {
             first,
@@ -1137,7 +1209,7 @@ impl<T> Writer<T> {
         Ok(())
     }
 
-    fn write(&mut self, buf: &[u8], records: &[(u64, u32)]) -> Result<(), String> {
+    fn write(&mut self, buf: &[u8], records: &[(u64, u32)]) -> Result<(), LogError> {
         let Some(&(first, _)) = records.first() else {
             return Ok(());
         };
@@ -1149,14 +1221,11 @@ impl<T> Writer<T> {
             self.roll(first)?;
         }
         let Some(a) = self.active.as_mut() else {
-            return Err("raft log: no active segment".into());
+            return Err(LogError::NoActiveSegment);
         };
         let (seg, start) = (a.first, a.len);
         if let Err(e) = a.file.write_all_at(buf, start) {
-            return Err(format!(
-                "raft log {}: {e}",
-                self.dir.join(seg_name(seg)).display()
-            ));
+            return Err(LogError::io(&self.dir.join(seg_name(seg)), "write", e));
         }
         a.len += buf.len() as u64;
         a.next = records.last().map_or(a.next, |r| r.0 + 1);
@@ -1202,13 +1271,15 @@ impl<T> Writer<T> {
         }
     }
 
-    fn write_meta(&self, meta: &[u8]) -> Result<(), String> {
-        florin_fs::write_atomic(&self.dir.join(META), &[&checked(meta)]).map_err(|e| e.to_string())
+    fn write_meta(&self, meta: &[u8]) -> Result<(), LogError> {
+        let path = self.dir.join(META);
+        florin_fs::write_atomic(&path, &[&checked(meta)])
+            .map_err(|e| LogError::io(&path, "write", e))
     }
 
     /// Cuts the log before `from`: later segments are deleted newest first (a crash half way
     /// leaves a shorter log, never a hole), then the segment holding `from` is cut.
-    fn truncate(&mut self, from: u64) -> Result<(), String> {
+    fn truncate(&mut self, from: u64) -> Result<(), LogError> {
         // First lower the synced mark below the cut, durably: otherwise a crash could leave a
         // shorter log than the mark says, which would refuse to open.
         if self.synced.is_some_and(|s| s >= from) {
@@ -1219,7 +1290,7 @@ impl<T> Writer<T> {
                 None => f.set_len(0),
             }
             .and_then(|()| f.sync_all())
-            .map_err(|e| format!("{}: {e}", self.dir.join(SYNCED).display()))?;
+            .map_err(|e| LogError::io(&self.dir.join(SYNCED), "lower the synced mark", e))?;
             self.synced = below;
         }
         let mut sh = lock(&self.shared);
@@ -1233,11 +1304,12 @@ impl<T> Writer<T> {
             if self.active.as_ref().is_some_and(|a| a.first == first) {
                 self.active = None;
             }
-            fs::remove_file(self.dir.join(seg_name(first))).map_err(|e| self.io(first, e))?;
+            fs::remove_file(self.dir.join(seg_name(first)))
+                .map_err(|e| self.io(first, "remove", e))?;
             deleted = true;
         }
         if deleted {
-            sync_dir(&self.dir).map_err(|e| self.io(from, e))?;
+            sync_dir(&self.dir).map_err(|e| LogError::io(&self.dir, "sync the directory", e))?;
         }
         // The segment that holds `from`, if any: cut it at that record.
         let Some((&first, _)) = sh.files.range(..from).next_back() else {
@@ -1247,17 +1319,21 @@ impl<T> Writer<T> {
         let file = OpenOptions::new()
             .write(true)
             .open(&path)
-            .map_err(|e| self.io(first, e))?;
-        let len = file.metadata().map_err(|e| self.io(first, e))?.len();
+            .map_err(|e| self.io(first, "open", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| self.io(first, "stat", e))?
+            .len();
         // Where `from` starts: scan the segment's records (truncation is rare).
-        let Scan { recs, end, .. } = scan(&path, first).map_err(|e| self.io(first, e))?;
+        let Scan { recs, end, .. } = scan(&path, first).map_err(|e| self.io(first, "read", e))?;
         let cut = recs
             .iter()
             .find(|(i, _)| *i >= from)
             .map_or(end, |(_, l)| l.offset);
         if cut < len {
-            file.set_len(cut).map_err(|e| self.io(first, e))?;
-            file.sync_all().map_err(|e| self.io(first, e))?;
+            file.set_len(cut)
+                .map_err(|e| self.io(first, "truncate", e))?;
+            file.sync_all().map_err(|e| self.io(first, "sync", e))?;
         }
         let next = recs
             .iter()
@@ -1274,7 +1350,7 @@ impl<T> Writer<T> {
     }
 
     /// Deletes the segments whose every entry is at most `upto` (the purge point is durable).
-    fn purge(&mut self, upto: u64) -> Result<(), String> {
+    fn purge(&mut self, upto: u64) -> Result<(), LogError> {
         let mut sh = lock(&self.shared);
         let firsts: Vec<u64> = sh.files.keys().copied().collect();
         for (k, &first) in firsts.iter().enumerate() {
@@ -1293,7 +1369,8 @@ impl<T> Writer<T> {
             if self.active.as_ref().is_some_and(|a| a.first == first) {
                 self.active = None;
             }
-            fs::remove_file(self.dir.join(seg_name(first))).map_err(|e| self.io(first, e))?;
+            fs::remove_file(self.dir.join(seg_name(first)))
+                .map_err(|e| self.io(first, "remove", e))?;
         }
         Ok(())
     }
@@ -1313,15 +1390,15 @@ mod tests {
         cache_bytes: 3000,
     };
 
-    fn purged_of(meta: Option<&[u8]>) -> Result<Option<u64>, String> {
-        Ok(meta.map(|m| u64::from_le_bytes(m[..8].try_into().unwrap())))
+    fn purged_of(meta: Option<&[u8]>) -> Option<u64> {
+        meta.map(|m| u64::from_le_bytes(m[..8].try_into().unwrap()))
     }
 
     /// The purge point from the metadata (a `u64`), the commit point from `committed.bin` (a
     /// `u64`).
-    fn bounds(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, OpenError> {
+    fn bounds(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, LogError> {
         Ok(Bounds {
-            purged: purged_of(meta)?,
+            purged: purged_of(meta),
             committed: committed
                 .and_then(|c| c.get(..8))
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap())),
@@ -1338,7 +1415,7 @@ mod tests {
         vec![(i % 251) as u8; n]
     }
 
-    fn wait(f: impl FnOnce(Done) -> Result<(), String>) {
+    fn wait(f: impl FnOnce(Done) -> Result<(), LogError>) {
         let (tx, rx) = mpsc::channel();
         f(Box::new(move |r| tx.send(r).unwrap())).unwrap();
         rx.recv().unwrap().unwrap();
@@ -1528,7 +1605,7 @@ mod tests {
         check(&log, 101..105);
         drop(log);
         let (log, rec) = open(dir.path());
-        assert_eq!(purged_of(rec.meta.as_deref()).unwrap(), Some(100));
+        assert_eq!(purged_of(rec.meta.as_deref()), Some(100));
         assert_eq!(rec.last.map(|l| l.0), Some(104));
         check(&log, 101..105);
         assert!(segments(dir.path()).iter().all(|s| *s >= 101));
@@ -1563,6 +1640,34 @@ mod tests {
             panic!("two writers on one log");
         };
         assert!(e.to_string().contains("in use"), "{e}");
+        assert!(matches!(e, LogError::Locked { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_keep_their_source() {
+        use std::error::Error as _;
+        let path = Path::new("/x/seg-00000000000000000001.log");
+        let e = LogError::io(path, "sync", io::Error::other("disk on fire"));
+        let text = e.to_string();
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(
+            text.contains("sync") && text.contains("disk on fire"),
+            "{text}"
+        );
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("disk on fire")
+        );
+        // Shared by every append that waited for the failed sync.
+        assert_eq!(e.clone().to_string(), text);
+        let e = LogError::OutOfOrder {
+            first: 3,
+            last: Some(1),
+        };
+        assert_eq!(
+            e.to_string(),
+            "raft log: append of entry 3 does not follow entry Some(1)"
+        );
     }
 
     #[test]
@@ -1592,7 +1697,7 @@ mod tests {
     };
 
     /// As [`bounds`], and the log begins at entry 1 with its metadata written before it.
-    fn strict(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, OpenError> {
+    fn strict(meta: Option<&[u8]>, committed: Option<&[u8]>) -> Result<Bounds, LogError> {
         Ok(Bounds {
             origin: Some(1),
             ..bounds(meta, committed)?
@@ -1658,7 +1763,7 @@ mod tests {
     fn attempt(dir: &Path, n: u64, acked: u64) -> Result<u64, Damage> {
         let before = contents(dir);
         match SegLog::<u64>::open(dir, TINY, strict) {
-            Err(OpenError::Damaged(d)) => {
+            Err(LogError::Damaged(d)) => {
                 assert_eq!(
                     contents(dir),
                     before,
@@ -1979,7 +2084,7 @@ mod tests {
                 }
                 let before = contents(dir);
                 match SegLog::<u64>::open(dir, TINY, bounds) {
-                    Err(OpenError::Damaged(d)) => {
+                    Err(LogError::Damaged(d)) => {
                         prop_assert_eq!(contents(dir), before, "{}", d);
                         prop_assert!(d.path.starts_with(dir));
                     }

@@ -212,15 +212,35 @@ fn put_map(out: &mut Vec<u8>, m: &HashMap<[u8; 32], u64, Fast>) {
     }
 }
 
-fn take_map(b: &mut &[u8]) -> Result<HashMap<[u8; 32], u64, Fast>, String> {
-    let (n, rest) = b
-        .split_first_chunk::<8>()
-        .ok_or("shard snapshot: truncated")?;
-    let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| "shard snapshot: too large")?;
+/// Why [`ShardState::from_snapshot`] refused a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// The snapshot ends before the maps it announces.
+    #[error("shard snapshot: truncated")]
+    Truncated,
+    /// A map's length does not fit this machine's address space.
+    #[error("shard snapshot: too large")]
+    TooLarge,
+    /// The rest of the state (after the maps) does not decode.
+    #[error("undecodable: {0}")]
+    Undecodable(#[from] postcard::Error),
+}
+
+/// For [`crate::raft::Machine::restore`], whose errors are strings.
+impl From<SnapshotError> for String {
+    fn from(e: SnapshotError) -> String {
+        e.to_string()
+    }
+}
+
+fn take_map(b: &mut &[u8]) -> Result<HashMap<[u8; 32], u64, Fast>, SnapshotError> {
+    let (n, rest) = b.split_first_chunk::<8>().ok_or(SnapshotError::Truncated)?;
+    let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| SnapshotError::TooLarge)?;
     let len = n
         .checked_mul(RECORD)
         .filter(|l| *l <= rest.len())
-        .ok_or("shard snapshot: truncated")?;
+        .ok_or(SnapshotError::Truncated)?;
     let (records, rest) = rest.split_at(len);
     // Room to grow before the first rehash.
     let mut m = HashMap::with_capacity_and_hasher(n + n / 4, Fast::default());
@@ -500,10 +520,10 @@ impl ShardState {
     }
 
     /// The state a snapshot holds; a truncated or damaged snapshot is an error.
-    pub fn from_snapshot(mut b: &[u8]) -> Result<ShardState, String> {
+    pub fn from_snapshot(mut b: &[u8]) -> Result<ShardState, SnapshotError> {
         let unspent = take_map(&mut b)?;
         let confirmed = take_map(&mut b)?;
-        let rest = decode(b)?;
+        let rest = postcard::from_bytes(b)?;
         Ok(ShardState {
             unspent,
             confirmed,
