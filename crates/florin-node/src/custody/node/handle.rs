@@ -1,0 +1,611 @@
+//! What a node does with one request: key generation, signing, refresh, repair, import,
+//! export, and the ECDSA requests.
+
+use super::*;
+
+pub(super) fn forbidden(what: &str) -> CustodyError {
+    CustodyError::Forbidden(format!("{what} needs an administrator key"))
+}
+
+pub(super) fn handle(
+    inner: &Inner,
+    rights: &Rights,
+    req: Request,
+) -> Result<Response, CustodyError> {
+    let admin = rights.admin;
+    match req {
+        Request::Status => {
+            let keys = inner
+                .keys
+                .read()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            let mut list: Vec<wire::KeyInfo> = keys
+                .iter()
+                .map(|(id, e)| wire::KeyInfo {
+                    key_id: id.clone(),
+                    group: e.share.group().to_bytes(),
+                })
+                .collect();
+            list.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+            // Read under the `keys` lock: a commit moves a key between the two whole.
+            let mut pending: Vec<wire::PendingKey> = inner
+                .pending
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .iter()
+                .map(|(id, share)| wire::PendingKey {
+                    key_id: id.clone(),
+                    ecdsa: false,
+                    public: share.group().to_bytes(),
+                })
+                .collect();
+            if let Some(e) = &inner.ecdsa {
+                pending.extend(e.pending_keys());
+            }
+            drop(keys);
+            pending.sort_by(|a, b| a.key_id.cmp(&b.key_id));
+            Ok(Response::Status {
+                party: inner.party,
+                keys: list,
+                nonces_ready: inner
+                    .nonces
+                    .pool
+                    .lock()
+                    .map(|p| p.ready() as u64)
+                    .unwrap_or(0),
+                ecdsa: inner.ecdsa.as_ref().map(|e| e.status()),
+                pending,
+            })
+        }
+        Request::Commitments { count } => {
+            let n = &inner.nonces;
+            let count = count.min(MAX_COMMITMENTS) as usize;
+            let lock = || {
+                n.pool
+                    .lock()
+                    .map_err(|_| CustodyError::Frost("lock".into()))
+            };
+            let mut out = lock()?.issue(count);
+            if out.len() < count {
+                // Demand outgrew the pool: keep more ready from now on, and make the
+                // shortfall now (outside the lock, so signing goes on) rather than answer short.
+                let t = n.target.load(Ordering::Relaxed);
+                n.target.store(
+                    NONCE_POOL_TARGET.min(t.max(2 * count).max(2 * t)),
+                    Ordering::Relaxed,
+                );
+                let batch = NoncePool::generate(&n.hedge, count - out.len(), &mut OsRng);
+                let mut pool = lock()?;
+                pool.add(batch);
+                out.extend(pool.issue(count - out.len()));
+            }
+            if let Ok(pool) = lock() {
+                n.low_water.fetch_min(pool.ready(), Ordering::Relaxed);
+            }
+            Ok(Response::Commitments(out))
+        }
+        Request::Sign {
+            key_id,
+            group,
+            nonce,
+            package,
+        } => {
+            rights.check_key(&key_id)?;
+            let e = key(inner, &key_id)?;
+            if e.digest != group {
+                // Checked before the nonce is taken: the coordinator retries with it.
+                return Err(CustodyError::StaleGroup(key_id));
+            }
+            let package = SigningPackage::from_bytes(&package)?;
+            let nonces = inner
+                .nonces
+                .pool
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .take(nonce)?;
+            Ok(Response::Share(florin_custody::frost::sign_share(
+                &e.share, &nonces, &package,
+            )?))
+        }
+        Request::DkgStart {
+            session,
+            key_id,
+            t,
+            n,
+        } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            if !valid_key_id(&key_id) {
+                return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+            }
+            if n != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "{n} parties asked, the network has {}",
+                    inner.n
+                )));
+            }
+            if key(inner, &key_id).is_ok() || ecdsa_has(inner, &key_id) {
+                return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+            }
+            let (party, msg) = DkgParty::start(&key_id, inner.party, t, n, &mut OsRng)?;
+            begin_run(inner, session, party, msg)
+        }
+        Request::RefreshStart {
+            session,
+            key_id,
+            group,
+        } => {
+            if !admin {
+                return Err(forbidden("key refresh"));
+            }
+            let e = key(inner, &key_id)?;
+            if e.digest != group {
+                return Err(CustodyError::StaleGroup(key_id));
+            }
+            if e.share.group().parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "key {key_id} has {} parties, the network {}",
+                    e.share.group().parties(),
+                    inner.n
+                )));
+            }
+            let (party, msg) = DkgParty::start_refresh(&e.share, &mut OsRng)?;
+            begin_run(inner, session, party, msg)
+        }
+        Request::DkgRound2 { session, round1 } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            let mut run = take_run(inner, &session)?;
+            let msgs = open_all(inner, &session, 1, &round1)?;
+            let out = run.party.round2(&msgs)?;
+            for e in round1.iter().filter(|e| e.from != inner.party) {
+                let att = e.attestation();
+                run.round1.insert(e.from, att.payload_hash);
+                run.seen.push(att);
+            }
+            let echo = DkgEcho {
+                frost: out.echo,
+                seen: std::mem::take(&mut run.seen),
+            };
+            let echo = Envelope::broadcast(
+                &inner.identity,
+                session,
+                2,
+                inner.party,
+                wire::encode(&echo),
+            )?;
+            let mut direct = Vec::with_capacity(out.direct.len());
+            for (to, m) in &out.direct {
+                direct.push(sealed_to(inner, session, 3, *to, m)?);
+            }
+            put_run(inner, session, run)?;
+            Ok(Response::DkgRound2 { echo, direct })
+        }
+        Request::DkgFinish {
+            session,
+            echoes,
+            direct,
+        } => {
+            if !admin {
+                return Err(forbidden("key generation"));
+            }
+            let mut run = take_run(inner, &session)?;
+            let echoes = open_all(inner, &session, 2, &echoes)?;
+            let mut frost_echoes = BTreeMap::new();
+            let mut attested = BTreeMap::new();
+            for (w, bytes) in echoes {
+                let echo: DkgEcho =
+                    wire::decode(&bytes, "echo").map_err(|_| CustodyError::Misbehaved {
+                        party: w,
+                        reason: "malformed echo".into(),
+                    })?;
+                frost_echoes.insert(w, echo.frost);
+                attested.insert(w, echo.seen);
+            }
+            // Signed evidence first: it names an equivocating sender or a lying witness.
+            check_echoes(&session, 1, &run.round1, &attested, |p| {
+                inner.members.get(&p).cloned()
+            })?;
+            let direct = open_all(inner, &session, 3, &direct)?;
+            let refresh = run.party.is_refresh();
+            let share = run
+                .party
+                .finish(&frost_echoes, &direct)
+                .map_err(|e| match e {
+                    // The witness's signed attestations agreed with ours, its digests do not:
+                    // the witness contradicts itself.
+                    CustodyError::Equivocation { witness, .. } => CustodyError::Misbehaved {
+                        party: witness,
+                        reason: "its echo's digests contradict its signed attestations".into(),
+                    },
+                    other => other,
+                })?;
+            if refresh {
+                store_refresh(inner, share)
+            } else {
+                store(inner, share)
+            }
+        }
+        Request::Import { key_id, share } => {
+            if !admin {
+                return Err(forbidden("key import"));
+            }
+            let share = KeyShare::from_bytes(&share)?;
+            if share.group().key_id() != key_id
+                || !valid_key_id(&key_id)
+                || ecdsa_has(inner, &key_id)
+            {
+                return Err(CustodyError::BadParameters(format!(
+                    "key name {key_id:?} invalid or taken"
+                )));
+            }
+            if share.party() != inner.party || share.group().parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "share for party {} of {}, this is party {} of {}",
+                    share.party(),
+                    share.group().parties(),
+                    inner.party,
+                    inner.n
+                )));
+            }
+            store(inner, share)
+        }
+        Request::Export { key_id } => {
+            if !admin {
+                return Err(forbidden("key export"));
+            }
+            let e = key(inner, &key_id)?;
+            Ok(Response::Exported(e.share.to_bytes().to_vec()))
+        }
+        Request::RepairStart {
+            session,
+            key_id,
+            helpers,
+            target,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let e = key(inner, &key_id)?;
+            let mut deltas = frost::repair_deltas(&e.share, &helpers, target, &mut OsRng)?;
+            let own = deltas
+                .remove(&inner.party)
+                .ok_or_else(|| CustodyError::BadParameters("not a helper".into()))?;
+            let mut out = Vec::with_capacity(deltas.len());
+            for (to, d) in &deltas {
+                out.push(sealed_to(inner, session, REPAIR_DELTA, *to, d)?);
+            }
+            let mut runs = inner
+                .repairs
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?;
+            runs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
+            if runs.len() >= MAX_DKG_RUNS || runs.contains_key(&session) {
+                return Err(CustodyError::OutOfOrder(
+                    "repair run taken, or too many running".into(),
+                ));
+            }
+            runs.insert(
+                session,
+                RepairRun {
+                    key_id,
+                    helpers,
+                    target,
+                    own,
+                    started: Instant::now(),
+                },
+            );
+            Ok(Response::Repair(out))
+        }
+        Request::RepairSigma { session, deltas } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let run = inner
+                .repairs
+                .lock()
+                .map_err(|_| CustodyError::Frost("lock".into()))?
+                .remove(&session)
+                .ok_or_else(|| CustodyError::OutOfOrder("no repair with this session".into()))?;
+            let mut got = open_secrets(inner, &session, REPAIR_DELTA, &deltas)?;
+            let expected: Vec<PartyId> = run
+                .helpers
+                .iter()
+                .copied()
+                .filter(|&h| h != inner.party)
+                .collect();
+            if got.keys().copied().ne(expected.iter().copied()) {
+                return Err(CustodyError::OutOfOrder(format!(
+                    "repair of {}: deltas from {:?}, helpers {expected:?}",
+                    run.key_id,
+                    got.keys().collect::<Vec<_>>()
+                )));
+            }
+            got.insert(inner.party, run.own);
+            let sigma = frost::repair_sigma(&got)?;
+            Ok(Response::Repair(vec![sealed_to(
+                inner,
+                session,
+                REPAIR_SIGMA,
+                run.target,
+                &sigma,
+            )?]))
+        }
+        Request::RepairFinish {
+            session,
+            group,
+            sigmas,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let group = GroupKey::from_bytes(&group)?;
+            let key_id = group.key_id().to_string();
+            if !valid_key_id(&key_id) || ecdsa_has(inner, &key_id) || group.parties() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "key {key_id:?}: not a key of this network's kind"
+                )));
+            }
+            let sigmas = open_secrets(inner, &session, REPAIR_SIGMA, &sigmas)?;
+            let share = frost::repair_finish(&group, inner.party, &sigmas)?;
+            store(inner, share)
+        }
+        Request::Commit { key_id, public } => {
+            if !admin {
+                return Err(forbidden("committing a key"));
+            }
+            commit(inner, &key_id, &public)
+        }
+        req @ (Request::EcdsaStart { .. }
+        | Request::EcdsaStep { .. }
+        | Request::EcdsaPartial { .. }
+        | Request::EcdsaAbort { .. }
+        | Request::EcdsaImport { .. }
+        | Request::EcdsaExport { .. }
+        | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, rights, req),
+    }
+}
+
+/// Whether an ECDSA key of the name is committed (one namespace for both schemes; a pending
+/// key of either takes no name, and the first of the two to commit drops the other).
+pub(super) fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
+    inner.ecdsa.as_ref().is_some_and(|e| e.has_key(key_id))
+}
+
+/// Whether a FROST key of the name is committed.
+pub(super) fn frost_has(inner: &Inner, key_id: &str) -> bool {
+    key(inner, key_id).is_ok()
+}
+
+pub(super) fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
+    inner.ecdsa.as_ref().ok_or_else(|| {
+        CustodyError::BadParameters(format!(
+            "node {} does not run ECDSA (`ecdsa` in its node.json)",
+            inner.party
+        ))
+    })
+}
+
+pub(super) fn handle_ecdsa(
+    inner: &Inner,
+    rights: &Rights,
+    req: Request,
+) -> Result<Response, CustodyError> {
+    let admin = rights.admin;
+    let e = ecdsa(inner)?;
+    match req {
+        Request::EcdsaStart { session, job } => {
+            rights.check_job(&job)?;
+            let frost_has = match &job {
+                EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
+                _ => false,
+            };
+            let client = (!rights.admin).then_some(rights.peer);
+            let (out, done) = e.start(
+                session,
+                job,
+                frost_has,
+                client,
+                &inner.identity,
+                &inner.members,
+            )?;
+            Ok(Response::EcdsaStep { out, done })
+        }
+        Request::EcdsaStep { session, incoming } => {
+            let may = |job: &EcdsaJob| rights.check_job(job);
+            let (out, done) = e.step(session, incoming, &may, &inner.identity, &inner.members)?;
+            Ok(Response::EcdsaStep { out, done })
+        }
+        Request::EcdsaAbort { session } => {
+            e.abort(&session, &|job: &EcdsaJob| rights.check_job(job))?;
+            Ok(Response::Aborted)
+        }
+        Request::EcdsaPartial {
+            key_id,
+            presig,
+            message,
+        } => {
+            rights.check_key(&key_id)?;
+            Ok(Response::EcdsaPartial(
+                e.partial(&key_id, presig, &message)?,
+            ))
+        }
+        Request::EcdsaImport { key_id, share } => {
+            if !admin {
+                return Err(forbidden("key import"));
+            }
+            let frost_has = frost_has(inner, &key_id);
+            Ok(Response::Key(
+                e.import(&key_id, &share, frost_has)?.to_vec(),
+            ))
+        }
+        Request::EcdsaExport { key_id } => {
+            if !admin {
+                return Err(forbidden("key export"));
+            }
+            Ok(Response::Exported(e.export(&key_id)?))
+        }
+        Request::EcdsaAddKey {
+            key_id,
+            from,
+            addend,
+        } => {
+            if !admin {
+                return Err(forbidden("key addition"));
+            }
+            let frost_has = frost_has(inner, &key_id);
+            Ok(Response::Key(
+                e.add_key(&key_id, &from, &addend, frost_has)?.to_vec(),
+            ))
+        }
+        _ => Err(CustodyError::BadParameters("not an ECDSA request".into())),
+    }
+}
+
+/// The refusal for a key whose share this node lost.
+pub(super) fn lost_error(party: PartyId, key_id: &str, why: &str) -> CustodyError {
+    CustodyError::BadParameters(format!(
+        "node {party} cannot use key {key_id}: its share is {why}; the node serves nothing for \
+         this key until `florin custody repair {key_id} --party {party}` restores it"
+    ))
+}
+
+pub(super) fn key(inner: &Inner, key_id: &str) -> Result<Arc<KeyEntry>, CustodyError> {
+    if let Some(why) = inner.lost.read().ok().and_then(|l| l.get(key_id).cloned()) {
+        return Err(lost_error(inner.party, key_id, &why));
+    }
+    inner
+        .keys
+        .read()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .get(key_id)
+        .cloned()
+        .ok_or_else(|| CustodyError::BadParameters(format!("no key {key_id}")))
+}
+
+/// Registers a key generation or refresh run that `party` started, and answers with its
+/// signed round-1 broadcast.
+pub(super) fn begin_run(
+    inner: &Inner,
+    session: [u8; 16],
+    party: DkgParty,
+    msg: Vec<u8>,
+) -> Result<Response, CustodyError> {
+    let mut dkgs = inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?;
+    dkgs.retain(|_, r| r.started.elapsed() < DKG_DEADLINE);
+    if dkgs.len() >= MAX_DKG_RUNS {
+        return Err(CustodyError::BadParameters(
+            "too many key generations running".into(),
+        ));
+    }
+    if dkgs.contains_key(&session) {
+        return Err(CustodyError::OutOfOrder("session already started".into()));
+    }
+    let own = Envelope::broadcast(&inner.identity, session, 1, inner.party, msg)?;
+    let att = own.attestation();
+    dkgs.insert(
+        session,
+        DkgRun {
+            party,
+            started: Instant::now(),
+            round1: [(inner.party, att.payload_hash)].into(),
+            seen: vec![att],
+        },
+    );
+    Ok(Response::DkgRound1(own))
+}
+
+pub(super) fn take_run(inner: &Inner, session: &[u8; 16]) -> Result<DkgRun, CustodyError> {
+    inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .remove(session)
+        .ok_or_else(|| CustodyError::OutOfOrder("no key generation with this session".into()))
+}
+
+pub(super) fn put_run(inner: &Inner, session: [u8; 16], run: DkgRun) -> Result<(), CustodyError> {
+    inner
+        .dkgs
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .insert(session, run);
+    Ok(())
+}
+
+/// A secret message from this node to party `to`, sealed to its identity key.
+pub(super) fn sealed_to(
+    inner: &Inner,
+    session: [u8; 16],
+    step: u8,
+    to: PartyId,
+    payload: &[u8],
+) -> Result<Envelope, CustodyError> {
+    let to_key = inner
+        .members
+        .get(&to)
+        .ok_or_else(|| CustodyError::BadParameters(format!("party {to}")))?;
+    Envelope::direct(
+        &inner.identity,
+        session,
+        step,
+        inner.party,
+        to,
+        to_key,
+        payload,
+        &mut OsRng,
+    )
+}
+
+/// [`open_all`] for sealed secrets: the plaintexts are wiped when dropped.
+pub(super) fn open_secrets(
+    inner: &Inner,
+    session: &[u8; 16],
+    step: u8,
+    envs: &[Envelope],
+) -> Result<BTreeMap<PartyId, Zeroizing<Vec<u8>>>, CustodyError> {
+    Ok(open_all(inner, session, step, envs)?
+        .into_iter()
+        .map(|(p, d)| (p, Zeroizing::new(d)))
+        .collect())
+}
+
+/// Opens other parties' envelopes of one step: each must come from a distinct member other
+/// than this node and carry that member's signature.
+pub(super) fn open_all(
+    inner: &Inner,
+    session: &[u8; 16],
+    step: u8,
+    envs: &[Envelope],
+) -> Result<std::collections::BTreeMap<PartyId, Vec<u8>>, CustodyError> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in envs {
+        if e.from == inner.party {
+            continue;
+        }
+        let k = inner.members.get(&e.from).ok_or_else(|| {
+            CustodyError::BadParameters(format!("message from unknown party {}", e.from))
+        })?;
+        // The coordinator checked the sender's signature when it took the envelope from the
+        // sender; a signature broken since then was broken on the way, by no party of the run.
+        if !e.verify(k) {
+            return Err(CustodyError::Inconsistent(format!(
+                "the message from party {} does not carry its signature (altered in transit)",
+                e.from
+            )));
+        }
+        let m = e.open(session, step, inner.party, k, inner.identity.secret())?;
+        if out.insert(e.from, m).is_some() {
+            return Err(CustodyError::Misbehaved {
+                party: e.from,
+                reason: "two messages for one step".into(),
+            });
+        }
+    }
+    Ok(out)
+}
