@@ -252,6 +252,25 @@ fn owns(w: &Witness, e: &Encumbrance) -> bool {
 /// [`BuildError::Insufficient`] when all of them do not, [`BuildError::TooManyInputs`] when
 /// more than [`MAX_IO`] are needed.
 pub fn select_largest_first(coins: &[Utxo], target: u64) -> Result<Vec<usize>, BuildError> {
+    let (order, total) = covering(coins, target);
+    if total < target {
+        return Err(BuildError::Insufficient {
+            have: total,
+            need: target,
+        });
+    }
+    if order.len() > MAX_IO {
+        return Err(BuildError::TooManyInputs {
+            needed: order.len(),
+            max: MAX_IO,
+        });
+    }
+    Ok(order)
+}
+
+/// The fewest coins, largest first, that cover `target` (all of them if they do not), without
+/// the input limit, and what they hold.
+fn covering(coins: &[Utxo], target: u64) -> (Vec<usize>, u64) {
     let mut order: Vec<usize> = (0..coins.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(coins[i].value));
     let mut total = 0u64;
@@ -263,20 +282,8 @@ pub fn select_largest_first(coins: &[Utxo], target: u64) -> Result<Vec<usize>, B
         total = total.saturating_add(coins[i].value);
         n += 1;
     }
-    if total < target {
-        return Err(BuildError::Insufficient {
-            have: total,
-            need: target,
-        });
-    }
-    if n > MAX_IO {
-        return Err(BuildError::TooManyInputs {
-            needed: n,
-            max: MAX_IO,
-        });
-    }
     order.truncate(n);
-    Ok(order)
+    (order, total)
 }
 
 /// Pays `pay` (one or more outputs) from `coins`, largest coins first, with any change to
@@ -314,6 +321,25 @@ pub fn payment(
     Ok(d)
 }
 
+/// The coins `chosen` (indices into `coins`) joined into one output to `to`.
+fn join(coins: &[Utxo], chosen: Vec<usize>, to: Encumbrance) -> Result<Draft, BuildError> {
+    let inputs: Vec<Utxo> = chosen.iter().map(|&i| coins[i]).collect();
+    let value = sum(inputs.iter().map(|u| u.value)).ok_or(BuildError::Unbalanced {
+        inputs: u64::MAX,
+        outputs: 0,
+    })?;
+    let mut d = Draft::new(
+        inputs,
+        vec![Output {
+            value,
+            encumbrance: to,
+        }],
+    )?;
+    d.chosen = chosen;
+    d.change = Some(0);
+    Ok(d)
+}
+
 /// Joins the smallest coins, as many as one transaction takes, into one output to `to`; `None`
 /// when there are fewer than two coins.
 pub fn consolidation(coins: &[Utxo], to: Encumbrance) -> Result<Option<Draft>, BuildError> {
@@ -323,20 +349,7 @@ pub fn consolidation(coins: &[Utxo], to: Encumbrance) -> Result<Option<Draft>, B
     let mut order: Vec<usize> = (0..coins.len()).collect();
     order.sort_by_key(|&i| coins[i].value);
     order.truncate(MAX_IO);
-    let inputs: Vec<Utxo> = order.iter().map(|&i| coins[i]).collect();
-    let total = sum(inputs.iter().map(|u| u.value)).ok_or(BuildError::Unbalanced {
-        inputs: u64::MAX,
-        outputs: 0,
-    })?;
-    let mut d = Draft::new(
-        inputs,
-        vec![Output {
-            value: total,
-            encumbrance: to,
-        }],
-    )?;
-    d.chosen = order;
-    d.change = Some(0);
+    let d = join(coins, order, to)?;
     Ok(Some(d))
 }
 
@@ -358,18 +371,8 @@ pub fn payment_chain(
         other => return other.map(|d| vec![d]),
     }
     // Every coin the payment needs, largest first (counted without the input limit).
-    let mut order: Vec<usize> = (0..coins.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(coins[i].value));
-    let mut total = 0u64;
-    let mut n = 0;
-    for &i in &order {
-        if total >= pay.value {
-            break;
-        }
-        total = total.saturating_add(coins[i].value);
-        n += 1;
-    }
-    order.truncate(n);
+    let (order, _) = covering(coins, pay.value);
+    let n = order.len();
     if n > MAX_IO * MAX_IO {
         return Err(BuildError::TooManyInputs {
             needed: n,
@@ -385,20 +388,7 @@ pub fn payment_chain(
             last_chosen.push(group[0]);
             continue;
         }
-        let inputs: Vec<Utxo> = group.iter().map(|&i| coins[i]).collect();
-        let value = sum(inputs.iter().map(|u| u.value)).ok_or(BuildError::Unbalanced {
-            inputs: u64::MAX,
-            outputs: 0,
-        })?;
-        let mut d = Draft::new(
-            inputs,
-            vec![Output {
-                value,
-                encumbrance: change_to,
-            }],
-        )?;
-        d.chosen = group.to_vec();
-        d.change = Some(0);
+        let d = join(coins, group.to_vec(), change_to)?;
         last_inputs.push(d.output_utxos()[0]);
         last_chosen.push(usize::MAX);
         drafts.push(d);
