@@ -100,6 +100,14 @@ pub enum Notice {
     /// A handoff owed from earlier was dropped (emitted by [`Flows::withdraw`], which has no
     /// other place to report it).
     HandoffDropped(DroppedHandoff),
+    /// A payee refused an earlier payment delivered again over a device channel
+    /// ([`crate::peer::pay_peer`]).
+    EarlierPaymentRefused {
+        /// Its amount.
+        cents: u64,
+        /// The payee's reason.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Notice {
@@ -115,6 +123,11 @@ impl fmt::Display for Notice {
                 format_cents(*cents)
             ),
             Notice::HandoffDropped(d) => d.fmt(f),
+            Notice::EarlierPaymentRefused { cents, reason } => write!(
+                f,
+                "the payee refused an earlier payment of €{}: {reason}",
+                format_cents(*cents)
+            ),
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod connector;
 pub mod flows;
 pub mod online;
+pub mod peer;
 mod select;
 mod store;
 mod wallet;
