@@ -5,12 +5,20 @@
 //! [`WalletStore`] *before* anything leaves the wallet (a payment file, a deposit request), so
 //! a crash never makes the wallet sign the same token twice. Paying the same request again
 //! re-emits the same payment instead of signing anew.
+//!
+//! The online flows (pay, withdraw, sync, deposit) live in [`flows`], over the node operations
+//! of a [`connector::Connector`] that a front end implements for its transport.
 
+pub mod connector;
+pub mod flows;
 pub mod online;
+pub mod peer;
 mod select;
 mod store;
 mod wallet;
 
+pub use connector::{Connector, ConnectorError};
+pub use flows::{FlowError, Flows, Notice};
 pub use select::select_exact;
 pub use store::{FileStore, StoreError, WalletLock, WalletStore};
 pub use wallet::{

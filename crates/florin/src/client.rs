@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::Result;
 use florin_node::api::{
     ApiError, DepositRequest, DepositResponse, FaucetResponse, FraudInfo, Info, LedgerFaucet,
     LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitTx, Unspent,
@@ -10,6 +10,35 @@ use florin_node::api::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+/// Why a call to the node failed. The public methods return it inside [`anyhow::Error`]
+/// (downcast to tell a refusal from an unreachable node, as `connect.rs` does).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The node answered with an error status.
+    #[error("node refused ({status}): {message}")]
+    Refused {
+        /// The HTTP status.
+        status: reqwest::StatusCode,
+        /// The node's message.
+        message: String,
+    },
+    /// The request did not reach the node.
+    #[error("cannot reach the node at {node}")]
+    Unreachable {
+        /// The node's base URL.
+        node: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The answer broke off.
+    #[error(transparent)]
+    Transport(reqwest::Error),
+    /// The answer is not what the API promises.
+    #[error("node sent an unreadable answer")]
+    Unreadable(#[source] serde_json::Error),
+}
 
 /// The node's API.
 pub struct NodeClient {
@@ -30,16 +59,28 @@ impl NodeClient {
         })
     }
 
-    async fn decode<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T> {
+    /// The node's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    async fn decode<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T, ClientError> {
         let status = resp.status();
-        let bytes = resp.bytes().await?;
+        let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
         if !status.is_success() {
-            let msg = serde_json::from_slice::<ApiError>(&bytes)
+            let message = serde_json::from_slice::<ApiError>(&bytes)
                 .map(|e| e.error)
                 .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(anyhow!("node refused ({status}): {msg}"));
+            return Err(ClientError::Refused { status, message });
         }
-        serde_json::from_slice(&bytes).context("node sent an unreadable answer")
+        serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)
+    }
+
+    fn unreachable(&self, source: reqwest::Error) -> ClientError {
+        ClientError::Unreachable {
+            node: self.base.clone(),
+            source,
+        }
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
@@ -48,8 +89,8 @@ impl NodeClient {
             .get(format!("{}{path}", self.base))
             .send()
             .await
-            .with_context(|| format!("cannot reach the node at {}", self.base))?;
-        self.decode(resp).await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(self.decode(resp).await?)
     }
 
     async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
@@ -59,8 +100,8 @@ impl NodeClient {
             .json(body)
             .send()
             .await
-            .with_context(|| format!("cannot reach the node at {}", self.base))?;
-        self.decode(resp).await
+            .map_err(|e| self.unreachable(e))?;
+        Ok(self.decode(resp).await?)
     }
 
     /// `GET /v1/info`.

@@ -2,6 +2,7 @@
 
 mod client;
 mod cluster_cmd;
+mod connect;
 mod custody_cmd;
 mod devnet;
 mod fraud_cmd;

@@ -14,6 +14,7 @@ use florin_net::qr::{self, Kind};
 use florin_net::{connect, payment_digest, ChannelConfig, Listener, Msg, NetError, Receipt};
 use florin_token::amount::{format_cents, parse_euros};
 use florin_token::{Payment, PaymentRequest};
+use florin_wallet::peer::{Answer, PeerError, PeerExchange};
 use florin_wallet::{FileStore, Wallet, WalletStore};
 use rand::rngs::OsRng;
 use serde_json::json;
@@ -367,32 +368,56 @@ fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
     }
 }
 
-/// Delivers `p` and waits for the matching receipt: `Ok(Err(reason))` when the payee refused
-/// it (final), `Err` when the connection failed (retry).
-fn deliver(ch: &mut florin_net::Channel, p: &Payment) -> Result<Result<Receipt, String>> {
-    ch.send_msg(&Msg::Deliver(p.clone()), progress_bar("sending"))?;
-    // The payee verifies every token before answering: allow time for large payments.
-    ch.set_timeout(Duration::from_secs(30 + p.tokens.len() as u64 / 1_000))?;
-    match ch.recv_msg()? {
-        Msg::Receipt(r) => {
-            if r.handshake != p.handshake
-                || r.amount_cents != p.amount_cents()
-                || r.payment != payment_digest(p)
-            {
-                bail!("the payee's receipt does not match the payment sent");
-            }
-            Ok(Ok(r))
-        }
-        Msg::Refused(why) => Ok(Err(why)),
-        other => bail!("unexpected answer from the payee: {other:?}"),
-    }
+/// The device channel as the wallet's [`PeerExchange`].
+struct PeerChannel(florin_net::Channel);
+
+fn broken(e: NetError) -> PeerError {
+    PeerError::Channel(Box::new(e))
 }
 
-fn lost(e: anyhow::Error) -> anyhow::Error {
-    e.context(
-        "the payment is signed and kept as undelivered: run the same command again to finish \
-         it (it is delivered once, never paid twice)",
-    )
+impl PeerExchange for PeerChannel {
+    fn peer(&self) -> PublicKey {
+        self.0.peer()
+    }
+
+    fn ask(&mut self, cents: u64) -> Result<Answer<PaymentRequest>, PeerError> {
+        self.0
+            .send_msg(
+                &Msg::Ask {
+                    amount_cents: cents,
+                },
+                |_, _| {},
+            )
+            .map_err(broken)?;
+        match self.0.recv_msg().map_err(broken)? {
+            Msg::Request(r) => Ok(Ok(r)),
+            Msg::Refused(why) => Ok(Err(why)),
+            other => Err(PeerError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Delivers `p` and waits for the matching receipt.
+    fn deliver(&mut self, p: &Payment) -> Result<Answer<()>, PeerError> {
+        let ch = &mut self.0;
+        ch.send_msg(&Msg::Deliver(p.clone()), progress_bar("sending"))
+            .map_err(broken)?;
+        // The payee verifies every token before answering: allow time for large payments.
+        ch.set_timeout(Duration::from_secs(30 + p.tokens.len() as u64 / 1_000))
+            .map_err(broken)?;
+        match ch.recv_msg().map_err(broken)? {
+            Msg::Receipt(r) => {
+                if r.handshake != p.handshake
+                    || r.amount_cents != p.amount_cents()
+                    || r.payment != payment_digest(p)
+                {
+                    return Err(PeerError::ReceiptMismatch);
+                }
+                Ok(Ok(()))
+            }
+            Msg::Refused(why) => Ok(Err(why)),
+            other => Err(PeerError::Unexpected(format!("{other:?}"))),
+        }
+    }
 }
 
 fn pay_peer(
@@ -406,96 +431,40 @@ fn pay_peer(
     let (addr, expected) = resolve(peer, Duration::from_secs(discover_secs))?;
     let mut w = store.load()?;
     let cfg = ChannelConfig::default();
-    let mut ch = connect(addr, w.signer(), expected, &cfg)
+    let ch = connect(addr, w.signer(), expected, &cfg)
         .with_context(|| format!("cannot open a secure channel to {addr}"))?;
     let payee = ch.peer();
     if expected.is_none() {
         confirm_unnamed_peer(addr, &payee, cents)?;
     }
-    // Finish earlier payments to this payee whose receipt never came back.
-    let mut resumed = Vec::new();
-    let mut refused = Vec::new();
-    for p in w.undelivered(&payee) {
-        match deliver(&mut ch, &p).map_err(lost)? {
-            Ok(_) => {
-                w.mark_delivered(&payee, &p.handshake);
-                resumed.push(p.amount_cents());
-            }
-            Err(why) => {
-                eprintln!(
-                    "the payee refused an earlier payment of €{}: {why}",
-                    format_cents(p.amount_cents())
-                );
-                w.mark_refused(&payee, &p.handshake, &why);
-                refused.push(json!({ "amount_cents": p.amount_cents(), "reason": why }));
-            }
-        }
-        store.save(&w)?;
-    }
-    // A retry of the same command finishes the interrupted payment instead of paying again.
-    let (paid, tokens) = if resumed.contains(&cents) {
-        (0, 0)
-    } else {
-        ch.send_msg(
-            &Msg::Ask {
-                amount_cents: cents,
-            },
-            |_, _| {},
-        )?;
-        let req = match ch.recv_msg()? {
-            Msg::Request(r) => r,
-            Msg::Refused(why) => bail!("the payee refused: {why}"),
-            other => bail!("unexpected answer from the payee: {other:?}"),
-        };
-        if req.payee != payee {
-            return Err(NetError::WrongPeer {
-                expected: payee,
-                got: req.payee,
-            }
-            .into());
-        }
-        if req.amount_cents != cents {
-            bail!(
-                "the payee asked for €{} instead of €{}",
-                format_cents(req.amount_cents),
-                format_cents(cents)
-            );
-        }
-        let payment = w.pay_to_peer(&req)?;
-        // Saved before the payment leaves: a crash never signs twice.
-        store.save(&w)?;
-        if let Err(why) = deliver(&mut ch, &payment).map_err(lost)? {
-            w.mark_refused(&payee, &payment.handshake, &why);
-            store.save(&w)?;
-            bail!(
-                "the payee refused the payment: {why} (the tokens are signed to the payee; the \
-                 payment is recorded as refused and not retried)"
-            );
-        }
-        w.mark_delivered(&payee, &payment.handshake);
-        store.save(&w)?;
-        (payment.amount_cents(), payment.tokens.len())
-    };
+    let mut ch = PeerChannel(ch);
+    let r = florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| eprintln!("{n}"))?;
     if json {
+        let refused: Vec<_> = r
+            .refused
+            .iter()
+            .map(|(c, why)| json!({ "amount_cents": c, "reason": why }))
+            .collect();
         print_json(&json!({
             "payee": payee.to_address(),
-            "amount_cents": paid,
-            "tokens": tokens,
-            "resumed_cents": resumed,
+            "amount_cents": r.paid_cents,
+            "tokens": r.tokens,
+            "resumed_cents": r.resumed,
             "refused": refused,
             "delivered": true,
         }));
     } else {
-        for r in &resumed {
+        for c in &r.resumed {
             println!(
                 "finished an interrupted payment of €{} to {payee}",
-                format_cents(*r)
+                format_cents(*c)
             );
         }
-        if paid > 0 {
+        if r.paid_cents > 0 {
             println!(
-                "paid €{} with {tokens} tokens to {payee}; receipt received",
-                format_cents(paid)
+                "paid €{} with {} tokens to {payee}; receipt received",
+                format_cents(r.paid_cents),
+                r.tokens
             );
         }
     }
