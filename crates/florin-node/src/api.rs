@@ -192,6 +192,24 @@ pub struct LedgerTxStatus {
     pub error: Option<String>,
 }
 
+impl LedgerTxStatus {
+    /// The answer for a transaction and its status on the ledger.
+    pub fn of(txid: &[u8; 32], status: &crate::ledger::TxStatus) -> LedgerTxStatus {
+        use crate::ledger::TxStatus;
+        let (s, error) = match status {
+            TxStatus::Pending => ("pending", None),
+            TxStatus::StaticInvalid(e) => ("static_invalid", Some(e.clone())),
+            TxStatus::StateInvalid(e) => ("state_invalid", Some(e.clone())),
+            TxStatus::Confirmed => ("confirmed", None),
+        };
+        LedgerTxStatus {
+            txid: hex::encode(txid),
+            status: s.into(),
+            error,
+        }
+    }
+}
+
 /// `GET /v1/ledger/unspent/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Unspent {

@@ -161,11 +161,11 @@ fn http_api_answers_bad_input_with_4xx() {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let state = florin_node::AppState {
+    let state = florin_http::AppState {
         authority: Some(Arc::new(a)),
         ledger: None,
     };
-    let server = rt.spawn(florin_node::serve(listener, state, async {
+    let server = rt.spawn(florin_http::serve(listener, state, async {
         let _ = rx.await;
     }));
     let post = |path: &str, body: &str| {

@@ -411,6 +411,7 @@ fn serve(
             presign_pool,
         },
         kmn.clone(),
+        std::sync::Arc::new(florin_http::HttpLinks::new()?),
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -431,7 +432,7 @@ fn serve(
         eprintln!("  ledger     {ledger}");
         eprintln!("  data       {}", data.display());
         println!("listening on http://{addr}");
-        florin_node::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
+        florin_http::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
         eprintln!("florin psp stopped");
         Ok(ExitCode::SUCCESS)
     })
