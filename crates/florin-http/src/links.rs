@@ -9,6 +9,7 @@ use florin_node::api::{
 };
 use florin_node::psp::api::{AccountView, Receive, ReceiveAnswer};
 use florin_node::psp::{PspError, PspLinks};
+use florin_node::TxStatus;
 
 /// [`PspLinks`] over HTTP/JSON: the node's ledger API and other providers' APIs.
 #[derive(Debug, Clone)]
@@ -74,17 +75,24 @@ fn url(base: &str, path: &str) -> String {
 
 #[async_trait::async_trait]
 impl PspLinks for HttpLinks {
-    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<LedgerTxStatus, PspError> {
+    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError> {
         let body = SubmitTx {
             tx: hex::encode(tx.encode()),
         };
-        self.call(
-            self.http
-                .post(url(ledger, "/v1/ledger/transactions"))
-                .json(&body),
-            "the ledger",
-        )
-        .await
+        let ans: LedgerTxStatus = self
+            .call(
+                self.http
+                    .post(url(ledger, "/v1/ledger/transactions"))
+                    .json(&body),
+                "the ledger",
+            )
+            .await?;
+        ans.to_status().ok_or_else(|| {
+            PspError::Unreachable(format!(
+                "the ledger: unknown transaction status {:?}",
+                ans.status
+            ))
+        })
     }
 
     async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError> {

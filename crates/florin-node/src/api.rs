@@ -195,18 +195,24 @@ pub struct LedgerTxStatus {
 impl LedgerTxStatus {
     /// The answer for a transaction and its status on the ledger.
     pub fn of(txid: &[u8; 32], status: &crate::ledger::TxStatus) -> LedgerTxStatus {
-        use crate::ledger::TxStatus;
-        let (s, error) = match status {
-            TxStatus::Pending => ("pending", None),
-            TxStatus::StaticInvalid(e) => ("static_invalid", Some(e.clone())),
-            TxStatus::StateInvalid(e) => ("state_invalid", Some(e.clone())),
-            TxStatus::Confirmed => ("confirmed", None),
-        };
         LedgerTxStatus {
             txid: hex::encode(txid),
-            status: s.into(),
-            error,
+            status: status.name().into(),
+            error: status.error().map(str::to_string),
         }
+    }
+
+    /// The status this answer names (`None` for a name this version does not know).
+    pub fn to_status(&self) -> Option<crate::ledger::TxStatus> {
+        use crate::ledger::TxStatus;
+        let error = || self.error.clone().unwrap_or_default();
+        Some(match self.status.as_str() {
+            "pending" => TxStatus::Pending,
+            "static_invalid" => TxStatus::StaticInvalid(error()),
+            "state_invalid" => TxStatus::StateInvalid(error()),
+            "confirmed" => TxStatus::Confirmed,
+            _ => return None,
+        })
     }
 }
 

@@ -30,8 +30,9 @@ use florin_ledger::build;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use thiserror::Error;
 
-use crate::api::{LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus};
+use crate::api::{LedgerFaucet, LedgerFaucetAnswer};
 use crate::custody::{EcdsaSigner, Kmn, KmnError, ThresholdSigner};
+use crate::ledger::TxStatus;
 use api::{
     AccountView, HistoryEntry, PayReceipt, PayRequest, PspInfo, Receive, ReceiveAnswer, Received,
 };
@@ -50,7 +51,7 @@ pub const MAX_RECEIVE: usize = 256;
 #[async_trait::async_trait]
 pub trait PspLinks: Send + Sync {
     /// Submits a transaction to the ledger at `ledger`; its status there.
-    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<LedgerTxStatus, PspError>;
+    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError>;
     /// Whether the output with UHS id `id` is unspent on the ledger at `ledger`.
     async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError>;
     /// The ledger's faucet (devnet): mints to an encumbrance.
@@ -434,7 +435,7 @@ impl Psp {
 
     // -- the ledger and other providers ------------------------------------------------------
 
-    async fn submit(&self, tx: &Transaction) -> Result<LedgerTxStatus, PspError> {
+    async fn submit(&self, tx: &Transaction) -> Result<TxStatus, PspError> {
         self.links.submit(&self.cfg.ledger, tx).await
     }
 
@@ -586,8 +587,8 @@ impl Psp {
         for (txid, p) in self.books.pending(from)? {
             let t = p.transfer()?;
             match self.submit(&Transaction::Transfer(t.clone())).await {
-                Ok(st) if st.status == "confirmed" => self.books.apply(&txid, &p)?,
-                Ok(st) if st.status == "static_invalid" || st.status == "state_invalid" => {
+                Ok(TxStatus::Confirmed) => self.books.apply(&txid, &p)?,
+                Ok(TxStatus::StaticInvalid(_) | TxStatus::StateInvalid(_)) => {
                     self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                 }
                 _ => left += 1,
@@ -840,20 +841,20 @@ impl Psp {
                 )))
             }
         };
-        match st.status.as_str() {
-            "confirmed" => self.books.apply(&txid, &pending)?,
-            "static_invalid" | "state_invalid" => {
+        match &st {
+            TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => {
                 self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
                 return Err(PspError::Refused(format!(
-                    "the ledger refused the payment: {} {}",
-                    st.status,
-                    st.error.unwrap_or_default()
+                    "the ledger refused the payment: {} {e}",
+                    st.name()
                 )));
             }
-            other => {
+            TxStatus::Pending => {
                 return Err(PspError::Unresolved(format!(
-                    "payment {} is {other} on the ledger; it is resolved in the background",
-                    hex::encode(txid)
+                    "payment {} is {} on the ledger; it is resolved in the background",
+                    hex::encode(txid),
+                    st.name()
                 )))
             }
         }
