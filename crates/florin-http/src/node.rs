@@ -12,6 +12,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
 
+use florin_crypto::PublicKey;
 use florin_node::api::{
     ApiError, DepositRequest, DepositResponse, FaucetResponse, Health, Info, LedgerFaucet,
     LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitBatch,
@@ -19,6 +20,7 @@ use florin_node::api::{
 };
 use florin_node::bridge::settle_credit;
 use florin_node::{Authority, Ledger, NodeError, TxStatus};
+use florin_token::Token;
 
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
@@ -102,6 +104,28 @@ async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
     }))
 }
 
+/// A deposit's depositor (an address or hex key, a usable one) and tokens (hex of their
+/// encoding; one that does not decode becomes an `Err`, reported back as refused). Refuses
+/// more tokens than the authority takes in one deposit before decoding any.
+pub fn parse_deposit(
+    authority: &Authority,
+    depositor: &str,
+    tokens_hex: &[String],
+) -> Result<(PublicKey, Vec<Result<Token, String>>), NodeError> {
+    let depositor = PublicKey::parse_valid(depositor)
+        .map_err(|e| NodeError::BadRequest(format!("depositor: {e}")))?;
+    authority.check_deposit_size(tokens_hex.len())?;
+    let tokens = tokens_hex
+        .iter()
+        .map(|h| {
+            hex::decode(h)
+                .map_err(|_| "token is not hex".to_string())
+                .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
+        })
+        .collect();
+    Ok((depositor, tokens))
+}
+
 async fn deposit(
     State(st): State<AppState>,
     Json(req): Json<DepositRequest>,
@@ -112,15 +136,16 @@ async fn deposit(
         )));
     }
     let a = st.authority()?;
+    let (depositor, tokens) = parse_deposit(&a, &req.depositor, &req.tokens)?;
     if !req.credit {
-        let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
+        let results = blocking(move || a.deposit(&depositor, &tokens)).await?;
         return Ok(Json(DepositResponse {
             results,
             credit: None,
         }));
     }
     let ledger = st.ledger()?;
-    let (results, intent) = blocking(move || a.deposit_credit(&req.depositor, &req.tokens)).await?;
+    let (results, intent) = blocking(move || a.deposit_credit(&depositor, &tokens)).await?;
     let credit = match intent {
         None => None,
         Some(intent) => Some(settle_credit(&st.authority()?, &ledger, intent).await?),
