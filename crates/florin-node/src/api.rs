@@ -1,4 +1,6 @@
-//! The HTTP/JSON API's request and response bodies, shared by the server and clients.
+//! The node API's request and response bodies: plain serde values, no HTTP. Served by
+//! `florin-http`'s router; shared with clients (the wallet's) and, where they are also domain
+//! answers (`DepositReport`, `CreditInfo`, `FraudInfo`, `TokenInfo`), returned by the services.
 //! Binary objects (tokens, fraud proofs) travel as hex of their canonical encoding.
 
 use serde::{Deserialize, Serialize};
