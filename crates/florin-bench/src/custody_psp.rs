@@ -57,13 +57,14 @@ fn provider(
             presign_pool: pool,
         },
         kmn,
+        std::sync::Arc::new(florin_http::HttpLinks::new()?),
     )?;
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     rt.spawn(async move {
-        let _ = florin_node::psp::serve(listener, psp, async move {
+        let _ = florin_http::psp::serve(listener, psp, async move {
             let _ = stopped.await;
         })
         .await;

@@ -15,9 +15,10 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use florin_crypto::{LocalSigner, SecretKey, Signature, Signer};
+use florin_http::AppState;
 use florin_ledger::{Draft, Encumbrance, Mint, Output, SwapStore, Transaction, Utxo};
 use florin_node::api::{LedgerTxStatus, SubmitBatchAnswer};
-use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_node::{Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use rand::rngs::{OsRng, StdRng};
 use rand::{Rng, SeedableRng};
@@ -63,7 +64,7 @@ impl Node {
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         rt.spawn(async move {
-            let _ = florin_node::serve(listener, state, async move {
+            let _ = florin_http::serve(listener, state, async move {
                 let _ = stopped.await;
             })
             .await;

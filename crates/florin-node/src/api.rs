@@ -1,4 +1,6 @@
-//! The HTTP/JSON API's request and response bodies, shared by the server and clients.
+//! The node API's request and response bodies: plain serde values, no HTTP. Served by
+//! `florin-http`'s router; shared with clients (the wallet's) and, where they are also domain
+//! answers (`DepositReport`, `CreditInfo`, `FraudInfo`, `TokenInfo`), returned by the services.
 //! Binary objects (tokens, fraud proofs) travel as hex of their canonical encoding.
 
 use serde::{Deserialize, Serialize};
@@ -190,6 +192,30 @@ pub struct LedgerTxStatus {
     pub status: String,
     /// Why it is invalid.
     pub error: Option<String>,
+}
+
+impl LedgerTxStatus {
+    /// The answer for a transaction and its status on the ledger.
+    pub fn of(txid: &[u8; 32], status: &crate::ledger::TxStatus) -> LedgerTxStatus {
+        LedgerTxStatus {
+            txid: hex::encode(txid),
+            status: status.name().into(),
+            error: status.error().map(str::to_string),
+        }
+    }
+
+    /// The status this answer names (`None` for a name this version does not know).
+    pub fn to_status(&self) -> Option<crate::ledger::TxStatus> {
+        use crate::ledger::TxStatus;
+        let error = || self.error.clone().unwrap_or_default();
+        Some(match self.status.as_str() {
+            "pending" => TxStatus::Pending,
+            "static_invalid" => TxStatus::StaticInvalid(error()),
+            "state_invalid" => TxStatus::StateInvalid(error()),
+            "confirmed" => TxStatus::Confirmed,
+            _ => return None,
+        })
+    }
 }
 
 /// `GET /v1/ledger/unspent/{id}`.

@@ -77,18 +77,6 @@ fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
         .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
 }
 
-/// Decodes hex tokens; a bad one becomes an `Err` reported back as refused.
-fn decode_hex_tokens(tokens_hex: &[String]) -> Vec<Result<Token, String>> {
-    tokens_hex
-        .iter()
-        .map(|h| {
-            hex::decode(h)
-                .map_err(|_| "token is not hex".to_string())
-                .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
-        })
-        .collect()
-}
-
 fn parse_serial(s: &str) -> Result<[u8; 8], NodeError> {
     hex::decode(s)
         .ok()
@@ -106,6 +94,13 @@ pub(crate) fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
 /// anything else is lost.
 pub(crate) fn parse_valid_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
     PublicKey::parse_valid(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
+}
+
+/// A depositor must be a usable key (a re-anchored token to anything else is lost).
+fn check_depositor(depositor: &PublicKey) -> Result<(), NodeError> {
+    depositor
+        .validate()
+        .map_err(|e| NodeError::BadRequest(format!("depositor: {e}")))
 }
 
 impl Authority {
@@ -132,7 +127,8 @@ impl Authority {
         })
     }
 
-    fn check_deposit_size(&self, n: usize) -> Result<(), NodeError> {
+    /// Refuses a deposit of more tokens than the configured limit (before they are decoded).
+    pub fn check_deposit_size(&self, n: usize) -> Result<(), NodeError> {
         if n > self.config.max_deposit_tokens {
             return Err(NodeError::BadRequest(format!(
                 "a deposit may carry at most {} tokens",
@@ -284,19 +280,21 @@ impl Authority {
     /// rest spread over all cores, then, in one durable transaction, the fork check and the
     /// re-anchor of each clean token. The re-anchored token carries the handshake of the
     /// depositor's signed link to the authority.
+    ///
+    /// `tokens` are decoded; an `Err` is a token that failed to decode (the reason), reported
+    /// back as refused. At most `max_deposit_tokens`; the depositor must be a usable key.
     pub fn deposit(
         &self,
-        depositor: &str,
-        tokens_hex: &[String],
+        depositor: &PublicKey,
+        tokens: &[Result<Token, String>],
     ) -> Result<Vec<DepositReport>, NodeError> {
-        let depositor = parse_valid_key(depositor, "depositor")?;
-        self.check_deposit_size(tokens_hex.len())?;
-        let decoded = decode_hex_tokens(tokens_hex);
-        self.deposit_tokens(&depositor, &decoded)
+        check_depositor(depositor)?;
+        self.check_deposit_size(tokens.len())?;
+        self.deposit_tokens(depositor, tokens)
     }
 
-    /// [`Authority::deposit`] for tokens already decoded (an `Err` is a token that failed to
-    /// decode, reported back as refused).
+    /// [`Authority::deposit`] without the size limit (the offline benchmark deposits
+    /// everything at once).
     pub fn deposit_tokens(
         &self,
         depositor: &PublicKey,
@@ -311,15 +309,15 @@ impl Authority {
     /// reserve to the depositor (the [`CreditIntent`] the caller must submit and then
     /// [`Authority::finish_credit`]). Pending intents survive restarts
     /// ([`Authority::pending_credits`]).
+    /// Tokens as for [`Authority::deposit`].
     pub fn deposit_credit(
         &self,
-        depositor: &str,
-        tokens_hex: &[String],
+        depositor: &PublicKey,
+        tokens: &[Result<Token, String>],
     ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
-        let depositor = parse_valid_key(depositor, "depositor")?;
-        self.check_deposit_size(tokens_hex.len())?;
-        let decoded = decode_hex_tokens(tokens_hex);
-        self.deposit_mode(&depositor, &decoded, SettleMode::Redeem)
+        check_depositor(depositor)?;
+        self.check_deposit_size(tokens.len())?;
+        self.deposit_mode(depositor, tokens, SettleMode::Redeem)
     }
 
     fn deposit_mode(

@@ -447,6 +447,61 @@ pub fn intent_txid(i: &CreditIntent) -> Digest {
     i.tx.txid()
 }
 
+/// A handoff message carrying one UTXO preimage (the wallet's format: version, count, UTXOs).
+fn wallet_handoff(u: &Utxo) -> Vec<u8> {
+    let mut out = vec![1u8];
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&u.encode());
+    out
+}
+
+/// Submits a recorded credit to the ledger and, once confirmed, hands the new output off to
+/// the depositor's mailbox and finishes it.
+pub async fn settle_credit(
+    authority: &std::sync::Arc<Authority>,
+    ledger: &std::sync::Arc<crate::ledger::Ledger>,
+    intent: CreditIntent,
+) -> Result<crate::api::CreditInfo, NodeError> {
+    use crate::api::{CreditInfo, LedgerTxStatus};
+    use crate::ledger::TxStatus;
+    // Joins of reserve outputs first, each confirmed before the next (a later one spends what
+    // an earlier one created). Resubmitting a confirmed one is answered confirmed.
+    for join in &intent.before {
+        let (txid, status) = ledger.submit(join.clone()).await?;
+        if status != TxStatus::Confirmed {
+            let answer = LedgerTxStatus::of(&txid, &status);
+            return Ok(CreditInfo {
+                txid: hex::encode(intent.tx.txid()),
+                status: answer.status,
+                output: hex::encode(intent.credit.encode()),
+            });
+        }
+    }
+    let (txid, status) = ledger.submit(intent.tx.clone()).await?;
+    let answer = LedgerTxStatus::of(&txid, &status);
+    if status == TxStatus::Confirmed {
+        let a = authority.clone();
+        let i = intent.clone();
+        tokio::task::spawn_blocking(move || {
+            // The handoff (Hamilton 3.7): the depositor's wallet collects the preimage of its
+            // new output from its mailbox, even if this answer is lost.
+            let owner = PublicKey(i.credit.encumbrance.key);
+            let msg = wallet_handoff(&i.credit);
+            let sealed = florin_crypto::sealed::seal(&owner, &msg, &mut rand::rngs::OsRng)
+                .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+            a.mailbox_put(&owner.to_address(), &sealed)?;
+            a.finish_credit(&i)
+        })
+        .await
+        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+    }
+    Ok(CreditInfo {
+        txid: answer.txid,
+        status: answer.status,
+        output: hex::encode(intent.credit.encode()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,27 @@ pub enum TxStatus {
     Confirmed,
 }
 
+impl TxStatus {
+    /// The status's name in answers: `pending`, `static_invalid`, `state_invalid` or
+    /// `confirmed`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            TxStatus::Pending => "pending",
+            TxStatus::StaticInvalid(_) => "static_invalid",
+            TxStatus::StateInvalid(_) => "state_invalid",
+            TxStatus::Confirmed => "confirmed",
+        }
+    }
+
+    /// Why the transaction is invalid, if it is.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => Some(e),
+            TxStatus::Pending | TxStatus::Confirmed => None,
+        }
+    }
+}
+
 struct Job {
     tx: Transaction,
     reply: tokio::sync::oneshot::Sender<(Digest, TxStatus)>,

@@ -1,9 +1,11 @@
-//! Florin's services. For now: the token authority — a durable registry of every token's
-//! verified history in redb, a fraud registry, minting (the devnet faucet) and deposits — and
-//! the HTTP/JSON API wallets talk to.
+//! Florin's services: the token authority — a durable registry of every token's verified
+//! history in redb, a fraud registry, minting (the devnet faucet), deposits and the mailbox —
+//! the ledger service, the payment service provider and the custody (key-management) network.
 //!
 //! Protocol decisions come from `florin-token` (pure); this crate adds storage, parallel
-//! batched verification, keys on disk and the network.
+//! batched verification and keys on disk. Services take and return typed values and know
+//! nothing of HTTP: the HTTP/JSON surface (routers and clients) lives in `florin-http`, and
+//! this crate depends on no HTTP library (axum, hyper, reqwest).
 
 pub mod api;
 pub mod audit;
@@ -17,11 +19,10 @@ pub mod ledger;
 pub mod manifest;
 pub mod psp;
 pub mod redb_open;
-mod server;
 mod store;
 
 pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
+pub use bridge::settle_credit;
 pub use error::NodeError;
 pub use keyfile::{load_key, load_or_create_key, write_private};
 pub use ledger::{Ledger, TxStatus};
-pub use server::{router, serve, settle_credit, AppState, MAX_SUBMIT_BATCH};

@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
+use florin_node::api::DepositReport;
 use florin_node::{Authority, AuthorityConfig, NodeError};
 use florin_token::Token;
 
@@ -13,6 +14,17 @@ fn open(dir: &std::path::Path, seed: u8) -> (Authority, LocalSigner) {
     let signer = LocalSigner::new(SecretKey::from_seed(&[seed; 32]));
     let a = Authority::open(AuthorityConfig::devnet(dir), Arc::new(signer.clone())).unwrap();
     (a, signer)
+}
+
+/// A deposit as the API takes it: the depositor's address and hex tokens, parsed as the
+/// handler parses them.
+fn deposit(
+    a: &Authority,
+    depositor: &str,
+    tokens: &[String],
+) -> Result<Vec<DepositReport>, NodeError> {
+    let (depositor, tokens) = florin_http::node::parse_deposit(a, depositor, tokens)?;
+    a.deposit(&depositor, &tokens)
 }
 
 fn wallet(i: u8) -> LocalSigner {
@@ -40,9 +52,7 @@ fn registry_survives_reopen() {
     let split = florin_token::Denomination::spendable_split(500).len() as u64;
     assert_eq!(a.minted().unwrap(), (split, 500));
     let hexed = vec![hex::encode(signed.encode())];
-    let r = a
-        .deposit(&depositor.public_key().to_address(), &hexed)
-        .unwrap();
+    let r = deposit(&a, &depositor.public_key().to_address(), &hexed).unwrap();
     assert_eq!(r[0].outcome, "reanchored");
     drop(a);
     let (a, _) = open(dir.path(), 9);
@@ -52,9 +62,7 @@ fn registry_survives_reopen() {
         (2, depositor.public_key().to_address())
     );
     // The same deposit again is answered with the same re-anchored token.
-    let again = a
-        .deposit(&depositor.public_key().to_address(), &hexed)
-        .unwrap();
+    let again = deposit(&a, &depositor.public_key().to_address(), &hexed).unwrap();
     assert_eq!(again[0].outcome, "repeated");
     assert_eq!(again[0].token, r[0].token);
 }
@@ -66,7 +74,7 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
     let (t, w2) = deposit_ready(&a, &auth);
     let dep = w2.public_key().to_address();
     assert!(matches!(
-        a.deposit("nonsense", &[]),
+        deposit(&a, "nonsense", &[]),
         Err(NodeError::BadRequest(_))
     ));
     let mut forged = t.clone();
@@ -80,7 +88,7 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
         hex::encode(t.encode()),
     ];
     let wrong_depositor = wallet(1).public_key().to_address();
-    let r = a.deposit(&wrong_depositor, &items).unwrap();
+    let r = deposit(&a, &wrong_depositor, &items).unwrap();
     assert!(
         r.iter()
             .all(|x| x.outcome == "refused" && x.error.is_some()),
@@ -99,17 +107,17 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
         [0; 32],
     )
     .unwrap();
-    let r = a.deposit(&dep, &[hex::encode(foreign.encode())]).unwrap();
+    let r = deposit(&a, &dep, &[hex::encode(foreign.encode())]).unwrap();
     assert_eq!(r[0].outcome, "refused");
     // Blacklisted tokens are refused.
     a.blacklist(&t.serial_hex()).unwrap();
-    let r = a.deposit(&dep, &[hex::encode(t.encode())]).unwrap();
+    let r = deposit(&a, &dep, &[hex::encode(t.encode())]).unwrap();
     assert!(r[0].error.as_deref().unwrap().contains("blacklisted"));
     assert!(matches!(a.token("00"), Err(NodeError::BadRequest(_))));
     // Unknown serials are refused (before any signature work).
     let mut unknown = t.clone();
     unknown.serial = [0xee; 8];
-    let r = a.deposit(&dep, &[hex::encode(unknown.encode())]).unwrap();
+    let r = deposit(&a, &dep, &[hex::encode(unknown.encode())]).unwrap();
     assert!(r[0].error.as_deref().unwrap().contains("unknown"), "{r:?}");
     assert!(matches!(
         a.token("0000000000000000"),
@@ -161,11 +169,11 @@ fn http_api_answers_bad_input_with_4xx() {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let state = florin_node::AppState {
+    let state = florin_http::AppState {
         authority: Some(Arc::new(a)),
         ledger: None,
     };
-    let server = rt.spawn(florin_node::serve(listener, state, async {
+    let server = rt.spawn(florin_http::serve(listener, state, async {
         let _ = rx.await;
     }));
     let post = |path: &str, body: &str| {

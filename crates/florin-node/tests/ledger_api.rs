@@ -6,8 +6,9 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
+use florin_http::AppState;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
-use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_node::{Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::Value;
 
@@ -56,7 +57,7 @@ impl TestNode {
             authority: Some(Arc::new(authority)),
             ledger: Some(ledger),
         };
-        let server = rt.spawn(florin_node::serve(listener, state, async {
+        let server = rt.spawn(florin_http::serve(listener, state, async {
             let _ = rx.await;
         }));
         TestNode {
@@ -323,7 +324,7 @@ fn binary_and_batch_submission() {
     assert_eq!(code, 400);
     let (code, _) = http_bytes(addr, "/v1/ledger/transactions", &[1, 2, 3]);
     assert_eq!(code, 400);
-    let too_many = frames(&vec![&spare; florin_node::MAX_SUBMIT_BATCH + 1]);
+    let too_many = frames(&vec![&spare; florin_http::MAX_SUBMIT_BATCH + 1]);
     assert_eq!(http_bytes(addr, "/v1/ledger/batch", &too_many).0, 400);
     // None of the refused batches spent the spare output.
     let id = hex::encode(utxos[utxos.len() - 1].id());

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{LocalSigner, SecretKey};
+use florin_http::AppState;
 use florin_ledger::{Encumbrance, Utxo};
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
 use florin_node::psp::{Psp, PspConfig, PspScheme};
-use florin_node::{AppState, Authority, AuthorityConfig, Ledger};
+use florin_node::{Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::{json, Value};
 
@@ -80,7 +81,7 @@ impl LedgerNode {
             authority: Some(Arc::new(authority)),
             ledger: Some(ledger),
         };
-        rt.spawn(florin_node::serve(listener, state, async {
+        rt.spawn(florin_http::serve(listener, state, async {
             let _ = rx.await;
         }));
         LedgerNode {
@@ -174,6 +175,7 @@ impl Provider {
                 presign_pool: 1,
             },
             self.kmn.clone(),
+            Arc::new(florin_http::HttpLinks::new().unwrap()),
         )
         .unwrap();
         let listener = self
@@ -183,7 +185,7 @@ impl Provider {
         self.addr = listener.local_addr().unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         self.stop = Some(stop);
-        self.server = Some(self.rt.spawn(florin_node::psp::serve(listener, psp, async {
+        self.server = Some(self.rt.spawn(florin_http::psp::serve(listener, psp, async {
             let _ = rx.await;
         })));
     }
@@ -609,6 +611,7 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
                 presign_pool: 1,
             },
             a.kmn.clone(),
+            Arc::new(florin_http::HttpLinks::new().unwrap()),
         )
         .map(drop)
     };

@@ -17,12 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
+use florin_http::{serve, AppState};
 use florin_node::cluster::rpc::{Peer, Request, Response};
 use florin_node::cluster::{start_member, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
 use florin_node::manifest::{check_dir, DirState, Manifest};
-use florin_node::{
-    load_key, load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger,
-};
+use florin_node::{load_key, load_or_create_key, Authority, AuthorityConfig, Ledger};
 use serde::{Deserialize, Serialize};
 
 /// One process's configuration (`node.toml`). Relative paths are relative to the file.

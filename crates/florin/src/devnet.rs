@@ -9,8 +9,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use florin_crypto::{LocalSigner, Signer};
+use florin_http::{serve, AppState};
 use florin_node::manifest::{check_dir, DirState, Manifest};
-use florin_node::{load_or_create_key, serve, AppState, Authority, AuthorityConfig, Ledger};
+use florin_node::{load_or_create_key, Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 
 /// Options of `florin devnet`.

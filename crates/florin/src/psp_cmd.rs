@@ -9,14 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use florin_node::api::ApiError;
 use florin_node::custody::EcdsaLevel;
-use florin_node::psp::api::{
-    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo,
-};
+use florin_node::psp::api::PayRequest;
 use florin_node::psp::{Psp, PspConfig, PspScheme};
 use florin_token::amount::{format_cents, parse_euros};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::util::print_json;
@@ -161,7 +157,8 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             setup_wait,
         ),
         PspCommand::Info { psp, json } => {
-            let i: PspInfo = Client::new(&psp)?.get("/v1/psp/info")?;
+            let c = Client::new(&psp)?;
+            let i = c.run(c.api.info())?;
             if json {
                 print_json(&serde_json::to_value(&i)?);
             } else {
@@ -175,8 +172,8 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::Open { name, psp, json } => {
-            let v: AccountView =
-                Client::new(&psp)?.post("/v1/psp/accounts", &OpenAccount { name })?;
+            let c = Client::new(&psp)?;
+            let v = c.run(c.api.open_account(&name))?;
             if json {
                 print_json(&serde_json::to_value(&v)?);
             } else {
@@ -186,18 +183,16 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
         }
         PspCommand::Fund { name, amount, psp } => {
             let amount_cents = parse_euros(&amount)?;
-            let v: AccountView = Client::new(&psp)?.post(
-                &format!("/v1/psp/accounts/{name}/faucet"),
-                &Fund { amount_cents },
-            )?;
+            let c = Client::new(&psp)?;
+            let v = c.run(c.api.fund(&name, amount_cents))?;
             println!("{}  €{}", v.name, format_cents(v.balance_cents));
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::Balance { name, psp, json } => {
             let c = Client::new(&psp)?;
             let list = match name {
-                Some(n) => vec![c.get::<AccountView>(&format!("/v1/psp/accounts/{n}"))?],
-                None => c.get::<AccountList>("/v1/psp/accounts")?.accounts,
+                Some(n) => vec![c.run(c.api.account(&n))?],
+                None => c.run(c.api.accounts())?,
             };
             if json {
                 print_json(&serde_json::to_value(&list)?);
@@ -233,16 +228,14 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
                 rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
                 hex::encode(b)
             });
-            let r: PayReceipt = Client::new(&psp)?.post(
-                "/v1/psp/pay",
-                &PayRequest {
-                    from,
-                    to,
-                    to_psp,
-                    amount_cents,
-                    id: Some(id),
-                },
-            )?;
+            let c = Client::new(&psp)?;
+            let r = c.run(c.api.pay(&PayRequest {
+                from,
+                to,
+                to_psp,
+                amount_cents,
+                id: Some(id),
+            }))?;
             if json {
                 print_json(&serde_json::to_value(&r)?);
             } else {
@@ -270,7 +263,8 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::History { name, psp, json } => {
-            let h: History = Client::new(&psp)?.get(&format!("/v1/psp/accounts/{name}/history"))?;
+            let c = Client::new(&psp)?;
+            let h = c.run(c.api.history(&name))?;
             if json {
                 print_json(&serde_json::to_value(&h)?);
             } else {
@@ -411,6 +405,7 @@ fn serve(
             presign_pool,
         },
         kmn.clone(),
+        std::sync::Arc::new(florin_http::HttpLinks::new()?),
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -431,54 +426,30 @@ fn serve(
         eprintln!("  ledger     {ledger}");
         eprintln!("  data       {}", data.display());
         println!("listening on http://{addr}");
-        florin_node::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
+        florin_http::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
         eprintln!("florin psp stopped");
         Ok(ExitCode::SUCCESS)
     })
 }
 
-/// A blocking client for the provider's API.
+/// A blocking client for the provider's API (`florin_http::PspClient` on a runtime).
 struct Client {
-    base: String,
-    http: reqwest::Client,
+    api: florin_http::PspClient,
     rt: tokio::runtime::Runtime,
 }
 
 impl Client {
     fn new(base: &str) -> Result<Client> {
         Ok(Client {
-            base: base.trim_end_matches('/').to_string(),
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(5))
-                .timeout(Duration::from_secs(600))
-                .build()?,
+            api: florin_http::PspClient::new(base)?,
             rt: crate::client::runtime()?,
         })
     }
 
-    fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
-        self.rt.block_on(async {
-            let resp = req
-                .send()
-                .await
-                .with_context(|| format!("cannot reach the provider at {}", self.base))?;
-            let status = resp.status();
-            let bytes = resp.bytes().await?;
-            if !status.is_success() {
-                let msg = serde_json::from_slice::<ApiError>(&bytes)
-                    .map(|e| format!("{}: {}", e.code, e.error))
-                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-                bail!("the provider refused ({status}): {msg}");
-            }
-            serde_json::from_slice(&bytes).context("the provider sent an unreadable answer")
-        })
-    }
-
-    fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-    }
-
-    fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
+    fn run<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, florin_http::ClientError>>,
+    ) -> Result<T> {
+        Ok(self.rt.block_on(call)?)
     }
 }

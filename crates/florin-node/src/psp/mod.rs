@@ -17,7 +17,6 @@
 //!   resolved by resending the same signed transaction.
 
 pub mod api;
-mod http;
 pub mod store;
 
 use std::collections::HashMap;
@@ -31,16 +30,41 @@ use florin_ledger::build;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
 use thiserror::Error;
 
-use crate::api::{ApiError, LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent};
+use crate::api::{LedgerFaucet, LedgerFaucetAnswer};
 use crate::custody::{EcdsaSigner, Kmn, KmnError, ThresholdSigner};
+use crate::ledger::TxStatus;
 use api::{
     AccountView, HistoryEntry, PayReceipt, PayRequest, PspInfo, Receive, ReceiveAnswer, Received,
 };
-pub use http::{router, serve};
 use store::{AccountRecord, Books, Line, PendingPayment, Settled};
 
 /// Most outputs in one `receive`.
 pub const MAX_RECEIVE: usize = 256;
+
+/// What a provider asks of others: the ledger, and payees' providers. The service holds one
+/// and never sees the wire; `florin-http` implements it over HTTP/JSON. The ledger and each
+/// provider are named by their API's base URL.
+///
+/// Errors: `Unreachable` when the other side cannot be reached or its answer cannot be read
+/// (the outcome is unknown), `Refused` when it refused the request, and `NotFound` when a
+/// payee's provider has no such account.
+#[async_trait::async_trait]
+pub trait PspLinks: Send + Sync {
+    /// Submits a transaction to the ledger at `ledger`; its status there.
+    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError>;
+    /// Whether the output with UHS id `id` is unspent on the ledger at `ledger`.
+    async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError>;
+    /// The ledger's faucet (devnet): mints to an encumbrance.
+    async fn faucet(
+        &self,
+        ledger: &str,
+        req: &LedgerFaucet,
+    ) -> Result<LedgerFaucetAnswer, PspError>;
+    /// An account at the provider `psp` (a payee's).
+    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError>;
+    /// Hands the provider `psp` outputs that pay its accounts.
+    async fn peer_receive(&self, psp: &str, req: &Receive) -> Result<ReceiveAnswer, PspError>;
+}
 
 /// Why a provider call failed. Each maps to one HTTP status and a stable code.
 #[derive(Debug, Error)]
@@ -209,7 +233,7 @@ pub struct Psp {
     cfg: PspConfig,
     kmn: Arc<Kmn>,
     books: Books,
-    http: reqwest::Client,
+    links: Arc<dyn PspLinks>,
     signers: Mutex<HashMap<String, Arc<KeySigner>>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -220,8 +244,13 @@ fn blocking_err(e: tokio::task::JoinError) -> PspError {
 
 impl Psp {
     /// Opens the provider's books; `kmn` is its key-management network (for P-256 accounts,
-    /// with its ECDSA auxiliary information made).
-    pub fn open(cfg: PspConfig, kmn: Arc<Kmn>) -> Result<Arc<Psp>, PspError> {
+    /// with its ECDSA auxiliary information made), `links` how it reaches the ledger and other
+    /// providers.
+    pub fn open(
+        cfg: PspConfig,
+        kmn: Arc<Kmn>,
+        links: Arc<dyn PspLinks>,
+    ) -> Result<Arc<Psp>, PspError> {
         if !valid_account(&cfg.name) {
             return Err(PspError::BadRequest(format!(
                 "provider name {:?}: 1–48 of a-z 0-9 - _",
@@ -229,16 +258,11 @@ impl Psp {
             )));
         }
         let books = Books::open(&cfg.books)?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| PspError::Storage(format!("HTTP client: {e}")))?;
         Ok(Arc::new(Psp {
             cfg,
             kmn,
             books,
-            http,
+            links,
             signers: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
         }))
@@ -411,77 +435,16 @@ impl Psp {
 
     // -- the ledger and other providers ------------------------------------------------------
 
-    /// One JSON call. A 404 is `NotFound` only from another provider (its account is
-    /// missing); from the ledger it means the ledger is not what was configured.
-    async fn call<T: for<'de> serde::Deserialize<'de>>(
-        &self,
-        req: reqwest::RequestBuilder,
-        what: &str,
-    ) -> Result<T, PspError> {
-        let peer = what.contains("provider");
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
-        let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
-        if status.is_success() {
-            return serde_json::from_slice(&bytes)
-                .map_err(|e| PspError::Unreachable(format!("{what}: unreadable answer: {e}")));
-        }
-        let msg = serde_json::from_slice::<ApiError>(&bytes)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-        if status.is_client_error() {
-            if status == reqwest::StatusCode::NOT_FOUND {
-                return Err(if peer {
-                    PspError::NotFound(format!("{what}: {msg}"))
-                } else {
-                    PspError::Unreachable(format!("{what} (404): {msg}"))
-                });
-            }
-            Err(PspError::Refused(format!(
-                "{what} refused ({status}): {msg}"
-            )))
-        } else {
-            Err(PspError::Unreachable(format!("{what} ({status}): {msg}")))
-        }
-    }
-
-    fn ledger_url(&self, path: &str) -> String {
-        format!("{}{path}", self.cfg.ledger.trim_end_matches('/'))
-    }
-
-    async fn submit(&self, tx: &Transaction) -> Result<LedgerTxStatus, PspError> {
-        let body = SubmitTx {
-            tx: hex::encode(tx.encode()),
-        };
-        self.call(
-            self.http
-                .post(self.ledger_url("/v1/ledger/transactions"))
-                .json(&body),
-            "the ledger",
-        )
-        .await
+    async fn submit(&self, tx: &Transaction) -> Result<TxStatus, PspError> {
+        self.links.submit(&self.cfg.ledger, tx).await
     }
 
     async fn is_unspent(&self, id: &[u8; 32]) -> Result<bool, PspError> {
-        let u: Unspent = self
-            .call(
-                self.http
-                    .get(self.ledger_url(&format!("/v1/ledger/unspent/{}", hex::encode(id)))),
-                "the ledger",
-            )
-            .await?;
-        Ok(u.unspent)
+        self.links.is_unspent(&self.cfg.ledger, id).await
     }
 
     async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError> {
-        let url = format!("{}/v1/psp/accounts/{name}", psp.trim_end_matches('/'));
-        self.call(self.http.get(url), "the payee's provider").await
+        self.links.peer_account(psp, name).await
     }
 
     // -- money -------------------------------------------------------------------------------
@@ -499,14 +462,13 @@ impl Psp {
         let lock = self.lock_of(name);
         let _g = lock.lock().await;
         let ans: LedgerFaucetAnswer = self
-            .call(
-                self.http
-                    .post(self.ledger_url("/v1/ledger/faucet"))
-                    .json(&LedgerFaucet {
-                        owner: rec.encumbrance.clone(),
-                        amount_cents,
-                    }),
-                "the ledger's faucet",
+            .links
+            .faucet(
+                &self.cfg.ledger,
+                &LedgerFaucet {
+                    owner: rec.encumbrance.clone(),
+                    amount_cents,
+                },
             )
             .await?;
         let coins = ans
@@ -625,8 +587,8 @@ impl Psp {
         for (txid, p) in self.books.pending(from)? {
             let t = p.transfer()?;
             match self.submit(&Transaction::Transfer(t.clone())).await {
-                Ok(st) if st.status == "confirmed" => self.books.apply(&txid, &p)?,
-                Ok(st) if st.status == "static_invalid" || st.status == "state_invalid" => {
+                Ok(TxStatus::Confirmed) => self.books.apply(&txid, &p)?,
+                Ok(TxStatus::StaticInvalid(_) | TxStatus::StateInvalid(_)) => {
                     self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                 }
                 _ => left += 1,
@@ -709,14 +671,14 @@ impl Psp {
     }
 
     async fn notify(&self, n: &store::Notice) -> Result<(), PspError> {
-        let url = format!("{}/v1/psp/receive", n.psp.trim_end_matches('/'));
-        let ans: ReceiveAnswer = self
-            .call(
-                self.http.post(url).json(&Receive {
+        let ans = self
+            .links
+            .peer_receive(
+                &n.psp,
+                &Receive {
                     outputs: vec![n.output.clone()],
                     from: Some(format!("{}@{}", n.from, self.cfg.name)),
-                }),
-                "the payee's provider",
+                },
             )
             .await?;
         match ans.results.first().map(|r| r.outcome.as_str()) {
@@ -746,7 +708,7 @@ impl Psp {
             }
         }
         if let Some(psp) = &req.to_psp {
-            match reqwest::Url::parse(psp) {
+            match url::Url::parse(psp) {
                 Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => {}
                 _ => {
                     return Err(PspError::BadRequest(format!(
@@ -879,20 +841,20 @@ impl Psp {
                 )))
             }
         };
-        match st.status.as_str() {
-            "confirmed" => self.books.apply(&txid, &pending)?,
-            "static_invalid" | "state_invalid" => {
+        match &st {
+            TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => {
                 self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
                 return Err(PspError::Refused(format!(
-                    "the ledger refused the payment: {} {}",
-                    st.status,
-                    st.error.unwrap_or_default()
+                    "the ledger refused the payment: {} {e}",
+                    st.name()
                 )));
             }
-            other => {
+            TxStatus::Pending => {
                 return Err(PspError::Unresolved(format!(
-                    "payment {} is {other} on the ledger; it is resolved in the background",
-                    hex::encode(txid)
+                    "payment {} is {} on the ledger; it is resolved in the background",
+                    hex::encode(txid),
+                    st.name()
                 )))
             }
         }

@@ -1,5 +1,5 @@
-//! The HTTP/JSON API (axum). Handlers are thin: parse, call the service on a blocking thread
-//! (storage and signature checks are CPU and disk work), map errors to status codes.
+//! The node's HTTP/JSON API (axum). Handlers are thin: parse, call the service on a blocking
+//! thread (storage and signature checks are CPU and disk work), map errors to status codes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,15 +12,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
 
-use crate::api::{
-    ApiError, CreditInfo, DepositRequest, DepositResponse, FaucetResponse, Health, Info,
-    LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut,
-    SubmitBatch, SubmitBatchAnswer, SubmitTx, Unspent, WithdrawRequest,
+use florin_crypto::PublicKey;
+use florin_node::api::{
+    ApiError, DepositRequest, DepositResponse, FaucetResponse, Health, Info, LedgerFaucet,
+    LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitBatch,
+    SubmitBatchAnswer, SubmitTx, Unspent, WithdrawRequest,
 };
-use crate::authority::Authority;
-use crate::bridge::CreditIntent;
-use crate::error::NodeError;
-use crate::ledger::{Ledger, TxStatus};
+use florin_node::bridge::settle_credit;
+use florin_node::{Authority, Ledger, NodeError, TxStatus};
+use florin_token::Token;
 
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
@@ -50,9 +50,20 @@ impl AppState {
 /// Largest request body: a deposit of ~100,000 tokens.
 const MAX_BODY: usize = 256 * 1024 * 1024;
 
-impl IntoResponse for NodeError {
+/// A service error as an HTTP answer: a status code and an [`ApiError`] body.
+#[derive(Debug)]
+pub struct HttpError(pub NodeError);
+
+impl From<NodeError> for HttpError {
+    fn from(e: NodeError) -> Self {
+        HttpError(e)
+    }
+}
+
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
-        let status = match &self {
+        let HttpError(e) = self;
+        let status = match &e {
             NodeError::BadRequest(_) => StatusCode::BAD_REQUEST,
             NodeError::NotFound(_) => StatusCode::NOT_FOUND,
             NodeError::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -60,8 +71,8 @@ impl IntoResponse for NodeError {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = ApiError {
-            code: self.code().into(),
-            error: self.to_string(),
+            code: e.code().into(),
+            error: e.to_string(),
         };
         (status, Json(body)).into_response()
     }
@@ -83,7 +94,7 @@ async fn health() -> Json<Health> {
     })
 }
 
-async fn info(State(st): State<AppState>) -> Result<Json<Info>, NodeError> {
+async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
     let a = st.authority()?;
     Ok(Json(Info {
         authority: a.public_key().to_address(),
@@ -93,25 +104,48 @@ async fn info(State(st): State<AppState>) -> Result<Json<Info>, NodeError> {
     }))
 }
 
+/// A deposit's depositor (an address or hex key, a usable one) and tokens (hex of their
+/// encoding; one that does not decode becomes an `Err`, reported back as refused). Refuses
+/// more tokens than the authority takes in one deposit before decoding any.
+pub fn parse_deposit(
+    authority: &Authority,
+    depositor: &str,
+    tokens_hex: &[String],
+) -> Result<(PublicKey, Vec<Result<Token, String>>), NodeError> {
+    let depositor = PublicKey::parse_valid(depositor)
+        .map_err(|e| NodeError::BadRequest(format!("depositor: {e}")))?;
+    authority.check_deposit_size(tokens_hex.len())?;
+    let tokens = tokens_hex
+        .iter()
+        .map(|h| {
+            hex::decode(h)
+                .map_err(|_| "token is not hex".to_string())
+                .and_then(|b| Token::decode(&b).map_err(|e| format!("malformed token: {e}")))
+        })
+        .collect();
+    Ok((depositor, tokens))
+}
+
 async fn deposit(
     State(st): State<AppState>,
     Json(req): Json<DepositRequest>,
-) -> Result<Json<DepositResponse>, NodeError> {
+) -> Result<Json<DepositResponse>, HttpError> {
     if req.tokens.is_empty() {
-        return Err(NodeError::BadRequest(
+        return Err(HttpError(NodeError::BadRequest(
             "a deposit needs at least one token".into(),
-        ));
+        )));
     }
     let a = st.authority()?;
+    let (depositor, tokens) = parse_deposit(&a, &req.depositor, &req.tokens)?;
     if !req.credit {
-        let results = blocking(move || a.deposit(&req.depositor, &req.tokens)).await?;
+        let results = blocking(move || a.deposit(&depositor, &tokens)).await?;
         return Ok(Json(DepositResponse {
             results,
             credit: None,
         }));
     }
     let ledger = st.ledger()?;
-    let (results, intent) = blocking(move || a.deposit_credit(&req.depositor, &req.tokens)).await?;
+    let (results, intent) = blocking(move || a.deposit_credit(&depositor, &tokens)).await?;
     let credit = match intent {
         None => None,
         Some(intent) => Some(settle_credit(&st.authority()?, &ledger, intent).await?),
@@ -119,62 +153,10 @@ async fn deposit(
     Ok(Json(DepositResponse { results, credit }))
 }
 
-/// A handoff message carrying one UTXO preimage (the wallet's format: version, count, UTXOs).
-fn florin_wallet_handoff(u: &florin_ledger::Utxo) -> Vec<u8> {
-    let mut out = vec![1u8];
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&u.encode());
-    out
-}
-
-/// Submits a recorded credit to the ledger and, once confirmed, hands the new output off to
-/// the depositor's mailbox and finishes it.
-pub async fn settle_credit(
-    authority: &Arc<Authority>,
-    ledger: &Arc<Ledger>,
-    intent: CreditIntent,
-) -> Result<CreditInfo, NodeError> {
-    // Joins of reserve outputs first, each confirmed before the next (a later one spends what
-    // an earlier one created). Resubmitting a confirmed one is answered confirmed.
-    for join in &intent.before {
-        let (txid, status) = ledger.submit(join.clone()).await?;
-        if status != TxStatus::Confirmed {
-            let answer = tx_answer(&txid, &status);
-            return Ok(CreditInfo {
-                txid: hex::encode(intent.tx.txid()),
-                status: answer.status,
-                output: hex::encode(intent.credit.encode()),
-            });
-        }
-    }
-    let (txid, status) = ledger.submit(intent.tx.clone()).await?;
-    let answer = tx_answer(&txid, &status);
-    if status == TxStatus::Confirmed {
-        let a = authority.clone();
-        let i = intent.clone();
-        blocking(move || {
-            // The handoff (Hamilton 3.7): the depositor's wallet collects the preimage of its
-            // new output from its mailbox, even if this answer is lost.
-            let owner = florin_crypto::PublicKey(i.credit.encumbrance.key);
-            let msg = florin_wallet_handoff(&i.credit);
-            let sealed = florin_crypto::sealed::seal(&owner, &msg, &mut rand::rngs::OsRng)
-                .map_err(|e| NodeError::BadRequest(e.to_string()))?;
-            a.mailbox_put(&owner.to_address(), &sealed)?;
-            a.finish_credit(&i)
-        })
-        .await?;
-    }
-    Ok(CreditInfo {
-        txid: answer.txid,
-        status: answer.status,
-        output: hex::encode(intent.credit.encode()),
-    })
-}
-
 async fn withdraw(
     State(st): State<AppState>,
     Json(req): Json<WithdrawRequest>,
-) -> Result<Json<FaucetResponse>, NodeError> {
+) -> Result<Json<FaucetResponse>, HttpError> {
     let ledger = st.ledger()?;
     let bytes = hex::decode(&req.tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
     let tx = florin_ledger::Transaction::decode(&bytes)
@@ -214,15 +196,17 @@ async fn withdraw(
     }))
 }
 
-async fn audit_books(State(st): State<AppState>) -> Result<Json<crate::bridge::Audit>, NodeError> {
+async fn audit_books(
+    State(st): State<AppState>,
+) -> Result<Json<florin_node::bridge::Audit>, HttpError> {
     let ledger = st.ledger()?;
     let a = st.authority()?;
     Ok(Json(
-        blocking(move || crate::audit::full_audit(&a, &ledger)).await?,
+        blocking(move || florin_node::audit::full_audit(&a, &ledger)).await?,
     ))
 }
 
-async fn fraud(State(st): State<AppState>) -> Result<Response, NodeError> {
+async fn fraud(State(st): State<AppState>) -> Result<Response, HttpError> {
     let a = st.authority()?;
     let list = blocking(move || a.fraud_list()).await?;
     Ok(Json(list).into_response())
@@ -231,7 +215,7 @@ async fn fraud(State(st): State<AppState>) -> Result<Response, NodeError> {
 async fn token(
     State(st): State<AppState>,
     Path(serial): Path<String>,
-) -> Result<Response, NodeError> {
+) -> Result<Response, HttpError> {
     let a = st.authority()?;
     let info = blocking(move || a.token(&serial)).await?;
     Ok(Json(info).into_response())
@@ -242,20 +226,6 @@ fn hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
         .ok()
         .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
         .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
-}
-
-fn tx_answer(txid: &[u8; 32], status: &TxStatus) -> LedgerTxStatus {
-    let (s, error) = match status {
-        TxStatus::Pending => ("pending", None),
-        TxStatus::StaticInvalid(e) => ("static_invalid", Some(e.clone())),
-        TxStatus::StateInvalid(e) => ("state_invalid", Some(e.clone())),
-        TxStatus::Confirmed => ("confirmed", None),
-    };
-    LedgerTxStatus {
-        txid: hex::encode(txid),
-        status: s.into(),
-        error,
-    }
 }
 
 /// Most transactions in one batch submission.
@@ -283,7 +253,7 @@ async fn submit_tx(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<LedgerTxStatus>, NodeError> {
+) -> Result<Json<LedgerTxStatus>, HttpError> {
     let ledger = st.ledger()?;
     let tx = if is_binary(&headers) {
         decode_tx(&body)?
@@ -293,7 +263,7 @@ async fn submit_tx(
         decode_hex_tx(&req.tx)?
     };
     let (txid, status) = ledger.submit(tx).await?;
-    Ok(Json(tx_answer(&txid, &status)))
+    Ok(Json(LedgerTxStatus::of(&txid, &status)))
 }
 
 /// Splits a binary batch: frames of a little-endian `u32` length and that many bytes.
@@ -331,7 +301,7 @@ async fn submit_batch(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<SubmitBatchAnswer>, NodeError> {
+) -> Result<Json<SubmitBatchAnswer>, HttpError> {
     let ledger = st.ledger()?;
     let txs = if is_binary(&headers) {
         split_frames(&body)?
@@ -339,9 +309,9 @@ async fn submit_batch(
         let req: SubmitBatch = serde_json::from_slice(&body)
             .map_err(|e| NodeError::BadRequest(format!("bad JSON: {e}")))?;
         if req.txs.len() > MAX_SUBMIT_BATCH {
-            return Err(NodeError::BadRequest(format!(
+            return Err(HttpError(NodeError::BadRequest(format!(
                 "more than {MAX_SUBMIT_BATCH} transactions in one batch"
-            )));
+            ))));
         }
         req.txs
             .iter()
@@ -355,36 +325,39 @@ async fn submit_batch(
     };
     let answers = ledger.submit_many(txs).await?;
     Ok(Json(SubmitBatchAnswer {
-        results: answers.iter().map(|(t, s)| tx_answer(t, s)).collect(),
+        results: answers
+            .iter()
+            .map(|(t, s)| LedgerTxStatus::of(t, s))
+            .collect(),
     }))
 }
 
 async fn tx_status(
     State(st): State<AppState>,
     Path(txid): Path<String>,
-) -> Result<Json<LedgerTxStatus>, NodeError> {
+) -> Result<Json<LedgerTxStatus>, HttpError> {
     let ledger = st.ledger()?;
     let id = hex32(&txid, "txid")?;
     let status = blocking(move || ledger.status(&id)).await?;
     match status {
-        Some(s) => Ok(Json(tx_answer(&id, &s))),
-        None => Err(NodeError::NotFound(format!(
+        Some(s) => Ok(Json(LedgerTxStatus::of(&id, &s))),
+        None => Err(HttpError(NodeError::NotFound(format!(
             "transaction {txid} is unknown"
-        ))),
+        )))),
     }
 }
 
 async fn unspent(
     State(st): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Unspent>, NodeError> {
+) -> Result<Json<Unspent>, HttpError> {
     let ledger = st.ledger()?;
     let uid = hex32(&id, "id")?;
     let unspent = blocking(move || ledger.is_unspent(&uid)).await?;
     Ok(Json(Unspent { id, unspent }))
 }
 
-async fn supply(State(st): State<AppState>) -> Result<Json<florin_ledger::Supply>, NodeError> {
+async fn supply(State(st): State<AppState>) -> Result<Json<florin_ledger::Supply>, HttpError> {
     let ledger = st.ledger()?;
     Ok(Json(blocking(move || ledger.supply()).await?))
 }
@@ -392,17 +365,17 @@ async fn supply(State(st): State<AppState>) -> Result<Json<florin_ledger::Supply
 async fn ledger_faucet(
     State(st): State<AppState>,
     Json(req): Json<LedgerFaucet>,
-) -> Result<Json<LedgerFaucetAnswer>, NodeError> {
+) -> Result<Json<LedgerFaucetAnswer>, HttpError> {
     if !st.authority()?.config().faucet {
-        return Err(NodeError::Forbidden(
+        return Err(HttpError(NodeError::Forbidden(
             "the faucet is off on this node".into(),
-        ));
+        )));
     }
     if req.amount_cents > st.authority()?.config().max_faucet_cents {
-        return Err(NodeError::BadRequest(format!(
+        return Err(HttpError(NodeError::BadRequest(format!(
             "faucet gives at most {} cents per request",
             st.authority()?.config().max_faucet_cents
-        )));
+        ))));
     }
     let ledger = st.ledger()?;
     // A wallet address (or hex key), or an encumbrance's text form (`p256:…` for a P-256
@@ -425,7 +398,7 @@ async fn ledger_faucet(
     };
     // Journaled in the authority's registry, apart from the ledger's log (the audit's check).
     let (txid, utxos) =
-        crate::audit::issue(&st.authority()?, &ledger, owner, req.amount_cents).await?;
+        florin_node::audit::issue(&st.authority()?, &ledger, owner, req.amount_cents).await?;
     Ok(Json(LedgerFaucetAnswer {
         txid: hex::encode(txid),
         outputs: utxos.iter().map(|u| hex::encode(u.encode())).collect(),
@@ -435,7 +408,7 @@ async fn ledger_faucet(
 async fn mailbox_put(
     State(st): State<AppState>,
     Json(req): Json<MailboxPut>,
-) -> Result<Json<MailboxMessage>, NodeError> {
+) -> Result<Json<MailboxMessage>, HttpError> {
     let msg = hex::decode(&req.message)
         .map_err(|_| NodeError::BadRequest("message is not hex".into()))?;
     let a = st.authority()?;
@@ -455,7 +428,7 @@ async fn mailbox_get(
     State(st): State<AppState>,
     Path(address): Path<String>,
     Query(q): Query<After>,
-) -> Result<Json<MailboxList>, NodeError> {
+) -> Result<Json<MailboxList>, HttpError> {
     let a = st.authority()?;
     let list = blocking(move || a.mailbox_get(&address, q.after.unwrap_or(0))).await?;
     Ok(Json(MailboxList {

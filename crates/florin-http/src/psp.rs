@@ -12,29 +12,46 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
-use super::api::{
+use florin_node::api::{ApiError, Health};
+use florin_node::psp::api::{
     AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo, Receive,
     ReceiveAnswer,
 };
-use super::{Psp, PspError};
-use crate::api::{ApiError, Health};
+use florin_node::psp::{Psp, PspError};
 
-impl IntoResponse for PspError {
+/// A provider error as an HTTP answer: a status code and an [`ApiError`] body.
+#[derive(Debug)]
+pub struct PspHttpError(pub PspError);
+
+impl From<PspError> for PspHttpError {
+    fn from(e: PspError) -> Self {
+        PspHttpError(e)
+    }
+}
+
+/// The status code a provider error is answered with.
+pub fn status_of(e: &PspError) -> StatusCode {
+    match e {
+        PspError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        PspError::NotFound(_) => StatusCode::NOT_FOUND,
+        PspError::Exists(_) | PspError::InsufficientFunds { .. } => StatusCode::CONFLICT,
+        PspError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        PspError::Custody(_) | PspError::Unresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
+        PspError::Unreachable(_) => StatusCode::BAD_GATEWAY,
+        PspError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        // A kind added later: the service failed.
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for PspHttpError {
     fn into_response(self) -> Response {
-        let status = match &self {
-            PspError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            PspError::NotFound(_) => StatusCode::NOT_FOUND,
-            PspError::Exists(_) | PspError::InsufficientFunds { .. } => StatusCode::CONFLICT,
-            PspError::Refused(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            PspError::Custody(_) | PspError::Unresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
-            PspError::Unreachable(_) => StatusCode::BAD_GATEWAY,
-            PspError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let PspHttpError(e) = self;
         let body = ApiError {
-            code: self.code().into(),
-            error: self.to_string(),
+            code: e.code().into(),
+            error: e.to_string(),
         };
-        (status, Json(body)).into_response()
+        (status_of(&e), Json(body)).into_response()
     }
 }
 
@@ -52,24 +69,27 @@ async fn health() -> Json<Health> {
     })
 }
 
-async fn info(State(p): St) -> Result<Json<PspInfo>, PspError> {
+async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
     Ok(Json(p.info()?))
 }
 
 async fn open(
     State(p): St,
     req: Result<Json<OpenAccount>, JsonRejection>,
-) -> Result<Json<AccountView>, PspError> {
+) -> Result<Json<AccountView>, PspHttpError> {
     Ok(Json(p.open_account(&body(req)?.name).await?))
 }
 
-async fn list(State(p): St) -> Result<Json<AccountList>, PspError> {
+async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
     Ok(Json(AccountList {
         accounts: p.accounts()?,
     }))
 }
 
-async fn account(State(p): St, Path(name): Path<String>) -> Result<Json<AccountView>, PspError> {
+async fn account(
+    State(p): St,
+    Path(name): Path<String>,
+) -> Result<Json<AccountView>, PspHttpError> {
     Ok(Json(p.account(&name)?))
 }
 
@@ -82,7 +102,7 @@ async fn history(
     State(p): St,
     Path(name): Path<String>,
     Query(q): Query<Limit>,
-) -> Result<Json<History>, PspError> {
+) -> Result<Json<History>, PspHttpError> {
     let limit = q.limit.unwrap_or(1000).min(1000);
     Ok(Json(History {
         entries: p.history(&name, limit)?,
@@ -93,21 +113,21 @@ async fn fund(
     State(p): St,
     Path(name): Path<String>,
     req: Result<Json<Fund>, JsonRejection>,
-) -> Result<Json<AccountView>, PspError> {
+) -> Result<Json<AccountView>, PspHttpError> {
     Ok(Json(p.fund(&name, body(req)?.amount_cents).await?))
 }
 
 async fn pay(
     State(p): St,
     req: Result<Json<PayRequest>, JsonRejection>,
-) -> Result<Json<PayReceipt>, PspError> {
+) -> Result<Json<PayReceipt>, PspHttpError> {
     Ok(Json(p.pay(body(req)?).await?))
 }
 
 async fn receive(
     State(p): St,
     req: Result<Json<Receive>, JsonRejection>,
-) -> Result<Json<ReceiveAnswer>, PspError> {
+) -> Result<Json<ReceiveAnswer>, PspHttpError> {
     Ok(Json(p.receive(body(req)?).await?))
 }
 

@@ -1,0 +1,17 @@
+//! Florin's HTTP/JSON surface: the node's axum router ([`node`]), the payment provider's
+//! ([`psp`]), the reqwest links a provider uses to reach the ledger and other providers
+//! ([`links`]), and a typed client for the provider's API ([`psp_client`]).
+//!
+//! The services live in `florin-node` and know nothing of HTTP (that crate depends on no
+//! axum, hyper or reqwest). The rule here, as in cdk's `cdk-axum`: a handler only **parses**
+//! the request into typed values, **calls** the service, and **maps** the answer (or the
+//! error, to a status code and an `ApiError` body). Service logic does not live here.
+
+pub mod links;
+pub mod node;
+pub mod psp;
+pub mod psp_client;
+
+pub use links::HttpLinks;
+pub use node::{router, serve, AppState, HttpError, MAX_SUBMIT_BATCH};
+pub use psp_client::{ClientError, PspClient};

@@ -1,0 +1,138 @@
+//! The reqwest side: how a provider reaches the ledger and other providers over HTTP/JSON
+//! ([`PspLinks`]).
+
+use std::time::Duration;
+
+use florin_ledger::Transaction;
+use florin_node::api::{
+    ApiError, LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent,
+};
+use florin_node::psp::api::{AccountView, Receive, ReceiveAnswer};
+use florin_node::psp::{PspError, PspLinks};
+use florin_node::TxStatus;
+
+/// [`PspLinks`] over HTTP/JSON: the node's ledger API and other providers' APIs.
+#[derive(Debug, Clone)]
+pub struct HttpLinks {
+    http: reqwest::Client,
+}
+
+impl HttpLinks {
+    /// A client with the provider's timeouts (connect 5 s, whole call 60 s).
+    pub fn new() -> Result<HttpLinks, PspError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| PspError::Storage(format!("HTTP client: {e}")))?;
+        Ok(HttpLinks { http })
+    }
+
+    /// One JSON call. A 404 is `NotFound` only from another provider (its account is
+    /// missing); from the ledger it means the ledger is not what was configured.
+    async fn call<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        req: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<T, PspError> {
+        let peer = what.contains("provider");
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| PspError::Unreachable(format!("{what}: unreadable answer: {e}")));
+        }
+        let msg = serde_json::from_slice::<ApiError>(&bytes)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        if status.is_client_error() {
+            if status == reqwest::StatusCode::NOT_FOUND {
+                return Err(if peer {
+                    PspError::NotFound(format!("{what}: {msg}"))
+                } else {
+                    PspError::Unreachable(format!("{what} (404): {msg}"))
+                });
+            }
+            Err(PspError::Refused(format!(
+                "{what} refused ({status}): {msg}"
+            )))
+        } else {
+            Err(PspError::Unreachable(format!("{what} ({status}): {msg}")))
+        }
+    }
+}
+
+fn url(base: &str, path: &str) -> String {
+    format!("{}{path}", base.trim_end_matches('/'))
+}
+
+#[async_trait::async_trait]
+impl PspLinks for HttpLinks {
+    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError> {
+        let body = SubmitTx {
+            tx: hex::encode(tx.encode()),
+        };
+        let ans: LedgerTxStatus = self
+            .call(
+                self.http
+                    .post(url(ledger, "/v1/ledger/transactions"))
+                    .json(&body),
+                "the ledger",
+            )
+            .await?;
+        ans.to_status().ok_or_else(|| {
+            PspError::Unreachable(format!(
+                "the ledger: unknown transaction status {:?}",
+                ans.status
+            ))
+        })
+    }
+
+    async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError> {
+        let u: Unspent = self
+            .call(
+                self.http.get(url(
+                    ledger,
+                    &format!("/v1/ledger/unspent/{}", hex::encode(id)),
+                )),
+                "the ledger",
+            )
+            .await?;
+        Ok(u.unspent)
+    }
+
+    async fn faucet(
+        &self,
+        ledger: &str,
+        req: &LedgerFaucet,
+    ) -> Result<LedgerFaucetAnswer, PspError> {
+        self.call(
+            self.http.post(url(ledger, "/v1/ledger/faucet")).json(req),
+            "the ledger's faucet",
+        )
+        .await
+    }
+
+    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError> {
+        self.call(
+            self.http.get(url(psp, &format!("/v1/psp/accounts/{name}"))),
+            "the payee's provider",
+        )
+        .await
+    }
+
+    async fn peer_receive(&self, psp: &str, req: &Receive) -> Result<ReceiveAnswer, PspError> {
+        self.call(
+            self.http.post(url(psp, "/v1/psp/receive")).json(req),
+            "the payee's provider",
+        )
+        .await
+    }
+}
