@@ -33,6 +33,9 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "layering rules (docs/architecture.md)"
+scripts/check-layering.sh
+
 log "cargo test"
 cargo test --workspace --locked 2>&1 | tee /tmp/florin-test.log
 passed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$4} END {print s+0}')

@@ -55,6 +55,21 @@ pub enum BuildError {
     /// A transfer spends something.
     #[error("a transfer needs at least one input")]
     NoInputs,
+    /// A transfer creates something.
+    #[error("a transfer needs at least one output")]
+    NoOutputs,
+    /// The same coin twice.
+    #[error("input {index} spends the same coin as an earlier input")]
+    DuplicateInput {
+        /// The later input's index.
+        index: usize,
+    },
+    /// A coin of zero cents (the ledger holds none).
+    #[error("input {index} is of zero cents")]
+    ZeroInput {
+        /// The input's index.
+        index: usize,
+    },
     /// An output of zero cents (or a payment of nothing).
     #[error("output {index} is of zero cents")]
     ZeroOutput {
@@ -136,8 +151,9 @@ fn check_output(index: usize, o: &Output) -> Result<(), BuildError> {
 }
 
 impl Draft {
-    /// A transfer of exactly these inputs into these outputs, checked: 1..=[`MAX_IO`] inputs,
-    /// at most [`MAX_IO`] outputs, no zero output, valid output keys, value in = value out.
+    /// A transfer of exactly these inputs into these outputs, checked as the ledger's validation
+    /// would: 1..=[`MAX_IO`] distinct inputs of more than zero cents, 1..=[`MAX_IO`] outputs of
+    /// more than zero cents to valid keys, value in = value out.
     pub fn new(inputs: Vec<Utxo>, outputs: Vec<Output>) -> Result<Draft, BuildError> {
         if inputs.is_empty() {
             return Err(BuildError::NoInputs);
@@ -147,6 +163,18 @@ impl Draft {
                 needed: inputs.len(),
                 max: MAX_IO,
             });
+        }
+        if outputs.is_empty() {
+            return Err(BuildError::NoOutputs);
+        }
+        let mut seen = std::collections::HashSet::with_capacity(inputs.len());
+        for (index, u) in inputs.iter().enumerate() {
+            if u.value == 0 {
+                return Err(BuildError::ZeroInput { index });
+            }
+            if !seen.insert(u.id()) {
+                return Err(BuildError::DuplicateInput { index });
+            }
         }
         if outputs.len() > MAX_IO {
             return Err(BuildError::TooManyOutputs {
@@ -305,7 +333,10 @@ pub fn payment(
     })?;
     let chosen = select_largest_first(coins, amount)?;
     let inputs: Vec<Utxo> = chosen.iter().map(|&i| coins[i]).collect();
-    let held: u64 = inputs.iter().map(|u| u.value).sum();
+    let held = sum(inputs.iter().map(|u| u.value)).ok_or(BuildError::Unbalanced {
+        inputs: u64::MAX,
+        outputs: amount,
+    })?;
     let mut outputs = pay;
     let mut change = None;
     if held > amount {

@@ -270,14 +270,14 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
     for c in &credits {
         // A credit's joins create outputs its later transactions spend: such an input exists
         // only once its join is confirmed.
-        let mut created: Vec<(Digest, Digest)> = Vec::new();
+        let mut created: std::collections::HashMap<Digest, Digest> = Default::default();
         for tx in c.transactions() {
             let Transaction::Transfer(t) = tx else {
                 continue;
             };
             let txid = tx.txid();
             for u in &t.inputs {
-                if let Some((_, by)) = created.iter().find(|(id, _)| *id == u.id()) {
+                if let Some(by) = created.get(&u.id()) {
                     if !confirmed(by)? {
                         continue;
                     }

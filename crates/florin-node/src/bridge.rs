@@ -189,6 +189,18 @@ impl Authority {
         let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
             return Err(NodeError::Storage("crediting built no transaction".into()));
         };
+        // What leaves the reserve table is exactly what the payment spends (through its joins):
+        // otherwise the books would lose or invent reserve value.
+        let removed: u64 = spent.iter().map(|u| u.value).sum();
+        let paid_from: u64 = match &tx_pay {
+            Transaction::Transfer(t) => t.inputs.iter().map(|u| u.value).sum(),
+            _ => 0,
+        };
+        if removed != paid_from {
+            return Err(NodeError::Storage(format!(
+                "crediting {cents} cents: {removed} cents would leave the reserve for a payment from {paid_from}"
+            )));
+        }
         let intent = CreditIntent {
             before: txs,
             credit: created[0],
@@ -462,16 +474,31 @@ pub async fn settle_credit(
     ledger: &std::sync::Arc<crate::ledger::Ledger>,
     intent: CreditIntent,
 ) -> Result<crate::api::CreditInfo, NodeError> {
+    // Its own task: a caller that goes away (a client that disconnects) does not stop a credit
+    // half way, with its joins confirmed and the payment not sent.
+    let (a, l) = (authority.clone(), ledger.clone());
+    tokio::spawn(async move { settle_chain(&a, &l, intent).await })
+        .await
+        .map_err(|e| NodeError::Io(format!("credit task failed: {e}")))?
+}
+
+async fn settle_chain(
+    authority: &std::sync::Arc<Authority>,
+    ledger: &std::sync::Arc<crate::ledger::Ledger>,
+    intent: CreditIntent,
+) -> Result<crate::api::CreditInfo, NodeError> {
     use crate::api::{CreditInfo, LedgerTxStatus};
     use crate::ledger::TxStatus;
-    // Joins of reserve outputs first, each confirmed before the next (a later one spends what
-    // an earlier one created). Resubmitting a confirmed one is answered confirmed.
-    for join in &intent.before {
-        let (txid, status) = ledger.submit(join.clone()).await?;
-        if status != TxStatus::Confirmed {
-            let answer = LedgerTxStatus::of(&txid, &status);
+    // The joins spend original reserve outputs only, never each other's: submitted together.
+    // The payment spends their outputs, so it goes once all are confirmed. Resubmitting a
+    // confirmed transaction is answered confirmed.
+    if !intent.before.is_empty() {
+        let answers = ledger.submit_many(intent.before.clone()).await?;
+        if let Some((txid, status)) = answers.iter().find(|(_, s)| *s != TxStatus::Confirmed) {
+            // The join that is not confirmed, by its own txid: the payment was not sent.
+            let answer = LedgerTxStatus::of(txid, status);
             return Ok(CreditInfo {
-                txid: hex::encode(intent.tx.txid()),
+                txid: answer.txid,
                 status: answer.status,
                 output: hex::encode(intent.credit.encode()),
             });
