@@ -7,11 +7,14 @@
 //! the request into typed values, **calls** the service, and **maps** the answer (or the
 //! error, to a status code and an `ApiError` body). Service logic does not live here.
 
+pub mod client;
+mod connect;
 pub mod links;
 pub mod node;
 pub mod psp;
 pub mod psp_client;
 
+pub use client::NodeClient;
 pub use links::HttpLinks;
 pub use node::{router, serve, AppState, HttpError, MAX_SUBMIT_BATCH};
 pub use psp_client::{ClientError, PspClient};

@@ -10,8 +10,9 @@ use florin_token::amount::format_cents;
 use florin_token::FraudProof;
 use serde_json::json;
 
-use crate::client::{runtime, NodeClient};
+use crate::util::runtime;
 use crate::util::{print_json, read, write_atomic};
+use florin_http::NodeClient;
 
 /// `florin fraud` subcommands.
 #[derive(Subcommand)]

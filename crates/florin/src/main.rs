@@ -1,8 +1,6 @@
 //! `florin`: run a devnet, use a wallet, inspect fraud, run benchmarks.
 
-mod client;
 mod cluster_cmd;
-mod connect;
 mod custody_cmd;
 mod devnet;
 mod fraud_cmd;
@@ -115,8 +113,8 @@ fn main() -> ExitCode {
 }
 
 fn audit(node: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let client = client::NodeClient::new(node)?;
-    let a = client::runtime()?.block_on(client.audit())?;
+    let client = florin_http::NodeClient::new(node)?;
+    let a = util::runtime()?.block_on(client.audit())?;
     let balanced = a["balanced"].as_bool().unwrap_or(false);
     if json {
         util::print_json(&a);

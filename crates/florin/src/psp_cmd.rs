@@ -442,7 +442,7 @@ impl Client {
     fn new(base: &str) -> Result<Client> {
         Ok(Client {
             api: florin_http::PspClient::new(base)?,
-            rt: crate::client::runtime()?,
+            rt: crate::util::runtime()?,
         })
     }
 

@@ -19,3 +19,10 @@ pub fn read(path: &Path) -> Result<Vec<u8>> {
 pub fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
+
+/// A current-thread runtime for one command.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}

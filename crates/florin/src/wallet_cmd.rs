@@ -14,8 +14,9 @@ use florin_wallet::{FileStore, FlowError, Flows, Notice, Wallet, WalletStore};
 use rand::rngs::OsRng;
 use serde_json::json;
 
-use crate::client::{runtime, NodeClient};
 use crate::util::print_json;
+use crate::util::runtime;
+use florin_http::NodeClient;
 
 /// Options of `florin wallet`.
 #[derive(Args)]

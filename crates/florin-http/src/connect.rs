@@ -13,25 +13,26 @@ use florin_wallet::{Connector, ConnectorError, DepositItem};
 
 use crate::client::{ClientError, NodeClient};
 
-/// The typed error behind a [`NodeClient`] call's `anyhow::Error`.
-fn classify(client: &NodeClient, e: anyhow::Error) -> ConnectorError {
-    match e.downcast::<ClientError>() {
-        Ok(ClientError::Refused { status, message }) => ConnectorError::Refused {
+/// A client error in the wallet's terms.
+fn classify(client: &NodeClient, e: ClientError) -> ConnectorError {
+    match e {
+        ClientError::Refused { status, message } => ConnectorError::Refused {
             status: status.to_string(),
             message,
         },
-        Ok(ClientError::Unreachable { node, source }) => ConnectorError::Unreachable {
+        ClientError::Unreachable { node, source } => ConnectorError::Unreachable {
             node,
             source: Box::new(source),
         },
-        Ok(ClientError::Transport(source)) => ConnectorError::Unreachable {
-            node: client.base().to_string(),
-            source: Box::new(source),
-        },
-        Ok(ClientError::Unreadable(source)) => {
+        ClientError::Transport(source) | ClientError::Setup(source) => {
+            ConnectorError::Unreachable {
+                node: client.base().to_string(),
+                source: Box::new(source),
+            }
+        }
+        ClientError::Unreadable(source) => {
             ConnectorError::unreadable_by("node sent an unreadable answer", source)
         }
-        Err(e) => ConnectorError::unreadable(format!("{e:#}")),
     }
 }
 

@@ -1,8 +1,8 @@
-//! A small client for the node's HTTP/JSON API.
+//! The node's HTTP/JSON API client: the wallet's connector (`connect.rs`), `florin audit` and
+//! `florin fraud` use it.
 
 use std::time::Duration;
 
-use anyhow::Result;
 use florin_node::api::{
     ApiError, DepositRequest, DepositResponse, FaucetResponse, FraudInfo, Info, LedgerFaucet,
     LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitTx, Unspent,
@@ -11,10 +11,13 @@ use florin_node::api::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// Why a call to the node failed. The public methods return it inside [`anyhow::Error`]
-/// (downcast to tell a refusal from an unreachable node, as `connect.rs` does).
+/// Why a call to the node failed: a refusal by the node, or a node that cannot be reached.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
+    /// The HTTP client could not be set up.
+    #[error("cannot set up the HTTP client: {0}")]
+    Setup(#[source] reqwest::Error),
     /// The node answered with an error status.
     #[error("node refused ({status}): {message}")]
     Refused {
@@ -48,11 +51,12 @@ pub struct NodeClient {
 
 impl NodeClient {
     /// A client for `base` (e.g. `http://127.0.0.1:7400`).
-    pub fn new(base: &str) -> Result<Self> {
+    pub fn new(base: &str) -> Result<Self, ClientError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(600))
-            .build()?;
+            .build()
+            .map_err(ClientError::Setup)?;
         Ok(NodeClient {
             base: base.trim_end_matches('/').to_string(),
             http,
@@ -83,17 +87,21 @@ impl NodeClient {
         }
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let resp = self
             .http
             .get(format!("{}{path}", self.base))
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
-        Ok(self.decode(resp).await?)
+        self.decode(resp).await
     }
 
-    async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
         let resp = self
             .http
             .post(format!("{}{path}", self.base))
@@ -101,27 +109,30 @@ impl NodeClient {
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
-        Ok(self.decode(resp).await?)
+        self.decode(resp).await
     }
 
     /// `GET /v1/info`.
-    pub async fn info(&self) -> Result<Info> {
+    pub async fn info(&self) -> Result<Info, ClientError> {
         self.get("/v1/info").await
     }
 
     /// `POST /v1/ledger/faucet`.
-    pub async fn ledger_faucet(&self, req: &LedgerFaucet) -> Result<LedgerFaucetAnswer> {
+    pub async fn ledger_faucet(
+        &self,
+        req: &LedgerFaucet,
+    ) -> Result<LedgerFaucetAnswer, ClientError> {
         self.post("/v1/ledger/faucet", req).await
     }
 
     /// `POST /v1/ledger/transactions`.
-    pub async fn submit(&self, tx_hex: String) -> Result<LedgerTxStatus> {
+    pub async fn submit(&self, tx_hex: String) -> Result<LedgerTxStatus, ClientError> {
         self.post("/v1/ledger/transactions", &SubmitTx { tx: tx_hex })
             .await
     }
 
     /// `GET /v1/ledger/unspent/{id}`.
-    pub async fn unspent(&self, id: &[u8; 32]) -> Result<bool> {
+    pub async fn unspent(&self, id: &[u8; 32]) -> Result<bool, ClientError> {
         let u: Unspent = self
             .get(&format!("/v1/ledger/unspent/{}", hex::encode(id)))
             .await?;
@@ -129,7 +140,7 @@ impl NodeClient {
     }
 
     /// `POST /v1/mailbox`.
-    pub async fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64> {
+    pub async fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64, ClientError> {
         let m: MailboxMessage = self
             .post(
                 "/v1/mailbox",
@@ -143,35 +154,28 @@ impl NodeClient {
     }
 
     /// `GET /v1/mailbox/{address}?after=N`.
-    pub async fn mailbox_get(&self, address: &str, after: u64) -> Result<MailboxList> {
+    pub async fn mailbox_get(&self, address: &str, after: u64) -> Result<MailboxList, ClientError> {
         self.get(&format!("/v1/mailbox/{address}?after={after}"))
             .await
     }
 
     /// `POST /v1/withdraw`.
-    pub async fn withdraw(&self, req: &WithdrawRequest) -> Result<FaucetResponse> {
+    pub async fn withdraw(&self, req: &WithdrawRequest) -> Result<FaucetResponse, ClientError> {
         self.post("/v1/withdraw", req).await
     }
 
     /// `GET /v1/audit`.
-    pub async fn audit(&self) -> Result<serde_json::Value> {
+    pub async fn audit(&self) -> Result<serde_json::Value, ClientError> {
         self.get("/v1/audit").await
     }
 
     /// `POST /v1/deposit`.
-    pub async fn deposit(&self, req: &DepositRequest) -> Result<DepositResponse> {
+    pub async fn deposit(&self, req: &DepositRequest) -> Result<DepositResponse, ClientError> {
         self.post("/v1/deposit", req).await
     }
 
     /// `GET /v1/fraud`.
-    pub async fn fraud(&self) -> Result<Vec<FraudInfo>> {
+    pub async fn fraud(&self) -> Result<Vec<FraudInfo>, ClientError> {
         self.get("/v1/fraud").await
     }
-}
-
-/// A current-thread runtime for one command.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
 }
