@@ -15,6 +15,7 @@
 pub mod channel;
 pub mod discovery;
 pub mod qr;
+pub mod rpc;
 pub mod wire;
 
 pub use channel::{connect, Channel, ChannelConfig, Listener, NetError};

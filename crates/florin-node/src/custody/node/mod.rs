@@ -24,8 +24,6 @@ use florin_custody::wire::{
     self, DkgEcho, EcdsaJob, Refusal, Request, Response, MAX_COMMITMENTS, MAX_WIRE,
 };
 use florin_custody::{vault, CustodyError, PartyId};
-use florin_net::channel::{accept_on, Channel, ChannelConfig};
-use florin_net::NetError;
 use rand::rngs::OsRng;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -208,12 +206,6 @@ struct Inner {
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     repairs: Mutex<HashMap<[u8; 16], RepairRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
-    connections: AtomicUsize,
-    /// Connections in their handshake, oldest first (see [`MAX_HANDSHAKES`]).
-    handshakes: Mutex<std::collections::VecDeque<(u64, std::net::TcpStream)>>,
-    /// Open connections' sockets, to close them when the node stops.
-    open: Mutex<HashMap<u64, std::net::TcpStream>>,
-    next_conn: std::sync::atomic::AtomicU64,
     stop: AtomicBool,
 }
 
@@ -226,7 +218,7 @@ pub struct CustodyNode {
 pub struct RunningNode {
     inner: Arc<Inner>,
     addr: SocketAddr,
-    accept: Option<thread::JoinHandle<()>>,
+    server: Option<florin_net::rpc::RpcServer>,
 }
 
 fn parse_keys(list: &[String], what: &str) -> Result<Vec<PublicKey>, NodeError> {
@@ -488,10 +480,6 @@ impl CustodyNode {
                 dkgs: Mutex::new(HashMap::new()),
                 repairs: Mutex::new(HashMap::new()),
                 ecdsa,
-                connections: AtomicUsize::new(0),
-                handshakes: Mutex::new(std::collections::VecDeque::new()),
-                open: Mutex::new(HashMap::new()),
-                next_conn: std::sync::atomic::AtomicU64::new(0),
                 stop: AtomicBool::new(false),
             }),
         })
@@ -517,15 +505,18 @@ impl CustodyNode {
             .name("custody-refill".into())
             .spawn(move || refill_loop(&refill))
             .map_err(|e| NodeError::Io(e.to_string()))?;
-        let acc = inner.clone();
-        let accept = thread::Builder::new()
-            .name("custody-accept".into())
-            .spawn(move || accept_loop(&acc, listener))
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+        let server = florin_net::rpc::RpcServer::start(
+            listener,
+            Arc::new(inner.identity.clone()),
+            limits(),
+            "custody",
+            Arc::new(NodeService(inner.clone())),
+        )
+        .map_err(|e| NodeError::Io(e.to_string()))?;
         Ok(RunningNode {
             inner,
             addr,
-            accept: Some(accept),
+            server: Some(server),
         })
     }
 }
@@ -605,27 +596,18 @@ impl RunningNode {
 
     /// Blocks until the node stops.
     pub fn wait(mut self) {
-        if let Some(h) = self.accept.take() {
-            let _ = h.join();
+        if let Some(server) = self.server.take() {
+            server.wait();
         }
     }
 
-    /// Stops accepting and closes the node's connections as they next wake (a crashed node,
-    /// for tests: nothing is flushed because nothing is pending).
+    /// Stops accepting and closes the node's connections now (a crashed node, for tests:
+    /// nothing is flushed because nothing is pending).
     pub fn stop(&self) {
         self.inner.stop.store(true, Ordering::SeqCst);
-        if let Ok(mut open) = self.inner.open.lock() {
-            for (_, s) in open.drain() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
+        if let Some(server) = &self.server {
+            server.stop();
         }
-        if let Ok(mut hs) = self.inner.handshakes.lock() {
-            for (_, s) in hs.drain(..) {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-        }
-        // Wake the accept loop.
-        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
     }
 }
 
