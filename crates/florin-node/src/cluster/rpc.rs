@@ -1,19 +1,19 @@
-//! Inter-node messages of the cluster and their transport: `florin-net`'s Noise channel
-//! (mutually authenticated, each side's key pinned from the cluster spec), one request at a
-//! time per connection, a small pool of connections per peer.
+//! Inter-node messages of the cluster and their transport: the shared authenticated RPC server
+//! ([`florin_net::rpc`]: Noise, each side's key pinned from the cluster spec, bounded
+//! handshakes and connections), one request at a time per connection, and a small pool of
+//! connections per peer on the calling side.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Duration;
 
 use florin_cluster::raft::ReplicaStatus;
 use florin_cluster::shard::{Fenced, ShardReply};
 use florin_crypto::{Digest, LocalSigner, PublicKey};
 use florin_ledger::{CompactTx, Supply, SwapOutcome, UhsId};
-use florin_net::channel::{accept_on, connect, Channel, ChannelConfig, NetError};
+use florin_net::channel::{connect, Channel, ChannelConfig, NetError};
+use florin_net::rpc::{RpcLimits, RpcServer, Service};
 use serde::{Deserialize, Serialize};
 
 /// Largest message (a batch of a few tens of thousands of transactions, or a snapshot).
@@ -210,10 +210,42 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Response> + Send;
 }
 
-/// A running RPC server.
-pub struct Server {
-    addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+/// A running RPC server: the shared [`RpcServer`] serving cluster requests to members.
+pub struct Server(RpcServer);
+
+/// The limits cluster nodes keep.
+fn limits() -> RpcLimits {
+    RpcLimits {
+        max_connections: MAX_CONNECTIONS,
+        max_handshakes: MAX_HANDSHAKES,
+        handshake_deadline: Duration::from_secs(2),
+        idle: IDLE,
+        // An answer may be a snapshot of hundreds of megabytes.
+        write_deadline: Duration::from_secs(120),
+        max_message: MAX_RPC,
+    }
+}
+
+struct ClusterService<H> {
+    allowed: HashSet<PublicKey>,
+    handler: Arc<H>,
+    rt: tokio::runtime::Handle,
+}
+
+impl<H: Handler> Service for ClusterService<H> {
+    type Session = ();
+
+    fn admit(&self, peer: &PublicKey) -> Option<()> {
+        self.allowed.contains(peer).then_some(())
+    }
+
+    fn handle(&self, peer: &PublicKey, _: &mut (), bytes: &[u8]) -> Option<Vec<u8>> {
+        let answer = match decode::<Request>(bytes) {
+            Some(req) => self.rt.block_on(self.handler.handle(peer, req)),
+            None => Response::Error("undecodable request".into()),
+        };
+        Some(encode(&answer))
+    }
 }
 
 impl Server {
@@ -226,95 +258,21 @@ impl Server {
         handler: Arc<H>,
         rt: tokio::runtime::Handle,
     ) -> std::io::Result<Server> {
-        let addr = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let open = Arc::new(AtomicUsize::new(0));
-        let handshaking = Arc::new(AtomicUsize::new(0));
-        let allowed = Arc::new(allowed);
-        let stop2 = stop.clone();
-        thread::Builder::new()
-            .name("cluster-accept".into())
-            .spawn(move || {
-                for stream in listener.incoming() {
-                    if stop2.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Ok(stream) = stream else { continue };
-                    if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS
-                        || handshaking.load(Ordering::SeqCst) >= MAX_HANDSHAKES
-                    {
-                        continue;
-                    }
-                    open.fetch_add(1, Ordering::SeqCst);
-                    handshaking.fetch_add(1, Ordering::SeqCst);
-                    let (me, allowed, handler, rt, stop, open, hs) = (
-                        me.clone(),
-                        allowed.clone(),
-                        handler.clone(),
-                        rt.clone(),
-                        stop2.clone(),
-                        open.clone(),
-                        handshaking.clone(),
-                    );
-                    let (open2, hs2) = (open.clone(), hs.clone());
-                    let spawned =
-                        thread::Builder::new()
-                            .name("cluster-conn".into())
-                            .spawn(move || {
-                                let cfg = ChannelConfig {
-                                    timeout: Duration::from_secs(2),
-                                    ..ChannelConfig::default()
-                                };
-                                let ch = accept_on(stream, me.as_ref(), &cfg);
-                                hs.fetch_sub(1, Ordering::SeqCst);
-                                if let Ok(ch) = ch {
-                                    if allowed.contains(&ch.peer()) {
-                                        serve(ch, handler.as_ref(), &rt, &stop);
-                                    }
-                                }
-                                open.fetch_sub(1, Ordering::SeqCst);
-                            });
-                    if spawned.is_err() {
-                        open2.fetch_sub(1, Ordering::SeqCst);
-                        hs2.fetch_sub(1, Ordering::SeqCst);
-                    }
-                }
-            })?;
-        Ok(Server { addr, stop })
+        let service = ClusterService {
+            allowed,
+            handler,
+            rt,
+        };
+        RpcServer::start(listener, me, limits(), "cluster", Arc::new(service)).map(Server)
     }
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.0.addr()
     }
 
-    /// Stops accepting (open connections end at their next request).
+    /// Stops accepting and closes its connections.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn serve<H: Handler>(mut ch: Channel, handler: &H, rt: &tokio::runtime::Handle, stop: &AtomicBool) {
-    let peer = ch.peer();
-    let _ = ch.set_timeout(IDLE);
-    loop {
-        let Ok(bytes) = ch.recv(MAX_RPC) else { return };
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let answer = match decode::<Request>(&bytes) {
-            Some(req) => rt.block_on(handler.handle(&peer, req)),
-            None => Response::Error("undecodable request".into()),
-        };
-        if ch.send(&encode(&answer)).is_err() {
-            return;
-        }
+        self.0.stop();
     }
 }
