@@ -4,34 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
-use florin_token::{Denomination, Payment, PaymentRequest, Token};
+use florin_crypto::{PublicKey, Signer};
+use florin_token::{Denomination, Payment, PaymentRequest};
 use florin_wallet::peer::{pay_peer, Answer, PeerError, PeerExchange, PeerPayError};
 use florin_wallet::{FileStore, Wallet, WalletStore};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-fn authority() -> LocalSigner {
-    LocalSigner::new(SecretKey::from_seed(&[250; 32]))
-}
-
-fn funded(rng: &mut StdRng, denoms: &[Denomination]) -> Wallet {
-    let auth = authority();
-    let mut w = Wallet::generate(rng, Some(auth.public_key()));
-    let hs = Wallet::fresh_handshake(rng);
-    let tokens: Vec<Token> = denoms
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let mut serial = [0u8; 8];
-            serial[..4].copy_from_slice(&(i as u32).to_le_bytes());
-            serial[7] = w.public_key().0[0];
-            Token::mint(&auth, serial, *d, [i as u8; 64], w.public_key(), hs).unwrap()
-        })
-        .collect();
-    w.accept_issued(tokens, &hs, rng).unwrap();
-    w
-}
+mod common;
+use common::{authority, funded};
 
 struct Payee {
     w: Wallet,
