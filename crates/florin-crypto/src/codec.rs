@@ -29,6 +29,9 @@ pub enum DecodeError {
     /// A field out of range.
     #[error("invalid {0}")]
     Invalid(&'static str),
+    /// A token's value byte maps to no denomination.
+    #[error("invalid denomination byte {0}")]
+    InvalidDenomination(u8),
 }
 
 /// Reads a canonical little-endian encoding; every read is bounds-checked.

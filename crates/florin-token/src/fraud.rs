@@ -75,12 +75,6 @@ pub enum FraudProofError {
     NoConflict,
 }
 
-impl From<florin_crypto::codec::DecodeError> for FraudProofError {
-    fn from(e: florin_crypto::codec::DecodeError) -> Self {
-        FraudProofError::Decode(e.into())
-    }
-}
-
 impl FraudProof {
     /// Builds the proof for two valid chains from the same anchor that diverge, or `None`
     /// when no key made two different payments (one chain extends the other, or they differ

@@ -20,16 +20,7 @@ pub(super) fn store(inner: &Inner, share: KeyShare) -> Result<Response, CustodyE
         }
         return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
     }
-    let mut pending = inner
-        .pending
-        .lock()
-        .map_err(|_| CustodyError::Frost("lock".into()))?;
-    if pending.get(&key_id) == Some(&share) {
-        return Ok(Response::Key(group));
-    }
-    write_pending(inner, &share)?;
-    pending.insert(key_id, share);
-    Ok(Response::Key(group))
+    stage(inner, key_id, share, group)
 }
 
 /// Stores a refreshed share durably as *pending* next to the committed one it refreshes; the
@@ -52,6 +43,17 @@ pub(super) fn store_refresh(inner: &Inner, share: KeyShare) -> Result<Response, 
             )))
         }
     }
+    stage(inner, key_id, share, group)
+}
+
+/// Writes `share` durably as the pending share of `key_id` (once: the same share again is a
+/// repeat) and answers with its group key.
+fn stage(
+    inner: &Inner,
+    key_id: String,
+    share: KeyShare,
+    group: Vec<u8>,
+) -> Result<Response, CustodyError> {
     let mut pending = inner
         .pending
         .lock()
