@@ -1,6 +1,8 @@
-//! The one authenticated request/answer server of Florin's services (the ledger cluster's nodes
+//! The one authenticated request/answer layer of Florin's services (the ledger cluster's nodes
 //! and the custody network's nodes): Noise channels with pinned keys ([`crate::channel`]), one
-//! request at a time per connection, and the same limits everywhere.
+//! request at a time per connection, and the same limits everywhere. This file is the serving
+//! side; [`client`] is the calling side ([`RpcClient`]: pooled connections per peer, one retry
+//! only where it is safe).
 //!
 //! - **Handshakes in their own slots.** At most [`RpcLimits::max_handshakes`] connections may
 //!   be in the Noise handshake (unauthenticated) at once; when all are taken, the *oldest* is
@@ -16,6 +18,9 @@
 //! - **Stopping** closes every open connection and handshake at once.
 //!
 //! The service sees bytes: each caller keeps its own message types and codec.
+
+pub mod client;
+pub use client::{CallError, ClientLimits, Pending, RpcClient};
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -1,19 +1,18 @@
-//! Inter-node messages of the cluster and their transport: the shared authenticated RPC server
+//! Inter-node messages of the cluster and their transport: the shared authenticated RPC layer
 //! ([`florin_net::rpc`]: Noise, each side's key pinned from the cluster spec, bounded
-//! handshakes and connections), one request at a time per connection, and a small pool of
-//! connections per peer on the calling side.
+//! handshakes and connections, one request at a time per connection; on the calling side a
+//! pooled [`RpcClient`] per peer).
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use florin_cluster::raft::ReplicaStatus;
 use florin_cluster::shard::{Fenced, ShardReply};
 use florin_crypto::{Digest, LocalSigner, PublicKey};
 use florin_ledger::{CompactTx, Supply, SwapOutcome, UhsId};
-use florin_net::channel::{connect, Channel, ChannelConfig, NetError};
-use florin_net::rpc::{RpcLimits, RpcServer, Service};
+use florin_net::rpc::{CallError, ClientLimits, RpcClient, RpcLimits, RpcServer, Service};
 use serde::{Deserialize, Serialize};
 
 /// Largest message (a batch of a few tens of thousands of transactions, or a snapshot).
@@ -87,14 +86,15 @@ pub struct NodeStatus {
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RpcError {
-    /// Could not reach the peer, or the connection broke.
-    #[error("cannot reach {addr}: {msg}")]
+    /// Could not reach the peer, the connection broke, or it did not answer in time.
+    #[error("cannot reach {addr}: {source}")]
     Unreachable {
         /// The peer.
         addr: String,
         /// Why.
-        msg: String,
+        source: Box<CallError>,
     },
     /// The answer did not decode.
     #[error("bad answer from {0}")]
@@ -109,94 +109,49 @@ fn decode<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Option<T> {
     postcard::from_bytes(b).ok()
 }
 
-/// A peer: its address, its pinned key, pooled connections.
+/// A peer: its address and a pooled link that pins its key ([`RpcClient`]).
 pub struct Peer {
     /// Where it listens.
     pub addr: String,
-    key: PublicKey,
-    me: Arc<LocalSigner>,
-    pool: Mutex<Vec<Channel>>,
+    client: RpcClient,
     timeout: Duration,
 }
 
 impl Peer {
-    /// A peer at `addr` that must prove `key`.
+    /// A peer at `addr` that must prove `key`; answers are awaited at most `timeout`.
     pub fn new(addr: String, key: PublicKey, me: Arc<LocalSigner>, timeout: Duration) -> Peer {
+        let limits = ClientLimits {
+            max_idle: POOL,
+            connect_timeout: timeout.min(Duration::from_secs(2)),
+            max_message: MAX_RPC,
+        };
         Peer {
+            client: RpcClient::new(&addr, key, me, &limits),
             addr,
-            key,
-            me,
-            pool: Mutex::new(Vec::new()),
             timeout,
         }
     }
 
     /// One request, one answer (blocking).
     pub fn call(&self, req: &Request) -> Result<Response, RpcError> {
-        let unreachable = |e: &dyn std::fmt::Display| RpcError::Unreachable {
-            addr: self.addr.clone(),
-            msg: e.to_string(),
-        };
-        let bytes = encode(req);
-        // A pooled connection may have been closed by the peer: one retry on a fresh one.
-        for attempt in 0..2 {
-            let pooled = if attempt == 0 {
-                self.pool.lock().ok().and_then(|mut p| p.pop())
-            } else {
-                None
-            };
-            let fresh = pooled.is_none();
-            let mut ch = match pooled {
-                Some(c) => c,
-                None => {
-                    let cfg = ChannelConfig {
-                        timeout: self.timeout.min(Duration::from_secs(2)),
-                        ..ChannelConfig::default()
-                    };
-                    let ch = connect(self.addr.as_str(), self.me.as_ref(), Some(self.key), &cfg)
-                        .map_err(|e| unreachable(&e))?;
-                    ch.set_timeout(self.timeout).map_err(|e| unreachable(&e))?;
-                    ch
-                }
-            };
-            let answer = ch.send(&bytes).and_then(|_| ch.recv(MAX_RPC));
-            match answer {
-                Ok(b) => {
-                    let r = decode::<Response>(&b)
-                        .ok_or_else(|| RpcError::BadAnswer(self.addr.clone()))?;
-                    if let Ok(mut p) = self.pool.lock() {
-                        if p.len() < POOL {
-                            p.push(ch);
-                        }
-                    }
-                    return Ok(r);
-                }
-                Err(e) if fresh => return Err(unreachable(&e)),
-                // A timeout means the peer may be working on it: never send it twice.
-                Err(NetError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
-                    ) =>
-                {
-                    return Err(unreachable(&e))
-                }
-                // The peer had closed the idle pooled connection: send it on a fresh one.
-                Err(_) => continue,
-            }
-        }
-        Err(unreachable(&"connection lost"))
+        let answer = self
+            .client
+            .call(encode(req), self.timeout)
+            .map_err(|source| RpcError::Unreachable {
+                addr: self.addr.clone(),
+                source: Box::new(source),
+            })?;
+        decode::<Response>(&answer).ok_or_else(|| RpcError::BadAnswer(self.addr.clone()))
     }
 
     /// [`Peer::call`] from async code.
     pub async fn call_async(self: &Arc<Self>, req: Request) -> Result<Response, RpcError> {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || me.call(&req))
-            .await
-            .map_err(|e| RpcError::Unreachable {
-                addr: self.addr.clone(),
-                msg: e.to_string(),
-            })?
+        match tokio::task::spawn_blocking(move || me.call(&req)).await {
+            Ok(r) => r,
+            // The blocking task panicked or was cancelled: no answer.
+            Err(_) => Err(RpcError::BadAnswer(self.addr.clone())),
+        }
     }
 }
 

@@ -20,7 +20,6 @@ use florin_custody::envelope::Envelope;
 use florin_custody::frost::{self, GroupKey, KeyShare, SigningPackage};
 use florin_custody::wire::{self, Request, Response, MAX_WIRE};
 use florin_custody::{CustodyError, PartyId};
-use florin_net::channel::{connect, Channel, ChannelConfig};
 use rand::rngs::OsRng;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
@@ -97,7 +96,6 @@ pub enum KmnError {
 pub struct Kmn {
     t: u16,
     links: Vec<Link>,
-    me: LocalSigner,
 }
 
 /// One node as `status` saw it.
@@ -146,21 +144,12 @@ pub(super) fn unexpected(party: PartyId) -> KmnError {
 impl Kmn {
     /// A handle on `net`, authenticating as `me` (a key the nodes list as client or admin).
     pub fn new(net: &NetworkConfig, me: LocalSigner) -> Result<Arc<Kmn>, KmnError> {
+        let me = Arc::new(me);
         let mut links = Vec::with_capacity(net.members.len());
         for m in &net.members {
             let key = PublicKey::parse(&m.key)
                 .map_err(|e| KmnError::Config(format!("member {}: {e}", m.party)))?;
-            links.push(Link {
-                party: m.party,
-                addr: m.addr,
-                key,
-                idle: Mutex::new(Vec::new()),
-                down_until: Mutex::new(None),
-                commitments: Mutex::new(CommitmentQueue {
-                    q: VecDeque::new(),
-                    batch: COMMIT_BATCH_START,
-                }),
-            });
+            links.push(Link::new(m.party, m.addr, key, me.clone()));
         }
         links.sort_by_key(|l| l.party);
         if net.t < 2 || net.t as usize > links.len() {
@@ -170,11 +159,7 @@ impl Kmn {
                 links.len()
             )));
         }
-        Ok(Arc::new(Kmn {
-            t: net.t,
-            links,
-            me,
-        }))
+        Ok(Arc::new(Kmn { t: net.t, links }))
     }
 
     /// Nodes in the network.
@@ -249,13 +234,13 @@ impl Kmn {
         let mut pending = Vec::with_capacity(reqs.len());
         for (p, req) in reqs {
             match self.link(p) {
-                Some(l) => pending.push((p, l.send(&self.me, &req))),
+                Some(l) => pending.push((p, l.send(&req))),
                 None => pending.push((p, Err(format!("no node {p}")))),
             }
         }
         pending
             .into_iter()
-            .map(|(p, r)| (p, r.and_then(|pd| pd.finish(&self.me, timeout))))
+            .map(|(p, r)| (p, r.and_then(|pd| pd.finish(timeout))))
             .collect()
     }
 
