@@ -52,7 +52,7 @@ pub(crate) enum StoreError {
     SnapshotMismatch,
     /// The machine refused a snapshot's state ([`super::Machine::restore`]).
     #[error("restore: {0}")]
-    Restore(String),
+    Restore(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The blocking task that did the disk work panicked or was cancelled.
     #[error("raft storage task: {0}")]
     Task(#[from] tokio::task::JoinError),

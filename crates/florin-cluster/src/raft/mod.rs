@@ -49,7 +49,7 @@ mod transport;
 use error::StoreError;
 pub use replica::{RaftError, RaftOptions, Replica, ReplicaStatus};
 pub use state_machine::Machine;
-pub use transport::{RaftTransport, TransportFuture};
+pub use transport::{RaftTransport, TransportError, TransportFuture};
 
 /// A replica's id within its group.
 pub type NodeId = u64;

@@ -70,6 +70,7 @@ impl Default for RaftOptions {
 
 /// Errors of a [`Replica`].
 #[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RaftError {
     /// This replica is not the leader; retry on `leader` (at `addr`) when known.
     #[error("not the leader (leader: {leader:?}, address: {addr:?})")]

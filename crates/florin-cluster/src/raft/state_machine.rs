@@ -35,8 +35,10 @@ pub trait Machine: Send + Sync + 'static {
     fn snapshot_into(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.snapshot());
     }
+    /// Why [`Machine::restore`] refuses a snapshot's bytes.
+    type Error: std::error::Error + Send + Sync + 'static;
     /// Replaces the whole state with a snapshot's.
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String>;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), Self::Error>;
 }
 
 /// Below this size (bytes of machine state) a snapshot is cheap: it is taken by entry count
@@ -243,7 +245,7 @@ impl<M: Machine> RaftStateMachine<TypeConfig> for SmStore<M> {
             let mut st = write_lock(&self.state);
             st.machine
                 .restore(machine)
-                .map_err(|e| err(StoreError::Restore(e)))?;
+                .map_err(|e| err(StoreError::Restore(Box::new(e))))?;
             st.reset_since(machine.len() as u64);
             st.applied = meta.last_log_id;
             st.membership = meta.last_membership.clone();

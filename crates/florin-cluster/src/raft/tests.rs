@@ -24,8 +24,9 @@ impl Machine for Recorder {
     fn snapshot(&self) -> Vec<u8> {
         postcard::to_allocvec(&self.0).unwrap()
     }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        self.0 = postcard::from_bytes(snapshot).map_err(|e| e.to_string())?;
+    type Error = postcard::Error;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), postcard::Error> {
+        self.0 = postcard::from_bytes(snapshot)?;
         Ok(())
     }
 }

@@ -21,7 +21,59 @@ use serde::{Deserialize, Serialize};
 use super::{NodeId, OrRaftError, TypeConfig};
 
 /// The future a [`RaftTransport`] call returns.
-pub type TransportFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+pub type TransportFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, TransportError>> + Send>>;
+
+/// Why a [`RaftTransport`] call brought back no answer from the peer. The replica only reports
+/// it (openraft counts the peer as unreachable and retries later); the peer's own refusals
+/// travel inside the answer instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The transport knows no route to this member.
+    #[error("unknown member {target} at {addr}")]
+    UnknownMember {
+        /// The member called.
+        target: NodeId,
+        /// The address it was called at.
+        addr: String,
+    },
+    /// The member cannot be reached now (down, or cut off).
+    #[error("node {target} unreachable")]
+    Unreachable {
+        /// The member called.
+        target: NodeId,
+    },
+    /// The call failed on its way (connection, handshake, deadline): the transport's own error.
+    #[error("{source}")]
+    Failed {
+        /// The member called.
+        target: NodeId,
+        /// The transport's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The peer answered, but not with a raft answer.
+    #[error("unexpected answer {answer}")]
+    UnexpectedAnswer {
+        /// The member called.
+        target: NodeId,
+        /// The answer it gave, as `Debug` shows it.
+        answer: String,
+    },
+}
+
+impl TransportError {
+    /// A call to `target` that failed with the transport's error `source`.
+    pub fn failed(
+        target: NodeId,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        TransportError::Failed {
+            target,
+            source: source.into(),
+        }
+    }
+}
 
 /// How a replica reaches a peer: send one encoded raft RPC, get the encoded answer (the bytes the
 /// peer's [`super::Replica::handle_rpc`] returned). An `Err` means the peer could not be reached.
