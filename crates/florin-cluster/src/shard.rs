@@ -227,13 +227,6 @@ pub enum SnapshotError {
     Undecodable(#[from] postcard::Error),
 }
 
-/// For [`crate::raft::Machine::restore`], whose errors are strings.
-impl From<SnapshotError> for String {
-    fn from(e: SnapshotError) -> String {
-        e.to_string()
-    }
-}
-
 fn take_map(b: &mut &[u8]) -> Result<HashMap<[u8; 32], u64, Fast>, SnapshotError> {
     let (n, rest) = b.split_first_chunk::<8>().ok_or(SnapshotError::Truncated)?;
     let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| SnapshotError::TooLarge)?;
@@ -608,9 +601,18 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).unwrap_or_default()
 }
 
+/// Why [`decode`] refused bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes are not a postcard encoding of the expected type.
+    #[error("undecodable: {0}")]
+    Undecodable(#[from] postcard::Error),
+}
+
 /// Decodes a postcard value.
-pub fn decode<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<T, String> {
-    postcard::from_bytes(b).map_err(|e| format!("undecodable: {e}"))
+pub fn decode<T: for<'a> Deserialize<'a>>(b: &[u8]) -> Result<T, DecodeError> {
+    Ok(postcard::from_bytes(b)?)
 }
 
 #[cfg(test)]

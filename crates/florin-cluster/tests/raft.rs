@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use florin_cluster::raft::{
-    Machine, NodeId, RaftError, RaftOptions, RaftTransport, Replica, TransportFuture,
+    Machine, NodeId, RaftError, RaftOptions, RaftTransport, Replica, TransportError,
+    TransportFuture,
 };
 use tempfile::TempDir;
 
@@ -26,8 +27,9 @@ impl Machine for Counter {
     fn snapshot(&self) -> Vec<u8> {
         postcard::to_allocvec(&self.cmds).unwrap()
     }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
-        self.cmds = postcard::from_bytes(snapshot).map_err(|e| e.to_string())?;
+    type Error = postcard::Error;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), postcard::Error> {
+        self.cmds = postcard::from_bytes(snapshot)?;
         Ok(())
     }
 }
@@ -56,7 +58,7 @@ impl RaftTransport for Transport {
         Box::pin(async move {
             match node {
                 Some(node) => Ok(node.handle_rpc(&request).await),
-                None => Err(format!("node {target} unreachable")),
+                None => Err(TransportError::Unreachable { target }),
             }
         })
     }

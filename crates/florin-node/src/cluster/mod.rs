@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use florin_cluster::coordinator::CoordinatorConfig;
-use florin_cluster::raft::{NodeId, RaftOptions, RaftTransport, Replica, TransportFuture};
+use florin_cluster::raft::{
+    NodeId, RaftOptions, RaftTransport, Replica, TransportError, TransportFuture,
+};
 use florin_cluster::route::ShardMap;
 use florin_crypto::{Digest, LocalSigner, PublicKey, SecretKey, Signer};
 use florin_ledger::{CompactTx, StoreError, Supply, SwapOutcome, SwapStore, UhsId};
@@ -244,11 +246,14 @@ impl RaftTransport for PeerTransport {
         let peer = self.peers.get(&target).cloned();
         let addr = addr.to_string();
         Box::pin(async move {
-            let peer = peer.ok_or_else(|| format!("unknown member {target} at {addr}"))?;
+            let peer = peer.ok_or(TransportError::UnknownMember { target, addr })?;
             match peer.call_async(Request::Raft(request)).await {
                 Ok(Response::Raft(b)) => Ok(b),
-                Ok(other) => Err(format!("unexpected answer {other:?}")),
-                Err(e) => Err(e.to_string()),
+                Ok(other) => Err(TransportError::UnexpectedAnswer {
+                    target,
+                    answer: format!("{other:?}"),
+                }),
+                Err(e) => Err(TransportError::failed(target, e)),
             }
         })
     }

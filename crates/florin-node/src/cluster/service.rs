@@ -10,7 +10,9 @@ use florin_cluster::coordinator::{
 };
 use florin_cluster::raft::{Machine, RaftError, Replica};
 use florin_cluster::route::{ShardId, ShardMap};
-use florin_cluster::shard::{decode, encode, Fence, Fenced, ShardReply, ShardState};
+use florin_cluster::shard::{
+    decode, encode, DecodeError, Fence, Fenced, ShardReply, ShardState, SnapshotError,
+};
 use florin_crypto::PublicKey;
 use florin_ledger::{CompactTx, SwapOutcome};
 use rand::SeedableRng;
@@ -27,7 +29,7 @@ impl Machine for ShardMachine {
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
         let reply = match decode::<Fenced>(cmd) {
             Ok(f) => self.0.apply(f.by, f.cmd),
-            Err(e) => ShardReply::Refused(e),
+            Err(e) => ShardReply::Refused(e.to_string()),
         };
         encode(&reply)
     }
@@ -40,7 +42,8 @@ impl Machine for ShardMachine {
         // Straight into the snapshot's buffer: the state can be millions of ids.
         self.0.snapshot_into(out)
     }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+    type Error = SnapshotError;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), SnapshotError> {
         self.0 = ShardState::from_snapshot(snapshot)?;
         Ok(())
     }
@@ -60,7 +63,8 @@ impl Machine for CoordMachine {
     fn snapshot(&self) -> Vec<u8> {
         encode(&self.0)
     }
-    fn restore(&mut self, snapshot: &[u8]) -> Result<(), String> {
+    type Error = DecodeError;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), DecodeError> {
         self.0 = decode(snapshot)?;
         Ok(())
     }
@@ -112,7 +116,7 @@ impl Handler for ShardService {
             Request::Fenced(f) => match self.replica.write(encode(&f)).await {
                 Ok(b) => match decode::<ShardReply>(&b) {
                     Ok(r) => Response::Shard(r),
-                    Err(e) => Response::Error(e),
+                    Err(e) => Response::Error(e.to_string()),
                 },
                 Err(e) => not_leader(e),
             },
