@@ -18,9 +18,10 @@ use florin_node::api::{
     LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitBatch,
     SubmitBatchAnswer, SubmitTx, Unspent, WithdrawRequest,
 };
-use florin_node::bridge::settle_credit;
+use florin_node::bridge::{settle_credit, WithdrawAuth};
+use florin_node::error::{BadRequest, Forbidden, NotFound};
 use florin_node::{Authority, Ledger, NodeError, TxStatus};
-use florin_token::Token;
+use florin_token::{Serial, Token};
 
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
@@ -33,17 +34,15 @@ pub struct AppState {
 
 impl AppState {
     fn authority(&self) -> Result<Arc<Authority>, NodeError> {
-        self.authority.clone().ok_or_else(|| {
-            NodeError::NotFound(
-                "this sentinel runs no token authority: use the cluster's api address".into(),
-            )
-        })
+        self.authority
+            .clone()
+            .ok_or(NodeError::NotFound(NotFound::NoAuthority))
     }
 
     fn ledger(&self) -> Result<Arc<Ledger>, NodeError> {
         self.ledger
             .clone()
-            .ok_or_else(|| NodeError::NotFound("this node runs no ledger".into()))
+            .ok_or(NodeError::NotFound(NotFound::NoLedger))
     }
 }
 
@@ -85,7 +84,7 @@ where
 {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))?
+        .map_err(|e| NodeError::task("worker", e))?
 }
 
 async fn health() -> Json<Health> {
@@ -104,6 +103,41 @@ async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
     }))
 }
 
+/// An address or hex key from a request (the field `what`).
+pub fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
+    PublicKey::parse(s).map_err(|source| key_error(what, source))
+}
+
+/// An address or hex key that value or messages will be sent to (the field `what`), which
+/// must be a usable key (a canonical curve point, not of small order): money or a handoff
+/// addressed to anything else is lost.
+pub fn parse_valid_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
+    PublicKey::parse_valid(s).map_err(|source| key_error(what, source))
+}
+
+fn key_error(what: &str, source: florin_crypto::KeyError) -> NodeError {
+    NodeError::BadRequest(BadRequest::Key {
+        what: what.into(),
+        source,
+    })
+}
+
+/// A token serial: 16 hex digits.
+pub fn parse_serial(s: &str) -> Result<Serial, NodeError> {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| Serial::try_from(v.as_slice()).ok())
+        .ok_or(NodeError::BadRequest(BadRequest::Serial))
+}
+
+/// 32 bytes as 64 hex digits (the field `what`: a txid, a UHS id, a handshake).
+pub fn parse_hex32(s: &str, what: &'static str) -> Result<[u8; 32], NodeError> {
+    hex::decode(s)
+        .ok()
+        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
+        .ok_or(NodeError::BadRequest(BadRequest::Hex32(what)))
+}
+
 /// A deposit's depositor (an address or hex key, a usable one) and tokens (hex of their
 /// encoding; one that does not decode becomes an `Err`, reported back as refused). Refuses
 /// more tokens than the authority takes in one deposit before decoding any.
@@ -112,8 +146,7 @@ pub fn parse_deposit(
     depositor: &str,
     tokens_hex: &[String],
 ) -> Result<(PublicKey, Vec<Result<Token, String>>), NodeError> {
-    let depositor = PublicKey::parse_valid(depositor)
-        .map_err(|e| NodeError::BadRequest(format!("depositor: {e}")))?;
+    let depositor = parse_valid_key(depositor, "depositor")?;
     authority.check_deposit_size(tokens_hex.len())?;
     let tokens = tokens_hex
         .iter()
@@ -131,9 +164,7 @@ async fn deposit(
     Json(req): Json<DepositRequest>,
 ) -> Result<Json<DepositResponse>, HttpError> {
     if req.tokens.is_empty() {
-        return Err(HttpError(NodeError::BadRequest(
-            "a deposit needs at least one token".into(),
-        )));
+        return Err(HttpError(BadRequest::EmptyDeposit.into()));
     }
     let a = st.authority()?;
     let (depositor, tokens) = parse_deposit(&a, &req.depositor, &req.tokens)?;
@@ -158,11 +189,14 @@ async fn withdraw(
     Json(req): Json<WithdrawRequest>,
 ) -> Result<Json<FaucetResponse>, HttpError> {
     let ledger = st.ledger()?;
-    let bytes = hex::decode(&req.tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
-    let tx = florin_ledger::Transaction::decode(&bytes)
-        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))?;
-    let handshake = hex32(&req.handshake, "handshake")?;
+    let tx = decode_hex_tx(&req.tx)?;
+    let handshake = parse_hex32(&req.handshake, "handshake")?;
     let a = st.authority()?;
+    let recipient = parse_valid_key(&req.recipient, "recipient")?;
+    let auth = match (&req.key, &req.signature) {
+        (Some(k), Some(s)) => Some(WithdrawAuth::parse(k, s).map_err(NodeError::from)?),
+        _ => None,
+    };
     let tokens = blocking(move || {
         let txid = tx.txid();
         let confirmed = ledger.status(&txid)? == Some(TxStatus::Confirmed);
@@ -176,16 +210,12 @@ async fn withdraw(
             Some(id) => ledger.is_unspent(&id)?,
             None => false,
         };
-        let auth = match (&req.key, &req.signature) {
-            (Some(k), Some(s)) => Some((k.as_str(), s.as_str())),
-            _ => None,
-        };
         a.withdraw(
             &tx,
             req.output,
-            &req.recipient,
+            &recipient,
             handshake,
-            auth,
+            auth.as_ref(),
             confirmed,
             unspent,
         )
@@ -217,15 +247,9 @@ async fn token(
     Path(serial): Path<String>,
 ) -> Result<Response, HttpError> {
     let a = st.authority()?;
+    let serial = parse_serial(&serial)?;
     let info = blocking(move || a.token(&serial)).await?;
     Ok(Json(info).into_response())
-}
-
-fn hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
-    hex::decode(s)
-        .ok()
-        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
-        .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
 }
 
 /// Most transactions in one batch submission.
@@ -240,11 +264,11 @@ fn is_binary(headers: &HeaderMap) -> bool {
 
 fn decode_tx(bytes: &[u8]) -> Result<florin_ledger::Transaction, NodeError> {
     florin_ledger::Transaction::decode(bytes)
-        .map_err(|e| NodeError::BadRequest(format!("malformed transaction: {e}")))
+        .map_err(|e| NodeError::BadRequest(BadRequest::Transaction(e)))
 }
 
 fn decode_hex_tx(hex_tx: &str) -> Result<florin_ledger::Transaction, NodeError> {
-    let bytes = hex::decode(hex_tx).map_err(|_| NodeError::BadRequest("tx is not hex".into()))?;
+    let bytes = hex::decode(hex_tx).map_err(|_| BadRequest::NotHex("tx"))?;
     decode_tx(&bytes)
 }
 
@@ -258,12 +282,21 @@ async fn submit_tx(
     let tx = if is_binary(&headers) {
         decode_tx(&body)?
     } else {
-        let req: SubmitTx = serde_json::from_slice(&body)
-            .map_err(|e| NodeError::BadRequest(format!("bad JSON: {e}")))?;
+        let req: SubmitTx =
+            serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
         decode_hex_tx(&req.tx)?
     };
     let (txid, status) = ledger.submit(tx).await?;
     Ok(Json(LedgerTxStatus::of(&txid, &status)))
+}
+
+/// Transaction `index` of a batch is refused.
+fn in_batch(index: usize, e: NodeError) -> NodeError {
+    BadRequest::InBatch {
+        index,
+        source: Box::new(e),
+    }
+    .into()
 }
 
 /// Splits a binary batch: frames of a little-endian `u32` length and that many bytes.
@@ -271,24 +304,24 @@ fn split_frames(mut body: &[u8]) -> Result<Vec<florin_ledger::Transaction>, Node
     let mut txs = Vec::new();
     while !body.is_empty() {
         if txs.len() == MAX_SUBMIT_BATCH {
-            return Err(NodeError::BadRequest(format!(
-                "more than {MAX_SUBMIT_BATCH} transactions in one batch"
-            )));
+            return Err(BadRequest::BatchTooLarge {
+                max: MAX_SUBMIT_BATCH,
+            }
+            .into());
         }
         let (len, rest) = body
             .split_first_chunk::<4>()
-            .ok_or_else(|| NodeError::BadRequest("truncated frame length".into()))?;
+            .ok_or(BadRequest::TruncatedFrame)?;
         let len = u32::from_le_bytes(*len) as usize;
         if rest.len() < len {
-            return Err(NodeError::BadRequest(format!(
-                "frame {} claims {len} bytes, {} remain",
-                txs.len(),
-                rest.len()
-            )));
+            return Err(BadRequest::FrameOverrun {
+                frame: txs.len(),
+                claimed: len,
+                remaining: rest.len(),
+            }
+            .into());
         }
-        txs.push(decode_tx(&rest[..len]).map_err(|e| {
-            NodeError::BadRequest(format!("transaction {} in the batch: {e}", txs.len()))
-        })?);
+        txs.push(decode_tx(&rest[..len]).map_err(|e| in_batch(txs.len(), e))?);
         body = &rest[len..];
     }
     Ok(txs)
@@ -306,21 +339,20 @@ async fn submit_batch(
     let txs = if is_binary(&headers) {
         split_frames(&body)?
     } else {
-        let req: SubmitBatch = serde_json::from_slice(&body)
-            .map_err(|e| NodeError::BadRequest(format!("bad JSON: {e}")))?;
+        let req: SubmitBatch =
+            serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
         if req.txs.len() > MAX_SUBMIT_BATCH {
-            return Err(HttpError(NodeError::BadRequest(format!(
-                "more than {MAX_SUBMIT_BATCH} transactions in one batch"
-            ))));
+            return Err(HttpError(
+                BadRequest::BatchTooLarge {
+                    max: MAX_SUBMIT_BATCH,
+                }
+                .into(),
+            ));
         }
         req.txs
             .iter()
             .enumerate()
-            .map(|(i, t)| {
-                decode_hex_tx(t).map_err(|e| {
-                    NodeError::BadRequest(format!("transaction {i} in the batch: {e}"))
-                })
-            })
+            .map(|(i, t)| decode_hex_tx(t).map_err(|e| in_batch(i, e)))
             .collect::<Result<_, _>>()?
     };
     let answers = ledger.submit_many(txs).await?;
@@ -337,13 +369,11 @@ async fn tx_status(
     Path(txid): Path<String>,
 ) -> Result<Json<LedgerTxStatus>, HttpError> {
     let ledger = st.ledger()?;
-    let id = hex32(&txid, "txid")?;
+    let id = parse_hex32(&txid, "txid")?;
     let status = blocking(move || ledger.status(&id)).await?;
     match status {
         Some(s) => Ok(Json(LedgerTxStatus::of(&id, &s))),
-        None => Err(HttpError(NodeError::NotFound(format!(
-            "transaction {txid} is unknown"
-        )))),
+        None => Err(HttpError(NotFound::Transaction(id).into())),
     }
 }
 
@@ -352,7 +382,7 @@ async fn unspent(
     Path(id): Path<String>,
 ) -> Result<Json<Unspent>, HttpError> {
     let ledger = st.ledger()?;
-    let uid = hex32(&id, "id")?;
+    let uid = parse_hex32(&id, "id")?;
     let unspent = blocking(move || ledger.is_unspent(&uid)).await?;
     Ok(Json(Unspent { id, unspent }))
 }
@@ -367,15 +397,15 @@ async fn ledger_faucet(
     Json(req): Json<LedgerFaucet>,
 ) -> Result<Json<LedgerFaucetAnswer>, HttpError> {
     if !st.authority()?.config().faucet {
-        return Err(HttpError(NodeError::Forbidden(
-            "the faucet is off on this node".into(),
-        )));
+        return Err(HttpError(Forbidden::FaucetOff.into()));
     }
     if req.amount_cents > st.authority()?.config().max_faucet_cents {
-        return Err(HttpError(NodeError::BadRequest(format!(
-            "faucet gives at most {} cents per request",
-            st.authority()?.config().max_faucet_cents
-        ))));
+        return Err(HttpError(
+            BadRequest::FaucetLimit {
+                max_cents: st.authority()?.config().max_faucet_cents,
+            }
+            .into(),
+        ));
     }
     let ledger = st.ledger()?;
     // A wallet address (or hex key), or an encumbrance's text form (`p256:…` for a P-256
@@ -387,14 +417,11 @@ async fn ledger_faucet(
             if e.scheme == florin_ledger::tx::SCHEME_ED25519 {
                 florin_crypto::PublicKey(e.key)
                     .validate()
-                    .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?;
+                    .map_err(|source| key_error("owner", source))?;
             }
             e
         }
-        None => florin_ledger::Encumbrance::ed25519(
-            &florin_crypto::PublicKey::parse_valid(&req.owner)
-                .map_err(|e| NodeError::BadRequest(format!("owner: {e}")))?,
-        ),
+        None => florin_ledger::Encumbrance::ed25519(&parse_valid_key(&req.owner, "owner")?),
     };
     // Journaled in the authority's registry, apart from the ledger's log (the audit's check).
     let (txid, utxos) =
@@ -409,10 +436,11 @@ async fn mailbox_put(
     State(st): State<AppState>,
     Json(req): Json<MailboxPut>,
 ) -> Result<Json<MailboxMessage>, HttpError> {
-    let msg = hex::decode(&req.message)
-        .map_err(|_| NodeError::BadRequest("message is not hex".into()))?;
+    let msg =
+        hex::decode(&req.message).map_err(|_| NodeError::from(BadRequest::NotHex("message")))?;
     let a = st.authority()?;
-    let seq = blocking(move || a.mailbox_put(&req.to, &msg)).await?;
+    let to = parse_valid_key(&req.to, "to")?;
+    let seq = blocking(move || a.mailbox_put(&to, &msg)).await?;
     Ok(Json(MailboxMessage {
         seq,
         message: String::new(),
@@ -430,7 +458,8 @@ async fn mailbox_get(
     Query(q): Query<After>,
 ) -> Result<Json<MailboxList>, HttpError> {
     let a = st.authority()?;
-    let list = blocking(move || a.mailbox_get(&address, q.after.unwrap_or(0))).await?;
+    let to = parse_key(&address, "address")?;
+    let list = blocking(move || a.mailbox_get(&to, q.after.unwrap_or(0))).await?;
     Ok(Json(MailboxList {
         messages: list
             .into_iter()

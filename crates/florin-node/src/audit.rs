@@ -23,7 +23,7 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::authority::Authority;
 use crate::bridge::{Audit, CreditIntent};
-use crate::error::NodeError;
+use crate::error::{Corrupt, NodeError};
 use crate::ledger::{Ledger, TxStatus};
 use crate::store::{CREDITS, ISSUANCE, META, RESERVE};
 
@@ -47,13 +47,10 @@ fn entry(cents: u64, state: u8) -> [u8; 9] {
 fn decode_entry(b: &[u8]) -> Result<(u64, u8), NodeError> {
     match b {
         [v @ .., s] if v.len() == 8 && (*s == RECORDED || *s == CONFIRMED) => Ok((
-            u64::from_le_bytes(
-                v.try_into()
-                    .map_err(|_| NodeError::Corrupt("issuance".into()))?,
-            ),
+            u64::from_le_bytes(v.try_into().map_err(|_| Corrupt::Record("issuance"))?),
             *s,
         )),
-        _ => Err(NodeError::Corrupt(format!(
+        _ => Err(NodeError::corrupt(format!(
             "issuance journal entry of {} bytes (expected 9)",
             b.len()
         ))),
@@ -123,7 +120,7 @@ impl Authority {
             let txid: Digest = k
                 .value()
                 .try_into()
-                .map_err(|_| NodeError::Corrupt("issuance journal key".into()))?;
+                .map_err(|_| Corrupt::Record("issuance journal key"))?;
             let (cents, state) = decode_entry(v.value())?;
             out.push(Issued {
                 txid,
@@ -141,14 +138,13 @@ impl Authority {
         let mut reserve = Vec::new();
         for item in tx.open_table(RESERVE)?.iter()? {
             let (_, v) = item?;
-            reserve.push(Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?);
+            reserve.push(Utxo::decode(v.value()).map_err(Corrupt::from)?);
         }
         let mut credits = Vec::new();
         for item in tx.open_table(CREDITS)?.iter()? {
             let (_, v) = item?;
             credits.push(
-                CreditIntent::decode_stored(v.value())
-                    .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?,
+                CreditIntent::decode_stored(v.value()).ok_or(Corrupt::Record("credit intent"))?,
             );
         }
         Ok((reserve, credits))
@@ -198,12 +194,12 @@ pub async fn issue(
     let a = authority.clone();
     tokio::task::spawn_blocking(move || a.record_mint(&txid, cents))
         .await
-        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+        .map_err(|e| NodeError::task("worker", e))??;
     let txid = ledger.submit_mint(tx).await?;
     let a = authority.clone();
     tokio::task::spawn_blocking(move || a.confirm_mint(&txid, cents))
         .await
-        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+        .map_err(|e| NodeError::task("worker", e))??;
     Ok((txid, utxos))
 }
 

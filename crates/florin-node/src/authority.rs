@@ -8,14 +8,14 @@ use florin_crypto::{PublicKey, Signer};
 use florin_token::authority::{settle, DepositError, Outcome, Reanchor, SettleMode};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::verify::{authority_precheck, verify_chains};
-use florin_token::{Denomination, FraudProof, Handshake, Token, TokenError};
+use florin_token::{Denomination, FraudProof, Handshake, Serial, Token, TokenError};
 use rand::rngs::{OsRng, StdRng};
 use rand::{RngCore, SeedableRng};
 use redb::{ReadableDatabase, ReadableTable};
 
 use crate::api::{DepositReport, FraudInfo, TokenInfo};
 use crate::bridge::CreditIntent;
-use crate::error::NodeError;
+use crate::error::{BadRequest, Corrupt, Forbidden, IoError, NodeError, NotFound};
 use crate::store::{self, serial_key, FRAUD, MAILBOX, META, TOKENS};
 
 /// Largest mailbox message.
@@ -70,44 +70,29 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn parse_hex32(s: &str, what: &str) -> Result<[u8; 32], NodeError> {
-    hex::decode(s)
-        .ok()
-        .and_then(|v| <[u8; 32]>::try_from(v.as_slice()).ok())
-        .ok_or_else(|| NodeError::BadRequest(format!("{what} must be 64 hex digits")))
-}
-
-fn parse_serial(s: &str) -> Result<[u8; 8], NodeError> {
-    hex::decode(s)
-        .ok()
-        .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-        .ok_or_else(|| NodeError::BadRequest("serial must be 16 hex digits".into()))
-}
-
-/// Parses an address or hex key from a request.
-pub(crate) fn parse_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
-    PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
-}
-
-/// Parses an address or hex key that value or messages will be sent to, and checks that it is
-/// a usable key (a canonical curve point, not of small order): money or a handoff addressed to
-/// anything else is lost.
-pub(crate) fn parse_valid_key(s: &str, what: &str) -> Result<PublicKey, NodeError> {
-    PublicKey::parse_valid(s).map_err(|e| NodeError::BadRequest(format!("{what}: {e}")))
+/// Checks that `key` (the field `what`) is a usable key (a canonical curve point, not of small
+/// order): money or a handoff addressed to anything else is lost.
+pub(crate) fn check_usable(key: &PublicKey, what: &str) -> Result<(), NodeError> {
+    key.validate().map_err(|source| {
+        NodeError::BadRequest(BadRequest::Key {
+            what: what.into(),
+            source,
+        })
+    })
 }
 
 /// A depositor must be a usable key (a re-anchored token to anything else is lost).
 fn check_depositor(depositor: &PublicKey) -> Result<(), NodeError> {
-    depositor
-        .validate()
-        .map_err(|e| NodeError::BadRequest(format!("depositor: {e}")))
+    check_usable(depositor, "depositor")
 }
 
 impl Authority {
     /// Opens (or creates) the registry in `config.data_dir` with `signer` as the authority key.
     pub fn open(config: AuthorityConfig, signer: Arc<dyn Signer>) -> Result<Self, NodeError> {
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|e| NodeError::Io(format!("data dir {}: {e}", config.data_dir.display())))?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| IoError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
         // Strictly: damage is refused naming the file, and a registry is created only in a
         // directory that was never initialized (no manifest): never a fresh one over state.
         let expect = match crate::manifest::Manifest::load(&config.data_dir)? {
@@ -115,7 +100,7 @@ impl Authority {
             _ => crate::redb_open::Expect::FirstStart,
         };
         let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
-            .map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            .map_err(Corrupt::from)?;
         store::init(&db)?;
         let key = signer.public_key();
         Ok(Authority {
@@ -130,10 +115,10 @@ impl Authority {
     /// Refuses a deposit of more tokens than the configured limit (before they are decoded).
     pub fn check_deposit_size(&self, n: usize) -> Result<(), NodeError> {
         if n > self.config.max_deposit_tokens {
-            return Err(NodeError::BadRequest(format!(
-                "a deposit may carry at most {} tokens",
-                self.config.max_deposit_tokens
-            )));
+            return Err(BadRequest::DepositTooLarge {
+                max: self.config.max_deposit_tokens,
+            }
+            .into());
         }
         Ok(())
     }
@@ -163,7 +148,7 @@ impl Authority {
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
         if amount_cents == 0 {
-            return Err(NodeError::BadRequest("amount must be positive".into()));
+            return Err(BadRequest::ZeroAmount.into());
         }
         self.mint_tokens(
             recipient,
@@ -195,7 +180,7 @@ impl Authority {
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
         let amount_cents: u64 = denominations.iter().map(|d| d.cents()).sum();
-        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
+        let mut rng = StdRng::from_rng(OsRng).map_err(IoError::from)?;
         let mut tokens = Vec::with_capacity(denominations.len());
         let mut table = tx.open_table(TOKENS)?;
         for &d in denominations {
@@ -208,8 +193,7 @@ impl Authority {
             };
             let mut nonce = [0u8; 64];
             rng.fill_bytes(&mut nonce);
-            let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)
-                .map_err(|e| NodeError::Signer(e.to_string()))?;
+            let t = Token::mint(self.signer.as_ref(), serial, d, nonce, recipient, handshake)?;
             table.insert(
                 serial_key(&serial),
                 TokenRecord::minted(&t).encode().as_slice(),
@@ -241,27 +225,25 @@ impl Authority {
         self.signer.as_ref()
     }
 
-    /// The faucet: minting on request, devnet only, bounded per request.
+    /// The faucet: minting on request, devnet only, bounded per request. The recipient must
+    /// be a usable key.
     pub fn faucet(
         &self,
-        recipient: &str,
+        recipient: &PublicKey,
         amount_cents: u64,
-        handshake: &str,
+        handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
         if !self.config.faucet {
-            return Err(NodeError::Forbidden(
-                "the faucet is off on this node".into(),
-            ));
+            return Err(Forbidden::FaucetOff.into());
         }
         if amount_cents > self.config.max_faucet_cents {
-            return Err(NodeError::BadRequest(format!(
-                "faucet gives at most {} cents per request",
-                self.config.max_faucet_cents
-            )));
+            return Err(BadRequest::FaucetLimit {
+                max_cents: self.config.max_faucet_cents,
+            }
+            .into());
         }
-        let recipient = parse_valid_key(recipient, "recipient")?;
-        let handshake = parse_hex32(handshake, "handshake")?;
-        self.mint(recipient, amount_cents, handshake)
+        check_usable(recipient, "recipient")?;
+        self.mint(*recipient, amount_cents, handshake)
     }
 
     /// Verifies the signature chains of `tokens` in batches spread over the configured threads.
@@ -349,8 +331,7 @@ impl Authority {
                 let known = match table.get(serial_key(&t.serial))? {
                     None => Err(DepositError::UnknownToken(t.serial_hex())),
                     Some(v) => {
-                        let r = TokenRecord::decode(v.value())
-                            .map_err(|e| NodeError::Corrupt(e.to_string()))?;
+                        let r = TokenRecord::decode(v.value()).map_err(Corrupt::from)?;
                         if r.knows_anchor(t) {
                             Ok(())
                         } else {
@@ -375,7 +356,7 @@ impl Authority {
             checked[*i] = Some(verdict.map_err(|e| e.to_string()));
         }
 
-        let mut rng = StdRng::from_rng(OsRng).map_err(|e| NodeError::Io(e.to_string()))?;
+        let mut rng = StdRng::from_rng(OsRng).map_err(IoError::from)?;
         let detected_at = now();
         let tx = self.begin_write()?;
         let mut reports = Vec::with_capacity(decoded.len());
@@ -410,10 +391,7 @@ impl Authority {
                 }
                 let key = serial_key(&t.serial);
                 let mut record = match table.get(key)? {
-                    Some(v) => Some(
-                        TokenRecord::decode(v.value())
-                            .map_err(|e| NodeError::Corrupt(e.to_string()))?,
-                    ),
+                    Some(v) => Some(TokenRecord::decode(v.value()).map_err(Corrupt::from)?),
                     None => None,
                 };
                 let mut nonce = [0u8; 64];
@@ -486,11 +464,10 @@ impl Authority {
             let (_, v) = item?;
             let v = v.value();
             if v.len() < 8 {
-                return Err(NodeError::Corrupt("fraud entry too short".into()));
+                return Err(Corrupt::Record("fraud entry too short").into());
             }
             let at = u64::from_le_bytes(<[u8; 8]>::try_from(&v[..8]).unwrap_or_default());
-            let proof =
-                FraudProof::decode(&v[8..]).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            let proof = FraudProof::decode(&v[8..]).map_err(Corrupt::from)?;
             out.push(fraud_info(&proof, at));
         }
         out.sort_by(|a, b| a.detected_at.cmp(&b.detected_at).then(a.id.cmp(&b.id)));
@@ -498,16 +475,15 @@ impl Authority {
     }
 
     /// One token's state.
-    pub fn token(&self, serial_hex: &str) -> Result<TokenInfo, NodeError> {
-        let serial = parse_serial(serial_hex)?;
+    pub fn token(&self, serial: &Serial) -> Result<TokenInfo, NodeError> {
         let tx = self.db.begin_read()?;
         let table = tx.open_table(TOKENS)?;
         let v = table
-            .get(serial_key(&serial))?
-            .ok_or_else(|| NodeError::NotFound(format!("token {serial_hex} is unknown")))?;
-        let r = TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            .get(serial_key(serial))?
+            .ok_or(NotFound::Token(*serial))?;
+        let r = TokenRecord::decode(v.value()).map_err(Corrupt::from)?;
         Ok(TokenInfo {
-            serial: serial_hex.to_string(),
+            serial: hex::encode(serial),
             value_cents: r.value.cents(),
             status: match r.status {
                 TokenStatus::InCirculation => "in_circulation",
@@ -526,31 +502,28 @@ impl Authority {
     }
 
     /// Takes a token out of circulation (lost or stolen, or by policy). Durable.
-    pub fn blacklist(&self, serial_hex: &str) -> Result<(), NodeError> {
-        let serial = parse_serial(serial_hex)?;
+    pub fn blacklist(&self, serial: &Serial) -> Result<(), NodeError> {
         let tx = self.begin_write()?;
         {
             let mut table = tx.open_table(TOKENS)?;
             let bytes = table
-                .get(serial_key(&serial))?
+                .get(serial_key(serial))?
                 .map(|v| v.value().to_vec())
-                .ok_or_else(|| NodeError::NotFound(format!("token {serial_hex} is unknown")))?;
-            let mut r =
-                TokenRecord::decode(&bytes).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+                .ok_or(NotFound::Token(*serial))?;
+            let mut r = TokenRecord::decode(&bytes).map_err(Corrupt::from)?;
             r.status = TokenStatus::Blacklisted;
-            table.insert(serial_key(&serial), r.encode().as_slice())?;
+            table.insert(serial_key(serial), r.encode().as_slice())?;
         }
         tx.commit()?;
         Ok(())
     }
 
-    /// Leaves a sealed message for `to` (the payment handoff). Durable before it returns.
-    pub fn mailbox_put(&self, to: &str, message: &[u8]) -> Result<u64, NodeError> {
-        let to = parse_valid_key(to, "to")?;
+    /// Leaves a sealed message for `to` (the payment handoff), which must be a usable key.
+    /// Durable before it returns.
+    pub fn mailbox_put(&self, to: &PublicKey, message: &[u8]) -> Result<u64, NodeError> {
+        check_usable(to, "to")?;
         if message.is_empty() || message.len() > MAX_MAILBOX_MESSAGE {
-            return Err(NodeError::BadRequest(format!(
-                "a message is 1 to {MAX_MAILBOX_MESSAGE} bytes"
-            )));
+            return Err(BadRequest::MessageSize.into());
         }
         let tx = self.begin_write()?;
         let seq;
@@ -580,8 +553,11 @@ impl Authority {
     }
 
     /// Messages for `to` with sequence numbers above `after` (at most 1,000).
-    pub fn mailbox_get(&self, to: &str, after: u64) -> Result<Vec<(u64, Vec<u8>)>, NodeError> {
-        let to = parse_key(to, "address")?;
+    pub fn mailbox_get(
+        &self,
+        to: &PublicKey,
+        after: u64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, NodeError> {
         let tx = self.db.begin_read()?;
         let t = tx.open_table(MAILBOX)?;
         let mut lo = to.0.to_vec();

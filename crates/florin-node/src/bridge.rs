@@ -14,8 +14,8 @@ use florin_token::{Denomination, Token};
 use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::Serialize;
 
-use crate::authority::{parse_valid_key, Authority};
-use crate::error::NodeError;
+use crate::authority::{check_usable, Authority};
+use crate::error::{Corrupt, NodeError, StorageError, WithdrawAuthError, WithdrawalRefused};
 use crate::store::{CREDITS, RESERVE, TOKENS, WITHDRAWALS};
 
 /// A ledger payment from the reserve to a depositor, recorded durably before it is submitted.
@@ -156,14 +156,16 @@ impl Authority {
                 break;
             }
             let (_, v) = item?;
-            let u = Utxo::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            let u = Utxo::decode(v.value()).map_err(Corrupt::from)?;
             sum = sum.saturating_add(u.value);
             offered.push(u);
         }
         if sum < cents {
-            return Err(NodeError::Storage(format!(
-                "the reserve holds {sum} cents, less than the {cents} to credit: tokens not backed by the reserve"
-            )));
+            return Err(StorageError::ReserveShort {
+                have: sum,
+                need: cents,
+            }
+            .into());
         }
         let me = Encumbrance::ed25519(&self.public_key());
         let pay = Output {
@@ -171,7 +173,7 @@ impl Authority {
             encumbrance: Encumbrance::ed25519(depositor),
         };
         let drafts = florin_ledger::build::payment_chain(&offered, pay, me)
-            .map_err(|e| NodeError::Storage(format!("crediting {cents} cents: {e}")))?;
+            .map_err(|source| StorageError::Credit { cents, source })?;
         let mut spent: Vec<&Utxo> = Vec::new();
         let mut txs = Vec::with_capacity(drafts.len());
         let mut last = None;
@@ -182,12 +184,12 @@ impl Authority {
             let signers = vec![signer; d.transfer.inputs.len()];
             let t = d
                 .sign(&signers)
-                .map_err(|e| NodeError::Signer(e.to_string()))?;
+                .map_err(crate::error::SignerFailure::from)?;
             last = Some((t.output_utxos(), change));
             txs.push(Transaction::Transfer(t));
         }
         let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
-            return Err(NodeError::Storage("crediting built no transaction".into()));
+            return Err(NodeError::storage("crediting built no transaction"));
         };
         // What leaves the reserve table is exactly what the payment spends (through its joins):
         // otherwise the books would lose or invent reserve value.
@@ -197,7 +199,7 @@ impl Authority {
             _ => 0,
         };
         if removed != paid_from {
-            return Err(NodeError::Storage(format!(
+            return Err(NodeError::storage(format!(
                 "crediting {cents} cents: {removed} cents would leave the reserve for a payment from {paid_from}"
             )));
         }
@@ -239,10 +241,7 @@ impl Authority {
         let mut out = Vec::new();
         for item in t.iter()? {
             let (_, v) = item?;
-            out.push(
-                CreditIntent::decode(v.value())
-                    .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?,
-            );
+            out.push(CreditIntent::decode(v.value()).ok_or(Corrupt::Record("credit intent"))?);
         }
         Ok(out)
     }
@@ -252,42 +251,38 @@ impl Authority {
     /// for the same output returns the same tokens. `confirmed` and `unspent` are the ledger's
     /// answers for the transfer and the output.
     ///
-    /// Bound to whoever paid: `auth` is (key, signature) by the key of one of the transfer's
+    /// Bound to whoever paid: `auth` is a signature by the key of one of the transfer's
     /// inputs over [`crate::api::withdraw_message`] (txid, output, recipient, handshake). It is
     /// checked before anything is minted and before a repeat is answered with the stored
-    /// tokens, so someone who only saw the transaction gets nothing.
+    /// tokens, so someone who only saw the transaction gets nothing. The recipient must be a
+    /// usable key.
     #[allow(clippy::too_many_arguments)]
     pub fn withdraw(
         &self,
         tx: &Transaction,
         index: usize,
-        recipient: &str,
+        recipient: &PublicKey,
         handshake: [u8; 32],
-        auth: Option<(&str, &str)>,
+        auth: Option<&WithdrawAuth>,
         confirmed: bool,
         unspent: bool,
     ) -> Result<Vec<Token>, NodeError> {
-        let recipient = parse_valid_key(recipient, "recipient")?;
+        check_usable(recipient, "recipient")?;
+        let recipient = *recipient;
         let Transaction::Transfer(t) = tx else {
-            return Err(NodeError::BadRequest(
-                "a withdrawal is paid by a transfer".into(),
-            ));
+            return Err(WithdrawalRefused::NotATransfer.into());
         };
         check_withdraw_auth(t, index, &recipient, &handshake, auth)?;
         let out = t
             .output_utxos()
             .get(index)
             .copied()
-            .ok_or_else(|| NodeError::BadRequest("no such output".into()))?;
+            .ok_or(WithdrawalRefused::NoSuchOutput)?;
         if out.encumbrance != Encumbrance::ed25519(&self.public_key()) {
-            return Err(NodeError::BadRequest(
-                "that output does not pay the authority's reserve".into(),
-            ));
+            return Err(WithdrawalRefused::NotToReserve.into());
         }
         if !confirmed {
-            return Err(NodeError::BadRequest(
-                "the payment to the reserve is not confirmed".into(),
-            ));
+            return Err(WithdrawalRefused::NotConfirmed.into());
         }
         let id = out.id();
         let wtx = self.begin_write()?;
@@ -298,9 +293,7 @@ impl Authority {
                 return decode_tokens(v.value());
             }
             if !unspent {
-                return Err(NodeError::BadRequest(
-                    "that reserve output is already spent".into(),
-                ));
+                return Err(WithdrawalRefused::AlreadySpent.into());
             }
             tokens = self.mint_in(
                 &wtx,
@@ -323,14 +316,11 @@ impl Authority {
         let mut reserve = 0u64;
         for item in tx.open_table(RESERVE)?.iter()? {
             let (_, v) = item?;
-            reserve += Utxo::decode(v.value())
-                .map_err(|e| NodeError::Corrupt(e.to_string()))?
-                .value;
+            reserve += Utxo::decode(v.value()).map_err(Corrupt::from)?.value;
         }
         for item in tx.open_table(CREDITS)?.iter()? {
             let (_, v) = item?;
-            let i = CreditIntent::decode(v.value())
-                .ok_or_else(|| NodeError::Corrupt("credit intent".into()))?;
+            let i = CreditIntent::decode(v.value()).ok_or(Corrupt::Record("credit intent"))?;
             if let Transaction::Transfer(t) = &i.tx {
                 reserve += t.inputs.iter().map(|u| u.value).sum::<u64>();
             }
@@ -338,8 +328,7 @@ impl Authority {
         let mut outstanding = 0u64;
         for item in tx.open_table(TOKENS)?.iter()? {
             let (_, v) = item?;
-            let r =
-                TokenRecord::decode(v.value()).map_err(|e| NodeError::Corrupt(e.to_string()))?;
+            let r = TokenRecord::decode(v.value()).map_err(Corrupt::from)?;
             if r.status == TokenStatus::InCirculation {
                 outstanding += r.value.cents();
             }
@@ -368,62 +357,81 @@ pub fn audit(supply: florin_ledger::Supply, reserve: u64, outstanding: u64) -> A
     }
 }
 
-/// Checks a withdrawal's authorization: `auth` is (key hex, signature hex); the key must be
-/// the key of one of `t`'s inputs (an Ed25519 key, or a P-256 key whose hash is the input's
-/// encumbrance) and the signature must verify on [`crate::api::withdraw_message`].
+/// The key that signs a withdrawal: an Ed25519 key, or a P-256 key (an input's encumbrance is
+/// its hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKey {
+    /// An Ed25519 key.
+    Ed25519(PublicKey),
+    /// A compressed P-256 key.
+    P256(florin_crypto::P256PublicKey),
+}
+
+/// A withdrawal's authorization: the key of one of the paying transfer's inputs and its
+/// signature over [`crate::api::withdraw_message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WithdrawAuth {
+    /// The key.
+    pub key: InputKey,
+    /// The signature (Ed25519, or P-256 `r || s`).
+    pub signature: [u8; 64],
+}
+
+impl WithdrawAuth {
+    /// Parses the key (32 bytes for Ed25519, 33 for a compressed P-256 key) and the signature
+    /// as a request carries them, in hex.
+    pub fn parse(key_hex: &str, sig_hex: &str) -> Result<WithdrawAuth, WithdrawAuthError> {
+        let key = hex::decode(key_hex).map_err(|_| WithdrawAuthError::KeyNotHex)?;
+        let signature = hex::decode(sig_hex)
+            .ok()
+            .and_then(|s| <[u8; 64]>::try_from(s.as_slice()).ok())
+            .ok_or(WithdrawAuthError::SignatureNotHex)?;
+        let key = match key.len() {
+            32 => {
+                let mut k = [0u8; 32];
+                k.copy_from_slice(&key);
+                InputKey::Ed25519(PublicKey(k))
+            }
+            33 => InputKey::P256(
+                florin_crypto::P256PublicKey::from_sec1(&key)
+                    .map_err(WithdrawAuthError::P256Key)?,
+            ),
+            n => return Err(WithdrawAuthError::KeyLength(n)),
+        };
+        Ok(WithdrawAuth { key, signature })
+    }
+}
+
+/// Checks a withdrawal's authorization: the key must be the key of one of `t`'s inputs (an
+/// Ed25519 key, or a P-256 key whose hash is the input's encumbrance) and the signature must
+/// verify on [`crate::api::withdraw_message`].
 fn check_withdraw_auth(
     t: &Transfer,
     index: usize,
     recipient: &PublicKey,
     handshake: &[u8; 32],
-    auth: Option<(&str, &str)>,
-) -> Result<(), NodeError> {
-    let refuse = |why: &str| {
-        NodeError::Forbidden(format!(
-            "withdrawal not authorized: {why} (sign the request with the key of an input of the \
-             transfer that paid the reserve)"
-        ))
+    auth: Option<&WithdrawAuth>,
+) -> Result<(), WithdrawAuthError> {
+    let Some(auth) = auth else {
+        return Err(WithdrawAuthError::Missing);
     };
-    let Some((key_hex, sig_hex)) = auth else {
-        return Err(refuse("the request carries no signature"));
-    };
-    let key = hex::decode(key_hex).map_err(|_| refuse("the key is not hex"))?;
-    let sig = hex::decode(sig_hex)
-        .ok()
-        .and_then(|s| <[u8; 64]>::try_from(s.as_slice()).ok())
-        .ok_or_else(|| refuse("the signature is not 128 hex digits"))?;
     let msg = crate::api::withdraw_message(&t.txid(), index as u64, recipient, handshake);
-    match key.len() {
-        32 => {
-            let mut k = [0u8; 32];
-            k.copy_from_slice(&key);
-            let k = PublicKey(k);
-            if !t
-                .inputs
-                .iter()
-                .any(|u| u.encumbrance == Encumbrance::ed25519(&k))
-            {
-                return Err(refuse("the key owns no input of the transfer"));
+    let owns = |e: Encumbrance| t.inputs.iter().any(|u| u.encumbrance == e);
+    match &auth.key {
+        InputKey::Ed25519(k) => {
+            if !owns(Encumbrance::ed25519(k)) {
+                return Err(WithdrawAuthError::NotAnInput);
             }
-            florin_crypto::verify(&k, &msg, &Signature(sig))
-                .map_err(|e| refuse(&format!("bad signature ({e})")))
+            florin_crypto::verify(k, &msg, &Signature(auth.signature))
+                .map_err(WithdrawAuthError::Signature)
         }
-        33 => {
-            let k = florin_crypto::P256PublicKey::from_sec1(&key)
-                .map_err(|e| refuse(&format!("bad P-256 key ({e})")))?;
-            if !t
-                .inputs
-                .iter()
-                .any(|u| u.encumbrance == Encumbrance::p256(&k))
-            {
-                return Err(refuse("the key owns no input of the transfer"));
+        InputKey::P256(k) => {
+            if !owns(Encumbrance::p256(k)) {
+                return Err(WithdrawAuthError::NotAnInput);
             }
-            florin_crypto::verify_p256(&k, &msg, &florin_crypto::P256Signature(sig))
-                .map_err(|e| refuse(&format!("bad signature ({e})")))
+            florin_crypto::verify_p256(k, &msg, &florin_crypto::P256Signature(auth.signature))
+                .map_err(WithdrawAuthError::P256Signature)
         }
-        n => Err(refuse(&format!(
-            "the key is {n} bytes (32 for Ed25519, 33 for P-256)"
-        ))),
     }
 }
 
@@ -444,11 +452,9 @@ fn decode_tokens(mut b: &[u8]) -> Result<Vec<Token>, NodeError> {
             .get(..4)
             .and_then(|x| x.try_into().ok())
             .map(u32::from_le_bytes)
-            .ok_or_else(|| NodeError::Corrupt("withdrawal".into()))? as usize;
-        let t = b
-            .get(4..4 + n)
-            .ok_or_else(|| NodeError::Corrupt("withdrawal".into()))?;
-        out.push(Token::decode(t).map_err(|e| NodeError::Corrupt(e.to_string()))?);
+            .ok_or(Corrupt::Record("withdrawal"))? as usize;
+        let t = b.get(4..4 + n).ok_or(Corrupt::Record("withdrawal"))?;
+        out.push(Token::decode(t).map_err(Corrupt::from)?);
         b = &b[4 + n..];
     }
     Ok(out)
@@ -479,7 +485,7 @@ pub async fn settle_credit(
     let (a, l) = (authority.clone(), ledger.clone());
     tokio::spawn(async move { settle_chain(&a, &l, intent).await })
         .await
-        .map_err(|e| NodeError::Io(format!("credit task failed: {e}")))?
+        .map_err(|e| NodeError::task("credit task", e))?
 }
 
 async fn settle_chain(
@@ -515,12 +521,12 @@ async fn settle_chain(
             let owner = PublicKey(i.credit.encumbrance.key);
             let msg = wallet_handoff(&i.credit);
             let sealed = florin_crypto::sealed::seal(&owner, &msg, &mut rand::rngs::OsRng)
-                .map_err(|e| NodeError::BadRequest(e.to_string()))?;
-            a.mailbox_put(&owner.to_address(), &sealed)?;
+                .map_err(crate::error::BadRequest::from)?;
+            a.mailbox_put(&owner, &sealed)?;
             a.finish_credit(&i)
         })
         .await
-        .map_err(|e| NodeError::Io(format!("worker failed: {e}")))??;
+        .map_err(|e| NodeError::task("worker", e))??;
     }
     Ok(CreditInfo {
         txid: answer.txid,

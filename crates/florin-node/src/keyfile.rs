@@ -6,19 +6,28 @@ use std::path::Path;
 use florin_crypto::SecretKey;
 use rand::rngs::OsRng;
 
-use crate::error::NodeError;
+use crate::error::{Corrupt, IoError, NodeError};
 
 /// Loads the key at `path`, or creates it if the file does not exist.
 pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
     match fs::read_to_string(path) {
-        Ok(s) => SecretKey::from_hex(s.trim())
-            .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
+        Ok(s) => SecretKey::from_hex(s.trim()).map_err(|source| {
+            Corrupt::KeyFile {
+                path: path.into(),
+                source,
+            }
+            .into()
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = SecretKey::generate(&mut OsRng);
             write_private(path, key.to_hex().as_bytes())?;
             Ok(key)
         }
-        Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),
+        Err(source) => Err(IoError::KeyFile {
+            path: path.into(),
+            source,
+        }
+        .into()),
     }
 }
 
@@ -26,23 +35,34 @@ pub fn load_or_create_key(path: &Path) -> Result<SecretKey, NodeError> {
 /// directory was initialized (a missing key is never replaced by a new one).
 pub fn load_key(path: &Path) -> Result<SecretKey, NodeError> {
     match fs::read_to_string(path) {
-        Ok(s) => SecretKey::from_hex(s.trim())
-            .map_err(|e| NodeError::Corrupt(format!("key file {}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NodeError::Corrupt(format!(
+        Ok(s) => SecretKey::from_hex(s.trim()).map_err(|source| {
+            Corrupt::KeyFile {
+                path: path.into(),
+                source,
+            }
+            .into()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NodeError::corrupt(format!(
             "key file {} is missing: refusing to create a new key over existing state (restore it from a backup)",
             path.display()
         ))),
-        Err(e) => Err(NodeError::Io(format!("key file {}: {e}", path.display()))),
+        Err(source) => Err(IoError::KeyFile {
+            path: path.into(),
+            source,
+        }
+        .into()),
     }
 }
 
 /// Writes `bytes` to `path` atomically and durably, readable by the owner only
 /// ([`florin_fs::write_private`]).
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    florin_fs::write_private(path, &[bytes]).map_err(|e| NodeError::Io(e.to_string()))
+    // The error names the file.
+    florin_fs::write_private(path, &[bytes]).map_err(|e| IoError::Os(e).into())
 }
 
 /// Syncs the directory holding `path`, making a rename into it durable.
 pub fn sync_dir(path: &Path) -> Result<(), NodeError> {
-    florin_fs::sync_parent(path).map_err(|e| NodeError::Io(e.to_string()))
+    // The error names the directory.
+    florin_fs::sync_parent(path).map_err(|e| IoError::Os(e).into())
 }

@@ -22,7 +22,7 @@ use rand::rngs::OsRng;
 use rand::RngCore;
 use serde::Serialize;
 
-use crate::error::NodeError;
+use crate::error::{BadRequest, NodeError, StorageError};
 
 /// Most transactions validated and committed together.
 pub const MAX_BATCH: usize = 4096;
@@ -123,8 +123,9 @@ impl Ledger {
     /// Resubmitting a transaction returns its status and changes nothing.
     pub async fn submit(&self, tx: Transaction) -> Result<(Digest, TxStatus), NodeError> {
         let mut out = self.submit_many(vec![tx]).await?;
-        out.pop()
-            .ok_or_else(|| NodeError::Storage("the swap engine answered nothing".into()))
+        out.pop().ok_or(NodeError::Storage(StorageError::Engine(
+            "the swap engine answered nothing",
+        )))
     }
 
     /// Submits several transactions at once (they are validated and committed as the engine
@@ -139,20 +140,22 @@ impl Ledger {
             let jobs = self
                 .jobs
                 .lock()
-                .map_err(|_| NodeError::Storage("engine queue poisoned".into()))?;
+                .map_err(|_| StorageError::Engine("engine queue poisoned"))?;
             for tx in txs {
                 let (reply, rx) = tokio::sync::oneshot::channel();
                 self.queued.fetch_add(1, Ordering::Relaxed);
                 jobs.send(Job { tx, reply })
-                    .map_err(|_| NodeError::Storage("the swap engine stopped".into()))?;
+                    .map_err(|_| StorageError::Engine("the swap engine stopped"))?;
                 waits.push(rx);
             }
         }
         let mut out = Vec::with_capacity(waits.len());
         for rx in waits {
-            out.push(rx.await.map_err(|_| {
-                NodeError::Storage("the swap engine failed; see the node's log".into())
-            })?);
+            out.push(
+                rx.await.map_err(|_| {
+                    StorageError::Engine("the swap engine failed; see the node's log")
+                })?,
+            );
         }
         Ok(out)
     }
@@ -160,11 +163,7 @@ impl Ledger {
     /// A transaction's status: confirmed from the store, else what the engine decided
     /// recently, else `None`.
     pub fn status(&self, txid: &Digest) -> Result<Option<TxStatus>, NodeError> {
-        if self
-            .store
-            .is_confirmed(txid)
-            .map_err(|e| NodeError::Storage(e.to_string()))?
-        {
+        if self.store.is_confirmed(txid)? {
             return Ok(Some(TxStatus::Confirmed));
         }
         Ok(self.recent.lock().ok().and_then(|r| r.get(txid).cloned()))
@@ -172,16 +171,12 @@ impl Ledger {
 
     /// Whether a UHS id is unspent (read from the store: never stale).
     pub fn is_unspent(&self, id: &Digest) -> Result<bool, NodeError> {
-        self.store
-            .is_unspent(id)
-            .map_err(|e| NodeError::Storage(e.to_string()))
+        self.store.is_unspent(id).map_err(NodeError::from)
     }
 
     /// The ledger's books.
     pub fn supply(&self) -> Result<Supply, NodeError> {
-        self.store
-            .supply()
-            .map_err(|e| NodeError::Storage(e.to_string()))
+        self.store.supply().map_err(NodeError::from)
     }
 
     /// The issuer mints `amount_cents` to `owner` (devnet faucet): one output per
@@ -204,7 +199,7 @@ impl Ledger {
         amount_cents: u64,
     ) -> Result<(Transaction, Vec<Utxo>), NodeError> {
         if amount_cents == 0 {
-            return Err(NodeError::BadRequest("amount must be positive".into()));
+            return Err(BadRequest::ZeroAmount.into());
         }
         let parts = florin_token::Denomination::spendable_split(amount_cents);
         // Group the split into at most 8 outputs: enough change, few UTXOs.
@@ -226,10 +221,7 @@ impl Ledger {
                 .collect(),
             issuer_signature: Signature([0; 64]),
         };
-        mint.issuer_signature = self
-            .issuer
-            .sign(&mint.txid())
-            .map_err(|e| NodeError::Signer(e.to_string()))?;
+        mint.issuer_signature = self.issuer.sign(&mint.txid())?;
         let utxos = mint.output_utxos();
         Ok((Transaction::Mint(mint), utxos))
     }
@@ -239,7 +231,7 @@ impl Ledger {
         let (txid, status) = self.submit(tx).await?;
         match status {
             TxStatus::Confirmed => Ok(txid),
-            other => Err(NodeError::Storage(format!("mint not confirmed: {other:?}"))),
+            other => Err(NodeError::storage(format!("mint not confirmed: {other:?}"))),
         }
     }
 }

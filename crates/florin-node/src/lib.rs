@@ -13,7 +13,7 @@ mod authority;
 pub mod bridge;
 pub mod cluster;
 pub mod custody;
-mod error;
+pub mod error;
 mod keyfile;
 pub mod ledger;
 pub mod manifest;
@@ -21,8 +21,10 @@ pub mod psp;
 pub mod redb_open;
 mod store;
 
-pub use authority::{parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES};
-pub use bridge::settle_credit;
+pub use authority::{
+    parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES, MAX_MAILBOX_MESSAGE,
+};
+pub use bridge::{settle_credit, WithdrawAuth};
 pub use error::NodeError;
 pub use keyfile::{load_key, load_or_create_key, write_private};
 pub use ledger::{Ledger, TxStatus};

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::NodeError;
+use crate::error::{Corrupt, IoError, NodeError};
 use crate::keyfile::write_private;
 
 /// The manifest's file name in a data directory.
@@ -50,7 +50,7 @@ struct Sealed {
 }
 
 fn digest(m: &Manifest) -> Result<String, NodeError> {
-    let bytes = serde_json::to_vec(m).map_err(|e| NodeError::Io(e.to_string()))?;
+    let bytes = serde_json::to_vec(m).map_err(IoError::from)?;
     Ok(hex::encode(florin_crypto::hash(
         "florin/manifest/v1",
         &[&bytes],
@@ -86,29 +86,37 @@ impl Manifest {
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(NodeError::Io(format!("{}: {e}", path.display()))),
+            Err(e) => return Err(NodeError::io_at(path, e)),
         };
         let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|e| {
-            NodeError::Corrupt(format!(
-                "{}: damaged at byte {}: expected the manifest's JSON ({e})",
-                path.display(),
-                byte_of(&bytes, e.line(), e.column())
-            ))
+            NodeError::Corrupt(Corrupt::File {
+                detail: format!(
+                    "damaged at byte {}: expected the manifest's JSON ({e})",
+                    byte_of(&bytes, e.line(), e.column())
+                ),
+                path: path.clone(),
+            })
         })?;
         let want = digest(&sealed.manifest)?;
         if want != sealed.sha256 {
-            return Err(NodeError::Corrupt(format!(
-                "{}: damaged: expected sha256 {want} of the manifest, found {}",
-                path.display(),
-                sealed.sha256
-            )));
+            return Err(Corrupt::File {
+                detail: format!(
+                    "damaged: expected sha256 {want} of the manifest, found {}",
+                    sealed.sha256
+                ),
+                path,
+            }
+            .into());
         }
         if sealed.manifest.format != FORMAT {
-            return Err(NodeError::Corrupt(format!(
-                "{}: format {} is not known to this build (expected {FORMAT})",
-                path.display(),
-                sealed.manifest.format
-            )));
+            return Err(Corrupt::File {
+                detail: format!(
+                    "format {} is not known to this build (expected {FORMAT})",
+                    sealed.manifest.format
+                ),
+                path,
+            }
+            .into());
         }
         Ok(Some(sealed.manifest))
     }
@@ -119,8 +127,7 @@ impl Manifest {
             manifest: self.clone(),
             sha256: digest(self)?,
         };
-        let mut bytes =
-            serde_json::to_vec_pretty(&sealed).map_err(|e| NodeError::Io(e.to_string()))?;
+        let mut bytes = serde_json::to_vec_pretty(&sealed).map_err(IoError::from)?;
         bytes.push(b'\n');
         write_private(&dir.join(MANIFEST_FILE), &bytes)
     }
@@ -136,7 +143,7 @@ impl Manifest {
     /// Refuses if the key of `role` is not the one the manifest recorded.
     pub fn verify_key(&self, role: &str, address: &str, dir: &Path) -> Result<(), NodeError> {
         match self.keys.iter().find(|(r, _)| r == role) {
-            Some((_, want)) if want != address => Err(NodeError::Corrupt(format!(
+            Some((_, want)) if want != address => Err(NodeError::corrupt(format!(
                 "{}: the {role} key is {address}, but this directory was initialized with {want}: a key file was replaced; restore the original (or a backup) instead of starting with a new key",
                 dir.display()
             ))),
@@ -149,17 +156,17 @@ impl Manifest {
 fn check_present(path: &Path, manifest: &Path) -> Result<(), NodeError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() || m.len() > 0 => Ok(()),
-        Ok(_) => Err(NodeError::Corrupt(format!(
+        Ok(_) => Err(NodeError::corrupt(format!(
             "{} is empty, but {} says this directory holds it: refusing to start rather than recreate it (restore it from a backup: florin node restore)",
             path.display(),
             manifest.display()
         ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NodeError::Corrupt(format!(
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(NodeError::corrupt(format!(
             "{} is missing, but {} says this directory holds it: refusing to start rather than recreate it (restore it from a backup: florin node restore)",
             path.display(),
             manifest.display()
         ))),
-        Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
+        Err(e) => Err(NodeError::io_at(path, e)),
     }
 }
 
@@ -199,7 +206,7 @@ pub fn check_dir(dir: &Path, required: &[String]) -> Result<DirState, NodeError>
         match std::fs::metadata(&p) {
             Ok(m) if m.is_dir() || m.len() > 0 => {}
             _ => {
-                return Err(NodeError::Corrupt(format!(
+                return Err(NodeError::corrupt(format!(
                     "{} holds {} but not {} (missing or empty): refusing to start rather than recreate it",
                     dir.display(),
                     present

@@ -59,7 +59,7 @@ pub(crate) fn copy_consistent(
 ) -> Result<(), crate::NodeError> {
     use redb::ReadableTable;
     let dst = crate::redb_open::open_strict(to, crate::redb_open::Expect::FirstStart)
-        .map_err(|e| crate::NodeError::Io(e.to_string()))?;
+        .map_err(crate::error::IoError::from)?;
     let mut w = dst.begin_write()?;
     w.set_two_phase_commit(true);
     {

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use florin_crypto::{LocalSigner, SecretKey, Signer};
-use florin_node::api::DepositReport;
+use florin_node::api::{DepositReport, TokenInfo};
 use florin_node::{Authority, AuthorityConfig, NodeError};
 use florin_token::Token;
 
@@ -25,6 +25,24 @@ fn deposit(
 ) -> Result<Vec<DepositReport>, NodeError> {
     let (depositor, tokens) = florin_http::node::parse_deposit(a, depositor, tokens)?;
     a.deposit(&depositor, &tokens)
+}
+
+/// A token look-up as the API takes it: the serial in hex, parsed as the handler parses it.
+fn token(a: &Authority, serial: &str) -> Result<TokenInfo, NodeError> {
+    a.token(&florin_http::node::parse_serial(serial)?)
+}
+
+/// A faucet request with the recipient's address and the handshake in hex, parsed as a handler
+/// parses them.
+fn faucet(
+    a: &Authority,
+    recipient: &str,
+    cents: u64,
+    handshake: &str,
+) -> Result<Vec<Token>, NodeError> {
+    let recipient = florin_http::node::parse_valid_key(recipient, "recipient")?;
+    let handshake = florin_http::node::parse_hex32(handshake, "handshake")?;
+    a.faucet(&recipient, cents, handshake)
 }
 
 fn wallet(i: u8) -> LocalSigner {
@@ -48,7 +66,7 @@ fn registry_survives_reopen() {
         (t.serial_hex(), t, w2)
     };
     let (a, _) = open(dir.path(), 9);
-    assert_eq!(a.token(&serial).unwrap().status, "in_circulation");
+    assert_eq!(token(&a, &serial).unwrap().status, "in_circulation");
     let split = florin_token::Denomination::spendable_split(500).len() as u64;
     assert_eq!(a.minted().unwrap(), (split, 500));
     let hexed = vec![hex::encode(signed.encode())];
@@ -56,7 +74,7 @@ fn registry_survives_reopen() {
     assert_eq!(r[0].outcome, "reanchored");
     drop(a);
     let (a, _) = open(dir.path(), 9);
-    let info = a.token(&serial).unwrap();
+    let info = token(&a, &serial).unwrap();
     assert_eq!(
         (info.anchors, info.holder),
         (2, depositor.public_key().to_address())
@@ -94,7 +112,7 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
             .all(|x| x.outcome == "refused" && x.error.is_some()),
         "{r:?}"
     );
-    assert_eq!(a.token(&t.serial_hex()).unwrap().anchors, 1);
+    assert_eq!(token(&a, &t.serial_hex()).unwrap().anchors, 1);
     assert!(a.fraud_list().unwrap().is_empty());
     // Another authority's token.
     let other = LocalSigner::new(SecretKey::from_seed(&[77; 32]));
@@ -110,17 +128,17 @@ fn bad_deposits_get_typed_errors_and_change_nothing() {
     let r = deposit(&a, &dep, &[hex::encode(foreign.encode())]).unwrap();
     assert_eq!(r[0].outcome, "refused");
     // Blacklisted tokens are refused.
-    a.blacklist(&t.serial_hex()).unwrap();
+    a.blacklist(&t.serial).unwrap();
     let r = deposit(&a, &dep, &[hex::encode(t.encode())]).unwrap();
     assert!(r[0].error.as_deref().unwrap().contains("blacklisted"));
-    assert!(matches!(a.token("00"), Err(NodeError::BadRequest(_))));
+    assert!(matches!(token(&a, "00"), Err(NodeError::BadRequest(_))));
     // Unknown serials are refused (before any signature work).
     let mut unknown = t.clone();
     unknown.serial = [0xee; 8];
     let r = deposit(&a, &dep, &[hex::encode(unknown.encode())]).unwrap();
     assert!(r[0].error.as_deref().unwrap().contains("unknown"), "{r:?}");
     assert!(matches!(
-        a.token("0000000000000000"),
+        token(&a, "0000000000000000"),
         Err(NodeError::NotFound(_))
     ));
 }
@@ -132,18 +150,18 @@ fn faucet_limits() {
     let w = wallet(1).public_key().to_address();
     let hs = hex::encode([0u8; 32]);
     assert!(matches!(
-        a.faucet(&w, 0, &hs),
+        faucet(&a, &w, 0, &hs),
         Err(NodeError::BadRequest(_))
     ));
     assert!(matches!(
-        a.faucet(&w, 100_000_000, &hs),
+        faucet(&a, &w, 100_000_000, &hs),
         Err(NodeError::BadRequest(_))
     ));
     assert!(matches!(
-        a.faucet("eur1xyz", 100, &hs),
+        faucet(&a, "eur1xyz", 100, &hs),
         Err(NodeError::BadRequest(_))
     ));
-    let tokens = a.faucet(&w, 1250, &hs).unwrap();
+    let tokens = faucet(&a, &w, 1250, &hs).unwrap();
     assert_eq!(tokens.iter().map(|t| t.value.cents()).sum::<u64>(), 1250);
 }
 

@@ -162,9 +162,7 @@ fn live_copy(
     // The ledger is copied while the registry copy's write transaction still keeps every
     // registry writer (and every mint) out: the two are of one moment.
     let ledger = authority.backup_registry_then(&reg, || {
-        store
-            .backup_files()
-            .map_err(|e| florin_node::NodeError::Storage(e.to_string()))
+        store.backup_files().map_err(florin_node::NodeError::from)
     })?;
     entries.push(("authority.redb".to_string(), fs::read(&reg)?));
     for (name, bytes) in ledger {

@@ -28,7 +28,7 @@ use florin_crypto::{Digest, LocalSigner, PublicKey, SecretKey, Signer};
 use florin_ledger::{CompactTx, StoreError, Supply, SwapOutcome, SwapStore, UhsId};
 use serde::{Deserialize, Serialize};
 
-use crate::error::NodeError;
+use crate::error::{BadRequest, NodeError, StorageError};
 use client::GroupClient;
 use rpc::{Peer, Request, Response, Server};
 use service::{CoordMachine, CoordService, ShardMachine, ShardService};
@@ -103,16 +103,26 @@ pub enum Role {
 }
 
 fn key_of(s: &str) -> Result<PublicKey, NodeError> {
-    PublicKey::parse(s).map_err(|e| NodeError::BadRequest(format!("bad key {s}: {e}")))
+    PublicKey::parse(s).map_err(|source| {
+        NodeError::from(BadRequest::Key {
+            what: format!("bad key {s}"),
+            source,
+        })
+    })
 }
 
 impl ClusterSpec {
     /// Reads a spec (TOML).
     pub fn load(path: &Path) -> Result<ClusterSpec, NodeError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| NodeError::Storage(format!("cannot read {}: {e}", path.display())))?;
-        let spec: ClusterSpec = toml::from_str(&text)
-            .map_err(|e| NodeError::BadRequest(format!("{}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|source| StorageError::File {
+            action: "read",
+            path: path.into(),
+            source,
+        })?;
+        let spec: ClusterSpec = toml::from_str(&text).map_err(|e| BadRequest::Config {
+            path: path.into(),
+            source: Box::new(e),
+        })?;
         spec.check()?;
         Ok(spec)
     }
@@ -120,29 +130,35 @@ impl ClusterSpec {
     /// Writes it (TOML).
     pub fn save(&self, path: &Path) -> Result<(), NodeError> {
         let text = toml::to_string_pretty(self)
-            .map_err(|e| NodeError::Storage(format!("cannot encode the spec: {e}")))?;
-        std::fs::write(path, text)
-            .map_err(|e| NodeError::Storage(format!("cannot write {}: {e}", path.display())))
+            .map_err(|e| NodeError::storage(format!("cannot encode the spec: {e}")))?;
+        std::fs::write(path, text).map_err(|source| {
+            StorageError::File {
+                action: "write",
+                path: path.into(),
+                source,
+            }
+            .into()
+        })
     }
 
     /// Refuses an inconsistent spec.
     pub fn check(&self) -> Result<(), NodeError> {
         let map = self.map()?;
         if map.len() != self.shards.len() {
-            return Err(NodeError::BadRequest(format!(
+            return Err(NodeError::bad_request(format!(
                 "{} shard ranges for {} shard groups",
                 map.len(),
                 self.shards.len()
             )));
         }
         if self.coordinators.is_empty() {
-            return Err(NodeError::BadRequest(
-                "a cluster needs a coordinator group".into(),
+            return Err(NodeError::bad_request(
+                "a cluster needs a coordinator group",
             ));
         }
         for g in self.shards.iter().chain(&self.coordinators) {
             if g.members.is_empty() {
-                return Err(NodeError::BadRequest("a group has no members".into()));
+                return Err(NodeError::bad_request("a group has no members"));
             }
             for m in &g.members {
                 key_of(&m.key)?;
@@ -157,18 +173,18 @@ impl ClusterSpec {
     /// The shard map.
     pub fn map(&self) -> Result<ShardMap, NodeError> {
         ShardMap::from_starts(self.shard_starts.clone())
-            .map_err(|e| NodeError::BadRequest(e.to_string()))
+            .map_err(|e| NodeError::bad_request(e.to_string()))
     }
 
     fn group(&self, role: Role, group: u16) -> Result<&GroupSpec, NodeError> {
         let groups = match role {
             Role::Shard => &self.shards,
             Role::Coordinator => &self.coordinators,
-            Role::Sentinel => return Err(NodeError::BadRequest("sentinels are no group".into())),
+            Role::Sentinel => return Err(NodeError::bad_request("sentinels are no group")),
         };
         groups
             .get(group as usize)
-            .ok_or_else(|| NodeError::BadRequest(format!("no {role:?} group {group}")))
+            .ok_or_else(|| NodeError::bad_request(format!("no {role:?} group {group}")))
     }
 
     /// Every key allowed to connect to a member (all members, clients and observers).
@@ -321,18 +337,21 @@ pub async fn start_member(
 ) -> Result<Member, NodeError> {
     let g = spec.group(role, group)?;
     if !g.members.iter().any(|m| m.id == id) {
-        return Err(NodeError::BadRequest(format!(
+        return Err(NodeError::bad_request(format!(
             "{role:?} group {group} has no member {id}"
         )));
     }
     let mine = g.members.iter().find(|m| m.id == id).map(|m| m.key.clone());
     if mine.as_deref() != Some(me.public_key().to_address().as_str()) {
-        return Err(NodeError::BadRequest(format!(
+        return Err(NodeError::bad_request(format!(
             "this key is not {role:?} {group}/{id}'s key in the spec"
         )));
     }
-    std::fs::create_dir_all(dir)
-        .map_err(|e| NodeError::Storage(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|source| StorageError::File {
+        action: "create",
+        path: dir.into(),
+        source,
+    })?;
     let addrs: BTreeMap<NodeId, String> =
         g.members.iter().map(|m| (m.id, m.addr.clone())).collect();
     let members: HashSet<PublicKey> = g
@@ -357,7 +376,7 @@ pub async fn start_member(
             })
             .collect(),
     });
-    let raft_err = |e: florin_cluster::raft::RaftError| NodeError::Storage(e.to_string());
+    let raft_err = |e: florin_cluster::raft::RaftError| NodeError::from(StorageError::from(e));
     let rt = tokio::runtime::Handle::current();
     let allowed = spec.allowed();
     let (server, replica) = match role {
@@ -386,7 +405,7 @@ pub async fn start_member(
                     .collect(),
             });
             let server = Server::start(listener, me, allowed, svc, rt)
-                .map_err(|e| NodeError::Storage(e.to_string()))?;
+                .map_err(|e| StorageError::Server(Box::new(e)))?;
             (server, MemberReplica::Shard(replica))
         }
         _ => {
@@ -419,7 +438,7 @@ pub async fn start_member(
                 cfg,
             );
             let server = Server::start(listener, me, allowed, svc, rt)
-                .map_err(|e| NodeError::Storage(e.to_string()))?;
+                .map_err(|e| StorageError::Server(Box::new(e)))?;
             (server, MemberReplica::Coordinator(replica))
         }
     };
@@ -628,11 +647,8 @@ impl LocalCluster {
         let mut group = |role: Role, g: u16| -> Result<GroupSpec, NodeError> {
             let mut members = Vec::new();
             for id in 1..=replicas as NodeId {
-                let l = TcpListener::bind("127.0.0.1:0")
-                    .map_err(|e| NodeError::Storage(e.to_string()))?;
-                let addr = l
-                    .local_addr()
-                    .map_err(|e| NodeError::Storage(e.to_string()))?;
+                let l = TcpListener::bind("127.0.0.1:0").map_err(StorageError::from)?;
+                let addr = l.local_addr().map_err(StorageError::from)?;
                 let key = Arc::new(LocalSigner::new(SecretKey::generate(
                     &mut rand::rngs::OsRng,
                 )));
@@ -646,7 +662,7 @@ impl LocalCluster {
             }
             Ok(GroupSpec { members })
         };
-        let map = ShardMap::even(shards).map_err(|e| NodeError::BadRequest(e.to_string()))?;
+        let map = ShardMap::even(shards).map_err(|e| NodeError::bad_request(e.to_string()))?;
         let shard_groups = (0..shards as u16)
             .map(|g| group(Role::Shard, g))
             .collect::<Result<Vec<_>, _>>()?;
@@ -706,7 +722,7 @@ impl LocalCluster {
             .keys
             .get(&k)
             .cloned()
-            .ok_or_else(|| NodeError::NotFound(format!("no member {role:?} {g}/{id}")))?;
+            .ok_or_else(|| NodeError::not_found(format!("no member {role:?} {g}/{id}")))?;
         let dir = self.member_dir(role, g, id);
         let m = start_member(&self.spec, role, g, id, &dir, key, l).await?;
         self.members.insert(k, m);
@@ -739,9 +755,7 @@ impl LocalCluster {
                 return Ok(());
             }
             if start.elapsed() > within {
-                return Err(NodeError::Storage(
-                    "groups did not elect leaders in time".into(),
-                ));
+                return Err(NodeError::storage("groups did not elect leaders in time"));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -766,7 +780,7 @@ impl LocalCluster {
             .iter()
             .find(|m| m.id == id)
             .map(|m| m.addr.clone())
-            .ok_or_else(|| NodeError::NotFound(format!("no member {id}")))?;
+            .ok_or_else(|| NodeError::not_found(format!("no member {id}")))?;
         let mut tries = 0;
         let l = loop {
             match TcpListener::bind(&addr) {
@@ -776,7 +790,7 @@ impl LocalCluster {
                     let _ = e;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => return Err(NodeError::Storage(format!("cannot rebind {addr}: {e}"))),
+                Err(e) => return Err(NodeError::storage(format!("cannot rebind {addr}: {e}"))),
             }
         };
         self.launch(role, g, id, l).await

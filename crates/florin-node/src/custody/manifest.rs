@@ -36,10 +36,10 @@ pub(super) fn load(
     let bytes = match std::fs::read(&p) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(NodeError::Io(format!("{}: {e}", p.display()))),
+        Err(e) => return Err(NodeError::io_at(&p, e)),
     };
     let plain = vault::open(kek, &name(party), &bytes).map_err(|_| {
-        NodeError::Corrupt(format!(
+        NodeError::corrupt(format!(
             "{}: damaged or sealed under another seal key than {} ({} bytes; expected the \
              node's sealed record of its keys)",
             p.display(),
@@ -47,9 +47,13 @@ pub(super) fn load(
             bytes.len()
         ))
     })?;
-    serde_json::from_slice(&plain)
-        .map(Some)
-        .map_err(|e| NodeError::Corrupt(format!("{}: {e}", p.display())))
+    serde_json::from_slice(&plain).map(Some).map_err(|e| {
+        crate::error::Corrupt::File {
+            detail: e.to_string(),
+            path: p.clone(),
+        }
+        .into()
+    })
 }
 
 /// Replaces the record, atomically and durably.
@@ -59,8 +63,8 @@ pub(super) fn store(
     party: PartyId,
     keys: &BTreeMap<String, String>,
 ) -> Result<(), NodeError> {
-    let json = serde_json::to_vec(keys).map_err(|e| NodeError::Io(e.to_string()))?;
-    let sealed = vault::seal(kek, &name(party), &json, &mut OsRng)
-        .map_err(|e| NodeError::Io(e.to_string()))?;
+    let json = serde_json::to_vec(keys).map_err(crate::error::IoError::from)?;
+    let sealed =
+        vault::seal(kek, &name(party), &json, &mut OsRng).map_err(crate::error::IoError::from)?;
     write_private(&path(dir), &sealed)
 }

@@ -81,24 +81,24 @@ impl Layout {
     /// the coordinator's key. Refuses to overwrite an existing network.
     pub fn create(&self, t: u16, addrs: &[SocketAddr]) -> Result<NetworkConfig, NodeError> {
         if self.exists() {
-            return Err(NodeError::BadRequest(format!(
+            return Err(NodeError::bad_request(format!(
                 "a network already exists in {}",
                 self.dir.display()
             )));
         }
         let n = addrs.len();
         if t < 2 || t as usize > n || n > florin_custody::frost::MAX_PARTIES as usize {
-            return Err(NodeError::BadRequest(format!("threshold {t} of {n} nodes")));
+            return Err(NodeError::bad_request(format!(
+                "threshold {t} of {n} nodes"
+            )));
         }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| NodeError::Io(format!("{}: {e}", self.dir.display())))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| NodeError::io_at(&self.dir, e))?;
         let coordinator = LocalSigner::new(load_or_create_key(&self.coordinator_key())?);
         let mut members = Vec::with_capacity(n);
         for (i, addr) in addrs.iter().enumerate() {
             let p = (i + 1) as PartyId;
             let d = self.node_dir(p);
-            std::fs::create_dir_all(&d)
-                .map_err(|e| NodeError::Io(format!("{}: {e}", d.display())))?;
+            std::fs::create_dir_all(&d).map_err(|e| NodeError::io_at(&d, e))?;
             let id = load_or_create_key(&d.join("identity.key"))?;
             members.push(Member {
                 party: p,
@@ -120,11 +120,11 @@ impl Layout {
                 grants: Default::default(),
                 ecdsa: None,
             };
-            let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
+            let json = serde_json::to_vec_pretty(&cfg).map_err(crate::error::IoError::from)?;
             write_private(&self.node_config(m.party), &json)?;
         }
         let net = NetworkConfig { t, members };
-        let json = serde_json::to_vec_pretty(&net).map_err(|e| NodeError::Io(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(&net).map_err(crate::error::IoError::from)?;
         write_private(&self.network_file(), &json)?;
         Ok(net)
     }
@@ -144,8 +144,12 @@ impl Layout {
     /// every key with `None`. Replaces what the client was granted before. Running nodes take
     /// it up within [`node::CONFIG_POLL`] (they watch their config).
     pub fn grant(&self, client: &str, patterns: Option<&[String]>) -> Result<(), NodeError> {
-        PublicKey::parse(client)
-            .map_err(|e| NodeError::BadRequest(format!("client key {client}: {e}")))?;
+        PublicKey::parse(client).map_err(|source| {
+            NodeError::from(crate::error::BadRequest::Key {
+                what: format!("client key {client}"),
+                source,
+            })
+        })?;
         if let Some(ps) = patterns {
             for p in ps {
                 node::KeyPattern::parse(p)?;
@@ -183,7 +187,7 @@ impl Layout {
             let path = self.node_config(m.party);
             let mut cfg = CustodyNodeConfig::load(&path)?;
             f(&mut cfg)?;
-            let json = serde_json::to_vec_pretty(&cfg).map_err(|e| NodeError::Io(e.to_string()))?;
+            let json = serde_json::to_vec_pretty(&cfg).map_err(crate::error::IoError::from)?;
             write_private(&path, &json)?;
         }
         Ok(())
@@ -202,10 +206,9 @@ impl Layout {
             .iter()
             .find(|m| m.party == p)
             .cloned()
-            .ok_or_else(|| NodeError::BadRequest(format!("the network has no node {p}")))?;
+            .ok_or_else(|| NodeError::bad_request(format!("the network has no node {p}")))?;
         let dir = self.node_dir(p);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| NodeError::Io(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(|e| NodeError::io_at(&dir, e))?;
         let cfg_path = self.node_config(p);
         let mut own = match CustodyNodeConfig::load(&cfg_path) {
             Ok(c) => c,
@@ -217,7 +220,7 @@ impl Layout {
                     .filter(|m| m.party != p)
                     .find_map(|m| CustodyNodeConfig::load(&self.node_config(m.party)).ok())
                     .ok_or_else(|| {
-                        NodeError::BadRequest("no other node's config to start from".into())
+                        NodeError::bad_request("no other node's config to start from")
                     })?;
                 CustodyNodeConfig {
                     party: p,
@@ -232,7 +235,7 @@ impl Layout {
         match std::fs::remove_file(&key_path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(NodeError::Io(format!("{}: {e}", key_path.display()))),
+            Err(e) => return Err(NodeError::io_at(&key_path, e)),
         }
         let fresh = load_or_create_key(&key_path)?.public_key();
         let addr = fresh.to_address();
@@ -242,14 +245,14 @@ impl Layout {
             }
         };
         rename(&mut own.members);
-        let json = serde_json::to_vec_pretty(&own).map_err(|e| NodeError::Io(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(&own).map_err(crate::error::IoError::from)?;
         write_private(&cfg_path, &json)?;
         self.edit_configs(|cfg| {
             rename(&mut cfg.members);
             Ok(())
         })?;
         rename(&mut net.members);
-        let json = serde_json::to_vec_pretty(&net).map_err(|e| NodeError::Io(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(&net).map_err(crate::error::IoError::from)?;
         write_private(&self.network_file(), &json)?;
         Ok(fresh)
     }
@@ -262,12 +265,12 @@ impl Layout {
     /// Reads the network and the coordinator's key.
     pub fn load(&self) -> Result<(NetworkConfig, LocalSigner), NodeError> {
         let net = NetworkConfig::load(&self.network_file())
-            .map_err(|e| NodeError::BadRequest(e.to_string()))?;
+            .map_err(|e| NodeError::bad_request(e.to_string()))?;
         // The network's administrator key: never made again once the network exists (the
         // nodes would not know a new one).
         let key = self.coordinator_key();
         if !key.exists() {
-            return Err(NodeError::Corrupt(format!(
+            return Err(NodeError::corrupt(format!(
                 "{}: coordinator key missing while {} exists (the nodes admit only the key they \
                  were made with) — restore it from a backup",
                 key.display(),
@@ -285,8 +288,12 @@ impl Layout {
         let mut out = Vec::new();
         for m in &net.members {
             let cfg = CustodyNodeConfig::load(&self.node_config(m.party))?;
-            let listener = std::net::TcpListener::bind(cfg.listen)
-                .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+            let listener = std::net::TcpListener::bind(cfg.listen).map_err(|e| {
+                crate::error::IoError::Listen {
+                    addr: cfg.listen,
+                    source: e,
+                }
+            })?;
             let node = CustodyNode::open(&cfg)?.start(listener)?;
             node.watch_config(self.node_config(m.party))?;
             out.push(node);
@@ -319,11 +326,12 @@ pub fn free_loopback_addrs(n: usize) -> Result<Vec<SocketAddr>, NodeError> {
         }
     }
     while held.len() < n {
-        held.push(
-            std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| NodeError::Io(e.to_string()))?,
-        );
+        held.push(std::net::TcpListener::bind("127.0.0.1:0").map_err(crate::error::IoError::from)?);
     }
     held.iter()
-        .map(|l| l.local_addr().map_err(|e| NodeError::Io(e.to_string())))
+        .map(|l| {
+            l.local_addr()
+                .map_err(|e| NodeError::from(crate::error::IoError::from(e)))
+        })
         .collect()
 }

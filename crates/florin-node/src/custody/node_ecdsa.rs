@@ -211,14 +211,14 @@ fn read_sealed(
         Ok(b) => vault::open(kek, name, &b)
             .map(|p| Some(Zeroizing::new(p.to_vec())))
             .map_err(|_| {
-                NodeError::Corrupt(format!(
+                NodeError::corrupt(format!(
                     "{}: damaged or sealed under another seal key ({} bytes)",
                     path.display(),
                     b.len()
                 ))
             }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
+        Err(e) => Err(NodeError::io_at(path, e)),
     }
 }
 
@@ -261,17 +261,16 @@ impl EcdsaNode {
         kek: &[u8; 32],
     ) -> Result<EcdsaNode, NodeError> {
         let edir = dir.join("ecdsa");
-        std::fs::create_dir_all(&edir)
-            .map_err(|e| NodeError::Io(format!("{}: {e}", edir.display())))?;
+        std::fs::create_dir_all(&edir).map_err(|e| NodeError::io_at(&edir, e))?;
         let aux = read_sealed(kek, &aux_name(party), &edir.join("aux.sealed"))?;
         if let Some(a) = &aux {
             let n_aux = match level {
                 EcdsaLevel::Production => AuxShare::<Production>::from_bytes(a).map(|a| a.n()),
                 EcdsaLevel::InsecureTest => AuxShare::<InsecureTest>::from_bytes(a).map(|a| a.n()),
             }
-            .map_err(|e| NodeError::Corrupt(format!("ecdsa/aux.sealed: {e} (level {level:?}?)")))?;
+            .map_err(|e| NodeError::corrupt(format!("ecdsa/aux.sealed: {e} (level {level:?}?)")))?;
             if n_aux != n {
-                return Err(NodeError::Corrupt(format!(
+                return Err(NodeError::corrupt(format!(
                     "ecdsa/aux.sealed is for {n_aux} parties, the network has {n}"
                 )));
             }
@@ -283,7 +282,7 @@ impl EcdsaNode {
         let shares = dir.join("shares");
         if let Ok(rd) = std::fs::read_dir(&shares) {
             for entry in rd {
-                let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
+                let path = entry.map_err(crate::error::IoError::from)?.path();
                 let (Some(stem), Some(ext @ ("p256" | "p256-pending"))) = (
                     path.file_stem().and_then(|s| s.to_str()),
                     path.extension().and_then(|s| s.to_str()),

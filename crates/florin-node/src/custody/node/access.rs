@@ -22,7 +22,7 @@ impl KeyPattern {
             prefix.is_empty() || valid_key_id(prefix)
         };
         if !ok {
-            return Err(NodeError::BadRequest(format!(
+            return Err(NodeError::bad_request(format!(
                 "key pattern {s:?}: a key name ([a-z0-9_-], 1 to 64) or a prefix ending in *"
             )));
         }
@@ -129,10 +129,14 @@ pub(super) fn parse_grants(
 ) -> Result<Vec<(PublicKey, Vec<KeyPattern>)>, NodeError> {
     let mut out = Vec::with_capacity(cfg.grants.len());
     for (k, patterns) in &cfg.grants {
-        let key = PublicKey::parse(k)
-            .map_err(|e| NodeError::BadRequest(format!("grant for {k}: {e}")))?;
+        let key = PublicKey::parse(k).map_err(|source| {
+            NodeError::from(crate::error::BadRequest::Key {
+                what: format!("grant for {k}"),
+                source,
+            })
+        })?;
         if !clients.contains(&key) {
-            return Err(NodeError::BadRequest(format!(
+            return Err(NodeError::bad_request(format!(
                 "grant for {k}, which is not in `clients`"
             )));
         }

@@ -120,10 +120,14 @@ pub struct CustodyNodeConfig {
 impl CustodyNodeConfig {
     /// Reads a `node.json`.
     pub fn load(path: &Path) -> Result<Self, NodeError> {
-        let s = std::fs::read_to_string(path)
-            .map_err(|e| NodeError::Io(format!("{}: {e}", path.display())))?;
-        serde_json::from_str(&s)
-            .map_err(|e| NodeError::BadRequest(format!("{}: {e}", path.display())))
+        let s = std::fs::read_to_string(path).map_err(|e| NodeError::io_at(path, e))?;
+        serde_json::from_str(&s).map_err(|e| {
+            crate::error::BadRequest::Config {
+                path: path.into(),
+                source: Box::new(e),
+            }
+            .into()
+        })
     }
 }
 
@@ -224,7 +228,12 @@ pub struct RunningNode {
 fn parse_keys(list: &[String], what: &str) -> Result<Vec<PublicKey>, NodeError> {
     list.iter()
         .map(|k| {
-            PublicKey::parse(k).map_err(|e| NodeError::BadRequest(format!("{what} key {k}: {e}")))
+            PublicKey::parse(k).map_err(|source| {
+                NodeError::from(crate::error::BadRequest::Key {
+                    what: format!("{what} key {k}"),
+                    source,
+                })
+            })
         })
         .collect()
 }
@@ -260,13 +269,13 @@ fn load_kek(path: &Path, dir: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
     match std::fs::read_to_string(path) {
         Ok(s) => {
             let b = hex::decode(s.trim()).map_err(|_| {
-                NodeError::Corrupt(format!(
+                NodeError::corrupt(format!(
                     "{}: damaged: not hex (expected 64 hex digits)",
                     path.display()
                 ))
             })?;
             let k: [u8; 32] = b.try_into().map_err(|_| {
-                NodeError::Corrupt(format!(
+                NodeError::corrupt(format!(
                     "{}: damaged: not 32 bytes (expected 64 hex digits)",
                     path.display()
                 ))
@@ -276,7 +285,7 @@ fn load_kek(path: &Path, dir: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let held = sealed_state(dir);
             if let Some(f) = held.first() {
-                return Err(NodeError::Corrupt(format!(
+                return Err(NodeError::corrupt(format!(
                     "{}: seal key missing while the node holds {} sealed file(s) ({} …); it is \
                      never made again — restore it (or, if it is lost for good, repair the node's \
                      shares: move them away and run `florin custody repair`)",
@@ -290,7 +299,7 @@ fn load_kek(path: &Path, dir: &Path) -> Result<Zeroizing<[u8; 32]>, NodeError> {
             write_private(path, hex::encode(&k[..]).as_bytes())?;
             Ok(k)
         }
-        Err(e) => Err(NodeError::Io(format!("{}: {e}", path.display()))),
+        Err(e) => Err(NodeError::io_at(path, e)),
     }
 }
 
@@ -313,7 +322,7 @@ impl CustodyNode {
     pub fn open(cfg: &CustodyNodeConfig) -> Result<CustodyNode, NodeError> {
         let id_path = cfg.dir.join("identity.key");
         if !id_path.exists() {
-            return Err(NodeError::Corrupt(format!(
+            return Err(NodeError::corrupt(format!(
                 "{}: identity key missing (the member list names it; a new one is made only by \
                  `florin custody replace-node`)",
                 id_path.display()
@@ -325,13 +334,17 @@ impl CustodyNode {
         let record = super::manifest::load(&cfg.dir, &kek, cfg.party, &seal_path)?;
         let mut members = HashMap::new();
         for m in &cfg.members {
-            let k = PublicKey::parse(&m.key)
-                .map_err(|e| NodeError::BadRequest(format!("member {}: {e}", m.party)))?;
+            let k = PublicKey::parse(&m.key).map_err(|source| {
+                NodeError::from(crate::error::BadRequest::Key {
+                    what: format!("member {}", m.party),
+                    source,
+                })
+            })?;
             members.insert(m.party, k);
         }
         let n = cfg.members.len() as u16;
         if members.get(&cfg.party) != Some(&identity.public_key()) {
-            return Err(NodeError::BadRequest(format!(
+            return Err(NodeError::bad_request(format!(
                 "party {} in the member list is not this node's identity {}",
                 cfg.party,
                 identity.public_key().to_address()
@@ -345,18 +358,17 @@ impl CustodyNode {
         let rd = match std::fs::read_dir(&shares_dir) {
             Ok(rd) => rd.collect::<Vec<_>>(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(NodeError::Io(format!("{}: {e}", shares_dir.display()))),
+            Err(e) => return Err(NodeError::io_at(&shares_dir, e)),
         };
         for entry in rd {
-            let path = entry.map_err(|e| NodeError::Io(e.to_string()))?.path();
+            let path = entry.map_err(crate::error::IoError::from)?.path();
             let (Some(stem), Some(ext @ ("share" | "share-pending"))) = (
                 path.file_stem().and_then(|s| s.to_str()),
                 path.extension().and_then(|s| s.to_str()),
             ) else {
                 continue;
             };
-            let bytes = std::fs::read(&path)
-                .map_err(|e| NodeError::Io(format!("{}: {e}", path.display())))?;
+            let bytes = std::fs::read(&path).map_err(|e| NodeError::io_at(&path, e))?;
             let share = vault::open(&kek, &share_name(stem, cfg.party), &bytes)
                 .map_err(|_| {
                     format!(
@@ -451,9 +463,8 @@ impl CustodyNode {
         }
         let access = Access::from_config(cfg)?;
         let hedge = NonceHedge::derive(&kek[..])
-            .map_err(|e| NodeError::Corrupt(format!("nonce hedge: {e}")))?;
-        std::fs::create_dir_all(&shares_dir)
-            .map_err(|e| NodeError::Io(format!("{}: {e}", shares_dir.display())))?;
+            .map_err(|e| NodeError::corrupt(format!("nonce hedge: {e}")))?;
+        std::fs::create_dir_all(&shares_dir).map_err(|e| NodeError::io_at(&shares_dir, e))?;
         if !had_record || record != before {
             super::manifest::store(&cfg.dir, &kek, cfg.party, &record)?;
         }
@@ -493,9 +504,7 @@ impl CustodyNode {
     /// Serves on `listener` in background threads: one per connection, and one that keeps
     /// every key's nonce pool full.
     pub fn start(self, listener: TcpListener) -> Result<RunningNode, NodeError> {
-        let addr = listener
-            .local_addr()
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+        let addr = listener.local_addr().map_err(crate::error::IoError::from)?;
         let inner = self.inner;
         if let Some(e) = &inner.ecdsa {
             e.ensure_primes();
@@ -504,7 +513,7 @@ impl CustodyNode {
         thread::Builder::new()
             .name("custody-refill".into())
             .spawn(move || refill_loop(&refill))
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+            .map_err(crate::error::IoError::from)?;
         let server = florin_net::rpc::RpcServer::start(
             listener,
             Arc::new(inner.identity.clone()),
@@ -512,7 +521,7 @@ impl CustodyNode {
             "custody",
             Arc::new(NodeService(inner.clone())),
         )
-        .map_err(|e| NodeError::Io(e.to_string()))?;
+        .map_err(crate::error::IoError::from)?;
         Ok(RunningNode {
             inner,
             addr,
@@ -590,7 +599,7 @@ impl RunningNode {
                     }
                 }
             })
-            .map_err(|e| NodeError::Io(e.to_string()))?;
+            .map_err(crate::error::IoError::from)?;
         Ok(())
     }
 
@@ -652,8 +661,10 @@ fn refill_loop(inner: &Inner) {
 /// `config_path`, the file `cfg` was read from, is watched for changed access.
 pub fn run_node(cfg: &CustodyNodeConfig, config_path: Option<&Path>) -> Result<(), NodeError> {
     let node = CustodyNode::open(cfg)?;
-    let listener = TcpListener::bind(cfg.listen)
-        .map_err(|e| NodeError::Io(format!("cannot listen on {}: {e}", cfg.listen)))?;
+    let listener = TcpListener::bind(cfg.listen).map_err(|e| crate::error::IoError::Listen {
+        addr: cfg.listen,
+        source: e,
+    })?;
     eprintln!(
         "custody node {} listening on {} as {}",
         cfg.party,

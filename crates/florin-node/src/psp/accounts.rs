@@ -1,0 +1,129 @@
+//! Accounts: opening them (distributed key generation) and reading them.
+
+use std::sync::Arc;
+
+use florin_ledger::Encumbrance;
+
+use super::api::{AccountView, HistoryEntry, PspInfo};
+use super::store::AccountRecord;
+use super::{blocking_err, valid_account, Psp, PspError, PspScheme};
+
+impl Psp {
+    /// Provider facts.
+    pub fn info(&self) -> Result<PspInfo, PspError> {
+        Ok(PspInfo {
+            name: self.cfg.name.clone(),
+            scheme: self.cfg.scheme.name().into(),
+            t: self.kmn.t(),
+            n: self.kmn.n(),
+            ledger: self.cfg.ledger.clone(),
+            accounts: self.books.accounts()?.len(),
+            unresolved: self.books.pending(None)?.len(),
+            unnotified: self.books.notices()?.len(),
+        })
+    }
+
+    /// Opens an account: its key is made by distributed key generation in the network.
+    pub async fn open_account(self: &Arc<Self>, name: &str) -> Result<AccountView, PspError> {
+        if !valid_account(name) {
+            return Err(PspError::BadRequest(format!(
+                "account name {name:?}: 1–48 of a-z 0-9 - _"
+            )));
+        }
+        let lock = self.lock_of(name);
+        let _g = lock.lock().await;
+        if self.books.account(name)?.is_some() {
+            return Err(PspError::Exists(format!("account {name:?} exists")));
+        }
+        let key_id = format!("acct-{name}");
+        let me = self.clone();
+        let kid = key_id.clone();
+        let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
+            // A key made before a crash (the account was never stored) is adopted, its
+            // commit round finished if the crash cut it short. A key that not every node
+            // holds is made again (which replaces its pending shares).
+            let held = me
+                .kmn
+                .commit_pending(&kid)
+                .ok()
+                .filter(|h| h.ecdsa == (me.cfg.scheme == PspScheme::P256));
+            match me.cfg.scheme {
+                PspScheme::P256 => {
+                    let adopted = held.and_then(|h| {
+                        florin_custody::ecdsa::identity_public_key(&h.public)
+                            .and_then(|pk| florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok())
+                    });
+                    let pk = match adopted {
+                        Some(pk) => pk,
+                        None => me.kmn.ecdsa_keygen(&kid)?,
+                    };
+                    Ok((hex::encode(pk.0), Encumbrance::p256(&pk)))
+                }
+                PspScheme::Ed25519 => {
+                    let adopted = held
+                        .and_then(|h| florin_custody::frost::GroupKey::from_bytes(&h.public).ok());
+                    let g = match adopted {
+                        Some(g) => g,
+                        None => me.kmn.dkg(&kid)?,
+                    };
+                    let pk = g.public_key();
+                    Ok((hex::encode(pk.0), Encumbrance::ed25519(&pk)))
+                }
+            }
+        })
+        .await
+        .map_err(blocking_err)??;
+        let rec = AccountRecord {
+            name: name.into(),
+            key_id,
+            scheme: self.cfg.scheme.name().into(),
+            public_key,
+            encumbrance: enc.to_text(),
+        };
+        if !self.books.add_account(&rec)? {
+            return Err(PspError::Exists(format!("account {name:?} exists")));
+        }
+        // Start the presignature pool now, so the first payment is fast.
+        let _ = self.signer(&rec).await;
+        self.view(&rec)
+    }
+
+    pub(super) fn view(&self, rec: &AccountRecord) -> Result<AccountView, PspError> {
+        let coins = self.books.coins(&rec.name)?;
+        let ready = self
+            .signers
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&rec.name).and_then(|s| s.ready()));
+        Ok(AccountView {
+            name: rec.name.clone(),
+            scheme: rec.scheme.clone(),
+            public_key: rec.public_key.clone(),
+            encumbrance: rec.encumbrance.clone(),
+            balance_cents: coins.iter().map(|u| u.value).sum(),
+            coins: coins.len(),
+            unresolved: self.books.pending(Some(&rec.name))?.len(),
+            presignatures_ready: ready,
+        })
+    }
+
+    /// One account.
+    pub fn account(&self, name: &str) -> Result<AccountView, PspError> {
+        self.view(&self.record(name)?)
+    }
+
+    /// Every account.
+    pub fn accounts(&self) -> Result<Vec<AccountView>, PspError> {
+        self.books
+            .accounts()?
+            .iter()
+            .map(|r| self.view(r))
+            .collect()
+    }
+
+    /// An account's last `limit` history lines.
+    pub fn history(&self, name: &str, limit: usize) -> Result<Vec<HistoryEntry>, PspError> {
+        self.record(name)?;
+        self.books.history(name, limit)
+    }
+}

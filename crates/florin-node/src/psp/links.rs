@@ -1,0 +1,33 @@
+//! What a provider asks of the ledger and of other providers ([`PspLinks`]).
+
+use florin_ledger::Transaction;
+
+use super::api::{AccountView, Receive, ReceiveAnswer};
+use super::PspError;
+use crate::api::{LedgerFaucet, LedgerFaucetAnswer};
+use crate::ledger::TxStatus;
+
+/// What a provider asks of others: the ledger, and payees' providers. The service holds one
+/// and never sees the wire; `florin-http` implements it over HTTP/JSON. The ledger and each
+/// provider are named by their API's base URL.
+///
+/// Errors: `Unreachable` when the other side cannot be reached or its answer cannot be read
+/// (the outcome is unknown), `Refused` when it refused the request, and `NotFound` when a
+/// payee's provider has no such account.
+#[async_trait::async_trait]
+pub trait PspLinks: Send + Sync {
+    /// Submits a transaction to the ledger at `ledger`; its status there.
+    async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError>;
+    /// Whether the output with UHS id `id` is unspent on the ledger at `ledger`.
+    async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError>;
+    /// The ledger's faucet (devnet): mints to an encumbrance.
+    async fn faucet(
+        &self,
+        ledger: &str,
+        req: &LedgerFaucet,
+    ) -> Result<LedgerFaucetAnswer, PspError>;
+    /// An account at the provider `psp` (a payee's).
+    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError>;
+    /// Hands the provider `psp` outputs that pay its accounts.
+    async fn peer_receive(&self, psp: &str, req: &Receive) -> Result<ReceiveAnswer, PspError>;
+}

@@ -1,0 +1,282 @@
+//! Payments: to an account at this provider (UC1) or at another (UC2), and their repeats.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use florin_ledger::{build, Encumbrance, Output, Transaction, Transfer};
+
+use super::api::{PayReceipt, PayRequest};
+use super::store::{PendingPayment, Settled};
+use super::{blocking_err, check_payee, valid_account, Psp, PspError};
+use crate::ledger::TxStatus;
+
+impl Psp {
+    /// Pays: same provider (UC1), another provider's customer (UC2) or any ledger
+    /// encumbrance.
+    pub async fn pay(self: &Arc<Self>, req: PayRequest) -> Result<PayReceipt, PspError> {
+        let start = Instant::now();
+        if req.amount_cents == 0 {
+            return Err(PspError::BadRequest("amount must be positive".into()));
+        }
+        let rec = self.record(&req.from)?;
+        if let Some(id) = &req.id {
+            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(PspError::BadRequest(
+                    "a payment id is 1–64 printable ASCII characters".into(),
+                ));
+            }
+            if let Some(done) = self.repeated(&rec.name, id).await? {
+                return Ok(done);
+            }
+        }
+        if let Some(psp) = &req.to_psp {
+            match url::Url::parse(psp) {
+                Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => {}
+                _ => {
+                    return Err(PspError::BadRequest(format!(
+                        "to_psp {psp:?} is not an http(s) URL"
+                    )))
+                }
+            }
+        }
+        // Where the money goes.
+        let (payee_enc, payee_account, payee_psp, route, counterparty) = match &req.to_psp {
+            Some(psp) => {
+                if !valid_account(&req.to) {
+                    return Err(PspError::BadRequest(format!(
+                        "payee {:?} is not an account name",
+                        req.to
+                    )));
+                }
+                let v = self.peer_account(psp, &req.to).await?;
+                let enc = Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
+                    PspError::Refused("the payee's provider sent a bad encumbrance".into())
+                })?;
+                check_payee(&enc).map_err(|e| {
+                    PspError::Refused(format!("the payee's provider sent an unusable key: {e}"))
+                })?;
+                // One of our own accounts (our own URL, or a peer naming our customer): pay
+                // it here, never trusting another provider to credit it.
+                match self.books.owner(&enc)? {
+                    Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
+                    None => (
+                        enc,
+                        None,
+                        Some(psp.clone()),
+                        "cross_provider",
+                        format!("{}@{psp}", req.to),
+                    ),
+                }
+            }
+            None => match Encumbrance::parse_text(&req.to) {
+                Some(enc) => {
+                    check_payee(&enc)
+                        .map_err(|e| PspError::BadRequest(format!("payee {}: {e}", req.to)))?;
+                    // An encumbrance that is one of ours is a same-provider payment.
+                    match self.books.owner(&enc)? {
+                        Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
+                        None => (enc, None, None, "ledger", req.to.clone()),
+                    }
+                }
+                None => {
+                    let to = self.record(&req.to)?;
+                    (
+                        to.enc()?,
+                        Some(to.name.clone()),
+                        None,
+                        "same_provider",
+                        to.name,
+                    )
+                }
+            },
+        };
+        if payee_account.as_deref() == Some(rec.name.as_str()) {
+            return Err(PspError::BadRequest("an account cannot pay itself".into()));
+        }
+        let signer = self.signer(&rec).await?;
+        let lock = self.lock_of(&rec.name);
+        let guard = lock.lock().await;
+        if let Some(id) = &req.id {
+            // A retry that raced the first request: answer it now that the lock is ours.
+            if let Some(done) = self.settled_receipt(&rec.name, id)? {
+                return Ok(done);
+            }
+        }
+        if self.resolve(Some(&rec.name)).await? > 0 {
+            return Err(PspError::Unresolved(format!(
+                "an earlier payment from {} is not resolved yet; retry shortly",
+                rec.name
+            )));
+        }
+        // The one transaction builder: largest coins first, change back to the account.
+        let coins = self.books.coins(&rec.name)?;
+        let balance: u64 = coins.iter().map(|u| u.value).sum();
+        if balance < req.amount_cents {
+            return Err(PspError::InsufficientFunds {
+                account: rec.name.clone(),
+                balance_cents: balance,
+                asked_cents: req.amount_cents,
+            });
+        }
+        let pay = Output {
+            value: req.amount_cents,
+            encumbrance: payee_enc,
+        };
+        let draft = build::payment(&coins, vec![pay], rec.enc()?).map_err(|e| match e {
+            build::BuildError::TooManyInputs { needed, max } => PspError::Refused(format!(
+                "the payment needs {needed} coins, a transaction takes at most {max}; pay less first"
+            )),
+            other => PspError::Refused(format!("cannot build the payment: {other}")),
+        })?;
+        let txid = draft.txid();
+        let s0 = Instant::now();
+        let sig_signer = signer.clone();
+        // One signature over the txid serves every input (all are the account's key); the
+        // builder checks it against each input's encumbrance.
+        let t = tokio::task::spawn_blocking(move || -> Result<Transfer, PspError> {
+            let w = sig_signer.witnesses(&txid, 1)?[0];
+            draft
+                .sign_with(|_, _| Ok(w))
+                .map_err(|e| PspError::Refused(format!("cannot sign the payment: {e}")))
+        })
+        .await
+        .map_err(blocking_err)??;
+        let sign_ms = s0.elapsed().as_secs_f64() * 1e3;
+        let outs = t.output_utxos();
+        let pending = PendingPayment {
+            from: rec.name.clone(),
+            counterparty,
+            payee_account,
+            payee_psp: payee_psp.clone(),
+            route: route.into(),
+            amount_cents: req.amount_cents,
+            tx: hex::encode(Transaction::Transfer(t.clone()).encode()),
+            request_id: req.id.clone(),
+        };
+        self.books.put_pending(&txid, &pending)?;
+        let st = match self.submit(&Transaction::Transfer(t.clone())).await {
+            Ok(st) => st,
+            Err(e) => {
+                return Err(PspError::Unresolved(format!(
+                    "payment {} sent, outcome unknown ({e}); it is resolved in the background",
+                    hex::encode(txid)
+                )))
+            }
+        };
+        match &st {
+            TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => {
+                self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
+                return Err(PspError::Refused(format!(
+                    "the ledger refused the payment: {} {e}",
+                    st.name()
+                )));
+            }
+            TxStatus::Pending => {
+                return Err(PspError::Unresolved(format!(
+                    "payment {} is {} on the ledger; it is resolved in the background",
+                    hex::encode(txid),
+                    st.name()
+                )))
+            }
+        }
+        drop(guard);
+        // Cross provider: hand the payee's provider its output (after the payer's lock is
+        // released, so a provider paying itself cannot wait on itself).
+        // The payment is settled: from here on errors are logged, never returned (a client
+        // that saw an error would pay again).
+        let mut notified = payee_psp.is_none();
+        if payee_psp.is_some() {
+            if let Ok(Some(n)) = self.books.notice(&txid) {
+                if self.notify(&n).await.is_ok() {
+                    if let Err(e) = self.books.drop_notice(&txid) {
+                        eprintln!("psp: {e}");
+                    }
+                    notified = true;
+                }
+            }
+        }
+        Ok(PayReceipt {
+            txid: hex::encode(txid),
+            route: route.into(),
+            payee_output: hex::encode(outs[0].encode()),
+            change_output: outs.get(1).map(|u| hex::encode(u.encode())),
+            notified,
+            repeated: false,
+            sign_ms,
+            total_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// The receipt of an earlier payment with this client id from `from`, if it settled.
+    pub(super) fn settled_receipt(
+        &self,
+        from: &str,
+        id: &str,
+    ) -> Result<Option<PayReceipt>, PspError> {
+        let Some(done) = self.books.settled(id)? else {
+            return Ok(None);
+        };
+        if done.from != from {
+            return Err(PspError::Exists(format!(
+                "payment id {id:?} was used by another account"
+            )));
+        }
+        let txid = hex::decode(&done.txid)
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| PspError::Storage("receipt txid".into()))?;
+        Ok(Some(receipt_of(done, self.books.notice(&txid)?.is_none())))
+    }
+
+    /// A repeated payment id: its receipt if settled; if it is still pending, resolved first
+    /// (under the account's lock), and `Unresolved` if that is still not possible.
+    pub(super) async fn repeated(
+        &self,
+        from: &str,
+        id: &str,
+    ) -> Result<Option<PayReceipt>, PspError> {
+        if let Some(r) = self.settled_receipt(from, id)? {
+            return Ok(Some(r));
+        }
+        let pending = self
+            .books
+            .pending(Some(from))?
+            .into_iter()
+            .any(|(_, p)| p.request_id.as_deref() == Some(id));
+        if !pending {
+            return Ok(None);
+        }
+        let lock = self.lock_of(from);
+        let _g = lock.lock().await;
+        self.resolve(Some(from)).await?;
+        match self.settled_receipt(from, id)? {
+            Some(r) => Ok(Some(r)),
+            None if self
+                .books
+                .pending(Some(from))?
+                .iter()
+                .any(|(_, p)| p.request_id.as_deref() == Some(id)) =>
+            {
+                Err(PspError::Unresolved(format!(
+                    "payment {id:?} was sent, its outcome is not known yet; retry shortly"
+                )))
+            }
+            // Refused by the ledger when resolved: a fresh attempt may go ahead.
+            None => Ok(None),
+        }
+    }
+}
+
+fn receipt_of(done: Settled, notified: bool) -> PayReceipt {
+    PayReceipt {
+        txid: done.txid,
+        route: done.route,
+        payee_output: done.payee_output,
+        change_output: done.change_output,
+        notified,
+        repeated: true,
+        sign_ms: 0.0,
+        total_ms: 0.0,
+    }
+}

@@ -1,0 +1,142 @@
+//! Money in: the devnet faucet and outputs handed over by payers' providers (UC2).
+
+use std::sync::Arc;
+
+use florin_ledger::Utxo;
+
+use super::api::{AccountView, Receive, ReceiveAnswer, Received};
+use super::store::Line;
+use super::{Psp, PspError, MAX_RECEIVE};
+use crate::api::{LedgerFaucet, LedgerFaucetAnswer};
+
+impl Psp {
+    /// The ledger's faucet (devnet) mints `amount_cents` to the account.
+    pub async fn fund(
+        self: &Arc<Self>,
+        name: &str,
+        amount_cents: u64,
+    ) -> Result<AccountView, PspError> {
+        let rec = self.record(name)?;
+        if amount_cents == 0 {
+            return Err(PspError::BadRequest("amount must be positive".into()));
+        }
+        let lock = self.lock_of(name);
+        let _g = lock.lock().await;
+        let ans: LedgerFaucetAnswer = self
+            .links
+            .faucet(
+                &self.cfg.ledger,
+                &LedgerFaucet {
+                    owner: rec.encumbrance.clone(),
+                    amount_cents,
+                },
+            )
+            .await?;
+        let coins = ans
+            .outputs
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| Utxo::decode(&b).ok())
+                    .ok_or_else(|| PspError::Unreachable("the faucet sent a bad output".into()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let enc = rec.enc()?;
+        if coins.iter().any(|u| u.encumbrance != enc) {
+            return Err(PspError::Refused("the faucet paid someone else".into()));
+        }
+        self.books.credit(
+            name,
+            &coins,
+            Line {
+                account: name,
+                direction: "funded",
+                txid: Some(ans.txid),
+                counterparty: "faucet".into(),
+                amount_cents,
+                route: "faucet",
+            },
+        )?;
+        self.view(&rec)
+    }
+
+    /// Credits outputs that pay this provider's accounts, each after the ledger says it is
+    /// unspent. Replays change nothing.
+    pub async fn receive(self: &Arc<Self>, req: Receive) -> Result<ReceiveAnswer, PspError> {
+        if req.outputs.len() > MAX_RECEIVE {
+            return Err(PspError::BadRequest(format!(
+                "at most {MAX_RECEIVE} outputs per call"
+            )));
+        }
+        let from = req
+            .from
+            .as_deref()
+            .map(|s| s.chars().take(120).collect::<String>())
+            .unwrap_or_else(|| "unknown sender".into());
+        // Decode everything first: one malformed output refuses the whole call.
+        let utxos = req
+            .outputs
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| Utxo::decode(&b).ok())
+                    .ok_or_else(|| PspError::BadRequest(format!("output {i} is not a UTXO")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut results = Vec::with_capacity(utxos.len());
+        let mut asked = std::collections::HashSet::new();
+        for u in utxos {
+            let id = u.id();
+            if !asked.insert(id) {
+                return Err(PspError::BadRequest(format!(
+                    "output {} is listed twice",
+                    hex::encode(id)
+                )));
+            }
+            let Some(account) = self.books.owner(&u.encumbrance)? else {
+                results.push(Received {
+                    id: hex::encode(id),
+                    account: None,
+                    outcome: "not_ours".into(),
+                });
+                continue;
+            };
+            // Under the account's lock: a payment cannot spend the coin between the ledger
+            // check and the credit.
+            let lock = self.lock_of(&account);
+            let _g = lock.lock().await;
+            let outcome = if self.books.seen(&id)? {
+                "known"
+            } else if !self.is_unspent(&id).await? {
+                "not_unspent"
+            } else {
+                let fresh = self.books.credit(
+                    &account,
+                    std::slice::from_ref(&u),
+                    Line {
+                        account: &account,
+                        direction: "in",
+                        txid: None,
+                        counterparty: from.clone(),
+                        amount_cents: u.value,
+                        route: "cross_provider",
+                    },
+                )?;
+                if fresh.first().copied().unwrap_or(false) {
+                    "credited"
+                } else {
+                    "known"
+                }
+            };
+            results.push(Received {
+                id: hex::encode(id),
+                account: Some(account),
+                outcome: outcome.into(),
+            });
+        }
+        Ok(ReceiveAnswer { results })
+    }
+}

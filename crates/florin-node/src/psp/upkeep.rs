@@ -1,0 +1,158 @@
+//! Background work: resolving pending payments and sending owed acknowledgements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use florin_ledger::{Transaction, Utxo};
+
+use super::api::Receive;
+use super::{store, Psp, PspError};
+use crate::ledger::TxStatus;
+
+impl Psp {
+    /// Resolves `from`'s pending payments (the caller holds the account's lock) by sending
+    /// each signed transaction again: confirmed ones are applied, refused ones dropped.
+    /// Returns how many remain unresolved.
+    pub(super) async fn resolve(&self, from: Option<&str>) -> Result<usize, PspError> {
+        let mut left = 0;
+        for (txid, p) in self.books.pending(from)? {
+            let t = p.transfer()?;
+            match self.submit(&Transaction::Transfer(t.clone())).await {
+                Ok(TxStatus::Confirmed) => self.books.apply(&txid, &p)?,
+                Ok(TxStatus::StaticInvalid(_) | TxStatus::StateInvalid(_)) => {
+                    self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
+                }
+                _ => left += 1,
+            }
+        }
+        Ok(left)
+    }
+
+    /// Resolves the pending payments of every account no request is working on (a busy
+    /// account resolves its own before it pays again). Returns how many remain.
+    pub async fn resolve_idle(&self) -> Result<usize, PspError> {
+        let mut accounts: Vec<String> = self
+            .books
+            .pending(None)?
+            .into_iter()
+            .map(|(_, p)| p.from)
+            .collect();
+        accounts.sort();
+        accounts.dedup();
+        let mut left = 0;
+        for a in accounts {
+            let lock = self.lock_of(&a);
+            let Ok(_g) = lock.try_lock() else {
+                left += 1;
+                continue;
+            };
+            // One account's trouble (a ledger error, a corrupt record) does not hold up the
+            // others.
+            match self.resolve(Some(&a)).await {
+                Ok(n) => left += n,
+                Err(e) => {
+                    eprintln!("psp: resolving {a}'s payments: {e}");
+                    left += 1;
+                }
+            }
+        }
+        Ok(left)
+    }
+
+    /// A refused payment: asks the ledger which of its inputs are gone, then drops the
+    /// pending record and those coins in one write (if the ledger cannot be asked, nothing
+    /// changes and the payment is tried again).
+    pub(super) async fn drop_refused(
+        &self,
+        txid: Option<&[u8; 32]>,
+        account: &str,
+        inputs: &[Utxo],
+    ) -> Result<(), PspError> {
+        let mut gone = Vec::new();
+        for u in inputs {
+            if !self.is_unspent(&u.id()).await? {
+                gone.push(u.id());
+            }
+        }
+        self.books.drop_refused(txid, account, &gone)
+    }
+
+    /// Sends the acknowledgements owed to payees' providers; returns how many are still owed.
+    pub async fn notify_all(&self) -> Result<usize, PspError> {
+        let mut left = 0;
+        for (txid, n) in self.books.notices()? {
+            match self.notify(&n).await {
+                Ok(()) => self.books.drop_notice(&txid)?,
+                // A refusal is final: asking again will not change the answer. The money is
+                // the payee's on the ledger; its provider can still be handed the output.
+                Err(
+                    e @ (PspError::Refused(_) | PspError::NotFound(_) | PspError::BadRequest(_)),
+                ) => {
+                    eprintln!(
+                        "psp: {} refused payment {} ({e}); not asking again",
+                        n.psp,
+                        hex::encode(txid)
+                    );
+                    self.books.drop_notice(&txid)?;
+                }
+                Err(_) => left += 1,
+            }
+        }
+        Ok(left)
+    }
+
+    pub(super) async fn notify(&self, n: &store::Notice) -> Result<(), PspError> {
+        let ans = self
+            .links
+            .peer_receive(
+                &n.psp,
+                &Receive {
+                    outputs: vec![n.output.clone()],
+                    from: Some(format!("{}@{}", n.from, self.cfg.name)),
+                },
+            )
+            .await?;
+        match ans.results.first().map(|r| r.outcome.as_str()) {
+            Some("credited") | Some("known") => Ok(()),
+            other => Err(PspError::Refused(format!(
+                "the payee's provider answered {other:?}"
+            ))),
+        }
+    }
+
+    /// Background work: resolve pending payments and send owed acknowledgements, every
+    /// `every`, until the returned task is dropped or aborted.
+    pub fn spawn_upkeep(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        // A weak reference: the provider closes (its books' file lock included) when the
+        // server lets go of it, not when this task next wakes.
+        // Resolution and acknowledgements run apart, so a slow peer provider cannot hold up
+        // the resolution of payments.
+        let weak = Arc::downgrade(self);
+        let weak2 = weak.clone();
+        tokio::spawn(async move {
+            let resolving = async move {
+                loop {
+                    {
+                        let Some(me) = weak.upgrade() else { return };
+                        if let Err(e) = me.resolve_idle().await {
+                            eprintln!("psp: resolving payments: {e}");
+                        }
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            };
+            let notifying = async move {
+                loop {
+                    {
+                        let Some(me) = weak2.upgrade() else { return };
+                        if let Err(e) = me.notify_all().await {
+                            eprintln!("psp: acknowledgements: {e}");
+                        }
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            };
+            tokio::join!(resolving, notifying);
+        })
+    }
+}
