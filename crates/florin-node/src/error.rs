@@ -355,15 +355,13 @@ pub enum StorageError {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum Corrupt {
-    /// A stored token or token record.
+    /// A stored token, token record or ledger output that does not decode (every format
+    /// shares one decode error).
     #[error(transparent)]
-    Token(#[from] florin_token::DecodeError),
+    Encoding(#[from] florin_token::DecodeError),
     /// A stored fraud proof.
     #[error(transparent)]
     Fraud(#[from] florin_token::FraudProofError),
-    /// A stored ledger output.
-    #[error(transparent)]
-    Ledger(#[from] florin_ledger::DecodeError),
     /// A stored record (named) that does not decode.
     #[error("{0}")]
     Record(&'static str),

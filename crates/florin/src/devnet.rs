@@ -186,13 +186,20 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
         // `florin node backup` of this running devnet: a consistent copy over DIR/admin/sock.
-        let admin = {
-            let (dir, a, st) = (args.data.clone(), authority.clone(), store.clone());
-            tokio::spawn(async move {
-                if let Err(e) = crate::node_cmd::serve_admin(dir, a, st).await {
-                    eprintln!("note: no admin socket ({e:#}); `florin node backup` needs this devnet stopped");
-                }
-            })
+        // Bound before "listening" is printed, so a backup right after finds it.
+        let admin = match crate::node_cmd::bind_admin(&args.data) {
+            Ok(l) => {
+                let (dir, a, st) = (args.data.clone(), authority.clone(), store.clone());
+                Some(tokio::spawn(async move {
+                    if let Err(e) = crate::node_cmd::serve_admin(l, dir, a, st).await {
+                        eprintln!("note: the admin socket stopped ({e:#}); `florin node backup` needs this devnet stopped");
+                    }
+                }))
+            }
+            Err(e) => {
+                eprintln!("note: no admin socket ({e:#}); `florin node backup` needs this devnet stopped");
+                None
+            }
         };
         // Credits recorded before a crash but not confirmed: finish them now.
         for intent in authority.pending_credits()? {
@@ -210,7 +217,9 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;
-        admin.abort();
+        if let Some(a) = admin {
+            a.abort();
+        }
         let _ = std::fs::remove_dir_all(args.data.join(crate::node_cmd::ADMIN_DIR));
         eprintln!("florin devnet stopped");
         Ok(ExitCode::SUCCESS)

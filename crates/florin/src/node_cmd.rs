@@ -83,16 +83,11 @@ fn backup_running(dir: &Path) -> Result<Vec<u8>> {
     }
 }
 
-/// Serves `backup` on `DIR/admin/sock` for a running devnet: a consistent copy taken in the
-/// process, registry first (a read transaction copied table by table), then the ledger (under
-/// its lock), so the copy's ledger is never behind its registry.
-pub async fn serve_admin(
-    dir: PathBuf,
-    authority: std::sync::Arc<florin_node::Authority>,
-    store: std::sync::Arc<EmbeddedStore>,
-) -> Result<()> {
+/// Binds `DIR/admin/sock`, the socket a running devnet answers `backup` on (in a directory only
+/// its owner can enter). Bound before the devnet says it is listening, so a `florin node
+/// backup` that follows finds it.
+pub fn bind_admin(dir: &Path) -> Result<tokio::net::UnixListener> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     // The socket lives in a directory only the owner can enter, made so before the socket
     // exists (a socket's own mode is set only after bind, too late).
     let sock_dir = dir.join(ADMIN_DIR);
@@ -106,6 +101,19 @@ pub async fn serve_admin(
     let listener = tokio::net::UnixListener::bind(&path)
         .with_context(|| format!("cannot listen on {}", path.display()))?;
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serves `backup` on the admin socket ([`bind_admin`]) for a running devnet: a consistent copy
+/// taken in the process, registry first (a read transaction copied table by table), then the
+/// ledger (under its lock), so the copy's ledger is never behind its registry.
+pub async fn serve_admin(
+    listener: tokio::net::UnixListener,
+    dir: PathBuf,
+    authority: std::sync::Arc<florin_node::Authority>,
+    store: std::sync::Arc<EmbeddedStore>,
+) -> Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
     loop {
         let (stream, _) = listener.accept().await?;
         let (dir, authority, store) = (dir.clone(), authority.clone(), store.clone());
