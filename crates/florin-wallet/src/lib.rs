@@ -7,7 +7,9 @@
 //! re-emits the same payment instead of signing anew.
 //!
 //! The online flows (pay, withdraw, sync, deposit) live in [`flows`], over the node operations
-//! of a [`connector::Connector`] that a front end implements for its transport.
+//! of a [`connector::Connector`] that a front end implements for its transport. Both sides of
+//! the offline exchange over a device channel (the payer's [`peer::pay_peer`], the payee's
+//! per-connection [`peer::serve_payer`]) live in [`peer`], over channel traits likewise.
 
 pub mod connector;
 pub mod flows;
@@ -20,7 +22,7 @@ mod wallet;
 pub use connector::{Connector, ConnectorError};
 pub use flows::{FlowError, Flows, Notice};
 pub use select::select_exact;
-pub use store::{FileStore, StoreError, WalletLock, WalletStore};
+pub use store::{FileStore, LockingStore, StoreError, WalletLock, WalletStore};
 pub use wallet::{
     Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet,
     WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS, MAX_HOPS_LIMIT,

@@ -77,6 +77,18 @@ pub trait WalletStore {
     fn create(&self, wallet: &Wallet) -> Result<(), StoreError>;
 }
 
+/// A store whose wallet several callers may change side by side (the payee's sessions in
+/// [`crate::peer::serve_payer`]): each change takes the lock, loads, changes, saves and lets go,
+/// so no caller holds the wallet longer than one change.
+pub trait LockingStore: WalletStore {
+    /// The held lock, released on drop.
+    type Lock<'a>
+    where
+        Self: 'a;
+    /// Waits for and takes the wallet's exclusive lock.
+    fn lock(&self) -> Result<Self::Lock<'_>, StoreError>;
+}
+
 /// A wallet in one JSON file (mode 0600 on Unix).
 #[derive(Debug, Clone)]
 pub struct FileStore {
@@ -170,6 +182,14 @@ impl FileStore {
             .map_err(|e| self.io(e))?;
         file.lock().map_err(|e| self.io(e))?;
         Ok(WalletLock { _file: file })
+    }
+}
+
+impl LockingStore for FileStore {
+    type Lock<'a> = WalletLock;
+
+    fn lock(&self) -> Result<WalletLock, StoreError> {
+        FileStore::lock(self)
     }
 }
 

@@ -14,7 +14,11 @@ use florin_net::qr::{self, Kind};
 use florin_net::{connect, payment_digest, ChannelConfig, Listener, Msg, NetError, Receipt};
 use florin_token::amount::{format_cents, parse_euros};
 use florin_token::{Payment, PaymentRequest};
-use florin_wallet::peer::{Answer, PeerError, PeerExchange};
+use florin_wallet::connector::Cause;
+use florin_wallet::peer::{
+    serve_payer, Answer, FromPayer, PayeeEvent, PayerChannel, PeerError, PeerExchange, RecvError,
+    SessionEnd, SessionLimits, ToPayer,
+};
 use florin_wallet::{FileStore, Wallet, WalletStore};
 use rand::rngs::OsRng;
 use serde_json::json;
@@ -420,6 +424,49 @@ impl PeerExchange for PeerChannel {
     }
 }
 
+/// An accepted device channel as the wallet's [`PayerChannel`].
+struct PayerLink(florin_net::Channel);
+
+impl PayerChannel for PayerLink {
+    fn peer(&self) -> PublicKey {
+        self.0.peer()
+    }
+
+    fn recv(&mut self, timeout: Duration) -> Result<FromPayer, RecvError> {
+        self.0
+            .set_timeout(timeout)
+            .map_err(|_| RecvError::NoTimer)?;
+        match self.0.recv_msg() {
+            Ok(Msg::Ask { amount_cents }) => Ok(FromPayer::Ask { amount_cents }),
+            Ok(Msg::Deliver(p)) => Ok(FromPayer::Deliver(p)),
+            Ok(other) => Ok(FromPayer::Other(format!(
+                "{:?}",
+                std::mem::discriminant(&other)
+            ))),
+            Err(NetError::Closed) => Err(RecvError::Closed),
+            Err(e) => Err(RecvError::Broken(Box::new(e))),
+        }
+    }
+
+    fn send(&mut self, answer: ToPayer) -> Result<(), Cause> {
+        let msg = match answer {
+            ToPayer::Request(r) => Msg::Request(r),
+            ToPayer::Receipt {
+                payment,
+                amount_cents,
+            } => Msg::Receipt(Receipt {
+                handshake: payment.handshake,
+                amount_cents,
+                payment: payment_digest(&payment),
+            }),
+            ToPayer::Refused(why) => Msg::Refused(why),
+        };
+        self.0
+            .send_msg(&msg, |_, _| {})
+            .map_err(|e| Box::new(e) as Cause)
+    }
+}
+
 fn pay_peer(
     store: &FileStore,
     json: bool,
@@ -509,9 +556,10 @@ fn listen_loop(
         json!({ "event": "listening", "at": at.to_string(), "address": key.to_address() }),
         format!("listening on {at} as {key}"),
     );
+    let limits = SessionLimits::default();
     let mut received = 0usize;
     while count.is_none_or(|c| received < c) {
-        let mut ch = match listener.accept(&signer) {
+        let ch = match listener.accept(&signer) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("refused a connection: {e}");
@@ -521,81 +569,33 @@ fn listen_loop(
             }
         };
         let from = ch.peer();
-        // One connection may not hold the payee forever: a deadline for the whole session,
-        // at most one request and a few deliveries.
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        let (mut asks, mut messages) = (0, 0);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            messages += 1;
-            if left.is_zero()
-                || messages > 8
-                || ch.set_timeout(left.min(Duration::from_secs(30))).is_err()
-            {
-                eprintln!("connection from {from} ended: session limit");
-                break;
-            }
-            let msg = match ch.recv_msg() {
-                Ok(m) => m,
-                Err(NetError::Closed) => break,
-                Err(e) => {
-                    eprintln!("connection from {from} ended: {e}");
-                    break;
+        let served = serve_payer(
+            store,
+            &mut PayerLink(ch),
+            &limits,
+            &mut OsRng,
+            |e| match e {
+                PayeeEvent::Received {
+                    cents,
+                    tokens,
+                    from,
+                } => event(
+                    json,
+                    json!({ "event": "received", "amount_cents": cents, "tokens": tokens, "from": from.to_address() }),
+                    format!(
+                        "received €{} in {tokens} tokens from {from}",
+                        format_cents(*cents)
+                    ),
+                ),
+                PayeeEvent::Refused { from, reason } => {
+                    eprintln!("refused a payment from {from}: {reason}")
                 }
-            };
-            let answer = match msg {
-                Msg::Ask { .. } if asks > 0 => Msg::Refused("one request per connection".into()),
-                Msg::Ask { amount_cents } => {
-                    asks += 1;
-                    let _l = store.lock()?;
-                    let mut w = store.load()?;
-                    match w.request(amount_cents, &mut OsRng) {
-                        Ok(req) => {
-                            store.save(&w)?;
-                            Msg::Request(req)
-                        }
-                        Err(e) => Msg::Refused(e.to_string()),
-                    }
-                }
-                Msg::Deliver(p) => {
-                    let _l = store.lock()?;
-                    let mut w = store.load()?;
-                    match w.accept_once(&p, &mut OsRng) {
-                        Ok((v, new)) => {
-                            if new {
-                                store.save(&w)?;
-                                received += 1;
-                                event(
-                                    json,
-                                    json!({ "event": "received", "amount_cents": v, "tokens": p.tokens.len(), "from": from.to_address() }),
-                                    format!(
-                                        "received €{} in {} tokens from {from}",
-                                        format_cents(v),
-                                        p.tokens.len()
-                                    ),
-                                );
-                            }
-                            Msg::Receipt(Receipt {
-                                handshake: p.handshake,
-                                amount_cents: v,
-                                payment: payment_digest(&p),
-                            })
-                        }
-                        Err(e) => {
-                            eprintln!("refused a payment from {from}: {e}");
-                            Msg::Refused(e.to_string())
-                        }
-                    }
-                }
-                other => Msg::Refused(format!(
-                    "unexpected message {:?}",
-                    std::mem::discriminant(&other)
-                )),
-            };
-            if let Err(e) = ch.send_msg(&answer, |_, _| {}) {
-                eprintln!("connection from {from} ended: {e}");
-                break;
-            }
+                _ => {}
+            },
+        )?;
+        received += served.received;
+        if !matches!(served.end, SessionEnd::Closed) {
+            eprintln!("connection from {from} ended: {}", served.end);
         }
     }
     Ok(ExitCode::SUCCESS)
