@@ -67,6 +67,7 @@ impl IntoResponse for HttpError {
             NodeError::NotFound(_) => StatusCode::NOT_FOUND,
             NodeError::Forbidden(_) => StatusCode::FORBIDDEN,
             NodeError::Signer(_) => StatusCode::SERVICE_UNAVAILABLE,
+            NodeError::Full(_) => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = ApiError {

@@ -15,8 +15,8 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::api::{DepositReport, FraudInfo, TokenInfo};
 use crate::bridge::CreditIntent;
-use crate::error::{BadRequest, Corrupt, Forbidden, IoError, NodeError, NotFound};
-use crate::store::{self, serial_key, FRAUD, MAILBOX, META, TOKENS};
+use crate::error::{BadRequest, Corrupt, Forbidden, Full, IoError, NodeError, NotFound};
+use crate::store::{self, serial_key, FRAUD, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META, TOKENS};
 
 /// Largest mailbox message.
 pub const MAX_MAILBOX_MESSAGE: usize = 64 * 1024;
@@ -36,7 +36,79 @@ pub struct AuthorityConfig {
     pub max_hops: usize,
     /// Most tokens in one deposit request.
     pub max_deposit_tokens: usize,
+    /// How much the payment-handoff mailboxes keep, and for how long.
+    pub mailbox: MailboxLimits,
 }
+
+/// How much the payment-handoff mailboxes keep. Anyone may leave a message (a handoff is
+/// sealed to its recipient and gives a reader nothing), so what one writer can make the node
+/// keep is bounded per recipient and in all, and messages are removed after `retention`.
+/// A message refused for a quota is answered 429 and may be sent again later; a wallet keeps
+/// its handoff queued until it is taken.
+#[derive(Debug, Clone)]
+pub struct MailboxLimits {
+    /// Most messages waiting for one recipient.
+    pub per_recipient_messages: u64,
+    /// Most bytes waiting for one recipient.
+    pub per_recipient_bytes: u64,
+    /// Most bytes waiting in all mailboxes together.
+    pub total_bytes: u64,
+    /// How long a message is kept (a wallet must sync within this time to receive it).
+    pub retention: std::time::Duration,
+}
+
+impl Default for MailboxLimits {
+    fn default() -> Self {
+        MailboxLimits {
+            per_recipient_messages: 1_000,
+            per_recipient_bytes: 8 << 20,
+            total_bytes: 1 << 30,
+            retention: std::time::Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// Expired messages removed by one mailbox write (the rest by the next writes).
+const SWEEP_PER_WRITE: usize = 64;
+
+fn usage_decode(v: &[u8]) -> (u64, u64) {
+    let n = |r: std::ops::Range<usize>| {
+        v.get(r)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+            .unwrap_or(0)
+    };
+    (n(0..8), n(8..16))
+}
+
+fn usage_encode(messages: u64, bytes: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&messages.to_le_bytes());
+    out[8..].copy_from_slice(&bytes.to_le_bytes());
+    out
+}
+
+fn age_key(time: u64, to: &[u8], seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(48);
+    k.extend_from_slice(&time.to_be_bytes());
+    k.extend_from_slice(to);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn mailbox_key(to: &[u8], seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(40);
+    k.extend_from_slice(to);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// Whether messages from before the quotas have been counted (`META`).
+const MAILBOX_INDEXED: &str = "mailbox_indexed";
+/// The last sequence number given, across all mailboxes (`META`).
+const MAILBOX_SEQ: &str = "mailbox_seq";
+/// Bytes waiting in all mailboxes (`META`).
+const MAILBOX_BYTES: &str = "mailbox_bytes";
 
 impl AuthorityConfig {
     /// Devnet defaults for `data_dir`.
@@ -48,6 +120,7 @@ impl AuthorityConfig {
             verify_threads: 0,
             max_hops: 64,
             max_deposit_tokens: 100_000,
+            mailbox: MailboxLimits::default(),
         }
     }
 }
@@ -86,6 +159,92 @@ fn check_depositor(depositor: &PublicKey) -> Result<(), NodeError> {
     check_usable(depositor, "depositor")
 }
 
+/// Counts messages left from before the mailbox quotas (once): each is dated now, so it is
+/// kept for a whole retention time, and the sequence counter starts above every number given.
+fn index_mailbox(db: &redb::Database, at: u64) -> Result<(), NodeError> {
+    {
+        let r = db.begin_read()?;
+        if r.open_table(META)?.get(MAILBOX_INDEXED)?.is_some() {
+            return Ok(());
+        }
+    }
+    let mut tx = db.begin_write()?;
+    tx.set_two_phase_commit(true);
+    {
+        let mail = tx.open_table(MAILBOX)?;
+        let mut usage = tx.open_table(MAILBOX_USAGE)?;
+        let mut ages = tx.open_table(MAILBOX_AGES)?;
+        let (mut total, mut last_seq) = (0u64, 0u64);
+        let mut per: std::collections::BTreeMap<Vec<u8>, (u64, u64)> = Default::default();
+        for item in mail.iter()? {
+            let (k, v) = item?;
+            let (k, len) = (k.value(), v.value().len() as u64);
+            let (Some(to), Some(seq)) = (
+                k.get(..32),
+                k.get(32..40)
+                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                    .map(u64::from_be_bytes),
+            ) else {
+                return Err(Corrupt::Record("mailbox key").into());
+            };
+            let e = per.entry(to.to_vec()).or_default();
+            *e = (e.0 + 1, e.1 + len);
+            total += len;
+            last_seq = last_seq.max(seq);
+            ages.insert(
+                age_key(at, to, seq).as_slice(),
+                len.to_le_bytes().as_slice(),
+            )?;
+        }
+        for (to, (m, b)) in per {
+            usage.insert(to.as_slice(), usage_encode(m, b).as_slice())?;
+        }
+        let mut meta = tx.open_table(META)?;
+        meta.insert(MAILBOX_SEQ, last_seq)?;
+        meta.insert(MAILBOX_BYTES, total)?;
+        meta.insert(MAILBOX_INDEXED, 1)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Removes up to `max` mailbox messages put before `cutoff` (unix seconds), oldest first,
+/// with their usage; a mailbox left empty is forgotten.
+fn sweep_mailbox(tx: &redb::WriteTransaction, cutoff: u64, max: usize) -> Result<usize, NodeError> {
+    let mut ages = tx.open_table(MAILBOX_AGES)?;
+    let expired: Vec<(Vec<u8>, u64)> = ages
+        .range(..age_key(cutoff, &[0u8; 32], 0).as_slice())?
+        .take(max)
+        .map(|item| item.map(|(k, v)| (k.value().to_vec(), usage_decode(v.value()).0)))
+        .collect::<Result<_, _>>()?;
+    if expired.is_empty() {
+        return Ok(0);
+    }
+    let mut mail = tx.open_table(MAILBOX)?;
+    let mut usage = tx.open_table(MAILBOX_USAGE)?;
+    let mut meta = tx.open_table(META)?;
+    let mut total = meta.get(MAILBOX_BYTES)?.map(|v| v.value()).unwrap_or(0);
+    for (k, len) in &expired {
+        let (Some(to), Some(seq)) = (k.get(8..40), k.get(40..48)) else {
+            return Err(Corrupt::Record("mailbox age key").into());
+        };
+        ages.remove(k.as_slice())?;
+        mail.remove([to, seq].concat().as_slice())?;
+        let (m, b) = usage
+            .get(to)?
+            .map(|v| usage_decode(v.value()))
+            .unwrap_or((0, 0));
+        if m <= 1 {
+            usage.remove(to)?;
+        } else {
+            usage.insert(to, usage_encode(m - 1, b.saturating_sub(*len)).as_slice())?;
+        }
+        total = total.saturating_sub(*len);
+    }
+    meta.insert(MAILBOX_BYTES, total)?;
+    Ok(expired.len())
+}
+
 impl Authority {
     /// Opens (or creates) the registry in `config.data_dir` with `signer` as the authority key.
     pub fn open(config: AuthorityConfig, signer: Arc<dyn Signer>) -> Result<Self, NodeError> {
@@ -102,6 +261,7 @@ impl Authority {
         let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
             .map_err(Corrupt::from)?;
         store::init(&db)?;
+        index_mailbox(&db, now())?;
         let key = signer.public_key();
         Ok(Authority {
             db,
@@ -519,37 +679,83 @@ impl Authority {
     }
 
     /// Leaves a sealed message for `to` (the payment handoff), which must be a usable key.
-    /// Durable before it returns.
+    /// Durable before it returns. Refused with [`Full`] when `to`'s mailbox or all mailboxes
+    /// hold what [`MailboxLimits`] allows. Sequence numbers rise across all mailboxes, so a
+    /// reader's cursor stays valid whatever is removed.
     pub fn mailbox_put(&self, to: &PublicKey, message: &[u8]) -> Result<u64, NodeError> {
+        self.mailbox_write(to, message, true, now())
+    }
+
+    /// [`Authority::mailbox_put`] for the authority's own handoffs (a credit's output for its
+    /// depositor): bound to a deposit the authority took, so outside the quotas.
+    pub(crate) fn mailbox_put_own(&self, to: &PublicKey, message: &[u8]) -> Result<u64, NodeError> {
+        self.mailbox_write(to, message, false, now())
+    }
+
+    pub(crate) fn mailbox_write(
+        &self,
+        to: &PublicKey,
+        message: &[u8],
+        quota: bool,
+        at: u64,
+    ) -> Result<u64, NodeError> {
         check_usable(to, "to")?;
         if message.is_empty() || message.len() > MAX_MAILBOX_MESSAGE {
             return Err(BadRequest::MessageSize.into());
         }
+        let limits = &self.config.mailbox;
+        let len = message.len() as u64;
         let tx = self.begin_write()?;
         let seq;
         {
-            let mut t = tx.open_table(MAILBOX)?;
-            let mut lo = to.0.to_vec();
-            lo.extend_from_slice(&[0u8; 8]);
-            let mut hi = to.0.to_vec();
-            hi.extend_from_slice(&[0xffu8; 8]);
-            let last_seq = {
-                let last = t
-                    .range(lo.as_slice()..=hi.as_slice())?
-                    .next_back()
-                    .transpose()?;
-                last.map(|(k, _)| {
-                    let k = k.value();
-                    u64::from_be_bytes(<[u8; 8]>::try_from(&k[32..40]).unwrap_or_default())
-                })
-            };
-            seq = last_seq.unwrap_or(0) + 1;
-            let mut key = to.0.to_vec();
-            key.extend_from_slice(&seq.to_be_bytes());
-            t.insert(key.as_slice(), message)?;
+            sweep_mailbox(
+                &tx,
+                at.saturating_sub(limits.retention.as_secs()),
+                SWEEP_PER_WRITE,
+            )?;
+            let mut meta = tx.open_table(META)?;
+            let total = meta.get(MAILBOX_BYTES)?.map(|v| v.value()).unwrap_or(0);
+            let mut usage = tx.open_table(MAILBOX_USAGE)?;
+            let (messages, bytes) = usage
+                .get(to.0.as_slice())?
+                .map(|v| usage_decode(v.value()))
+                .unwrap_or((0, 0));
+            if quota {
+                if messages >= limits.per_recipient_messages
+                    || bytes.saturating_add(len) > limits.per_recipient_bytes
+                {
+                    return Err(Full::Mailbox { messages, bytes }.into());
+                }
+                if total.saturating_add(len) > limits.total_bytes {
+                    return Err(Full::Mailboxes { bytes: total }.into());
+                }
+            }
+            seq = meta.get(MAILBOX_SEQ)?.map(|v| v.value()).unwrap_or(0) + 1;
+            meta.insert(MAILBOX_SEQ, seq)?;
+            meta.insert(MAILBOX_BYTES, total.saturating_add(len))?;
+            usage.insert(
+                to.0.as_slice(),
+                usage_encode(messages + 1, bytes.saturating_add(len)).as_slice(),
+            )?;
+            tx.open_table(MAILBOX)?
+                .insert(mailbox_key(&to.0, seq).as_slice(), message)?;
+            tx.open_table(MAILBOX_AGES)?.insert(
+                age_key(at, &to.0, seq).as_slice(),
+                len.to_le_bytes().as_slice(),
+            )?;
         }
         tx.commit()?;
         Ok(seq)
+    }
+
+    /// Removes mailbox messages older than the retention time (at most `max`; the number
+    /// removed). Mailbox writes also remove some as they go.
+    pub fn mailbox_sweep(&self, max: usize) -> Result<usize, NodeError> {
+        let cutoff = now().saturating_sub(self.config.mailbox.retention.as_secs());
+        let tx = self.begin_write()?;
+        let n = sweep_mailbox(&tx, cutoff, max)?;
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Messages for `to` with sequence numbers above `after` (at most 1,000).
@@ -698,5 +904,146 @@ fn fraud_info(p: &FraudProof, detected_at: u64) -> FraudInfo {
         culprit: p.culprit().map(|c| c.to_address()).unwrap_or_default(),
         detected_at,
         proof: hex::encode(p.encode()),
+    }
+}
+
+#[cfg(test)]
+mod mailbox_tests {
+    use super::*;
+    use crate::error::Full;
+    use florin_crypto::{LocalSigner, SecretKey};
+
+    fn authority(dir: &Path, limits: MailboxLimits) -> Authority {
+        let mut config = AuthorityConfig::devnet(dir);
+        config.mailbox = limits;
+        let signer = LocalSigner::new(SecretKey::from_seed(&[5; 32]));
+        Authority::open(config, Arc::new(signer)).unwrap()
+    }
+
+    fn key(i: u8) -> PublicKey {
+        LocalSigner::new(SecretKey::from_seed(&[i; 32])).public_key()
+    }
+
+    fn small() -> MailboxLimits {
+        MailboxLimits {
+            per_recipient_messages: 3,
+            per_recipient_bytes: 1_000,
+            total_bytes: 2_500,
+            retention: std::time::Duration::from_secs(100),
+        }
+    }
+
+    fn usage(a: &Authority, to: &PublicKey) -> (u64, u64) {
+        let r = a.db.begin_read().unwrap();
+        let t = r.open_table(MAILBOX_USAGE).unwrap();
+        let u = t.get(to.0.as_slice()).unwrap();
+        u.map(|v| usage_decode(v.value())).unwrap_or((0, 0))
+    }
+
+    #[test]
+    fn quotas_refuse_what_a_writer_may_not_make_the_node_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authority(dir.path(), small());
+        let (alice, bob) = (key(1), key(2));
+        // Per recipient: three messages.
+        for _ in 0..3 {
+            a.mailbox_put(&alice, &[1; 10]).unwrap();
+        }
+        let e = a.mailbox_put(&alice, &[1; 10]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                NodeError::Full(Full::Mailbox {
+                    messages: 3,
+                    bytes: 30
+                })
+            ),
+            "{e}"
+        );
+        assert_eq!(e.code(), "quota");
+        // A refused write changes nothing; the authority's own handoff is outside the quota.
+        assert_eq!(a.mailbox_get(&alice, 0).unwrap().len(), 3);
+        a.mailbox_put_own(&alice, &[2; 10]).unwrap();
+        assert_eq!(usage(&a, &alice), (4, 40));
+        // Per recipient: bytes.
+        let e = a.mailbox_put(&bob, &[3; 1_001]).unwrap_err();
+        assert!(matches!(e, NodeError::Full(Full::Mailbox { .. })), "{e}");
+        a.mailbox_put(&bob, &[3; 1_000]).unwrap();
+        // In all: 40 + 1,000 + 1,000 + 1,000 would pass 2,500.
+        a.mailbox_put(&key(3), &[4; 1_000]).unwrap();
+        let e = a.mailbox_put(&key(4), &[5; 1_000]).unwrap_err();
+        assert!(
+            matches!(e, NodeError::Full(Full::Mailboxes { bytes: 2_040 })),
+            "{e}"
+        );
+        // Unusable recipients and empty or oversized messages are still refused first.
+        assert!(matches!(
+            a.mailbox_put(&key(5), &[]),
+            Err(NodeError::BadRequest(_))
+        ));
+    }
+
+    #[test]
+    fn old_messages_are_removed_and_cursors_stay_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authority(dir.path(), small());
+        let alice = key(1);
+        let t0 = now() - 1_000;
+        let s1 = a.mailbox_write(&alice, &[1; 10], true, t0).unwrap();
+        let s2 = a.mailbox_write(&alice, &[2; 10], true, t0 + 1).unwrap();
+        assert_eq!((s1, s2), (1, 2));
+        // A write 100 s later (the retention) removes both as it goes.
+        let s3 = a.mailbox_write(&key(2), &[3; 10], true, t0 + 102).unwrap();
+        assert!(a.mailbox_get(&alice, 0).unwrap().is_empty());
+        assert_eq!(usage(&a, &alice), (0, 0));
+        // Numbers keep rising across mailboxes, so a reader's cursor (2) sees what comes next.
+        let s4 = a.mailbox_put(&alice, &[4; 10]).unwrap();
+        assert!(s4 > s3 && s3 > s2, "{s2} {s3} {s4}");
+        let got = a.mailbox_get(&alice, s2).unwrap();
+        assert_eq!(got, vec![(s4, vec![4; 10])]);
+        // The explicit sweep removes what has expired since (nothing here: it is recent).
+        assert_eq!(a.mailbox_sweep(100).unwrap(), 0);
+        // Reopening keeps the counters.
+        drop(a);
+        let a = authority(dir.path(), small());
+        assert_eq!(usage(&a, &alice), (1, 10));
+        assert!(a.mailbox_put(&alice, &[5; 10]).unwrap() > s4);
+    }
+
+    #[test]
+    fn messages_from_before_the_quotas_are_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = authority(dir.path(), small());
+        let alice = key(1);
+        a.mailbox_put(&alice, &[1; 10]).unwrap();
+        a.mailbox_put(&alice, &[2; 20]).unwrap();
+        // Make the registry look like one written before the quotas existed.
+        {
+            let tx = a.begin_write().unwrap();
+            for t in [MAILBOX_USAGE, MAILBOX_AGES] {
+                let mut tb = tx.open_table(t).unwrap();
+                let keys: Vec<Vec<u8>> = tb
+                    .iter()
+                    .unwrap()
+                    .map(|i| i.unwrap().0.value().to_vec())
+                    .collect();
+                for k in keys {
+                    tb.remove(k.as_slice()).unwrap();
+                }
+            }
+            let mut meta = tx.open_table(META).unwrap();
+            for k in [MAILBOX_INDEXED, MAILBOX_SEQ, MAILBOX_BYTES] {
+                meta.remove(k).unwrap();
+            }
+            drop(meta);
+            tx.commit().unwrap();
+        }
+        drop(a);
+        let a = authority(dir.path(), small());
+        assert_eq!(usage(&a, &alice), (2, 30));
+        // The counter starts above every number given; one more fills the quota of three.
+        assert_eq!(a.mailbox_put(&alice, &[3; 10]).unwrap(), 3);
+        assert!(a.mailbox_put(&alice, &[4; 10]).is_err());
+        assert_eq!(a.mailbox_get(&alice, 0).unwrap().len(), 3);
     }
 }

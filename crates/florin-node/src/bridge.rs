@@ -522,7 +522,7 @@ async fn settle_chain(
             let msg = wallet_handoff(&i.credit);
             let sealed = florin_crypto::sealed::seal(&owner, &msg, &mut rand::rngs::OsRng)
                 .map_err(crate::error::BadRequest::from)?;
-            a.mailbox_put(&owner, &sealed)?;
+            a.mailbox_put_own(&owner, &sealed)?;
             a.finish_credit(&i)
         })
         .await

@@ -42,6 +42,9 @@ pub enum NodeError {
     /// The signer failed (503).
     #[error("signer: {0}")]
     Signer(#[from] SignerFailure),
+    /// A quota is used up; the same request may succeed later (429).
+    #[error(transparent)]
+    Full(#[from] Full),
 }
 
 impl NodeError {
@@ -55,6 +58,7 @@ impl NodeError {
             Self::Corrupt(_) => "corrupt",
             Self::Io(_) => "io",
             Self::Signer(_) => "signer",
+            Self::Full(_) => "quota",
         }
     }
 
@@ -349,6 +353,29 @@ pub enum StorageError {
     /// Something else the stored state or the storage layer breaks, in words.
     #[error("{0}")]
     Other(String),
+}
+
+/// Which quota a request would exceed (429).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum Full {
+    /// The recipient's mailbox holds as many messages, or bytes, as it may.
+    #[error(
+        "the recipient's mailbox is full ({messages} messages, {bytes} bytes waiting); \
+         messages older than the retention time are removed, try again later"
+    )]
+    Mailbox {
+        /// Messages waiting for the recipient.
+        messages: u64,
+        /// Their bytes.
+        bytes: u64,
+    },
+    /// Every mailbox together holds as many bytes as the node keeps.
+    #[error("the node's mailboxes are full ({bytes} bytes waiting); try again later")]
+    Mailboxes {
+        /// Bytes waiting in all mailboxes.
+        bytes: u64,
+    },
 }
 
 /// What is corrupt (500).

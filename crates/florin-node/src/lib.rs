@@ -22,7 +22,8 @@ pub mod redb_open;
 mod store;
 
 pub use authority::{
-    parallel_verify, Authority, AuthorityConfig, BATCH_SIGNATURES, MAX_MAILBOX_MESSAGE,
+    parallel_verify, Authority, AuthorityConfig, MailboxLimits, BATCH_SIGNATURES,
+    MAX_MAILBOX_MESSAGE,
 };
 pub use bridge::{settle_credit, WithdrawAuth};
 pub use error::NodeError;

@@ -14,6 +14,13 @@ pub(crate) const TOKENS: TableDefinition<u64, &[u8]> = TableDefinition::new("tok
 pub(crate) const FRAUD: TableDefinition<&[u8], &[u8]> = TableDefinition::new("fraud_v1");
 /// payment-handoff mailbox: recipient key (32) ‖ sequence (u64 big-endian) → sealed message.
 pub(crate) const MAILBOX: TableDefinition<&[u8], &[u8]> = TableDefinition::new("mailbox_v1");
+/// each mailbox's usage: recipient key (32) → messages waiting (u64 LE) ‖ their bytes (u64 LE).
+pub(crate) const MAILBOX_USAGE: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("mailbox_usage_v1");
+/// mailbox messages by age: put time (unix seconds, u64 big-endian) ‖ recipient (32) ‖ sequence
+/// (u64 big-endian) → the message's length (u64 LE); the retention sweep walks it oldest first.
+pub(crate) const MAILBOX_AGES: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("mailbox_ages_v1");
 /// the authority's reserve on the ledger: UHS id → UTXO encoding (spendable by the authority).
 pub(crate) const RESERVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("reserve_v1");
 /// credits recorded but not yet confirmed on the ledger: txid → transaction ‖ change UTXO.
@@ -25,7 +32,9 @@ pub(crate) const WITHDRAWALS: TableDefinition<&[u8], &[u8]> =
 /// (u64 LE) ‖ state (0: recorded before submission, 1: confirmed by the ledger).
 pub(crate) const ISSUANCE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("issuance_v1");
 /// counters: "minted_count", "minted_cents", "issuance_baseline_cents" (ledger mints from
-/// before the journal existed), "issuance_baseline_set".
+/// before the journal existed), "issuance_baseline_set"; the mailbox's "mailbox_seq" (the last
+/// sequence number given, across all mailboxes), "mailbox_bytes" (bytes waiting in all) and
+/// "mailbox_indexed" (set once messages from before the quotas are counted).
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta_v1");
 
 pub(crate) fn serial_key(serial: &[u8; 8]) -> u64 {
@@ -45,6 +54,8 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(CREDITS)?;
         tx.open_table(WITHDRAWALS)?;
         tx.open_table(ISSUANCE)?;
+        tx.open_table(MAILBOX_USAGE)?;
+        tx.open_table(MAILBOX_AGES)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;
@@ -68,7 +79,16 @@ pub(crate) fn copy_consistent(
             let (k, v) = item?;
             into.insert(k.value(), v.value())?;
         }
-        for t in [FRAUD, MAILBOX, RESERVE, CREDITS, WITHDRAWALS, ISSUANCE] {
+        for t in [
+            FRAUD,
+            MAILBOX,
+            MAILBOX_USAGE,
+            MAILBOX_AGES,
+            RESERVE,
+            CREDITS,
+            WITHDRAWALS,
+            ISSUANCE,
+        ] {
             let (from, mut into) = (src.open_table(t)?, w.open_table(t)?);
             for item in from.iter()? {
                 let (k, v) = item?;

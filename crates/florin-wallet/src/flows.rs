@@ -610,9 +610,12 @@ impl<'a, C: Connector> Flows<'a, C> {
                     out.delivered.push(utxo);
                 }
                 Err(e) => {
-                    // Unreachable or refused for now: the rest would fare the same.
                     out.pending = Some(error_chain(&e));
-                    break;
+                    if !e.is_refusal() {
+                        // Unreachable: the rest would fare the same.
+                        break;
+                    }
+                    // Refused for now (this payee's mailbox is full): others may take theirs.
                 }
             }
         }

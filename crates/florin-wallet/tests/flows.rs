@@ -27,6 +27,8 @@ struct Ledger {
     /// Every call fails as if the node could not be reached.
     down: bool,
     submitted: usize,
+    /// Mailboxes (by address) that refuse messages, as a full one does (429).
+    full: HashSet<String>,
 }
 
 /// A node in memory: transfers are confirmed when their inputs are unspent (no signature
@@ -122,6 +124,12 @@ impl Connector for FakeNode {
     async fn mailbox_put(&self, to: &PublicKey, sealed: &[u8]) -> Result<u64, ConnectorError> {
         self.check()?;
         let mut l = self.ledger.borrow_mut();
+        if l.full.contains(&to.to_address()) {
+            return Err(ConnectorError::Refused {
+                status: "429 Too Many Requests".into(),
+                message: "the recipient's mailbox is full".into(),
+            });
+        }
         l.seq += 1;
         let seq = l.seq;
         l.mail.entry(to.to_address()).or_default().push(Mail {
@@ -315,4 +323,39 @@ async fn a_node_serving_another_authority_is_refused() {
     let mut fresh = Wallet::generate(&mut OsRng, None);
     a.ensure_authority(&mut fresh).await.unwrap();
     assert_eq!(fresh.authority(), node.authority);
+}
+
+#[tokio::test]
+async fn a_full_mailbox_holds_back_only_its_own_handoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node();
+    let (mut alice, store) = wallet(&dir, "alice.json", &node);
+    let (mut bob, bob_store) = wallet(&dir, "bob.json", &node);
+    let (mut carol, carol_store) = wallet(&dir, "carol.json", &node);
+    let a = Flows::new(&store, &node);
+    a.faucet(&mut alice, 500).await.unwrap();
+
+    // Bob's mailbox is full: the payment is made, its handoff stays queued.
+    node.ledger
+        .borrow_mut()
+        .full
+        .insert(bob.public_key().to_address());
+    let paid = a.pay(&mut alice, bob.public_key(), 200).await.unwrap();
+    assert!(paid.handoffs.delivered.is_empty());
+    assert!(paid.handoffs.pending.is_some());
+    assert_eq!(alice.outbox().len(), 1);
+    // A payment to Carol goes past Bob's queued handoff.
+    let paid = a.pay(&mut alice, carol.public_key(), 100).await.unwrap();
+    assert_eq!(paid.handoffs.delivered.len(), 1);
+    assert_eq!(alice.outbox().len(), 1);
+    let c = Flows::new(&carol_store, &node);
+    assert_eq!(c.sync(&mut carol).await.unwrap().received, 100);
+
+    // Once Bob's mailbox takes messages again, a sync delivers his.
+    node.ledger.borrow_mut().full.clear();
+    let r = a.sync(&mut alice).await.unwrap();
+    assert_eq!(r.handoffs.delivered.len(), 1);
+    assert!(alice.outbox().is_empty());
+    let b = Flows::new(&bob_store, &node);
+    assert_eq!(b.sync(&mut bob).await.unwrap().received, 200);
 }
