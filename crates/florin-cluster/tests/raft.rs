@@ -153,22 +153,15 @@ impl Cluster {
 
     /// Waits for a leader among the reachable running replicas.
     async fn leader(&self) -> Arc<Replica<Counter>> {
-        let start = Instant::now();
-        loop {
+        wait_for(|| {
             let cut = self.net.cut.lock().unwrap().clone();
             let nodes: Vec<_> = self.net.nodes.lock().unwrap().values().cloned().collect();
-            if let Some(l) = nodes
+            nodes
                 .into_iter()
                 .find(|n| n.is_leader() && !cut.contains(&n.id()))
-            {
-                return l;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "no leader elected"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                .ok_or_else(|| "no leader elected".to_string())
+        })
+        .await
     }
 }
 
@@ -197,17 +190,40 @@ fn cmds(range: std::ops::Range<usize>) -> Vec<Vec<u8>> {
     range.map(cmd).collect()
 }
 
-async fn wait_applied(r: &Replica<Counter>, n: usize) {
+/// Polls `probe` every 20 ms until it answers `Ok`, for at most 10 s: then the test fails
+/// with the last `Err`, which says what was not reached.
+async fn wait_for<T>(mut probe: impl FnMut() -> Result<T, String>) -> T {
     let start = Instant::now();
-    while r.with_machine(|c| c.cmds.len()) < n {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "replica {} stuck: {:?}",
-            r.id(),
-            r.status()
-        );
+    loop {
+        match probe() {
+            Ok(t) => return t,
+            Err(why) => assert!(start.elapsed() < Duration::from_secs(10), "{why}"),
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+async fn wait_applied(r: &Replica<Counter>, n: usize) {
+    wait_for(|| {
+        if r.with_machine(|c| c.cmds.len()) < n {
+            return Err(format!("replica {} stuck: {:?}", r.id(), r.status()));
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Waits until `r`'s status shows a snapshot beyond `index` (openraft's metrics follow an
+/// installed machine a moment later).
+async fn wait_snapshot(r: &Replica<Counter>, index: u64) {
+    wait_for(|| {
+        let s = r.status();
+        if s.snapshot <= Some(index) {
+            return Err(format!("{s:?}"));
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// Writes commands `range` through the leader, checking each reply.
@@ -329,18 +345,16 @@ async fn snapshots_compact_and_install() {
         write_all(&leader, 0..200).await;
         wait_applied(&cluster.node(follower), 200).await;
         // Snapshots and purges run in the background after the writes: wait for them (bounded).
-        let start = Instant::now();
-        loop {
+        wait_for(|| {
             let (l, f) = (leader.status(), cluster.node(follower).status());
             if l.snapshot > Some(150) && l.purged > Some(100) && f.purged > Some(100) {
-                break;
+                return Ok(());
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
+            Err(format!(
                 "no snapshot or purge: leader {l:?}, follower {f:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            ))
+        })
+        .await;
 
         // Reopen the other follower from disk: snapshot + remaining log give exactly all
         // commands, before it hears from the leader.
@@ -360,12 +374,7 @@ async fn snapshots_compact_and_install() {
         assert_eq!(lag.with_machine(|c| c.cmds.clone()), cmds(0..200));
         // openraft's metrics follow the installed machine a moment later (bounded wait: the
         // run here once read them before the install showed).
-        let start = Instant::now();
-        while lag.status().snapshot <= Some(150) {
-            let s = lag.status();
-            assert!(start.elapsed() < Duration::from_secs(10), "{s:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_snapshot(&lag, 150).await;
 
         // The group keeps working, and a forced snapshot covers everything applied.
         let leader = cluster.leader().await;
@@ -397,18 +406,14 @@ async fn wiped_replica_rejoins_by_snapshot() {
             // Snapshots are taken in the background: wait until the leader has one and has
             // purged the log before it, so the rejoining replica can only get the state by
             // snapshot.
-            let start = Instant::now();
-            loop {
+            wait_for(|| {
                 let l = leader.status();
                 if l.snapshot > Some(50) && l.purged > Some(50) {
-                    break;
+                    return Ok(());
                 }
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "no snapshot or purge: {l:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+                Err(format!("no snapshot or purge: {l:?}"))
+            })
+            .await;
             cluster.stop(wiped).await;
             cluster.dirs.insert(wiped, TempDir::new().unwrap());
             let fresh = cluster.open(wiped).await;
@@ -417,12 +422,7 @@ async fn wiped_replica_rejoins_by_snapshot() {
             // openraft's metrics follow the installed machine a moment later (bounded wait,
             // as in `snapshots_compact_and_install`: a clean-clone run read them before the
             // install showed).
-            let start = Instant::now();
-            while fresh.status().snapshot <= Some(50) {
-                let s = fresh.status();
-                assert!(start.elapsed() < Duration::from_secs(10), "{s:?}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_snapshot(&fresh, 50).await;
             let leader = cluster.leader().await;
             write_all(&leader, 100..105).await;
             wait_applied(&fresh, 105).await;
@@ -557,11 +557,11 @@ async fn a_damaged_snapshot_is_refused_and_left_as_it_was() {
         let leader = cluster.leader().await;
         write_all(&leader, 0..20).await;
         leader.snapshot_now().await.unwrap();
-        let start = Instant::now();
-        while leader.status().purged.is_none() {
-            assert!(start.elapsed() < Duration::from_secs(10), "never purged");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for(|| match leader.status().purged {
+            None => Err("never purged".to_string()),
+            Some(_) => Ok(()),
+        })
+        .await;
         write_all(&leader, 20..25).await;
         drop(leader);
         cluster.stop(1).await;

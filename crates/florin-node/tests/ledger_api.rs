@@ -2,78 +2,44 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
-use std::sync::Arc;
+mod common;
 
+use common::{http, request, LedgerNode};
 use florin_crypto::{LocalSigner, SecretKey, Signer};
-use florin_http::AppState;
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo, Witness};
-use florin_node::{Authority, AuthorityConfig, Ledger};
-use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::Value;
 
-fn http(addr: std::net::SocketAddr, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let req = match body {
-        Some(b) => format!("{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()),
-        None => format!("{method} {path} HTTP/1.0\r\n\r\n"),
-    };
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code: u16 = out[9..12].parse().unwrap();
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+/// Submits `tx` as JSON.
+fn submit(addr: std::net::SocketAddr, tx: &Transaction) -> (u16, Value) {
+    let body = format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()));
+    http(addr, "POST", "/v1/ledger/transactions", Some(&body))
 }
 
-/// A node serving the API on loopback: authority, ledger on the embedded store.
-struct TestNode {
-    addr: std::net::SocketAddr,
-    rt: tokio::runtime::Runtime,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-    _dir: tempfile::TempDir,
+/// `unspent` of the ledger's answer for UTXO id `id` (hex).
+fn unspent(addr: std::net::SocketAddr, id: &str) -> Value {
+    http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"].clone()
 }
 
-impl TestNode {
-    fn start() -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
-        let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
-        let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
-        let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState {
-            authority: Some(Arc::new(authority)),
-            ledger: Some(ledger),
-        };
-        let server = rt.spawn(florin_http::serve(listener, state, async {
-            let _ = rx.await;
-        }));
-        TestNode {
-            addr,
-            rt,
-            stop,
-            server,
-            _dir: dir,
-        }
-    }
+/// `status` of the ledger's answer for transaction `txid` (hex).
+fn tx_status(addr: std::net::SocketAddr, txid: &str) -> Value {
+    http(
+        addr,
+        "GET",
+        &format!("/v1/ledger/transactions/{txid}"),
+        None,
+    )
+    .1["status"]
+        .clone()
+}
 
-    /// Stops the server and checks it ended cleanly.
-    fn stop(self) {
-        let _ = self.stop.send(());
-        self.rt.block_on(self.server).unwrap().unwrap();
-    }
+/// The UTXOs a faucet answer lists.
+fn minted_utxos(minted: &Value) -> Vec<Utxo> {
+    minted["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
+        .collect()
 }
 
 fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) -> Transaction {
@@ -114,17 +80,12 @@ fn faucet(addr: std::net::SocketAddr, owner: &LocalSigner, cents: u64) -> Vec<Ut
         )),
     );
     assert_eq!(code, 200, "{minted}");
-    minted["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
-        .collect()
+    minted_utxos(&minted)
 }
 
 #[test]
 fn submit_status_unspent_and_idempotency() {
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
 
     let (alice, bob) = (
@@ -134,68 +95,33 @@ fn submit_status_unspent_and_idempotency() {
     let utxos = faucet(addr, &alice, 1250);
     assert_eq!(utxos.iter().map(|u| u.value).sum::<u64>(), 1250);
     let id0 = hex::encode(utxos[0].id());
-    assert_eq!(
-        http(addr, "GET", &format!("/v1/ledger/unspent/{id0}"), None).1["unspent"],
-        true
-    );
+    assert_eq!(unspent(addr, &id0), true);
 
     // Pay Bob with the first output.
     let tx = pay(vec![utxos[0]], &alice, &bob, 100.min(utxos[0].value));
-    let body = format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()));
-    let (code, ans) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+    let (code, ans) = submit(addr, &tx);
     assert_eq!(
         (code, ans["status"].as_str()),
         (200, Some("confirmed")),
         "{ans}"
     );
     let txid = ans["txid"].as_str().unwrap().to_string();
-    assert_eq!(
-        http(addr, "GET", &format!("/v1/ledger/unspent/{id0}"), None).1["unspent"],
-        false
-    );
+    assert_eq!(unspent(addr, &id0), false);
     // Resubmitting returns its status and changes nothing.
     let before = http(addr, "GET", "/v1/ledger/supply", None).1;
-    let (_, again) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+    let (_, again) = submit(addr, &tx);
     assert_eq!(again["status"], "confirmed");
     assert_eq!(http(addr, "GET", "/v1/ledger/supply", None).1, before);
-    assert_eq!(
-        http(
-            addr,
-            "GET",
-            &format!("/v1/ledger/transactions/{txid}"),
-            None
-        )
-        .1["status"],
-        "confirmed"
-    );
+    assert_eq!(tx_status(addr, &txid), "confirmed");
     // A double spend of the same input is state-invalid, never confirmed.
     let dbl = pay(vec![utxos[0]], &alice, &alice, utxos[0].value);
-    let (_, ans) = http(
-        addr,
-        "POST",
-        "/v1/ledger/transactions",
-        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(dbl.encode()))),
-    );
+    let (_, ans) = submit(addr, &dbl);
     assert_eq!(ans["status"], "state_invalid", "{ans}");
     let dbl_id = ans["txid"].as_str().unwrap().to_string();
-    assert_eq!(
-        http(
-            addr,
-            "GET",
-            &format!("/v1/ledger/transactions/{dbl_id}"),
-            None
-        )
-        .1["status"],
-        "state_invalid"
-    );
+    assert_eq!(tx_status(addr, &dbl_id), "state_invalid");
     // Bob cannot spend Alice's output: static-invalid with the rule named.
     let theft = pay(vec![utxos[1]], &bob, &bob, utxos[1].value);
-    let (_, ans) = http(
-        addr,
-        "POST",
-        "/v1/ledger/transactions",
-        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(theft.encode()))),
-    );
+    let (_, ans) = submit(addr, &theft);
     assert_eq!(ans["status"], "static_invalid");
     assert!(
         ans["error"].as_str().unwrap().contains("another key"),
@@ -235,19 +161,13 @@ fn submit_status_unspent_and_idempotency() {
 }
 
 fn http_bytes(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> (u16, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = format!(
-        "POST {path} HTTP/1.0\r\nContent-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
-        body.len()
+    request(
+        addr,
+        "POST",
+        path,
+        Some(("application/octet-stream", body)),
+        None,
     )
-    .into_bytes();
-    req.extend_from_slice(body);
-    s.write_all(&req).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code: u16 = out[9..12].parse().unwrap();
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 fn frames(txs: &[&Transaction]) -> Vec<u8> {
@@ -262,7 +182,7 @@ fn frames(txs: &[&Transaction]) -> Vec<u8> {
 
 #[test]
 fn binary_and_batch_submission() {
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
     let (alice, bob) = (
         LocalSigner::new(SecretKey::from_seed(&[1; 32])),
@@ -328,10 +248,7 @@ fn binary_and_batch_submission() {
     assert_eq!(http_bytes(addr, "/v1/ledger/batch", &too_many).0, 400);
     // None of the refused batches spent the spare output.
     let id = hex::encode(utxos[utxos.len() - 1].id());
-    assert_eq!(
-        http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"],
-        true
-    );
+    assert_eq!(unspent(addr, &id), true);
     node.stop();
 }
 
@@ -371,19 +288,14 @@ fn ed_auth(
 
 #[test]
 fn withdrawal_is_bound_to_the_key_that_paid_the_reserve() {
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
     let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
     let owner = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
     let thief = LocalSigner::new(SecretKey::from_seed(&[66; 32]));
     let utxos = faucet(addr, &owner, 500);
     let tx = pay(utxos, &owner, &reserve, 300);
-    let (code, st) = http(
-        addr,
-        "POST",
-        "/v1/ledger/transactions",
-        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()))),
-    );
+    let (code, st) = submit(addr, &tx);
     assert_eq!(
         (code, st["status"].as_str()),
         (200, Some("confirmed")),
@@ -473,7 +385,7 @@ fn withdrawal_is_bound_to_the_key_that_paid_the_reserve() {
 #[test]
 fn p256_owners_sign_their_withdrawals_too() {
     use rand::SeedableRng;
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
     let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
@@ -490,12 +402,7 @@ fn p256_owners_sign_their_withdrawals_too() {
         )),
     );
     assert_eq!(code, 200, "{minted}");
-    let inputs: Vec<Utxo> = minted["outputs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|h| Utxo::decode(&hex::decode(h.as_str().unwrap()).unwrap()).unwrap())
-        .collect();
+    let inputs: Vec<Utxo> = minted_utxos(&minted);
     let mut t = Transfer {
         inputs,
         outputs: vec![Output {
@@ -511,12 +418,7 @@ fn p256_owners_sign_their_withdrawals_too() {
         .map(|_| Witness::p256(pk, sk.sign(&txid).unwrap()))
         .collect();
     let tx = Transaction::Transfer(t);
-    let (code, st) = http(
-        addr,
-        "POST",
-        "/v1/ledger/transactions",
-        Some(&format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()))),
-    );
+    let (code, st) = submit(addr, &tx);
     assert_eq!(
         (code, st["status"].as_str()),
         (200, Some("confirmed")),
@@ -546,7 +448,7 @@ fn p256_owners_sign_their_withdrawals_too() {
 
 #[test]
 fn invalid_addresses_are_refused_at_the_api() {
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
     let zero = florin_crypto::PublicKey([0; 32]);
     let mut identity = [0u8; 32];
@@ -600,7 +502,7 @@ fn invalid_addresses_are_refused_at_the_api() {
 #[test]
 fn a_credit_needing_more_reserve_outputs_than_a_transaction_takes() {
     use florin_token::Token;
-    let node = TestNode::start();
+    let node = LedgerNode::start();
     let addr = node.addr;
     let reserve = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
     let owner = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
@@ -610,8 +512,7 @@ fn a_credit_needing_more_reserve_outputs_than_a_transaction_takes() {
     let mut tokens: Vec<Token> = Vec::with_capacity(n);
     for i in 0..n {
         let tx = pay(std::mem::take(&mut coin), &owner, &reserve, 1);
-        let body = format!(r#"{{"tx":"{}"}}"#, hex::encode(tx.encode()));
-        let (code, st) = http(addr, "POST", "/v1/ledger/transactions", Some(&body));
+        let (code, st) = submit(addr, &tx);
         assert_eq!(
             (code, st["status"].as_str()),
             (200, Some("confirmed")),
@@ -668,10 +569,7 @@ fn a_credit_needing_more_reserve_outputs_than_a_transaction_takes() {
     assert_eq!(out.value, n as u64);
     assert_eq!(out.encumbrance, Encumbrance::ed25519(&bob.public_key()));
     let id = hex::encode(out.id());
-    assert_eq!(
-        http(addr, "GET", &format!("/v1/ledger/unspent/{id}"), None).1["unspent"],
-        true
-    );
+    assert_eq!(unspent(addr, &id), true);
     // The whole reserve went to the credit; the books balance with nothing outstanding.
     let (_, a) = http(addr, "GET", "/v1/audit", None);
     assert_eq!(a["balanced"], true, "{a}");

@@ -7,37 +7,30 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use florin_crypto::{LocalSigner, SecretKey};
-use florin_http::AppState;
+use common::{request, runtime, LedgerNode};
+use florin_crypto::SecretKey;
 use florin_ledger::{Encumbrance, Utxo};
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
 use florin_node::psp::{Psp, PspConfig, PspScheme};
-use florin_node::{Authority, AuthorityConfig, Ledger};
-use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 use serde_json::{json, Value};
 
 fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let req = match body {
-        Some(b) => {
-            let b = b.to_string();
-            format!("{method} {path} HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len())
-        }
-        None => format!("{method} {path} HTTP/1.0\r\n\r\n"),
-    };
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let code: u16 = out[9..12].parse().unwrap();
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+    let body = body.map(|b| b.to_string());
+    request(
+        addr,
+        method,
+        path,
+        body.as_deref().map(|b| ("application/json", b.as_bytes())),
+        Some(Duration::from_secs(120)),
+    )
 }
 
 fn ok(r: (u16, Value)) -> Value {
@@ -51,47 +44,7 @@ fn refused(r: (u16, Value), code: u16, what: &str) -> Value {
     r.1
 }
 
-/// The ledger node (authority with faucet, embedded ledger) on loopback.
-struct LedgerNode {
-    addr: SocketAddr,
-    rt: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: tempfile::TempDir,
-}
-
 impl LedgerNode {
-    fn start() -> LedgerNode {
-        let dir = tempfile::tempdir().unwrap();
-        let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
-        let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
-        let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
-        let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let ledger = rt.block_on(async { Ledger::start(Arc::new(store), issuer) });
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState {
-            authority: Some(Arc::new(authority)),
-            ledger: Some(ledger),
-        };
-        rt.spawn(florin_http::serve(listener, state, async {
-            let _ = rx.await;
-        }));
-        LedgerNode {
-            addr,
-            rt,
-            stop: Some(stop),
-            _dir: dir,
-        }
-    }
-
     fn unspent(&self, utxo_hex: &str) -> bool {
         let u = Utxo::decode(&hex::decode(utxo_hex).unwrap()).unwrap();
         let v = ok(http(
@@ -101,15 +54,6 @@ impl LedgerNode {
             None,
         ));
         v["unspent"].as_bool().unwrap()
-    }
-}
-
-impl Drop for LedgerNode {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = &self.rt;
     }
 }
 
@@ -145,11 +89,7 @@ impl Provider {
         let dir = tempfile::tempdir().unwrap();
         let (nodes, kmn) = network(dir.path(), scheme);
         let books = dir.path().join("psp.redb");
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let mut p = Provider {
             addr: "127.0.0.1:1".parse().unwrap(),
             kmn,

@@ -3,91 +3,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{florin, http_get, spawn_listening, Devnet, BIN};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_florin");
-
-/// Starts a server process and reads the URL it prints first (`listening on URL`).
-fn spawn_listening(mut cmd: Command) -> (Child, String) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("the process prints its URL first, got {line:?}"))
-        .to_string();
-    (child, url)
-}
-
-struct Devnet {
-    child: Child,
-    url: String,
-}
-
-impl Devnet {
-    fn start(data: &Path) -> Devnet {
-        Self::start_with(data, &[])
-    }
-
-    fn start_with(data: &Path, extra: &[&str]) -> Devnet {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["devnet", "--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .args(extra);
-        let (child, url) = spawn_listening(cmd);
-        let d = Devnet { child, url };
-        d.wait_healthy();
-        d
-    }
-
-    fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let addr = self.url.trim_start_matches("http://").to_string();
-        while Instant::now() < deadline {
-            if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
-                use std::io::{Read, Write};
-                let _ = s.write_all(b"GET /v1/health HTTP/1.0\r\n\r\n");
-                let mut buf = String::new();
-                let _ = s.read_to_string(&mut buf);
-                if buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200") {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("devnet did not become healthy");
-    }
-
-    /// GET `path` (JSON).
-    fn get(&self, path: &str) -> Value {
-        use std::io::{Read, Write};
-        let addr = self.url.trim_start_matches("http://").to_string();
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).unwrap();
-        let body = buf.split("\r\n\r\n").nth(1).unwrap_or("");
-        serde_json::from_str(body).unwrap()
-    }
-
-    /// `kill -9`.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A child process killed when dropped.
 struct KillOnDrop(Child);
@@ -99,46 +22,43 @@ impl Drop for KillOnDrop {
     }
 }
 
-impl Drop for Devnet {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct User {
     dir: PathBuf,
     node: String,
 }
 
 impl User {
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .current_dir(&self.dir)
-            .env("FLORIN_NODE", &self.node)
-            .args(args)
-            .output()
-            .unwrap()
+    /// A user in `dir` whose commands go to the node at `node`.
+    fn new(dir: &Path, node: &str) -> User {
+        User {
+            dir: dir.to_path_buf(),
+            node: node.to_string(),
+        }
     }
 
-    fn ok(&self, args: &[&str]) -> Value {
+    fn run(&self, args: &[&str]) -> Output {
+        florin(&self.dir, &self.node, args)
+    }
+
+    /// Runs a command that must succeed.
+    fn succeeds(&self, args: &[&str]) -> Output {
         let out = self.run(args);
         assert!(
             out.status.success(),
             "florin {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        out
+    }
+
+    fn ok(&self, args: &[&str]) -> Value {
+        let out = self.succeeds(args);
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
     /// Runs a command that must succeed and returns its standard output as text.
     fn stdout(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "florin {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = self.succeeds(args);
         String::from_utf8_lossy(&out.stdout).to_string()
     }
 
@@ -257,10 +177,7 @@ impl PayLoad {
 fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
     let dir = tempfile::tempdir().unwrap();
     let net = Devnet::start(&dir.path().join("data"));
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     for w in wallets {
         let v = u.wallet(w, &["new"]);
         assert!(v["address"].as_str().unwrap().starts_with("eur1"));
@@ -484,10 +401,7 @@ fn acknowledged_state_survives_kill_9() {
 
     // Restart on the same data: same authority key, history kept.
     let net = Devnet::start(&dir.path().join("data"));
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     u.pay("a-copy", "c", "2", "y");
     let d = u.wallet("c", &["deposit"]);
     assert_eq!(
@@ -668,18 +582,10 @@ fn kill_9_under_load_loses_no_acknowledged_transaction() {
     );
 
     let net = Devnet::start(&dir.path().join("data"));
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     let addr = net.url.trim_start_matches("http://").to_string();
     for txid in &acked {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.write_all(format!("GET /v1/ledger/transactions/{txid} HTTP/1.0\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
+        let body = http_get(&addr, &format!("/v1/ledger/transactions/{txid}"));
         assert!(
             body.contains("\"confirmed\""),
             "acknowledged transaction {txid} lost: {body}"
@@ -720,10 +626,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let custody_s = custody.to_str().unwrap().to_string();
     let _down = Down("custody", custody_s.clone());
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     // No key files: the keys exist only as shares.
     assert!(!data.join("authority.key").exists());
     assert!(!data.join("issuer.key").exists());
@@ -783,10 +686,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     drop(net);
     all_down();
     let net = Devnet::start_with(&data, &["--custody", "threshold"]);
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     assert_eq!(net.get("/v1/info")["authority"], authority_pk);
     u.wallet("carol", &["faucet", "1"]);
     let a = u.ok(&["audit", "--json"]);
@@ -931,10 +831,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     );
     // Node 3 signs with node 2 alone.
     u.ok(&["custody", "kill", "1", "--data", &custody_s]);
-    let w = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let w = User::new(dir.path(), &net.url);
     w.wallet("carol", &["faucet", "1"]);
     assert_eq!(
         w.wallet("carol", &["withdraw", "1"])["withdrawn_cents"],
@@ -975,10 +872,7 @@ fn custody_ecdsa_keygen_sign_export_import() {
     let kmn = dir.path().join("kmn");
     let k = kmn.to_str().unwrap().to_string();
     let _down = Down("custody", k.clone());
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: "http://127.0.0.1:9".into(),
-    };
+    let u = User::new(dir.path(), "http://127.0.0.1:9");
     u.ok(&[
         "custody",
         "up",
@@ -1192,10 +1086,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         "cluster up: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: format!("http://{api}"),
-    };
+    let u = User::new(dir.path(), &format!("http://{api}"));
     let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
     assert_eq!(st["api"], u.node.as_str(), "{st}");
     assert_eq!(st["healthy"], true, "{st}");
@@ -1237,12 +1128,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     assert_eq!(down, 3, "{st}");
     let addr = api.clone();
     for txid in &acked {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.write_all(format!("GET /v1/ledger/transactions/{txid} HTTP/1.0\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
+        let body = http_get(&addr, &format!("/v1/ledger/transactions/{txid}"));
         assert!(
             body.contains("\"confirmed\""),
             "acknowledged transaction {txid} lost: {body}"
@@ -1414,10 +1300,7 @@ fn psp_processes_pay_within_and_across_providers() {
         ],
     );
     let b = PspProc::start(&db, &net.url, &["--name", "bank-b", "--scheme", "ed25519"]);
-    let u = User {
-        dir: dir.path().to_path_buf(),
-        node: net.url.clone(),
-    };
+    let u = User::new(dir.path(), &net.url);
     let alice = u.ok(&["psp", "open", "alice", "--psp", &a.url, "--json"]);
     assert!(alice["encumbrance"].as_str().unwrap().starts_with("p256:"));
     u.ok(&["psp", "open", "bob", "--psp", &a.url, "--json"]);
@@ -1640,10 +1523,7 @@ fn a_confirmed_payment_whose_handoff_is_undeliverable_reports_paid() {
             )
         })
     });
-    let via = User {
-        dir: u.dir.clone(),
-        node: mailbox_down,
-    };
+    let via = User::new(&u.dir, &mailbox_down);
     let p = via.wallet("alice", &["pay", &bob, "2"]);
     assert_eq!(p["status"], "confirmed", "{p}");
     assert_eq!(p["paid"], true);
@@ -1689,10 +1569,7 @@ fn deposit_with_every_token_refused_exits_non_zero() {
             (200, serde_json::json!({ "results": results }).to_string())
         })
     });
-    let via = User {
-        dir: u.dir.clone(),
-        node: refusing,
-    };
+    let via = User::new(&u.dir, &refusing);
     let out = via.run(&["wallet", "--wallet", "carol", "--json", "deposit"]);
     assert!(
         !out.status.success(),

@@ -4,56 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{florin, Devnet, BIN};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_florin");
-
-struct Devnet {
-    child: Child,
-    url: String,
-}
-
-impl Devnet {
-    fn start(data: &Path) -> Devnet {
-        let mut child = Command::new(BIN)
-            .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("devnet did not start: {line:?}"))
-            .to_string();
-        Devnet { child, url }
-    }
-
-    /// `kill -9` once the acknowledgement mark has had time to follow (it is written every
-    /// 100 ms).
-    fn crash(mut self) {
-        std::thread::sleep(Duration::from_millis(400));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Devnet {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Starts a devnet that must refuse: returns its error output (it must exit by itself).
 fn start_refused(data: &Path) -> String {
@@ -79,15 +37,6 @@ fn start_refused(data: &Path) -> String {
     }
 }
 
-fn florin(dir: &Path, node: &str, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .current_dir(dir)
-        .env("FLORIN_NODE", node)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 fn ok(o: Output) -> String {
     assert!(
         o.status.success(),
@@ -96,6 +45,23 @@ fn ok(o: Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `florin wallet --wallet WALLET ARGS`, which must succeed: its output.
+fn wallet(home: &Path, node: &str, wallet: &str, args: &[&str]) -> String {
+    let mut a = vec!["wallet", "--wallet", wallet];
+    a.extend_from_slice(args);
+    ok(florin(home, node, &a))
+}
+
+/// `florin audit --json` against `node`, which must succeed.
+fn audit_json(home: &Path, node: &str) -> Value {
+    serde_json::from_str(&ok(florin(home, node, &["audit", "--json"]))).unwrap()
+}
+
+/// A command without a node (`florin node …`), which must succeed: its output.
+fn offline(home: &Path, args: &[&str]) -> String {
+    ok(florin(home, "", args))
 }
 
 /// Every file under `dir` with its bytes (but the empty lock file a start takes).
@@ -141,37 +107,20 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
 
     // History part one: a faucet payment. Then a crash.
     let d = Devnet::start(&data);
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "new"],
-    ));
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "faucet", "50"],
-    ));
+    wallet(home, &d.url, "a.json", &["new"]);
+    wallet(home, &d.url, "a.json", &["faucet", "50"]);
     d.crash();
     let early = home.join("early");
     copy_tree(&data, &early);
 
     // Part two: a withdrawal (a payment to the reserve) and another mint.
     let d = Devnet::start(&data);
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "withdraw", "10"],
-    ));
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "faucet", "5"],
-    ));
-    let audit: Value =
-        serde_json::from_str(&ok(florin(home, &d.url, &["audit", "--json"]))).unwrap();
+    wallet(home, &d.url, "a.json", &["withdraw", "10"]);
+    wallet(home, &d.url, "a.json", &["faucet", "5"]);
+    let audit: Value = audit_json(home, &d.url);
     assert_eq!(audit["balanced"], true, "{audit}");
     d.crash();
-    let check = ok(florin(home, "", &["node", "check", "--data", "data"]));
+    let check = offline(home, &["node", "check", "--data", "data"]);
     assert!(check.contains("every file checked is sound"), "{check}");
     let good = home.join("good");
     copy_tree(&data, &good);
@@ -264,57 +213,37 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
     copy_tree(&good, &data);
     // Of a running devnet: a consistent copy over its admin socket, while it keeps serving.
     let d = Devnet::start(&data);
-    let o = ok(florin(
+    let o = offline(
         home,
-        "",
         &["node", "backup", "--data", "data", "--out", "live.bin"],
-    ));
+    );
     assert!(o.contains("running node"), "{o}");
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "faucet", "1"],
-    ));
+    wallet(home, &d.url, "a.json", &["faucet", "1"]);
     // Copies taken while mints land: each restores to books that balance.
     let url = d.url.clone();
     let h = home.to_path_buf();
     let minting = std::thread::spawn(move || {
         for _ in 0..12 {
-            ok(florin(
-                &h,
-                &url,
-                &["wallet", "--wallet", "a.json", "faucet", "0.01"],
-            ));
+            wallet(&h, &url, "a.json", &["faucet", "0.01"]);
         }
     });
     for i in 0..3 {
         let name = format!("busy{i}.bin");
-        ok(florin(
-            home,
-            "",
-            &["node", "backup", "--data", "data", "--out", &name],
-        ));
+        offline(home, &["node", "backup", "--data", "data", "--out", &name]);
         let dir = format!("busy{i}");
-        ok(florin(
-            home,
-            "",
-            &["node", "restore", "--from", &name, "--data", &dir],
-        ));
+        offline(home, &["node", "restore", "--from", &name, "--data", &dir]);
         let b = Devnet::start(&home.join(&dir));
-        let audit: Value =
-            serde_json::from_str(&ok(florin(home, &b.url, &["audit", "--json"]))).unwrap();
+        let audit: Value = audit_json(home, &b.url);
         assert_eq!(audit["balanced"], true, "copy {i}: {audit}");
     }
     minting.join().unwrap();
     drop(d);
-    ok(florin(
+    offline(
         home,
-        "",
         &["node", "restore", "--from", "live.bin", "--data", "live"],
-    ));
+    );
     let d = Devnet::start(&home.join("live"));
-    let audit: Value =
-        serde_json::from_str(&ok(florin(home, &d.url, &["audit", "--json"]))).unwrap();
+    let audit: Value = audit_json(home, &d.url);
     assert_eq!(audit["balanced"], true, "{audit}");
     assert_eq!(
         audit["minted_cents"], 5500,
@@ -324,25 +253,22 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
     drop(d);
     std::fs::remove_dir_all(&data).unwrap();
     copy_tree(&good, &data);
-    ok(florin(
+    offline(
         home,
-        "",
         &["node", "backup", "--data", "data", "--out", "b.bin"],
-    ));
+    );
     let o = florin(
         home,
         "",
         &["node", "restore", "--from", "b.bin", "--data", "data"],
     );
     assert!(!o.status.success(), "restore never writes over a directory");
-    ok(florin(
+    offline(
         home,
-        "",
         &["node", "restore", "--from", "b.bin", "--data", "restored"],
-    ));
+    );
     let d = Devnet::start(&home.join("restored"));
-    let audit: Value =
-        serde_json::from_str(&ok(florin(home, &d.url, &["audit", "--json"]))).unwrap();
+    let audit: Value = audit_json(home, &d.url);
     assert_eq!(audit["balanced"], true, "{audit}");
     assert_eq!(audit["minted_cents"], 5500);
     drop(d);
@@ -401,29 +327,13 @@ fn a_wallet_with_more_coins_than_one_transaction_takes_pays_everything() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path();
     let d = Devnet::start(&home.join("data"));
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "a.json", "new"],
-    ));
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "b.json", "new"],
-    ));
+    wallet(home, &d.url, "a.json", &["new"]);
+    wallet(home, &d.url, "b.json", &["new"]);
     // €3.88 is minted as 8 outputs (one per denomination): 130 × 8 = 1,040 coins.
     for _ in 0..130 {
-        ok(florin(
-            home,
-            &d.url,
-            &["wallet", "--wallet", "a.json", "faucet", "3.88"],
-        ));
+        wallet(home, &d.url, "a.json", &["faucet", "3.88"]);
     }
-    let b = ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "b.json", "address"],
-    ));
+    let b = wallet(home, &d.url, "b.json", &["address"]);
     let o = florin(
         home,
         &d.url,
@@ -442,16 +352,8 @@ fn a_wallet_with_more_coins_than_one_transaction_takes_pays_everything() {
     assert_eq!(paid["status"], "confirmed", "{paid}");
     assert_eq!(paid["online_cents"], 0);
     assert!(err.contains("consolidated"), "{err}");
-    ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "b.json", "sync"],
-    ));
-    let bal: Value = serde_json::from_str(&ok(florin(
-        home,
-        &d.url,
-        &["wallet", "--wallet", "b.json", "--json", "balance"],
-    )))
-    .unwrap();
+    wallet(home, &d.url, "b.json", &["sync"]);
+    let bal: Value =
+        serde_json::from_str(&wallet(home, &d.url, "b.json", &["--json", "balance"])).unwrap();
     assert_eq!(bal["online_cents"], 50440, "{bal}");
 }

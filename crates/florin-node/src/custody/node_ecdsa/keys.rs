@@ -1,0 +1,223 @@
+//! The node's ECDSA keys in use: lookup, pending and lost keys, commit, status, import,
+//! addition, export, and a partial signature from a held presignature.
+
+use super::*;
+
+impl EcdsaNode {
+    /// Whether a key of this name exists.
+    pub(in crate::custody) fn has_key(&self, key_id: &str) -> bool {
+        self.keys
+            .read()
+            .map(|k| k.contains_key(key_id))
+            .unwrap_or(false)
+    }
+
+    /// Whether a committed key of this name is lost (its share missing or damaged).
+    pub(in crate::custody) fn is_lost(&self, key_id: &str) -> bool {
+        self.lost
+            .read()
+            .map(|l| l.contains_key(key_id))
+            .unwrap_or(false)
+    }
+
+    /// Marks a committed key lost (the node's record names it, its file is missing).
+    pub(in crate::custody) fn mark_lost(&self, key_id: &str, why: String) {
+        if let Ok(mut l) = self.lost.write() {
+            l.insert(key_id.to_string(), why);
+        }
+    }
+
+    /// Committed keys, served or lost.
+    pub(in crate::custody) fn committed_and_lost(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .keys
+            .read()
+            .map(|k| k.keys().cloned().collect())
+            .unwrap_or_default();
+        if let Ok(l) = self.lost.read() {
+            out.extend(l.keys().cloned());
+        }
+        out
+    }
+
+    /// The pending keys, for `Status`.
+    pub(in crate::custody) fn pending_keys(&self) -> Vec<PendingKey> {
+        self.pending
+            .lock()
+            .map(|p| {
+                p.iter()
+                    .map(|(id, e)| PendingKey {
+                        key_id: id.clone(),
+                        ecdsa: true,
+                        public: e.identity.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether a committed ECDSA key of this name is `identity`: `None` if there is no
+    /// committed key of the name.
+    pub(in crate::custody) fn committed_as(&self, key_id: &str, identity: &[u8]) -> Option<bool> {
+        self.keys
+            .read()
+            .ok()?
+            .get(key_id)
+            .map(|e| e.identity == identity)
+    }
+
+    /// [`Request::Commit`](florin_custody::wire::Request::Commit) of a pending ECDSA key:
+    /// `false` when no pending key of the name is `identity`.
+    pub(in crate::custody) fn commit(
+        &self,
+        key_id: &str,
+        identity: &[u8],
+    ) -> Result<bool, CustodyError> {
+        let mut keys = self.keys.write().map_err(|_| lock_err())?;
+        let mut pending = self.pending.lock().map_err(|_| lock_err())?;
+        if pending.get(key_id).map(|e| e.identity == identity) != Some(true) {
+            return Ok(false);
+        }
+        let (done, waiting) = share_paths(&self.dir, key_id);
+        std::fs::rename(&waiting, &done)
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
+        if let Some(e) = pending.remove(key_id) {
+            keys.insert(key_id.to_string(), e);
+        }
+        drop(pending);
+        drop(keys);
+        // Committed in memory once renamed: a failed sync is reported, and a retry finds the
+        // key committed.
+        sync_dir(&done)
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
+        Ok(true)
+    }
+
+    /// Forgets a pending key of this name (another scheme's key of the name was committed).
+    pub(in crate::custody) fn drop_pending(&self, key_id: &str) {
+        if let Ok(mut p) = self.pending.lock() {
+            if p.remove(key_id).is_some() {
+                let _ = std::fs::remove_file(share_paths(&self.dir, key_id).1);
+            }
+        }
+    }
+
+    /// For `Status`.
+    pub(in crate::custody) fn status(&self) -> EcdsaStatus {
+        let mut keys: Vec<(String, Vec<u8>, u64)> = self
+            .keys
+            .read()
+            .map(|k| {
+                k.iter()
+                    .map(|(id, e)| {
+                        let held = e.presigs.lock().map(|p| p.map.len() as u64).unwrap_or(0);
+                        (id.clone(), e.identity.clone(), held)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        keys.sort();
+        EcdsaStatus {
+            level: self.level.name().into(),
+            aux_ready: self.aux.read().map(|a| a.is_some()).unwrap_or(false),
+            primes_ready: self.primes.lock().map(|p| p.is_some()).unwrap_or(false),
+            keys,
+        }
+    }
+
+    pub(super) fn key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+        if let Some(why) = self.lost.read().ok().and_then(|l| l.get(key_id).cloned()) {
+            return Err(CustodyError::BadParameters(format!(
+                "node {} cannot use ECDSA key {key_id}: its share is {why}; ECDSA shares are not \
+                 rebuilt by repair yet — restore the file from a backup",
+                self.party
+            )));
+        }
+        self.keys
+            .read()
+            .map_err(|_| lock_err())?
+            .get(key_id)
+            .cloned()
+            .ok_or_else(|| CustodyError::BadParameters(format!("no ECDSA key {key_id}")))
+    }
+
+    pub(super) fn aux(&self) -> Result<Arc<Zeroizing<Vec<u8>>>, CustodyError> {
+        self.aux
+            .read()
+            .map_err(|_| lock_err())?
+            .clone()
+            .ok_or_else(|| {
+                CustodyError::BadParameters(
+                    "no ECDSA auxiliary information yet: run `florin custody ecdsa-setup`".into(),
+                )
+            })
+    }
+
+    /// Key import: a dealer's share.
+    pub(in crate::custody) fn import(
+        &self,
+        key_id: &str,
+        share: &[u8],
+        frost_has: bool,
+    ) -> Result<Vec<u8>, CustodyError> {
+        if !crate::custody::node::valid_key_id(key_id) || frost_has {
+            return Err(CustodyError::BadParameters(format!(
+                "key name {key_id:?} invalid or taken"
+            )));
+        }
+        let core = CoreShare::from_bytes(share)?;
+        self.store_key(key_id, &core)
+    }
+
+    /// Key addition (R5): this node's share of `from` plus the whole key `addend`, stored as
+    /// `key_id`. `from` stays as it was.
+    pub(in crate::custody) fn add_key(
+        &self,
+        key_id: &str,
+        from: &str,
+        addend: &[u8],
+        frost_has: bool,
+    ) -> Result<Vec<u8>, CustodyError> {
+        if !crate::custody::node::valid_key_id(key_id) || frost_has {
+            return Err(CustodyError::BadParameters(format!(
+                "key name {key_id:?} invalid or taken"
+            )));
+        }
+        let addend = Zeroizing::new(
+            <[u8; 32]>::try_from(addend)
+                .map_err(|_| CustodyError::BadParameters("the addend must be 32 bytes".into()))?,
+        );
+        let core = CoreShare::from_bytes(&self.key(from)?.core)?;
+        let sum = ecdsa::add_key(&core, &addend)?;
+        self.store_key(key_id, &sum)
+    }
+
+    /// Key export: this node's share.
+    pub(in crate::custody) fn export(&self, key_id: &str) -> Result<Vec<u8>, CustodyError> {
+        Ok(self.key(key_id)?.core.to_vec())
+    }
+
+    /// A partial signature from a presignature, which is forgotten first.
+    pub(in crate::custody) fn partial(
+        &self,
+        key_id: &str,
+        presig: [u8; 16],
+        message: &[u8],
+    ) -> Result<Vec<u8>, CustodyError> {
+        let k = self.key(key_id)?;
+        let p = {
+            let mut store = k.presigs.lock().map_err(|_| lock_err())?;
+            let p = store.map.remove(&presig);
+            if p.is_some() {
+                store.order.retain(|s| *s != presig);
+            }
+            p
+        };
+        let Some(p) = p else {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&presig[..8]);
+            return Err(CustodyError::UnknownNonce(u64::from_le_bytes(id)));
+        };
+        Ok(ecdsa::partial_sign(self.party, p, message).to_bytes())
+    }
+}

@@ -1,0 +1,266 @@
+//! The node's ECDSA files: sealed key shares (pending and committed), the auxiliary
+//! information and the Paillier primes, and opening them all when the node starts.
+
+use super::*;
+
+fn read_sealed(
+    kek: &[u8; 32],
+    name: &str,
+    path: &Path,
+) -> Result<Option<Zeroizing<Vec<u8>>>, NodeError> {
+    match std::fs::read(path) {
+        Ok(b) => vault::open(kek, name, &b)
+            .map(|p| Some(Zeroizing::new(p.to_vec())))
+            .map_err(|_| {
+                NodeError::corrupt(format!(
+                    "{}: damaged or sealed under another seal key ({} bytes)",
+                    path.display(),
+                    b.len()
+                ))
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(NodeError::io_at(path, e)),
+    }
+}
+
+fn write_sealed(kek: &[u8; 32], name: &str, path: &Path, plain: &[u8]) -> Result<(), CustodyError> {
+    let sealed = vault::seal(kek, name, plain, &mut OsRng)?;
+    write_private(path, &sealed)
+        .map_err(|e| CustodyError::Ecdsa(format!("cannot store {}: {e}", path.display())))
+}
+
+fn share_name(key_id: &str, party: PartyId) -> String {
+    format!("florin/custody/ecdsa-share/{key_id}/{party}")
+}
+
+/// A committed share's file, and a pending one's.
+pub(super) fn share_paths(dir: &Path, key_id: &str) -> (PathBuf, PathBuf) {
+    let shares = dir.join("shares");
+    (
+        shares.join(format!("{key_id}.p256")),
+        shares.join(format!("{key_id}.p256-pending")),
+    )
+}
+
+fn aux_name(party: PartyId) -> String {
+    format!("florin/custody/ecdsa-aux/{party}")
+}
+
+fn primes_name(party: PartyId) -> String {
+    format!("florin/custody/ecdsa-primes/{party}")
+}
+
+fn key_entry(core: &CoreShare) -> EcdsaKey {
+    EcdsaKey {
+        core: Zeroizing::new(core.to_bytes()),
+        identity: core.identity(),
+        presigs: Mutex::new(PresigStore::default()),
+    }
+}
+
+impl EcdsaNode {
+    /// Opens the node's ECDSA files under `dir` (`ecdsa/` and `shares/*.p256`).
+    pub(in crate::custody) fn open(
+        level: EcdsaLevel,
+        party: PartyId,
+        n: u16,
+        dir: &Path,
+        kek: &[u8; 32],
+    ) -> Result<EcdsaNode, NodeError> {
+        let edir = dir.join("ecdsa");
+        std::fs::create_dir_all(&edir).map_err(|e| NodeError::io_at(&edir, e))?;
+        let aux = read_sealed(kek, &aux_name(party), &edir.join("aux.sealed"))?;
+        if let Some(a) = &aux {
+            let n_aux = match level {
+                EcdsaLevel::Production => AuxShare::<Production>::from_bytes(a).map(|a| a.n()),
+                EcdsaLevel::InsecureTest => AuxShare::<InsecureTest>::from_bytes(a).map(|a| a.n()),
+            }
+            .map_err(|e| NodeError::corrupt(format!("ecdsa/aux.sealed: {e} (level {level:?}?)")))?;
+            if n_aux != n {
+                return Err(NodeError::corrupt(format!(
+                    "ecdsa/aux.sealed is for {n_aux} parties, the network has {n}"
+                )));
+            }
+        }
+        let primes = read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?;
+        let mut keys = HashMap::new();
+        let mut pending = HashMap::new();
+        let mut lost = HashMap::new();
+        let shares = dir.join("shares");
+        if let Ok(rd) = std::fs::read_dir(&shares) {
+            for entry in rd {
+                let path = entry.map_err(crate::error::IoError::from)?.path();
+                let (Some(stem), Some(ext @ ("p256" | "p256-pending"))) = (
+                    path.file_stem().and_then(|s| s.to_str()),
+                    path.extension().and_then(|s| s.to_str()),
+                ) else {
+                    continue;
+                };
+                let opened = match read_sealed(kek, &share_name(stem, party), &path) {
+                    Ok(Some(plain)) => CoreShare::from_bytes(&plain)
+                        .map_err(|e| format!("damaged: {e} ({})", path.display()))
+                        .and_then(|core| {
+                            if core.party() != party || core.n() != n {
+                                Err(format!(
+                                    "a share of party {} of {}, not this node's ({})",
+                                    core.party(),
+                                    core.n(),
+                                    path.display()
+                                ))
+                            } else {
+                                Ok(core)
+                            }
+                        }),
+                    Ok(None) => continue,
+                    Err(NodeError::Corrupt(_)) => Err(format!(
+                        "damaged or sealed under another seal key ({})",
+                        path.display()
+                    )),
+                    Err(e) => return Err(e),
+                };
+                let core = match opened {
+                    Ok(c) => c,
+                    Err(why) if ext == "p256" => {
+                        lost.insert(stem.to_string(), why);
+                        continue;
+                    }
+                    Err(why) => {
+                        eprintln!("custody node {party}: pending ECDSA share ignored: {why}");
+                        continue;
+                    }
+                };
+                let entry = Arc::new(key_entry(&core));
+                if ext == "p256" {
+                    keys.insert(stem.to_string(), entry);
+                } else {
+                    pending.insert(stem.to_string(), entry);
+                }
+            }
+        }
+        pending.retain(|k, _| !keys.contains_key(k));
+        Ok(EcdsaNode {
+            level,
+            party,
+            n,
+            dir: dir.to_path_buf(),
+            kek: Zeroizing::new(*kek),
+            aux: RwLock::new(aux.map(Arc::new)),
+            primes: Mutex::new(primes),
+            generating: AtomicBool::new(false),
+            keys: RwLock::new(keys),
+            pending: Mutex::new(pending),
+            lost: RwLock::new(lost),
+            runs: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Seen::default()),
+        })
+    }
+
+    fn edir(&self) -> PathBuf {
+        self.dir.join("ecdsa")
+    }
+
+    /// Starts generating primes in the background if the node has neither primes nor
+    /// auxiliary information. Returns at once.
+    pub(in crate::custody) fn ensure_primes(self: &Arc<Self>) {
+        let have = self.aux.read().map(|a| a.is_some()).unwrap_or(true)
+            || self.primes.lock().map(|p| p.is_some()).unwrap_or(true);
+        if have || self.generating.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let me = self.clone();
+        let spawned = thread::Builder::new()
+            .name("ecdsa-primes".into())
+            .spawn(move || {
+                let mut rng = ecdsa::session_rng();
+                let bytes = Zeroizing::new(match me.level {
+                    EcdsaLevel::Production => Primes::<Production>::generate(&mut rng).to_bytes(),
+                    EcdsaLevel::InsecureTest => {
+                        Primes::<InsecureTest>::generate(&mut rng).to_bytes()
+                    }
+                });
+                let path = me.edir().join("primes.sealed");
+                match write_sealed(&me.kek, &primes_name(me.party), &path, &bytes) {
+                    Ok(()) => {
+                        if let Ok(mut p) = me.primes.lock() {
+                            *p = Some(bytes);
+                        }
+                    }
+                    Err(e) => eprintln!("custody node {}: {e}", me.party),
+                }
+                me.generating.store(false, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            self.generating.store(false, Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn store_aux(&self, bytes: Zeroizing<Vec<u8>>) -> Result<(), CustodyError> {
+        let mut aux = self.aux.write().map_err(|_| lock_err())?;
+        write_sealed(
+            &self.kek,
+            &aux_name(self.party),
+            &self.edir().join("aux.sealed"),
+            &bytes,
+        )?;
+        *aux = Some(Arc::new(bytes));
+        // The primes stay until the first key uses this auxiliary information: a run that
+        // finished at only some nodes can then be repeated.
+        Ok(())
+    }
+
+    /// The primes are inside the stored Paillier key; once a key depends on the auxiliary
+    /// information the loose copy goes.
+    fn drop_primes(&self) {
+        if let Ok(mut p) = self.primes.lock() {
+            if p.take().is_some() {
+                let _ = std::fs::remove_file(self.edir().join("primes.sealed"));
+            }
+        }
+    }
+
+    /// Stores a new share durably (sealed, fsynced) as *pending* before it is reported; it
+    /// signs nothing until committed. A pending share of the same name is replaced.
+    /// Answers the key's identity ([`CoreShare::identity`]).
+    pub(super) fn store_key(
+        &self,
+        key_id: &str,
+        core: &CoreShare,
+    ) -> Result<Vec<u8>, CustodyError> {
+        if core.party() != self.party || core.n() != self.n {
+            return Err(CustodyError::BadParameters(format!(
+                "share for party {} of {}, this is party {} of {}",
+                core.party(),
+                core.n(),
+                self.party,
+                self.n
+            )));
+        }
+        let keys = self.keys.write().map_err(|_| lock_err())?;
+        let bytes = Zeroizing::new(core.to_bytes());
+        if let Some(e) = keys.get(key_id) {
+            if e.core[..] == bytes[..] {
+                return Ok(e.identity.clone());
+            }
+            return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+        }
+        let mut pending = self.pending.lock().map_err(|_| lock_err())?;
+        if let Some(e) = pending.get(key_id) {
+            if e.core[..] == bytes[..] {
+                return Ok(e.identity.clone());
+            }
+        }
+        write_sealed(
+            &self.kek,
+            &share_name(key_id, self.party),
+            &share_paths(&self.dir, key_id).1,
+            &bytes,
+        )?;
+        let entry = key_entry(core);
+        let identity = entry.identity.clone();
+        pending.insert(key_id.to_string(), Arc::new(entry));
+        drop(pending);
+        drop(keys);
+        self.drop_primes();
+        Ok(identity)
+    }
+}
