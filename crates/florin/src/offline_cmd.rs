@@ -2,7 +2,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -647,7 +649,6 @@ fn listen_loop(
     });
     {
         let (shared, store) = (shared.clone(), store.clone());
-        // Left blocked in `accept` when the listener stops: the process ends with it.
         std::thread::Builder::new()
             .name("florin-listen".into())
             .spawn(move || accept_loop(&shared, &listener, &signer, &store, json))
@@ -659,6 +660,17 @@ fn listen_loop(
     for (_, s) in locked(&shared.handshakes).drain(..) {
         let _ = s.shutdown(Shutdown::Both);
     }
+    // Wakes the accept loop so that it lets the socket go (best effort: the process ends anyway).
+    let wake = match at.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), at.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), at.port())
+        }
+        _ => at,
+    };
+    let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
     let drained = |bound: Duration| {
         let until = Instant::now() + bound;
         while shared.live.load(Ordering::SeqCst) > 0 && Instant::now() < until {
@@ -704,6 +716,11 @@ fn accept_loop(
         let id = shared.next.fetch_add(1, Ordering::Relaxed);
         {
             let mut hs = locked(&shared.handshakes);
+            // Checked under the lock the stopping side takes to cut handshakes: a connection
+            // is either cut there or never started.
+            if shared.stop.load(Ordering::SeqCst) {
+                return;
+            }
             if hs.len() >= MAX_HANDSHAKES {
                 if let Some((_, oldest)) = hs.pop_front() {
                     let _ = oldest.shutdown(Shutdown::Both);
