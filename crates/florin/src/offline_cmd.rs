@@ -1,17 +1,23 @@
 //! `florin wallet offline …`: offline payments by file, QR code, or a device-to-device channel.
 
+use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs,
+};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
-use florin_crypto::PublicKey;
+use florin_crypto::{LocalSigner, PublicKey};
+use florin_net::channel::accept_on;
 use florin_net::discovery::{discover, Announcer};
 use florin_net::qr::{self, Kind};
-use florin_net::{connect, payment_digest, ChannelConfig, Listener, Msg, NetError, Receipt};
+use florin_net::{connect, payment_digest, ChannelConfig, Msg, NetError, Receipt};
 use florin_token::amount::{format_cents, parse_euros};
 use florin_token::{Payment, PaymentRequest};
 use florin_wallet::connector::Cause;
@@ -72,12 +78,15 @@ pub enum OfflineCommand {
         #[arg(long, num_args = 1..)]
         qr: Vec<PathBuf>,
     },
-    /// Payee: accept payments over the device channel until interrupted (or `--count`).
+    /// Payee: accept payments over the device channel until interrupted (or `--count`), serving
+    /// up to 32 payers at once.
     Listen {
-        /// Address to listen on.
-        #[arg(long, default_value = "0.0.0.0:7475")]
+        /// Address to listen on: this device only by default; 0.0.0.0:7475 (or this device's
+        /// address on the network) to take payments from other devices.
+        #[arg(long, default_value = "127.0.0.1:7475")]
         listen: SocketAddr,
-        /// Stop after this many payments received.
+        /// Stop accepting connections after this many payments received in total (payers already
+        /// connected may finish, so a few more may arrive).
         #[arg(long)]
         count: Option<usize>,
         /// Do not announce this wallet on the local network.
@@ -518,14 +527,82 @@ fn pay_peer(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Prints one event as one line. Each line is written under the stdout lock, so events told by
+/// several sessions at once never interleave within a line.
 fn event(json: bool, v: serde_json::Value, text: String) {
-    if json {
-        println!("{}", serde_json::to_string(&v).unwrap_or_default());
+    let line = if json {
+        serde_json::to_string(&v).unwrap_or_default()
     } else {
-        println!("{text}");
+        text
+    };
+    println!("{line}");
+}
+
+/// Payers served at once (authenticated sessions): a connection that completes its handshake
+/// beyond this is closed at once, and the payer may try again.
+const MAX_SESSIONS: usize = 32;
+/// Connections in their (unauthenticated) handshake at once: beyond this the oldest is cut, so
+/// silent connections cannot lock honest payers out.
+const MAX_HANDSHAKES: usize = 16;
+/// Longest a connection may take over its handshake.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+/// Once `--count` is reached, how long sessions still open may take to finish.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// The listener's state shared by its accept loop and its sessions.
+struct Sessions {
+    /// Set when the listener stops accepting (`--count` reached, or the wallet failed).
+    stop: AtomicBool,
+    /// Payments received, over all sessions.
+    received: AtomicUsize,
+    /// Stop after this many.
+    count: Option<usize>,
+    next: AtomicU64,
+    /// Connection threads alive (handshakes and sessions).
+    live: AtomicUsize,
+    /// Connections in their handshake, oldest first.
+    handshakes: Mutex<VecDeque<(u64, TcpStream)>>,
+    /// Authenticated sessions, to cut them when the drain runs out.
+    open: Mutex<HashMap<u64, TcpStream>>,
+    /// The first error that ends the listener (the wallet could not be loaded or saved).
+    failed: Mutex<Option<anyhow::Error>>,
+    /// Wakes the main thread when the listener should stop.
+    done: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Sessions {
+    fn finish(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(tx) = locked(&self.done).take() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn end_handshake(&self, id: u64) {
+        locked(&self.handshakes).retain(|(i, _)| *i != id);
     }
 }
 
+/// Counts a connection thread alive until dropped.
+struct Live<'a>(&'a AtomicUsize);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves payers: one loop accepts connections, and each runs its handshake and its session
+/// ([`serve_payer`], under [`SessionLimits`]) on its own thread, so neither a silent connection
+/// nor a slow payer holds up the others. At most [`MAX_HANDSHAKES`] handshakes (the oldest cut
+/// beyond) and [`MAX_SESSIONS`] sessions (a new one closed beyond) at once. With `--count N`,
+/// it stops accepting once N payments are received in total, cuts the handshakes under way and
+/// gives the sessions still open [`DRAIN`] to finish: a payment they deliver meanwhile is
+/// accepted (never refused for the count), so the total may pass N.
 fn listen_loop(
     store: &FileStore,
     json: bool,
@@ -541,10 +618,9 @@ fn listen_loop(
             authority(&mut w)?;
             store.save(&w)?;
         }
-        (w.signer().clone(), w.public_key())
+        (Arc::new(w.signer().clone()), w.public_key())
     };
-    let listener = Listener::bind(addr, ChannelConfig::default())
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
     let at = listener.local_addr()?;
     let _announce = if no_announce {
         None
@@ -556,11 +632,77 @@ fn listen_loop(
         json!({ "event": "listening", "at": at.to_string(), "address": key.to_address() }),
         format!("listening on {at} as {key}"),
     );
-    let limits = SessionLimits::default();
-    let mut received = 0usize;
-    while count.is_none_or(|c| received < c) {
-        let ch = match listener.accept(&signer) {
-            Ok(c) => c,
+    if count == Some(0) {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (tx, rx) = mpsc::channel();
+    let shared = Arc::new(Sessions {
+        stop: AtomicBool::new(false),
+        received: AtomicUsize::new(0),
+        count,
+        next: AtomicU64::new(0),
+        live: AtomicUsize::new(0),
+        handshakes: Mutex::new(VecDeque::new()),
+        open: Mutex::new(HashMap::new()),
+        failed: Mutex::new(None),
+        done: Mutex::new(Some(tx)),
+    });
+    {
+        let (shared, store) = (shared.clone(), store.clone());
+        std::thread::Builder::new()
+            .name("florin-listen".into())
+            .spawn(move || accept_loop(&shared, &listener, &signer, &store, json))
+            .context("cannot start the listener")?;
+    }
+    // Until `--count` is reached or the wallet fails (or forever).
+    let _ = rx.recv();
+    shared.stop.store(true, Ordering::SeqCst);
+    for (_, s) in locked(&shared.handshakes).drain(..) {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    // Wakes the accept loop so that it lets the socket go (best effort: the process ends anyway).
+    let wake = match at.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), at.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), at.port())
+        }
+        _ => at,
+    };
+    let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(200));
+    let drained = |bound: Duration| {
+        let until = Instant::now() + bound;
+        while shared.live.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    drained(DRAIN);
+    for (_, s) in locked(&shared.open).drain() {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    // A session cut now ends at its next read or write; one saving the wallet finishes first.
+    drained(Duration::from_secs(5));
+    let failed = locked(&shared.failed).take();
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn accept_loop(
+    shared: &Arc<Sessions>,
+    listener: &TcpListener,
+    signer: &Arc<LocalSigner>,
+    store: &FileStore,
+    json: bool,
+) {
+    for stream in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match stream {
+            Ok(s) => s,
             Err(e) => {
                 eprintln!("refused a connection: {e}");
                 // A failing accept (e.g. out of file handles) must not spin.
@@ -568,35 +710,125 @@ fn listen_loop(
                 continue;
             }
         };
-        let from = ch.peer();
-        let served = serve_payer(
-            store,
-            &mut PayerLink(ch),
-            &limits,
-            &mut OsRng,
-            |e| match e {
-                PayeeEvent::Received {
-                    cents,
-                    tokens,
-                    from,
-                } => event(
+        let Ok(copy) = stream.try_clone() else {
+            continue;
+        };
+        let id = shared.next.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut hs = locked(&shared.handshakes);
+            // Checked under the lock the stopping side takes to cut handshakes: a connection
+            // is either cut there or never started.
+            if shared.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if hs.len() >= MAX_HANDSHAKES {
+                if let Some((_, oldest)) = hs.pop_front() {
+                    let _ = oldest.shutdown(Shutdown::Both);
+                }
+            }
+            hs.push_back((id, copy));
+        }
+        shared.live.fetch_add(1, Ordering::SeqCst);
+        let (s, signer, store) = (shared.clone(), signer.clone(), store.clone());
+        let spawned = std::thread::Builder::new()
+            .name("florin-payer".into())
+            .spawn(move || {
+                let _live = Live(&s.live);
+                serve_connection(&s, id, stream, &signer, &store, json);
+            });
+        if spawned.is_err() {
+            // The closure (and its `Live`) never ran.
+            shared.live.fetch_sub(1, Ordering::SeqCst);
+            shared.end_handshake(id);
+        }
+    }
+}
+
+/// One connection: the handshake (bounded), then the payer's session.
+fn serve_connection(
+    shared: &Sessions,
+    id: u64,
+    stream: TcpStream,
+    signer: &LocalSigner,
+    store: &FileStore,
+    json: bool,
+) {
+    let limits = SessionLimits::default();
+    let cfg = ChannelConfig {
+        timeout: HANDSHAKE_DEADLINE,
+        ..ChannelConfig::default()
+    };
+    let ch = accept_on(stream, signer, &cfg);
+    shared.end_handshake(id);
+    let ch = match ch {
+        Ok(c) => c,
+        Err(e) => {
+            if !shared.stop.load(Ordering::SeqCst) {
+                eprintln!("refused a connection: {e}");
+            }
+            return;
+        }
+    };
+    let from = ch.peer();
+    {
+        let mut open = locked(&shared.open);
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if open.len() >= MAX_SESSIONS {
+            drop(open);
+            eprintln!("closed a connection from {from}: {MAX_SESSIONS} payers are served already");
+            return;
+        }
+        if let Ok(c) = ch.try_clone_stream() {
+            open.insert(id, c);
+        }
+    }
+    // A payer that stops reading an answer is cut like one that stops writing.
+    let _ = ch.set_write_timeout(limits.message_timeout);
+    let served = serve_payer(
+        store,
+        &mut PayerLink(ch),
+        &limits,
+        &mut OsRng,
+        |e| match e {
+            PayeeEvent::Received {
+                cents,
+                tokens,
+                from,
+            } => {
+                event(
                     json,
                     json!({ "event": "received", "amount_cents": cents, "tokens": tokens, "from": from.to_address() }),
                     format!(
                         "received €{} in {tokens} tokens from {from}",
                         format_cents(*cents)
                     ),
-                ),
-                PayeeEvent::Refused { from, reason } => {
-                    eprintln!("refused a payment from {from}: {reason}")
+                );
+                let n = shared.received.fetch_add(1, Ordering::SeqCst) + 1;
+                if shared.count.is_some_and(|c| n >= c) {
+                    shared.finish();
                 }
-                _ => {}
-            },
-        )?;
-        received += served.received;
-        if !matches!(served.end, SessionEnd::Closed) {
-            eprintln!("connection from {from} ended: {}", served.end);
+            }
+            PayeeEvent::Refused { from, reason } => {
+                eprintln!("refused a payment from {from}: {reason}")
+            }
+            _ => {}
+        },
+    );
+    locked(&shared.open).remove(&id);
+    match served {
+        Ok(served) => {
+            if !matches!(served.end, SessionEnd::Closed) {
+                eprintln!("connection from {from} ended: {}", served.end);
+            }
+        }
+        Err(e) => {
+            eprintln!("connection from {from} ended: {e}");
+            locked(&shared.failed).get_or_insert_with(|| {
+                anyhow::Error::new(e).context("the wallet could not be loaded or saved")
+            });
+            shared.finish();
         }
     }
-    Ok(ExitCode::SUCCESS)
 }

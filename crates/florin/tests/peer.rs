@@ -24,6 +24,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_florin");
 /// A payer holding `n` one-euro tokens and two empty wallets (payee, stranger), all trusting
 /// the same authority. Returns their paths.
 fn wallets(dir: &Path, n: usize) -> (PathBuf, PathBuf, PathBuf) {
+    wallets_with(dir, n, 0)
+}
+
+/// As [`wallets`], the stranger holding `m` one-euro tokens (a second payer).
+fn wallets_with(dir: &Path, n: usize, m: usize) -> (PathBuf, PathBuf, PathBuf) {
     let signer = std::sync::Arc::new(LocalSigner::new(SecretKey::generate(&mut OsRng)));
     let authority = Authority::open(
         AuthorityConfig::devnet(dir.join("authority")),
@@ -36,16 +41,24 @@ fn wallets(dir: &Path, n: usize) -> (PathBuf, PathBuf, PathBuf) {
         .mint_tokens(payer.public_key(), &vec![Denomination::E1; n], hs)
         .unwrap();
     payer.accept_issued(tokens, &hs, &mut OsRng).unwrap();
+    let mut second = Wallet::generate(&mut OsRng, Some(signer.public_key()));
+    if m > 0 {
+        let hs = Wallet::fresh_handshake(&mut OsRng);
+        let tokens = authority
+            .mint_tokens(second.public_key(), &vec![Denomination::E1; m], hs)
+            .unwrap();
+        second.accept_issued(tokens, &hs, &mut OsRng).unwrap();
+    }
     let paths: Vec<PathBuf> = ["payer", "payee", "stranger"]
         .iter()
         .map(|n| dir.join(format!("{n}.json")))
         .collect();
     FileStore::new(&paths[0]).save(&payer).unwrap();
-    for p in &paths[1..] {
-        let mut w = Wallet::generate(&mut OsRng, Some(signer.public_key()));
-        w.max_offline_cents = u64::MAX / 4;
-        FileStore::new(p).save(&w).unwrap();
-    }
+    let mut payee = Wallet::generate(&mut OsRng, Some(signer.public_key()));
+    payee.max_offline_cents = u64::MAX / 4;
+    FileStore::new(&paths[1]).save(&payee).unwrap();
+    second.max_offline_cents = u64::MAX / 4;
+    FileStore::new(&paths[2]).save(&second).unwrap();
     (paths[0].clone(), paths[1].clone(), paths[2].clone())
 }
 
@@ -306,6 +319,138 @@ fn a_peer_holding_another_key_is_refused_before_anything_is_signed() {
     );
     l.wait();
     assert_eq!(balance(&payee)["offline_cents"], 100);
+}
+
+fn address(path: &Path) -> String {
+    ok(path, &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Starts `offline pay CENTS/100 --peer PEER` from `path` without waiting for it.
+fn start_paying(path: &Path, euros: &str, peer: &str) -> Child {
+    Command::new(BIN)
+        .arg("wallet")
+        .arg("--wallet")
+        .arg(path)
+        .args(["--json", "offline", "pay", euros, "--peer", peer])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for a payer started by [`start_paying`], at most `bound`; its JSON answer.
+fn paid_within(mut child: Child, bound: Duration) -> Value {
+    let until = Instant::now() + bound;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("the payer was not served within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_silent_connection_does_not_hold_up_a_payer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (payer, payee, _) = wallets(dir.path(), 2);
+    let mut l = Listening::start(&payee, 1);
+    // Connected and silent: before, it held the listener in its handshake for 30 s.
+    let idle = TcpStream::connect(l.at).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    let peer = format!("{}@{}", address(&payee), l.at);
+    // Well under the 30 s a silent peer may take per message.
+    let got = paid_within(start_paying(&payer, "1", &peer), Duration::from_secs(10));
+    assert_eq!(got["delivered"], true);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let ev = l.next_event();
+    assert_eq!(
+        (ev["event"].as_str(), ev["amount_cents"].as_u64()),
+        (Some("received"), Some(100))
+    );
+    // `--count 1` reached: the listener stops without waiting for the silent handshake.
+    let stopping = Instant::now();
+    l.wait();
+    assert!(stopping.elapsed() < Duration::from_secs(10));
+    drop(idle);
+    assert_eq!(balance(&payee)["offline_cents"], 100);
+    assert_eq!(balance(&payer)["total_cents"], 100);
+}
+
+#[test]
+fn two_payers_at_once_are_both_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, payee, second) = wallets_with(dir.path(), 3, 3);
+    let mut l = Listening::start(&payee, 2);
+    // A payer that completed its handshake and says nothing holds a session open meanwhile.
+    let silent = LocalSigner::new(SecretKey::generate(&mut OsRng));
+    let held =
+        florin_net::connect(l.at, &silent, None, &florin_net::ChannelConfig::default()).unwrap();
+    let idle = TcpStream::connect(l.at).unwrap();
+    let peer = format!("{}@{}", address(&payee), l.at);
+    let started = Instant::now();
+    let a = start_paying(&first, "1", &peer);
+    let b = start_paying(&second, "2", &peer);
+    let (a, b) = (
+        paid_within(a, Duration::from_secs(20)),
+        paid_within(b, Duration::from_secs(20)),
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        (a["amount_cents"].as_u64(), b["amount_cents"].as_u64()),
+        (Some(100), Some(200))
+    );
+    let mut got = [l.next_event(), l.next_event()]
+        .iter()
+        .map(|e| e["amount_cents"].as_u64().unwrap())
+        .collect::<Vec<_>>();
+    got.sort_unstable();
+    assert_eq!(got, [100, 200]);
+    // The count is reached; the silent session ends when its payer goes.
+    drop(held);
+    let stopping = Instant::now();
+    l.wait();
+    assert!(stopping.elapsed() < Duration::from_secs(10));
+    drop(idle);
+    assert_eq!(balance(&payee)["offline_cents"], 300);
+    assert_eq!(balance(&first)["total_cents"], 200);
+    assert_eq!(balance(&second)["total_cents"], 100);
+}
+
+#[test]
+fn listens_on_this_device_only_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, payee, _) = wallets(dir.path(), 1);
+    // `--count 0` prints where it listens and stops.
+    let out = wallet(
+        &payee,
+        &["offline", "listen", "--no-announce", "--count", "0"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        let first: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        assert_eq!(first["event"], "listening");
+        let at = first["at"].as_str().unwrap();
+        assert!(at.starts_with("127.0.0.1:"), "listening on {at}");
+    } else {
+        // The default port is taken on this machine: the error still names the address.
+        assert!(
+            stderr.contains("cannot listen on 127.0.0.1:7475"),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]
