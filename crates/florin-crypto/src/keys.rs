@@ -182,9 +182,16 @@ impl SecretKey {
         PublicKey(self.0.verifying_key().to_bytes())
     }
 
-    /// The secret scalar (for X25519 key agreement in sealed boxes). Handle with care.
+    /// The secret scalar (for X25519 key agreement in legacy v1 sealed boxes). Handle with care.
     pub(crate) fn scalar(&self) -> curve25519_dalek::scalar::Scalar {
         self.0.to_scalar()
+    }
+
+    /// The X25519 private key matching this key's public key in Montgomery form (the lower half
+    /// of SHA-512 of the seed, unclamped; X25519 clamps it), for HPKE sealed boxes. Handle with
+    /// care.
+    pub(crate) fn x25519_secret(&self) -> zeroize::Zeroizing<[u8; 32]> {
+        zeroize::Zeroizing::new(self.0.to_scalar_bytes())
     }
 
     /// A key derived from this one for `purpose` and `index` (for example a fresh key per
