@@ -68,8 +68,8 @@ impl Default for MailboxLimits {
     }
 }
 
-/// Expired messages removed by one mailbox write (the rest by the next writes).
-const SWEEP_PER_WRITE: usize = 64;
+/// Expired messages removed by one mailbox write, taken or refused (the rest by the next).
+const SWEEP_PER_WRITE: usize = 1_024;
 
 fn usage_decode(v: &[u8]) -> (u64, u64) {
     let n = |r: std::ops::Range<usize>| {
@@ -705,14 +705,19 @@ impl Authority {
         }
         let limits = &self.config.mailbox;
         let len = message.len() as u64;
+        // Expired messages are removed in a transaction of their own, committed whether or not
+        // this message is then taken: a refused write still frees what has expired, so a full
+        // budget always drains.
+        {
+            let cutoff = at.saturating_sub(limits.retention.as_secs());
+            let tx = self.begin_write()?;
+            if sweep_mailbox(&tx, cutoff, SWEEP_PER_WRITE)? > 0 {
+                tx.commit()?;
+            }
+        }
         let tx = self.begin_write()?;
         let seq;
         {
-            sweep_mailbox(
-                &tx,
-                at.saturating_sub(limits.retention.as_secs()),
-                SWEEP_PER_WRITE,
-            )?;
             let mut meta = tx.open_table(META)?;
             let total = meta.get(MAILBOX_BYTES)?.map(|v| v.value()).unwrap_or(0);
             let mut usage = tx.open_table(MAILBOX_USAGE)?;
@@ -1001,8 +1006,21 @@ mod mailbox_tests {
         assert!(s4 > s3 && s3 > s2, "{s2} {s3} {s4}");
         let got = a.mailbox_get(&alice, s2).unwrap();
         assert_eq!(got, vec![(s4, vec![4; 10])]);
-        // The explicit sweep removes what has expired since (nothing here: it is recent).
-        assert_eq!(a.mailbox_sweep(100).unwrap(), 0);
+        // A full mailbox drains: a refused write still removes what has expired.
+        let bob = key(3);
+        for i in 0..3 {
+            a.mailbox_write(&bob, &[6; 10], true, t0 + 200 + i).unwrap();
+        }
+        assert!(a.mailbox_write(&bob, &[7; 10], true, t0 + 250).is_err());
+        assert!(a
+            .mailbox_write(&key(4), &[0; 2_000], true, t0 + 400)
+            .is_err());
+        assert_eq!(usage(&a, &bob), (0, 0));
+        a.mailbox_write(&bob, &[7; 10], true, t0 + 400).unwrap();
+        // The explicit sweep removes what has expired by now: Bob's last (dated t0 + 400), not
+        // Alice's (dated now).
+        assert_eq!(a.mailbox_sweep(100).unwrap(), 1);
+        assert_eq!(usage(&a, &bob), (0, 0));
         // Reopening keeps the counters.
         drop(a);
         let a = authority(dir.path(), small());

@@ -5,8 +5,8 @@
 //! - **A pool of idle connections** per peer, at most [`RpcClient::new`]'s `max_idle`; a
 //!   request takes one or dials a fresh one.
 //! - **One retry, only where it is safe.** A pooled connection the peer closed while idle
-//!   (a send or read that fails at once, not by timing out) is retried once on a fresh
-//!   connection. A fresh connection that fails, or any request that times out, is not sent
+//!   (a send or read that finds the connection closed or reset) is retried once on a fresh
+//!   connection; any other failure (a timeout, an answer too large, a broken frame) is not. A fresh connection that fails, or any request that times out, is not sent
 //!   again: the peer may be working on it, and sending it twice would double the stall.
 //! - **Send, then read.** [`RpcClient::send`] returns a [`Pending`] request, so a caller can
 //!   send to several peers before reading any answer and let them work in parallel.
@@ -56,6 +56,24 @@ impl CallError {
     /// not carried out).
     pub fn maybe_delivered(&self) -> bool {
         !matches!(self, CallError::Connect { .. })
+    }
+}
+
+/// Whether `e` says the peer had closed the connection (what a pooled connection the peer
+/// dropped while idle gives), the one failure worth sending again on a fresh connection. A
+/// timeout, a frame too large, a broken frame or any other error may follow the peer acting
+/// on the request: never sent again.
+fn closed(e: &NetError) -> bool {
+    match e {
+        NetError::Closed => true,
+        NetError::Io(io) => matches!(
+            io.kind(),
+            ErrorKind::ConnectionReset
+                | ErrorKind::ConnectionAborted
+                | ErrorKind::BrokenPipe
+                | ErrorKind::UnexpectedEof
+        ),
+        _ => false,
     }
 }
 
@@ -189,7 +207,7 @@ impl RpcClient {
             None => (self.dial()?, false),
         };
         if let Err(e) = ch.send(&request) {
-            if !reused || timed_out(&e) {
+            if !reused || !closed(&e) {
                 return Err(self.lost(e));
             }
             // A pooled connection the peer closed while idle: one fresh try.
@@ -239,7 +257,7 @@ impl Pending<'_> {
             Err(first) => {
                 // Only a pooled connection the peer closed is worth one fresh try; a peer that
                 // timed out is slow or hung, and may be working on the request.
-                if !reused || timed_out(&first) {
+                if !reused || !closed(&first) {
                     return Err(client.lost(first));
                 }
                 ch = client.dial()?;
