@@ -33,6 +33,9 @@ cargo fmt --all -- --check
 log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "supply chain: cargo deny (docs/supply-chain.md)"
+scripts/deny.sh
+
 log "layering rules (docs/architecture.md)"
 scripts/check-layering.sh
 
