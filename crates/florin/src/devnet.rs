@@ -14,6 +14,9 @@ use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{load_or_create_key, Authority, AuthorityConfig, Ledger};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
 
+/// The operator's key file in a devnet's or a cluster's data directory (mode 0600).
+pub const OPERATOR_KEY_FILE: &str = "operator.key";
+
 /// Options of `florin devnet`.
 #[derive(Args)]
 pub struct DevnetArgs {
@@ -153,6 +156,10 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = max_faucet_cents;
+    // The operator's key (blacklist, revocation; the devnet's faucet stays open to anyone).
+    let operator_file = args.data.join(OPERATOR_KEY_FILE);
+    let operator = load_or_create_key(&operator_file)?.public_key();
+    config.operators = vec![operator];
     let authority = Arc::new(Authority::open(config, signer)?);
     match &dir_state {
         DirState::Known(m) if m.files == required_files(args.custody) => {}
@@ -214,6 +221,11 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
                 args.data.join("custody").display()
             );
         }
+        eprintln!(
+            "  operator   {} ({})",
+            operator.to_address(),
+            operator_file.display()
+        );
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;
