@@ -267,11 +267,20 @@ fn revoked_depositor_and_blacklisted_token_are_refused_with_their_codes() {
     });
     let addr = node.addr;
     let a = node.authority.clone();
+    // Minted to `first`, paid offline to `holder`, who deposits.
+    let first = SecretKey::from_seed(&[4; 32]);
     let holder = SecretKey::from_seed(&[5; 32]);
-    let minted = a.mint(holder.public_key(), 300, [1; 32]).unwrap();
+    let minted = a.mint(first.public_key(), 300, [1; 32]).unwrap();
     assert!(minted.len() >= 2, "at least two tokens");
     let deposit_body = |t: &florin_token::Token| {
-        let signed = t
+        let hop = t
+            .transfer(
+                &florin_crypto::LocalSigner::new(first.clone()),
+                holder.public_key(),
+                [2; 32],
+            )
+            .unwrap();
+        let signed = hop
             .transfer(
                 &florin_crypto::LocalSigner::new(holder.clone()),
                 a.public_key(),
@@ -279,9 +288,8 @@ fn revoked_depositor_and_blacklisted_token_are_refused_with_their_codes() {
             )
             .unwrap();
         format!(
-            r#"{{"depositor":"{}","handshake":"{}","tokens":["{}"]}}"#,
+            r#"{{"depositor":"{}","tokens":["{}"]}}"#,
             holder.public_key().to_address(),
-            hex::encode([3u8; 32]),
             hex::encode(signed.encode())
         )
     };

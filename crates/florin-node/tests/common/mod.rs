@@ -80,7 +80,7 @@ pub struct LedgerNode {
 
 impl LedgerNode {
     pub fn start() -> LedgerNode {
-        LedgerNode::start_with(AuthorityConfig::devnet)
+        LedgerNode::start_with(|dir| AuthorityConfig::devnet(dir))
     }
 
     /// A node whose authority runs `config(data dir)`.
