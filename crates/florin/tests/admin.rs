@@ -224,6 +224,22 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
     ]);
     let d = u.wallet("bob", &["deposit"]);
     assert_eq!(d["credited_cents"], 100, "{d}");
+
+    // The same key on every start; a damaged key file is refused, naming it.
+    let first = std::fs::read_to_string(&key).unwrap();
+    net.kill();
+    let net = Devnet::start(&data);
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), first);
+    net.kill();
+    std::fs::write(&key, "not a key").unwrap();
+    let out = Command::new(BIN)
+        .args(["devnet", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a damaged operator key stops the start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("operator.key"), "{err}");
 }
 
 /// A cluster sentinel: no faucet by default; turned on in its config, for the operator only.
