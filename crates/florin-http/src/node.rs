@@ -446,23 +446,32 @@ impl FromRequest<AppState> for Operator {
     type Rejection = Response;
 
     async fn from_request(req: Request, st: &AppState) -> Result<Self, Response> {
-        let a = st.authority().map_err(|e| HttpError(e).into_response())?;
-        let (method, uri, headers) = (
-            req.method().clone(),
-            req.uri().clone(),
-            req.headers().clone(),
-        );
-        // No credential at all: refused before the body is read.
-        if !headers.contains_key(header::AUTHORIZATION) {
-            return Err(
-                HttpError(florin_node::operator::Unauthorized::Missing.into()).into_response(),
-            );
-        }
+        let reject = |e: NodeError| HttpError(e).into_response();
+        let a = st.authority().map_err(reject)?;
+        let (method, uri) = (req.method().clone(), req.uri().clone());
+        // The cheap checks (present, well-formed, an operator, in time) before the body is
+        // read; the signature over the body after.
+        let now = unix_now();
+        let cred = a
+            .operators()
+            .admit(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+                now,
+            )
+            .map_err(reject)?;
         let body = Bytes::from_request(req, st)
             .await
             .map_err(IntoResponse::into_response)?;
-        let key = check_operator(&a, &method, &uri, &headers, &body)
-            .map_err(|e| HttpError(e).into_response())?;
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or_else(|| uri.path());
+        let key = a
+            .operators()
+            .verify(&cred, method.as_str(), path, &body, now)
+            .map_err(reject)?;
         Ok(Operator { key, body })
     }
 }

@@ -249,9 +249,7 @@ impl OperatorGate {
 
     /// Checks the credential in `header` (the `Authorization` header's value, `None` when
     /// absent) for the request `method path_and_query` with `body`, at `now` (unix seconds).
-    /// Returns the operator's key. Cheap checks first: the signature is verified only for an
-    /// operator's key within the time window, and the nonce is remembered only once the
-    /// signature verified (a forger cannot fill the memory).
+    /// Returns the operator's key. [`OperatorGate::admit`], then [`OperatorGate::verify`].
     pub fn check(
         &self,
         header: Option<&[u8]>,
@@ -260,7 +258,37 @@ impl OperatorGate {
         body: &[u8],
         now: u64,
     ) -> Result<PublicKey, NodeError> {
+        let c = self.admit(header, now)?;
+        self.verify(&c, method, path_and_query, body, now)
+    }
+
+    /// The cheap checks, before the body is read: the header parses, names an operator, and
+    /// was signed within [`MAX_SKEW_SECS`] of `now`.
+    pub fn admit(&self, header: Option<&[u8]>, now: u64) -> Result<Credential, NodeError> {
         let c = Credential::parse(header.ok_or(Unauthorized::Missing)?)?;
+        if !self.operators.contains(&c.key) {
+            return Err(refused(OperatorRefused::NotOperator(c.key.to_address())));
+        }
+        if c.timestamp.abs_diff(now) > MAX_SKEW_SECS {
+            return Err(refused(OperatorRefused::Expired {
+                signed_at: c.timestamp,
+                now,
+            }));
+        }
+        Ok(c)
+    }
+
+    /// The signature over this request, then the nonce: remembered only once the signature
+    /// verified (a forger cannot fill the memory). `c` must have passed
+    /// [`OperatorGate::admit`] (checked again here: a credential is never accepted without).
+    pub fn verify(
+        &self,
+        c: &Credential,
+        method: &str,
+        path_and_query: &str,
+        body: &[u8],
+        now: u64,
+    ) -> Result<PublicKey, NodeError> {
         if !self.operators.contains(&c.key) {
             return Err(refused(OperatorRefused::NotOperator(c.key.to_address())));
         }

@@ -237,7 +237,10 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
         .arg(&data)
         .output()
         .unwrap();
-    assert!(!out.status.success(), "a damaged operator key stops the start");
+    assert!(
+        !out.status.success(),
+        "a damaged operator key stops the start"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("operator.key"), "{err}");
 }
