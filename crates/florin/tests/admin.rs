@@ -178,6 +178,14 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
         b["pending_deposit_cents"], 100,
         "kept pending, not lost: {b}"
     );
+    // Nor withdraw: the payment to the reserve is confirmed, its tokens are refused (the
+    // command exits non-zero) and stay owed to the wallet.
+    u.wallet("bob", &["faucet", "2"]);
+    let err = u.fails(&["wallet", "--wallet", "bob", "withdraw", "1"]);
+    assert!(err.contains("revoked"), "{err}");
+    let b = u.wallet("bob", &["balance"]);
+    assert_eq!(b["verified_cents"], 0, "{b}");
+    assert_eq!(b["withdrawing_cents"], 100, "{b}");
 
     // Both lists, with who and why; they survive a restart.
     let list = |u: &User| u.ok(&["admin", "list", "--json", "--operator-key", &key_s]);
@@ -224,6 +232,13 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
     ]);
     let d = u.wallet("bob", &["deposit"]);
     assert_eq!(d["credited_cents"], 100, "{d}");
+    u.wallet("bob", &["sync"]);
+    let b = u.wallet("bob", &["balance"]);
+    assert_eq!(
+        b["verified_cents"], 100,
+        "the withdrawal's tokens arrive: {b}"
+    );
+    assert_eq!(b["withdrawing_cents"], 0, "{b}");
 
     // The same key on every start; a damaged key file is refused, naming it.
     let first = std::fs::read_to_string(&key).unwrap();
