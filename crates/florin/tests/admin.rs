@@ -258,6 +258,22 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("operator.key"), "{err}");
+    // `florin node check` finds it too.
+    let out = Command::new(BIN)
+        .args(["node", "check", "--data"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "node check fails on a damaged operator key"
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("operator.key"), "{all}");
 }
 
 /// A cluster sentinel: no faucet by default; turned on in its config, for the operator only.
