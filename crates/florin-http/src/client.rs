@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use florin_crypto::SecretKey;
 use florin_node::api::{
-    ApiError, DepositRequest, DepositResponse, FaucetResponse, FraudInfo, Info, LedgerFaucet,
-    LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitTx, Unspent,
-    WithdrawRequest,
+    AdminBlacklist, AdminEntry, AdminLogEntry, AdminRevoke, ApiError, DepositRequest,
+    DepositResponse, FaucetResponse, FraudInfo, Info, LedgerFaucet, LedgerFaucetAnswer,
+    LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitTx, Unspent, WithdrawRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -47,6 +48,7 @@ pub enum ClientError {
 pub struct NodeClient {
     base: String,
     http: reqwest::Client,
+    operator: Option<std::sync::Arc<SecretKey>>,
 }
 
 impl NodeClient {
@@ -60,7 +62,78 @@ impl NodeClient {
         Ok(NodeClient {
             base: base.trim_end_matches('/').to_string(),
             http,
+            operator: None,
         })
+    }
+
+    /// This client signing its operator requests (the faucet, `/v1/admin/…`) with `key`
+    /// (`florin_node::operator`).
+    pub fn with_operator(mut self, key: SecretKey) -> Self {
+        self.operator = Some(std::sync::Arc::new(key));
+        self
+    }
+
+    /// Whether this client signs operator requests.
+    pub fn has_operator(&self) -> bool {
+        self.operator.is_some()
+    }
+
+    /// Sends `method path` with `body` (JSON bytes, or none), signed by the operator key
+    /// when this client has one.
+    async fn send_signed<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method.clone(), &url);
+        if let Some(key) = &self.operator {
+            // The path as the node sees it: with the base URL's own prefix and the query.
+            let signed_path = match reqwest::Url::parse(&url) {
+                Ok(u) => match u.query() {
+                    Some(q) => format!("{}?{q}", u.path()),
+                    None => u.path().to_string(),
+                },
+                Err(_) => path.to_string(),
+            };
+            let mut nonce = [0u8; florin_node::operator::NONCE_LEN];
+            rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            let cred = florin_node::operator::Credential::sign(
+                key,
+                method.as_str(),
+                &signed_path,
+                body.as_deref().unwrap_or(&[]),
+                now,
+                nonce,
+            );
+            req = req.header(reqwest::header::AUTHORIZATION, cred.header());
+        }
+        if let Some(b) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b);
+        }
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
+        self.decode(resp).await
+    }
+
+    async fn post_signed<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(ClientError::Unreadable)?;
+        self.send_signed(reqwest::Method::POST, path, Some(bytes))
+            .await
+    }
+
+    async fn get_signed<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.send_signed(reqwest::Method::GET, path, None).await
     }
 
     /// The node's base URL.
@@ -122,7 +195,53 @@ impl NodeClient {
         &self,
         req: &LedgerFaucet,
     ) -> Result<LedgerFaucetAnswer, ClientError> {
-        self.post("/v1/ledger/faucet", req).await
+        self.post_signed("/v1/ledger/faucet", req).await
+    }
+
+    /// `POST /v1/admin/blacklist` (operator).
+    pub async fn admin_blacklist(
+        &self,
+        serial: &str,
+        reason: &str,
+    ) -> Result<AdminEntry, ClientError> {
+        let req = AdminBlacklist {
+            serial: serial.into(),
+            reason: reason.into(),
+        };
+        self.post_signed("/v1/admin/blacklist", &req).await
+    }
+
+    /// `POST /v1/admin/revoke` (operator).
+    pub async fn admin_revoke(&self, key: &str, reason: &str) -> Result<AdminEntry, ClientError> {
+        let req = AdminRevoke {
+            key: key.into(),
+            reason: reason.into(),
+        };
+        self.post_signed("/v1/admin/revoke", &req).await
+    }
+
+    /// `POST /v1/admin/unrevoke` (operator).
+    pub async fn admin_unrevoke(&self, key: &str, reason: &str) -> Result<AdminEntry, ClientError> {
+        let req = AdminRevoke {
+            key: key.into(),
+            reason: reason.into(),
+        };
+        self.post_signed("/v1/admin/unrevoke", &req).await
+    }
+
+    /// `GET /v1/admin/blacklist` (operator).
+    pub async fn admin_blacklisted(&self) -> Result<Vec<AdminEntry>, ClientError> {
+        self.get_signed("/v1/admin/blacklist").await
+    }
+
+    /// `GET /v1/admin/revoked` (operator).
+    pub async fn admin_revoked(&self) -> Result<Vec<AdminEntry>, ClientError> {
+        self.get_signed("/v1/admin/revoked").await
+    }
+
+    /// `GET /v1/admin/log` (operator).
+    pub async fn admin_log(&self) -> Result<Vec<AdminLogEntry>, ClientError> {
+        self.get_signed("/v1/admin/log").await
     }
 
     /// `POST /v1/ledger/transactions`.

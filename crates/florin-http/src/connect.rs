@@ -164,7 +164,11 @@ impl Connector for NodeClient {
                 },
                 _ => DepositItem::Refused {
                     serial: sent.serial,
-                    reason: r.error.clone().unwrap_or_default(),
+                    // The stable code first (`blacklisted: token … is blacklisted`).
+                    reason: match &r.code {
+                        Some(c) => format!("{c}: {}", r.error.clone().unwrap_or_default()),
+                        None => r.error.clone().unwrap_or_default(),
+                    },
                     retry: r.retry,
                 },
             };

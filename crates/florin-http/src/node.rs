@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,9 +14,10 @@ use tokio::net::TcpListener;
 
 use florin_crypto::PublicKey;
 use florin_node::api::{
-    ApiError, DepositRequest, DepositResponse, FaucetResponse, Health, Info, LedgerFaucet,
-    LedgerFaucetAnswer, LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitBatch,
-    SubmitBatchAnswer, SubmitTx, Unspent, WithdrawRequest,
+    AdminBlacklist, AdminEntry, AdminLogEntry, AdminRevoke, ApiError, DepositRequest,
+    DepositResponse, FaucetResponse, Health, Info, LedgerFaucet, LedgerFaucetAnswer,
+    LedgerTxStatus, MailboxList, MailboxMessage, MailboxPut, SubmitBatch, SubmitBatchAnswer,
+    SubmitTx, Unspent, WithdrawRequest,
 };
 use florin_node::bridge::{settle_credit, WithdrawAuth};
 use florin_node::error::{BadRequest, Forbidden, NotFound};
@@ -64,6 +65,7 @@ impl IntoResponse for HttpError {
         let HttpError(e) = self;
         let status = match &e {
             NodeError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            NodeError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             NodeError::NotFound(_) => StatusCode::NOT_FOUND,
             NodeError::Forbidden(_) => StatusCode::FORBIDDEN,
             NodeError::Signer(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -101,6 +103,7 @@ async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
         version: env!("CARGO_PKG_VERSION").into(),
         faucet: a.config().faucet,
         max_faucet_cents: a.config().max_faucet_cents,
+        faucet_needs_operator: a.faucet_needs_operator(),
     }))
 }
 
@@ -393,13 +396,103 @@ async fn supply(State(st): State<AppState>) -> Result<Json<florin_ledger::Supply
     Ok(Json(blocking(move || ledger.supply()).await?))
 }
 
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Checks the request's operator credential (`florin_node::operator`) against the
+/// authority's operators; returns the operator's key.
+fn check_operator(
+    a: &Authority,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<PublicKey, NodeError> {
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or_else(|| uri.path());
+    a.operators().check(
+        headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
+        method.as_str(),
+        path,
+        body,
+        unix_now(),
+    )
+}
+
+/// A request signed by one of the node's operators (an extractor: refuses with 401 or 403
+/// before the handler runs): the operator's key and the body that was signed.
+pub struct Operator {
+    /// The operator's key.
+    pub key: PublicKey,
+    /// The request body.
+    pub body: Bytes,
+}
+
+impl Operator {
+    /// The body as JSON of type `T`.
+    fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, NodeError> {
+        serde_json::from_slice(&self.body).map_err(|e| NodeError::from(BadRequest::Json(e)))
+    }
+}
+
+impl FromRequest<AppState> for Operator {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, st: &AppState) -> Result<Self, Response> {
+        let reject = |e: NodeError| HttpError(e).into_response();
+        let a = st.authority().map_err(reject)?;
+        let (method, uri) = (req.method().clone(), req.uri().clone());
+        // The cheap checks (present, well-formed, an operator, in time) before the body is
+        // read; the signature over the body after.
+        let now = unix_now();
+        let cred = a
+            .operators()
+            .admit(
+                req.headers()
+                    .get(header::AUTHORIZATION)
+                    .map(|v| v.as_bytes()),
+                now,
+            )
+            .map_err(reject)?;
+        let body = Bytes::from_request(req, st)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let path = uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or_else(|| uri.path());
+        let key = a
+            .operators()
+            .verify(&cred, method.as_str(), path, &body, now)
+            .map_err(reject)?;
+        Ok(Operator { key, body })
+    }
+}
+
 async fn ledger_faucet(
     State(st): State<AppState>,
-    Json(req): Json<LedgerFaucet>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
 ) -> Result<Json<LedgerFaucetAnswer>, HttpError> {
-    if !st.authority()?.config().faucet {
+    let a = st.authority()?;
+    if !a.config().faucet {
         return Err(HttpError(Forbidden::FaucetOff.into()));
     }
+    // Open on the devnet; everywhere else minting needs an operator.
+    if a.faucet_needs_operator() {
+        check_operator(&a, &method, &uri, &headers, &body)?;
+    }
+    let req: LedgerFaucet =
+        serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
     if req.amount_cents > st.authority()?.config().max_faucet_cents {
         return Err(HttpError(
             BadRequest::FaucetLimit {
@@ -472,6 +565,76 @@ async fn mailbox_get(
     }))
 }
 
+async fn admin_blacklist(
+    State(st): State<AppState>,
+    op: Operator,
+) -> Result<Json<AdminEntry>, HttpError> {
+    let req: AdminBlacklist = op.json()?;
+    let serial = parse_serial(&req.serial)?;
+    let a = st.authority()?;
+    Ok(Json(
+        blocking(move || a.blacklist_by(&serial, Some(&op.key), &req.reason)).await?,
+    ))
+}
+
+async fn admin_blacklist_list(
+    State(st): State<AppState>,
+    _op: Operator,
+) -> Result<Json<Vec<AdminEntry>>, HttpError> {
+    let a = st.authority()?;
+    Ok(Json(blocking(move || a.blacklisted()).await?))
+}
+
+async fn admin_revoke(
+    State(st): State<AppState>,
+    op: Operator,
+) -> Result<Json<AdminEntry>, HttpError> {
+    let req: AdminRevoke = op.json()?;
+    let key = parse_key(&req.key, "key")?;
+    let a = st.authority()?;
+    Ok(Json(
+        blocking(move || a.revoke(&key, Some(&op.key), &req.reason)).await?,
+    ))
+}
+
+async fn admin_unrevoke(
+    State(st): State<AppState>,
+    op: Operator,
+) -> Result<Json<AdminEntry>, HttpError> {
+    let req: AdminRevoke = op.json()?;
+    let key = parse_key(&req.key, "key")?;
+    let a = st.authority()?;
+    Ok(Json(
+        blocking(move || a.unrevoke(&key, Some(&op.key), &req.reason)).await?,
+    ))
+}
+
+async fn admin_revoked_list(
+    State(st): State<AppState>,
+    _op: Operator,
+) -> Result<Json<Vec<AdminEntry>>, HttpError> {
+    let a = st.authority()?;
+    Ok(Json(blocking(move || a.revoked()).await?))
+}
+
+async fn admin_log(
+    State(st): State<AppState>,
+    _op: Operator,
+) -> Result<Json<Vec<AdminLogEntry>>, HttpError> {
+    let a = st.authority()?;
+    Ok(Json(blocking(move || a.admin_log()).await?))
+}
+
+/// The operator routes (each needs an operator credential: 401 without, 403 refused).
+pub const ADMIN_ROUTES: [(&str, &str); 6] = [
+    ("POST", "/v1/admin/blacklist"),
+    ("GET", "/v1/admin/blacklist"),
+    ("POST", "/v1/admin/revoke"),
+    ("POST", "/v1/admin/unrevoke"),
+    ("GET", "/v1/admin/revoked"),
+    ("GET", "/v1/admin/log"),
+];
+
 /// The API routes.
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -490,6 +653,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/audit", get(audit_books))
         .route("/v1/mailbox", post(mailbox_put))
         .route("/v1/mailbox/{address}", get(mailbox_get))
+        .route(
+            "/v1/admin/blacklist",
+            post(admin_blacklist).get(admin_blacklist_list),
+        )
+        .route("/v1/admin/revoke", post(admin_revoke))
+        .route("/v1/admin/unrevoke", post(admin_unrevoke))
+        .route("/v1/admin/revoked", get(admin_revoked_list))
+        .route("/v1/admin/log", get(admin_log))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

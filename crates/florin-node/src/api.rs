@@ -23,6 +23,9 @@ pub struct Info {
     pub faucet: bool,
     /// Largest faucet request, in cents.
     pub max_faucet_cents: u64,
+    /// Whether the faucet needs an operator credential (on everywhere but the devnet).
+    #[serde(default)]
+    pub faucet_needs_operator: bool,
 }
 
 /// `POST /v1/faucet`: mint tokens straight to a wallet (devnet only).
@@ -122,6 +125,9 @@ pub struct DepositReport {
     pub fraud: Option<FraudInfo>,
     /// Why it was refused.
     pub error: Option<String>,
+    /// A stable code for why it was refused, where it has one (`blacklisted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     /// Whether a refused token may succeed later.
     pub retry: bool,
 }
@@ -269,4 +275,50 @@ pub struct MailboxMessage {
 pub struct MailboxList {
     /// Messages after `after`, oldest first (at most 1,000).
     pub messages: Vec<MailboxMessage>,
+}
+
+/// `POST /v1/admin/blacklist` (operator): take a token out of circulation.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminBlacklist {
+    /// The token's serial (16 hex digits).
+    pub serial: String,
+    /// Why (kept in the audit trail).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `POST /v1/admin/revoke` and `/v1/admin/unrevoke` (operator): a wallet key that may no
+/// longer deposit or withdraw, or may again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminRevoke {
+    /// The key (an `eur1…` address or 64 hex digits).
+    pub key: String,
+    /// Why (kept in the audit trail).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// One blacklisted token or revoked key, with who decided it, when and why.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AdminEntry {
+    /// The token's serial (hex) or the key's address.
+    pub subject: String,
+    /// The operator's key (address) that decided it.
+    pub operator: String,
+    /// When (unix seconds).
+    pub at: u64,
+    /// The operator's reason.
+    pub reason: String,
+}
+
+/// One operator action in the audit trail (`GET /v1/admin/log`), oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AdminLogEntry {
+    /// Its place in the trail (from 1).
+    pub seq: u64,
+    /// `blacklist`, `revoke` or `unrevoke`.
+    pub action: String,
+    /// The entry.
+    #[serde(flatten)]
+    pub entry: AdminEntry,
 }

@@ -13,10 +13,13 @@ use rand::rngs::{OsRng, StdRng};
 use rand::{RngCore, SeedableRng};
 use redb::{ReadableDatabase, ReadableTable};
 
-use crate::api::{DepositReport, FraudInfo, TokenInfo};
+use crate::api::{AdminEntry, AdminLogEntry, DepositReport, FraudInfo, TokenInfo};
 use crate::bridge::CreditIntent;
 use crate::error::{BadRequest, Corrupt, Forbidden, Full, IoError, NodeError, NotFound};
-use crate::store::{self, serial_key, FRAUD, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META, TOKENS};
+use crate::store::{
+    self, serial_key, ADMIN_LOG, BLACKLIST, FRAUD, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META,
+    REVOKED, TOKENS,
+};
 
 /// Largest mailbox message.
 pub const MAX_MAILBOX_MESSAGE: usize = 64 * 1024;
@@ -38,6 +41,11 @@ pub struct AuthorityConfig {
     pub max_deposit_tokens: usize,
     /// How much the payment-handoff mailboxes keep, and for how long.
     pub mailbox: MailboxLimits,
+    /// The operator keys whose signed requests are accepted for issuer and operator
+    /// operations ([`crate::operator`]).
+    pub operators: Vec<PublicKey>,
+    /// Whether the faucet (when on) is open to anyone (the devnet) rather than to operators.
+    pub faucet_open: bool,
 }
 
 /// How much the payment-handoff mailboxes keep. Anyone may leave a message (a handoff is
@@ -121,9 +129,24 @@ impl AuthorityConfig {
             max_hops: 64,
             max_deposit_tokens: 100_000,
             mailbox: MailboxLimits::default(),
+            operators: Vec::new(),
+            faucet_open: true,
+        }
+    }
+
+    /// Defaults for a node configured by hand (a cluster sentinel): as the devnet's, but with
+    /// no faucet unless its operator turns it on, and then only for operators.
+    pub fn closed(data_dir: impl Into<PathBuf>) -> Self {
+        AuthorityConfig {
+            faucet: false,
+            faucet_open: false,
+            ..AuthorityConfig::devnet(data_dir)
         }
     }
 }
+
+/// Longest operator's reason kept in the audit trail.
+pub const MAX_REASON: usize = 1024;
 
 /// The token authority.
 pub struct Authority {
@@ -131,6 +154,7 @@ pub struct Authority {
     signer: Arc<dyn Signer>,
     key: PublicKey,
     config: AuthorityConfig,
+    gate: crate::operator::OperatorGate,
     /// Held by a mint from its journal record to its confirmation, and by the audit and the
     /// live backup while they read the journal and the ledger (a consistent view of both).
     pub(crate) issuing: tokio::sync::Mutex<()>,
@@ -263,10 +287,12 @@ impl Authority {
         store::init(&db)?;
         index_mailbox(&db, now())?;
         let key = signer.public_key();
+        let gate = crate::operator::OperatorGate::new(config.operators.clone());
         Ok(Authority {
             db,
             signer,
             key,
+            gate,
             config,
             issuing: tokio::sync::Mutex::new(()),
         })
@@ -296,6 +322,16 @@ impl Authority {
     /// The configuration.
     pub fn config(&self) -> &AuthorityConfig {
         &self.config
+    }
+
+    /// The gate that checks operator credentials.
+    pub fn operators(&self) -> &crate::operator::OperatorGate {
+        &self.gate
+    }
+
+    /// Whether the faucet needs an operator credential.
+    pub fn faucet_needs_operator(&self) -> bool {
+        !self.config.faucet_open
     }
 
     /// Mints `amount_cents` to `recipient` (IV-B), split so that the tokens make change
@@ -469,6 +505,7 @@ impl Authority {
         mode: SettleMode,
     ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
         let depositor = *depositor;
+        self.check_not_revoked(&depositor, "depositor")?;
         // A verdict per token; `None` only for tokens that failed to decode.
         let mut checked: Vec<Option<Result<(), String>>> = decoded
             .iter()
@@ -603,7 +640,11 @@ impl Authority {
                     }
                     Outcome::Refused(e) => {
                         let retry = matches!(e, florin_token::authority::DepositError::Signer(_));
-                        refused(serial, value, e.to_string(), retry)
+                        let mut r = refused(serial, value, e.to_string(), retry);
+                        if matches!(e, DepositError::Blacklisted(_)) {
+                            r.code = Some("blacklisted".into());
+                        }
+                        r
                     }
                 });
             }
@@ -661,9 +702,25 @@ impl Authority {
         })
     }
 
-    /// Takes a token out of circulation (lost or stolen, or by policy). Durable.
+    /// Takes a token out of circulation (lost or stolen, or by policy). Durable. Recorded
+    /// with no operator (a service call, not a request).
     pub fn blacklist(&self, serial: &Serial) -> Result<(), NodeError> {
+        self.blacklist_by(serial, None, "").map(|_| ())
+    }
+
+    /// Takes a token out of circulation on `operator`'s word for `reason`: its deposits are
+    /// refused from now on (`blacklisted`). The token's record, the blacklist entry and the
+    /// audit trail change in one durable transaction. Blacklisting again keeps the first entry.
+    pub fn blacklist_by(
+        &self,
+        serial: &Serial,
+        operator: Option<&PublicKey>,
+        reason: &str,
+    ) -> Result<AdminEntry, NodeError> {
+        check_reason(reason)?;
+        let entry = admin_entry(hex::encode(serial), operator, reason);
         let tx = self.begin_write()?;
+        let kept;
         {
             let mut table = tx.open_table(TOKENS)?;
             let bytes = table
@@ -673,9 +730,135 @@ impl Authority {
             let mut r = TokenRecord::decode(&bytes).map_err(Corrupt::from)?;
             r.status = TokenStatus::Blacklisted;
             table.insert(serial_key(serial), r.encode().as_slice())?;
+            let mut bl = tx.open_table(BLACKLIST)?;
+            let existing = bl.get(serial_key(serial))?.map(|v| v.value().to_vec());
+            kept = match existing {
+                Some(v) => decode_entry(&v)?,
+                None => {
+                    bl.insert(serial_key(serial), encode_entry(&entry)?.as_slice())?;
+                    append_log(&tx, "blacklist", &entry)?;
+                    entry
+                }
+            };
         }
         tx.commit()?;
-        Ok(())
+        Ok(kept)
+    }
+
+    /// Every blacklisted token with who, when and why, by serial.
+    pub fn blacklisted(&self) -> Result<Vec<AdminEntry>, NodeError> {
+        let tx = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for item in tx.open_table(BLACKLIST)?.iter()? {
+            out.push(decode_entry(item?.1.value())?);
+        }
+        out.sort_by(|a, b| a.subject.cmp(&b.subject));
+        Ok(out)
+    }
+
+    /// Revokes a wallet key on `operator`'s word for `reason`: from now on it may not deposit
+    /// tokens (as the depositor) nor withdraw (as the recipient of the tokens or the key
+    /// authorizing the withdrawal); refused with `revoked` (403). Durable, with the audit
+    /// trail. Revoking again keeps the first entry.
+    pub fn revoke(
+        &self,
+        key: &PublicKey,
+        operator: Option<&PublicKey>,
+        reason: &str,
+    ) -> Result<AdminEntry, NodeError> {
+        check_reason(reason)?;
+        let entry = admin_entry(key.to_address(), operator, reason);
+        let tx = self.begin_write()?;
+        let kept;
+        {
+            let mut rv = tx.open_table(REVOKED)?;
+            let existing = rv.get(key.0.as_slice())?.map(|v| v.value().to_vec());
+            kept = match existing {
+                Some(v) => decode_entry(&v)?,
+                None => {
+                    rv.insert(key.0.as_slice(), encode_entry(&entry)?.as_slice())?;
+                    append_log(&tx, "revoke", &entry)?;
+                    entry
+                }
+            };
+        }
+        tx.commit()?;
+        Ok(kept)
+    }
+
+    /// Lifts a key's revocation on `operator`'s word for `reason` (the trail keeps both).
+    /// A key that is not revoked is [`NotFound`].
+    pub fn unrevoke(
+        &self,
+        key: &PublicKey,
+        operator: Option<&PublicKey>,
+        reason: &str,
+    ) -> Result<AdminEntry, NodeError> {
+        check_reason(reason)?;
+        let entry = admin_entry(key.to_address(), operator, reason);
+        let tx = self.begin_write()?;
+        {
+            let mut rv = tx.open_table(REVOKED)?;
+            if rv.remove(key.0.as_slice())?.is_none() {
+                return Err(NodeError::not_found(format!(
+                    "{} is not revoked",
+                    key.to_address()
+                )));
+            }
+            append_log(&tx, "unrevoke", &entry)?;
+        }
+        tx.commit()?;
+        Ok(entry)
+    }
+
+    /// Every revoked key with who, when and why, by address.
+    pub fn revoked(&self) -> Result<Vec<AdminEntry>, NodeError> {
+        let tx = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for item in tx.open_table(REVOKED)?.iter()? {
+            out.push(decode_entry(item?.1.value())?);
+        }
+        out.sort_by(|a, b| a.subject.cmp(&b.subject));
+        Ok(out)
+    }
+
+    /// The revocation of `key`, if it is revoked.
+    pub fn revocation(&self, key: &PublicKey) -> Result<Option<AdminEntry>, NodeError> {
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(REVOKED)?;
+        let v = table.get(key.0.as_slice())?;
+        v.map(|v| decode_entry(v.value())).transpose()
+    }
+
+    /// Refuses a revoked `key` (in the request's `role`).
+    pub(crate) fn check_not_revoked(
+        &self,
+        key: &PublicKey,
+        role: &'static str,
+    ) -> Result<(), NodeError> {
+        match self.revocation(key)? {
+            None => Ok(()),
+            Some(e) => Err(Forbidden::Revoked {
+                role,
+                key: key.to_address(),
+                reason: e.reason,
+            }
+            .into()),
+        }
+    }
+
+    /// The operators' audit trail (blacklist, revoke, unrevoke), oldest first.
+    pub fn admin_log(&self) -> Result<Vec<AdminLogEntry>, NodeError> {
+        let tx = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for item in tx.open_table(ADMIN_LOG)?.iter()? {
+            let v = item?.1;
+            out.push(
+                serde_json::from_slice(v.value())
+                    .map_err(|_| Corrupt::Record("admin log entry"))?,
+            );
+        }
+        Ok(out)
     }
 
     /// Leaves a sealed message for `to` (the payment handoff), which must be a usable key.
@@ -877,6 +1060,48 @@ pub fn parallel_verify(tokens: &[&Token], threads: usize) -> Vec<Result<(), Toke
         .collect()
 }
 
+fn check_reason(reason: &str) -> Result<(), NodeError> {
+    if reason.len() > MAX_REASON {
+        return Err(BadRequest::ReasonTooLong { max: MAX_REASON }.into());
+    }
+    Ok(())
+}
+
+fn admin_entry(subject: String, operator: Option<&PublicKey>, reason: &str) -> AdminEntry {
+    AdminEntry {
+        subject,
+        operator: operator.map(|k| k.to_address()).unwrap_or_default(),
+        at: now(),
+        reason: reason.to_string(),
+    }
+}
+
+fn encode_entry(e: &AdminEntry) -> Result<Vec<u8>, NodeError> {
+    serde_json::to_vec(e).map_err(|e| IoError::Json(e).into())
+}
+
+fn decode_entry(v: &[u8]) -> Result<AdminEntry, NodeError> {
+    serde_json::from_slice(v).map_err(|_| Corrupt::Record("admin entry").into())
+}
+
+/// Appends `action` on `entry` to the audit trail in `tx`.
+fn append_log(
+    tx: &redb::WriteTransaction,
+    action: &str,
+    entry: &AdminEntry,
+) -> Result<(), NodeError> {
+    let mut log = tx.open_table(ADMIN_LOG)?;
+    let seq = log.last()?.map(|(k, _)| k.value()).unwrap_or(0) + 1;
+    let rec = AdminLogEntry {
+        seq,
+        action: action.into(),
+        entry: entry.clone(),
+    };
+    let bytes = serde_json::to_vec(&rec).map_err(IoError::Json)?;
+    log.insert(seq, bytes.as_slice())?;
+    Ok(())
+}
+
 fn report(serial: String, value_cents: u64, outcome: &str, token: Option<&Token>) -> DepositReport {
     DepositReport {
         serial,
@@ -885,6 +1110,7 @@ fn report(serial: String, value_cents: u64, outcome: &str, token: Option<&Token>
         token: token.map(|t| hex::encode(t.encode())),
         fraud: None,
         error: None,
+        code: None,
         retry: false,
     }
 }
@@ -897,6 +1123,7 @@ fn refused(serial: String, value_cents: u64, error: String, retry: bool) -> Depo
         token: None,
         fraud: None,
         error: Some(error),
+        code: None,
         retry,
     }
 }

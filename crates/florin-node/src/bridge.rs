@@ -273,6 +273,15 @@ impl Authority {
             return Err(WithdrawalRefused::NotATransfer.into());
         };
         check_withdraw_auth(t, index, &recipient, &handshake, auth)?;
+        // A revoked key may not withdraw: neither to itself nor by authorizing it.
+        self.check_not_revoked(&recipient, "recipient")?;
+        if let Some(WithdrawAuth {
+            key: InputKey::Ed25519(k),
+            ..
+        }) = auth
+        {
+            self.check_not_revoked(k, "signer")?;
+        }
         let out = t
             .output_utxos()
             .get(index)

@@ -27,6 +27,9 @@ pub enum NodeError {
     /// The thing asked for does not exist (404).
     #[error(transparent)]
     NotFound(#[from] NotFound),
+    /// A privileged operation without a usable operator credential (401).
+    #[error(transparent)]
+    Unauthorized(#[from] crate::operator::Unauthorized),
     /// A feature is off on this node, or the caller may not do this (403).
     #[error(transparent)]
     Forbidden(#[from] Forbidden),
@@ -53,7 +56,8 @@ impl NodeError {
         match self {
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) => "not_found",
-            Self::Forbidden(_) => "forbidden",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(f) => f.code(),
             Self::Storage(_) => "storage",
             Self::Corrupt(_) => "corrupt",
             Self::Io(_) => "io",
@@ -190,6 +194,12 @@ pub enum BadRequest {
         #[source]
         source: BoxError,
     },
+    /// An operator's reason longer than kept.
+    #[error("a reason is at most {max} bytes")]
+    ReasonTooLong {
+        /// The most kept.
+        max: usize,
+    },
     /// A rare one-off refusal (configuration and setup commands), in words.
     #[error("{0}")]
     Other(String),
@@ -250,6 +260,33 @@ pub enum Forbidden {
          transfer that paid the reserve)"
     )]
     Withdrawal(#[source] WithdrawAuthError),
+    /// An operator credential that is refused (not an operator, expired, forged, replayed).
+    #[error("operator credential refused: {0}")]
+    Operator(#[source] crate::operator::OperatorRefused),
+    /// The key (`role`: depositor, recipient, signer) was revoked by an operator.
+    #[error(
+        "{role} {key} is revoked by the operator: it can no longer deposit or withdraw ({reason})"
+    )]
+    Revoked {
+        /// The key's role in the request.
+        role: &'static str,
+        /// The key (address).
+        key: String,
+        /// The operator's reason.
+        reason: String,
+    },
+}
+
+impl Forbidden {
+    /// The stable code of this refusal (`NodeError::code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Forbidden::Revoked { .. } => "revoked",
+            Forbidden::Operator(_) => "operator_refused",
+            Forbidden::FaucetOff => "faucet_off",
+            _ => "forbidden",
+        }
+    }
 }
 
 /// Why a withdrawal's authorization is refused.
@@ -369,6 +406,15 @@ pub enum Full {
         messages: u64,
         /// Their bytes.
         bytes: u64,
+    },
+    /// As many operator nonces are remembered as the node keeps (operator requests within the
+    /// replay window).
+    #[error(
+        "too many operator requests within the replay window (at most {max}); try again later"
+    )]
+    OperatorNonces {
+        /// The most remembered.
+        max: usize,
     },
     /// Every mailbox together holds as many bytes as the node keeps.
     #[error("the node's mailboxes are full ({bytes} bytes waiting); try again later")]

@@ -17,13 +17,14 @@ pub mod error;
 mod keyfile;
 pub mod ledger;
 pub mod manifest;
+pub mod operator;
 pub mod psp;
 pub mod redb_open;
 mod store;
 
 pub use authority::{
     parallel_verify, Authority, AuthorityConfig, MailboxLimits, BATCH_SIGNATURES,
-    MAX_MAILBOX_MESSAGE,
+    MAX_MAILBOX_MESSAGE, MAX_REASON,
 };
 pub use bridge::{settle_credit, WithdrawAuth};
 pub use error::NodeError;

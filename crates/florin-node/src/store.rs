@@ -31,6 +31,12 @@ pub(crate) const WITHDRAWALS: TableDefinition<&[u8], &[u8]> =
 /// the issuer's journal of ledger mints, kept apart from the ledger's own log: txid → value
 /// (u64 LE) ‖ state (0: recorded before submission, 1: confirmed by the ledger).
 pub(crate) const ISSUANCE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("issuance_v1");
+/// blacklisted tokens: serial (as `TOKENS`) → JSON `AdminEntry` (who, when, why).
+pub(crate) const BLACKLIST: TableDefinition<u64, &[u8]> = TableDefinition::new("blacklist_v1");
+/// revoked wallet keys: key (32 bytes) → JSON `AdminEntry` (who, when, why).
+pub(crate) const REVOKED: TableDefinition<&[u8], &[u8]> = TableDefinition::new("revoked_v1");
+/// the operators' audit trail, append-only: sequence (from 1) → JSON `AdminLogEntry`.
+pub(crate) const ADMIN_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("admin_log_v1");
 /// counters: "minted_count", "minted_cents", "issuance_baseline_cents" (ledger mints from
 /// before the journal existed), "issuance_baseline_set"; the mailbox's "mailbox_seq" (the last
 /// sequence number given, across all mailboxes), "mailbox_bytes" (bytes waiting in all) and
@@ -56,6 +62,9 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(ISSUANCE)?;
         tx.open_table(MAILBOX_USAGE)?;
         tx.open_table(MAILBOX_AGES)?;
+        tx.open_table(BLACKLIST)?;
+        tx.open_table(REVOKED)?;
+        tx.open_table(ADMIN_LOG)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;
@@ -88,7 +97,15 @@ pub(crate) fn copy_consistent(
             CREDITS,
             WITHDRAWALS,
             ISSUANCE,
+            REVOKED,
         ] {
+            let (from, mut into) = (src.open_table(t)?, w.open_table(t)?);
+            for item in from.iter()? {
+                let (k, v) = item?;
+                into.insert(k.value(), v.value())?;
+            }
+        }
+        for t in [BLACKLIST, ADMIN_LOG] {
             let (from, mut into) = (src.open_table(t)?, w.open_table(t)?);
             for item in from.iter()? {
                 let (k, v) = item?;

@@ -55,6 +55,13 @@ pub struct NodeConfig {
     /// Sentinels: largest faucet request, in euros.
     #[serde(default)]
     pub max_faucet: Option<String>,
+    /// Sentinels: whether the faucet is on (off unless the operator turns it on; when on,
+    /// each request needs an operator credential).
+    #[serde(default)]
+    pub faucet: bool,
+    /// Sentinels: the operator keys (addresses) whose signed requests are accepted.
+    #[serde(default)]
+    pub operators: Vec<String>,
 }
 
 impl NodeConfig {
@@ -121,6 +128,10 @@ pub enum ClusterCommand {
         /// Largest faucet request, in euros.
         #[arg(long, default_value = "10000")]
         max_faucet: String,
+        /// Turn the faucet on (first start only; off by default). Each faucet request then
+        /// needs the operator's credential (DATA/operator.key).
+        #[arg(long)]
+        faucet: bool,
     },
     /// Every group's leader, term, log index and health, and the API URL.
     Status {
@@ -198,6 +209,7 @@ fn create(
     sentinels: usize,
     api: SocketAddr,
     max_faucet: &str,
+    faucet: bool,
 ) -> Result<ClusterSpec> {
     if shards == 0 || replicas == 0 || coordinators == 0 || sentinels == 0 {
         bail!("shards, replicas, coordinators and sentinels must each be at least 1");
@@ -231,6 +243,7 @@ fn create(
         .map(|_| SecretKey::generate(&mut rand::rngs::OsRng))
         .collect();
     let client = load_or_create_key(&data.join("client.key"))?;
+    let operator = load_or_create_key(&data.join(crate::devnet::OPERATOR_KEY_FILE))?;
     let map = florin_cluster::route::ShardMap::even(shards).map_err(|e| anyhow!("{e}"))?;
     let spec = ClusterSpec {
         shard_starts: map.starts().to_vec(),
@@ -260,6 +273,8 @@ fn create(
             issuer_key: None,
             authority_key: None,
             max_faucet: None,
+            faucet: false,
+            operators: Vec::new(),
         };
         write_node(&member_dir(data, role, g, id), &cfg, &key)?;
     }
@@ -277,6 +292,8 @@ fn create(
             issuer_key: Some("../issuer.key".into()),
             authority_key: Some("../authority.key".into()),
             max_faucet: Some(max_faucet.to_string()),
+            faucet,
+            operators: vec![operator.public_key().to_address()],
         };
         write_node(&member_dir(data, Role::Sentinel, i as u16, 0), &cfg, key)?;
     }
@@ -515,6 +532,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             data,
             api,
             max_faucet,
+            faucet,
         } => {
             let data = canonical(&data)?;
             if !data.join("cluster.toml").exists() {
@@ -526,6 +544,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                     sentinels,
                     api,
                     &max_faucet,
+                    faucet,
                 )?;
             } else {
                 eprintln!("using the existing cluster in {}", data.display());
@@ -712,9 +731,22 @@ fn run_sentinel(
         let required = vec!["authority.redb".to_string()];
         let dir_state = check_dir(&cfg.data, &required)?;
         std::fs::create_dir_all(&cfg.data)?;
-        let mut config = AuthorityConfig::devnet(&cfg.data);
+        // No faucet unless the operator turned it on, and then only for operators.
+        let mut config = AuthorityConfig::closed(&cfg.data);
+        config.faucet = cfg.faucet;
         if let Some(m) = &cfg.max_faucet {
             config.max_faucet_cents = florin_token::amount::parse_euros(m)?;
+        }
+        config.operators = cfg
+            .operators
+            .iter()
+            .map(|k| {
+                PublicKey::parse_valid(k)
+                    .with_context(|| format!("operator key {k} in the node config"))
+            })
+            .collect::<Result<_>>()?;
+        if cfg.faucet && config.operators.is_empty() {
+            eprintln!("note: the faucet is on but no operator is configured: nobody can use it");
         }
         let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&key)?));
         let address = signer.public_key().to_address();

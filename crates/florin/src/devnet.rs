@@ -8,11 +8,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use florin_crypto::{LocalSigner, Signer};
+use florin_crypto::{LocalSigner, SecretKey, Signer};
 use florin_http::{serve, AppState};
 use florin_node::manifest::{check_dir, DirState, Manifest};
-use florin_node::{load_or_create_key, Authority, AuthorityConfig, Ledger};
+use florin_node::{
+    load_key, load_or_create_key, write_private, Authority, AuthorityConfig, Ledger,
+};
 use florin_store::embedded::{EmbeddedConfig, EmbeddedStore};
+
+/// The operator's key file in a devnet's or a cluster's data directory (mode 0600).
+pub const OPERATOR_KEY_FILE: &str = "operator.key";
 
 /// Options of `florin devnet`.
 #[derive(Args)]
@@ -153,7 +158,21 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot open the ledger in {}", args.data.display()))?;
     let mut config = AuthorityConfig::devnet(&args.data);
     config.max_faucet_cents = max_faucet_cents;
+    // The operator's key (blacklist, revocation; the devnet's faucet stays open to anyone):
+    // a damaged file is refused naming it; a new one is written only once the registry opened
+    // (a start refused for damage changes nothing).
+    let operator_file = args.data.join(OPERATOR_KEY_FILE);
+    let (operator_key, operator_new) = if operator_file.exists() {
+        (load_key(&operator_file)?, false)
+    } else {
+        (SecretKey::generate(&mut rand::rngs::OsRng), true)
+    };
+    let operator = operator_key.public_key();
+    config.operators = vec![operator];
     let authority = Arc::new(Authority::open(config, signer)?);
+    if operator_new {
+        write_private(&operator_file, operator_key.to_hex().as_bytes())?;
+    }
     match &dir_state {
         DirState::Known(m) if m.files == required_files(args.custody) => {}
         _ => {
@@ -214,6 +233,11 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
                 args.data.join("custody").display()
             );
         }
+        eprintln!(
+            "  operator   {} ({})",
+            operator.to_address(),
+            operator_file.display()
+        );
         eprintln!("  data       {}", args.data.display());
         println!("listening on http://{addr}");
         serve(listener, state, shutdown_signal()).await?;

@@ -1,5 +1,6 @@
 //! `florin`: run a devnet, use a wallet, inspect fraud, run benchmarks.
 
+mod admin_cmd;
 mod cluster_cmd;
 mod custody_cmd;
 mod devnet;
@@ -22,6 +23,10 @@ use clap::{Parser, Subcommand};
     about = "Florin: digital cash, online and offline"
 )]
 struct Cli {
+    /// The operator's key file, for privileged requests (`florin admin`, a faucet outside the
+    /// devnet); the devnet and `cluster up` write DATA/operator.key.
+    #[arg(long, global = true, env = "FLORIN_OPERATOR_KEY", value_name = "FILE")]
+    operator_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -56,6 +61,9 @@ enum Command {
         #[command(subcommand)]
         command: cluster_cmd::ClusterCommand,
     },
+    /// Operator actions on a node (signed with --operator-key): blacklist tokens, revoke
+    /// wallet keys, list them and the audit trail.
+    Admin(admin_cmd::AdminArgs),
     /// Run a benchmark suite (see docs/benchmarks.md).
     Bench(florin_bench::BenchArgs),
     /// Check the books: minted − redeemed = ledger money + tokens outstanding.
@@ -90,7 +98,9 @@ fn quiet_on_broken_pipe() {
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
     let cli = Cli::parse();
+    util::set_operator_key(cli.operator_key);
     let result = match cli.command {
+        Command::Admin(a) => admin_cmd::run(a),
         Command::Devnet(a) => devnet::run(a),
         Command::Wallet(a) => wallet_cmd::run(a),
         Command::Fraud { command } => fraud_cmd::run(command),

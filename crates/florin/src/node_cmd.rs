@@ -271,7 +271,11 @@ fn check_dir(dir: &Path) -> Result<Vec<Finding>> {
         );
     }
     // Keys: each must parse, and match the manifest's record of it.
-    for (role, file) in [("authority", "authority.key"), ("issuer", "issuer.key")] {
+    for (role, file) in [
+        ("authority", "authority.key"),
+        ("issuer", "issuer.key"),
+        ("operator", "operator.key"),
+    ] {
         let p = dir.join(file);
         if !p.exists() {
             continue;

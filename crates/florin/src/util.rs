@@ -1,8 +1,52 @@
 //! Small helpers shared by the commands.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use florin_crypto::SecretKey;
+use florin_http::NodeClient;
+
+/// The operator key file given by `--operator-key` or `FLORIN_OPERATOR_KEY` (set once by
+/// `main`).
+static OPERATOR_KEY: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// Records the operator key file for the commands that call privileged routes.
+pub fn set_operator_key(path: Option<PathBuf>) {
+    let _ = OPERATOR_KEY.set(path);
+}
+
+/// The operator key file, if one was given.
+pub fn operator_key_path() -> Option<&'static Path> {
+    OPERATOR_KEY.get().and_then(|p| p.as_deref())
+}
+
+/// Reads an operator key file (64 hex digits, as `florin devnet` and `cluster up` write it);
+/// an error names the file.
+pub fn read_operator_key(path: &Path) -> Result<SecretKey> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the operator key {}", path.display()))?;
+    SecretKey::from_hex(text.trim())
+        .with_context(|| format!("operator key {} is damaged", path.display()))
+}
+
+/// A client for `node` that signs operator requests with the operator key, when one was
+/// given (`--operator-key`, `FLORIN_OPERATOR_KEY`).
+pub fn node_client(node: &str) -> Result<NodeClient> {
+    let client = NodeClient::new(node)?;
+    Ok(match operator_key_path() {
+        Some(p) => client.with_operator(read_operator_key(p)?),
+        None => client,
+    })
+}
+
+/// A client for `node` that signs with the operator key, which must have been given.
+pub fn operator_client(node: &str) -> Result<NodeClient> {
+    if operator_key_path().is_none() {
+        bail!("this command needs the operator's key: --operator-key FILE or FLORIN_OPERATOR_KEY (the devnet and `cluster up` write DATA/operator.key)");
+    }
+    node_client(node)
+}
 
 /// Writes `bytes` to `path` atomically and durably ([`florin_fs::write_atomic`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {

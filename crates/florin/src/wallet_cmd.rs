@@ -184,7 +184,8 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let cents = parse_euros(&amount)?;
             let mut w = store.load()?;
             ensure_authority(&mut w, &args.node)?;
-            let client = NodeClient::new(&args.node)?;
+            // Signed by the operator key when one is given (a faucet outside the devnet).
+            let client = crate::util::node_client(&args.node)?;
             let flows = flows(&store, &client, json);
             let f = runtime()?.block_on(flows.faucet(&mut w, cents))?;
             // Handoffs owed to payees went out in the background; they never block this.

@@ -1079,6 +1079,8 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     let out = Command::new(BIN)
         .args(["cluster", "up", "--shards", "2", "--replicas", "3"])
         .args(["--coordinators", "1", "--data", &data_s, "--api", &api])
+        // The faucet is off on a cluster unless turned on, and then for the operator only.
+        .arg("--faucet")
         .output()
         .unwrap();
     assert!(
@@ -1093,9 +1095,11 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     assert_eq!(st["members"].as_array().unwrap().len(), 10, "{st}");
 
     let names = ["p0", "p1", "p2", "p3"];
+    let operator_key = data.join("operator.key");
+    let operator_key = operator_key.to_str().unwrap();
     for n in names {
         u.wallet(n, &["new"]);
-        u.wallet(n, &["faucet", "100"]);
+        u.wallet(n, &["faucet", "100", "--operator-key", operator_key]);
     }
     let load = PayLoad::start(&u, &names, 300, false);
     std::thread::sleep(Duration::from_millis(1500));

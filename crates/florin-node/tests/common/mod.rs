@@ -71,6 +71,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// loopback. Dropped, it tells the server to stop.
 pub struct LedgerNode {
     pub addr: SocketAddr,
+    pub authority: Arc<Authority>,
     pub rt: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
@@ -79,9 +80,14 @@ pub struct LedgerNode {
 
 impl LedgerNode {
     pub fn start() -> LedgerNode {
+        LedgerNode::start_with(|dir| AuthorityConfig::devnet(dir))
+    }
+
+    /// A node whose authority runs `config(data dir)`.
+    pub fn start_with(config: impl FnOnce(&std::path::Path) -> AuthorityConfig) -> LedgerNode {
         let dir = tempfile::tempdir().unwrap();
         let auth = Arc::new(LocalSigner::new(SecretKey::from_seed(&[9; 32])));
-        let authority = Authority::open(AuthorityConfig::devnet(dir.path()), auth).unwrap();
+        let authority = Arc::new(Authority::open(config(dir.path()), auth).unwrap());
         let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path().join("ledger"))).unwrap();
         let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[8; 32])));
         let rt = runtime();
@@ -92,7 +98,7 @@ impl LedgerNode {
         let addr = listener.local_addr().unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let state = AppState {
-            authority: Some(Arc::new(authority)),
+            authority: Some(authority.clone()),
             ledger: Some(ledger),
         };
         let server = rt.spawn(florin_http::serve(listener, state, async {
@@ -100,6 +106,7 @@ impl LedgerNode {
         }));
         LedgerNode {
             addr,
+            authority,
             rt,
             stop: Some(stop),
             server: Some(server),
