@@ -1,6 +1,6 @@
 //! Small helpers shared by the commands.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
@@ -25,4 +25,31 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
+}
+
+/// What `https://` clients trust: the system's roots and the CA file given by `--ca-cert` or
+/// `FLORIN_CA_CERT`, read when a client is made (so commands that make none never read it).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    ca_cert: Option<PathBuf>,
+}
+
+impl Trust {
+    /// Trust for `--ca-cert` (or none).
+    pub fn new(ca_cert: Option<PathBuf>) -> Trust {
+        Trust { ca_cert }
+    }
+
+    /// The client TLS configuration.
+    pub fn client_tls(&self) -> Result<florin_http::ClientTls> {
+        florin_http::ClientTls::from_optional(self.ca_cert.as_deref()).context("--ca-cert")
+    }
+
+    /// A client for the node's API at `base`.
+    pub fn node(&self, base: &str) -> Result<florin_http::NodeClient> {
+        Ok(florin_http::NodeClient::with_tls(
+            base,
+            &self.client_tls()?,
+        )?)
+    }
 }
