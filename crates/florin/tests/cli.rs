@@ -132,7 +132,11 @@ impl PayLoad {
                         if stop.load(std::sync::atomic::Ordering::Relaxed) {
                             break;
                         }
-                        let out = Command::new(BIN)
+                        let mut cmd = Command::new(BIN);
+                        if let Some(ca) = common::ca_for(&node) {
+                            cmd.env("FLORIN_CA_CERT", ca);
+                        }
+                        let out = cmd
                             .current_dir(&dir)
                             .env("FLORIN_NODE", &node)
                             .args([
