@@ -562,7 +562,7 @@ pub fn run(
 
     // TLS beside plain HTTP: interleaved pairs (the order alternating), one transaction per
     // request, the same clients; the ratio is the median of the pairs' ratios.
-    let (pairs, per_run) = if quick { (3, 1_000) } else { (5, n / 10) };
+    let (pairs, per_run) = if quick { (5, 1_000) } else { (7, n / 10) };
     let mut ratios = Vec::with_capacity(pairs);
     let (mut plain_tps, mut tls_tps) = (Vec::new(), Vec::new());
     for k in 0..pairs {
