@@ -199,3 +199,80 @@ fn the_ca_is_reused_on_restart_and_a_damaged_one_is_refused() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("ca.key") && err.contains("missing"), "{err}");
 }
+
+/// Stops a key-management network when dropped (`florin custody down`).
+struct CustodyDown(std::path::PathBuf);
+
+impl Drop for CustodyDown {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN)
+            .args(["custody", "down", "--data"])
+            .arg(&self.0)
+            .output();
+    }
+}
+
+/// A provider serves HTTPS from its own CA by default; its customers' commands trust that CA,
+/// and the provider reaches the devnet's ledger over TLS trusting the devnet's CA.
+#[test]
+fn a_provider_serves_https_and_reaches_the_ledger_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let net = Devnet::start(&home.join("devnet"));
+    let psp_data = home.join("psp");
+    let _down = CustodyDown(psp_data.join("custody"));
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "psp",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--scheme",
+        "ed25519",
+    ])
+    .args(["--name", "bank-t", "--ledger", &net.url, "--data"])
+    .arg(&psp_data)
+    .env(
+        "FLORIN_CA_CERT",
+        home.join("devnet").join("tls").join("ca.pem"),
+    );
+    let (child, url) = common::spawn_listening(cmd);
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _child = Kill(child);
+    assert!(url.starts_with("https://"), "{url}");
+    let psp_ca = psp_data.join("tls").join("ca.pem");
+    let psp = |ca: Option<&Path>, args: &[&str]| {
+        let mut c = Command::new(BIN);
+        c.current_dir(home)
+            .env("FLORIN_PSP", &url)
+            .args(["psp"])
+            .args(args);
+        match ca {
+            Some(ca) => c.env("FLORIN_CA_CERT", ca),
+            None => c.env_remove("FLORIN_CA_CERT"),
+        };
+        c.output().unwrap()
+    };
+    // Without the provider's CA: a certificate error.
+    let o = psp(None, &["info", "--json"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("certificate"));
+    // With it: open an account and fund it from the ledger's faucet (provider → ledger, TLS).
+    let info = ok(psp(Some(&psp_ca), &["info", "--json"]));
+    assert_eq!(info["name"], "bank-t", "{info}");
+    ok(psp(Some(&psp_ca), &["open", "alice", "--json"]));
+    let o = psp(Some(&psp_ca), &["fund", "alice", "5"]);
+    assert!(
+        o.status.success(),
+        "fund: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bal = ok(psp(Some(&psp_ca), &["balance", "alice", "--json"]));
+    assert_eq!(bal[0]["balance_cents"], 500, "{bal}");
+}
