@@ -7,6 +7,11 @@
 //! on its own Tokio runtime. The load generator is one thread with `clients` keep-alive HTTP/1.1
 //! connections, each with one request in flight; requests are encoded before the clock starts.
 //! Clients and node share this machine's cores, so the figures include the clients' cost.
+//!
+//! The node serves the same API twice, on a plain-HTTP listener and on a TLS listener (its
+//! certificate from a CA made for the run), through the same server loop `florin devnet` uses;
+//! `e2e_tls_vs_plain_ratio` compares the two in interleaved pairs. Connections (and TLS
+//! handshakes) are opened before the clock starts: the figures are for kept-alive connections.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,10 +37,15 @@ const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
 /// A node serving the API on loopback, with its ledger.
 pub(super) struct Node {
     pub(super) addr: SocketAddr,
+    /// The same API over TLS.
+    pub(super) tls_addr: SocketAddr,
+    /// What a client trusts to reach `tls_addr`.
+    tls_client: Arc<rustls::ClientConfig>,
     pub(super) ledger: Arc<Ledger>,
     pub(super) issuer: Arc<LocalSigner>,
     pub(super) rt: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop_tls: Option<tokio::sync::oneshot::Sender<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -62,15 +72,33 @@ impl Node {
             .build()?;
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let addr = listener.local_addr()?;
+        let tls_listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let tls_addr = tls_listener.local_addr()?;
+        let (ca, _) = florin_http::LocalCa::load_or_create(&dir.path().join("tls"))?;
+        let server_tls = ca.server_tls(&florin_http::tls::server_names(tls_addr, &[]))?;
+        let tls_client =
+            Arc::new(florin_http::ClientTls::from_ca_file(&ca.cert_path())?.rustls_config()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (stop_tls, stopped_tls) = tokio::sync::oneshot::channel::<()>();
+        let tls_state = state.clone();
         rt.spawn(async move {
             let _ = florin_http::serve(listener, state, async move {
                 let _ = stopped.await;
             })
             .await;
         });
+        rt.spawn(async move {
+            let options = florin_http::ServeOptions::with_tls(Some(server_tls));
+            let _ = florin_http::serve_with(tls_listener, tls_state, options, async move {
+                let _ = stopped_tls.await;
+            })
+            .await;
+        });
         Ok(Node {
             addr,
+            tls_addr,
+            tls_client,
+            stop_tls: Some(stop_tls),
             ledger,
             issuer,
             rt,
@@ -83,6 +111,9 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(s) = self.stop_tls.take() {
             let _ = s.send(());
         }
     }
@@ -270,8 +301,26 @@ struct Run {
     state_invalid: usize,
 }
 
+/// Where the load generator connects: the plain listener, or the TLS one with what the client
+/// trusts.
+#[derive(Clone)]
+enum Target {
+    Plain(SocketAddr),
+    Tls(SocketAddr, Arc<rustls::ClientConfig>),
+}
+
+impl Node {
+    fn plain(&self) -> Target {
+        Target::Plain(self.addr)
+    }
+
+    fn tls(&self) -> Target {
+        Target::Tls(self.tls_addr, self.tls_client.clone())
+    }
+}
+
 /// Sends every request over `clients` connections, one request in flight on each.
-fn drive(addr: SocketAddr, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<Run> {
+fn drive(target: Target, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<Run> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -279,17 +328,35 @@ fn drive(addr: SocketAddr, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<
     let requests = Arc::new(api.requests(txs));
     let next = Arc::new(AtomicUsize::new(0));
     rt.block_on(async move {
-        let mut conns = Vec::with_capacity(clients);
+        let mut plain = Vec::new();
+        let mut tls = Vec::new();
         for _ in 0..clients {
-            let s = tokio::net::TcpStream::connect(addr).await?;
-            s.set_nodelay(true)?;
-            conns.push(s);
+            match &target {
+                Target::Plain(addr) => {
+                    let s = tokio::net::TcpStream::connect(addr).await?;
+                    s.set_nodelay(true)?;
+                    plain.push(s);
+                }
+                Target::Tls(addr, config) => {
+                    let s = tokio::net::TcpStream::connect(addr).await?;
+                    s.set_nodelay(true)?;
+                    let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+                    let s = tokio_rustls::TlsConnector::from(config.clone())
+                        .connect(name, s)
+                        .await?;
+                    tls.push(s);
+                }
+            }
         }
         let t = Instant::now();
-        let tasks: Vec<_> = conns
+        let mut tasks: Vec<tokio::task::JoinHandle<ClientResult>> = plain
             .into_iter()
             .map(|s| tokio::spawn(client(s, requests.clone(), next.clone())))
             .collect();
+        tasks.extend(
+            tls.into_iter()
+                .map(|s| tokio::spawn(client(s, requests.clone(), next.clone()))),
+        );
         let mut run = Run {
             seconds: 0.0,
             latencies_us: Vec::with_capacity(txs.len()),
@@ -309,8 +376,8 @@ fn drive(addr: SocketAddr, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<
 
 type ClientResult = Result<(Vec<u32>, usize, usize)>;
 
-async fn client(
-    mut s: tokio::net::TcpStream,
+async fn client<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut s: S,
     requests: Arc<Vec<(Vec<u8>, usize)>>,
     next: Arc<AtomicUsize>,
 ) -> ClientResult {
@@ -383,6 +450,19 @@ fn content_length(head: &[u8]) -> Result<usize> {
         .ok_or_else(|| anyhow!("response without content-length"))
 }
 
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
 pub(super) fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -421,7 +501,7 @@ pub fn run(
         (Api::Batch(batch), (clients / 8).max(4)),
     ] {
         let w = workload(&node, n, 0, 0, 1)?;
-        let r = drive(node.addr, &w.txs, api, clients)?;
+        let r = drive(node.plain(), &w.txs, api, clients)?;
         check(&r, &w)?;
         let tps = w.txs.len() as f64 / r.seconds;
         let mut lat = r.latencies_us;
@@ -480,11 +560,78 @@ pub fn run(
         );
     }
 
+    // TLS beside plain HTTP: interleaved pairs (the order alternating), one transaction per
+    // request, the same clients; the ratio is the median of the pairs' ratios.
+    let (pairs, per_run) = if quick { (5, 1_000) } else { (7, n / 10) };
+    let mut ratios = Vec::with_capacity(pairs);
+    let (mut plain_tps, mut tls_tps) = (Vec::new(), Vec::new());
+    for k in 0..pairs {
+        let one = |tls: bool| -> Result<f64> {
+            let w = workload(&node, per_run, 0, 0, 50 + 2 * k as u64 + tls as u64)?;
+            let target = if tls { node.tls() } else { node.plain() };
+            let r = drive(target, &w.txs, Api::Single, clients)?;
+            check(&r, &w)?;
+            Ok(w.txs.len() as f64 / r.seconds)
+        };
+        let (p, t) = if k % 2 == 0 {
+            let p = one(false)?;
+            (p, one(true)?)
+        } else {
+            let t = one(true)?;
+            (one(false)?, t)
+        };
+        eprintln!("pair {k}: plain {p:.0} tx/s, TLS {t:.0} tx/s");
+        plain_tps.push(p);
+        tls_tps.push(t);
+        ratios.push(t / p);
+    }
+    let params = json!({
+        "pairs": pairs, "transactions_per_run": per_run, "clients": clients,
+        "api": Api::Single.describe(), "io": "2-in/2-out",
+        "tls": "TLS 1.3, ECDSA P-256 certificate, rustls (ring); connections opened before the clock",
+    });
+    rec.add(
+        "e2e_tls_tx_per_s",
+        median(&mut tls_tps),
+        "transactions/s",
+        params.clone(),
+        None,
+        Some(Reference {
+            value: median(&mut plain_tps),
+            source: "e2e_plain_tx_per_s: the same API over plain HTTP, interleaved, same run"
+                .into(),
+        }),
+    );
+    rec.add(
+        "e2e_plain_tx_per_s",
+        median(&mut plain_tps),
+        "transactions/s",
+        params.clone(),
+        None,
+        None,
+    );
+    rec.add(
+        "e2e_tls_vs_plain_ratio",
+        median(&mut ratios),
+        "ratio",
+        json!({ "target": 0.9, "pairs": pairs, "what": "median over interleaved pairs of TLS tx/s / plain tx/s" }),
+        None,
+        Some(Reference {
+            value: 1.0,
+            source: "plain HTTP, same run".into(),
+        }),
+    );
+
     // 4. Hamilton Fig. 7: vary double spends and large transactions, 0-30 %.
     let points = [(0, 0), (10, 0), (20, 0), (30, 0), (0, 10), (0, 20), (0, 30)];
     for (k, (ds, large)) in points.into_iter().enumerate() {
         let w = workload(&node, per_point, ds, large, 100 + k as u64)?;
-        let r = drive(node.addr, &w.txs, Api::Batch(batch), (clients / 8).max(4))?;
+        let r = drive(
+            node.plain(),
+            &w.txs,
+            Api::Batch(batch),
+            (clients / 8).max(4),
+        )?;
         check(&r, &w)?;
         rec.add(
             "mix_valid_tx_per_s",

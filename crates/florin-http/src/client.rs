@@ -12,6 +12,8 @@ use florin_node::api::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::tls::{ClientTls, TlsError};
+
 /// Why a call to the node failed: a refusal by the node, or a node that cannot be reached.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -19,6 +21,9 @@ pub enum ClientError {
     /// The HTTP client could not be set up.
     #[error("cannot set up the HTTP client: {0}")]
     Setup(#[source] reqwest::Error),
+    /// The TLS trust configuration could not be made.
+    #[error("cannot set up TLS: {0}")]
+    Tls(#[source] TlsError),
     /// The node answered with an error status.
     #[error("node refused ({status}): {message}")]
     Refused {
@@ -52,9 +57,16 @@ pub struct NodeClient {
 }
 
 impl NodeClient {
-    /// A client for `base` (e.g. `http://127.0.0.1:7400`).
+    /// A client for `base` (e.g. `https://127.0.0.1:7400`) trusting the system's roots only.
     pub fn new(base: &str) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
+        Self::with_tls(base, &ClientTls::system())
+    }
+
+    /// A client for `base` trusting what `tls` trusts (e.g. a devnet's `ca.pem`).
+    pub fn with_tls(base: &str, tls: &ClientTls) -> Result<Self, ClientError> {
+        let http = tls
+            .reqwest_builder()
+            .map_err(ClientError::Tls)?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(600))
             .build()

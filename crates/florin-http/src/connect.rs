@@ -30,6 +30,10 @@ fn classify(client: &NodeClient, e: ClientError) -> ConnectorError {
                 source: Box::new(source),
             }
         }
+        ClientError::Tls(source) => ConnectorError::Unreachable {
+            node: client.base().to_string(),
+            source: Box::new(source),
+        },
         ClientError::Unreadable(source) => {
             ConnectorError::unreadable_by("node sent an unreadable answer", source)
         }

@@ -1,6 +1,7 @@
 //! Florin's HTTP/JSON surface: the node's axum router ([`node`]), the payment provider's
 //! ([`psp`]), the reqwest links a provider uses to reach the ledger and other providers
-//! ([`links`]), and a typed client for the provider's API ([`psp_client`]).
+//! ([`links`]), a typed client for the provider's API ([`psp_client`]), the one server loop
+//! every listener runs ([`server`]) and TLS material and trust ([`tls`]).
 //!
 //! The services live in `florin-node` and know nothing of HTTP (that crate depends on no
 //! axum, hyper or reqwest). The rule here, as in cdk's `cdk-axum`: a handler only **parses**
@@ -13,8 +14,12 @@ pub mod links;
 pub mod node;
 pub mod psp;
 pub mod psp_client;
+pub mod server;
+pub mod tls;
 
 pub use client::NodeClient;
 pub use links::HttpLinks;
-pub use node::{router, serve, AppState, HttpError, MAX_SUBMIT_BATCH};
+pub use node::{router, serve, serve_with, AppState, HttpError, MAX_SUBMIT_BATCH};
 pub use psp_client::{ClientError, PspClient};
+pub use server::ServeOptions;
+pub use tls::{ClientTls, LocalCa, ServerTls, TlsError};

@@ -11,6 +11,8 @@ use florin_node::psp::api::{AccountView, Receive, ReceiveAnswer};
 use florin_node::psp::{PspError, PspLinks};
 use florin_node::TxStatus;
 
+use crate::tls::ClientTls;
+
 /// [`PspLinks`] over HTTP/JSON: the node's ledger API and other providers' APIs.
 #[derive(Debug, Clone)]
 pub struct HttpLinks {
@@ -18,9 +20,17 @@ pub struct HttpLinks {
 }
 
 impl HttpLinks {
-    /// A client with the provider's timeouts (connect 5 s, whole call 60 s).
+    /// A client with the provider's timeouts (connect 5 s, whole call 60 s), trusting the
+    /// system's roots only.
     pub fn new() -> Result<HttpLinks, PspError> {
-        let http = reqwest::Client::builder()
+        Self::with_tls(&ClientTls::system())
+    }
+
+    /// [`HttpLinks::new`] trusting what `tls` trusts (the ledger's and peers' CAs).
+    pub fn with_tls(tls: &ClientTls) -> Result<HttpLinks, PspError> {
+        let http = tls
+            .reqwest_builder()
+            .map_err(|e| PspError::Storage(format!("HTTP client: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(60))
             .build()

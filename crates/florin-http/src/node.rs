@@ -1,7 +1,6 @@
 //! The node's HTTP/JSON API (axum). Handlers are thin: parse, call the service on a blocking
 //! thread (storage and signature checks are CPU and disk work), map errors to status codes.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -11,6 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use tokio::net::TcpListener;
+
+use crate::server::ServeOptions;
 
 use florin_crypto::PublicKey;
 use florin_node::api::{
@@ -665,16 +666,23 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` resolves.
+/// Serves the API on `listener` until `shutdown` resolves (plain HTTP, default limits; see
+/// [`serve_with`]).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    serve_with(listener, state, ServeOptions::default(), shutdown).await
+}
+
+/// Serves the API on `listener` with `options` (TLS, timeouts, connection cap) until
+/// `shutdown` resolves; handlers see the peer as `ConnectInfo<SocketAddr>`.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: AppState,
+    options: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    crate::server::serve_router(listener, router(state), options, shutdown).await
 }

@@ -12,6 +12,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 
+use crate::server::ServeOptions;
+
 use florin_node::api::{ApiError, Health};
 use florin_node::psp::api::{
     AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo, Receive,
@@ -145,17 +147,26 @@ pub fn router(psp: Arc<Psp>) -> Router {
         .with_state(psp)
 }
 
-/// Serves the provider on `listener` until `shutdown` resolves, resolving pending payments
-/// and owed acknowledgements in the background (at start, then every 2 s).
+/// Serves the provider on `listener` until `shutdown` resolves (plain HTTP, default limits; see
+/// [`serve_with`]), resolving pending payments and owed acknowledgements in the background (at
+/// start, then every 2 s).
 pub async fn serve(
     listener: TcpListener,
     psp: Arc<Psp>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with(listener, psp, ServeOptions::default(), shutdown).await
+}
+
+/// [`serve`] with `options` (TLS, timeouts, connection cap).
+pub async fn serve_with(
+    listener: TcpListener,
+    psp: Arc<Psp>,
+    options: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let upkeep = psp.spawn_upkeep(Duration::from_secs(2));
-    let r = axum::serve(listener, router(psp))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let r = crate::server::serve_router(listener, router(psp), options, shutdown).await;
     upkeep.abort();
     // Wait until the task is gone, so the books are closed when this returns.
     let _ = upkeep.await;

@@ -11,6 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::tls::{ClientTls, TlsError};
+
 /// Why a call to a provider failed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -18,6 +20,9 @@ pub enum ClientError {
     /// The HTTP client could not be made.
     #[error("HTTP client")]
     Setup(#[source] reqwest::Error),
+    /// The TLS trust configuration could not be made.
+    #[error("cannot set up TLS")]
+    Tls(#[source] TlsError),
     /// The provider could not be reached (or its answer not received).
     #[error("cannot reach the provider at {base}")]
     Unreachable {
@@ -51,9 +56,16 @@ impl PspClient {
     /// A client with a 5 s connect and a 600 s call timeout (a first P-256 account's key
     /// generation can take minutes).
     pub fn new(base: &str) -> Result<PspClient, ClientError> {
+        Self::with_tls(base, &ClientTls::system())
+    }
+
+    /// [`PspClient::new`] trusting what `tls` trusts (e.g. the provider's `ca.pem`).
+    pub fn with_tls(base: &str, tls: &ClientTls) -> Result<PspClient, ClientError> {
         Ok(PspClient {
             base: base.trim_end_matches('/').to_string(),
-            http: reqwest::Client::builder()
+            http: tls
+                .reqwest_builder()
+                .map_err(ClientError::Tls)?
                 .connect_timeout(Duration::from_secs(5))
                 .timeout(Duration::from_secs(600))
                 .build()

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use florin_node::api::AdminEntry;
 use serde_json::json;
 
-use crate::util::{operator_client, print_json, runtime};
+use crate::util::{operator_client, print_json, runtime, Trust};
 
 /// Options of `florin admin`.
 #[derive(Args)]
@@ -84,8 +84,8 @@ fn print_entry(what: &str, e: &AdminEntry, json_out: bool) {
 }
 
 /// Runs `florin admin …`.
-pub fn run(args: AdminArgs) -> Result<ExitCode> {
-    let client = operator_client(&args.node)?;
+pub fn run(args: AdminArgs, trust: &Trust) -> Result<ExitCode> {
+    let client = operator_client(&args.node, trust)?;
     let rt = runtime()?;
     match args.command {
         AdminCommand::Blacklist { serial, reason } => {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
-use florin_http::{serve, AppState};
+use florin_http::{serve_with, AppState};
 use florin_node::cluster::rpc::{Peer, Request, Response};
 use florin_node::cluster::{start_member, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
 use florin_node::manifest::{check_dir, DirState, Manifest};
@@ -62,6 +62,14 @@ pub struct NodeConfig {
     /// Sentinels: the operator keys (addresses) whose signed requests are accepted.
     #[serde(default)]
     pub operators: Vec<String>,
+    /// Sentinels: the cluster's TLS directory (its CA, `ca.pem` and `ca.key`); the sentinel
+    /// serves TLS with a certificate issued from it at each start. Absent: plain HTTP, allowed
+    /// only on loopback.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
+    /// Sentinels: more names for the server certificate (`--tls-name`).
+    #[serde(default)]
+    pub tls_names: Vec<String>,
 }
 
 impl NodeConfig {
@@ -83,6 +91,9 @@ impl NodeConfig {
             abs(p);
         }
         if let Some(p) = c.authority_key.as_mut() {
+            abs(p);
+        }
+        if let Some(p) = c.tls_dir.as_mut() {
             abs(p);
         }
         Ok(c)
@@ -132,6 +143,10 @@ pub enum ClusterCommand {
         /// needs the operator's credential (DATA/operator.key).
         #[arg(long)]
         faucet: bool,
+        /// The sentinels' TLS (by default, from a CA made in `DATA/tls` when the cluster is
+        /// created) or plain HTTP; kept in the configs written at creation.
+        #[command(flatten)]
+        tls: crate::tls_args::ServeTlsArgs,
     },
     /// Every group's leader, term, log index and health, and the API URL.
     Status {
@@ -210,6 +225,7 @@ fn create(
     api: SocketAddr,
     max_faucet: &str,
     faucet: bool,
+    tls: &crate::tls_args::ServeTlsArgs,
 ) -> Result<ClusterSpec> {
     if shards == 0 || replicas == 0 || coordinators == 0 || sentinels == 0 {
         bail!("shards, replicas, coordinators and sentinels must each be at least 1");
@@ -275,6 +291,8 @@ fn create(
             max_faucet: None,
             faucet: false,
             operators: Vec::new(),
+            tls_dir: None,
+            tls_names: Vec::new(),
         };
         write_node(&member_dir(data, role, g, id), &cfg, &key)?;
     }
@@ -294,11 +312,16 @@ fn create(
             max_faucet: Some(max_faucet.to_string()),
             faucet,
             operators: vec![operator.public_key().to_address()],
+            tls_dir: (!tls.plain_http).then(|| PathBuf::from("..").join(crate::tls_args::TLS_DIR)),
+            tls_names: tls.tls_names.clone(),
         };
         write_node(&member_dir(data, Role::Sentinel, i as u16, 0), &cfg, key)?;
     }
     load_or_create_key(&data.join("issuer.key"))?;
     load_or_create_key(&data.join("authority.key"))?;
+    if !tls.plain_http {
+        florin_http::LocalCa::load_or_create(&data.join(crate::tls_args::TLS_DIR))?;
+    }
     Ok(spec)
 }
 
@@ -409,7 +432,12 @@ fn state(data: &Path) -> Result<ClusterState> {
             let cfg = NodeConfig::load(&dir.join("node.toml"))?;
             let http = cfg.http.map(|a| a.to_string()).unwrap_or_default();
             if g == 0 {
-                api = format!("http://{http}");
+                let scheme = if cfg.tls_dir.is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
+                api = format!("{scheme}://{http}");
             }
             let up = std::net::TcpStream::connect_timeout(
                 &http
@@ -533,7 +561,9 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             api,
             max_faucet,
             faucet,
+            tls,
         } => {
+            tls.check(api)?;
             let data = canonical(&data)?;
             if !data.join("cluster.toml").exists() {
                 create(
@@ -545,6 +575,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                     api,
                     &max_faucet,
                     faucet,
+                    &tls,
                 )?;
             } else {
                 eprintln!("using the existing cluster in {}", data.display());
@@ -579,6 +610,15 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 spec.shards[0].members.len()
             );
             print_state(&st);
+            let ca = data
+                .join(crate::tls_args::TLS_DIR)
+                .join(florin_http::tls::CA_CERT_FILE);
+            if st.api.starts_with("https://") {
+                eprintln!(
+                    "tls  CA {} (clients: --ca-cert or FLORIN_CA_CERT)",
+                    ca.display()
+                );
+            }
             println!("listening on {}", st.api);
             Ok(ExitCode::SUCCESS)
         }
@@ -775,6 +815,15 @@ fn run_sentinel(
         authority: authority.clone(),
         ledger: Some(ledger.clone()),
     };
+    // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
+    // loopback for a config without `tls_dir`.
+    let served = crate::tls_args::serve_options(
+        cfg.tls_dir.is_none(),
+        &cfg.tls_names,
+        cfg.tls_dir.as_deref().unwrap_or(Path::new(".")),
+        http,
+        false,
+    )?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(http)
             .await
@@ -795,12 +844,19 @@ fn run_sentinel(
             }
         }
         eprintln!(
-            "florin sentinel {} on http://{http} ({} shard(s), {} coordinator group(s))",
+            "florin sentinel {} on {}://{http} ({} shard(s), {} coordinator group(s))",
             cfg.group,
+            served.scheme,
             spec.shards.len(),
             spec.coordinators.len()
         );
-        serve(listener, state, crate::devnet::shutdown_signal()).await?;
+        serve_with(
+            listener,
+            state,
+            served.options,
+            crate::devnet::shutdown_signal(),
+        )
+        .await?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use florin_crypto::{LocalSigner, SecretKey, Signer};
-use florin_http::{serve, AppState};
+use florin_http::{serve_with, AppState};
 use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{
     load_key, load_or_create_key, write_private, Authority, AuthorityConfig, Ledger,
@@ -35,6 +35,9 @@ pub struct DevnetArgs {
     /// a local 2-of-3 key-management network (`DATA/custody`, three node processes).
     #[arg(long, value_enum, default_value = "local")]
     custody: Custody,
+    /// TLS (by default, from a CA made in `DATA/tls` on first start) or plain HTTP.
+    #[command(flatten)]
+    tls: crate::tls_args::ServeTlsArgs,
 }
 
 /// Where devnet keeps its signing keys.
@@ -118,6 +121,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     // Every argument checked before anything is written.
     let max_faucet_cents =
         florin_token::amount::parse_euros(&args.max_faucet).context("--max-faucet")?;
+    args.tls.check(args.listen)?;
     // Before anything is created: a directory initialized before must still hold every file
     // its manifest names (never a fresh key, registry or ledger over existing state).
     let mut required = required_files(args.custody);
@@ -204,6 +208,13 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
+        let served = crate::tls_args::serve_options(
+            args.tls.plain_http,
+            &args.tls.tls_names,
+            &args.data.join(crate::tls_args::TLS_DIR),
+            addr,
+            true,
+        )?;
         // `florin node backup` of this running devnet: a consistent copy over DIR/admin/sock.
         // Bound before "listening" is printed, so a backup right after finds it.
         let admin = match crate::node_cmd::bind_admin(&args.data) {
@@ -239,8 +250,15 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             operator_file.display()
         );
         eprintln!("  data       {}", args.data.display());
-        println!("listening on http://{addr}");
-        serve(listener, state, shutdown_signal()).await?;
+        if let Some(ca) = &served.ca_cert {
+            eprintln!(
+                "  tls        CA {}{} (clients: --ca-cert or FLORIN_CA_CERT)",
+                ca.display(),
+                if served.ca_created { ", made now" } else { "" }
+            );
+        }
+        println!("listening on {}://{addr}", served.scheme);
+        serve_with(listener, state, served.options, shutdown_signal()).await?;
         if let Some(a) = admin {
             a.abort();
         }

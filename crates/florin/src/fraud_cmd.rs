@@ -12,7 +12,6 @@ use serde_json::json;
 
 use crate::util::runtime;
 use crate::util::{print_json, read, write_atomic};
-use florin_http::NodeClient;
 
 /// `florin fraud` subcommands.
 #[derive(Subcommand)]
@@ -20,7 +19,7 @@ pub enum FraudCommand {
     /// List every double spend the authority detected.
     List {
         /// The node's API.
-        #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+        #[arg(long, env = "FLORIN_NODE", default_value = "https://127.0.0.1:7400")]
         node: String,
         /// Also write each proof to DIR/<id>.proof.
         #[arg(long)]
@@ -43,10 +42,10 @@ pub enum FraudCommand {
 }
 
 /// Runs a fraud command.
-pub fn run(cmd: FraudCommand) -> Result<ExitCode> {
+pub fn run(cmd: FraudCommand, trust: &crate::util::Trust) -> Result<ExitCode> {
     match cmd {
         FraudCommand::List { node, save, json } => {
-            let client = NodeClient::new(&node)?;
+            let client = trust.node(&node)?;
             let list = runtime()?.block_on(client.fraud())?;
             if let Some(dir) = &save {
                 std::fs::create_dir_all(dir)?;

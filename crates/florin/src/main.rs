@@ -8,6 +8,7 @@ mod fraud_cmd;
 mod node_cmd;
 mod offline_cmd;
 mod psp_cmd;
+mod tls_args;
 mod util;
 mod wallet_cmd;
 
@@ -27,6 +28,10 @@ struct Cli {
     /// devnet); the devnet and `cluster up` write DATA/operator.key.
     #[arg(long, global = true, env = "FLORIN_OPERATOR_KEY", value_name = "FILE")]
     operator_key: Option<PathBuf>,
+    /// A CA certificate (PEM; a file may hold several) trusted for `https://` servers besides
+    /// the system's roots, e.g. a devnet's `DATA/tls/ca.pem`.
+    #[arg(long, global = true, env = "FLORIN_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -69,7 +74,7 @@ enum Command {
     /// Check the books: minted − redeemed = ledger money + tokens outstanding.
     Audit {
         /// The node's API.
-        #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+        #[arg(long, env = "FLORIN_NODE", default_value = "https://127.0.0.1:7400")]
         node: String,
         /// Print JSON.
         #[arg(long)]
@@ -99,31 +104,37 @@ fn main() -> ExitCode {
     quiet_on_broken_pipe();
     let cli = Cli::parse();
     util::set_operator_key(cli.operator_key);
+    let trust = util::Trust::new(cli.ca_cert);
     let result = match cli.command {
-        Command::Admin(a) => admin_cmd::run(a),
+        Command::Admin(a) => admin_cmd::run(a, &trust),
         Command::Devnet(a) => devnet::run(a),
-        Command::Wallet(a) => wallet_cmd::run(a),
-        Command::Fraud { command } => fraud_cmd::run(command),
+        Command::Wallet(a) => wallet_cmd::run(a, &trust),
+        Command::Fraud { command } => fraud_cmd::run(command, &trust),
         Command::Custody { command } => custody_cmd::run(command),
-        Command::Psp { command } => psp_cmd::run(command),
+        Command::Psp { command } => psp_cmd::run(command, &trust),
         Command::Bench(a) => florin_bench::run(a),
         Command::Node(a) => cluster_cmd::run_node(a),
         Command::Cluster { command } => cluster_cmd::run(command),
-        Command::Audit { node, json } => audit(&node, json),
+        Command::Audit { node, json } => audit(&node, &trust, json),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
             // One clear line.
-            let msg = format!("{e:#}").replace('\n', " ");
+            let mut msg = format!("{e:#}").replace('\n', " ");
+            if msg.contains("invalid peer certificate") {
+                msg.push_str(
+                    " (the server's certificate is not trusted: give its CA with --ca-cert FILE or FLORIN_CA_CERT, e.g. a devnet's DATA/tls/ca.pem)",
+                );
+            }
             eprintln!("error: {msg}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn audit(node: &str, json: bool) -> anyhow::Result<ExitCode> {
-    let client = florin_http::NodeClient::new(node)?;
+fn audit(node: &str, trust: &util::Trust, json: bool) -> anyhow::Result<ExitCode> {
+    let client = trust.node(node)?;
     let a = util::runtime()?.block_on(client.audit())?;
     let balanced = a["balanced"].as_bool().unwrap_or(false);
     if json {

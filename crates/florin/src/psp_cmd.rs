@@ -15,7 +15,7 @@ use florin_node::psp::{Psp, PspConfig, PspScheme};
 use florin_token::amount::{format_cents, parse_euros};
 use serde::{Deserialize, Serialize};
 
-use crate::util::print_json;
+use crate::util::{print_json, Trust};
 
 /// `florin psp` subcommands.
 #[derive(Subcommand)]
@@ -30,7 +30,7 @@ pub enum PspCommand {
         #[arg(long)]
         name: Option<String>,
         /// The ledger's API.
-        #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+        #[arg(long, env = "FLORIN_NODE", default_value = "https://127.0.0.1:7400")]
         ledger: String,
         /// Address to listen on (loopback by default).
         #[arg(long, default_value = "127.0.0.1:7600")]
@@ -49,11 +49,14 @@ pub enum PspCommand {
         /// Longest to wait for the network's ECDSA set-up at start, seconds.
         #[arg(long, default_value_t = 1800)]
         setup_wait: u64,
+        /// TLS (by default, from a CA made in `DATA/tls` on first start) or plain HTTP.
+        #[command(flatten)]
+        tls: crate::tls_args::ServeTlsArgs,
     },
     /// The provider: name, scheme, network, accounts, unresolved payments.
     Info {
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
         /// Print JSON.
         #[arg(long)]
@@ -64,7 +67,7 @@ pub enum PspCommand {
         /// The account's name.
         name: String,
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
         /// Print JSON.
         #[arg(long)]
@@ -77,7 +80,7 @@ pub enum PspCommand {
         /// Euros, e.g. `25` or `3.50`.
         amount: String,
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
     },
     /// One account's balance, or every account's.
@@ -85,7 +88,7 @@ pub enum PspCommand {
         /// The account (all when left out).
         name: Option<String>,
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
         /// Print JSON.
         #[arg(long)]
@@ -108,7 +111,7 @@ pub enum PspCommand {
         #[arg(long)]
         id: Option<String>,
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
         /// Print JSON.
         #[arg(long)]
@@ -119,7 +122,7 @@ pub enum PspCommand {
         /// The account.
         name: String,
         /// The provider's API.
-        #[arg(long, env = "FLORIN_PSP", default_value = "http://127.0.0.1:7600")]
+        #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
         /// Print JSON.
         #[arg(long)]
@@ -135,7 +138,7 @@ struct Stored {
 }
 
 /// Runs a `florin psp` command.
-pub fn run(cmd: PspCommand) -> Result<ExitCode> {
+pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
     match cmd {
         PspCommand::Serve {
             data,
@@ -146,6 +149,7 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             ecdsa,
             presign_pool,
             setup_wait,
+            tls,
         } => serve(
             data,
             name,
@@ -155,9 +159,11 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             &ecdsa,
             presign_pool,
             setup_wait,
+            &tls,
+            trust,
         ),
         PspCommand::Info { psp, json } => {
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let i = c.run(c.api.info())?;
             if json {
                 print_json(&serde_json::to_value(&i)?);
@@ -172,7 +178,7 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::Open { name, psp, json } => {
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let v = c.run(c.api.open_account(&name))?;
             if json {
                 print_json(&serde_json::to_value(&v)?);
@@ -183,13 +189,13 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
         }
         PspCommand::Fund { name, amount, psp } => {
             let amount_cents = parse_euros(&amount)?;
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let v = c.run(c.api.fund(&name, amount_cents))?;
             println!("{}  €{}", v.name, format_cents(v.balance_cents));
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::Balance { name, psp, json } => {
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let list = match name {
                 Some(n) => vec![c.run(c.api.account(&n))?],
                 None => c.run(c.api.accounts())?,
@@ -228,7 +234,7 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
                 rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
                 hex::encode(b)
             });
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let r = c.run(c.api.pay(&PayRequest {
                 from,
                 to,
@@ -263,7 +269,7 @@ pub fn run(cmd: PspCommand) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PspCommand::History { name, psp, json } => {
-            let c = Client::new(&psp)?;
+            let c = Client::new(&psp, trust)?;
             let h = c.run(c.api.history(&name))?;
             if json {
                 print_json(&serde_json::to_value(&h)?);
@@ -294,7 +300,12 @@ fn serve(
     ecdsa: &str,
     presign_pool: usize,
     setup_wait: u64,
+    tls: &crate::tls_args::ServeTlsArgs,
+    trust: &Trust,
 ) -> Result<ExitCode> {
+    tls.check(listen)?;
+    // The ledger's and other providers' CAs (`--ca-cert`), read before anything is written.
+    let links = florin_http::HttpLinks::with_tls(&trust.client_tls()?)?;
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create data directory {}", data.display()))?;
     let stored_path = data.join("psp.json");
@@ -405,7 +416,7 @@ fn serve(
             presign_pool,
         },
         kmn.clone(),
-        std::sync::Arc::new(florin_http::HttpLinks::new()?),
+        std::sync::Arc::new(links),
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -415,6 +426,13 @@ fn serve(
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
+        let served = crate::tls_args::serve_options(
+            tls.plain_http,
+            &tls.tls_names,
+            &data.join(crate::tls_args::TLS_DIR),
+            addr,
+            true,
+        )?;
         eprintln!("florin psp {}", stored.name);
         eprintln!(
             "  keys       {} in a {}-of-{} network ({})",
@@ -425,8 +443,17 @@ fn serve(
         );
         eprintln!("  ledger     {ledger}");
         eprintln!("  data       {}", data.display());
-        println!("listening on http://{addr}");
-        florin_http::psp::serve(listener, psp, crate::devnet::shutdown_signal()).await?;
+        if let Some(ca) = &served.ca_cert {
+            eprintln!("  tls        CA {}", ca.display());
+        }
+        println!("listening on {}://{addr}", served.scheme);
+        florin_http::psp::serve_with(
+            listener,
+            psp,
+            served.options,
+            crate::devnet::shutdown_signal(),
+        )
+        .await?;
         eprintln!("florin psp stopped");
         Ok(ExitCode::SUCCESS)
     })
@@ -439,9 +466,9 @@ struct Client {
 }
 
 impl Client {
-    fn new(base: &str) -> Result<Client> {
+    fn new(base: &str, trust: &Trust) -> Result<Client> {
         Ok(Client {
-            api: florin_http::PspClient::new(base)?,
+            api: florin_http::PspClient::with_tls(base, &trust.client_tls()?)?,
             rt: crate::util::runtime()?,
         })
     }

@@ -32,8 +32,8 @@ pub fn read_operator_key(path: &Path) -> Result<SecretKey> {
 
 /// A client for `node` that signs operator requests with the operator key, when one was
 /// given (`--operator-key`, `FLORIN_OPERATOR_KEY`).
-pub fn node_client(node: &str) -> Result<NodeClient> {
-    let client = NodeClient::new(node)?;
+pub fn node_client(node: &str, trust: &Trust) -> Result<NodeClient> {
+    let client = trust.node(node)?;
     Ok(match operator_key_path() {
         Some(p) => client.with_operator(read_operator_key(p)?),
         None => client,
@@ -41,11 +41,11 @@ pub fn node_client(node: &str) -> Result<NodeClient> {
 }
 
 /// A client for `node` that signs with the operator key, which must have been given.
-pub fn operator_client(node: &str) -> Result<NodeClient> {
+pub fn operator_client(node: &str, trust: &Trust) -> Result<NodeClient> {
     if operator_key_path().is_none() {
         bail!("this command needs the operator's key: --operator-key FILE or FLORIN_OPERATOR_KEY (the devnet and `cluster up` write DATA/operator.key)");
     }
-    node_client(node)
+    node_client(node, trust)
 }
 
 /// Writes `bytes` to `path` atomically and durably ([`florin_fs::write_atomic`]).
@@ -69,4 +69,31 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
+}
+
+/// What `https://` clients trust: the system's roots and the CA file given by `--ca-cert` or
+/// `FLORIN_CA_CERT`, read when a client is made (so commands that make none never read it).
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    ca_cert: Option<PathBuf>,
+}
+
+impl Trust {
+    /// Trust for `--ca-cert` (or none).
+    pub fn new(ca_cert: Option<PathBuf>) -> Trust {
+        Trust { ca_cert }
+    }
+
+    /// The client TLS configuration.
+    pub fn client_tls(&self) -> Result<florin_http::ClientTls> {
+        florin_http::ClientTls::from_optional(self.ca_cert.as_deref()).context("--ca-cert")
+    }
+
+    /// A client for the node's API at `base`.
+    pub fn node(&self, base: &str) -> Result<florin_http::NodeClient> {
+        Ok(florin_http::NodeClient::with_tls(
+            base,
+            &self.client_tls()?,
+        )?)
+    }
 }

@@ -15,7 +15,7 @@ use rand::rngs::OsRng;
 use serde_json::json;
 
 use crate::util::print_json;
-use crate::util::runtime;
+use crate::util::{runtime, Trust};
 use florin_http::NodeClient;
 
 /// Options of `florin wallet`.
@@ -25,7 +25,7 @@ pub struct WalletArgs {
     #[arg(long, env = "FLORIN_WALLET", default_value = "florin-wallet.json")]
     wallet: PathBuf,
     /// The node's API.
-    #[arg(long, env = "FLORIN_NODE", default_value = "http://127.0.0.1:7400")]
+    #[arg(long, env = "FLORIN_NODE", default_value = "https://127.0.0.1:7400")]
     node: String,
     /// Print JSON.
     #[arg(long, global = true)]
@@ -91,7 +91,7 @@ enum WalletCommand {
 }
 
 /// Runs a wallet command.
-pub fn run(args: WalletArgs) -> Result<ExitCode> {
+pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
     let store = FileStore::new(&args.wallet);
     let json = args.json;
     // One command at a time per wallet: two concurrent payments must never spend the same
@@ -108,7 +108,7 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         } => {
             let authority = match authority {
                 Some(a) => Some(PublicKey::parse(&a).context("--authority")?),
-                None => fetch_authority(&args.node).ok(),
+                None => fetch_authority(&args.node, trust).ok(),
             };
             let mut w = Wallet::generate(&mut OsRng, authority);
             if let Some(h) = max_hops {
@@ -183,9 +183,9 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         WalletCommand::Faucet { amount } => {
             let cents = parse_euros(&amount)?;
             let mut w = store.load()?;
-            ensure_authority(&mut w, &args.node)?;
+            ensure_authority(&mut w, &args.node, trust)?;
             // Signed by the operator key when one is given (a faucet outside the devnet).
-            let client = crate::util::node_client(&args.node)?;
+            let client = crate::util::node_client(&args.node, trust)?;
             let flows = flows(&store, &client, json);
             let f = runtime()?.block_on(flows.faucet(&mut w, cents))?;
             // Handoffs owed to payees went out in the background; they never block this.
@@ -209,7 +209,7 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
             let payee = PublicKey::parse_valid(&address)
                 .with_context(|| format!("payee address {address}"))?;
             let mut w = store.load()?;
-            let client = NodeClient::new(&args.node)?;
+            let client = trust.node(&args.node)?;
             let flows = flows(&store, &client, json);
             let p = runtime()?.block_on(flows.pay(&mut w, payee, cents))?;
             if let Err(refusal) = p.settled.check("payment", &w) {
@@ -252,8 +252,8 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         }
         WalletCommand::Sync => {
             let mut w = store.load()?;
-            ensure_authority(&mut w, &args.node)?;
-            let client = NodeClient::new(&args.node)?;
+            ensure_authority(&mut w, &args.node, trust)?;
+            let client = trust.node(&args.node)?;
             let flows = flows(&store, &client, json);
             let r = runtime()?.block_on(flows.sync(&mut w))?;
             if json {
@@ -293,8 +293,8 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         WalletCommand::Withdraw { amount } => {
             let cents = parse_euros(&amount)?;
             let mut w = store.load()?;
-            ensure_authority(&mut w, &args.node)?;
-            let client = NodeClient::new(&args.node)?;
+            ensure_authority(&mut w, &args.node, trust)?;
+            let client = trust.node(&args.node)?;
             let flows = flows(&store, &client, json);
             let r = runtime()?.block_on(flows.withdraw(&mut w, cents))?;
             if json {
@@ -322,11 +322,14 @@ pub fn run(args: WalletArgs) -> Result<ExitCode> {
         }
         WalletCommand::Offline { command } => {
             let node = args.node.clone();
+            let trust = trust.clone();
             return crate::offline_cmd::run(command, &store, json, &move |w| {
-                ensure_authority(w, &node)
+                ensure_authority(w, &node, &trust)
             });
         }
-        WalletCommand::Deposit { reanchor } => return deposit(&store, &args.node, json, !reanchor),
+        WalletCommand::Deposit { reanchor } => {
+            return deposit(&store, &args.node, trust, json, !reanchor)
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -361,10 +364,16 @@ fn dropped_json(h: &Handoffs) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn deposit(store: &FileStore, node: &str, json: bool, credit: bool) -> Result<ExitCode> {
+fn deposit(
+    store: &FileStore,
+    node: &str,
+    trust: &Trust,
+    json: bool,
+    credit: bool,
+) -> Result<ExitCode> {
     let mut w = store.load()?;
-    ensure_authority(&mut w, node)?;
-    let client = NodeClient::new(node)?;
+    ensure_authority(&mut w, node, trust)?;
+    let client = trust.node(node)?;
     let flows = flows(store, &client, json);
     let Deposited::Done {
         result: res,
@@ -453,14 +462,14 @@ fn deposit(store: &FileStore, node: &str, json: bool, credit: bool) -> Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
-fn fetch_authority(node: &str) -> Result<PublicKey> {
-    let client = NodeClient::new(node)?;
+fn fetch_authority(node: &str, trust: &Trust) -> Result<PublicKey> {
+    let client = trust.node(node)?;
     Ok(runtime()?.block_on(florin_wallet::Connector::authority(&client))?)
 }
 
 /// Learns the authority from the node on first use; afterwards insists it stays the same.
-fn ensure_authority(w: &mut Wallet, node: &str) -> Result<()> {
-    let client = NodeClient::new(node)?;
+fn ensure_authority(w: &mut Wallet, node: &str, trust: &Trust) -> Result<()> {
+    let client = trust.node(node)?;
     match runtime()?.block_on(florin_wallet::flows::ensure_authority(w, &client)) {
         Err(FlowError::AuthorityMismatch {
             node: k,

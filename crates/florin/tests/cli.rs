@@ -132,7 +132,11 @@ impl PayLoad {
                         if stop.load(std::sync::atomic::Ordering::Relaxed) {
                             break;
                         }
-                        let out = Command::new(BIN)
+                        let mut cmd = Command::new(BIN);
+                        if let Some(ca) = common::ca_for(&node) {
+                            cmd.env("FLORIN_CA_CERT", ca);
+                        }
+                        let out = cmd
                             .current_dir(&dir)
                             .env("FLORIN_NODE", &node)
                             .args([
@@ -1088,7 +1092,10 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         "cluster up: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let u = User::new(dir.path(), &format!("http://{api}"));
+    // The sentinels serve TLS with certificates from the CA `cluster up` made.
+    let url = format!("https://{api}");
+    common::register_ca(&url, &data.join("tls").join("ca.pem"));
+    let u = User::new(dir.path(), &url);
     let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
     assert_eq!(st["api"], u.node.as_str(), "{st}");
     assert_eq!(st["healthy"], true, "{st}");
@@ -1130,7 +1137,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         .filter(|m| m["up"] == false)
         .count();
     assert_eq!(down, 3, "{st}");
-    let addr = api.clone();
+    let addr = url.clone();
     for txid in &acked {
         let body = http_get(&addr, &format!("/v1/ledger/transactions/{txid}"));
         assert!(
@@ -1249,7 +1256,9 @@ fn bench_cluster_quick_prints_the_contract() {
     assert!(get("failover_tx_per_s").len() >= 8);
 }
 
-/// A `florin psp serve` process; its URL is the first line it prints.
+/// A `florin psp serve` process; its URL is the first line it prints. It serves plain HTTP on
+/// loopback (these tests are about payments; TLS has its own tests) and reaches the ledger over
+/// TLS, trusting the devnet's CA.
 struct PspProc {
     child: Child,
     url: String,
@@ -1261,6 +1270,7 @@ impl PspProc {
         cmd.args([
             "psp",
             "serve",
+            "--plain-http",
             "--listen",
             "127.0.0.1:0",
             "--ledger",
@@ -1269,6 +1279,9 @@ impl PspProc {
         .arg("--data")
         .arg(data)
         .args(extra);
+        if let Some(ca) = common::ca_for(ledger) {
+            cmd.env("FLORIN_CA_CERT", ca);
+        }
         let (child, url) = spawn_listening(cmd);
         PspProc { child, url }
     }
@@ -1375,7 +1388,7 @@ fn proxy(upstream: &str, rule: ProxyRule) -> String {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let up = upstream.trim_start_matches("http://").to_string();
+    let up = upstream.to_string();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut c) = conn else { continue };
@@ -1421,7 +1434,7 @@ fn proxy(upstream: &str, rule: ProxyRule) -> String {
                     );
                     return;
                 }
-                let mut u = std::net::TcpStream::connect(&up).unwrap();
+                let mut u = common::connect(&up).unwrap();
                 let mut new_head = String::new();
                 for l in head.split("\r\n") {
                     if l.is_empty() || l.to_ascii_lowercase().starts_with("connection:") {
@@ -1433,8 +1446,13 @@ fn proxy(upstream: &str, rule: ProxyRule) -> String {
                 new_head.push_str("connection: close\r\n\r\n");
                 let _ = u.write_all(new_head.as_bytes());
                 let _ = u.write_all(&body);
+                let _ = u.flush();
                 let mut resp = Vec::new();
-                let _ = u.read_to_end(&mut resp);
+                let mut tmp = [0u8; 8192];
+                // Until the upstream closes (over TLS, with or without `close_notify`).
+                while let Ok(n @ 1..) = u.read(&mut tmp) {
+                    resp.extend_from_slice(&tmp[..n]);
+                }
                 let _ = c.write_all(&resp);
             });
         }

@@ -1,0 +1,403 @@
+//! The server loop on real sockets: the header read timeout, the TLS handshake timeout, the
+//! connection cap, the peer's address for handlers, draining at shutdown, and TLS from a local
+//! CA (trusted with the CA, refused without it).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use florin_http::server::serve_router;
+use florin_http::{ClientTls, LocalCa, ServeOptions};
+
+/// A server on loopback in its own runtime; stopped (and drained) when dropped.
+struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<std::sync::mpsc::Receiver<()>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn app() -> Router {
+    Router::new()
+        .route(
+            "/peer",
+            get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                "slow done"
+            }),
+        )
+}
+
+impl Server {
+    fn start(options: ServeOptions) -> Server {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            serve_router(listener, app(), options, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+            let _ = done_tx.send(());
+        });
+        Server {
+            addr,
+            stop: Some(stop),
+            done: Some(done),
+            _rt: rt,
+        }
+    }
+
+    /// Asks the server to stop; returns when its loop has returned.
+    fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            d.recv_timeout(Duration::from_secs(20))
+                .expect("the server loop returns after draining");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// GET `path` over a fresh plain connection: the whole answer.
+fn get_plain(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nhost: t\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    buf
+}
+
+/// Whether the server closed `s` (end of stream or reset) within `within`, reading and
+/// discarding anything it sent first (e.g. a 408 answer).
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut tmp = [0u8; 1024];
+    loop {
+        match s.read(&mut tmp) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn handlers_see_the_peer_address() {
+    let server = Server::start(ServeOptions::default());
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    let local = s.local_addr().unwrap();
+    write!(s, "GET /peer HTTP/1.0\r\nhost: t\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    assert!(buf.starts_with("HTTP/1.0 200"), "{buf}");
+    assert!(buf.ends_with(&local.to_string()), "{buf}");
+}
+
+#[test]
+fn half_a_header_is_closed_after_the_timeout_while_others_are_served() {
+    let server = Server::start(ServeOptions {
+        header_read_timeout: Duration::from_secs(2),
+        ..ServeOptions::default()
+    });
+    let mut slow = TcpStream::connect(server.addr).unwrap();
+    slow.write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\nx-half: ")
+        .unwrap();
+    let started = Instant::now();
+    // Meanwhile other clients are served, again and again.
+    let mut served = 0;
+    while started.elapsed() < Duration::from_millis(1200) {
+        let answer = get_plain(server.addr, "/peer");
+        assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+        served += 1;
+    }
+    assert!(served >= 2);
+    // Not yet closed before its deadline...
+    assert!(
+        !closed_within(&mut slow, Duration::from_millis(200)),
+        "closed before the header timeout"
+    );
+    // ...and closed after it (generous margin: no timing claim beyond "closed").
+    assert!(
+        closed_within(&mut slow, Duration::from_secs(10)),
+        "a half-sent header must not hold its connection open"
+    );
+}
+
+#[test]
+fn an_idle_connection_is_closed_after_the_header_timeout() {
+    let server = Server::start(ServeOptions {
+        header_read_timeout: Duration::from_secs(1),
+        ..ServeOptions::default()
+    });
+    let mut idle = TcpStream::connect(server.addr).unwrap();
+    assert!(closed_within(&mut idle, Duration::from_secs(10)));
+}
+
+#[test]
+fn the_connection_cap_holds_and_frees_on_close() {
+    let server = Server::start(ServeOptions {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(60),
+        ..ServeOptions::default()
+    });
+    // Two connections hold the two places (each proven served once: it is open, accepted).
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut tmp = [0u8; 1024];
+        let n = s.read(&mut tmp).unwrap();
+        assert!(tmp[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    // A third is closed at once, unanswered.
+    for _ in 0..3 {
+        let mut extra = TcpStream::connect(server.addr).unwrap();
+        let _ = extra.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
+        extra
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = Vec::new();
+        let _ = extra.read_to_end(&mut buf);
+        assert!(
+            buf.is_empty(),
+            "a connection over the cap is served: {} bytes",
+            buf.len()
+        );
+    }
+    // The held ones are still served.
+    held[0]
+        .write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    let mut tmp = [0u8; 1024];
+    let n = held[0].read(&mut tmp).unwrap();
+    assert!(tmp[..n].starts_with(b"HTTP/1.1 200"));
+    // One closes: a new connection is served again (once the server has seen the close).
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        let _ = s.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        if buf.starts_with("HTTP/1.0 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the freed place is never reused");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn shutdown_drains_a_request_in_flight() {
+    let mut server = Server::start(ServeOptions::default());
+    let addr = server.addr;
+    let t = std::thread::spawn(move || get_plain(addr, "/slow"));
+    std::thread::sleep(Duration::from_millis(200));
+    server.shutdown();
+    let answer = t.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    assert!(answer.ends_with("slow done"), "{answer}");
+    // Stopped: nothing is accepted any more.
+    assert!(TcpStream::connect(addr).is_err() || get_plain_fails(addr));
+}
+
+fn get_plain_fails(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return true;
+    };
+    let _ = s.write_all(b"GET /peer HTTP/1.0\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    buf.is_empty()
+}
+
+/// A TLS server from a fresh local CA, and that CA's certificate file.
+fn tls_server(dir: &std::path::Path, options: ServeOptions) -> (Server, std::path::PathBuf) {
+    let (ca, created) = LocalCa::load_or_create(&dir.join("tls")).unwrap();
+    assert!(created);
+    let names = florin_http::tls::server_names("127.0.0.1:0".parse().unwrap(), &[]);
+    let tls = ca.server_tls(&names).unwrap();
+    let server = Server::start(ServeOptions {
+        tls: Some(tls),
+        ..options
+    });
+    (server, ca.cert_path())
+}
+
+#[test]
+fn tls_is_served_to_a_client_trusting_the_ca_and_refused_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, ca) = tls_server(dir.path(), ServeOptions::default());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{}/peer", server.addr.port());
+    // Trusting the CA file: served, over TLS.
+    let trusted = ClientTls::from_ca_file(&ca)
+        .unwrap()
+        .reqwest_builder()
+        .unwrap()
+        .build()
+        .unwrap();
+    let body = rt
+        .block_on(async { trusted.get(&url).send().await?.text().await })
+        .unwrap();
+    assert!(body.starts_with("127.0.0.1:"), "{body}");
+    // The same name by `localhost` is covered too.
+    let by_name = format!("https://localhost:{}/peer", server.addr.port());
+    let body = rt
+        .block_on(async { trusted.get(&by_name).send().await?.text().await })
+        .unwrap();
+    assert!(body.starts_with("127.0.0.1:"), "{body}");
+    // The system's roots alone: a certificate error.
+    let untrusted = ClientTls::system()
+        .reqwest_builder()
+        .unwrap()
+        .build()
+        .unwrap();
+    let err = rt
+        .block_on(async { untrusted.get(&url).send().await })
+        .unwrap_err();
+    let chain = error_chain(&err);
+    assert!(
+        chain.contains("certificate"),
+        "a certificate error, got: {chain}"
+    );
+    // Plain HTTP to the TLS port gets no answer.
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    let _ = s.write_all(b"GET /peer HTTP/1.0\r\n\r\n");
+    s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(!buf.starts_with(b"HTTP/1.0 200"));
+}
+
+#[test]
+fn a_stalled_tls_handshake_is_closed_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _) = tls_server(
+        dir.path(),
+        ServeOptions {
+            tls_handshake_timeout: Duration::from_secs(1),
+            ..ServeOptions::default()
+        },
+    );
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    // A TLS record header and nothing more.
+    s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).unwrap();
+    assert!(
+        closed_within(&mut s, Duration::from_secs(10)),
+        "a stalled handshake must not hold its connection open"
+    );
+}
+
+#[test]
+fn a_local_ca_is_reused_and_refused_when_damaged_or_half_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    let (ca, created) = LocalCa::load_or_create(&tls).unwrap();
+    assert!(created);
+    let pem = std::fs::read(ca.cert_path()).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(tls.join("ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "the CA key is private: {mode:o}");
+    }
+    // Reused on the next start.
+    let (again, created) = LocalCa::load_or_create(&tls).unwrap();
+    assert!(!created);
+    assert_eq!(std::fs::read(again.cert_path()).unwrap(), pem);
+    // A damaged certificate: an error naming it; nothing is rewritten.
+    let mut bad = pem.clone();
+    let mid = bad.len() / 2;
+    bad[mid] = if bad[mid] == b'A' { b'B' } else { b'A' };
+    std::fs::write(tls.join("ca.pem"), &bad).unwrap();
+    let err = LocalCa::load_or_create(&tls).unwrap_err().to_string();
+    assert!(err.contains("ca.pem"), "{err}");
+    assert_eq!(std::fs::read(tls.join("ca.pem")).unwrap(), bad);
+    // Another CA's certificate beside this key: refused.
+    let other = dir.path().join("other");
+    LocalCa::load_or_create(&other).unwrap();
+    std::fs::copy(other.join("ca.pem"), tls.join("ca.pem")).unwrap();
+    let err = LocalCa::load_or_create(&tls).unwrap_err().to_string();
+    assert!(
+        err.contains("ca.pem") && err.contains("does not belong"),
+        "{err}"
+    );
+    // A damaged key.
+    std::fs::write(tls.join("ca.pem"), &pem).unwrap();
+    LocalCa::load_or_create(&tls).unwrap();
+    std::fs::write(
+        tls.join("ca.key"),
+        b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let err = LocalCa::load_or_create(&tls).unwrap_err().to_string();
+    assert!(err.contains("ca.key"), "{err}");
+    // The key gone, the certificate there: refused, never a new CA.
+    std::fs::remove_file(tls.join("ca.key")).unwrap();
+    let err = LocalCa::load_or_create(&tls).unwrap_err().to_string();
+    assert!(err.contains("ca.key") && err.contains("missing"), "{err}");
+    assert!(!tls.join("ca.key").exists());
+    // A CA file for clients that holds no certificate: refused, naming it.
+    std::fs::write(dir.path().join("empty.pem"), b"nothing").unwrap();
+    let err = ClientTls::from_ca_file(&dir.path().join("empty.pem"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("empty.pem"), "{err}");
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
