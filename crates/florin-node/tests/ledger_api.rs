@@ -341,7 +341,10 @@ fn withdrawal_is_bound_to_the_key_that_paid_the_reserve() {
         let (code, e) = http(addr, "POST", "/v1/withdraw", Some(&body));
         assert_eq!(code, 403, "{who}: {e}");
         assert!(
-            e["error"].as_str().unwrap().contains("not authorized"),
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not authorized"),
             "{who}: {e}"
         );
     }
@@ -467,7 +470,13 @@ fn invalid_addresses_are_refused_at_the_api() {
                 Some(&format!(r#"{{"owner":"{owner}","amount_cents":100}}"#)),
             );
             assert_eq!(code, 400, "faucet to {owner}: {e}");
-            assert!(e["error"].as_str().unwrap().contains("small order"), "{e}");
+            assert!(
+                e["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("small order"),
+                "{e}"
+            );
         }
         let (code, e) = http(
             addr,

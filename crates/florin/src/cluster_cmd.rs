@@ -742,6 +742,7 @@ fn run_sentinel(
     let state = AppState {
         authority: authority.clone(),
         ledger: Some(ledger.clone()),
+        limits: florin_http::RateLimits::default(),
     };
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(http)

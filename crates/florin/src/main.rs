@@ -89,6 +89,8 @@ fn quiet_on_broken_pipe() {
 
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
+    // Every command takes `--json`; a failing one then also prints the API's error envelope.
+    let json = std::env::args().skip(1).any(|a| a == "--json");
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devnet(a) => devnet::run(a),
@@ -107,9 +109,44 @@ fn main() -> ExitCode {
             // One clear line.
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");
+            if json {
+                // The same envelope the node and the providers answer with, on standard output.
+                let envelope = florin_node::api::ApiError::new(error_code(&e), msg);
+                println!("{}", serde_json::to_string(&envelope).unwrap_or_default());
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// The stable code of a failed command: the server's when a node or a provider refused
+/// (`bad_request`, `quota`, `rate_limited`, ...), `unreachable` when it could not be reached,
+/// else `failed`.
+fn error_code(e: &anyhow::Error) -> String {
+    use florin_http::{client, psp_client};
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<client::ClientError>() {
+            return match c {
+                client::ClientError::Refused { code, .. } => code.clone(),
+                _ => "unreachable".into(),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<psp_client::ClientError>() {
+            return match c {
+                psp_client::ClientError::Refused { code, .. } => code.clone(),
+                psp_client::ClientError::Unreachable { .. } => "unreachable".into(),
+                _ => "failed".into(),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<florin_wallet::ConnectorError>() {
+            return match c {
+                florin_wallet::ConnectorError::Refused { code, .. } => code.clone(),
+                florin_wallet::ConnectorError::Unreachable { .. } => "unreachable".into(),
+                _ => "failed".into(),
+            };
+        }
+    }
+    "failed".into()
 }
 
 fn audit(node: &str, json: bool) -> anyhow::Result<ExitCode> {
