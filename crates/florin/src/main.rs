@@ -139,14 +139,29 @@ fn error_code(e: &anyhow::Error) -> String {
             };
         }
         if let Some(c) = cause.downcast_ref::<florin_wallet::ConnectorError>() {
-            return match c {
-                florin_wallet::ConnectorError::Refused { code, .. } => code.clone(),
-                florin_wallet::ConnectorError::Unreachable { .. } => "unreachable".into(),
-                _ => "failed".into(),
-            };
+            return connector_code(c);
+        }
+        // A flow's node error is transparent: its source skips the connector error itself.
+        if let Some(f) = cause.downcast_ref::<florin_wallet::FlowError>() {
+            use florin_wallet::FlowError as F;
+            match f {
+                F::Node(c)
+                | F::SubmitUnanswered(c)
+                | F::DepositUnanswered(c)
+                | F::NoAuthority(c) => return connector_code(c),
+                _ => {}
+            }
         }
     }
     "failed".into()
+}
+
+fn connector_code(c: &florin_wallet::ConnectorError) -> String {
+    match c {
+        florin_wallet::ConnectorError::Refused { code, .. } => code.clone(),
+        florin_wallet::ConnectorError::Unreachable { .. } => "unreachable".into(),
+        _ => "failed".into(),
+    }
 }
 
 fn audit(node: &str, json: bool) -> anyhow::Result<ExitCode> {
