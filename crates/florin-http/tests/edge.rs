@@ -5,7 +5,7 @@
 //! `Retry-After`, recovering after the window). The provider's router shares this edge
 //! (`florin_http::edge`); its envelope is checked in `florin-node/tests/psp.rs`.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_arguments)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

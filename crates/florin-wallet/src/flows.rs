@@ -722,10 +722,7 @@ impl<'a, C: Connector> Flows<'a, C> {
     pub async fn deposit(&self, w: &mut Wallet, credit: bool) -> Result<Deposited, FlowError> {
         let mut result: Option<DepositResult> = None;
         let mut credited = false;
-        loop {
-            let Some((_handshake, tokens)) = w.prepare_deposit_mode(&mut OsRng, credit)? else {
-                break;
-            };
+        while let Some((_handshake, tokens)) = w.prepare_deposit_mode(&mut OsRng, credit)? {
             self.save(w)?;
             let part_credit = w.pending_deposit_credits();
             credited |= part_credit;
