@@ -566,6 +566,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
         ClusterCommand::Status { data, json } => {
             let st = state(&canonical(&data)?)?;
             if json {
+                crate::util::printed_json();
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {
                 print_state(&st);

@@ -109,8 +109,9 @@ fn main() -> ExitCode {
             // One clear line.
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");
-            if json {
-                // The same envelope the node and the providers answer with, on standard output.
+            if json && !util::has_printed_json() {
+                // The same envelope the node and the providers answer with, on standard output
+                // (unless the command printed its JSON result already).
                 let envelope = florin_node::api::ApiError::new(error_code(&e), msg);
                 println!("{}", serde_json::to_string(&envelope).unwrap_or_default());
             }
