@@ -24,9 +24,9 @@ use crate::node::limited;
 
 /// Body limits of the provider's routes, in bytes (over them: 413 `too_large`).
 pub mod limits {
-    /// `POST /v1/psp/receive`: the outputs of one transaction (at most 1,024 UTXOs of 73
-    /// bytes, as hex).
-    pub const RECEIVE: usize = florin_ledger::tx::MAX_IO * (2 * 73 + 3) + 16 * 1024;
+    /// `POST /v1/psp/receive`: at most [`florin_node::psp::MAX_RECEIVE`] (256) UTXOs of 73
+    /// bytes, as hex, and the payer's provider.
+    pub const RECEIVE: usize = florin_node::psp::MAX_RECEIVE * (2 * 73 + 3) + 16 * 1024;
     /// Every other route: a name, an amount, a payment's few fields.
     pub const SMALL: usize = 16 * 1024;
 }
