@@ -66,6 +66,8 @@ impl Node {
         let state = AppState {
             authority: Some(authority),
             ledger: Some(ledger.clone()),
+            // A load generator from one address: no rate limits.
+            limits: florin_http::RateLimits::off(),
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

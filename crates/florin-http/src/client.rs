@@ -29,6 +29,8 @@ pub enum ClientError {
     Refused {
         /// The HTTP status.
         status: reqwest::StatusCode,
+        /// The envelope's stable code (`http_<status>` when the answer was not the envelope).
+        code: String,
         /// The node's message.
         message: String,
     },
@@ -47,6 +49,31 @@ pub enum ClientError {
     /// The answer is not what the API promises.
     #[error("node sent an unreadable answer")]
     Unreadable(#[source] serde_json::Error),
+}
+
+/// Longest text of an answer that is not the envelope kept in an error.
+const MAX_RAW_ERROR: usize = 512;
+
+/// The code and message of an error answer: the envelope's, or (from something that is not a
+/// Florin server) `http_<status>` and the start of the body.
+pub fn refusal(status: reqwest::StatusCode, body: &[u8]) -> (String, String) {
+    match serde_json::from_slice::<ApiError>(body) {
+        Ok(e) => (e.error.code, e.error.message),
+        Err(_) => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(MAX_RAW_ERROR)]);
+            (format!("http_{}", status.as_u16()), text.into_owned())
+        }
+    }
+}
+
+impl ClientError {
+    /// The envelope's code of a refusal (`None` when the node did not answer).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
 }
 
 /// The node's API.
@@ -157,10 +184,12 @@ impl NodeClient {
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<ApiError>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
-            return Err(ClientError::Refused { status, message });
+            let (code, message) = refusal(status, &bytes);
+            return Err(ClientError::Refused {
+                status,
+                code,
+                message,
+            });
         }
         serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)
     }

@@ -16,8 +16,13 @@ use crate::client::{ClientError, NodeClient};
 /// A client error in the wallet's terms.
 fn classify(client: &NodeClient, e: ClientError) -> ConnectorError {
     match e {
-        ClientError::Refused { status, message } => ConnectorError::Refused {
+        ClientError::Refused {
+            status,
+            code,
+            message,
+        } => ConnectorError::Refused {
             status: status.to_string(),
+            code,
             message,
         },
         ClientError::Unreachable { node, source } => ConnectorError::Unreachable {

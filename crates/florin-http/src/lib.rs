@@ -6,10 +6,11 @@
 //! The services live in `florin-node` and know nothing of HTTP (that crate depends on no
 //! axum, hyper or reqwest). The rule here, as in cdk's `cdk-axum`: a handler only **parses**
 //! the request into typed values, **calls** the service, and **maps** the answer (or the
-//! error, to a status code and an `ApiError` body). Service logic does not live here.
+//! error, to a status code and the JSON error envelope, `ApiError`). Service logic does not live here.
 
 pub mod client;
 mod connect;
+pub mod edge;
 pub mod links;
 pub mod node;
 pub mod psp;
@@ -18,6 +19,7 @@ pub mod server;
 pub mod tls;
 
 pub use client::NodeClient;
+pub use edge::{ApiJson, EdgeError, RateLimits};
 pub use links::HttpLinks;
 pub use node::{router, serve, serve_with, AppState, HttpError, MAX_SUBMIT_BATCH};
 pub use psp_client::{ClientError, PspClient};

@@ -4,9 +4,7 @@
 use std::time::Duration;
 
 use florin_ledger::Transaction;
-use florin_node::api::{
-    ApiError, LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent,
-};
+use florin_node::api::{LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent};
 use florin_node::psp::api::{AccountView, Receive, ReceiveAnswer};
 use florin_node::psp::{PspError, PspLinks};
 use florin_node::TxStatus;
@@ -59,9 +57,7 @@ impl HttpLinks {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| PspError::Unreachable(format!("{what}: unreadable answer: {e}")));
         }
-        let msg = serde_json::from_slice::<ApiError>(&bytes)
-            .map(|e| e.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+        let (_code, msg) = crate::client::refusal(status, &bytes);
         if status.is_client_error() {
             if status == reqwest::StatusCode::NOT_FOUND {
                 return Err(if peer {

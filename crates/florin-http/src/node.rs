@@ -6,9 +6,10 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::routing::{get, post, MethodRouter};
+use axum::{Extension, Json, Router};
 use tokio::net::TcpListener;
 
 use crate::server::ServeOptions;
@@ -25,6 +26,8 @@ use florin_node::error::{BadRequest, Forbidden, NotFound};
 use florin_node::{Authority, Ledger, NodeError, TxStatus};
 use florin_token::{Serial, Token};
 
+use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits};
+
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
 pub struct AppState {
@@ -32,6 +35,8 @@ pub struct AppState {
     pub authority: Option<Arc<Authority>>,
     /// The ledger service.
     pub ledger: Option<Arc<Ledger>>,
+    /// Rate limits per client address and per key (`RateLimits::default()` unless configured).
+    pub limits: RateLimits,
 }
 
 impl AppState {
@@ -48,8 +53,37 @@ impl AppState {
     }
 }
 
-/// Largest request body: a deposit of ~100,000 tokens.
-const MAX_BODY: usize = 256 * 1024 * 1024;
+/// Longest canonical encoding of a ledger transaction: a transfer of [`florin_ledger::MAX_IO`]
+/// inputs (73 bytes each), outputs (41) and witnesses (98 for P-256, the longer), with its tag
+/// and list lengths (a mint or a redeem is shorter).
+pub const MAX_TX_LEN: usize = 16 + florin_ledger::tx::MAX_IO * (73 + 41 + 98);
+/// Longest token in a deposit: its 76-byte header and 128-byte links, the anchor, 64 offline
+/// hops and the link to the authority.
+pub const MAX_DEPOSIT_TOKEN_LEN: usize = 76 + (64 + 2) * 128;
+/// Most tokens a wallet sends in one deposit request (it deposits more in several); the body
+/// limit of `POST /v1/deposit` is sized for this many of the longest tokens.
+pub const MAX_DEPOSIT_TOKENS_PER_REQUEST: usize = florin_wallet::MAX_DEPOSIT_PER_REQUEST;
+
+/// Body limits per route, in bytes: what each route needs, so no request makes the node
+/// buffer more (`docs/api.md`). Over them: 413 `too_large`.
+pub mod limits {
+    use super::*;
+
+    /// `POST /v1/ledger/transactions`: one transaction as hex in JSON (or its bytes).
+    pub const TRANSACTION: usize = 2 * MAX_TX_LEN + 1024;
+    /// `POST /v1/ledger/batch`: 4,096 typical transactions (up to 1 KiB each, 2 KiB as hex);
+    /// a batch of larger ones is sent in parts.
+    pub const BATCH: usize = 8 * 1024 * 1024;
+    /// `POST /v1/withdraw`: a transaction as hex and a few short fields.
+    pub const WITHDRAW: usize = 2 * MAX_TX_LEN + 4096;
+    /// `POST /v1/mailbox`: a message of at most 64 KiB as hex and an address.
+    pub const MAILBOX: usize = 2 * florin_node::MAX_MAILBOX_MESSAGE + 4096;
+    /// `POST /v1/deposit`: [`MAX_DEPOSIT_TOKENS_PER_REQUEST`] of the longest tokens as hex.
+    pub const DEPOSIT: usize =
+        MAX_DEPOSIT_TOKENS_PER_REQUEST * (2 * MAX_DEPOSIT_TOKEN_LEN + 3) + 4096;
+    /// `POST /v1/ledger/faucet` and every other route (their requests have no body).
+    pub const SMALL: usize = 4096;
+}
 
 /// A service error as an HTTP answer: a status code and an [`ApiError`] body.
 #[derive(Debug)]
@@ -73,11 +107,12 @@ impl IntoResponse for HttpError {
             NodeError::Full(_) => StatusCode::TOO_MANY_REQUESTS,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let body = ApiError {
-            code: e.code().into(),
-            error: e.to_string(),
+        // A body that is not the JSON it should be is `malformed`, on every route alike.
+        let code = match &e {
+            NodeError::BadRequest(BadRequest::Json(_)) => "malformed",
+            _ => e.code(),
         };
-        (status, Json(body)).into_response()
+        (status, Json(ApiError::new(code, e.to_string()))).into_response()
     }
 }
 
@@ -166,7 +201,7 @@ pub fn parse_deposit(
 
 async fn deposit(
     State(st): State<AppState>,
-    Json(req): Json<DepositRequest>,
+    ApiJson(req): ApiJson<DepositRequest>,
 ) -> Result<Json<DepositResponse>, HttpError> {
     if req.tokens.is_empty() {
         return Err(HttpError(BadRequest::EmptyDeposit.into()));
@@ -191,8 +226,14 @@ async fn deposit(
 
 async fn withdraw(
     State(st): State<AppState>,
-    Json(req): Json<WithdrawRequest>,
-) -> Result<Json<FaucetResponse>, HttpError> {
+    Extension(limiter): Extension<Arc<Limiter>>,
+    ApiJson(req): ApiJson<WithdrawRequest>,
+) -> Result<Response, HttpError> {
+    // Per withdrawing key (or recipient, when no key is given).
+    let who = req.key.as_deref().unwrap_or(&req.recipient);
+    if let Err(e) = limiter.check_key("withdrawal key", who.as_bytes()) {
+        return Ok(e.into_response());
+    }
     let ledger = st.ledger()?;
     let tx = decode_hex_tx(&req.tx)?;
     let handshake = parse_hex32(&req.handshake, "handshake")?;
@@ -228,7 +269,8 @@ async fn withdraw(
     .await?;
     Ok(Json(FaucetResponse {
         tokens: tokens.iter().map(|t| hex::encode(t.encode())).collect(),
-    }))
+    })
+    .into_response())
 }
 
 async fn audit_books(
@@ -260,11 +302,22 @@ async fn token(
 /// Most transactions in one batch submission.
 pub const MAX_SUBMIT_BATCH: usize = 4096;
 
-fn is_binary(headers: &HeaderMap) -> bool {
-    headers
+/// Whether a body is binary (`application/octet-stream`) or JSON (`application/json`); 415
+/// for anything else.
+fn is_binary(headers: &HeaderMap) -> Result<bool, EdgeError> {
+    let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/octet-stream"))
+        .unwrap_or("");
+    if ct.starts_with("application/octet-stream") {
+        Ok(true)
+    } else if ct.starts_with("application/json") {
+        Ok(false)
+    } else {
+        Err(EdgeError::media_type(
+            "application/json or application/octet-stream",
+        ))
+    }
 }
 
 fn decode_tx(bytes: &[u8]) -> Result<florin_ledger::Transaction, NodeError> {
@@ -282,17 +335,20 @@ async fn submit_tx(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<LedgerTxStatus>, HttpError> {
-    let ledger = st.ledger()?;
-    let tx = if is_binary(&headers) {
+) -> Result<Response, HttpError> {
+    let binary = match is_binary(&headers) {
+        Ok(b) => b,
+        Err(e) => return Ok(e.into_response()),
+    };
+    let tx = if binary {
         decode_tx(&body)?
     } else {
         let req: SubmitTx =
             serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
         decode_hex_tx(&req.tx)?
     };
-    let (txid, status) = ledger.submit(tx).await?;
-    Ok(Json(LedgerTxStatus::of(&txid, &status)))
+    let (txid, status) = st.ledger()?.submit(tx).await?;
+    Ok(Json(LedgerTxStatus::of(&txid, &status)).into_response())
 }
 
 /// Transaction `index` of a batch is refused.
@@ -339,9 +395,12 @@ async fn submit_batch(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<SubmitBatchAnswer>, HttpError> {
-    let ledger = st.ledger()?;
-    let txs = if is_binary(&headers) {
+) -> Result<Response, HttpError> {
+    let binary = match is_binary(&headers) {
+        Ok(b) => b,
+        Err(e) => return Ok(e.into_response()),
+    };
+    let txs = if binary {
         split_frames(&body)?
     } else {
         let req: SubmitBatch =
@@ -360,13 +419,14 @@ async fn submit_batch(
             .map(|(i, t)| decode_hex_tx(t).map_err(|e| in_batch(i, e)))
             .collect::<Result<_, _>>()?
     };
-    let answers = ledger.submit_many(txs).await?;
+    let answers = st.ledger()?.submit_many(txs).await?;
     Ok(Json(SubmitBatchAnswer {
         results: answers
             .iter()
             .map(|(t, s)| LedgerTxStatus::of(t, s))
             .collect(),
-    }))
+    })
+    .into_response())
 }
 
 async fn tx_status(
@@ -479,11 +539,12 @@ impl FromRequest<AppState> for Operator {
 
 async fn ledger_faucet(
     State(st): State<AppState>,
+    Extension(limiter): Extension<Arc<Limiter>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<LedgerFaucetAnswer>, HttpError> {
+) -> Result<Response, HttpError> {
     let a = st.authority()?;
     if !a.config().faucet {
         return Err(HttpError(Forbidden::FaucetOff.into()));
@@ -494,6 +555,9 @@ async fn ledger_faucet(
     }
     let req: LedgerFaucet =
         serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
+    if let Err(e) = limiter.check_key("faucet owner", req.owner.as_bytes()) {
+        return Ok(e.into_response());
+    }
     if req.amount_cents > st.authority()?.config().max_faucet_cents {
         return Err(HttpError(
             BadRequest::FaucetLimit {
@@ -524,22 +588,29 @@ async fn ledger_faucet(
     Ok(Json(LedgerFaucetAnswer {
         txid: hex::encode(txid),
         outputs: utxos.iter().map(|u| hex::encode(u.encode())).collect(),
-    }))
+    })
+    .into_response())
 }
 
 async fn mailbox_put(
     State(st): State<AppState>,
-    Json(req): Json<MailboxPut>,
-) -> Result<Json<MailboxMessage>, HttpError> {
+    Extension(limiter): Extension<Arc<Limiter>>,
+    ApiJson(req): ApiJson<MailboxPut>,
+) -> Result<Response, HttpError> {
     let msg =
         hex::decode(&req.message).map_err(|_| NodeError::from(BadRequest::NotHex("message")))?;
     let a = st.authority()?;
     let to = parse_valid_key(&req.to, "to")?;
+    // Per recipient: whoever writes, one mailbox takes so many messages a second.
+    if let Err(e) = limiter.check_key("recipient", &to.0) {
+        return Ok(e.into_response());
+    }
     let seq = blocking(move || a.mailbox_put(&to, &msg)).await?;
     Ok(Json(MailboxMessage {
         seq,
         message: String::new(),
-    }))
+    })
+    .into_response())
 }
 
 #[derive(serde::Deserialize)]
@@ -636,33 +707,61 @@ pub const ADMIN_ROUTES: [(&str, &str); 6] = [
     ("GET", "/v1/admin/log"),
 ];
 
-/// The API routes.
+/// A route's handlers with its body limit (`max` bytes).
+pub fn limited<S: Clone + Send + Sync + 'static>(
+    max: usize,
+    route: MethodRouter<S>,
+) -> MethodRouter<S> {
+    route.layer(from_fn_with_state(max, edge::limit_body))
+}
+
+/// 404 `not_found` for a path no route serves.
+async fn no_route() -> Response {
+    EdgeError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response()
+}
+
+/// The API routes. Every route has its body limit ([`limits`]); every request counts against
+/// its client address's rate (`state.limits`); every error, axum's own rejections included,
+/// is answered in the JSON envelope.
 pub fn router(state: AppState) -> Router {
+    use limits::*;
+    let limiter = Limiter::new(state.limits);
     Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/info", get(info))
-        .route("/v1/deposit", post(deposit))
-        .route("/v1/fraud", get(fraud))
-        .route("/v1/tokens/{serial}", get(token))
-        .route("/v1/ledger/transactions", post(submit_tx))
-        .route("/v1/ledger/batch", post(submit_batch))
-        .route("/v1/ledger/transactions/{txid}", get(tx_status))
-        .route("/v1/ledger/unspent/{id}", get(unspent))
-        .route("/v1/ledger/supply", get(supply))
-        .route("/v1/ledger/faucet", post(ledger_faucet))
-        .route("/v1/withdraw", post(withdraw))
-        .route("/v1/audit", get(audit_books))
-        .route("/v1/mailbox", post(mailbox_put))
-        .route("/v1/mailbox/{address}", get(mailbox_get))
+        .route("/v1/health", limited(SMALL, get(health)))
+        .route("/v1/info", limited(SMALL, get(info)))
+        .route("/v1/deposit", limited(DEPOSIT, post(deposit)))
+        .route("/v1/fraud", limited(SMALL, get(fraud)))
+        .route("/v1/tokens/{serial}", limited(SMALL, get(token)))
+        .route(
+            "/v1/ledger/transactions",
+            limited(TRANSACTION, post(submit_tx)),
+        )
+        .route("/v1/ledger/batch", limited(BATCH, post(submit_batch)))
+        .route(
+            "/v1/ledger/transactions/{txid}",
+            limited(SMALL, get(tx_status)),
+        )
+        .route("/v1/ledger/unspent/{id}", limited(SMALL, get(unspent)))
+        .route("/v1/ledger/supply", limited(SMALL, get(supply)))
+        .route("/v1/ledger/faucet", limited(SMALL, post(ledger_faucet)))
+        .route("/v1/withdraw", limited(WITHDRAW, post(withdraw)))
+        .route("/v1/audit", limited(SMALL, get(audit_books)))
+        .route("/v1/mailbox", limited(MAILBOX, post(mailbox_put)))
+        .route("/v1/mailbox/{address}", limited(SMALL, get(mailbox_get)))
         .route(
             "/v1/admin/blacklist",
-            post(admin_blacklist).get(admin_blacklist_list),
+            limited(SMALL, post(admin_blacklist).get(admin_blacklist_list)),
         )
-        .route("/v1/admin/revoke", post(admin_revoke))
-        .route("/v1/admin/unrevoke", post(admin_unrevoke))
-        .route("/v1/admin/revoked", get(admin_revoked_list))
-        .route("/v1/admin/log", get(admin_log))
-        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .route("/v1/admin/revoke", limited(SMALL, post(admin_revoke)))
+        .route("/v1/admin/unrevoke", limited(SMALL, post(admin_unrevoke)))
+        .route("/v1/admin/revoked", limited(SMALL, get(admin_revoked_list)))
+        .route("/v1/admin/log", limited(SMALL, get(admin_log)))
+        .fallback(no_route)
+        // The route's own limit (above) has bounded and buffered the body already.
+        .layer(DefaultBodyLimit::disable())
+        .layer(Extension(limiter.clone()))
+        .layer(from_fn_with_state(limiter, edge::limit_rate))
+        .layer(from_fn(edge::envelope_layer))
         .with_state(state)
 }
 

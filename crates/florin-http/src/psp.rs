@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -20,6 +20,18 @@ use florin_node::psp::api::{
     ReceiveAnswer,
 };
 use florin_node::psp::{Psp, PspError};
+
+use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits};
+use crate::node::limited;
+
+/// Body limits of the provider's routes, in bytes (over them: 413 `too_large`).
+pub mod limits {
+    /// `POST /v1/psp/receive`: at most [`florin_node::psp::MAX_RECEIVE`] (256) UTXOs of 73
+    /// bytes, as hex, and the payer's provider.
+    pub const RECEIVE: usize = florin_node::psp::MAX_RECEIVE * (2 * 73 + 3) + 16 * 1024;
+    /// Every other route: a name, an amount, a payment's few fields.
+    pub const SMALL: usize = 16 * 1024;
+}
 
 /// A provider error as an HTTP answer: a status code and an [`ApiError`] body.
 #[derive(Debug)]
@@ -49,21 +61,11 @@ pub fn status_of(e: &PspError) -> StatusCode {
 impl IntoResponse for PspHttpError {
     fn into_response(self) -> Response {
         let PspHttpError(e) = self;
-        let body = ApiError {
-            code: e.code().into(),
-            error: e.to_string(),
-        };
-        (status_of(&e), Json(body)).into_response()
+        (status_of(&e), Json(ApiError::new(e.code(), e.to_string()))).into_response()
     }
 }
 
 type St = State<Arc<Psp>>;
-
-/// A JSON body, or the typed 400 every other bad input gets (instead of axum's plain text).
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, PspError> {
-    b.map(|Json(v)| v)
-        .map_err(|e| PspError::BadRequest(format!("bad JSON body: {}", e.body_text())))
-}
 
 async fn health() -> Json<Health> {
     Json(Health {
@@ -77,9 +79,9 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
 
 async fn open(
     State(p): St,
-    req: Result<Json<OpenAccount>, JsonRejection>,
+    ApiJson(req): ApiJson<OpenAccount>,
 ) -> Result<Json<AccountView>, PspHttpError> {
-    Ok(Json(p.open_account(&body(req)?.name).await?))
+    Ok(Json(p.open_account(&req.name).await?))
 }
 
 async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
@@ -114,36 +116,56 @@ async fn history(
 async fn fund(
     State(p): St,
     Path(name): Path<String>,
-    req: Result<Json<Fund>, JsonRejection>,
+    ApiJson(req): ApiJson<Fund>,
 ) -> Result<Json<AccountView>, PspHttpError> {
-    Ok(Json(p.fund(&name, body(req)?.amount_cents).await?))
+    Ok(Json(p.fund(&name, req.amount_cents).await?))
 }
 
 async fn pay(
     State(p): St,
-    req: Result<Json<PayRequest>, JsonRejection>,
+    ApiJson(req): ApiJson<PayRequest>,
 ) -> Result<Json<PayReceipt>, PspHttpError> {
-    Ok(Json(p.pay(body(req)?).await?))
+    Ok(Json(p.pay(req).await?))
 }
 
 async fn receive(
     State(p): St,
-    req: Result<Json<Receive>, JsonRejection>,
+    ApiJson(req): ApiJson<Receive>,
 ) -> Result<Json<ReceiveAnswer>, PspHttpError> {
-    Ok(Json(p.receive(body(req)?).await?))
+    Ok(Json(p.receive(req).await?))
 }
 
-/// The provider's routes.
+/// 404 `not_found` for a path no route serves.
+async fn no_route() -> Response {
+    EdgeError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response()
+}
+
+/// The provider's routes, with the default rate limits.
 pub fn router(psp: Arc<Psp>) -> Router {
+    router_with_limits(psp, RateLimits::default())
+}
+
+/// The provider's routes: each with its body limit ([`limits`]), every request counted
+/// against its client address (`limits`), every error in the JSON envelope.
+pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
+    use limits::*;
+    let limiter = Limiter::new(limits);
     Router::new()
-        .route("/v1/health", get(health))
-        .route("/v1/psp/info", get(info))
-        .route("/v1/psp/accounts", post(open).get(list))
-        .route("/v1/psp/accounts/{name}", get(account))
-        .route("/v1/psp/accounts/{name}/history", get(history))
-        .route("/v1/psp/accounts/{name}/faucet", post(fund))
-        .route("/v1/psp/pay", post(pay))
-        .route("/v1/psp/receive", post(receive))
+        .route("/v1/health", limited(SMALL, get(health)))
+        .route("/v1/psp/info", limited(SMALL, get(info)))
+        .route("/v1/psp/accounts", limited(SMALL, post(open).get(list)))
+        .route("/v1/psp/accounts/{name}", limited(SMALL, get(account)))
+        .route(
+            "/v1/psp/accounts/{name}/history",
+            limited(SMALL, get(history)),
+        )
+        .route("/v1/psp/accounts/{name}/faucet", limited(SMALL, post(fund)))
+        .route("/v1/psp/pay", limited(SMALL, post(pay)))
+        .route("/v1/psp/receive", limited(RECEIVE, post(receive)))
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::disable())
+        .layer(from_fn_with_state(limiter, edge::limit_rate))
+        .layer(from_fn(edge::envelope_layer))
         .with_state(psp)
 }
 

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use florin_node::api::ApiError;
 use florin_node::psp::api::{
     AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo,
 };
@@ -32,12 +31,14 @@ pub enum ClientError {
         #[source]
         source: reqwest::Error,
     },
-    /// The provider answered with an error status: the status and `code: error`.
+    /// The provider answered with an error status: the status and `code: message`.
     #[error("the provider refused ({status}): {message}")]
     Refused {
         /// The HTTP status as shown (e.g. `409 Conflict`).
         status: String,
-        /// `code: error` from the answer's body, or the body itself.
+        /// The envelope's stable code (`http_<status>` when the answer was not the envelope).
+        code: String,
+        /// `code: message` from the answer's envelope, or the start of the body itself.
         message: String,
     },
     /// The answer was not the expected JSON.
@@ -85,12 +86,11 @@ impl PspClient {
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<ApiError>(&bytes)
-                .map(|e| format!("{}: {}", e.code, e.error))
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+            let (code, message) = crate::client::refusal(status, &bytes);
             return Err(ClientError::Refused {
                 status: status.to_string(),
-                message,
+                message: format!("{code}: {message}"),
+                code,
             });
         }
         serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)

@@ -56,6 +56,13 @@ impl UhsState {
         SwapOutcome::Confirmed
     }
 
+    /// Whether a transaction could be applied as far as its inputs go: all of `inputs` are
+    /// unspent, or `txid` was applied (a resubmission). The advisory check run before any
+    /// signature is verified ([`SwapStore::inputs_hint`]).
+    pub fn inputs_present(&self, txid: &Digest, inputs: &[UhsId]) -> bool {
+        inputs.iter().all(|i| self.unspent.contains_key(i)) || self.applied.contains(txid)
+    }
+
     /// The books.
     pub fn supply(&self) -> Supply {
         Supply {
@@ -105,6 +112,10 @@ impl SwapStore for MemoryStore {
 
     fn supply(&self) -> Result<Supply, StoreError> {
         Ok(self.lock()?.supply())
+    }
+
+    fn inputs_hint(&self, txid: &Digest, inputs: &[UhsId]) -> Option<bool> {
+        Some(self.state.try_lock().ok()?.inputs_present(txid, inputs))
     }
 }
 

@@ -74,6 +74,14 @@ pub trait SwapStore: Send + Sync {
     fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError>;
     /// The books.
     fn supply(&self) -> Result<Supply, StoreError>;
+    /// A cheap, advisory look at a transaction's inputs, asked before any of its signatures
+    /// is verified: `Some(false)` when one of `inputs` is not unspent and `txid` was never
+    /// applied (the swap would refuse it now), `Some(true)` when all are unspent or it was
+    /// applied, `None` when the store cannot tell at once (its lock is busy, or a look would
+    /// cross the network). The default is `None`: every transaction is verified in full.
+    fn inputs_hint(&self, _txid: &Digest, _inputs: &[UhsId]) -> Option<bool> {
+        None
+    }
 }
 
 /// The shared store suite and its helpers. It is a test suite: it panics on the first failed

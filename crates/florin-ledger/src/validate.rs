@@ -192,16 +192,19 @@ fn check_inputs(inputs: &[Utxo], witnesses: &[Witness]) -> Result<(), Validation
     Ok(())
 }
 
+/// A P-256 signature check a transaction needs: (which witness, key, signature).
+type P256Check = (usize, P256PublicKey, P256Signature);
+
 /// Checks that each witness is of its input's scheme and by its input's key; queues the Ed25519
-/// signatures in `out` and then verifies the P-256 ones, so that every key mismatch is found
-/// before any signature failure.
+/// signatures in `out` and the P-256 ones in `p256` (verified after every key is matched, so
+/// that every key mismatch is found before any signature failure).
 fn witness_checks(
     inputs: &[Utxo],
     witnesses: &[Witness],
     txid: &Digest,
     out: &mut Vec<Check>,
+    p256: &mut Vec<P256Check>,
 ) -> Result<(), ValidationError> {
-    let mut p256: Vec<(usize, &P256PublicKey, &P256Signature)> = Vec::new();
     for (i, (u, w)) in inputs.iter().zip(witnesses).enumerate() {
         if w.scheme() != u.encumbrance.scheme {
             return Err(ValidationError::MalformedWitness(i));
@@ -217,20 +220,32 @@ fn witness_checks(
                 if p256_key_hash(key) != u.encumbrance.key {
                     return Err(ValidationError::KeyMismatch(i));
                 }
-                p256.push((i, key, signature));
+                p256.push((i, *key, *signature));
             }
         }
-    }
-    for (index, key, signature) in p256 {
-        verify_p256(key, txid, signature)
-            .map_err(|reason| ValidationError::BadP256Signature { index, reason })?;
     }
     Ok(())
 }
 
+/// Verifies the P-256 witnesses a transaction needs (one by one: they have no batch equation).
+fn verify_p256s(txid: &Digest, p256: &[P256Check]) -> Result<(), ValidationError> {
+    for (index, key, signature) in p256 {
+        verify_p256(key, txid, signature).map_err(|reason| ValidationError::BadP256Signature {
+            index: *index,
+            reason,
+        })?;
+    }
+    Ok(())
+}
+
+/// What a transaction still needs after the stateless checks: its txid, its Ed25519 checks
+/// and its P-256 checks.
+type Prechecked = (Digest, Vec<Check>, Vec<P256Check>);
+
 /// Every stateless check but the signatures; returns the signature checks still to do.
-fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<(Digest, Vec<Check>), ValidationError> {
+fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<Prechecked, ValidationError> {
     let mut checks = Vec::new();
+    let mut p256 = Vec::new();
     let txid;
     match tx {
         Transaction::Transfer(t) => {
@@ -250,7 +265,7 @@ fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<(Digest, Vec<Check>)
             }
             check_schemes(&t.inputs, t.outputs.iter().map(|o| &o.encumbrance))?;
             txid = t.txid();
-            witness_checks(&t.inputs, &t.witnesses, &txid, &mut checks)?;
+            witness_checks(&t.inputs, &t.witnesses, &txid, &mut checks, &mut p256)?;
         }
         Transaction::Mint(m) => {
             if m.outputs.is_empty() {
@@ -269,11 +284,20 @@ fn precheck(tx: &Transaction, issuer: &PublicKey) -> Result<(Digest, Vec<Check>)
             check_values(d.inputs.iter(), std::iter::empty())?;
             check_schemes(&d.inputs, std::iter::empty())?;
             txid = d.txid();
-            witness_checks(&d.inputs, &d.witnesses, &txid, &mut checks)?;
+            witness_checks(&d.inputs, &d.witnesses, &txid, &mut checks, &mut p256)?;
             checks.push((*issuer, txid, d.issuer_signature, None));
         }
     }
-    Ok((txid, checks))
+    Ok((txid, checks, p256))
+}
+
+/// The inputs a transaction spends (none for a mint).
+pub fn inputs_of(tx: &Transaction) -> &[Utxo] {
+    match tx {
+        Transaction::Transfer(t) => &t.inputs,
+        Transaction::Redeem(d) => &d.inputs,
+        Transaction::Mint(_) => &[],
+    }
 }
 
 /// Validates transactions and compacts the valid ones. Signatures of all of them are checked
@@ -283,36 +307,64 @@ pub fn validate_many<R: RngCore + CryptoRng>(
     issuer: &PublicKey,
     rng: &mut R,
 ) -> Vec<Result<CompactTx, ValidationError>> {
-    let mut results: Vec<Result<Digest, ValidationError>> = Vec::with_capacity(txs.len());
+    validate_many_gated(txs, issuer, rng, |_, _| true)
+        .into_iter()
+        .map(|v| v.unwrap_or(Err(ValidationError::NoInputs)))
+        .collect()
+}
+
+/// [`validate_many`] with the cheap checks first: every stateless rule (sizes, duplicates,
+/// values, balance, schemes, witness keys), then `gate(tx, txid)` — the caller's look at the
+/// state, e.g. whether the inputs exist — and only for the transactions it lets through any
+/// signature verification (P-256, then the Ed25519 batch). A transaction the gate stops is
+/// `None`: no signature of it was verified. For the others the verdict is exactly
+/// [`validate_many`]'s.
+pub fn validate_many_gated<R: RngCore + CryptoRng>(
+    txs: &[&Transaction],
+    issuer: &PublicKey,
+    rng: &mut R,
+    mut gate: impl FnMut(&Transaction, &Digest) -> bool,
+) -> Vec<Option<Result<CompactTx, ValidationError>>> {
+    let mut results: Vec<Option<Result<Digest, ValidationError>>> = Vec::with_capacity(txs.len());
     let mut batch = BatchVerifier::with_capacity(txs.len() * 2);
     let mut owner: Vec<(usize, Option<usize>)> = Vec::new();
     for (ti, tx) in txs.iter().enumerate() {
-        match precheck(tx, issuer) {
-            Ok((txid, checks)) => {
-                for (k, m, s, w) in checks {
-                    batch.queue(&k, &m, &s);
-                    owner.push((ti, w));
-                }
-                results.push(Ok(txid));
+        let (txid, checks, p256) = match precheck(tx, issuer) {
+            Ok(p) => p,
+            Err(e) => {
+                results.push(Some(Err(e)));
+                continue;
             }
-            Err(e) => results.push(Err(e)),
+        };
+        if !gate(tx, &txid) {
+            results.push(None);
+            continue;
         }
+        if let Err(e) = verify_p256s(&txid, &p256) {
+            results.push(Some(Err(e)));
+            continue;
+        }
+        for (k, m, s, w) in checks {
+            batch.queue(&k, &m, &s);
+            owner.push((ti, w));
+        }
+        results.push(Some(Ok(txid)));
     }
     if let Err(e) = batch.verify(rng) {
         for (pos, reason) in e.invalid {
             let (ti, w) = owner[pos];
-            if results[ti].is_ok() {
-                results[ti] = Err(match w {
+            if matches!(results[ti], Some(Ok(_))) {
+                results[ti] = Some(Err(match w {
                     Some(index) => ValidationError::BadSignature { index, reason },
                     None => ValidationError::BadIssuerSignature(reason),
-                });
+                }));
             }
         }
     }
     results
         .into_iter()
         .zip(txs)
-        .map(|(r, tx)| r.map(|txid| CompactTx::with_txid(tx, txid)))
+        .map(|(r, tx)| r.map(|r| r.map(|txid| CompactTx::with_txid(tx, txid))))
         .collect()
 }
 

@@ -159,13 +159,43 @@ pub struct TokenInfo {
     pub holder: String,
 }
 
-/// Error body of every non-2xx answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Error body of every non-2xx answer, on every route of the node and of a provider:
+/// `{"error": {"code": "...", "message": "..."}}` (codes and statuses in `docs/api.md`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ApiError {
-    /// Stable code.
+    /// The code and the message.
+    pub error: ApiErrorBody,
+}
+
+/// The inside of [`ApiError`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ApiErrorBody {
+    /// Stable code (`bad_request`, `not_found`, `too_large`, `rate_limited`, ...).
     pub code: String,
     /// Human-readable message.
-    pub error: String,
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error body with `code` and `message`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            error: ApiErrorBody {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+
+    /// The code.
+    pub fn code(&self) -> &str {
+        &self.error.code
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.error.message
+    }
 }
 
 /// `POST /v1/ledger/transactions`.

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use florin_crypto::{Digest, PublicKey, Signature, Signer};
-use florin_ledger::validate::validate_many;
+use florin_ledger::validate::{inputs_of, validate_many, validate_many_gated};
 use florin_ledger::{
     CompactTx, Encumbrance, Mint, Output, Supply, SwapOutcome, SwapStore, Transaction, Utxo,
     ValidationError,
@@ -85,6 +85,7 @@ impl Ledger {
         let (tx, rx) = mpsc::channel::<Job>();
         let recent = Arc::new(Mutex::new(HashMap::new()));
         let engine_store = store.clone();
+        let hint_store = store.clone();
         let engine_recent = recent.clone();
         let issuer_key = issuer.public_key();
         let (validated_tx, validated_rx) = mpsc::channel::<Validated>();
@@ -95,15 +96,16 @@ impl Ledger {
             .unwrap_or(1);
         for i in 0..threads {
             let (rx, out, queued) = (rx.clone(), validated_tx.clone(), queued.clone());
+            let store = hint_store.clone();
             std::thread::Builder::new()
                 .name(format!("florin-sentinel-{i}"))
-                .spawn(move || validator(rx, out, issuer_key, queued, threads))
+                .spawn(move || validator(rx, out, issuer_key, queued, threads, store))
                 .ok();
         }
         drop(validated_tx);
         std::thread::Builder::new()
             .name("florin-swap-engine".into())
-            .spawn(move || committer(validated_rx, engine_store, engine_recent))
+            .spawn(move || committer(validated_rx, engine_store, engine_recent, issuer_key))
             .ok();
         Arc::new(Ledger {
             store,
@@ -241,18 +243,31 @@ const VALIDATE_BATCH: usize = 256;
 /// A validator takes at least this many when they are waiting (batch verification pays off).
 const VALIDATE_MIN: usize = 16;
 
+/// A validator's verdict: `None` when the transaction's inputs were found missing before any
+/// of its signatures was verified (the committer looks again after its commit).
+type Verdict = Option<Result<CompactTx, ValidationError>>;
+
 /// Validated jobs on their way to the committer.
-type Validated = (Vec<Job>, Vec<Result<CompactTx, ValidationError>>);
+type Validated = (Vec<Job>, Vec<Verdict>);
+
+/// The answer to a transaction whose input is spent or unknown.
+const MISSING_INPUT: &str = "an input is spent or does not exist";
 
 /// Validator threads: each takes its share of what is waiting (between [`VALIDATE_MIN`] and
 /// [`VALIDATE_BATCH`], so that every core gets work) and validates it as one signature batch.
 /// Validation runs on every core while the committer waits on the disk.
+///
+/// Cheap checks come first: after the stateless rules, the store is asked whether the inputs
+/// exist ([`SwapStore::inputs_hint`], which never waits); a transaction with a missing input
+/// has none of its signatures verified, so a batch of made-up inputs costs lookups, not
+/// signature work.
 fn validator(
     rx: Arc<Mutex<mpsc::Receiver<Job>>>,
     out: mpsc::Sender<Validated>,
     issuer: PublicKey,
     queued: Arc<AtomicUsize>,
     threads: usize,
+    store: Arc<dyn SwapStore>,
 ) {
     loop {
         let jobs = {
@@ -271,7 +286,21 @@ fn validator(
             jobs
         };
         let txs: Vec<&Transaction> = jobs.iter().map(|j| &j.tx).collect();
-        let verdicts = validate_many(&txs, &issuer, &mut OsRng);
+        let verdicts = validate_many_gated(&txs, &issuer, &mut OsRng, |tx, txid| {
+            let inputs = inputs_of(tx);
+            if inputs.is_empty() {
+                return true;
+            }
+            // The first input alone first: made-up inputs cost one hash, not one per input.
+            // Unknown (a busy store, a remote one): verify in full, as always.
+            match store.inputs_hint(txid, &[inputs[0].id()]) {
+                Some(true) if inputs.len() > 1 => {}
+                Some(answer) => return answer,
+                None => return true,
+            }
+            let ids: Vec<Digest> = inputs.iter().map(|u| u.id()).collect();
+            store.inputs_hint(txid, &ids).unwrap_or(true)
+        });
         if out.send((jobs, verdicts)).is_err() {
             return;
         }
@@ -279,11 +308,16 @@ fn validator(
 }
 
 /// The committer: drains everything validated (up to [`MAX_BATCH`] transactions), applies it
-/// with one `swap` — one durable commit — and only then answers the submitters.
+/// with one `swap` — one durable commit — and only then answers the submitters. Transactions
+/// a validator found an input missing for are looked at again after the commit (an earlier
+/// transaction of the same group may have created it): still missing, they are answered
+/// `state_invalid` without any signature verified; present now, they are validated in full
+/// and committed with a second swap, as if they had come in the next group.
 fn committer(
     rx: mpsc::Receiver<Validated>,
     store: Arc<dyn SwapStore>,
     recent: Arc<Mutex<HashMap<Digest, TxStatus>>>,
+    issuer: PublicKey,
 ) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -297,55 +331,118 @@ fn committer(
                 Err(_) => break,
             }
         }
-        let valid: Vec<CompactTx> = batch
+        let deferred = decide(batch, n, &store, &recent);
+        if deferred.is_empty() {
+            continue;
+        }
+        let (mut now_present, mut gone) = (Vec::new(), Vec::new());
+        for job in deferred {
+            let txid = job.tx.txid();
+            let ids: Vec<Digest> = inputs_of(&job.tx).iter().map(|u| u.id()).collect();
+            // A read that fails says nothing: validate in full and let the swap decide.
+            let present = store.is_confirmed(&txid).unwrap_or(true)
+                || ids.iter().all(|id| store.is_unspent(id).unwrap_or(true));
+            if present {
+                now_present.push(job);
+            } else {
+                gone.push((job, txid));
+            }
+        }
+        let statuses: Vec<(Digest, TxStatus)> = gone
             .iter()
-            .flat_map(|(_, verdicts)| verdicts.iter().filter_map(|v| v.as_ref().ok().cloned()))
+            .map(|(_, txid)| (*txid, TxStatus::StateInvalid(MISSING_INPUT.into())))
             .collect();
-        let outcomes = match store.swap(&valid) {
-            Ok(o) => o,
-            Err(e) => {
-                // Nothing is acknowledged; submitters get an error and may retry.
-                eprintln!("swap engine: store failed: {e}");
-                continue;
-            }
-        };
-        let mut outcomes = outcomes.into_iter();
-        let mut decided = Vec::with_capacity(n);
-        let mut answers = Vec::with_capacity(n);
-        for (jobs, verdicts) in batch {
-            for (job, verdict) in jobs.into_iter().zip(verdicts) {
-                let (txid, status) = match verdict {
-                    Err(e) => (job.tx.txid(), TxStatus::StaticInvalid(e.to_string())),
-                    Ok(c) => (
-                        c.txid,
-                        match outcomes.next() {
-                            Some(SwapOutcome::Confirmed) | Some(SwapOutcome::AlreadyApplied) => {
-                                TxStatus::Confirmed
-                            }
-                            Some(SwapOutcome::MissingInput) => {
-                                TxStatus::StateInvalid("an input is spent or does not exist".into())
-                            }
-                            None => TxStatus::Pending,
-                        },
-                    ),
-                };
-                if status != TxStatus::Confirmed {
-                    decided.push((txid, status.clone()));
-                }
-                answers.push((job.reply, txid, status));
-            }
+        remember(&recent, statuses);
+        for (job, txid) in gone {
+            let _ = job
+                .reply
+                .send((txid, TxStatus::StateInvalid(MISSING_INPUT.into())));
         }
-        // Recorded before anyone is answered: a status asked right after an answer finds it.
-        if !decided.is_empty() {
-            if let Ok(mut r) = recent.lock() {
-                if r.len() > RECENT_LIMIT {
-                    r.clear();
-                }
-                r.extend(decided);
-            }
-        }
-        for (reply, txid, status) in answers {
-            let _ = reply.send((txid, status));
+        if !now_present.is_empty() {
+            let txs: Vec<&Transaction> = now_present.iter().map(|j| &j.tx).collect();
+            let verdicts: Vec<Verdict> = validate_many(&txs, &issuer, &mut OsRng)
+                .into_iter()
+                .map(Some)
+                .collect();
+            let n = now_present.len();
+            // Every verdict is `Some`: nothing is deferred a second time.
+            let _ = decide(vec![(now_present, verdicts)], n, &store, &recent);
         }
     }
+}
+
+/// Records the statuses of transactions not confirmed, for status queries.
+fn remember(recent: &Mutex<HashMap<Digest, TxStatus>>, decided: Vec<(Digest, TxStatus)>) {
+    if decided.is_empty() {
+        return;
+    }
+    if let Ok(mut r) = recent.lock() {
+        if r.len() > RECENT_LIMIT {
+            r.clear();
+        }
+        r.extend(decided);
+    }
+}
+
+/// Applies one group of `n` validated transactions with one `swap` and answers their
+/// submitters; returns the jobs a validator deferred (an input missing), unanswered.
+fn decide(
+    batch: Vec<Validated>,
+    n: usize,
+    store: &Arc<dyn SwapStore>,
+    recent: &Mutex<HashMap<Digest, TxStatus>>,
+) -> Vec<Job> {
+    let valid: Vec<CompactTx> = batch
+        .iter()
+        .flat_map(|(_, verdicts)| {
+            verdicts
+                .iter()
+                .filter_map(|v| v.as_ref().and_then(|v| v.as_ref().ok()).cloned())
+        })
+        .collect();
+    let outcomes = match store.swap(&valid) {
+        Ok(o) => o,
+        Err(e) => {
+            // Nothing is acknowledged; submitters get an error and may retry.
+            eprintln!("swap engine: store failed: {e}");
+            return Vec::new();
+        }
+    };
+    let mut outcomes = outcomes.into_iter();
+    let mut decided = Vec::with_capacity(n);
+    let mut answers = Vec::with_capacity(n);
+    let mut deferred = Vec::new();
+    for (jobs, verdicts) in batch {
+        for (job, verdict) in jobs.into_iter().zip(verdicts) {
+            let (txid, status) = match verdict {
+                None => {
+                    deferred.push(job);
+                    continue;
+                }
+                Some(Err(e)) => (job.tx.txid(), TxStatus::StaticInvalid(e.to_string())),
+                Some(Ok(c)) => (
+                    c.txid,
+                    match outcomes.next() {
+                        Some(SwapOutcome::Confirmed) | Some(SwapOutcome::AlreadyApplied) => {
+                            TxStatus::Confirmed
+                        }
+                        Some(SwapOutcome::MissingInput) => {
+                            TxStatus::StateInvalid(MISSING_INPUT.into())
+                        }
+                        None => TxStatus::Pending,
+                    },
+                ),
+            };
+            if status != TxStatus::Confirmed {
+                decided.push((txid, status.clone()));
+            }
+            answers.push((job.reply, txid, status));
+        }
+    }
+    // Recorded before anyone is answered: a status asked right after an answer finds it.
+    remember(recent, decided);
+    for (reply, txid, status) in answers {
+        let _ = reply.send((txid, status));
+    }
+    deferred
 }

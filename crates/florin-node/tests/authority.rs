@@ -190,6 +190,7 @@ fn http_api_answers_bad_input_with_4xx() {
     let state = florin_http::AppState {
         authority: Some(Arc::new(a)),
         ledger: None,
+        limits: florin_http::RateLimits::default(),
     };
     let server = rt.spawn(florin_http::serve(listener, state, async {
         let _ = rx.await;

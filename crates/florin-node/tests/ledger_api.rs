@@ -252,6 +252,82 @@ fn binary_and_batch_submission() {
     node.stop();
 }
 
+/// Cheap checks first: a transaction spending made-up inputs is refused as `state_invalid`
+/// without its signatures being looked at (here they are garbage: verified, they would make it
+/// `static_invalid`), while a transaction spending an output created earlier in the same batch
+/// is still confirmed (looked at again after the commit that created its input).
+#[test]
+fn inputs_are_looked_up_before_signatures() {
+    let node = LedgerNode::start();
+    let addr = node.addr;
+    let (alice, bob) = (
+        LocalSigner::new(SecretKey::from_seed(&[1; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+    );
+    let utxos = faucet(addr, &alice, 38880);
+
+    // Made-up inputs owned by alice, witnesses by alice's key with a garbage signature.
+    let made_up = |seed: u8| {
+        let u = Utxo {
+            value: 5,
+            encumbrance: Encumbrance::ed25519(&alice.public_key()),
+            serial: [seed; 32],
+        };
+        Transaction::Transfer(Transfer {
+            inputs: vec![u],
+            outputs: vec![Output {
+                value: 5,
+                encumbrance: Encumbrance::ed25519(&bob.public_key()),
+            }],
+            witnesses: vec![Witness::ed25519(
+                alice.public_key(),
+                florin_crypto::Signature([7; 64]),
+            )],
+        })
+    };
+    // The same garbage signature on a real input: verified, and refused for it.
+    let forged = match made_up(9) {
+        Transaction::Transfer(mut t) => {
+            t.inputs = vec![utxos[0]];
+            t.outputs[0].value = utxos[0].value;
+            Transaction::Transfer(t)
+        }
+        _ => unreachable!(),
+    };
+    let (_, ans) = submit(addr, &forged);
+    assert_eq!(ans["status"], "static_invalid", "{ans}");
+
+    // A chain within one batch: t1 pays bob from alice's coin, t2 spends t1's output.
+    let t1 = pay(vec![utxos[1]], &alice, &bob, utxos[1].value);
+    let t1_out = match &t1 {
+        Transaction::Transfer(t) => t.output_utxos()[0],
+        _ => unreachable!(),
+    };
+    let t2 = pay(vec![t1_out], &bob, &alice, t1_out.value);
+    let (code, ans) = http_bytes(
+        addr,
+        "/v1/ledger/batch",
+        &frames(&[&made_up(1), &t1, &t2, &made_up(2)]),
+    );
+    assert_eq!(code, 200, "{ans}");
+    let statuses: Vec<&str> = ans["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["state_invalid", "confirmed", "confirmed", "state_invalid"],
+        "{ans}"
+    );
+    assert_eq!(
+        ans["results"][0]["error"], "an input is spent or does not exist",
+        "{ans}"
+    );
+    node.stop();
+}
+
 /// Body of a `/v1/withdraw` request for output 0 of `tx`, signed by `signer` (if any) over the
 /// authorization message for `recipient` and `handshake`.
 fn withdraw_body(
@@ -341,7 +417,10 @@ fn withdrawal_is_bound_to_the_key_that_paid_the_reserve() {
         let (code, e) = http(addr, "POST", "/v1/withdraw", Some(&body));
         assert_eq!(code, 403, "{who}: {e}");
         assert!(
-            e["error"].as_str().unwrap().contains("not authorized"),
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not authorized"),
             "{who}: {e}"
         );
     }
@@ -467,7 +546,13 @@ fn invalid_addresses_are_refused_at_the_api() {
                 Some(&format!(r#"{{"owner":"{owner}","amount_cents":100}}"#)),
             );
             assert_eq!(code, 400, "faucet to {owner}: {e}");
-            assert!(e["error"].as_str().unwrap().contains("small order"), "{e}");
+            assert!(
+                e["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("small order"),
+                "{e}"
+            );
         }
         let (code, e) = http(
             addr,

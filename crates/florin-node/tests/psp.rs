@@ -40,7 +40,7 @@ fn ok(r: (u16, Value)) -> Value {
 
 fn refused(r: (u16, Value), code: u16, what: &str) -> Value {
     assert_eq!(r.0, code, "{}", r.1);
-    assert_eq!(r.1["code"], what, "{}", r.1);
+    assert_eq!(r.1["error"]["code"], what, "{}", r.1);
     r.1
 }
 
@@ -271,7 +271,6 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
     for junk in [
         json!({"outputs": ["zz"]}),
         json!({"outputs": ["00"]}),
-        json!({"nope": 1}),
         json!({"outputs": [fresh.clone(), fresh.clone()]}),
         json!({"outputs": vec![fresh.clone(); 257]}),
     ] {
@@ -281,11 +280,33 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
             "bad_request",
         );
     }
+    // A body of the wrong shape is `malformed`, in the same envelope.
+    refused(
+        b.call("POST", "/v1/psp/receive", Some(json!({"nope": 1}))),
+        400,
+        "malformed",
+    );
     refused(
         a.call("POST", "/v1/psp/pay", Some(json!({"from": "alice"}))),
         400,
-        "bad_request",
+        "malformed",
     );
+    // The edge answers in the envelope too: unknown route, wrong method, wrong content
+    // type, a body that is not JSON, a body over the route's limit.
+    refused(a.call("GET", "/v1/psp/nope", None), 404, "not_found");
+    refused(
+        a.call("GET", "/v1/psp/pay", None),
+        405,
+        "method_not_allowed",
+    );
+    let raw = |ctype: &str, body: &[u8]| {
+        common::request(a.addr, "POST", "/v1/psp/pay", Some((ctype, body)), None)
+    };
+    refused(raw("text/plain", b"{}"), 415, "unsupported_media_type");
+    refused(raw("application/json", b"{\"from"), 400, "malformed");
+    let big = vec![b' '; florin_http::psp::limits::SMALL + 1];
+    refused(raw("application/json", &big), 413, "too_large");
+    refused(raw("image/png", &big), 413, "too_large");
 
     // Refusals: each typed, nothing moves.
     refused(
@@ -467,7 +488,7 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
     // Meanwhile someone hands erin's output to `receive` (it is unspent on the ledger), and
     // erin spends it. Applying the payment later must not bring the spent coin back.
     drop_replies.store(false, Ordering::SeqCst);
-    let msg = err["error"].as_str().unwrap();
+    let msg = err["error"]["message"].as_str().unwrap();
     let txid_hex = msg
         .split_whitespace()
         .find(|w| w.len() == 64 && hex::decode(w).is_ok())

@@ -635,6 +635,16 @@ impl SwapStore for EmbeddedStore {
         Ok(self.lock()?.state.applied.contains(txid))
     }
 
+    fn inputs_hint(&self, txid: &Digest, inputs: &[UhsId]) -> Option<bool> {
+        // Never waits: while a commit holds the lock (on the disk), the validators verify in
+        // full instead of queueing behind it.
+        let g = self.inner.try_lock().ok()?;
+        if g.poisoned {
+            return None;
+        }
+        Some(g.state.inputs_present(txid, inputs))
+    }
+
     fn supply(&self) -> Result<Supply, StoreError> {
         Ok(self.lock()?.state.supply())
     }

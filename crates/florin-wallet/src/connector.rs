@@ -33,6 +33,8 @@ pub enum ConnectorError {
     Refused {
         /// The transport's status, as text (e.g. `400 Bad Request`).
         status: String,
+        /// The node's stable error code (`bad_request`, `quota`, `rate_limited`, ...).
+        code: String,
         /// The node's message.
         message: String,
     },

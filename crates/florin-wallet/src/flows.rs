@@ -715,19 +715,36 @@ impl<'a, C: Connector> Flows<'a, C> {
     /// Deposits the tokens received offline: signed over to the authority (saved before they
     /// leave, so a retry resends the same bytes), then re-anchored to this wallet or
     /// (`credit`) credited on the ledger, the credit collected by a sync.
+    ///
+    /// At most [`crate::MAX_DEPOSIT_PER_REQUEST`] tokens go in one request: more are deposited
+    /// in parts, one after another, each saved before it leaves; a part left pending (to
+    /// retry) ends the deposit there, and the next deposit resends it first.
     pub async fn deposit(&self, w: &mut Wallet, credit: bool) -> Result<Deposited, FlowError> {
-        let Some((_handshake, tokens)) = w.prepare_deposit_mode(&mut OsRng, credit)? else {
+        let mut result: Option<DepositResult> = None;
+        let mut credited = false;
+        while let Some((_handshake, tokens)) = w.prepare_deposit_mode(&mut OsRng, credit)? {
+            self.save(w)?;
+            let part_credit = w.pending_deposit_credits();
+            credited |= part_credit;
+            let items = self
+                .connector
+                .deposit(&w.public_key(), &tokens, part_credit)
+                .await
+                .map_err(FlowError::DepositUnanswered)?;
+            let part = w.finish_deposit(items, &mut OsRng)?;
+            self.save(w)?;
+            match &mut result {
+                Some(r) => r.absorb(part),
+                None => result = Some(part),
+            }
+            if w.has_pending_deposit() {
+                break;
+            }
+        }
+        let Some(result) = result else {
             return Ok(Deposited::Nothing);
         };
-        self.save(w)?;
-        let credit = w.pending_deposit_credits();
-        let items = self
-            .connector
-            .deposit(&w.public_key(), &tokens, credit)
-            .await
-            .map_err(FlowError::DepositUnanswered)?;
-        let result = w.finish_deposit(items, &mut OsRng)?;
-        self.save(w)?;
+        let credit = credited;
         let mut sync_error = None;
         if credit {
             // The credit arrives as a ledger output handed off to this wallet's mailbox.

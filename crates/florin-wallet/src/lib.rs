@@ -25,5 +25,6 @@ pub use select::select_exact;
 pub use store::{FileStore, LockingStore, StoreError, WalletLock, WalletStore};
 pub use wallet::{
     Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet,
-    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS, MAX_HOPS_LIMIT,
+    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS, MAX_DEPOSIT_PER_REQUEST,
+    MAX_HOPS_LIMIT,
 };

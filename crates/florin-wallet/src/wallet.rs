@@ -22,6 +22,9 @@ pub const DEFAULT_MAX_HOPS: usize = 64;
 pub const DEFAULT_MAX_OFFLINE_CENTS: u64 = 100_000;
 /// Largest hop limit a wallet may set (bounds token size and verification work).
 pub const MAX_HOPS_LIMIT: usize = 1024;
+/// Most tokens sent in one deposit request: a wallet with more deposits them in several
+/// (the node's body limit for a deposit is sized for this many tokens of 64 hops).
+pub const MAX_DEPOSIT_PER_REQUEST: usize = 1_000;
 const FILE_FORMAT: u32 = 1;
 
 /// Why a wallet operation failed. Nothing in the wallet changes when one is returned.
@@ -294,6 +297,18 @@ pub struct DepositResult {
     pub lost_cents: u64,
     /// Tokens still pending (to retry).
     pub still_pending: usize,
+}
+
+impl DepositResult {
+    /// Adds the outcomes of another part of the same deposit.
+    pub fn absorb(&mut self, other: DepositResult) {
+        self.credited_cents += other.credited_cents;
+        self.reanchored += other.reanchored;
+        self.fraud.extend(other.fraud);
+        self.refused.extend(other.refused);
+        self.lost_cents += other.lost_cents;
+        self.still_pending += other.still_pending;
+    }
 }
 
 /// A wallet in memory.
@@ -744,6 +759,11 @@ impl Wallet {
         self.prepare_deposit_mode(rng, false)
     }
 
+    /// Whether a deposit is in flight (signed over, not yet answered in full).
+    pub fn has_pending_deposit(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Whether the deposit in flight credits the ledger.
     pub fn pending_deposit_credits(&self) -> bool {
         self.pending.as_ref().is_some_and(|p| p.credit)
@@ -760,8 +780,10 @@ impl Wallet {
             let hs = hex32(&p.handshake).unwrap_or_default();
             return Ok(Some((hs, self.pending_tokens())));
         }
+        // At most MAX_DEPOSIT_PER_REQUEST at a time: the rest stay for the next part.
         let offline: Vec<usize> = (0..self.tokens.len())
             .filter(|&i| self.tokens[i].1 == TokenState::Offline)
+            .take(MAX_DEPOSIT_PER_REQUEST)
             .collect();
         if offline.is_empty() {
             return Ok(None);

@@ -127,6 +127,7 @@ impl Connector for FakeNode {
         if l.full.contains(&to.to_address()) {
             return Err(ConnectorError::Refused {
                 status: "429 Too Many Requests".into(),
+                code: "quota".into(),
                 message: "the recipient's mailbox is full".into(),
             });
         }
@@ -155,6 +156,7 @@ impl Connector for FakeNode {
     async fn withdraw(&self, _: &Withdrawal) -> Result<Vec<Token>, ConnectorError> {
         Err(ConnectorError::Refused {
             status: "501 Not Implemented".into(),
+            code: "http_501".into(),
             message: "no reserve here".into(),
         })
     }
@@ -167,6 +169,7 @@ impl Connector for FakeNode {
     ) -> Result<Vec<DepositItem>, ConnectorError> {
         Err(ConnectorError::Refused {
             status: "501 Not Implemented".into(),
+            code: "http_501".into(),
             message: "no authority here".into(),
         })
     }

@@ -625,6 +625,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
         ClusterCommand::Status { data, json } => {
             let st = state(&canonical(&data)?)?;
             if json {
+                crate::util::printed_json();
                 println!("{}", serde_json::to_string_pretty(&st)?);
             } else {
                 print_state(&st);
@@ -814,6 +815,7 @@ fn run_sentinel(
     let state = AppState {
         authority: authority.clone(),
         ledger: Some(ledger.clone()),
+        limits: florin_http::RateLimits::default(),
     };
     // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
     // loopback for a config without `tls_dir`.

@@ -38,6 +38,39 @@ pub struct DevnetArgs {
     /// TLS (by default, from a CA made in `DATA/tls` on first start) or plain HTTP.
     #[command(flatten)]
     tls: crate::tls_args::ServeTlsArgs,
+    /// Rate limits of the HTTP API (429 `rate_limited` over them; loopback included).
+    #[command(flatten)]
+    rate: RateArgs,
+}
+
+/// Rate limits of a node's HTTP API (`docs/api.md#rate-limits`); 0 turns one off.
+#[derive(Args, Clone, Copy)]
+pub struct RateArgs {
+    /// Requests per second one client address may make, sustained.
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_ip_per_sec)]
+    pub rate_per_ip: u32,
+    /// Requests one client address may make at once.
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_ip_burst)]
+    pub rate_burst_ip: u32,
+    /// Requests per second naming one key (a mailbox's recipient, a withdrawing key, a faucet
+    /// owner), sustained.
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_key_per_sec)]
+    pub rate_per_key: u32,
+    /// Requests naming one key at once.
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_key_burst)]
+    pub rate_burst_key: u32,
+}
+
+impl RateArgs {
+    /// The limits.
+    pub fn limits(&self) -> florin_http::RateLimits {
+        florin_http::RateLimits {
+            per_ip_per_sec: self.rate_per_ip,
+            per_ip_burst: self.rate_burst_ip,
+            per_key_per_sec: self.rate_per_key,
+            per_key_burst: self.rate_burst_key,
+        }
+    }
 }
 
 /// Where devnet keeps its signing keys.
@@ -199,6 +232,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
     let state = AppState {
         authority: Some(authority.clone()),
         ledger: Some(ledger.clone()),
+        limits: args.rate.limits(),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

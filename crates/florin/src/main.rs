@@ -102,6 +102,8 @@ fn quiet_on_broken_pipe() {
 
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
+    // Every command takes `--json`; a failing one then also prints the API's error envelope.
+    let json = std::env::args().skip(1).any(|a| a == "--json");
     let cli = Cli::parse();
     util::set_operator_key(cli.operator_key);
     let trust = util::Trust::new(cli.ca_cert);
@@ -128,8 +130,59 @@ fn main() -> ExitCode {
                 );
             }
             eprintln!("error: {msg}");
+            if json && !util::has_printed_json() {
+                // The same envelope the node and the providers answer with, on standard output
+                // (unless the command printed its JSON result already).
+                let envelope = florin_node::api::ApiError::new(error_code(&e), msg);
+                println!("{}", serde_json::to_string(&envelope).unwrap_or_default());
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The stable code of a failed command: the server's when a node or a provider refused
+/// (`bad_request`, `quota`, `rate_limited`, ...), `unreachable` when it could not be reached,
+/// else `failed`.
+fn error_code(e: &anyhow::Error) -> String {
+    use florin_http::{client, psp_client};
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<client::ClientError>() {
+            return match c {
+                client::ClientError::Refused { code, .. } => code.clone(),
+                _ => "unreachable".into(),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<psp_client::ClientError>() {
+            return match c {
+                psp_client::ClientError::Refused { code, .. } => code.clone(),
+                psp_client::ClientError::Unreachable { .. } => "unreachable".into(),
+                _ => "failed".into(),
+            };
+        }
+        if let Some(c) = cause.downcast_ref::<florin_wallet::ConnectorError>() {
+            return connector_code(c);
+        }
+        // A flow's node error is transparent: its source skips the connector error itself.
+        if let Some(f) = cause.downcast_ref::<florin_wallet::FlowError>() {
+            use florin_wallet::FlowError as F;
+            match f {
+                F::Node(c)
+                | F::SubmitUnanswered(c)
+                | F::DepositUnanswered(c)
+                | F::NoAuthority(c) => return connector_code(c),
+                _ => {}
+            }
+        }
+    }
+    "failed".into()
+}
+
+fn connector_code(c: &florin_wallet::ConnectorError) -> String {
+    match c {
+        florin_wallet::ConnectorError::Refused { code, .. } => code.clone(),
+        florin_wallet::ConnectorError::Unreachable { .. } => "unreachable".into(),
+        _ => "failed".into(),
     }
 }
 

@@ -531,6 +531,7 @@ fn pay_peer(
 /// several sessions at once never interleave within a line.
 fn event(json: bool, v: serde_json::Value, text: String) {
     let line = if json {
+        crate::util::printed_json();
         serde_json::to_string(&v).unwrap_or_default()
     } else {
         text

@@ -1541,7 +1541,7 @@ fn a_confirmed_payment_whose_handoff_is_undeliverable_reports_paid() {
         (m == "POST" && p == "/v1/mailbox").then(|| {
             (
                 503,
-                r#"{"code":"unavailable","error":"mailbox down"}"#.to_string(),
+                r#"{"error":{"code":"unavailable","message":"mailbox down"}}"#.to_string(),
             )
         })
     });

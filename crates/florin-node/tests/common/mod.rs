@@ -100,6 +100,7 @@ impl LedgerNode {
         let state = AppState {
             authority: Some(authority.clone()),
             ledger: Some(ledger),
+            limits: florin_http::RateLimits::default(),
         };
         let server = rt.spawn(florin_http::serve(listener, state, async {
             let _ = rx.await;

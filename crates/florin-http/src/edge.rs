@@ -1,0 +1,336 @@
+//! What every route of the node and of a provider shares at the edge: the one JSON error
+//! envelope (`{"error": {"code": …, "message": …}}`, also for axum's own rejections), body
+//! limits sized per route (413 before the body is buffered), and rate limits (429 with
+//! `Retry-After`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use florin_node::api::ApiError;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::de::DeserializeOwned;
+
+/// An error answer in the envelope: a status, a stable code and a message.
+#[derive(Debug, Clone)]
+pub struct EdgeError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The stable code.
+    pub code: &'static str,
+    /// The message.
+    pub message: String,
+    /// Seconds to wait before asking again (429).
+    pub retry_after: Option<u64>,
+}
+
+impl EdgeError {
+    /// An error with `status`, `code` and `message`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> EdgeError {
+        EdgeError {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 413 `too_large`: a body over the route's limit.
+    pub fn too_large(max: usize) -> EdgeError {
+        EdgeError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the request body is larger than this route takes ({max} bytes)"),
+        )
+    }
+
+    /// 415 `unsupported_media_type`.
+    pub fn media_type(expected: &str) -> EdgeError {
+        EdgeError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("the request's content type must be {expected}"),
+        )
+    }
+
+    /// 400 `malformed`: a body that does not parse.
+    pub fn malformed(message: impl Into<String>) -> EdgeError {
+        EdgeError::new(StatusCode::BAD_REQUEST, "malformed", message)
+    }
+
+    /// 429 `rate_limited`, with how long to wait.
+    pub fn rate_limited(what: &str, wait: Duration) -> EdgeError {
+        // Whole seconds, rounded up: a client that waits that long is let through.
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        EdgeError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "rate_limited",
+            message: format!("too many requests {what}; retry in {secs} s"),
+            retry_after: Some(secs.max(1)),
+        }
+    }
+}
+
+impl IntoResponse for EdgeError {
+    fn into_response(self) -> Response {
+        let mut r = envelope(self.status, self.code, self.message);
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// The envelope as a response.
+pub fn envelope(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, Json(ApiError::new(code, message))).into_response()
+}
+
+/// The code an error status gets when nothing more specific is known (axum's own rejections).
+pub fn code_of_status(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST | StatusCode::UNPROCESSABLE_ENTITY => "malformed",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::TOO_MANY_REQUESTS => "rate_limited",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        s if s.is_server_error() => "internal",
+        _ => "error",
+    }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// Longest text of a rejection kept in the envelope's message.
+const MAX_REJECTION_TEXT: usize = 1024;
+
+/// Middleware: an error answer that is not already the JSON envelope (axum's rejections:
+/// unknown route, wrong method, a path or query that does not parse, a JSON body of the wrong
+/// type) is rewritten into it; axum's 422 for a JSON body of the wrong shape becomes 400
+/// `malformed`.
+pub async fn envelope_layer(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) || is_json(resp.headers()) {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = match axum::body::to_bytes(body, MAX_REJECTION_TEXT).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).into_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("request refused")
+            .to_string(),
+    };
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    let mut out = envelope(status, code_of_status(status), text);
+    for name in [header::RETRY_AFTER, header::ALLOW] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
+}
+
+/// Middleware (with the route's limit as state): a body longer than `max` bytes is refused
+/// with 413 `too_large` whatever its content type: at once when its `Content-Length` says so
+/// (nothing of it is read), else as soon as `max` bytes have streamed in. What passes is
+/// buffered (at most `max` bytes) and handed on.
+pub async fn limit_body(State(max): State<usize>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return EdgeError::too_large(max).into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, max).await {
+        Ok(b) => b,
+        Err(e) => {
+            // Over the limit while streaming, or the body broke off.
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                return EdgeError::too_large(max).into_response();
+            }
+            return EdgeError::malformed(format!("the request body broke off: {e}"))
+                .into_response();
+        }
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// A JSON body whose rejections are answered in the envelope: 415 `unsupported_media_type`
+/// without `Content-Type: application/json`, 400 `malformed` for a body that does not parse
+/// or has the wrong shape, 413 `too_large` over the route's limit.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = EdgeError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::extract::rejection::JsonRejection;
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(JsonRejection::MissingJsonContentType(_)) => {
+                Err(EdgeError::media_type("application/json"))
+            }
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(EdgeError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    e.body_text(),
+                ))
+            }
+            Err(e) => Err(EdgeError::malformed(format!(
+                "bad JSON body: {}",
+                e.body_text()
+            ))),
+        }
+    }
+}
+
+/// Rate limits: requests per second and burst per client address, and per key (a mailbox's
+/// recipient, a withdrawal's key, a faucet's owner). Zero turns a limit off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Requests per second one client address may make (sustained).
+    pub per_ip_per_sec: u32,
+    /// Requests one client address may make at once, above the sustained rate.
+    pub per_ip_burst: u32,
+    /// Requests per second naming one key (mailbox recipient, withdrawing key, faucet owner).
+    pub per_key_per_sec: u32,
+    /// Requests naming one key at once.
+    pub per_key_burst: u32,
+}
+
+impl Default for RateLimits {
+    /// High enough that the test suite and `florin bench ledger` never meet them on one
+    /// machine; low enough that one address cannot flood the node with cheap requests.
+    fn default() -> Self {
+        RateLimits {
+            per_ip_per_sec: 5_000,
+            per_ip_burst: 10_000,
+            per_key_per_sec: 100,
+            per_key_burst: 1_000,
+        }
+    }
+}
+
+impl RateLimits {
+    /// No limits.
+    pub fn off() -> RateLimits {
+        RateLimits {
+            per_ip_per_sec: 0,
+            per_ip_burst: 0,
+            per_key_per_sec: 0,
+            per_key_burst: 0,
+        }
+    }
+}
+
+/// Most addresses or keys a limiter tracks before it forgets those that are back to full.
+const MAX_TRACKED: usize = 100_000;
+
+fn keyed<K: std::hash::Hash + Eq + Clone>(
+    per_sec: u32,
+    burst: u32,
+) -> Option<DefaultKeyedRateLimiter<K>> {
+    let rate = NonZeroU32::new(per_sec)?;
+    let burst = NonZeroU32::new(burst.max(per_sec)).unwrap_or(rate);
+    Some(RateLimiter::keyed(
+        Quota::per_second(rate).allow_burst(burst),
+    ))
+}
+
+/// The limiters a router shares (one set per process).
+pub struct Limiter {
+    by_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    by_key: Option<DefaultKeyedRateLimiter<Vec<u8>>>,
+    clock: DefaultClock,
+}
+
+impl Limiter {
+    /// Limiters for `limits`.
+    pub fn new(limits: RateLimits) -> Arc<Limiter> {
+        Arc::new(Limiter {
+            by_ip: keyed(limits.per_ip_per_sec, limits.per_ip_burst),
+            by_key: keyed(limits.per_key_per_sec, limits.per_key_burst),
+            clock: DefaultClock::default(),
+        })
+    }
+
+    fn tidy<K: std::hash::Hash + Eq + Clone>(l: &DefaultKeyedRateLimiter<K>) {
+        if l.len() > MAX_TRACKED {
+            l.retain_recent();
+        }
+    }
+
+    /// One request from `ip`: `Err` (429) when it is over its rate.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), EdgeError> {
+        let Some(l) = &self.by_ip else { return Ok(()) };
+        Self::tidy(l);
+        l.check_key(&ip).map_err(|not_until| {
+            EdgeError::rate_limited(
+                "from this address",
+                not_until.wait_time_from(self.clock.now()),
+            )
+        })
+    }
+
+    /// One request naming `key` (`what` says which, for the message): `Err` (429) when over.
+    pub fn check_key(&self, what: &str, key: &[u8]) -> Result<(), EdgeError> {
+        let Some(l) = &self.by_key else { return Ok(()) };
+        Self::tidy(l);
+        l.check_key(&key.to_vec()).map_err(|not_until| {
+            EdgeError::rate_limited(
+                &format!("for this {what}"),
+                not_until.wait_time_from(self.clock.now()),
+            )
+        })
+    }
+}
+
+/// Middleware (with the limiter as state): every request counts against its client
+/// address (from `ConnectInfo`; a router served without it is not limited by address).
+pub async fn limit_rate(State(l): State<Arc<Limiter>>, req: Request, next: Next) -> Response {
+    let ip = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    if let Some(ip) = ip {
+        if let Err(e) = l.check_ip(ip) {
+            return e.into_response();
+        }
+    }
+    next.run(req).await
+}
