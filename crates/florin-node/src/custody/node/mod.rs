@@ -34,11 +34,14 @@ use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, sync_dir, write_private};
 
 mod access;
+mod customers;
 mod handle;
 mod serve;
 mod shares;
 
 use access::*;
+use customers::Customers;
+pub use customers::MAX_LIVE_PAYMENTS;
 pub use access::{KeyPattern, CONFIG_POLL};
 use handle::*;
 use serve::*;
@@ -210,6 +213,8 @@ struct Inner {
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     repairs: Mutex<HashMap<[u8; 16], RepairRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
+    /// Customer keys bound to keys, and the payment ids their authorizations used.
+    customers: Customers,
     stop: AtomicBool,
 }
 
@@ -470,6 +475,7 @@ impl CustodyNode {
         }
         Ok(CustodyNode {
             inner: Arc::new(Inner {
+                customers: Customers::open(&cfg.dir)?,
                 party: cfg.party,
                 n,
                 dir: cfg.dir.clone(),
