@@ -175,8 +175,8 @@ impl Customers {
         let Some(customer) = self.bound(key_id) else {
             return Ok(());
         };
-        let refuse = |e: AuthzError| CustodyError::Unauthorized(e);
-        let authz = authz.ok_or(refuse(AuthzError::Missing))?;
+        let refuse = CustodyError::Unauthorized;
+        let authz = authz.ok_or_else(|| refuse(AuthzError::Missing))?;
         let payer = payer()?;
         let t = now();
         let (auth, txid) = authz
