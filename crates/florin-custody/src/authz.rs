@@ -349,7 +349,8 @@ mod tests {
         assert!(z.check(&cust.public_key(), &payer, &txid, now).is_ok());
         // Another customer key.
         assert_eq!(
-            z.check(&key(5).public_key(), &payer, &txid, now).unwrap_err(),
+            z.check(&key(5).public_key(), &payer, &txid, now)
+                .unwrap_err(),
             AuthzError::WrongCustomer
         );
         // Another payer's key.
@@ -359,7 +360,8 @@ mod tests {
         );
         // Another message.
         assert_eq!(
-            z.check(&cust.public_key(), &payer, &[0; 32], now).unwrap_err(),
+            z.check(&cust.public_key(), &payer, &[0; 32], now)
+                .unwrap_err(),
             AuthzError::DigestMismatch
         );
         // Expired, too long.

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -14,9 +15,10 @@ use tokio::net::TcpListener;
 
 use florin_node::api::{ApiError, Health};
 use florin_node::psp::api::{
-    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo, Receive,
-    ReceiveAnswer,
+    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PayeeView,
+    PspInfo, ReceiveAnswer,
 };
+use florin_node::psp::auth::{CallerRequest, AUTH_HEADER};
 use florin_node::psp::{Psp, PspError};
 
 /// A provider error as an HTTP answer: a status code and an [`ApiError`] body.
@@ -39,6 +41,8 @@ pub fn status_of(e: &PspError) -> StatusCode {
         PspError::Custody(_) | PspError::Unresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
         PspError::Unreachable(_) => StatusCode::BAD_GATEWAY,
         PspError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        PspError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        PspError::Forbidden(_) => StatusCode::FORBIDDEN,
         // A kind added later: the service failed.
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -63,6 +67,26 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, PspError> {
         .map_err(|e| PspError::BadRequest(format!("bad JSON body: {}", e.body_text())))
 }
 
+/// A signed body's JSON (parsed after its signature was checked).
+fn json<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, PspError> {
+    serde_json::from_slice(b).map_err(|e| PspError::BadRequest(format!("bad JSON body: {e}")))
+}
+
+/// The request as its signature covers it.
+fn caller<'a>(
+    method: &'a str,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+) -> CallerRequest<'a> {
+    CallerRequest {
+        method,
+        path: uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"),
+        body,
+        header: headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok()),
+    }
+}
+
 async fn health() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -75,9 +99,17 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
 
 async fn open(
     State(p): St,
-    req: Result<Json<OpenAccount>, JsonRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
 ) -> Result<Json<AccountView>, PspHttpError> {
-    Ok(Json(p.open_account(&body(req)?.name).await?))
+    let req: OpenAccount = json(&raw)?;
+    let customer = req
+        .customer_key
+        .as_deref()
+        .ok_or_else(|| PspError::BadRequest("customer_key is required".into()))?;
+    let key = p.authenticate_opening(&req.name, customer, &caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.open_account(&req.name, &key).await?))
 }
 
 async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
@@ -89,8 +121,24 @@ async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
 async fn account(
     State(p): St,
     Path(name): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Result<Json<AccountView>, PspHttpError> {
+    p.authenticate_customer(&name, &caller("GET", &uri, &headers, &[]))?;
     Ok(Json(p.account(&name)?))
+}
+
+#[derive(Deserialize)]
+struct PeerQuery {
+    peer: Option<String>,
+}
+
+async fn payee(
+    State(p): St,
+    Path(name): Path<String>,
+    Query(q): Query<PeerQuery>,
+) -> Result<Json<PayeeView>, PspHttpError> {
+    Ok(Json(p.payee(&name, q.peer.as_deref()).await?))
 }
 
 #[derive(Deserialize)]
@@ -102,7 +150,10 @@ async fn history(
     State(p): St,
     Path(name): Path<String>,
     Query(q): Query<Limit>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Result<Json<History>, PspHttpError> {
+    p.authenticate_customer(&name, &caller("GET", &uri, &headers, &[]))?;
     let limit = q.limit.unwrap_or(1000).min(1000);
     Ok(Json(History {
         entries: p.history(&name, limit)?,
@@ -119,16 +170,24 @@ async fn fund(
 
 async fn pay(
     State(p): St,
-    req: Result<Json<PayRequest>, JsonRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
 ) -> Result<Json<PayReceipt>, PspHttpError> {
-    Ok(Json(p.pay(body(req)?).await?))
+    let req: PayRequest = json(&raw)?;
+    p.authenticate_customer(&req.from, &caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.pay(req).await?))
 }
 
 async fn receive(
     State(p): St,
-    req: Result<Json<Receive>, JsonRejection>,
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
 ) -> Result<Json<ReceiveAnswer>, PspHttpError> {
-    Ok(Json(p.receive(body(req)?).await?))
+    // Who calls first: an unknown or unauthenticated caller learns nothing of the body.
+    let peer = p.authenticate_peer(&caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.receive(json(&raw)?, &peer).await?))
 }
 
 /// The provider's routes.
@@ -138,10 +197,11 @@ pub fn router(psp: Arc<Psp>) -> Router {
         .route("/v1/psp/info", get(info))
         .route("/v1/psp/accounts", post(open).get(list))
         .route("/v1/psp/accounts/{name}", get(account))
+        .route("/v1/psp/payees/{name}", get(payee))
         .route("/v1/psp/accounts/{name}/history", get(history))
         .route("/v1/psp/accounts/{name}/faucet", post(fund))
         .route("/v1/psp/pay", post(pay))
-        .route("/v1/psp/receive", post(receive))
+        .route(florin_node::psp::RECEIVE_PATH, post(receive))
         .with_state(psp)
 }
 

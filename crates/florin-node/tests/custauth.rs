@@ -46,7 +46,13 @@ fn now() -> u64 {
 }
 
 /// A transfer from `payer` (one coin of `amount + change`) paying `amount` to `payee`.
-fn transfer(payer: Encumbrance, payee: Encumbrance, amount: u64, change: u64, serial: u8) -> Transfer {
+fn transfer(
+    payer: Encumbrance,
+    payee: Encumbrance,
+    amount: u64,
+    change: u64,
+    serial: u8,
+) -> Transfer {
     let mut outputs = vec![Output {
         value: amount,
         encumbrance: payee,
@@ -68,6 +74,9 @@ fn transfer(payer: Encumbrance, payee: Encumbrance, amount: u64, change: u64, se
     }
 }
 
+/// Signs a txid through the network, with or without an authorization.
+type SignFn<'a> = &'a dyn Fn(&[u8], Option<&Authorization>) -> Result<(), KmnError>;
+
 fn reason(e: KmnError) -> AuthzError {
     match e {
         KmnError::Unauthorized { reason, .. } => reason,
@@ -80,7 +89,7 @@ fn reason(e: KmnError) -> AuthzError {
 fn refusals(
     payer: Encumbrance,
     customer: &SecretKey,
-    sign: &dyn Fn(&[u8], Option<&Authorization>) -> Result<(), KmnError>,
+    sign: SignFn<'_>,
 ) {
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
     let thief = Encumbrance::ed25519(&SecretKey::from_seed(&[8; 32]).public_key());
@@ -158,7 +167,8 @@ fn z_good(t: &Transfer, a: &PaymentAuth) -> Authorization {
 fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
     let (_dir, _layout, _nodes, kmn) = network(false);
     let customer = SecretKey::from_seed(&[1; 32]);
-    kmn.bind_customer("acct-alice", &customer.public_key()).unwrap();
+    kmn.bind_customer("acct-alice", &customer.public_key())
+        .unwrap();
     let group = kmn.dkg("acct-alice").unwrap();
     let payer = Encumbrance::ed25519(&group.public_key());
     let signer = kmn.signer("acct-alice").unwrap();
@@ -240,8 +250,11 @@ fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
 
     // The binding never changes once the key exists; the same binding again is harmless.
     let thief = SecretKey::from_seed(&[9; 32]);
-    assert!(kmn.bind_customer("acct-alice", &thief.public_key()).is_err());
-    kmn.bind_customer("acct-alice", &customer.public_key()).unwrap();
+    assert!(kmn
+        .bind_customer("acct-alice", &thief.public_key())
+        .is_err());
+    kmn.bind_customer("acct-alice", &customer.public_key())
+        .unwrap();
     // A key without a customer (an issuer's) keeps today's rules.
     kmn.dkg("issuer").unwrap();
     let issuer = kmn.signer("issuer").unwrap();
@@ -252,7 +265,8 @@ fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
 fn ecdsa_nodes_check_the_authorization_before_using_a_presignature() {
     let (_dir, _layout, _nodes, kmn) = network(true);
     let customer = SecretKey::from_seed(&[2; 32]);
-    kmn.bind_customer("acct-bob", &customer.public_key()).unwrap();
+    kmn.bind_customer("acct-bob", &customer.public_key())
+        .unwrap();
     let pk = kmn.ecdsa_keygen("acct-bob").unwrap();
     let payer = Encumbrance::p256(&pk);
     let signer = kmn.ecdsa_signer("acct-bob", 1).unwrap();
@@ -337,7 +351,8 @@ fn ecdsa_nodes_check_the_authorization_before_using_a_presignature() {
 fn a_used_payment_id_survives_a_node_restart() {
     let (_dir, layout, nodes, kmn) = network(false);
     let customer = SecretKey::from_seed(&[3; 32]);
-    kmn.bind_customer("acct-carol", &customer.public_key()).unwrap();
+    kmn.bind_customer("acct-carol", &customer.public_key())
+        .unwrap();
     let group = kmn.dkg("acct-carol").unwrap();
     let payer = Encumbrance::ed25519(&group.public_key());
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use florin_custody::authz::{AuthzError, Authorization};
+use florin_custody::authz::{Authorization, AuthzError};
 use florin_ledger::Encumbrance;
 
 use super::*;
@@ -179,9 +179,7 @@ impl Customers {
         let authz = authz.ok_or_else(|| refuse(AuthzError::Missing))?;
         let payer = payer()?;
         let t = now();
-        let (auth, txid) = authz
-            .check(&customer, &payer, message, t)
-            .map_err(refuse)?;
+        let (auth, txid) = authz.check(&customer, &payer, message, t).map_err(refuse)?;
         let mut u = self
             .used
             .lock()

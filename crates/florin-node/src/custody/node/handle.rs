@@ -456,9 +456,12 @@ pub(super) fn handle_ecdsa(
         } => {
             rights.check_key(&key_id)?;
             // Checked before the presignature is touched: a refusal leaves it usable.
-            inner
-                .customers
-                .authorize(&key_id, || ecdsa_payer(e, &key_id), &message, Some(&authz))?;
+            inner.customers.authorize(
+                &key_id,
+                || ecdsa_payer(e, &key_id),
+                &message,
+                Some(&authz),
+            )?;
             Ok(Response::EcdsaPartial(
                 e.partial(&key_id, presig, &message)?,
             ))

@@ -40,9 +40,9 @@ mod serve;
 mod shares;
 
 use access::*;
+pub use access::{KeyPattern, CONFIG_POLL};
 use customers::Customers;
 pub use customers::MAX_LIVE_PAYMENTS;
-pub use access::{KeyPattern, CONFIG_POLL};
 use handle::*;
 use serve::*;
 use shares::*;
