@@ -86,11 +86,7 @@ fn reason(e: KmnError) -> AuthzError {
 
 /// The forged cases a compromised provider could try, each with the reason every node must
 /// give. `sign(txid, authz)` signs through the network.
-fn refusals(
-    payer: Encumbrance,
-    customer: &SecretKey,
-    sign: SignFn<'_>,
-) {
+fn refusals(payer: Encumbrance, customer: &SecretKey, sign: SignFn<'_>) {
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
     let thief = Encumbrance::ed25519(&SecretKey::from_seed(&[8; 32]).public_key());
     let other_customer = SecretKey::from_seed(&[9; 32]);

@@ -54,7 +54,7 @@ pub struct AccountRecord {
     pub encumbrance: String,
     /// The customer's key (`eur1…`): signs the account's requests and payments. Accounts
     /// opened before customer keys have none and cannot pay.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub customer: Option<String>,
 }
 
@@ -579,6 +579,7 @@ mod tests {
                 scheme: "ed25519".into(),
                 public_key: hex::encode(key.0),
                 encumbrance: Encumbrance::ed25519(&key).to_text(),
+                customer: None,
             };
             assert!(books.add_account(&rec).unwrap());
         }
