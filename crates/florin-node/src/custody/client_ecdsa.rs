@@ -703,7 +703,12 @@ impl SignerInner {
         authz: &florin_custody::authz::Authorization,
     ) -> Result<P256Signature, KmnError> {
         let mut last = None;
-        for _ in 0..6 {
+        for attempt in 0..8u32 {
+            if attempt > 0 && last.is_some() {
+                // Nodes that failed are skipped for a while (`DOWN_FOR`): wait that out
+                // rather than spend every attempt at once.
+                thread::sleep(Duration::from_millis(250 << attempt.min(3)));
+            }
             let p = match self.take() {
                 Some(p) => p,
                 None => {
