@@ -318,9 +318,36 @@ impl Http {
         self.call_as(method, path, "application/json", body)
     }
 
+    /// A JSON request with one more header line (`name: value`); the answer's body.
+    pub(super) fn call_json_with(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        header: &str,
+    ) -> Result<Vec<u8>> {
+        self.call_full(method, path, "application/json", body, header)
+    }
+
     fn call_as(&mut self, method: &str, path: &str, ctype: &str, body: &[u8]) -> Result<Vec<u8>> {
+        self.call_full(method, path, ctype, body, "")
+    }
+
+    fn call_full(
+        &mut self,
+        method: &str,
+        path: &str,
+        ctype: &str,
+        body: &[u8],
+        header: &str,
+    ) -> Result<Vec<u8>> {
+        let extra = if header.is_empty() {
+            String::new()
+        } else {
+            format!("{header}\r\n")
+        };
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\n\r\n",
+            "{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: {ctype}\r\n{extra}content-length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();

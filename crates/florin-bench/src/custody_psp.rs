@@ -11,15 +11,22 @@
 //! CPU here instead of 1.6–2.5 s, so these figures are an upper bound for production keys.
 //! Sustained throughput is the presignature refill rate; the first payments of each account
 //! spend its ready pool.
+//!
+//! Every request is signed by the customer's key and every payment carries the customer's
+//! authorization, which each key-management node checks before it signs (as in production:
+//! see `florin_custody::authz`); the providers know each other as configured peers.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use florin_crypto::SecretKey;
+use florin_ledger::Encumbrance;
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
-use florin_node::psp::api::{PayReceipt, PayRequest};
-use florin_node::psp::{Psp, PspConfig, PspScheme};
+use florin_node::psp::api::{AccountView, PayReceipt, PayRequest};
+use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
+use florin_node::psp::{PaymentAuth, PeerPsp, Psp, PspConfig, PspScheme};
 use serde_json::json;
 
 use super::custody::Http;
@@ -28,7 +35,8 @@ use super::{Recorder, Reference};
 
 struct Provider {
     addr: std::net::SocketAddr,
-    url: String,
+    psp: std::sync::Arc<Psp>,
+    peer: PeerPsp,
     _stop: tokio::sync::oneshot::Sender<()>,
     _nodes: Vec<RunningNode>,
     _dir: tempfile::TempDir,
@@ -48,6 +56,8 @@ fn provider(
     let (net, me) = layout.load()?;
     let kmn = Kmn::new(&net, me)?;
     kmn.ecdsa_setup(Duration::from_secs(300))?;
+    let peer_key = SecretKey::generate(&mut rand::rngs::OsRng);
+    let peer_pub = peer_key.public_key().to_address();
     let psp = Psp::open(
         PspConfig {
             name: name.into(),
@@ -55,6 +65,8 @@ fn provider(
             ledger: ledger.into(),
             scheme: PspScheme::P256,
             presign_pool: pool,
+            peer_key,
+            peers: Vec::new(),
         },
         kmn,
         std::sync::Arc::new(florin_http::HttpLinks::new()?),
@@ -63,19 +75,53 @@ fn provider(
     let addr = listener.local_addr()?;
     let url = format!("http://{addr}");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = psp.clone();
     rt.spawn(async move {
-        let _ = florin_http::psp::serve(listener, psp, async move {
+        let _ = florin_http::psp::serve(listener, serving, async move {
             let _ = stopped.await;
         })
         .await;
     });
     Ok(Provider {
         addr,
-        url,
+        peer: PeerPsp {
+            id: name.into(),
+            url,
+            key: peer_pub,
+        },
+        psp,
         _stop: stop,
         _nodes: nodes,
         _dir: dir,
     })
+}
+
+/// A POST signed by `key` as `who`.
+fn post_signed<T: serde::de::DeserializeOwned>(
+    http: &mut Http,
+    path: &str,
+    body: &serde_json::Value,
+    who: &str,
+    key: &SecretKey,
+) -> Result<T> {
+    let body = body.to_string();
+    let auth = SignedRequest::header(key, who, "POST", path, body.as_bytes());
+    let out = http
+        .call_json_with(
+            "POST",
+            path,
+            body.as_bytes(),
+            &format!("{AUTH_HEADER}: {auth}"),
+        )
+        .with_context(|| format!("POST {path}"))?;
+    serde_json::from_slice(&out).with_context(|| format!("POST {path}: unreadable answer"))
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn post<T: serde::de::DeserializeOwned>(
@@ -101,6 +147,11 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
     let st = Instant::now();
     let a = provider(&rt, "bank-a", &ledger, pool)?;
     let b = provider(&rt, "bank-b", &ledger, pool)?;
+    a.psp.set_peers(vec![b.peer.clone()])?;
+    b.psp.set_peers(vec![a.peer.clone()])?;
+    // Account name → (customer key, encumbrance).
+    let mut accounts: std::collections::HashMap<String, (SecretKey, Encumbrance)> =
+        std::collections::HashMap::new();
     eprintln!(
         "  two providers with ECDSA networks ready in {:.1} s",
         st.elapsed().as_secs_f64()
@@ -118,7 +169,17 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
                 (true, format!("r{u}-{i}")),
             ] {
                 let h = if at_b { &mut hb } else { &mut ha };
-                let _: serde_json::Value = post(h, "/v1/psp/accounts", &json!({ "name": name }))?;
+                let key = SecretKey::generate(&mut rand::rngs::OsRng);
+                let v: AccountView = post_signed(
+                    h,
+                    "/v1/psp/accounts",
+                    &json!({ "name": name, "customer_key": key.public_key().to_address() }),
+                    &name,
+                    &key,
+                )?;
+                let enc = Encumbrance::parse_text(&v.encumbrance)
+                    .ok_or_else(|| anyhow!("account {name}: bad encumbrance"))?;
+                accounts.insert(name, (key, enc));
             }
             let _: serde_json::Value = post(
                 &mut ha,
@@ -131,6 +192,21 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
             std::thread::sleep(
                 Duration::from_secs_f64(0.5 * u as f64).min(Duration::from_secs(10)),
             );
+            // Each payer: (from, to, customer key, payer's and payee's encumbrances).
+            let payers = (0..u)
+                .map(|i| {
+                    let from = format!("p{u}-{i}");
+                    let to = if route == "same_provider" {
+                        format!("q{u}-{i}")
+                    } else {
+                        format!("r{u}-{i}")
+                    };
+                    match (accounts.get(&from), accounts.get(&to)) {
+                        (Some(p), Some(q)) => Ok((from, to, p.0.clone(), p.1, q.1)),
+                        _ => Err(anyhow!("accounts {from} and {to} were not opened")),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
             let stop = AtomicBool::new(false);
             let done = AtomicU64::new(0);
             let presigned = AtomicU64::new(0);
@@ -138,10 +214,11 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
             let errors = Mutex::new(Vec::<String>::new());
             let start = Instant::now();
             std::thread::scope(|s| {
-                for i in 0..u {
+                for (i, payer) in payers.iter().enumerate() {
                     let (stop, done, presigned, lats, errors) =
                         (&stop, &done, &presigned, &lats, &errors);
-                    let (a_addr, b_url) = (a.addr, b.url.clone());
+                    let a_addr = a.addr;
+                    let (from, to, key, payer_enc, payee_enc) = payer.clone();
                     s.spawn(move || {
                         let mut http = match Http::connect(a_addr) {
                             Ok(h) => h,
@@ -155,22 +232,34 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
                         let mut mine = Vec::new();
                         let mut n = 0u64;
                         while !stop.load(Ordering::Relaxed) {
-                            let req = PayRequest {
-                                from: format!("p{u}-{i}"),
-                                to: if route == "same_provider" {
-                                    format!("q{u}-{i}")
-                                } else {
-                                    format!("r{u}-{i}")
-                                },
-                                to_psp: (route == "cross_provider").then(|| b_url.clone()),
-                                amount_cents: 1,
-                                id: None,
-                            };
                             n += 1;
                             let t = Instant::now();
-                            let r: Result<PayReceipt> = serde_json::to_value(&req)
-                                .map_err(|e| anyhow!(e))
-                                .and_then(|body| post(&mut http, "/v1/psp/pay", &body));
+                            // The customer's side: the authorization and the signed request.
+                            let id = format!("{route}-{u}-{i}-{n}");
+                            let r: Result<PayReceipt> = PaymentAuth::sign(
+                                &key,
+                                payer_enc,
+                                payee_enc,
+                                1,
+                                unix_now() + 300,
+                                &id,
+                            )
+                            .map_err(|e| anyhow!(e))
+                            .and_then(|auth| {
+                                let req = PayRequest {
+                                    from: from.clone(),
+                                    to: to.clone(),
+                                    to_psp: (route == "cross_provider")
+                                        .then(|| "bank-b".to_string()),
+                                    amount_cents: 1,
+                                    id: Some(id),
+                                    authorization: Some(hex::encode(auth.encode())),
+                                };
+                                serde_json::to_value(&req).map_err(|e| anyhow!(e))
+                            })
+                            .and_then(|body| {
+                                post_signed(&mut http, "/v1/psp/pay", &body, &from, &key)
+                            });
                             match r {
                                 Ok(r) => {
                                     mine.push(t.elapsed().as_micros() as u32);

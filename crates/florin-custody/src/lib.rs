@@ -26,6 +26,7 @@
 //! Every function that reads bytes from another party returns a typed [`CustodyError`]; a
 //! party that provably misbehaved is named in it.
 
+pub mod authz;
 pub mod ecdsa;
 pub mod envelope;
 pub mod frost;
@@ -105,6 +106,10 @@ pub enum CustodyError {
     /// provable culprit (message carries its reason).
     #[error("ecdsa: {0}")]
     Ecdsa(String),
+    /// A signature with a customer-bound key without that customer's valid authorization
+    /// (see [`authz`]): refused before the node's share is computed.
+    #[error("unauthorized: {0}")]
+    Unauthorized(authz::AuthzError),
 }
 
 impl CustodyError {

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::authz::{Authorization, AuthzError};
 use crate::envelope::{Attestation, Envelope};
 use crate::{CustodyError, PartyId};
 
@@ -97,6 +98,30 @@ pub enum Request {
         /// `SigningPackage::to_bytes`.
         package: Vec<u8>,
     },
+    /// Signs like [`Request::Sign`], for a key bound to a customer: the node first checks
+    /// the customer's authorization of the transaction whose txid the package signs (see
+    /// [`crate::authz`]).
+    SignAuthorized {
+        /// The key.
+        key_id: String,
+        /// As in [`Request::Sign`].
+        group: [u8; 32],
+        /// As in [`Request::Sign`].
+        nonce: u64,
+        /// As in [`Request::Sign`].
+        package: Vec<u8>,
+        /// The transaction and the customer's authorization.
+        authz: Authorization,
+    },
+    /// Binds a customer key to `key_id` before the key is made (administrators only): from
+    /// then on the node signs with the key only what that customer authorized. A key already
+    /// committed keeps its binding: a bind naming another customer is refused.
+    BindCustomer {
+        /// The key.
+        key_id: String,
+        /// The customer's Ed25519 key.
+        customer: [u8; 32],
+    },
     /// Key export: this node's share (only to an administrator key).
     Export {
         /// The key.
@@ -159,6 +184,19 @@ pub enum Request {
         presig: [u8; 16],
         /// The message (hashed with SHA-256 by the signature scheme).
         message: Vec<u8>,
+    },
+    /// [`Request::EcdsaPartial`] for a key bound to a customer: the node checks the customer's
+    /// authorization of the transaction whose txid is `message` before it uses the
+    /// presignature.
+    EcdsaPartialAuthorized {
+        /// The key.
+        key_id: String,
+        /// The presignature's run.
+        presig: [u8; 16],
+        /// The message (the txid).
+        message: Vec<u8>,
+        /// The transaction and the customer's authorization.
+        authz: Authorization,
     },
     /// Ends this node's part of ECDSA run `session` (the coordinator gave up on it), freeing
     /// its thread at once.
@@ -295,6 +333,9 @@ pub struct Refusal {
     /// The node holds another sharing of the key than the request named (its shares were
     /// refreshed): fetch the key's group again.
     pub stale_group: bool,
+    /// The request needed a customer's authorization that was missing or did not hold.
+    #[serde(default)]
+    pub unauthorized: Option<AuthzError>,
 }
 
 impl From<&CustodyError> for Refusal {
@@ -308,6 +349,10 @@ impl From<&CustodyError> for Refusal {
             },
             stale_nonce: matches!(e, CustodyError::UnknownNonce(_)),
             stale_group: matches!(e, CustodyError::StaleGroup(_)),
+            unauthorized: match e {
+                CustodyError::Unauthorized(a) => Some(a.clone()),
+                _ => None,
+            },
         }
     }
 }

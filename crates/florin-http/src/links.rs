@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use florin_ledger::Transaction;
 use florin_node::api::{LedgerFaucet, LedgerFaucetAnswer, LedgerTxStatus, SubmitTx, Unspent};
-use florin_node::psp::api::{AccountView, Receive, ReceiveAnswer};
+use florin_node::psp::api::{PayeeView, ReceiveAnswer};
 use florin_node::psp::{PspError, PspLinks};
 use florin_node::TxStatus;
 
@@ -126,17 +126,26 @@ impl PspLinks for HttpLinks {
         .await
     }
 
-    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError> {
+    async fn peer_payee(&self, psp: &str, name: &str) -> Result<PayeeView, PspError> {
         self.call(
-            self.http.get(url(psp, &format!("/v1/psp/accounts/{name}"))),
+            self.http.get(url(psp, &format!("/v1/psp/payees/{name}"))),
             "the payee's provider",
         )
         .await
     }
 
-    async fn peer_receive(&self, psp: &str, req: &Receive) -> Result<ReceiveAnswer, PspError> {
+    async fn peer_receive(
+        &self,
+        psp: &str,
+        body: Vec<u8>,
+        auth: String,
+    ) -> Result<ReceiveAnswer, PspError> {
         self.call(
-            self.http.post(url(psp, "/v1/psp/receive")).json(req),
+            self.http
+                .post(url(psp, florin_node::psp::RECEIVE_PATH))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(florin_node::psp::auth::AUTH_HEADER, auth)
+                .body(body),
             "the payee's provider",
         )
         .await

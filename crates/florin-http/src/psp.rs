@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,9 +17,10 @@ use crate::server::ServeOptions;
 
 use florin_node::api::{ApiError, Health};
 use florin_node::psp::api::{
-    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo, Receive,
-    ReceiveAnswer,
+    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PayeeView,
+    PspInfo, ReceiveAnswer,
 };
+use florin_node::psp::auth::{CallerRequest, AUTH_HEADER};
 use florin_node::psp::{Psp, PspError};
 
 use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits};
@@ -53,6 +55,8 @@ pub fn status_of(e: &PspError) -> StatusCode {
         PspError::Custody(_) | PspError::Unresolved(_) => StatusCode::SERVICE_UNAVAILABLE,
         PspError::Unreachable(_) => StatusCode::BAD_GATEWAY,
         PspError::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        PspError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        PspError::Forbidden(_) => StatusCode::FORBIDDEN,
         // A kind added later: the service failed.
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -67,6 +71,60 @@ impl IntoResponse for PspHttpError {
 
 type St = State<Arc<Psp>>;
 
+/// A signed body's JSON (parsed after its signature was checked).
+///
+/// A signed route keeps its body as bytes (the signature covers them), so it checks here what
+/// [`ApiJson`] checks elsewhere: `Content-Type: application/json` (415 otherwise) and a body of
+/// the route's shape (400 `malformed` otherwise).
+fn json<T: serde::de::DeserializeOwned>(headers: &HeaderMap, b: &[u8]) -> Result<T, Refusal> {
+    let is_json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if !is_json {
+        return Err(EdgeError::media_type("application/json").into());
+    }
+    serde_json::from_slice(b)
+        .map_err(|e| EdgeError::malformed(format!("bad JSON body: {e}")).into())
+}
+
+/// A signed route's refusal: the provider's, or the edge's (content type, shape), both in the
+/// envelope.
+struct Refusal(Response);
+
+impl From<PspError> for Refusal {
+    fn from(e: PspError) -> Refusal {
+        Refusal(PspHttpError(e).into_response())
+    }
+}
+
+impl From<EdgeError> for Refusal {
+    fn from(e: EdgeError) -> Refusal {
+        Refusal(e.into_response())
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        self.0
+    }
+}
+
+/// The request as its signature covers it.
+fn caller<'a>(
+    method: &'a str,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    body: &'a [u8],
+) -> CallerRequest<'a> {
+    CallerRequest {
+        method,
+        path: uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"),
+        body,
+        header: headers.get(AUTH_HEADER).and_then(|v| v.to_str().ok()),
+    }
+}
+
 async fn health() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -79,9 +137,17 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
 
 async fn open(
     State(p): St,
-    ApiJson(req): ApiJson<OpenAccount>,
-) -> Result<Json<AccountView>, PspHttpError> {
-    Ok(Json(p.open_account(&req.name).await?))
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<AccountView>, Refusal> {
+    let req: OpenAccount = json(&headers, &raw)?;
+    let customer = req
+        .customer_key
+        .as_deref()
+        .ok_or_else(|| PspError::BadRequest("customer_key is required".into()))?;
+    let key = p.authenticate_opening(&req.name, customer, &caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.open_account(&req.name, &key).await?))
 }
 
 async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
@@ -93,8 +159,24 @@ async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
 async fn account(
     State(p): St,
     Path(name): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Result<Json<AccountView>, PspHttpError> {
+    p.authenticate_customer(&name, &caller("GET", &uri, &headers, &[]))?;
     Ok(Json(p.account(&name)?))
+}
+
+#[derive(Deserialize)]
+struct PeerQuery {
+    peer: Option<String>,
+}
+
+async fn payee(
+    State(p): St,
+    Path(name): Path<String>,
+    Query(q): Query<PeerQuery>,
+) -> Result<Json<PayeeView>, PspHttpError> {
+    Ok(Json(p.payee(&name, q.peer.as_deref()).await?))
 }
 
 #[derive(Deserialize)]
@@ -106,7 +188,10 @@ async fn history(
     State(p): St,
     Path(name): Path<String>,
     Query(q): Query<Limit>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Result<Json<History>, PspHttpError> {
+    p.authenticate_customer(&name, &caller("GET", &uri, &headers, &[]))?;
     let limit = q.limit.unwrap_or(1000).min(1000);
     Ok(Json(History {
         entries: p.history(&name, limit)?,
@@ -123,16 +208,24 @@ async fn fund(
 
 async fn pay(
     State(p): St,
-    ApiJson(req): ApiJson<PayRequest>,
-) -> Result<Json<PayReceipt>, PspHttpError> {
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<PayReceipt>, Refusal> {
+    let req: PayRequest = json(&headers, &raw)?;
+    p.authenticate_customer(&req.from, &caller("POST", &uri, &headers, &raw))?;
     Ok(Json(p.pay(req).await?))
 }
 
 async fn receive(
     State(p): St,
-    ApiJson(req): ApiJson<Receive>,
-) -> Result<Json<ReceiveAnswer>, PspHttpError> {
-    Ok(Json(p.receive(req).await?))
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<ReceiveAnswer>, Refusal> {
+    // Who calls first: an unknown or unauthenticated caller learns nothing of the body.
+    let peer = p.authenticate_peer(&caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.receive(json(&headers, &raw)?, &peer).await?))
 }
 
 /// 404 `not_found` for a path no route serves.
@@ -155,13 +248,17 @@ pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
         .route("/v1/psp/info", limited(SMALL, get(info)))
         .route("/v1/psp/accounts", limited(SMALL, post(open).get(list)))
         .route("/v1/psp/accounts/{name}", limited(SMALL, get(account)))
+        .route("/v1/psp/payees/{name}", limited(SMALL, get(payee)))
         .route(
             "/v1/psp/accounts/{name}/history",
             limited(SMALL, get(history)),
         )
         .route("/v1/psp/accounts/{name}/faucet", limited(SMALL, post(fund)))
         .route("/v1/psp/pay", limited(SMALL, post(pay)))
-        .route("/v1/psp/receive", limited(RECEIVE, post(receive)))
+        .route(
+            florin_node::psp::RECEIVE_PATH,
+            limited(RECEIVE, post(receive)),
+        )
         .fallback(no_route)
         .layer(DefaultBodyLimit::disable())
         .layer(from_fn_with_state(limiter, edge::limit_rate))

@@ -3,9 +3,14 @@
 
 use std::time::Duration;
 
+use florin_crypto::SecretKey;
+use florin_ledger::Encumbrance;
 use florin_node::psp::api::{
-    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PspInfo,
+    AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PayeeView,
+    PspInfo,
 };
+use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
+use florin_node::psp::PaymentAuth;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
@@ -44,7 +49,13 @@ pub enum ClientError {
     /// The answer was not the expected JSON.
     #[error("the provider sent an unreadable answer")]
     Unreadable(#[source] serde_json::Error),
+    /// The payment cannot be authorized as asked (a bad payee, an unusable id).
+    #[error("cannot authorize the payment: {0}")]
+    Authorize(String),
 }
+
+/// How long a customer's payment authorization stays valid.
+pub const AUTHORIZATION_SECS: u64 = 300;
 
 /// A provider's API at `base` (e.g. `http://127.0.0.1:7500`).
 #[derive(Debug, Clone)]
@@ -110,15 +121,58 @@ impl PspClient {
             .await
     }
 
+    async fn signed<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Vec<u8>,
+        who: &str,
+        key: &SecretKey,
+    ) -> Result<T, ClientError> {
+        let auth = SignedRequest::header(key, who, method.as_str(), path, &body);
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .header(AUTH_HEADER, auth);
+        if !body.is_empty() {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        self.send(req).await
+    }
+
+    fn to_json<B: Serialize>(b: &B) -> Result<Vec<u8>, ClientError> {
+        serde_json::to_vec(b).map_err(ClientError::Unreadable)
+    }
+
     /// `GET /v1/psp/info`.
     pub async fn info(&self) -> Result<PspInfo, ClientError> {
         self.get("/v1/psp/info").await
     }
 
-    /// `POST /v1/psp/accounts`: opens an account.
-    pub async fn open_account(&self, name: &str) -> Result<AccountView, ClientError> {
-        self.post("/v1/psp/accounts", &OpenAccount { name: name.into() })
+    /// `POST /v1/psp/accounts`: opens an account for the customer key `key` (which signs
+    /// the request).
+    pub async fn open_account(
+        &self,
+        name: &str,
+        key: &SecretKey,
+    ) -> Result<AccountView, ClientError> {
+        let body = Self::to_json(&OpenAccount {
+            name: name.into(),
+            customer_key: Some(key.public_key().to_address()),
+        })?;
+        self.signed(reqwest::Method::POST, "/v1/psp/accounts", body, name, key)
             .await
+    }
+
+    /// `GET /v1/psp/payees/{name}` (`peer`: a configured peer provider, by name or URL).
+    pub async fn payee(&self, name: &str, peer: Option<&str>) -> Result<PayeeView, ClientError> {
+        let req = self
+            .http
+            .get(format!("{}/v1/psp/payees/{name}", self.base))
+            .query(&[("peer", peer)]);
+        self.send(req).await
     }
 
     /// `POST /v1/psp/accounts/{name}/faucet`: the ledger's faucet funds the account.
@@ -130,9 +184,11 @@ impl PspClient {
         .await
     }
 
-    /// `GET /v1/psp/accounts/{name}`.
-    pub async fn account(&self, name: &str) -> Result<AccountView, ClientError> {
-        self.get(&format!("/v1/psp/accounts/{name}")).await
+    /// `GET /v1/psp/accounts/{name}`, signed by the customer's key.
+    pub async fn account(&self, name: &str, key: &SecretKey) -> Result<AccountView, ClientError> {
+        let path = format!("/v1/psp/accounts/{name}");
+        self.signed(reqwest::Method::GET, &path, Vec::new(), name, key)
+            .await
     }
 
     /// `GET /v1/psp/accounts`.
@@ -140,13 +196,59 @@ impl PspClient {
         Ok(self.get::<AccountList>("/v1/psp/accounts").await?.accounts)
     }
 
-    /// `POST /v1/psp/pay`.
-    pub async fn pay(&self, req: &PayRequest) -> Result<PayReceipt, ClientError> {
-        self.post("/v1/psp/pay", req).await
+    /// `POST /v1/psp/pay` as sent (signed by `key` as `req.from`).
+    pub async fn pay(&self, req: &PayRequest, key: &SecretKey) -> Result<PayReceipt, ClientError> {
+        let body = Self::to_json(req)?;
+        self.signed(reqwest::Method::POST, "/v1/psp/pay", body, &req.from, key)
+            .await
     }
 
-    /// `GET /v1/psp/accounts/{name}/history`.
-    pub async fn history(&self, name: &str) -> Result<History, ClientError> {
-        self.get(&format!("/v1/psp/accounts/{name}/history")).await
+    /// Pays as the customer holding `key`: looks up the payer's and the payee's
+    /// encumbrances, signs the authorization of exactly this payment (id `id`, valid for
+    /// [`AUTHORIZATION_SECS`]) and sends it in a signed request.
+    pub async fn pay_as(
+        &self,
+        key: &SecretKey,
+        from: &str,
+        to: &str,
+        to_psp: Option<&str>,
+        amount_cents: u64,
+        id: &str,
+    ) -> Result<PayReceipt, ClientError> {
+        let payer = self.account(from, key).await?;
+        let payer = Encumbrance::parse_text(&payer.encumbrance)
+            .ok_or_else(|| ClientError::Authorize("the provider sent a bad encumbrance".into()))?;
+        let payee = match (to_psp, Encumbrance::parse_text(to)) {
+            (None, Some(e)) => e,
+            _ => {
+                let v = self.payee(to, to_psp).await?;
+                Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
+                    ClientError::Authorize("the provider sent a bad payee encumbrance".into())
+                })?
+            }
+        };
+        let expires = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0)
+            + AUTHORIZATION_SECS;
+        let auth = PaymentAuth::sign(key, payer, payee, amount_cents, expires, id)
+            .map_err(|e| ClientError::Authorize(e.to_string()))?;
+        let req = PayRequest {
+            from: from.into(),
+            to: to.into(),
+            to_psp: to_psp.map(str::to_string),
+            amount_cents,
+            id: Some(id.into()),
+            authorization: Some(hex::encode(auth.encode())),
+        };
+        self.pay(&req, key).await
+    }
+
+    /// `GET /v1/psp/accounts/{name}/history`, signed by the customer's key.
+    pub async fn history(&self, name: &str, key: &SecretKey) -> Result<History, ClientError> {
+        let path = format!("/v1/psp/accounts/{name}/history");
+        self.signed(reqwest::Method::GET, &path, Vec::new(), name, key)
+            .await
     }
 }

@@ -15,22 +15,89 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{request, runtime, LedgerNode};
+use common::{runtime, LedgerNode};
 use florin_crypto::SecretKey;
 use florin_ledger::{Encumbrance, Utxo};
 use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
-use florin_node::psp::{Psp, PspConfig, PspScheme};
+use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
+use florin_node::psp::{PaymentAuth, PeerPsp, Psp, PspConfig, PspScheme};
 use serde_json::{json, Value};
 
-fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+/// One HTTP/1.0 request with an optional `florin-auth` header; the status and JSON body.
+fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    auth: Option<&str>,
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let auth = auth
+        .map(|a| format!("{AUTH_HEADER}: {a}\r\n"))
+        .unwrap_or_default();
+    let mut req = match body {
+        Some(b) => format!(
+            "{method} {path} HTTP/1.0\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            b.len()
+        ),
+        None => format!("{method} {path} HTTP/1.0\r\n{auth}\r\n"),
+    }
+    .into_bytes();
+    if let Some(b) = body {
+        req.extend_from_slice(b);
+    }
+    s.write_all(&req).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code: u16 = out[9..12].parse().unwrap();
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// A request signed by `key` as `who` (or unsigned).
+fn http_as(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    signer: Option<(&str, &SecretKey)>,
+) -> (u16, Value) {
     let body = body.map(|b| b.to_string());
-    request(
-        addr,
-        method,
-        path,
-        body.as_deref().map(|b| ("application/json", b.as_bytes())),
-        Some(Duration::from_secs(120)),
+    let bytes = body.as_deref().map(str::as_bytes);
+    let auth = signer
+        .map(|(who, key)| SignedRequest::header(key, who, method, path, bytes.unwrap_or_default()));
+    raw(addr, method, path, bytes, auth.as_deref())
+}
+
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    http_as(addr, method, path, body, None)
+}
+
+/// Every test customer's key: derived from the account's name.
+fn customer(name: &str) -> SecretKey {
+    SecretKey::from_seed(&florin_crypto::hash("test/customer", &[name.as_bytes()]))
+}
+
+/// The test's own peer identity, configured at every provider (it hands outputs to
+/// `receive` as a peer provider would).
+fn tester() -> (PeerPsp, SecretKey) {
+    let key = SecretKey::from_seed(&[42; 32]);
+    (
+        PeerPsp {
+            id: "tester".into(),
+            url: "http://127.0.0.1:9".into(),
+            key: key.public_key().to_address(),
+        },
+        key,
     )
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 fn ok(r: (u16, Value)) -> Value {
@@ -60,6 +127,10 @@ impl LedgerNode {
 /// A provider: its network (nodes in this process) and its API on loopback.
 struct Provider {
     addr: SocketAddr,
+    name: String,
+    peer_key: SecretKey,
+    peers: Vec<PeerPsp>,
+    psp: std::sync::Weak<Psp>,
     kmn: Arc<Kmn>,
     books: std::path::PathBuf,
     rt: tokio::runtime::Runtime,
@@ -92,6 +163,10 @@ impl Provider {
         let rt = runtime();
         let mut p = Provider {
             addr: "127.0.0.1:1".parse().unwrap(),
+            name: name.into(),
+            peer_key: SecretKey::from_seed(&florin_crypto::hash("test/peer", &[name.as_bytes()])),
+            peers: vec![tester().0],
+            psp: std::sync::Weak::new(),
             kmn,
             books,
             rt,
@@ -113,11 +188,14 @@ impl Provider {
                 ledger: ledger.into(),
                 scheme,
                 presign_pool: 1,
+                peer_key: self.peer_key.clone(),
+                peers: self.peers.clone(),
             },
             self.kmn.clone(),
             Arc::new(florin_http::HttpLinks::new().unwrap()),
         )
         .unwrap();
+        self.psp = Arc::downgrade(&psp);
         let listener = self
             .rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -144,8 +222,110 @@ impl Provider {
         format!("http://{}", self.addr)
     }
 
+    /// This provider as another's peer.
+    fn as_peer(&self) -> PeerPsp {
+        PeerPsp {
+            id: self.name.clone(),
+            url: self.url(),
+            key: self.peer_key.public_key().to_address(),
+        }
+    }
+
+    /// Adds peers (kept across restarts).
+    fn add_peers(&mut self, more: &[PeerPsp]) {
+        self.peers.extend_from_slice(more);
+        if let Some(p) = self.psp.upgrade() {
+            p.set_peers(self.peers.clone()).unwrap();
+        }
+    }
+
+    /// A call as the customer would make it: signed by the account's customer key (named by
+    /// the path, or by the body's `from` or `name`; a new account's body gets its
+    /// `customer_key`), a payment with the customer's authorization of it, `receive` signed
+    /// by the test's peer identity.
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http(self.addr, method, path, body)
+        let mut body = body;
+        let who = if let Some(rest) = path.strip_prefix("/v1/psp/accounts/") {
+            rest.split(['/', '?']).next().map(str::to_string)
+        } else if path == "/v1/psp/accounts" && method == "POST" {
+            let name = body
+                .as_ref()
+                .and_then(|b| b["name"].as_str())
+                .map(str::to_string);
+            if let (Some(b), Some(n)) = (body.as_mut(), name.as_deref()) {
+                b["customer_key"] = json!(customer(n).public_key().to_address());
+            }
+            name
+        } else if path == "/v1/psp/pay" {
+            if let Some(b) = body.as_mut() {
+                self.authorize(b);
+            }
+            body.as_ref()
+                .and_then(|b| b["from"].as_str())
+                .map(str::to_string)
+        } else {
+            None
+        };
+        if path == "/v1/psp/receive" {
+            let (peer, key) = tester();
+            return http_as(self.addr, method, path, body, Some((&peer.id, &key)));
+        }
+        match who {
+            // The faucet is not a customer operation: unsigned.
+            Some(w) if !path.ends_with("/faucet") => {
+                let key = customer(&w);
+                http_as(self.addr, method, path, body, Some((&w, &key)))
+            }
+            _ => http(self.addr, method, path, body),
+        }
+    }
+
+    /// Adds the customer's authorization (and an id) to a payment body that has none, as
+    /// `florin psp pay` does: the payer's and the payee's encumbrances looked up first.
+    fn authorize(&self, b: &mut Value) {
+        if b.get("authorization").is_some() {
+            return;
+        }
+        let (Some(from), Some(to), Some(amount)) = (
+            b["from"].as_str().map(str::to_string),
+            b["to"].as_str().map(str::to_string),
+            b["amount_cents"].as_u64(),
+        ) else {
+            return;
+        };
+        if b.get("id").is_none() {
+            b["id"] = json!(format!("t-{}", rand::random::<u64>()));
+        }
+        let id = b["id"].as_str().unwrap_or_default().to_string();
+        let lookup = |name: &str, peer: Option<&str>| {
+            let path = match peer {
+                Some(p) => format!("/v1/psp/payees/{name}?peer={p}"),
+                None => format!("/v1/psp/payees/{name}"),
+            };
+            let (code, v) = http(self.addr, "GET", &path, None);
+            (code == 200)
+                .then(|| Encumbrance::parse_text(v["encumbrance"].as_str()?))
+                .flatten()
+        };
+        // Unknown names get a stand-in: the provider refuses such a payment before it
+        // looks at the payee the authorization names.
+        let stand_in = Encumbrance::ed25519(&SecretKey::from_seed(&[3; 32]).public_key());
+        let payer = lookup(&from, None).unwrap_or(stand_in);
+        let to_psp = b["to_psp"].as_str().map(str::to_string);
+        let payee = match (&to_psp, Encumbrance::parse_text(&to)) {
+            (None, Some(e)) => e,
+            _ => lookup(&to, to_psp.as_deref()).unwrap_or(stand_in),
+        };
+        if let Ok(a) = PaymentAuth::sign(
+            &customer(&from),
+            payer,
+            payee,
+            amount,
+            unix_now() + 300,
+            &id,
+        ) {
+            b["authorization"] = json!(hex::encode(a.encode()));
+        }
     }
 
     fn balance(&self, name: &str) -> u64 {
@@ -175,8 +355,10 @@ impl Drop for Provider {
 fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refused() {
     let node = LedgerNode::start();
     let ledger = format!("http://{}", node.addr);
-    let a = Provider::start("bank-a", PspScheme::P256, &ledger);
-    let b = Provider::start("bank-b", PspScheme::Ed25519, &ledger);
+    let mut a = Provider::start("bank-a", PspScheme::P256, &ledger);
+    let mut b = Provider::start("bank-b", PspScheme::Ed25519, &ledger);
+    a.add_peers(&[b.as_peer()]);
+    b.add_peers(&[a.as_peer()]);
 
     // Accounts: keys by distributed key generation in each provider's own network.
     let alice = ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))));
@@ -299,14 +481,14 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         405,
         "method_not_allowed",
     );
-    let raw = |ctype: &str, body: &[u8]| {
+    let post_pay = |ctype: &str, body: &[u8]| {
         common::request(a.addr, "POST", "/v1/psp/pay", Some((ctype, body)), None)
     };
-    refused(raw("text/plain", b"{}"), 415, "unsupported_media_type");
-    refused(raw("application/json", b"{\"from"), 400, "malformed");
+    refused(post_pay("text/plain", b"{}"), 415, "unsupported_media_type");
+    refused(post_pay("application/json", b"{\"from"), 400, "malformed");
     let big = vec![b' '; florin_http::psp::limits::SMALL + 1];
-    refused(raw("application/json", &big), 413, "too_large");
-    refused(raw("image/png", &big), 413, "too_large");
+    refused(post_pay("application/json", &big), 413, "too_large");
+    refused(post_pay("image/png", &big), 413, "too_large");
 
     // Refusals: each typed, nothing moves.
     refused(
@@ -323,8 +505,42 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         404,
         "not_found",
     );
+    // A URL that is not a configured peer is never called (no server-side request
+    // forgery): refused before any connection, as is an unknown peer name.
+    let bait = TcpListener::bind("127.0.0.1:0").unwrap();
+    bait.set_nonblocking(true).unwrap();
+    let bait_url = format!("http://{}", bait.local_addr().unwrap());
     refused(
-        a.pay("alice", "carol", Some("http://127.0.0.1:1"), 1),
+        a.pay("alice", "carol", Some(&bait_url), 1),
+        400,
+        "bad_request",
+    );
+    refused(
+        a.call(
+            "GET",
+            &format!("/v1/psp/payees/carol?peer={bait_url}"),
+            None,
+        ),
+        400,
+        "bad_request",
+    );
+    refused(
+        a.pay("alice", "carol", Some("bank-z"), 1),
+        400,
+        "bad_request",
+    );
+    assert!(
+        bait.accept().is_err(),
+        "the provider connected to a URL that is not a peer"
+    );
+    // A configured peer that is down: unreachable, nothing paid.
+    a.add_peers(&[PeerPsp {
+        id: "bank-down".into(),
+        url: "http://127.0.0.1:1".into(),
+        key: SecretKey::from_seed(&[5; 32]).public_key().to_address(),
+    }]);
+    refused(
+        a.pay("alice", "carol", Some("bank-down"), 1),
         502,
         "unreachable",
     );
@@ -345,8 +561,11 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
     assert_eq!(a.balance("alice"), 8_400);
     assert_eq!(a.balance("bob"), 1_200);
 
-    // A provider named as the payee's provider that answers with one of our own customers:
-    // paid here, never trusting another provider to credit it.
+    // A peer provider that answers with one of our own customers (here: this provider
+    // configured as a peer of itself): paid here, never trusting another provider to credit
+    // it.
+    let me = a.as_peer();
+    a.add_peers(&[me]);
     let r = ok(a.pay("alice", "bob", Some(&a.url()), 100));
     assert_eq!(r["route"], "same_provider");
     assert_eq!(a.balance("bob"), 1_300);
@@ -406,10 +625,204 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         "not_found",
     );
 
+    // Customers authenticate every request; the provider cannot be made to pay without the
+    // customer's authorization of exactly that payment.
+    let (alice_before, bob_before) = (a.balance("alice"), a.balance("bob"));
+    refused(
+        http(a.addr, "GET", "/v1/psp/accounts/alice", None),
+        401,
+        "unauthorized",
+    );
+    refused(
+        http_as(
+            a.addr,
+            "GET",
+            "/v1/psp/accounts/alice",
+            None,
+            Some(("alice", &customer("bob"))),
+        ),
+        401,
+        "unauthorized",
+    );
+    refused(
+        http_as(
+            a.addr,
+            "GET",
+            "/v1/psp/accounts/alice/history",
+            None,
+            Some(("bob", &customer("bob"))),
+        ),
+        403,
+        "forbidden",
+    );
+    let once = SignedRequest::header(
+        &customer("alice"),
+        "alice",
+        "GET",
+        "/v1/psp/accounts/alice",
+        b"",
+    );
+    ok(raw(
+        a.addr,
+        "GET",
+        "/v1/psp/accounts/alice",
+        None,
+        Some(&once),
+    ));
+    refused(
+        raw(a.addr, "GET", "/v1/psp/accounts/alice", None, Some(&once)),
+        401,
+        "unauthorized",
+    );
+    // An unsigned payment request, with a valid authorization: refused.
+    let mut body = json!({"from": "alice", "to": "bob", "amount_cents": 100, "id": "x-1"});
+    a.authorize(&mut body);
+    refused(
+        http(a.addr, "POST", "/v1/psp/pay", Some(body.clone())),
+        401,
+        "unauthorized",
+    );
+    // Signed requests with no, or a mismatched, authorization: refused.
+    let signed_pay = |b: Value| {
+        http_as(
+            a.addr,
+            "POST",
+            "/v1/psp/pay",
+            Some(b),
+            Some(("alice", &customer("alice"))),
+        )
+    };
+    let mut none = body.clone();
+    none["authorization"] = Value::Null;
+    refused(signed_pay(none), 403, "forbidden");
+    let bob_enc = Encumbrance::parse_text(bob_view(&a)["encumbrance"].as_str().unwrap()).unwrap();
+    let alice_enc = Encumbrance::parse_text(
+        ok(a.call("GET", "/v1/psp/accounts/alice", None))["encumbrance"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let exp = unix_now() + 300;
+    for (what, auth) in [
+        (
+            "another amount",
+            PaymentAuth::sign(&customer("alice"), alice_enc, bob_enc, 5_000, exp, "x-1").unwrap(),
+        ),
+        (
+            "another payee",
+            PaymentAuth::sign(
+                &customer("alice"),
+                alice_enc,
+                Encumbrance::ed25519(&SecretKey::from_seed(&[4; 32]).public_key()),
+                100,
+                exp,
+                "x-1",
+            )
+            .unwrap(),
+        ),
+        (
+            "another customer",
+            PaymentAuth::sign(&customer("bob"), alice_enc, bob_enc, 100, exp, "x-1").unwrap(),
+        ),
+        (
+            "another id",
+            PaymentAuth::sign(&customer("alice"), alice_enc, bob_enc, 100, exp, "x-2").unwrap(),
+        ),
+        (
+            "expired",
+            PaymentAuth::sign(
+                &customer("alice"),
+                alice_enc,
+                bob_enc,
+                100,
+                unix_now() - 1,
+                "x-1",
+            )
+            .unwrap(),
+        ),
+    ] {
+        let mut b2 = body.clone();
+        b2["authorization"] = json!(hex::encode(auth.encode()));
+        let r = signed_pay(b2);
+        assert_eq!(
+            (r.0, r.1["code"].as_str()),
+            (403, Some("forbidden")),
+            "{what}: {}",
+            r.1
+        );
+    }
+    // Opening needs the customer key, and a request signed by it.
+    refused(
+        http_as(
+            a.addr,
+            "POST",
+            "/v1/psp/accounts",
+            Some(json!({"name": "dave"})),
+            Some(("dave", &customer("dave"))),
+        ),
+        400,
+        "bad_request",
+    );
+    refused(
+        http_as(
+            a.addr,
+            "POST",
+            "/v1/psp/accounts",
+            Some(
+                json!({"name": "dave", "customer_key": customer("dave").public_key().to_address()}),
+            ),
+            Some(("dave", &customer("eve"))),
+        ),
+        401,
+        "unauthorized",
+    );
+    // `receive` only from a configured peer, signed with its key.
+    let rx = json!({"outputs": [fresh.clone()]});
+    refused(
+        http(b.addr, "POST", "/v1/psp/receive", Some(rx.clone())),
+        401,
+        "unauthorized",
+    );
+    refused(
+        http_as(
+            b.addr,
+            "POST",
+            "/v1/psp/receive",
+            Some(rx.clone()),
+            Some(("mallory", &SecretKey::from_seed(&[6; 32]))),
+        ),
+        403,
+        "forbidden",
+    );
+    refused(
+        http_as(
+            b.addr,
+            "POST",
+            "/v1/psp/receive",
+            Some(rx.clone()),
+            Some(("bank-a", &SecretKey::from_seed(&[6; 32]))),
+        ),
+        401,
+        "unauthorized",
+    );
+    assert_eq!(
+        (a.balance("alice"), a.balance("bob")),
+        (alice_before, bob_before)
+    );
+    // The honest request still pays.
+    ok(signed_pay(body));
+    assert_eq!(a.balance("bob"), bob_before + 100);
+    let alice_before = alice_before - 100;
+    assert_eq!(a.balance("alice"), alice_before);
+
     // Money is conserved: what the providers hold plus the outsider's output is what the
     // faucet minted.
     let held = a.balance("alice") + a.balance("bob") + b.balance("carol");
     assert_eq!(held + 300, 10_000);
+}
+
+fn bob_view(a: &Provider) -> Value {
+    ok(a.call("GET", "/v1/psp/accounts/bob", None))
 }
 
 /// Forwards to the ledger; while `drop_replies` is set it forwards requests but closes the
@@ -570,6 +983,8 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
                 ledger: format!("http://{}", node.addr),
                 scheme: PspScheme::Ed25519,
                 presign_pool: 1,
+                peer_key: a.peer_key.clone(),
+                peers: a.peers.clone(),
             },
             a.kmn.clone(),
             Arc::new(florin_http::HttpLinks::new().unwrap()),

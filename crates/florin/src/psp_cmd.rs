@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Subcommand;
 use florin_node::custody::EcdsaLevel;
-use florin_node::psp::api::PayRequest;
-use florin_node::psp::{Psp, PspConfig, PspScheme};
+use florin_node::psp::{PeerPsp, Psp, PspConfig, PspScheme};
 use florin_token::amount::{format_cents, parse_euros};
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +51,14 @@ pub enum PspCommand {
         /// TLS (by default, from a CA made in `DATA/tls` on first start) or plain HTTP.
         #[command(flatten)]
         tls: crate::tls_args::ServeTlsArgs,
+        /// A peer provider, `NAME=URL=KEY` (its name, API URL and peer key as its `florin psp
+        /// info` shows them); repeat for each. Only peers are paid across providers and
+        /// only they may call `receive`.
+        #[arg(long = "peer")]
+        peers: Vec<String>,
+        /// This provider's peer key (default `DATA/peer.key`, made on first start).
+        #[arg(long)]
+        peer_key: Option<PathBuf>,
     },
     /// The provider: name, scheme, network, accounts, unresolved payments.
     Info {
@@ -62,10 +69,15 @@ pub enum PspCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Open a custodial account (its key is made by distributed key generation).
+    /// Open a custodial account (its key is made by distributed key generation and bound to
+    /// the customer's key, which is created if its file does not exist).
     Open {
         /// The account's name.
         name: String,
+        /// The customer's key file (default `./NAME.customer.key`): signs the account's
+        /// requests and authorizes its payments.
+        #[arg(long)]
+        customer_key: Option<PathBuf>,
         /// The provider's API.
         #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
@@ -87,6 +99,10 @@ pub enum PspCommand {
     Balance {
         /// The account (all when left out).
         name: Option<String>,
+        /// The customer's key file (default `./NAME.customer.key`): signs the account's
+        /// requests and authorizes its payments.
+        #[arg(long)]
+        customer_key: Option<PathBuf>,
         /// The provider's API.
         #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
@@ -103,9 +119,14 @@ pub enum PspCommand {
         to: String,
         /// Euros.
         amount: String,
-        /// The payee's provider, when it is another one.
+        /// The payee's provider, when it is another one: a configured peer's name or URL.
         #[arg(long)]
         to_psp: Option<String>,
+        /// The customer's key file (default `./FROM.customer.key`): signs the account's
+        /// requests and authorizes its payments.
+        #[arg(long)]
+        customer_key: Option<PathBuf>,
+
         /// A payment id: running the command again with the same id pays once (a random
         /// one is used when left out).
         #[arg(long)]
@@ -121,6 +142,10 @@ pub enum PspCommand {
     History {
         /// The account.
         name: String,
+        /// The customer's key file (default `./NAME.customer.key`): signs the account's
+        /// requests and authorizes its payments.
+        #[arg(long)]
+        customer_key: Option<PathBuf>,
         /// The provider's API.
         #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
@@ -150,6 +175,8 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             presign_pool,
             setup_wait,
             tls,
+            peers,
+            peer_key,
         } => serve(
             data,
             name,
@@ -161,6 +188,8 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             setup_wait,
             &tls,
             trust,
+            &peers,
+            peer_key,
         ),
         PspCommand::Info { psp, json } => {
             let c = Client::new(&psp, trust)?;
@@ -174,12 +203,21 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
                 println!("accounts    {}", i.accounts);
                 println!("unresolved  {}", i.unresolved);
                 println!("unnotified  {}", i.unnotified);
+                println!("peer key    {}", i.peer_key);
+                println!("peers       {}", i.peers.join(", "));
             }
             Ok(ExitCode::SUCCESS)
         }
-        PspCommand::Open { name, psp, json } => {
+        PspCommand::Open {
+            name,
+            customer_key,
+            psp,
+            json,
+        } => {
+            let path = customer_key.unwrap_or_else(|| default_key(&name));
+            let key = florin_node::load_or_create_key(&path)?;
             let c = Client::new(&psp, trust)?;
-            let v = c.run(c.api.open_account(&name))?;
+            let v = c.run(c.api.open_account(&name, &key))?;
             if json {
                 print_json(&serde_json::to_value(&v)?);
             } else {
@@ -194,10 +232,18 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             println!("{}  €{}", v.name, format_cents(v.balance_cents));
             Ok(ExitCode::SUCCESS)
         }
-        PspCommand::Balance { name, psp, json } => {
+        PspCommand::Balance {
+            name,
+            customer_key,
+            psp,
+            json,
+        } => {
             let c = Client::new(&psp, trust)?;
             let list = match name {
-                Some(n) => vec![c.run(c.api.account(&n))?],
+                Some(n) => {
+                    let key = customer(&n, customer_key)?;
+                    vec![c.run(c.api.account(&n, &key))?]
+                }
                 None => c.run(c.api.accounts())?,
             };
             if json {
@@ -225,9 +271,11 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             amount,
             to_psp,
             id,
+            customer_key,
             psp,
             json,
         } => {
+            let key = customer(&from, customer_key)?;
             let amount_cents = parse_euros(&amount)?;
             let id = id.unwrap_or_else(|| {
                 let mut b = [0u8; 16];
@@ -235,13 +283,10 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
                 hex::encode(b)
             });
             let c = Client::new(&psp, trust)?;
-            let r = c.run(c.api.pay(&PayRequest {
-                from,
-                to,
-                to_psp,
-                amount_cents,
-                id: Some(id),
-            }))?;
+            let r = c.run(
+                c.api
+                    .pay_as(&key, &from, &to, to_psp.as_deref(), amount_cents, &id),
+            )?;
             if json {
                 print_json(&serde_json::to_value(&r)?);
             } else {
@@ -268,9 +313,15 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        PspCommand::History { name, psp, json } => {
+        PspCommand::History {
+            name,
+            customer_key,
+            psp,
+            json,
+        } => {
+            let key = customer(&name, customer_key)?;
             let c = Client::new(&psp, trust)?;
-            let h = c.run(c.api.history(&name))?;
+            let h = c.run(c.api.history(&name, &key))?;
             if json {
                 print_json(&serde_json::to_value(&h)?);
             } else {
@@ -302,10 +353,20 @@ fn serve(
     setup_wait: u64,
     tls: &crate::tls_args::ServeTlsArgs,
     trust: &Trust,
+    peers: &[String],
+    peer_key: Option<PathBuf>,
 ) -> Result<ExitCode> {
     tls.check(listen)?;
     // The ledger's and other providers' CAs (`--ca-cert`), read before anything is written.
     let links = florin_http::HttpLinks::with_tls(&trust.client_tls()?)?;
+    let peers = peers
+        .iter()
+        .map(|p| {
+            PeerPsp::parse(p).ok_or_else(|| {
+                anyhow!("--peer {p:?}: expected NAME=URL=KEY (an http(s) URL, an eur1… key)")
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
     std::fs::create_dir_all(&data)
         .with_context(|| format!("cannot create data directory {}", data.display()))?;
     let stored_path = data.join("psp.json");
@@ -414,6 +475,10 @@ fn serve(
             ledger: ledger.clone(),
             scheme,
             presign_pool,
+            peer_key: florin_node::load_or_create_key(
+                &peer_key.unwrap_or_else(|| data.join("peer.key")),
+            )?,
+            peers,
         },
         kmn.clone(),
         std::sync::Arc::new(links),
@@ -442,6 +507,9 @@ fn serve(
             layout.dir().display()
         );
         eprintln!("  ledger     {ledger}");
+        let info = psp.info()?;
+        eprintln!("  peer key   {}", info.peer_key);
+        eprintln!("  peers      {}", info.peers.join(", "));
         eprintln!("  data       {}", data.display());
         if let Some(ca) = &served.ca_cert {
             eprintln!("  tls        CA {}", ca.display());
@@ -479,4 +547,20 @@ impl Client {
     ) -> Result<T> {
         Ok(self.rt.block_on(call)?)
     }
+}
+
+/// `./NAME.customer.key`.
+fn default_key(name: &str) -> PathBuf {
+    PathBuf::from(format!("{name}.customer.key"))
+}
+
+/// The customer key of account `name` (it must exist: made by `florin psp open`).
+fn customer(name: &str, path: Option<PathBuf>) -> Result<florin_crypto::SecretKey> {
+    let path = path.unwrap_or_else(|| default_key(name));
+    florin_node::load_key(&path).with_context(|| {
+        format!(
+            "the customer key of {name} ({}; made by `florin psp open`)",
+            path.display()
+        )
+    })
 }

@@ -1304,20 +1304,42 @@ fn psp_processes_pay_within_and_across_providers() {
     let (da, db) = (dir.path().join("psp-a"), dir.path().join("psp-b"));
     let _down_a = Down("custody", da.join("custody").to_str().unwrap().to_string());
     let _down_b = Down("custody", db.join("custody").to_str().unwrap().to_string());
-    let a = PspProc::start(
-        &da,
+    let a_args = [
+        "--name",
+        "bank-a",
+        "--scheme",
+        "p256",
+        "--ecdsa",
+        "insecure-test",
+    ];
+    let u = User::new(dir.path(), &net.url);
+    // Providers know each other as peers (name, URL, peer key): A's key first, then B with
+    // A as its peer (B only takes `receive` from A, so A's URL does not matter to it), then
+    // A again with B as its peer.
+    let a = PspProc::start(&da, &net.url, &a_args);
+    let a_key = u.ok(&["psp", "info", "--psp", &a.url, "--json"])["peer_key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    drop(a);
+    let b = PspProc::start(
+        &db,
         &net.url,
         &[
             "--name",
-            "bank-a",
+            "bank-b",
             "--scheme",
-            "p256",
-            "--ecdsa",
-            "insecure-test",
+            "ed25519",
+            "--peer",
+            &format!("bank-a=http://127.0.0.1:9={a_key}"),
         ],
     );
-    let b = PspProc::start(&db, &net.url, &["--name", "bank-b", "--scheme", "ed25519"]);
-    let u = User::new(dir.path(), &net.url);
+    let b_info = u.ok(&["psp", "info", "--psp", &b.url, "--json"]);
+    assert_eq!(b_info["peers"], serde_json::json!(["bank-a"]));
+    let b_peer = format!("bank-b={}={}", b.url, b_info["peer_key"].as_str().unwrap());
+    let mut a_with_peer = a_args.to_vec();
+    a_with_peer.extend(["--peer", b_peer.as_str()]);
+    let a = PspProc::start(&da, &net.url, &a_with_peer);
     let alice = u.ok(&["psp", "open", "alice", "--psp", &a.url, "--json"]);
     assert!(alice["encumbrance"].as_str().unwrap().starts_with("p256:"));
     u.ok(&["psp", "open", "bob", "--psp", &a.url, "--json"]);
@@ -1328,10 +1350,40 @@ fn psp_processes_pay_within_and_across_providers() {
     let r = u.ok(&["psp", "pay", "alice", "bob", "5", "--psp", &a.url, "--json"]);
     assert_eq!(r["route"], "same_provider");
     let r = u.ok(&[
-        "psp", "pay", "alice", "carol", "2.50", "--to-psp", &b.url, "--psp", &a.url, "--json",
+        "psp", "pay", "alice", "carol", "2.50", "--to-psp", "bank-b", "--psp", &a.url, "--json",
     ]);
     assert_eq!(r["route"], "cross_provider");
     assert_eq!(r["notified"], true);
+    // A URL that is not a configured peer is refused; without alice's key file nothing pays.
+    let err = u.fails(&[
+        "psp", "pay", "alice", "carol", "1", "--to-psp", &net.url, "--psp", &a.url,
+    ]);
+    assert!(err.contains("not a configured peer"), "{err}");
+    let err = u.fails(&[
+        "psp",
+        "pay",
+        "alice",
+        "bob",
+        "1",
+        "--customer-key",
+        "nobody.key",
+        "--psp",
+        &a.url,
+    ]);
+    assert!(err.contains("customer key"), "{err}");
+    // Bob's key cannot pay from alice's account.
+    let err = u.fails(&[
+        "psp",
+        "pay",
+        "alice",
+        "bob",
+        "1",
+        "--customer-key",
+        "bob.customer.key",
+        "--psp",
+        &a.url,
+    ]);
+    assert!(err.contains("401") || err.contains("unauthorized"), "{err}");
     let bal = u.ok(&["psp", "balance", "--psp", &a.url, "--json"]);
     let cents = |v: &Value, name: &str| -> u64 {
         v.as_array()

@@ -529,6 +529,18 @@ impl EcdsaSigner {
     pub fn sign_msg(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
         self.inner.sign(msg)
     }
+
+    /// Signs the txid `msg` with a key bound to a customer: always from a presignature (one
+    /// is made now if the pool is empty), each signer checking the transaction and the
+    /// customer's authorization before it uses its half (`KmnError::Unauthorized` when it
+    /// does not hold).
+    pub fn sign_authorized(
+        &self,
+        msg: &[u8],
+        authz: &florin_custody::authz::Authorization,
+    ) -> Result<P256Signature, KmnError> {
+        self.inner.sign_authorized(msg, authz)
+    }
 }
 
 impl Drop for EcdsaSigner {
@@ -685,20 +697,79 @@ impl SignerInner {
         Ok(sig)
     }
 
+    fn sign_authorized(
+        &self,
+        msg: &[u8],
+        authz: &florin_custody::authz::Authorization,
+    ) -> Result<P256Signature, KmnError> {
+        let mut last = None;
+        for attempt in 0..8u32 {
+            if attempt > 0 && last.is_some() {
+                // Nodes that failed are skipped for a while (`DOWN_FOR`): wait that out
+                // rather than spend every attempt at once.
+                thread::sleep(Duration::from_millis(250 << attempt.min(3)));
+            }
+            let p = match self.take() {
+                Some(p) => p,
+                None => {
+                    if let Err(e) = self.presign_one() {
+                        last = Some(e);
+                        continue;
+                    }
+                    match self.take() {
+                        Some(p) => p,
+                        None => continue,
+                    }
+                }
+            };
+            match self.sign_with_authz(&p, msg, Some(authz)) {
+                Ok(sig) => {
+                    self.from_presig.fetch_add(1, Ordering::Relaxed);
+                    return Ok(sig);
+                }
+                Err(Retry::Next) => {
+                    self.wasted.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(Retry::Blame(party, e)) => {
+                    self.kmn.suspect(party);
+                    self.wasted.fetch_add(1, Ordering::Relaxed);
+                    last = Some(e);
+                }
+                Err(Retry::Fail(e)) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| KmnError::Unavailable("no presignature could sign".into())))
+    }
+
     fn sign_with(&self, p: &Pooled, msg: &[u8]) -> Result<P256Signature, Retry> {
+        self.sign_with_authz(p, msg, None)
+    }
+
+    fn sign_with_authz(
+        &self,
+        p: &Pooled,
+        msg: &[u8],
+        authz: Option<&florin_custody::authz::Authorization>,
+    ) -> Result<P256Signature, Retry> {
         let reqs = p
             .public
             .signers
             .iter()
             .map(|&s| {
-                (
-                    s,
-                    Request::EcdsaPartial {
+                let req = match authz {
+                    None => Request::EcdsaPartial {
                         key_id: self.key_id.clone(),
                         presig: p.id,
                         message: msg.to_vec(),
                     },
-                )
+                    Some(a) => Request::EcdsaPartialAuthorized {
+                        key_id: self.key_id.clone(),
+                        presig: p.id,
+                        message: msg.to_vec(),
+                        authz: a.clone(),
+                    },
+                };
+                (s, req)
             })
             .collect();
         let mut partials = Vec::with_capacity(p.public.signers.len());
@@ -728,6 +799,10 @@ impl SignerInner {
                 }
                 // A restarted node lost its presignatures; a down node is skipped next time.
                 Ok(Response::Refused(r)) if r.stale_nonce => return Err(Retry::Next),
+                // The customer's authorization does not hold: no other presignature helps.
+                Ok(Response::Refused(r)) if r.unauthorized.is_some() => {
+                    return Err(Retry::Fail(refused(s, r)))
+                }
                 Ok(Response::Refused(r)) => return Err(Retry::Blame(s, refused(s, r))),
                 Ok(_) => return Err(Retry::Blame(s, unexpected(s))),
                 Err(_) => return Err(Retry::Next),

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use florin_ledger::Encumbrance;
 
-use super::api::{AccountView, HistoryEntry, PspInfo};
+use super::api::{AccountView, HistoryEntry, PayeeView, PspInfo};
 use super::store::AccountRecord;
 use super::{blocking_err, valid_account, Psp, PspError, PspScheme};
 
@@ -20,11 +20,19 @@ impl Psp {
             accounts: self.books.accounts()?.len(),
             unresolved: self.books.pending(None)?.len(),
             unnotified: self.books.notices()?.len(),
+            peer_key: self.cfg.peer_key.public_key().to_address(),
+            peers: self.peers().into_iter().map(|p| p.id).collect(),
         })
     }
 
-    /// Opens an account: its key is made by distributed key generation in the network.
-    pub async fn open_account(self: &Arc<Self>, name: &str) -> Result<AccountView, PspError> {
+    /// Opens an account for the customer key `customer`: the account's key is made by
+    /// distributed key generation in the network, which binds it to `customer` first (the
+    /// nodes then sign with it only what `customer` authorized).
+    pub async fn open_account(
+        self: &Arc<Self>,
+        name: &str,
+        customer: &florin_crypto::PublicKey,
+    ) -> Result<AccountView, PspError> {
         if !valid_account(name) {
             return Err(PspError::BadRequest(format!(
                 "account name {name:?}: 1–48 of a-z 0-9 - _"
@@ -38,7 +46,11 @@ impl Psp {
         let key_id = format!("acct-{name}");
         let me = self.clone();
         let kid = key_id.clone();
+        let cust = *customer;
         let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
+            // Bound before the key exists; a key made before a crash keeps its binding (the
+            // nodes refuse another customer for it).
+            me.kmn.bind_customer(&kid, &cust)?;
             // A key made before a crash (the account was never stored) is adopted, its
             // commit round finished if the crash cut it short. A key that not every node
             // holds is made again (which replaces its pending shares).
@@ -79,6 +91,7 @@ impl Psp {
             scheme: self.cfg.scheme.name().into(),
             public_key,
             encumbrance: enc.to_text(),
+            customer: Some(customer.to_address()),
         };
         if !self.books.add_account(&rec)? {
             return Err(PspError::Exists(format!("account {name:?} exists")));
@@ -104,12 +117,32 @@ impl Psp {
             coins: coins.len(),
             unresolved: self.books.pending(Some(&rec.name))?.len(),
             presignatures_ready: ready,
+            customer_key: rec.customer.clone(),
         })
     }
 
     /// One account.
     pub fn account(&self, name: &str) -> Result<AccountView, PspError> {
         self.view(&self.record(name)?)
+    }
+
+    /// Where to pay account `name` here, or at the configured peer `peer`.
+    pub async fn payee(&self, name: &str, peer: Option<&str>) -> Result<PayeeView, PspError> {
+        if let Some(peer) = peer {
+            let p = self.peer(peer)?;
+            if !valid_account(name) {
+                return Err(PspError::BadRequest(format!(
+                    "{name:?} is not an account name"
+                )));
+            }
+            return self.peer_payee(&p, name).await;
+        }
+        let rec = self.record(name)?;
+        Ok(PayeeView {
+            name: rec.name,
+            scheme: rec.scheme,
+            encumbrance: rec.encumbrance,
+        })
     }
 
     /// Every account.

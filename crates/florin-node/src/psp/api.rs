@@ -24,6 +24,12 @@ pub struct PspInfo {
     pub unresolved: usize,
     /// Cross-provider payments settled but not yet acknowledged by the payee's provider.
     pub unnotified: usize,
+    /// The provider's peer key (`eur1…`): what other providers configure for it.
+    #[serde(default)]
+    pub peer_key: String,
+    /// The peers it pays and takes `receive` from, by name.
+    #[serde(default)]
+    pub peers: Vec<String>,
 }
 
 /// `POST /v1/psp/accounts`: open a custodial account (its key is made by distributed key
@@ -32,6 +38,23 @@ pub struct PspInfo {
 pub struct OpenAccount {
     /// The account's name: 1–48 of `a-z 0-9 - _`.
     pub name: String,
+    /// The customer's device key (`eur1…`, Ed25519): it signs every request for the account
+    /// (this one included) and authorizes every payment; the key-management nodes bind it to
+    /// the account's key. Required.
+    #[serde(default)]
+    pub customer_key: Option<String>,
+}
+
+/// `GET /v1/psp/payees/{name}` (public; `?peer=ID` asks that configured peer): where to pay an
+/// account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PayeeView {
+    /// Name.
+    pub name: String,
+    /// `p256` or `ed25519`.
+    pub scheme: String,
+    /// Where payers pay it on the ledger (text form).
+    pub encumbrance: String,
 }
 
 /// An account as the provider reports it.
@@ -54,6 +77,9 @@ pub struct AccountView {
     /// P-256 accounts: presignatures ready for one-round signing.
     #[serde(default)]
     pub presignatures_ready: Option<usize>,
+    /// The customer's key (`eur1…`) bound to the account's key.
+    #[serde(default)]
+    pub customer_key: Option<String>,
 }
 
 /// `GET /v1/psp/accounts`.
@@ -79,7 +105,8 @@ pub struct PayRequest {
     /// The payee: an account name here or at `to_psp`, or an encumbrance's text form (any
     /// ledger wallet).
     pub to: String,
-    /// The payee's provider (its API URL) when the payee is another provider's customer.
+    /// The payee's provider when the payee is another provider's customer: a configured
+    /// peer's name, or its URL exactly as configured (no other URL is ever called).
     #[serde(default)]
     pub to_psp: Option<String>,
     /// Amount in cents.
@@ -89,6 +116,11 @@ pub struct PayRequest {
     /// Give one whenever a request may be retried.
     #[serde(default)]
     pub id: Option<String>,
+    /// The customer's signed authorization of exactly this payment
+    /// (`florin_custody::authz::PaymentAuth`, hex): its id must be `id`, its payee the
+    /// payee's encumbrance. The key-management nodes check it before they sign. Required.
+    #[serde(default)]
+    pub authorization: Option<String>,
 }
 
 /// A settled payment.

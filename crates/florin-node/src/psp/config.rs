@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
+use florin_crypto::SecretKey;
 use florin_ledger::Encumbrance;
+use serde::{Deserialize, Serialize};
 
 /// The customers' key scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +48,40 @@ pub struct PspConfig {
     pub scheme: PspScheme,
     /// P-256 accounts: presignatures kept ready per account (0: sign interactively).
     pub presign_pool: usize,
+    /// This provider's peer key: signs its `receive` calls to other providers.
+    pub peer_key: SecretKey,
+    /// The providers this one pays and takes `receive` calls from.
+    pub peers: Vec<PeerPsp>,
+}
+
+/// Another provider this one knows: the only URLs it ever calls besides the ledger's, and
+/// the only callers of its `receive`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerPsp {
+    /// Its name (what it signs its calls as; `pay` may name it as `to_psp`).
+    pub id: String,
+    /// Its API URL.
+    pub url: String,
+    /// Its peer key (`eur1…`).
+    pub key: String,
+}
+
+impl PeerPsp {
+    /// Parses `ID=URL=KEY` (the command line's `--peer`).
+    pub fn parse(s: &str) -> Option<PeerPsp> {
+        let (id, rest) = s.split_once('=')?;
+        let (url, key) = rest.rsplit_once('=')?;
+        florin_crypto::PublicKey::parse(key).ok()?;
+        let u = url::Url::parse(url).ok()?;
+        if !(u.scheme() == "http" || u.scheme() == "https") || !u.has_host() || !valid_account(id) {
+            return None;
+        }
+        Some(PeerPsp {
+            id: id.into(),
+            url: url.trim_end_matches('/').into(),
+            key: key.into(),
+        })
+    }
 }
 
 /// Checks that a payee's encumbrance can be spent by someone before money is signed over to

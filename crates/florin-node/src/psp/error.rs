@@ -40,6 +40,13 @@ pub enum PspError {
     /// resolved in the background, and the account pays again once it is.
     #[error("unresolved: {0}")]
     Unresolved(String),
+    /// The request is not signed, or its signature does not hold (401).
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
+    /// The caller is known but may not do this: another account's request, a payment that
+    /// differs from the customer's authorization, an unknown peer (403).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The books failed (500).
     #[error("storage: {0}")]
     Storage(String),
@@ -58,12 +65,17 @@ impl PspError {
             Self::Unreachable(_) => "unreachable",
             Self::Unresolved(_) => "unresolved",
             Self::Storage(_) => "storage",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Forbidden(_) => "forbidden",
         }
     }
 }
 
 impl From<KmnError> for PspError {
     fn from(e: KmnError) -> Self {
+        if let KmnError::Unauthorized { .. } = e {
+            return PspError::Forbidden(e.to_string());
+        }
         PspError::Custody(e.to_string())
     }
 }

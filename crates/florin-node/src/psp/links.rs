@@ -2,7 +2,7 @@
 
 use florin_ledger::Transaction;
 
-use super::api::{AccountView, Receive, ReceiveAnswer};
+use super::api::{PayeeView, ReceiveAnswer};
 use super::PspError;
 use crate::api::{LedgerFaucet, LedgerFaucetAnswer};
 use crate::ledger::TxStatus;
@@ -26,8 +26,14 @@ pub trait PspLinks: Send + Sync {
         ledger: &str,
         req: &LedgerFaucet,
     ) -> Result<LedgerFaucetAnswer, PspError>;
-    /// An account at the provider `psp` (a payee's).
-    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError>;
-    /// Hands the provider `psp` outputs that pay its accounts.
-    async fn peer_receive(&self, psp: &str, req: &Receive) -> Result<ReceiveAnswer, PspError>;
+    /// Where to pay an account at the provider `psp` (a configured peer's URL).
+    async fn peer_payee(&self, psp: &str, name: &str) -> Result<PayeeView, PspError>;
+    /// Hands the provider `psp` outputs that pay its accounts: `body` is the JSON of a
+    /// `Receive`, `auth` the `florin-auth` header signing it with this provider's peer key.
+    async fn peer_receive(
+        &self,
+        psp: &str,
+        body: Vec<u8>,
+        auth: String,
+    ) -> Result<ReceiveAnswer, PspError>;
 }

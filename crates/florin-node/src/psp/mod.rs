@@ -17,6 +17,7 @@
 //!   resolved by resending the same signed transaction.
 
 pub mod api;
+pub mod auth;
 pub mod store;
 
 mod accounts;
@@ -28,20 +29,24 @@ mod receive;
 mod signer;
 mod upkeep;
 
-pub use config::{check_payee, valid_account, PspConfig, PspScheme};
+pub use config::{check_payee, valid_account, PeerPsp, PspConfig, PspScheme};
 pub use error::PspError;
+pub use florin_custody::authz::{AuthzError, PaymentAuth};
 pub use links::PspLinks;
 use signer::KeySigner;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use florin_ledger::Transaction;
 
 use crate::custody::Kmn;
 use crate::ledger::TxStatus;
-use api::AccountView;
+use api::PayeeView;
 use store::{AccountRecord, Books};
+
+/// The path of `receive` (what a peer signs).
+pub const RECEIVE_PATH: &str = "/v1/psp/receive";
 
 /// Most outputs in one `receive`.
 pub const MAX_RECEIVE: usize = 256;
@@ -56,6 +61,10 @@ pub struct Psp {
     links: Arc<dyn PspLinks>,
     signers: Mutex<HashMap<String, Arc<KeySigner>>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The configured peers (replaceable while running: [`Psp::set_peers`]).
+    peers: RwLock<Vec<PeerPsp>>,
+    /// Request nonces seen recently.
+    replay: auth::Replay,
 }
 
 fn blocking_err(e: tokio::task::JoinError) -> PspError {
@@ -77,8 +86,13 @@ impl Psp {
                 cfg.name
             )));
         }
+        for p in &cfg.peers {
+            check_peer(p)?;
+        }
         let books = Books::open(&cfg.books)?;
         Ok(Arc::new(Psp {
+            peers: RwLock::new(cfg.peers.clone()),
+            replay: auth::Replay::default(),
             cfg,
             kmn,
             books,
@@ -91,6 +105,83 @@ impl Psp {
     /// The configuration.
     pub fn config(&self) -> &PspConfig {
         &self.cfg
+    }
+
+    /// Replaces the configured peers.
+    pub fn set_peers(&self, peers: Vec<PeerPsp>) -> Result<(), PspError> {
+        for p in &peers {
+            check_peer(p)?;
+        }
+        match self.peers.write() {
+            Ok(mut g) => *g = peers,
+            Err(p) => *p.into_inner() = peers,
+        }
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<PeerPsp> {
+        match self.peers.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// The configured peer `to` names: by name, or by its URL exactly as configured (a
+    /// trailing `/` aside). Anything else is refused before any connection is made.
+    pub fn peer(&self, to: &str) -> Result<PeerPsp, PspError> {
+        let url = to.trim_end_matches('/');
+        self.peers()
+            .into_iter()
+            .find(|p| p.id == to || p.url == url)
+            .ok_or_else(|| {
+                PspError::BadRequest(format!(
+                    "{to:?} is not a configured peer provider (by name or URL); this provider \
+                     calls no other"
+                ))
+            })
+    }
+
+    /// Checks a customer's signed request for account `name` (401 unsigned or badly signed,
+    /// 403 signed as someone else; an unknown account is 404).
+    pub fn authenticate_customer(
+        &self,
+        name: &str,
+        req: &auth::CallerRequest<'_>,
+    ) -> Result<(), PspError> {
+        let rec = self.record(name)?;
+        let key = rec.customer_key()?;
+        self.replay.check(req, name, &key)
+    }
+
+    /// Checks the request that opens account `name` for the customer key `customer` (the
+    /// request proves the caller holds it).
+    pub fn authenticate_opening(
+        &self,
+        name: &str,
+        customer: &str,
+        req: &auth::CallerRequest<'_>,
+    ) -> Result<florin_crypto::PublicKey, PspError> {
+        let key = florin_crypto::PublicKey::parse_valid(customer)
+            .map_err(|e| PspError::BadRequest(format!("customer_key: {e}")))?;
+        self.replay.check(req, name, &key)?;
+        Ok(key)
+    }
+
+    /// Checks a peer provider's signed request; its name.
+    pub fn authenticate_peer(&self, req: &auth::CallerRequest<'_>) -> Result<String, PspError> {
+        let h = req
+            .header
+            .ok_or_else(|| PspError::Unauthorized(format!("no {} header", auth::AUTH_HEADER)))?;
+        let who = auth::SignedRequest::parse(h)?.who;
+        let peer = self
+            .peers()
+            .into_iter()
+            .find(|p| p.id == who)
+            .ok_or_else(|| PspError::Forbidden(format!("{who:?} is not a configured peer")))?;
+        let key = florin_crypto::PublicKey::parse(&peer.key)
+            .map_err(|_| PspError::Storage(format!("peer {who}: bad key")))?;
+        self.replay.check(req, &who, &key)?;
+        Ok(who)
     }
 
     fn lock_of(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -145,9 +236,21 @@ impl Psp {
         self.links.is_unspent(&self.cfg.ledger, id).await
     }
 
-    async fn peer_account(&self, psp: &str, name: &str) -> Result<AccountView, PspError> {
-        self.links.peer_account(psp, name).await
+    async fn peer_payee(&self, psp: &PeerPsp, name: &str) -> Result<PayeeView, PspError> {
+        self.links.peer_payee(&psp.url, name).await
     }
 
     // -- money -------------------------------------------------------------------------------
+}
+
+fn check_peer(p: &PeerPsp) -> Result<(), PspError> {
+    florin_crypto::PublicKey::parse(&p.key)
+        .map_err(|e| PspError::BadRequest(format!("peer {}: key: {e}", p.id)))?;
+    match url::Url::parse(&p.url) {
+        Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => Ok(()),
+        _ => Err(PspError::BadRequest(format!(
+            "peer {}: {:?} is not an http(s) URL",
+            p.id, p.url
+        ))),
+    }
 }

@@ -6,49 +6,82 @@ use std::time::Instant;
 use florin_ledger::{build, Encumbrance, Output, Transaction, Transfer};
 
 use super::api::{PayReceipt, PayRequest};
-use super::store::{PendingPayment, Settled};
+use florin_custody::authz::{valid_id, Authorization, AuthzError, PaymentAuth};
+
+use super::store::{self, PendingPayment, Settled};
 use super::{blocking_err, check_payee, valid_account, Psp, PspError};
 use crate::ledger::TxStatus;
 
 impl Psp {
     /// Pays: same provider (UC1), another provider's customer (UC2) or any ledger
-    /// encumbrance.
+    /// encumbrance. The caller is the account's customer (see
+    /// [`Psp::authenticate_customer`]); `req.authorization` is the customer's signed
+    /// authorization of exactly this payment, checked here and again by every
+    /// key-management node before it signs.
     pub async fn pay(self: &Arc<Self>, req: PayRequest) -> Result<PayReceipt, PspError> {
         let start = Instant::now();
         if req.amount_cents == 0 {
             return Err(PspError::BadRequest("amount must be positive".into()));
         }
         let rec = self.record(&req.from)?;
-        if let Some(id) = &req.id {
-            if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(PspError::BadRequest(
-                    "a payment id is 1–64 printable ASCII characters".into(),
-                ));
-            }
-            if let Some(done) = self.repeated(&rec.name, id).await? {
-                return Ok(done);
-            }
+        let customer = rec.customer_key()?;
+        let Some(id) = &req.id else {
+            return Err(PspError::BadRequest(
+                "a payment needs its id (the one the customer's authorization names)".into(),
+            ));
+        };
+        if !valid_id(id) {
+            return Err(PspError::BadRequest(
+                "a payment id is 1–64 printable ASCII characters".into(),
+            ));
         }
-        if let Some(psp) = &req.to_psp {
-            match url::Url::parse(psp) {
-                Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.has_host() => {}
-                _ => {
-                    return Err(PspError::BadRequest(format!(
-                        "to_psp {psp:?} is not an http(s) URL"
-                    )))
-                }
-            }
+        let auth = req
+            .authorization
+            .as_deref()
+            .ok_or_else(|| {
+                PspError::Forbidden("a payment needs the customer's authorization".into())
+            })
+            .and_then(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| PaymentAuth::decode(&b).ok())
+                    .ok_or_else(|| PspError::BadRequest("malformed authorization".into()))
+            })?;
+        let forbidden = |e: AuthzError| PspError::Forbidden(format!("authorization: {e}"));
+        auth.verify(&customer).map_err(forbidden)?;
+        if auth.id != *id {
+            return Err(PspError::Forbidden(
+                "the authorization is for another payment id".into(),
+            ));
         }
+        if auth.payer != rec.enc()? {
+            return Err(forbidden(AuthzError::WrongPayer));
+        }
+        if auth.amount_cents != req.amount_cents {
+            return Err(PspError::Forbidden(
+                "the authorization is for another amount".into(),
+            ));
+        }
+        if let Some(done) = self.repeated(&rec.name, id).await? {
+            return Ok(done);
+        }
+        auth.check_time(store::now()).map_err(forbidden)?;
+        // A payee's provider: a configured peer, before any connection is made.
+        let to_peer = match &req.to_psp {
+            Some(psp) => Some(self.peer(psp)?),
+            None => None,
+        };
         // Where the money goes.
-        let (payee_enc, payee_account, payee_psp, route, counterparty) = match &req.to_psp {
-            Some(psp) => {
+        let (payee_enc, payee_account, payee_psp, route, counterparty) = match &to_peer {
+            Some(peer) => {
+                let psp = &peer.url;
                 if !valid_account(&req.to) {
                     return Err(PspError::BadRequest(format!(
                         "payee {:?} is not an account name",
                         req.to
                     )));
                 }
-                let v = self.peer_account(psp, &req.to).await?;
+                let v = self.peer_payee(peer, &req.to).await?;
                 let enc = Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
                     PspError::Refused("the payee's provider sent a bad encumbrance".into())
                 })?;
@@ -64,7 +97,7 @@ impl Psp {
                         None,
                         Some(psp.clone()),
                         "cross_provider",
-                        format!("{}@{psp}", req.to),
+                        format!("{}@{}", req.to, peer.id),
                     ),
                 }
             }
@@ -93,14 +126,19 @@ impl Psp {
         if payee_account.as_deref() == Some(rec.name.as_str()) {
             return Err(PspError::BadRequest("an account cannot pay itself".into()));
         }
+        if auth.payee != payee_enc {
+            return Err(PspError::Forbidden(format!(
+                "the authorization pays {}, the payee is {}",
+                auth.payee.to_text(),
+                payee_enc.to_text()
+            )));
+        }
         let signer = self.signer(&rec).await?;
         let lock = self.lock_of(&rec.name);
         let guard = lock.lock().await;
-        if let Some(id) = &req.id {
-            // A retry that raced the first request: answer it now that the lock is ours.
-            if let Some(done) = self.settled_receipt(&rec.name, id)? {
-                return Ok(done);
-            }
+        // A retry that raced the first request: answer it now that the lock is ours.
+        if let Some(done) = self.settled_receipt(&rec.name, id)? {
+            return Ok(done);
         }
         if self.resolve(Some(&rec.name)).await? > 0 {
             return Err(PspError::Unresolved(format!(
@@ -129,12 +167,14 @@ impl Psp {
             other => PspError::Refused(format!("cannot build the payment: {other}")),
         })?;
         let txid = draft.txid();
+        // The nodes check the customer's authorization against this very transaction.
+        let authz = Authorization::new(&draft.transfer, &auth);
         let s0 = Instant::now();
         let sig_signer = signer.clone();
         // One signature over the txid serves every input (all are the account's key); the
         // builder checks it against each input's encumbrance.
         let t = tokio::task::spawn_blocking(move || -> Result<Transfer, PspError> {
-            let w = sig_signer.witnesses(&txid, 1)?[0];
+            let w = sig_signer.witness_authorized(&txid, &authz)?;
             draft
                 .sign_with(|_, _| Ok(w))
                 .map_err(|e| PspError::Refused(format!("cannot sign the payment: {e}")))

@@ -62,18 +62,26 @@ impl Psp {
     }
 
     /// Credits outputs that pay this provider's accounts, each after the ledger says it is
-    /// unspent. Replays change nothing.
-    pub async fn receive(self: &Arc<Self>, req: Receive) -> Result<ReceiveAnswer, PspError> {
+    /// unspent. Replays change nothing. `peer`: the configured peer that called (see
+    /// [`Psp::authenticate_peer`]).
+    pub async fn receive(
+        self: &Arc<Self>,
+        req: Receive,
+        peer: &str,
+    ) -> Result<ReceiveAnswer, PspError> {
         if req.outputs.len() > MAX_RECEIVE {
             return Err(PspError::BadRequest(format!(
                 "at most {MAX_RECEIVE} outputs per call"
             )));
         }
+        // The sender's label only as the authenticated peer's: `someone@PEER`.
+        let suffix = format!("@{peer}");
         let from = req
             .from
             .as_deref()
             .map(|s| s.chars().take(120).collect::<String>())
-            .unwrap_or_else(|| "unknown sender".into());
+            .filter(|s| s.ends_with(&suffix))
+            .unwrap_or_else(|| format!("someone{suffix}"));
         // Decode everything first: one malformed output refuses the whole call.
         let utxos = req
             .outputs

@@ -14,19 +14,22 @@ pub(super) enum KeySigner {
 }
 
 impl KeySigner {
-    /// One witness per input (the signature is over the txid, the same for every input).
-    pub(super) fn witnesses(&self, txid: &Digest, inputs: usize) -> Result<Vec<Witness>, PspError> {
-        let w = match self {
+    /// The witness of a customer's payment: the nodes check `authz` before they sign.
+    pub(super) fn witness_authorized(
+        &self,
+        txid: &Digest,
+        authz: &florin_custody::authz::Authorization,
+    ) -> Result<Witness, PspError> {
+        Ok(match self {
             KeySigner::P256(s) => Witness::p256(
                 P256Signer::public_key(s),
-                s.sign_msg(txid).map_err(PspError::from)?,
+                s.sign_authorized(txid, authz).map_err(PspError::from)?,
             ),
             KeySigner::Ed25519(s) => Witness::ed25519(
                 Signer::public_key(s.as_ref()),
-                s.sign_msg(txid).map_err(PspError::from)?,
+                s.sign_authorized(txid, authz).map_err(PspError::from)?,
             ),
-        };
-        Ok(vec![w; inputs])
+        })
     }
 
     pub(super) fn ready(&self) -> Option<usize> {

@@ -52,9 +52,25 @@ pub struct AccountRecord {
     pub public_key: String,
     /// Text form of the account's encumbrance.
     pub encumbrance: String,
+    /// The customer's key (`eur1…`): signs the account's requests and payments. Accounts
+    /// opened before customer keys have none and cannot pay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub customer: Option<String>,
 }
 
 impl AccountRecord {
+    pub(crate) fn customer_key(&self) -> Result<florin_crypto::PublicKey, PspError> {
+        let c = self.customer.as_deref().ok_or_else(|| {
+            PspError::Forbidden(format!(
+                "account {} has no customer key (opened before customer keys); it cannot be \
+                 used — open a new account",
+                self.name
+            ))
+        })?;
+        florin_crypto::PublicKey::parse(c)
+            .map_err(|_| PspError::Storage(format!("account {} is corrupt", self.name)))
+    }
+
     pub(crate) fn enc(&self) -> Result<Encumbrance, PspError> {
         Encumbrance::parse_text(&self.encumbrance)
             .ok_or_else(|| PspError::Storage(format!("account {} is corrupt", self.name)))
@@ -563,6 +579,7 @@ mod tests {
                 scheme: "ed25519".into(),
                 public_key: hex::encode(key.0),
                 encumbrance: Encumbrance::ed25519(&key).to_text(),
+                customer: None,
             };
             assert!(books.add_account(&rec).unwrap());
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use florin_ledger::{Transaction, Utxo};
 
 use super::api::Receive;
-use super::{store, Psp, PspError};
+use super::{store, Psp, PspError, RECEIVE_PATH};
 use crate::ledger::TxStatus;
 
 impl Psp {
@@ -102,16 +102,19 @@ impl Psp {
     }
 
     pub(super) async fn notify(&self, n: &store::Notice) -> Result<(), PspError> {
-        let ans = self
-            .links
-            .peer_receive(
-                &n.psp,
-                &Receive {
-                    outputs: vec![n.output.clone()],
-                    from: Some(format!("{}@{}", n.from, self.cfg.name)),
-                },
-            )
-            .await?;
+        let body = serde_json::to_vec(&Receive {
+            outputs: vec![n.output.clone()],
+            from: Some(format!("{}@{}", n.from, self.cfg.name)),
+        })
+        .map_err(|e| PspError::Storage(e.to_string()))?;
+        let auth = super::auth::SignedRequest::header(
+            &self.cfg.peer_key,
+            &self.cfg.name,
+            "POST",
+            RECEIVE_PATH,
+            &body,
+        );
+        let ans = self.links.peer_receive(&n.psp, body, auth).await?;
         match ans.results.first().map(|r| r.outcome.as_str()) {
             Some("credited") | Some("known") => Ok(()),
             other => Err(PspError::Refused(format!(

@@ -90,6 +90,15 @@ pub enum KmnError {
     /// The configuration is unusable.
     #[error("config: {0}")]
     Config(String),
+    /// A node refused to sign with a customer's key: the customer's authorization was
+    /// missing or did not hold (no share was released).
+    #[error("node {party} refused: the customer's authorization: {reason}")]
+    Unauthorized {
+        /// The node that refused.
+        party: PartyId,
+        /// Why.
+        reason: florin_custody::authz::AuthzError,
+    },
 }
 
 /// A coordinator's handle on the network.
@@ -130,6 +139,9 @@ pub(super) fn public_part(identity: &[u8]) -> &[u8] {
 }
 
 pub(super) fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
+    if let Some(reason) = r.unauthorized {
+        return KmnError::Unauthorized { party, reason };
+    }
     KmnError::Refused {
         party,
         message: r.message,
@@ -357,6 +369,39 @@ impl Kmn {
                 "the network holds no key {key_id}"
             ))),
         }
+    }
+
+    /// Binds `customer` to `key_id` at every node, before the key is made: from then on the
+    /// nodes sign with it only what the customer authorized (see
+    /// [`florin_custody::authz`]). Needs every node; repeating it with the same customer is
+    /// harmless, another customer for a committed key is refused.
+    pub fn bind_customer(&self, key_id: &str, customer: &PublicKey) -> Result<(), KmnError> {
+        let reqs = self
+            .parties()
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    Request::BindCustomer {
+                        key_id: key_id.to_string(),
+                        customer: customer.0,
+                    },
+                )
+            })
+            .collect();
+        for (p, r) in self.round(reqs, SIGN_TIMEOUT) {
+            match r {
+                Ok(Response::Key(k)) if k == customer.0 => {}
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => {
+                    return Err(KmnError::Unavailable(format!(
+                        "binding the customer of {key_id} needs every node: {e}"
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Distributed key generation of a new key `key_id` among all n nodes: no machine ever

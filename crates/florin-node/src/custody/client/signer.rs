@@ -111,6 +111,25 @@ impl ThresholdSigner {
 
     /// Signs `msg`: see the module documentation for what happens when nodes fail.
     pub fn sign_msg(&self, msg: &[u8]) -> Result<Signature, KmnError> {
+        self.sign_inner(msg, None)
+    }
+
+    /// Signs the txid `msg` with a key bound to a customer, sending each node the
+    /// transaction and the customer's authorization (`KmnError::Unauthorized` when a node
+    /// finds it does not hold).
+    pub fn sign_authorized(
+        &self,
+        msg: &[u8],
+        authz: &florin_custody::authz::Authorization,
+    ) -> Result<Signature, KmnError> {
+        self.sign_inner(msg, Some(authz))
+    }
+
+    fn sign_inner(
+        &self,
+        msg: &[u8],
+        authz: Option<&florin_custody::authz::Authorization>,
+    ) -> Result<Signature, KmnError> {
         let t = self.threshold as usize;
         let mut excluded: Vec<PartyId> = Vec::new();
         let mut errors: Vec<String> = Vec::new();
@@ -193,19 +212,27 @@ impl ThresholdSigner {
             let reqs = commitments
                 .iter()
                 .map(|(p, c)| {
-                    (
-                        *p,
-                        Request::Sign {
+                    let req = match authz {
+                        None => Request::Sign {
                             key_id: self.key_id.clone(),
                             group: group.1,
                             nonce: c.0,
                             package: bytes.clone(),
                         },
-                    )
+                        Some(a) => Request::SignAuthorized {
+                            key_id: self.key_id.clone(),
+                            group: group.1,
+                            nonce: c.0,
+                            package: bytes.clone(),
+                            authz: a.clone(),
+                        },
+                    };
+                    (*p, req)
                 })
                 .collect();
             let mut shares = BTreeMap::new();
             let mut stale = Vec::new();
+            let mut unauthorized = None;
             for (p, r) in self.kmn.round(reqs, SIGN_TIMEOUT) {
                 match r {
                     Ok(Response::Share(s)) => {
@@ -218,6 +245,14 @@ impl ThresholdSigner {
                         }
                         errors.push(format!("node {p}: {}", r.message));
                         stale.push(p);
+                    }
+                    Ok(Response::Refused(r)) if r.unauthorized.is_some() => {
+                        // Refused before its nonce was used: another node would refuse the
+                        // same authorization, so stop here.
+                        if let Some(c) = commitments.get(&p) {
+                            self.push_back(p, c.clone());
+                        }
+                        unauthorized.get_or_insert(refused(p, r));
                     }
                     Ok(Response::Refused(r)) if r.stale_nonce => {
                         // The node restarted or dropped the nonce: fresh commitments next time.
@@ -245,6 +280,9 @@ impl ThresholdSigner {
                         excluded.push(p);
                     }
                 }
+            }
+            if let Some(e) = unauthorized {
+                return Err(e);
             }
             if !stale.is_empty() {
                 // The shares were refreshed: take up the sharing the nodes hold and sign

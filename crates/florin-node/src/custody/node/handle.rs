@@ -2,6 +2,8 @@
 //! export, and the ECDSA requests.
 
 use super::*;
+use florin_custody::authz::{Authorization, AuthzError};
+use florin_ledger::Encumbrance;
 
 pub(super) fn forbidden(what: &str) -> CustodyError {
     CustodyError::Forbidden(format!("{what} needs an administrator key"))
@@ -89,23 +91,26 @@ pub(super) fn handle(
             group,
             nonce,
             package,
-        } => {
-            rights.check_key(&key_id)?;
-            let e = key(inner, &key_id)?;
-            if e.digest != group {
-                // Checked before the nonce is taken: the coordinator retries with it.
-                return Err(CustodyError::StaleGroup(key_id));
+        } => frost_sign(inner, rights, key_id, group, nonce, &package, None),
+        Request::SignAuthorized {
+            key_id,
+            group,
+            nonce,
+            package,
+            authz,
+        } => frost_sign(inner, rights, key_id, group, nonce, &package, Some(&authz)),
+        Request::BindCustomer { key_id, customer } => {
+            if !admin {
+                return Err(forbidden("binding a customer"));
             }
-            let package = SigningPackage::from_bytes(&package)?;
-            let nonces = inner
-                .nonces
-                .pool
-                .lock()
-                .map_err(|_| CustodyError::Frost("lock".into()))?
-                .take(nonce)?;
-            Ok(Response::Share(florin_custody::frost::sign_share(
-                &e.share, &nonces, &package,
-            )?))
+            if !valid_key_id(&key_id) {
+                return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+            }
+            let committed = frost_has(inner, &key_id) || ecdsa_has(inner, &key_id);
+            inner
+                .customers
+                .bind(&key_id, PublicKey(customer), committed)?;
+            Ok(Response::Key(customer.to_vec()))
         }
         Request::DkgStart {
             session,
@@ -361,6 +366,7 @@ pub(super) fn handle(
         req @ (Request::EcdsaStart { .. }
         | Request::EcdsaStep { .. }
         | Request::EcdsaPartial { .. }
+        | Request::EcdsaPartialAuthorized { .. }
         | Request::EcdsaAbort { .. }
         | Request::EcdsaImport { .. }
         | Request::EcdsaExport { .. }
@@ -398,6 +404,13 @@ pub(super) fn handle_ecdsa(
     match req {
         Request::EcdsaStart { session, job } => {
             rights.check_job(&job)?;
+            if let EcdsaJob::Sign { key_id, .. } = &job {
+                // Interactive signing carries no authorization: a customer's key signs only
+                // from a presignature, through `EcdsaPartialAuthorized`.
+                if inner.customers.bound(key_id).is_some() {
+                    return Err(CustodyError::Unauthorized(AuthzError::Missing));
+                }
+            }
             let frost_has = match &job {
                 EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
                 _ => false,
@@ -428,6 +441,27 @@ pub(super) fn handle_ecdsa(
             message,
         } => {
             rights.check_key(&key_id)?;
+            inner
+                .customers
+                .authorize(&key_id, || ecdsa_payer(e, &key_id), &message, None)?;
+            Ok(Response::EcdsaPartial(
+                e.partial(&key_id, presig, &message)?,
+            ))
+        }
+        Request::EcdsaPartialAuthorized {
+            key_id,
+            presig,
+            message,
+            authz,
+        } => {
+            rights.check_key(&key_id)?;
+            // Checked before the presignature is touched: a refusal leaves it usable.
+            inner.customers.authorize(
+                &key_id,
+                || ecdsa_payer(e, &key_id),
+                &message,
+                Some(&authz),
+            )?;
             Ok(Response::EcdsaPartial(
                 e.partial(&key_id, presig, &message)?,
             ))
@@ -462,6 +496,46 @@ pub(super) fn handle_ecdsa(
         }
         _ => Err(CustodyError::BadParameters("not an ECDSA request".into())),
     }
+}
+
+/// A FROST signature share, after the customer's authorization when the key is bound to one
+/// (checked before the nonce is taken, so a refusal leaves it usable).
+fn frost_sign(
+    inner: &Inner,
+    rights: &Rights,
+    key_id: String,
+    group: [u8; 32],
+    nonce: u64,
+    package: &[u8],
+    authz: Option<&Authorization>,
+) -> Result<Response, CustodyError> {
+    rights.check_key(&key_id)?;
+    let e = key(inner, &key_id)?;
+    if e.digest != group {
+        // Checked before the nonce is taken: the coordinator retries with it.
+        return Err(CustodyError::StaleGroup(key_id));
+    }
+    let package = SigningPackage::from_bytes(package)?;
+    inner.customers.authorize(
+        &key_id,
+        || Ok(Encumbrance::ed25519(&e.share.group().public_key())),
+        package.message(),
+        authz,
+    )?;
+    let nonces = inner
+        .nonces
+        .pool
+        .lock()
+        .map_err(|_| CustodyError::Frost("lock".into()))?
+        .take(nonce)?;
+    Ok(Response::Share(florin_custody::frost::sign_share(
+        &e.share, &nonces, &package,
+    )?))
+}
+
+/// The encumbrance of an ECDSA key (what a customer's authorization names as the payer).
+fn ecdsa_payer(e: &EcdsaNode, key_id: &str) -> Result<Encumbrance, CustodyError> {
+    Ok(Encumbrance::p256(&e.public_key(key_id)?))
 }
 
 /// The refusal for a key whose share this node lost.

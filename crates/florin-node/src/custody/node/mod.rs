@@ -34,12 +34,15 @@ use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, sync_dir, write_private};
 
 mod access;
+mod customers;
 mod handle;
 mod serve;
 mod shares;
 
 use access::*;
 pub use access::{KeyPattern, CONFIG_POLL};
+use customers::Customers;
+pub use customers::MAX_LIVE_PAYMENTS;
 use handle::*;
 use serve::*;
 use shares::*;
@@ -210,6 +213,8 @@ struct Inner {
     dkgs: Mutex<HashMap<[u8; 16], DkgRun>>,
     repairs: Mutex<HashMap<[u8; 16], RepairRun>>,
     ecdsa: Option<Arc<EcdsaNode>>,
+    /// Customer keys bound to keys, and the payment ids their authorizations used.
+    customers: Customers,
     stop: AtomicBool,
 }
 
@@ -470,6 +475,7 @@ impl CustodyNode {
         }
         Ok(CustodyNode {
             inner: Arc::new(Inner {
+                customers: Customers::open(&cfg.dir)?,
                 party: cfg.party,
                 n,
                 dir: cfg.dir.clone(),

@@ -141,6 +141,17 @@ impl EcdsaNode {
             .ok_or_else(|| CustodyError::BadParameters(format!("no ECDSA key {key_id}")))
     }
 
+    /// A committed key's public key.
+    pub(in crate::custody) fn public_key(
+        &self,
+        key_id: &str,
+    ) -> Result<florin_crypto::p256::P256PublicKey, CustodyError> {
+        let k = self.key(key_id)?;
+        florin_custody::ecdsa::identity_public_key(&k.identity)
+            .and_then(|pk| florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok())
+            .ok_or_else(|| CustodyError::malformed(format!("public key of {key_id}")))
+    }
+
     pub(super) fn aux(&self) -> Result<Arc<Zeroizing<Vec<u8>>>, CustodyError> {
         self.aux
             .read()

@@ -1,0 +1,378 @@
+//! Customer-bound keys in a key-management network of real node threads over real Noise
+//! sockets: the nodes sign a payment with a customer's key only with that customer's signed
+//! authorization of exactly that transaction. The coordinator here plays a compromised
+//! payment provider (it holds the provider's administrator key and calls the signing client
+//! directly): a missing, forged or mismatched authorization is refused by every node with a
+//! typed reason before any share leaves it; the honest path signs, for FROST Ed25519 and for
+//! threshold ECDSA P-256.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use florin_crypto::p256::{self, P256Signer};
+use florin_crypto::{SecretKey, Signer};
+use florin_custody::authz::{Authorization, AuthzError, PaymentAuth};
+use florin_custody::frost::SigningPackage;
+use florin_custody::wire::{EcdsaDone, EcdsaJob, Request, Response};
+use florin_ledger::{Encumbrance, Output, Transfer, Utxo};
+use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, KmnError, Layout, RunningNode};
+
+type Net = (tempfile::TempDir, Layout, Vec<RunningNode>, Arc<Kmn>);
+
+fn network(ecdsa: bool) -> Net {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(2, &free_loopback_addrs(3).unwrap()).unwrap();
+    if ecdsa {
+        layout.set_ecdsa(Some(EcdsaLevel::InsecureTest)).unwrap();
+    }
+    let nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    if ecdsa {
+        kmn.ecdsa_setup(Duration::from_secs(120)).unwrap();
+    }
+    (dir, layout, nodes, kmn)
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A transfer from `payer` (one coin of `amount + change`) paying `amount` to `payee`.
+fn transfer(
+    payer: Encumbrance,
+    payee: Encumbrance,
+    amount: u64,
+    change: u64,
+    serial: u8,
+) -> Transfer {
+    let mut outputs = vec![Output {
+        value: amount,
+        encumbrance: payee,
+    }];
+    if change > 0 {
+        outputs.push(Output {
+            value: change,
+            encumbrance: payer,
+        });
+    }
+    Transfer {
+        inputs: vec![Utxo {
+            value: amount + change,
+            encumbrance: payer,
+            serial: [serial; 32],
+        }],
+        outputs,
+        witnesses: Vec::new(),
+    }
+}
+
+/// Signs a txid through the network, with or without an authorization.
+type SignFn<'a> = &'a dyn Fn(&[u8], Option<&Authorization>) -> Result<(), KmnError>;
+
+fn reason(e: KmnError) -> AuthzError {
+    match e {
+        KmnError::Unauthorized { reason, .. } => reason,
+        other => panic!("expected an authorization refusal, got {other}"),
+    }
+}
+
+/// The forged cases a compromised provider could try, each with the reason every node must
+/// give. `sign(txid, authz)` signs through the network.
+fn refusals(payer: Encumbrance, customer: &SecretKey, sign: SignFn<'_>) {
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let thief = Encumbrance::ed25519(&SecretKey::from_seed(&[8; 32]).public_key());
+    let other_customer = SecretKey::from_seed(&[9; 32]);
+    let exp = now() + 300;
+    let auth = PaymentAuth::sign(customer, payer, payee, 500, exp, "pay-1").unwrap();
+    let good = transfer(payer, payee, 500, 1_500, 1);
+    let txid = good.txid();
+
+    // Absent.
+    assert_eq!(reason(sign(&txid, None).unwrap_err()), AuthzError::Missing);
+    // The right authorization, another transaction's txid to sign.
+    let z = Authorization::new(&good, &auth);
+    let other = transfer(payer, payee, 500, 1_500, 2);
+    assert_eq!(
+        reason(sign(&other.txid(), Some(&z)).unwrap_err()),
+        AuthzError::DigestMismatch
+    );
+    // Wrong amount, wrong payee: the transaction differs from what was authorized.
+    for bad in [
+        transfer(payer, payee, 900, 1_100, 1),
+        transfer(payer, thief, 500, 1_500, 1),
+    ] {
+        let z = Authorization::new(&bad, &auth);
+        assert_eq!(
+            reason(sign(&bad.txid(), Some(&z)).unwrap_err()),
+            AuthzError::ForeignOutput(0)
+        );
+    }
+    // The change goes to a third party.
+    let mut stolen_change = good.clone();
+    stolen_change.outputs[1].encumbrance = thief;
+    let z = Authorization::new(&stolen_change, &auth);
+    assert_eq!(
+        reason(sign(&stolen_change.txid(), Some(&z)).unwrap_err()),
+        AuthzError::ForeignOutput(1)
+    );
+    // Signed by another account's customer key (the provider's own, say).
+    let forged = PaymentAuth::sign(&other_customer, payer, payee, 500, exp, "pay-1").unwrap();
+    assert_eq!(
+        reason(sign(&txid, Some(&Authorization::new(&good, &forged))).unwrap_err()),
+        AuthzError::WrongCustomer
+    );
+    // Expired, and valid for too long.
+    let old = PaymentAuth::sign(customer, payer, payee, 500, now() - 1, "pay-1").unwrap();
+    assert!(matches!(
+        reason(sign(&txid, Some(&Authorization::new(&good, &old))).unwrap_err()),
+        AuthzError::Expired { .. }
+    ));
+    let long = PaymentAuth::sign(customer, payer, payee, 500, now() + 86_400, "pay-1").unwrap();
+    assert_eq!(
+        reason(sign(&txid, Some(&Authorization::new(&good, &long))).unwrap_err()),
+        AuthzError::TooLong
+    );
+
+    // The honest path signs, and a retry of the same transaction signs again.
+    sign(&txid, Some(&z_good(&good, &auth))).unwrap();
+    sign(&txid, Some(&z_good(&good, &auth))).unwrap();
+    // The same payment id for another transaction paying the same: refused.
+    let second = transfer(payer, payee, 500, 1_500, 3);
+    assert_eq!(
+        reason(sign(&second.txid(), Some(&Authorization::new(&second, &auth))).unwrap_err()),
+        AuthzError::Reused("pay-1".into())
+    );
+    // A fresh id for it is fine.
+    let auth2 = PaymentAuth::sign(customer, payer, payee, 500, exp, "pay-2").unwrap();
+    sign(&second.txid(), Some(&Authorization::new(&second, &auth2))).unwrap();
+}
+
+fn z_good(t: &Transfer, a: &PaymentAuth) -> Authorization {
+    Authorization::new(t, a)
+}
+
+#[test]
+fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
+    let (_dir, _layout, _nodes, kmn) = network(false);
+    let customer = SecretKey::from_seed(&[1; 32]);
+    kmn.bind_customer("acct-alice", &customer.public_key())
+        .unwrap();
+    let group = kmn.dkg("acct-alice").unwrap();
+    let payer = Encumbrance::ed25519(&group.public_key());
+    let signer = kmn.signer("acct-alice").unwrap();
+    refusals(payer, &customer, &|msg, authz| {
+        let sig = match authz {
+            None => signer.sign_msg(msg)?,
+            Some(a) => signer.sign_authorized(msg, a)?,
+        };
+        florin_crypto::verify(&Signer::public_key(&signer), msg, &sig).unwrap();
+        Ok(())
+    });
+
+    // No node releases a share for a refused authorization, and the refusal leaves the
+    // nonce usable: the same nonces then sign with the customer's authorization.
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let good = transfer(payer, payee, 100, 0, 40);
+    let auth = PaymentAuth::sign(&customer, payer, payee, 100, now() + 300, "raw").unwrap();
+    let txid = good.txid();
+    let mut commitments = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    for p in [1u16, 2] {
+        match kmn.ask(p, Request::Commitments { count: 1 }).unwrap() {
+            Response::Commitments(v) => {
+                ids.insert(p, v[0].0);
+                commitments.insert(p, v[0].1.clone());
+            }
+            other => panic!("commitments: {other:?}"),
+        }
+    }
+    let package = SigningPackage::new(&commitments, &txid)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let forged = PaymentAuth::sign(
+        &SecretKey::from_seed(&[9; 32]),
+        payer,
+        payee,
+        100,
+        now() + 300,
+        "raw",
+    )
+    .unwrap();
+    let ask = |p: u16, a: &PaymentAuth| {
+        kmn.ask(
+            p,
+            Request::SignAuthorized {
+                key_id: "acct-alice".into(),
+                group: group.digest(),
+                nonce: ids[&p],
+                package: package.clone(),
+                authz: Authorization::new(&good, a),
+            },
+        )
+        .unwrap()
+    };
+    for p in [1u16, 2] {
+        match ask(p, &forged) {
+            Response::Refused(r) => assert_eq!(r.unauthorized, Some(AuthzError::WrongCustomer)),
+            other => panic!("node {p} answered {other:?}"),
+        }
+        // Plain `Sign` for a bound key: refused, whatever the package.
+        match kmn
+            .ask(
+                p,
+                Request::Sign {
+                    key_id: "acct-alice".into(),
+                    group: group.digest(),
+                    nonce: ids[&p],
+                    package: package.clone(),
+                },
+            )
+            .unwrap()
+        {
+            Response::Refused(r) => assert_eq!(r.unauthorized, Some(AuthzError::Missing)),
+            other => panic!("node {p} answered {other:?}"),
+        }
+        assert!(matches!(ask(p, &auth), Response::Share(_)));
+    }
+
+    // The binding never changes once the key exists; the same binding again is harmless.
+    let thief = SecretKey::from_seed(&[9; 32]);
+    assert!(kmn
+        .bind_customer("acct-alice", &thief.public_key())
+        .is_err());
+    kmn.bind_customer("acct-alice", &customer.public_key())
+        .unwrap();
+    // A key without a customer (an issuer's) keeps today's rules.
+    kmn.dkg("issuer").unwrap();
+    let issuer = kmn.signer("issuer").unwrap();
+    issuer.sign_msg(b"mint").unwrap();
+}
+
+#[test]
+fn ecdsa_nodes_check_the_authorization_before_using_a_presignature() {
+    let (_dir, _layout, _nodes, kmn) = network(true);
+    let customer = SecretKey::from_seed(&[2; 32]);
+    kmn.bind_customer("acct-bob", &customer.public_key())
+        .unwrap();
+    let pk = kmn.ecdsa_keygen("acct-bob").unwrap();
+    let payer = Encumbrance::p256(&pk);
+    let signer = kmn.ecdsa_signer("acct-bob", 1).unwrap();
+    refusals(payer, &customer, &|msg, authz| {
+        let sig = match authz {
+            None => signer.sign_msg(msg)?,
+            Some(a) => signer.sign_authorized(msg, a)?,
+        };
+        p256::verify(&P256Signer::public_key(&signer), msg, &sig).unwrap();
+        Ok(())
+    });
+
+    // Interactive signing (no presignature) carries no authorization: refused for a bound
+    // key.
+    let signers = vec![1u16, 2];
+    let err = kmn
+        .ecdsa_run(
+            [5; 16],
+            &signers,
+            EcdsaJob::Sign {
+                key_id: "acct-bob".into(),
+                signers: signers.clone(),
+                message: vec![0; 32],
+            },
+        )
+        .unwrap_err();
+    assert_eq!(reason(err), AuthzError::Missing);
+
+    // A refused partial leaves the presignature unused: it signs with the authorization.
+    let done = kmn
+        .ecdsa_run(
+            [6; 16],
+            &signers,
+            EcdsaJob::Presign {
+                key_id: "acct-bob".into(),
+                signers: signers.clone(),
+            },
+        )
+        .unwrap();
+    assert!(done.values().all(|d| matches!(d, EcdsaDone::Presig(_))));
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let good = transfer(payer, payee, 100, 0, 50);
+    let txid = good.txid();
+    let auth = PaymentAuth::sign(&customer, payer, payee, 100, now() + 300, "raw").unwrap();
+    let wrong = PaymentAuth::sign(&customer, payer, payee, 99, now() + 300, "raw").unwrap();
+    let ask = |p: u16, a: &PaymentAuth| {
+        kmn.ask(
+            p,
+            Request::EcdsaPartialAuthorized {
+                key_id: "acct-bob".into(),
+                presig: [6; 16],
+                message: txid.to_vec(),
+                authz: Authorization::new(&good, a),
+            },
+        )
+        .unwrap()
+    };
+    for &p in &signers {
+        match ask(p, &wrong) {
+            Response::Refused(r) => assert_eq!(r.unauthorized, Some(AuthzError::ForeignOutput(0))),
+            other => panic!("node {p} answered {other:?}"),
+        }
+        match kmn
+            .ask(
+                p,
+                Request::EcdsaPartial {
+                    key_id: "acct-bob".into(),
+                    presig: [6; 16],
+                    message: txid.to_vec(),
+                },
+            )
+            .unwrap()
+        {
+            Response::Refused(r) => assert_eq!(r.unauthorized, Some(AuthzError::Missing)),
+            other => panic!("node {p} answered {other:?}"),
+        }
+        assert!(matches!(ask(p, &auth), Response::EcdsaPartial(_)));
+    }
+}
+
+#[test]
+fn a_used_payment_id_survives_a_node_restart() {
+    let (_dir, layout, nodes, kmn) = network(false);
+    let customer = SecretKey::from_seed(&[3; 32]);
+    kmn.bind_customer("acct-carol", &customer.public_key())
+        .unwrap();
+    let group = kmn.dkg("acct-carol").unwrap();
+    let payer = Encumbrance::ed25519(&group.public_key());
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let auth = PaymentAuth::sign(&customer, payer, payee, 10, now() + 300, "once").unwrap();
+    let first = transfer(payer, payee, 10, 5, 1);
+    kmn.signer("acct-carol")
+        .unwrap()
+        .sign_authorized(&first.txid(), &Authorization::new(&first, &auth))
+        .unwrap();
+    drop(nodes);
+    let _nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    let signer = kmn.signer("acct-carol").unwrap();
+    let second = transfer(payer, payee, 10, 5, 2);
+    assert_eq!(
+        reason(
+            signer
+                .sign_authorized(&second.txid(), &Authorization::new(&second, &auth))
+                .unwrap_err()
+        ),
+        AuthzError::Reused("once".into())
+    );
+    signer
+        .sign_authorized(&first.txid(), &Authorization::new(&first, &auth))
+        .unwrap();
+}
