@@ -490,3 +490,51 @@ pub fn cluster_model(data: &[u8]) {
     w.check();
     let _ = w.in_doubt;
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Two shards, two-phase: twenty transfers, each spending the newest output (all-zero
+    /// input picks one transfer of the newest known id per submission).
+    fn busy_world() -> World {
+        let mut w = World::new(2, false, 9);
+        let ops = vec![0u8; 4000];
+        let mut input = Input::new(&ops);
+        for _ in 0..20 {
+            w.submit(&mut input);
+            w.drain();
+        }
+        w
+    }
+
+    #[test]
+    fn the_model_sees_commits_and_agrees() {
+        let w = busy_world();
+        w.check();
+        assert!(
+            w.acked.len() == 20,
+            "only {} transactions committed",
+            w.acked.len()
+        );
+    }
+
+    #[test]
+    fn the_check_catches_money_from_nowhere() {
+        let mut w = busy_world();
+        // An output no transaction made appears on a shard.
+        let rogue = id("rogue", 1);
+        let s = usize::from(w.map.shard_of(&rogue));
+        w.shards[s].seed(&[(rogue, 5)]);
+        w.values.insert(rogue, 5);
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.check())).is_err());
+    }
+
+    #[test]
+    fn the_check_catches_a_lost_acknowledgement() {
+        let mut w = busy_world();
+        w.acked.insert(id("txid", 999_999));
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.check())).is_err());
+    }
+}

@@ -1,8 +1,9 @@
 //! Replays the kept fuzz inputs on stable Rust: every file of `fuzz/corpus/<target>/` and
 //! `fuzz/regressions/<target>/`, and the generated seeds, through the target's function. A
 //! target that panics on any of them fails the test (the file is named). Every target must
-//! have its corpus directory. Prints, per target, how many inputs it replayed, and a total
-//! line `fuzz replay: N inputs over T targets` that `scripts/test.sh` reports.
+//! have its corpus directory. Prints, per target, how many inputs it replayed (seen with
+//! `--nocapture`), and writes the same lines to `target/tmp/fuzz-replay.txt`, whose last line
+//! (`fuzz replay: N inputs over T targets`) `scripts/test.sh` reports.
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +37,9 @@ fn run(name: &str, input: &[u8], what: &str) {
 #[test]
 fn replay_corpora_and_regressions() {
     let root = fuzz_dir();
+    let summary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-replay.txt");
+    let _ = std::fs::remove_file(&summary);
+    let mut lines: Vec<String> = Vec::new();
     let mut missing = Vec::new();
     let mut total = 0;
     for (name, _) in TARGETS {
@@ -52,14 +56,23 @@ fn replay_corpora_and_regressions() {
                 n += 1;
             }
         }
-        println!("fuzz replay: {name}: {n} inputs");
+        lines.push(format!("fuzz replay: {name}: {n} inputs"));
         total += n;
     }
     assert!(
         missing.is_empty(),
         "fuzz corpus directories missing for {missing:?}"
     );
-    println!("fuzz replay: {total} inputs over {} targets", TARGETS.len());
+    lines.push(format!(
+        "fuzz replay: {total} inputs over {} targets",
+        TARGETS.len()
+    ));
+    for l in &lines {
+        println!("{l}");
+    }
+    if let Err(e) = std::fs::write(&summary, lines.join("\n") + "\n") {
+        panic!("{}: {e}", summary.display());
+    }
 }
 
 #[test]
