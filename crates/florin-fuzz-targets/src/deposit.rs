@@ -46,8 +46,17 @@ fn temp_dir() -> tempfile::TempDir {
     }
 }
 
+/// What one run saw: (re-anchored, repeated, double spends, refused).
+pub type Seen = (usize, usize, usize, usize);
+
 /// The target.
 pub fn deposit(data: &[u8]) {
+    let _ = run(data);
+}
+
+/// The target's body; returns what it saw (for tests that the checks are reached).
+pub fn run(data: &[u8]) -> Seen {
+    let mut seen: Seen = (0, 0, 0, 0);
     let mut input = Input::new(data);
     let dir = temp_dir();
     let auth_signer = LocalSigner::new(SecretKey::from_seed(&[41; 32]));
@@ -170,6 +179,7 @@ pub fn deposit(data: &[u8]) {
                     let chain = v.token.encode();
                     match r.outcome.as_str() {
                         "reanchored" => {
+                            seen.0 += 1;
                             assert!(v.genuine, "a damaged token was re-anchored");
                             assert!(
                                 v.token.holder() == Some(auth_key),
@@ -199,18 +209,20 @@ pub fn deposit(data: &[u8]) {
                             });
                         }
                         "repeated" => {
+                            seen.1 += 1;
                             assert!(
                                 credited_chains.contains(&chain),
                                 "repeated, but never credited"
                             );
                         }
                         "double_spend" => {
+                            seen.2 += 1;
                             assert!(
                                 deposited.get(&key).is_some_and(|c| c.len() > 1),
                                 "double spend reported without a fork"
                             );
                         }
-                        "refused" => {}
+                        "refused" => seen.3 += 1,
                         other => panic!("unknown outcome {other}"),
                     }
                 }
@@ -230,4 +242,56 @@ pub fn deposit(data: &[u8]) {
         a.minted().ok() == Some(minted),
         "a deposit changed what was minted"
     );
+    seen
+}
+
+/// An input that reaches every outcome: one wallet is minted 500 (k tokens, versions 0..k);
+/// token 0 goes wallet 0 → wallet 1 → the authority and is deposited twice (re-anchored, then
+/// repeated); token 1 goes to wallet 1, which passes it to the authority twice with different
+/// handshakes (a fork), and both branches are deposited together (one re-anchored, one double
+/// spend). A seed, and the test that the checks are reached.
+pub fn scripted() -> Vec<u8> {
+    let k = florin_token::Denomination::spendable_split(500).len() as u16;
+    let u16b = |v: u16| v.to_le_bytes();
+    let mut d = Vec::new();
+    d.extend(u16b(0)); // one holder
+    d.extend(u16b(0)); // 500 cents
+    let pass = |d: &mut Vec<u8>, version: u16, to: u16, handshake: u8| {
+        d.push(0);
+        d.extend(u16b(version));
+        d.extend(u16b(to));
+        d.push(handshake);
+    };
+    let deposit = |d: &mut Vec<u8>, versions: &[u16]| {
+        d.push(2);
+        d.extend(u16b(1)); // depositor: wallet 1
+        d.extend(u16b(versions.len() as u16 - 1));
+        for v in versions {
+            d.extend(u16b(*v));
+            d.push(2); // as is
+        }
+    };
+    pass(&mut d, 0, 1, 7); // version k
+    pass(&mut d, k, 3, 8); // version k+1, to the authority
+    deposit(&mut d, &[k + 1]);
+    deposit(&mut d, &[k + 1]);
+    // Version k+2 is the re-anchored token 0.
+    pass(&mut d, 1, 1, 9); // version k+3
+    pass(&mut d, k + 3, 3, 10); // k+4
+    pass(&mut d, k + 3, 3, 11); // k+5: the fork
+    deposit(&mut d, &[k + 4, k + 5]);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deposits_reanchor_repeat_and_catch_forks() {
+        let (reanchored, repeated, double_spends, _) = run(&scripted());
+        assert!(reanchored == 2, "re-anchored {reanchored}");
+        assert!(repeated == 1, "repeated {repeated}");
+        assert!(double_spends == 1, "double spends {double_spends}");
+    }
 }
