@@ -57,7 +57,7 @@ for t in "${targets[@]}"; do
   nice -n "$nice_level" cargo +nightly fuzz cmin -O "$t" "corpus/$t" -- -max_len="$max_len" \
     >"logs/$t.cmin.log" 2>&1 || echo "warning: cmin of $t failed (fuzz/logs/$t.cmin.log)"
   files=$(find "corpus/$t" -type f | wc -l)
-  kb=$(du -sk "corpus/$t" | cut -f1)
+  kb=$(find "corpus/$t" -type f -printf '%s\n' | awk '{s+=$1} END {printf "%.0f", s/1024}')
   line="$t: ${execs:-?} executions (${rate:-?}/s), crashed: $crashed, corpus: $files files, ${kb} KB"
   echo "$line"
   summary+=("$line")
