@@ -25,6 +25,14 @@ forbid florin-wallet 'postgres|redb|axum|hyper|reqwest|openraft' \
 forbid florin-node 'axum|hyper|reqwest' "services take typed values; HTTP lives in florin-http"
 forbid florin-store "axum|hyper|reqwest" "stores are storage only (the PostgreSQL driver brings its own tokio)"
 
+# The fuzz targets crate may use everything; nothing may use it.
+users=$(cargo tree --locked --offline -q -e normal,build,dev -i florin-fuzz-targets --prefix none \
+  --format '{p}' 2>/dev/null | awk '{print $1}' | sort -u | grep -vx florin-fuzz-targets || true)
+if [ -n "$users" ]; then
+  echo "layering: $(echo "$users" | tr '\n' ' ')depends on florin-fuzz-targets — nothing may"
+  fail=1
+fi
+
 if [ "$fail" = 0 ]; then
   echo "layering: ok"
 fi

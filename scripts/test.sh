@@ -40,8 +40,16 @@ log "layering rules (docs/architecture.md)"
 scripts/check-layering.sh
 
 log "cargo test"
+# The fuzz replay test (crates/florin-fuzz-targets/tests/replay.rs) leaves its counts here.
+fuzz_summary=${CARGO_TARGET_DIR:-target}/tmp/fuzz-replay.txt
+rm -f "$fuzz_summary"
 cargo test --workspace --locked 2>&1 | tee /tmp/florin-test.log
 passed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$6} END {print s+0}')
 echo
 echo "summary: ${passed} passed, ${failed} failed"
+if [ -s "$fuzz_summary" ]; then
+  echo "fuzz corpora: replayed ($(tail -1 "$fuzz_summary" | sed 's/^fuzz replay: //'); per target in $fuzz_summary)"
+else
+  echo "fuzz corpora: NOT replayed (the replay test did not run or failed; see /tmp/florin-test.log)"
+fi

@@ -360,8 +360,9 @@ fn in_batch(index: usize, e: NodeError) -> NodeError {
     .into()
 }
 
-/// Splits a binary batch: frames of a little-endian `u32` length and that many bytes.
-fn split_frames(mut body: &[u8]) -> Result<Vec<florin_ledger::Transaction>, NodeError> {
+/// Splits a binary batch: frames of a little-endian `u32` length and that many bytes, each a
+/// transaction's canonical encoding (public for the fuzz targets).
+pub fn split_frames(mut body: &[u8]) -> Result<Vec<florin_ledger::Transaction>, NodeError> {
     let mut txs = Vec::new();
     while !body.is_empty() {
         if txs.len() == MAX_SUBMIT_BATCH {

@@ -58,6 +58,22 @@ fn bad(what: &str) -> NetError {
     NetError::Protocol(format!("malformed {what} message"))
 }
 
+/// Most bytes of a refusal's text kept.
+const MAX_REFUSAL: usize = 1000;
+
+/// A refusal's text: the first [`MAX_REFUSAL`] bytes made valid UTF-8, then cut back to
+/// [`MAX_REFUSAL`] bytes at a character boundary (a replacement character takes three bytes),
+/// so that a decoded refusal encodes and decodes to itself.
+fn refusal_text(body: &[u8]) -> String {
+    let mut s = String::from_utf8_lossy(&body[..body.len().min(MAX_REFUSAL)]).into_owned();
+    let mut end = s.len().min(MAX_REFUSAL);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s
+}
+
 impl Msg {
     /// Encodes the message.
     pub fn encode(&self) -> Vec<u8> {
@@ -99,7 +115,7 @@ impl Msg {
                     payment: body[40..].try_into().map_err(|_| bad("receipt"))?,
                 })
             }
-            5 => Msg::Refused(String::from_utf8_lossy(&body[..body.len().min(1000)]).into()),
+            5 => Msg::Refused(refusal_text(body)),
             t => return Err(NetError::Protocol(format!("unknown message type {t}"))),
         })
     }
@@ -118,5 +134,29 @@ impl crate::channel::Channel {
     /// Receives a protocol message.
     pub fn recv_msg(&mut self) -> Result<Msg, NetError> {
         Msg::decode(&self.recv(MAX_WIRE)?)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Found by the `decode_peer_msg` fuzz target: a refusal of invalid UTF-8 decoded to more
+    /// than 1,000 bytes of replacement characters, which decoded again to another text.
+    #[test]
+    fn a_refusal_round_trips_whatever_its_bytes() {
+        for body in [
+            vec![0xff; 1200],
+            vec![b'a'; 1200],
+            [vec![b'a'; 999], "é".into()].concat(),
+        ] {
+            let m = Msg::decode(&[&[5u8][..], &body].concat()).unwrap();
+            let Msg::Refused(text) = &m else {
+                panic!("not a refusal");
+            };
+            assert!(text.len() <= MAX_REFUSAL, "{} bytes kept", text.len());
+            assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
+        }
     }
 }

@@ -49,7 +49,10 @@ mod transport;
 use error::StoreError;
 pub use replica::{RaftError, RaftOptions, Replica, ReplicaStatus};
 pub use state_machine::Machine;
-pub use transport::{RaftTransport, TransportError, TransportFuture};
+pub use transport::{
+    encode_vote_request, reencode_reply, reencode_rpc, RaftTransport, TransportError,
+    TransportFuture,
+};
 
 /// A replica's id within its group.
 pub type NodeId = u64;

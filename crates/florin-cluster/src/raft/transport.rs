@@ -100,6 +100,27 @@ pub(super) enum RpcReply {
     Snapshot(Result<InstallSnapshotResponse<NodeId>, SnapshotMismatch>),
 }
 
+/// Decodes a raft request as a replica reads it ([`super::Replica::handle_rpc`]: trailing bytes
+/// ignored) and encodes it again; `None` when the bytes are not a request. For the fuzz targets.
+pub fn reencode_rpc(request: &[u8]) -> Option<Vec<u8>> {
+    let (rpc, _) = postcard::take_from_bytes::<RaftRpc>(request).ok()?;
+    postcard::to_allocvec(&rpc).ok()
+}
+
+/// Decodes a replica's answer as a peer reads it (`Result<RpcReply, String>`) and encodes it
+/// again; `None` when the bytes are not an answer. For the fuzz targets.
+pub fn reencode_reply(answer: &[u8]) -> Option<Vec<u8>> {
+    let reply: Result<RpcReply, String> = postcard::from_bytes(answer).ok()?;
+    postcard::to_allocvec(&reply).ok()
+}
+
+/// A vote request from `candidate` for `term`, encoded as replicas send it (seeds for the fuzz
+/// targets).
+pub fn encode_vote_request(term: u64, candidate: NodeId) -> Option<Vec<u8>> {
+    let rpc = RaftRpc::Vote(VoteRequest::new(openraft::Vote::new(term, candidate), None));
+    postcard::to_allocvec(&rpc).ok()
+}
+
 pub(super) struct NetworkFactory {
     pub(super) transport: Arc<dyn RaftTransport>,
     pub(super) backoff: Duration,
