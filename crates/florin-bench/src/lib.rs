@@ -1,11 +1,12 @@
 //! Florin's system-level benchmarks: every suite (`offline`, `ledger`, `transfer`, `custody`,
-//! `cluster`), their command-line options ([`BenchArgs`]) and the runner ([`run`]) that prints
+//! `cluster`, `abuse`), their command-line options ([`BenchArgs`]) and the runner ([`run`]) that prints
 //! the JSON shape of `docs/benchmarks.md` (one object on stdout with `--json`, a table
 //! otherwise).
 //!
 //! This crate owns the benchmarks; the `florin` command line only dispatches to it:
 //! `florin bench <suite> …` parses [`BenchArgs`] and calls [`run`].
 
+mod abuse;
 mod cluster;
 mod custody;
 mod custody_ecdsa;
@@ -45,6 +46,9 @@ pub struct BenchArgs {
     /// `FLORIN_BENCH_PG` environment variable; skipped with a message when unset).
     #[arg(long, env = "FLORIN_BENCH_PG")]
     postgres: Option<String>,
+    /// Internal: run as `florin bench abuse`'s attacker against this node URL.
+    #[arg(long, hide = true)]
+    attack: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -61,6 +65,10 @@ enum Suite {
     /// Sharded, Raft-replicated engine: throughput and latency versus shards and replication,
     /// the single-node engine as reference, leader failover (Hamilton §6, Fig. 4 and 5).
     Cluster,
+    /// Abuse: a legitimate client's p99 latency while an attacker in its own network namespace
+    /// and CPU share floods bogus batches, oversized bodies and idle connections; the node's
+    /// memory (needs root).
+    Abuse,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -163,6 +171,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "warning: this is a debug build; benchmark figures are meaningful only with --release"
         );
     }
+    if let (Suite::Abuse, Some(url)) = (args.suite, args.attack.as_deref()) {
+        return abuse::attack(url);
+    }
     let tokens = args.tokens.unwrap_or(if args.quick {
         2_000
     } else if args.full {
@@ -195,6 +206,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Cluster => {
             cluster::run(&mut rec, scale)?;
             "cluster"
+        }
+        Suite::Abuse => {
+            abuse::run(&mut rec, scale, args.quick)?;
+            "abuse"
         }
     };
     if args.json {
