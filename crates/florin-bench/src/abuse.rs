@@ -526,7 +526,7 @@ impl Legit {
         for _ in 0..n {
             let own = self.coin.encumbrance;
             let draft = Draft::new(
-                vec![self.coin.clone()],
+                vec![self.coin],
                 vec![
                     Output {
                         value: 1,

@@ -90,23 +90,23 @@ fn json<T: serde::de::DeserializeOwned>(headers: &HeaderMap, b: &[u8]) -> Result
 
 /// A signed route's refusal: the provider's, or the edge's (content type, shape), both in the
 /// envelope.
-struct Refusal(Response);
+struct Refusal(Box<Response>);
 
 impl From<PspError> for Refusal {
     fn from(e: PspError) -> Refusal {
-        Refusal(PspHttpError(e).into_response())
+        Refusal(Box::new(PspHttpError(e).into_response()))
     }
 }
 
 impl From<EdgeError> for Refusal {
     fn from(e: EdgeError) -> Refusal {
-        Refusal(e.into_response())
+        Refusal(Box::new(e.into_response()))
     }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        self.0
+        *self.0
     }
 }
 
