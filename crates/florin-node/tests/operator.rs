@@ -122,7 +122,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         // No credential: 401.
         let (code, v) = call(addr, method, path, None, body);
         assert_eq!(code, 401, "{what} without a credential: {v}");
-        assert_eq!(v["code"], "unauthorized", "{what}");
+        assert_eq!(v["error"]["code"], "unauthorized", "{what}");
         // Malformed: 401.
         let (code, _) = call(
             addr,
@@ -142,7 +142,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         };
         let (code, v) = call(addr, method, path, Some(&forged.header()), body);
         assert_eq!(code, 403, "{what} forged: {v}");
-        assert_eq!(v["code"], "operator_refused", "{what}");
+        assert_eq!(v["error"]["code"], "operator_refused", "{what}");
         // Signed for another route: forged too.
         let other = sign(&op, method, "/v1/admin/other", body, now(), n + 2);
         let (code, _) = call(addr, method, path, Some(&other.header()), body);
@@ -152,7 +152,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         let (code, v) = call(addr, method, path, Some(&foreign.header()), body);
         assert_eq!(code, 403, "{what} by a stranger: {v}");
         assert!(
-            v["error"].as_str().unwrap().contains("not an operator"),
+            v["error"]["message"].as_str().unwrap().contains("not an operator"),
             "{v}"
         );
         // Expired (and from the future).
@@ -161,7 +161,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
             let (code, v) = call(addr, method, path, Some(&old.header()), body);
             assert_eq!(code, 403, "{what} at {ts}: {v}");
             assert!(
-                v["error"].as_str().unwrap().contains("more than 60 s"),
+                v["error"]["message"].as_str().unwrap().contains("more than 60 s"),
                 "{v}"
             );
         }
@@ -171,7 +171,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         // Replayed: refused, and nothing happens twice.
         let (code, v) = call(addr, method, path, Some(&genuine.header()), body);
         assert_eq!(code, 403, "{what} replayed: {v}");
-        assert!(v["error"].as_str().unwrap().contains("replayed"), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("replayed"), "{v}");
     }
     // Each valid action was applied once, with who and why, in the trail.
     let log = node.authority.admin_log().unwrap();
@@ -229,7 +229,7 @@ fn devnet_faucet_is_open_and_a_configured_node_has_none_by_default() {
             body.as_bytes(),
         );
         assert_eq!(code, 403, "{v}");
-        assert_eq!(v["code"], "faucet_off", "{v}");
+        assert_eq!(v["error"]["code"], "faucet_off", "{v}");
     }
     let (_, info) = common::http(closed.addr, "GET", "/v1/info", None);
     assert_eq!(info["faucet"], false, "{info}");
@@ -354,9 +354,9 @@ fn revoked_depositor_and_blacklisted_token_are_refused_with_their_codes() {
         deposit_body(&minted[1]).as_bytes(),
     );
     assert_eq!(code, 403, "{v}");
-    assert_eq!(v["code"], "revoked", "{v}");
+    assert_eq!(v["error"]["code"], "revoked", "{v}");
     assert!(
-        v["error"].as_str().unwrap().contains("double spender"),
+        v["error"]["message"].as_str().unwrap().contains("double spender"),
         "{v}"
     );
     let info = a.token(&minted[1].serial).unwrap();

@@ -745,7 +745,7 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         b2["authorization"] = json!(hex::encode(auth.encode()));
         let r = signed_pay(b2);
         assert_eq!(
-            (r.0, r.1["code"].as_str()),
+            (r.0, r.1["error"]["code"].as_str()),
             (403, Some("forbidden")),
             "{what}: {}",
             r.1
