@@ -159,6 +159,7 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
     let out = Command::new(BIN)
         .current_dir(dir.path())
         .env("FLORIN_NODE", &net.url)
+        .env("FLORIN_CA_CERT", common::ca_for(&net.url).unwrap())
         .env("FLORIN_OPERATOR_KEY", &key)
         .args(["admin", "revoke", &bob, "--reason", "double spender"])
         .output()
@@ -316,9 +317,12 @@ fn cluster_faucet_is_off_by_default_and_operator_only_when_on() {
     assert!(key.exists(), "cluster up writes the operator key");
     #[cfg(unix)]
     assert_eq!(mode(&key), 0o600);
+    // The sentinel serves TLS with a certificate from the CA `cluster up` made.
+    let url = format!("https://{api}");
+    common::register_ca(&url, &data.join("tls").join("ca.pem"));
     let u = User {
         dir: dir.path().to_path_buf(),
-        node: format!("http://{api}"),
+        node: url.clone(),
     };
     u.wallet("w", &["new"]);
     // Off by default: even the operator gets none.
@@ -357,7 +361,7 @@ fn cluster_faucet_is_off_by_default_and_operator_only_when_on() {
     loop {
         let info = std::net::TcpStream::connect(&api)
             .ok()
-            .map(|_| common::http_get(&api, "/v1/info"))
+            .map(|_| common::http_get(&url, "/v1/info"))
             .unwrap_or_default();
         if info.contains("\"faucet\":true") {
             assert!(info.contains("\"faucet_needs_operator\":true"), "{info}");
