@@ -152,7 +152,10 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         let (code, v) = call(addr, method, path, Some(&foreign.header()), body);
         assert_eq!(code, 403, "{what} by a stranger: {v}");
         assert!(
-            v["error"]["message"].as_str().unwrap().contains("not an operator"),
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not an operator"),
             "{v}"
         );
         // Expired (and from the future).
@@ -161,7 +164,10 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
             let (code, v) = call(addr, method, path, Some(&old.header()), body);
             assert_eq!(code, 403, "{what} at {ts}: {v}");
             assert!(
-                v["error"]["message"].as_str().unwrap().contains("more than 60 s"),
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("more than 60 s"),
                 "{v}"
             );
         }
@@ -171,7 +177,10 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         // Replayed: refused, and nothing happens twice.
         let (code, v) = call(addr, method, path, Some(&genuine.header()), body);
         assert_eq!(code, 403, "{what} replayed: {v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("replayed"), "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("replayed"),
+            "{v}"
+        );
     }
     // Each valid action was applied once, with who and why, in the trail.
     let log = node.authority.admin_log().unwrap();
@@ -356,7 +365,10 @@ fn revoked_depositor_and_blacklisted_token_are_refused_with_their_codes() {
     assert_eq!(code, 403, "{v}");
     assert_eq!(v["error"]["code"], "revoked", "{v}");
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("double spender"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("double spender"),
         "{v}"
     );
     let info = a.token(&minted[1].serial).unwrap();

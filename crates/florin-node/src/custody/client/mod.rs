@@ -388,20 +388,31 @@ impl Kmn {
                     },
                 )
             })
-            .collect();
-        for (p, r) in self.round(reqs, SIGN_TIMEOUT) {
-            match r {
-                Ok(Response::Key(k)) if k == customer.0 => {}
-                Ok(Response::Refused(r)) => return Err(refused(p, r)),
-                Ok(_) => return Err(unexpected(p)),
-                Err(e) => {
+            .collect::<Vec<_>>();
+        // Binding is idempotent: a node that could not be reached (a connection reset while
+        // the network is busy) is asked again, past the link's 2 s pause after a failure.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut unreachable = None;
+            for (p, r) in self.round(reqs.clone(), SIGN_TIMEOUT) {
+                match r {
+                    Ok(Response::Key(k)) if k == customer.0 => {}
+                    Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                    Ok(_) => return Err(unexpected(p)),
+                    Err(e) => unreachable = Some(e),
+                }
+            }
+            match unreachable {
+                None => return Ok(()),
+                Some(e) if attempt >= 3 => {
                     return Err(KmnError::Unavailable(format!(
                         "binding the customer of {key_id} needs every node: {e}"
                     )))
                 }
+                Some(_) => std::thread::sleep(std::time::Duration::from_millis(2_500)),
             }
         }
-        Ok(())
     }
 
     /// Distributed key generation of a new key `key_id` among all n nodes: no machine ever
