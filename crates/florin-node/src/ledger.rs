@@ -331,42 +331,47 @@ fn committer(
                 Err(_) => break,
             }
         }
-        let deferred = decide(batch, n, &store, &recent);
-        if deferred.is_empty() {
-            continue;
-        }
-        let (mut now_present, mut gone) = (Vec::new(), Vec::new());
-        for job in deferred {
-            let txid = job.tx.txid();
-            let ids: Vec<Digest> = inputs_of(&job.tx).iter().map(|u| u.id()).collect();
-            // A read that fails says nothing: validate in full and let the swap decide.
-            let present = store.is_confirmed(&txid).unwrap_or(true)
-                || ids.iter().all(|id| store.is_unspent(id).unwrap_or(true));
-            if present {
-                now_present.push(job);
-            } else {
-                gone.push((job, txid));
+        let mut deferred = decide(batch, n, &store, &recent);
+        // Rounds until nothing more appears: a chain inside one group (tx1 → tx2 → tx3)
+        // confirms one link per round, each round a commit; what is still missing when a
+        // round commits nothing is state-invalid.
+        while !deferred.is_empty() {
+            let (mut now_present, mut gone) = (Vec::new(), Vec::new());
+            for job in deferred {
+                let txid = job.tx.txid();
+                let ids: Vec<Digest> = inputs_of(&job.tx).iter().map(|u| u.id()).collect();
+                // A read that fails says nothing: validate in full and let the swap decide.
+                let present = store.is_confirmed(&txid).unwrap_or(true)
+                    || ids.iter().all(|id| store.is_unspent(id).unwrap_or(true));
+                if present {
+                    now_present.push(job);
+                } else {
+                    gone.push(job);
+                }
             }
-        }
-        let statuses: Vec<(Digest, TxStatus)> = gone
-            .iter()
-            .map(|(_, txid)| (*txid, TxStatus::StateInvalid(MISSING_INPUT.into())))
-            .collect();
-        remember(&recent, statuses);
-        for (job, txid) in gone {
-            let _ = job
-                .reply
-                .send((txid, TxStatus::StateInvalid(MISSING_INPUT.into())));
-        }
-        if !now_present.is_empty() {
+            if now_present.is_empty() {
+                let statuses: Vec<(Digest, TxStatus)> = gone
+                    .iter()
+                    .map(|j| (j.tx.txid(), TxStatus::StateInvalid(MISSING_INPUT.into())))
+                    .collect();
+                remember(&recent, statuses);
+                for job in gone {
+                    let txid = job.tx.txid();
+                    let _ = job
+                        .reply
+                        .send((txid, TxStatus::StateInvalid(MISSING_INPUT.into())));
+                }
+                break;
+            }
             let txs: Vec<&Transaction> = now_present.iter().map(|j| &j.tx).collect();
             let verdicts: Vec<Verdict> = validate_many(&txs, &issuer, &mut OsRng)
                 .into_iter()
                 .map(Some)
                 .collect();
             let n = now_present.len();
-            // Every verdict is `Some`: nothing is deferred a second time.
+            // Every verdict is `Some`: `decide` defers nothing of these.
             let _ = decide(vec![(now_present, verdicts)], n, &store, &recent);
+            deferred = gone;
         }
     }
 }

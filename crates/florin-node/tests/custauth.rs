@@ -251,10 +251,14 @@ fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
         .is_err());
     kmn.bind_customer("acct-alice", &customer.public_key())
         .unwrap();
+    // Nor can the administrator (the provider) export the customer's key and sign alone.
+    let err = kmn.export("acct-alice").unwrap_err().to_string();
+    assert!(err.contains("bound to a customer"), "{err}");
     // A key without a customer (an issuer's) keeps today's rules.
     kmn.dkg("issuer").unwrap();
     let issuer = kmn.signer("issuer").unwrap();
     issuer.sign_msg(b"mint").unwrap();
+    kmn.export("issuer").unwrap();
 }
 
 #[test]
@@ -341,6 +345,9 @@ fn ecdsa_nodes_check_the_authorization_before_using_a_presignature() {
         }
         assert!(matches!(ask(p, &auth), Response::EcdsaPartial(_)));
     }
+    // The administrator can neither export the customer's key nor derive one from it.
+    let err = kmn.ecdsa_export("acct-bob").unwrap_err().to_string();
+    assert!(err.contains("bound to a customer"), "{err}");
 }
 
 #[test]

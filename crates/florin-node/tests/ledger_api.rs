@@ -255,7 +255,8 @@ fn binary_and_batch_submission() {
 /// Cheap checks first: a transaction spending made-up inputs is refused as `state_invalid`
 /// without its signatures being looked at (here they are garbage: verified, they would make it
 /// `static_invalid`), while a transaction spending an output created earlier in the same batch
-/// is still confirmed (looked at again after the commit that created its input).
+/// is still confirmed (looked at again after the commit that created its input), however long
+/// the chain.
 #[test]
 fn inputs_are_looked_up_before_signatures() {
     let node = LedgerNode::start();
@@ -304,10 +305,16 @@ fn inputs_are_looked_up_before_signatures() {
         _ => unreachable!(),
     };
     let t2 = pay(vec![t1_out], &bob, &alice, t1_out.value);
+    // And a third link: t3 spends t2's output (two rounds after the first commit).
+    let t2_out = match &t2 {
+        Transaction::Transfer(t) => t.output_utxos()[0],
+        _ => unreachable!(),
+    };
+    let t3 = pay(vec![t2_out], &alice, &bob, t2_out.value);
     let (code, ans) = http_bytes(
         addr,
         "/v1/ledger/batch",
-        &frames(&[&made_up(1), &t1, &t2, &made_up(2)]),
+        &frames(&[&made_up(1), &t1, &t2, &t3, &made_up(2)]),
     );
     assert_eq!(code, 200, "{ans}");
     let statuses: Vec<&str> = ans["results"]
@@ -318,7 +325,13 @@ fn inputs_are_looked_up_before_signatures() {
         .collect();
     assert_eq!(
         statuses,
-        ["state_invalid", "confirmed", "confirmed", "state_invalid"],
+        [
+            "state_invalid",
+            "confirmed",
+            "confirmed",
+            "confirmed",
+            "state_invalid"
+        ],
         "{ans}"
     );
     assert_eq!(

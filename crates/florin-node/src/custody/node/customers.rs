@@ -131,7 +131,13 @@ impl Customers {
 
     /// The customer key bound to `key_id`.
     pub(super) fn bound(&self, key_id: &str) -> Option<PublicKey> {
-        self.bound.read().ok()?.get(key_id).copied()
+        // A panic elsewhere while the lock was held cannot leave the map half-changed (one
+        // insert), so a poisoned lock still gives the bindings: never "unbound" by accident.
+        self.bound
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key_id)
+            .copied()
     }
 
     /// Binds `customer` to `key_id` (durably). `committed`: whether the key is committed;
@@ -156,9 +162,10 @@ impl Customers {
         let path = self.dir.join(format!("{key_id}.customer"));
         write_private(&path, customer.to_address().as_bytes())
             .map_err(|e| CustodyError::BadParameters(format!("customer binding: {e}")))?;
-        if let Ok(mut b) = self.bound.write() {
-            b.insert(key_id.to_string(), customer);
-        }
+        self.bound
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key_id.to_string(), customer);
         Ok(())
     }
 

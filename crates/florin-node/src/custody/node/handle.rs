@@ -261,6 +261,7 @@ pub(super) fn handle(
             if !admin {
                 return Err(forbidden("key export"));
             }
+            refuse_if_bound(inner, &key_id, "exported")?;
             let e = key(inner, &key_id)?;
             Ok(Response::Exported(e.share.to_bytes().to_vec()))
         }
@@ -374,6 +375,18 @@ pub(super) fn handle(
     }
 }
 
+/// A key bound to a customer signs only what the customer authorized: no administrator may
+/// export its shares or derive a key from it (either would let the holder of the
+/// administrator's key rebuild the secret and sign anything).
+fn refuse_if_bound(inner: &Inner, key_id: &str, what: &str) -> Result<(), CustodyError> {
+    if inner.customers.bound(key_id).is_some() {
+        return Err(CustodyError::Forbidden(format!(
+            "key {key_id} is bound to a customer: it is never {what}"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether an ECDSA key of the name is committed (one namespace for both schemes; a pending
 /// key of either takes no name, and the first of the two to commit drops the other).
 pub(super) fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
@@ -479,6 +492,7 @@ pub(super) fn handle_ecdsa(
             if !admin {
                 return Err(forbidden("key export"));
             }
+            refuse_if_bound(inner, &key_id, "exported")?;
             Ok(Response::Exported(e.export(&key_id)?))
         }
         Request::EcdsaAddKey {
@@ -489,6 +503,9 @@ pub(super) fn handle_ecdsa(
             if !admin {
                 return Err(forbidden("key addition"));
             }
+            // A key derived from a customer's key by a known addend is the customer's key
+            // again (export the sum, subtract the addend).
+            refuse_if_bound(inner, &from, "used to derive another key")?;
             let frost_has = frost_has(inner, &key_id);
             Ok(Response::Key(
                 e.add_key(&key_id, &from, &addend, frost_has)?.to_vec(),
