@@ -7,6 +7,7 @@ use florin_ledger::Encumbrance;
 use super::api::{AccountView, HistoryEntry, PayeeView, PspInfo};
 use super::store::AccountRecord;
 use super::{blocking_err, valid_account, Psp, PspError, PspScheme};
+use crate::custody::KmnError;
 
 impl Psp {
     /// Provider facts.
@@ -48,38 +49,55 @@ impl Psp {
         let kid = key_id.clone();
         let cust = *customer;
         let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
-            // Bound before the key exists; a key made before a crash keeps its binding (the
-            // nodes refuse another customer for it).
-            me.kmn.bind_customer(&kid, &cust)?;
-            // A key made before a crash (the account was never stored) is adopted, its
-            // commit round finished if the crash cut it short. A key that not every node
-            // holds is made again (which replaces its pending shares).
-            let held = me
-                .kmn
-                .commit_pending(&kid)
-                .ok()
-                .filter(|h| h.ecdsa == (me.cfg.scheme == PspScheme::P256));
-            match me.cfg.scheme {
-                PspScheme::P256 => {
-                    let adopted = held.and_then(|h| {
-                        florin_custody::ecdsa::identity_public_key(&h.public)
-                            .and_then(|pk| florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok())
-                    });
-                    let pk = match adopted {
-                        Some(pk) => pk,
-                        None => me.kmn.ecdsa_keygen(&kid)?,
-                    };
-                    Ok((hex::encode(pk.0), Encumbrance::p256(&pk)))
+            let make = || -> Result<_, KmnError> {
+                // Bound before the key exists; a key made before a crash keeps its binding (the
+                // nodes refuse another customer for it).
+                me.kmn.bind_customer(&kid, &cust)?;
+                // A key made before a crash (the account was never stored) is adopted, its
+                // commit round finished if the crash cut it short. A key that not every node
+                // holds is made again (which replaces its pending shares).
+                let held = me
+                    .kmn
+                    .commit_pending(&kid)
+                    .ok()
+                    .filter(|h| h.ecdsa == (me.cfg.scheme == PspScheme::P256));
+                match me.cfg.scheme {
+                    PspScheme::P256 => {
+                        let adopted = held.and_then(|h| {
+                            florin_custody::ecdsa::identity_public_key(&h.public).and_then(|pk| {
+                                florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok()
+                            })
+                        });
+                        let pk = match adopted {
+                            Some(pk) => pk,
+                            None => me.kmn.ecdsa_keygen(&kid)?,
+                        };
+                        Ok((hex::encode(pk.0), Encumbrance::p256(&pk)))
+                    }
+                    PspScheme::Ed25519 => {
+                        let adopted = held.and_then(|h| {
+                            florin_custody::frost::GroupKey::from_bytes(&h.public).ok()
+                        });
+                        let g = match adopted {
+                            Some(g) => g,
+                            None => me.kmn.dkg(&kid)?,
+                        };
+                        let pk = g.public_key();
+                        Ok((hex::encode(pk.0), Encumbrance::ed25519(&pk)))
+                    }
                 }
-                PspScheme::Ed25519 => {
-                    let adopted = held
-                        .and_then(|h| florin_custody::frost::GroupKey::from_bytes(&h.public).ok());
-                    let g = match adopted {
-                        Some(g) => g,
-                        None => me.kmn.dkg(&kid)?,
-                    };
-                    let pk = g.public_key();
-                    Ok((hex::encode(pk.0), Encumbrance::ed25519(&pk)))
+            };
+            // Every step is safe to repeat (the binding is idempotent, a key made before is
+            // adopted or made again): a node that could not be reached (starting, busy,
+            // restarting) is given two more chances before the customer is told 503.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match make() {
+                    Err(KmnError::Unavailable(_)) if attempt < 3 => {
+                        std::thread::sleep(std::time::Duration::from_millis(2_500))
+                    }
+                    r => return r.map_err(PspError::from),
                 }
             }
         })
