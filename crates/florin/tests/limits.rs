@@ -73,7 +73,8 @@ const MIB: usize = 1024 * 1024;
 #[test]
 fn oversized_bodies_get_413_without_growing_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let net = Devnet::start(&dir.path().join("data"));
+    // Plain HTTP on loopback: the requests below are written by hand on raw sockets.
+    let net = Devnet::start_with(&dir.path().join("data"), &["--plain-http"]);
     let addr = net.url.trim_start_matches("http://").to_string();
     let pid = net.child.id();
     let (rss_before, _) = memory_kib(pid);
@@ -180,7 +181,7 @@ fn rate_limits_trigger_and_recover_on_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let net = Devnet::start_with(
         &dir.path().join("data"),
-        &["--rate-per-ip", "2", "--rate-burst-ip", "5"],
+        &["--rate-per-ip", "2", "--rate-burst-ip", "5", "--plain-http"],
     );
     let addr = net.url.trim_start_matches("http://").to_string();
     // The burst (less what the health wait took) passes; then 429.
