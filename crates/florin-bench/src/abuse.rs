@@ -78,7 +78,14 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
     };
     let exe = std::env::current_exe().context("finding the florin executable")?;
     let iso = Isolation::create()?;
-    let node = NodeProc::start(&exe, SocketAddr::V4(SocketAddrV4::new(iso.host_ip, 7400)))?;
+    // The node may be another build (`FLORIN_ABUSE_NODE_EXE`), to compare two builds of the
+    // node under the same attacker.
+    let node_exe =
+        std::env::var_os("FLORIN_ABUSE_NODE_EXE").map_or_else(|| exe.clone(), PathBuf::from);
+    let node = NodeProc::start(
+        &node_exe,
+        SocketAddr::V4(SocketAddrV4::new(iso.host_ip, 7400)),
+    )?;
     eprintln!(
         "node at {} (pid {}), attacker from {} in netns {} with {} of a core",
         node.url,
@@ -99,12 +106,20 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
     let mut unloaded = Vec::new();
     let mut loaded = Vec::new();
     let mut attack_s = 0.0;
+    // The node's CPU time (seconds) and the wall time of the legitimate client's runs.
+    let (mut cpu_u, mut wall_u, mut cpu_l, mut wall_l) = (0.0, 0.0, 0.0, 0.0);
     for round in 0..sizes.rounds {
+        let (c0, t0) = (node.cpu_seconds()?, Instant::now());
         unloaded.extend(rt.block_on(legit.pay(sizes.per_round))?);
+        cpu_u += node.cpu_seconds()? - c0;
+        wall_u += t0.elapsed().as_secs_f64();
         attacker.command("go")?;
         let t = Instant::now();
         std::thread::sleep(sizes.warmup);
+        let (c0, t0) = (node.cpu_seconds()?, Instant::now());
         loaded.extend(rt.block_on(legit.pay(sizes.per_round))?);
+        cpu_l += node.cpu_seconds()? - c0;
+        wall_l += t0.elapsed().as_secs_f64();
         attacker.command("stop")?;
         attack_s += t.elapsed().as_secs_f64();
         eprintln!(
@@ -177,12 +192,28 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
         None,
         None,
     );
+    rec.add(
+        "abuse_node_cpu_cores_loaded",
+        cpu_l / wall_l.max(1e-9),
+        "cores",
+        json!({ "unloaded_cores": cpu_u / wall_u.max(1e-9), "machine_cores": num_cpus() }),
+        None,
+        None,
+    );
     let per_s = |k: &str| counters[k].as_f64().unwrap_or(0.0) / attack_s.max(1e-9);
     rec.add(
         "abuse_attacker_bogus_txs_per_s",
-        per_s("bogus_txs_sent"),
+        per_s("bogus_txs_answered"),
         "transactions/s",
-        json!({ "answers": counters["batch_answers"] }),
+        json!({ "answers": counters["batch_answers"], "what": "in requests the node answered" }),
+        None,
+        None,
+    );
+    rec.add(
+        "abuse_node_bogus_txs_validated_per_s",
+        per_s("bogus_txs_validated"),
+        "transactions/s",
+        json!({ "budget_per_address": florin_http::RateLimits::default().per_ip_tx_per_sec }),
         None,
         None,
     );
@@ -211,6 +242,10 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
 }
 
 /// The p-quantile (0..=1) of `xs`, nearest rank.
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 fn percentile(xs: &[f64], p: f64) -> f64 {
     if xs.is_empty() {
         return 0.0;
@@ -346,6 +381,12 @@ impl NodeProc {
             .args(["devnet", "--data"])
             .arg(dir.path().join("data"))
             .args(["--listen", &listen.to_string()])
+            // Extra devnet arguments, to compare limits (`docs/benchmarks.md`).
+            .args(
+                std::env::var("FLORIN_ABUSE_NODE_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -386,6 +427,24 @@ impl NodeProc {
             }
         }
         Ok(node)
+    }
+
+    /// The CPU time the node has used, user and system, in seconds.
+    fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
+        // Fields after the command name (which may hold spaces): state is the 3rd field,
+        // utime and stime the 14th and 15th, in clock ticks (100 a second on Linux).
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| anyhow!("unexpected /proc stat"))?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = |i: usize| -> Result<f64> {
+            f.get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .ok_or_else(|| anyhow!("unexpected /proc stat"))
+        };
+        Ok((ticks(11)? + ticks(12)?) / 100.0)
     }
 
     /// (VmRSS, VmHWM) in MiB.
@@ -564,7 +623,10 @@ impl Legit {
 /// What the attacker did.
 #[derive(Default)]
 struct Counters {
-    bogus_txs_sent: AtomicU64,
+    /// Bogus transactions in requests the node answered (whatever the answer).
+    bogus_txs_answered: AtomicU64,
+    /// Bogus transactions in requests the node took and validated (200).
+    bogus_txs_validated: AtomicU64,
     batch_answers: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
     oversized_sent: AtomicU64,
     oversized_answers: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
@@ -640,31 +702,40 @@ pub(super) fn attack(url: &str) -> Result<ExitCode> {
         .reqwest_builder()?
         .timeout(Duration::from_secs(30))
         .build()?;
+    let floods = Floods::from_env();
     println!("ready");
     let mut running: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let stdin = std::io::stdin();
     for line in stdin.lock().lines() {
         match line?.trim() {
             "go" => {
-                for b in &batches {
-                    running.push(rt.spawn(flood_batches(
-                        http.clone(),
-                        format!("{url}/v1/ledger/batch"),
-                        b.clone(),
-                        counters.clone(),
-                    )));
+                if floods.batches {
+                    for b in &batches {
+                        running.push(rt.spawn(flood(
+                            http.clone(),
+                            format!("{url}/v1/ledger/batch"),
+                            b.clone(),
+                            Flood::Batches,
+                            counters.clone(),
+                        )));
+                    }
                 }
-                for _ in 0..2 {
-                    running.push(rt.spawn(flood_oversized(
-                        http.clone(),
-                        format!("{url}/v1/ledger/transactions"),
-                        oversized.clone(),
-                        counters.clone(),
-                    )));
+                if floods.oversized {
+                    for _ in 0..2 {
+                        running.push(rt.spawn(flood(
+                            http.clone(),
+                            format!("{url}/v1/ledger/transactions"),
+                            oversized.clone(),
+                            Flood::Oversized,
+                            counters.clone(),
+                        )));
+                    }
                 }
-                let tls = url.starts_with("https://");
-                for _ in 0..IDLE_CONNECTIONS {
-                    running.push(rt.spawn(hold_idle(addr, tls, counters.clone())));
+                if floods.idle {
+                    let tls = url.starts_with("https://");
+                    for _ in 0..IDLE_CONNECTIONS {
+                        running.push(rt.spawn(hold_idle(addr, tls, counters.clone())));
+                    }
                 }
             }
             "stop" => {
@@ -684,7 +755,8 @@ pub(super) fn attack(url: &str) -> Result<ExitCode> {
     println!(
         "{}",
         json!({
-            "bogus_txs_sent": counters.bogus_txs_sent.load(Ordering::Relaxed),
+            "bogus_txs_answered": counters.bogus_txs_answered.load(Ordering::Relaxed),
+            "bogus_txs_validated": counters.bogus_txs_validated.load(Ordering::Relaxed),
             "batch_answers": answers(&counters.batch_answers),
             "oversized_sent": counters.oversized_sent.load(Ordering::Relaxed),
             "oversized_answers": answers(&counters.oversized_answers),
@@ -696,29 +768,52 @@ pub(super) fn attack(url: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn flood_batches(http: reqwest::Client, url: String, body: bytes::Bytes, c: Arc<Counters>) {
-    loop {
-        let r = http
-            .post(&url)
-            .header("content-type", "application/octet-stream")
-            .body(body.clone())
-            .send()
-            .await;
-        c.bogus_txs_sent
-            .fetch_add(BOGUS_BATCH as u64, Ordering::Relaxed);
-        let key = match r {
-            Ok(resp) => resp.status().as_u16().to_string(),
-            Err(_) => "error".to_string(),
-        };
-        if key != "200" {
-            // Refused (rate limited, too large) or cut off: do not spin.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+/// Which floods the attacker runs: all three unless `FLORIN_ABUSE_FLOODS` names some
+/// (comma-separated `batches`, `oversized`, `idle`), to see what each costs on its own.
+struct Floods {
+    batches: bool,
+    oversized: bool,
+    idle: bool,
+}
+
+impl Floods {
+    fn from_env() -> Floods {
+        match std::env::var("FLORIN_ABUSE_FLOODS") {
+            Ok(v) if !v.trim().is_empty() => {
+                let has = |k: &str| v.split(',').any(|x| x.trim() == k);
+                Floods {
+                    batches: has("batches"),
+                    oversized: has("oversized"),
+                    idle: has("idle"),
+                }
+            }
+            _ => Floods {
+                batches: true,
+                oversized: true,
+                idle: true,
+            },
         }
-        count(&c.batch_answers, key);
     }
 }
 
-async fn flood_oversized(http: reqwest::Client, url: String, body: bytes::Bytes, c: Arc<Counters>) {
+/// What one flood counts.
+#[derive(Clone, Copy)]
+enum Flood {
+    /// Bogus batches: the transactions of each answered request, and of each accepted one.
+    Batches,
+    /// Oversized bodies: each request sent.
+    Oversized,
+}
+
+/// Posts `body` to `url` again and again, as fast as the attacker's CPU share allows: a
+/// refusal is followed at once by the next request; only a broken connection waits 1 ms.
+async fn flood(
+    http: reqwest::Client,
+    url: String,
+    body: bytes::Bytes,
+    kind: Flood,
+    c: Arc<Counters>,
+) {
     loop {
         let r = http
             .post(&url)
@@ -726,13 +821,30 @@ async fn flood_oversized(http: reqwest::Client, url: String, body: bytes::Bytes,
             .body(body.clone())
             .send()
             .await;
-        c.oversized_sent.fetch_add(1, Ordering::Relaxed);
-        let key = match r {
+        let key = match &r {
             Ok(resp) => resp.status().as_u16().to_string(),
             Err(_) => "cut off".to_string(),
         };
-        count(&c.oversized_answers, key);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        match kind {
+            Flood::Batches => {
+                if r.is_ok() {
+                    c.bogus_txs_answered
+                        .fetch_add(BOGUS_BATCH as u64, Ordering::Relaxed);
+                }
+                if key == "200" {
+                    c.bogus_txs_validated
+                        .fetch_add(BOGUS_BATCH as u64, Ordering::Relaxed);
+                }
+                count(&c.batch_answers, key);
+            }
+            Flood::Oversized => {
+                c.oversized_sent.fetch_add(1, Ordering::Relaxed);
+                count(&c.oversized_answers, key);
+            }
+        }
+        if r.is_err() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }
 

@@ -83,14 +83,17 @@ impl Node {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (stop_tls, stopped_tls) = tokio::sync::oneshot::channel::<()>();
         let tls_state = state.clone();
+        // A load generator from one address: no per-address connection limits either.
         rt.spawn(async move {
-            let _ = florin_http::serve(listener, state, async move {
+            let options = florin_http::ServeOptions::default().without_per_address_limits();
+            let _ = florin_http::serve_with(listener, state, options, async move {
                 let _ = stopped.await;
             })
             .await;
         });
         rt.spawn(async move {
-            let options = florin_http::ServeOptions::with_tls(Some(server_tls));
+            let options =
+                florin_http::ServeOptions::with_tls(Some(server_tls)).without_per_address_limits();
             let _ = florin_http::serve_with(tls_listener, tls_state, options, async move {
                 let _ = stopped_tls.await;
             })

@@ -3,13 +3,14 @@
 //! limits sized per route (413 before the body is buffered), and rate limits (429 with
 //! `Retry-After`).
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, FromRequest, Request, State};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -231,6 +232,12 @@ pub struct RateLimits {
     pub per_key_per_sec: u32,
     /// Requests naming one key at once.
     pub per_key_burst: u32,
+    /// Transactions per second one client address may have validated, sustained: the budget
+    /// of validation work (a batch costs one per transaction, a deposit one per token). An
+    /// address that has spent it is refused with 429 before its next body is read.
+    pub per_ip_tx_per_sec: u32,
+    /// Transactions one client address may have validated at once, above the sustained rate.
+    pub per_ip_tx_burst: u32,
 }
 
 impl Default for RateLimits {
@@ -242,6 +249,8 @@ impl Default for RateLimits {
             per_ip_burst: 10_000,
             per_key_per_sec: 100,
             per_key_burst: 1_000,
+            per_ip_tx_per_sec: 2_000,
+            per_ip_tx_burst: 4_096,
         }
     }
 }
@@ -254,12 +263,33 @@ impl RateLimits {
             per_ip_burst: 0,
             per_key_per_sec: 0,
             per_key_burst: 0,
+            per_ip_tx_per_sec: 0,
+            per_ip_tx_burst: 0,
         }
     }
 }
 
 /// Most addresses or keys a limiter tracks before it forgets those that are back to full.
 const MAX_TRACKED: usize = 100_000;
+/// Least time between two sweeps of a limiter's table once it is over [`MAX_TRACKED`] (a
+/// sweep reads every entry, so it must not run on every request).
+const TIDY_EVERY: Duration = Duration::from_secs(1);
+
+/// The address a client is counted under: an IPv4 address as it is (an IPv4-mapped IPv6
+/// address as its IPv4 one), an IPv6 address by its /64 (one subscriber is given a whole
+/// /64, so counting single IPv6 addresses would give each client 2^64 budgets).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+    }
+}
 
 fn keyed<K: std::hash::Hash + Eq + Clone>(
     per_sec: u32,
@@ -272,11 +302,92 @@ fn keyed<K: std::hash::Hash + Eq + Clone>(
     ))
 }
 
+/// A budget of validation work per client address: a bucket of `burst` transactions refilled
+/// at `rate` per second. A request may spend it only while the bucket is above zero, and then
+/// spends all it costs (the bucket may go below zero: a batch of 4,096 passes even when the
+/// burst is smaller); while it is below zero the address's work requests are refused before
+/// their bodies are read. So one address has at most `rate` transactions per second validated
+/// over time, whatever the size of its requests.
+struct WorkBudget {
+    rate: f64,
+    burst: f64,
+    table: Mutex<WorkTable>,
+}
+
+struct WorkTable {
+    buckets: HashMap<IpAddr, (f64, Instant)>,
+    tidied: Instant,
+}
+
+impl WorkBudget {
+    fn new(per_sec: u32, burst: u32) -> Option<WorkBudget> {
+        if per_sec == 0 {
+            return None;
+        }
+        Some(WorkBudget {
+            rate: f64::from(per_sec),
+            burst: f64::from(burst.max(per_sec)),
+            table: Mutex::new(WorkTable {
+                buckets: HashMap::new(),
+                tidied: Instant::now(),
+            }),
+        })
+    }
+
+    /// What is left in `ip`'s bucket now, after refilling (a full bucket for a new address).
+    fn level(&self, t: &mut WorkTable, ip: IpAddr, now: Instant) -> f64 {
+        if t.buckets.len() > MAX_TRACKED && now.duration_since(t.tidied) >= TIDY_EVERY {
+            let (rate, burst) = (self.rate, self.burst);
+            t.buckets.retain(|_, (level, at)| {
+                *level + rate * now.duration_since(*at).as_secs_f64() < burst
+            });
+            t.tidied = now;
+        }
+        let (rate, burst) = (self.rate, self.burst);
+        let b = t.buckets.entry(ip).or_insert((burst, now));
+        b.0 = (b.0 + rate * now.duration_since(b.1).as_secs_f64()).min(burst);
+        b.1 = now;
+        b.0
+    }
+
+    /// How long `ip` must wait before it may spend again, when its bucket is not above zero.
+    fn wait(&self, level: f64) -> Option<Duration> {
+        (level <= 0.0).then(|| Duration::from_secs_f64((1.0 - level) / self.rate))
+    }
+
+    /// `Err(wait)` while `ip` has nothing left to spend.
+    fn check(&self, ip: IpAddr) -> Result<(), Duration> {
+        let Ok(mut t) = self.table.lock() else {
+            return Ok(());
+        };
+        let level = self.level(&mut t, ip, Instant::now());
+        self.wait(level).map_or(Ok(()), Err)
+    }
+
+    /// Spends `n` of `ip`'s budget; `Err(wait)` when there is nothing left to spend.
+    fn spend(&self, ip: IpAddr, n: usize) -> Result<(), Duration> {
+        let Ok(mut t) = self.table.lock() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let level = self.level(&mut t, ip, now);
+        if let Some(wait) = self.wait(level) {
+            return Err(wait);
+        }
+        if let Some(b) = t.buckets.get_mut(&ip) {
+            b.0 -= n as f64;
+        }
+        Ok(())
+    }
+}
+
 /// The limiters a router shares (one set per process).
 pub struct Limiter {
     by_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
     by_key: Option<DefaultKeyedRateLimiter<Vec<u8>>>,
+    work: Option<WorkBudget>,
     clock: DefaultClock,
+    tidied: Mutex<Instant>,
 }
 
 impl Limiter {
@@ -285,21 +396,32 @@ impl Limiter {
         Arc::new(Limiter {
             by_ip: keyed(limits.per_ip_per_sec, limits.per_ip_burst),
             by_key: keyed(limits.per_key_per_sec, limits.per_key_burst),
+            work: WorkBudget::new(limits.per_ip_tx_per_sec, limits.per_ip_tx_burst),
             clock: DefaultClock::default(),
+            tidied: Mutex::new(Instant::now()),
         })
     }
 
-    fn tidy<K: std::hash::Hash + Eq + Clone>(l: &DefaultKeyedRateLimiter<K>) {
-        if l.len() > MAX_TRACKED {
+    /// Forgets the entries that are back to full once a table is over [`MAX_TRACKED`], at
+    /// most once per [`TIDY_EVERY`] (for every table of this limiter).
+    fn tidy<K: std::hash::Hash + Eq + Clone>(&self, l: &DefaultKeyedRateLimiter<K>) {
+        if l.len() <= MAX_TRACKED {
+            return;
+        }
+        let Ok(mut at) = self.tidied.lock() else {
+            return;
+        };
+        if at.elapsed() >= TIDY_EVERY {
             l.retain_recent();
+            *at = Instant::now();
         }
     }
 
     /// One request from `ip`: `Err` (429) when it is over its rate.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), EdgeError> {
         let Some(l) = &self.by_ip else { return Ok(()) };
-        Self::tidy(l);
-        l.check_key(&ip).map_err(|not_until| {
+        self.tidy(l);
+        l.check_key(&client_key(ip)).map_err(|not_until| {
             EdgeError::rate_limited(
                 "from this address",
                 not_until.wait_time_from(self.clock.now()),
@@ -310,7 +432,7 @@ impl Limiter {
     /// One request naming `key` (`what` says which, for the message): `Err` (429) when over.
     pub fn check_key(&self, what: &str, key: &[u8]) -> Result<(), EdgeError> {
         let Some(l) = &self.by_key else { return Ok(()) };
-        Self::tidy(l);
+        self.tidy(l);
         l.check_key(&key.to_vec()).map_err(|not_until| {
             EdgeError::rate_limited(
                 &format!("for this {what}"),
@@ -318,19 +440,86 @@ impl Limiter {
             )
         })
     }
+
+    /// `Err` (429) while `ip` has spent its budget of validation work.
+    pub fn check_work(&self, ip: IpAddr) -> Result<(), EdgeError> {
+        let Some(w) = &self.work else { return Ok(()) };
+        w.check(client_key(ip))
+            .map_err(|wait| EdgeError::rate_limited("to validate from this address", wait))
+    }
+
+    /// Spends `n` transactions of `ip`'s budget of validation work: `Err` (429, nothing
+    /// spent) when it has none left.
+    pub fn spend_work(&self, ip: IpAddr, n: usize) -> Result<(), EdgeError> {
+        let Some(w) = &self.work else { return Ok(()) };
+        w.spend(client_key(ip), n)
+            .map_err(|wait| EdgeError::rate_limited("to validate from this address", wait))
+    }
+}
+
+fn peer_ip(req: &Request) -> Option<IpAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
 }
 
 /// Middleware (with the limiter as state): every request counts against its client
 /// address (from `ConnectInfo`; a router served without it is not limited by address).
 pub async fn limit_rate(State(l): State<Arc<Limiter>>, req: Request, next: Next) -> Response {
-    let ip = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    if let Some(ip) = ip {
+    if let Some(ip) = peer_ip(&req) {
         if let Err(e) = l.check_ip(ip) {
             return e.into_response();
         }
     }
+    next.run(req).await
+}
+
+/// What a route that validates transactions spends of its caller's budget of validation work
+/// (see [`work_gate`]); handlers take it as an extractor and call [`Work::spend`] once they
+/// know how many transactions a request holds, before validating any.
+#[derive(Clone)]
+pub struct Work(Option<(Arc<Limiter>, IpAddr)>);
+
+impl Work {
+    /// Spends `n` transactions of the caller's budget; `Err` (429) when it has none left.
+    pub fn spend(&self, n: usize) -> Result<(), EdgeError> {
+        match &self.0 {
+            Some((l, ip)) => l.spend_work(*ip, n),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Work {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        // A route served without the gate spends nothing.
+        Ok(parts
+            .extensions
+            .get::<Work>()
+            .cloned()
+            .unwrap_or(Work(None)))
+    }
+}
+
+/// Middleware (with the limiter as state) on a route that validates transactions: a client
+/// address that has spent its budget of validation work is refused with 429 **before its body
+/// is read** (the connection is then closed rather than drained); otherwise the handler gets
+/// a [`Work`] to spend from.
+pub async fn work_gate(State(l): State<Arc<Limiter>>, mut req: Request, next: Next) -> Response {
+    let ip = peer_ip(&req);
+    if let Some(ip) = ip {
+        if let Err(e) = l.check_work(ip) {
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    }
+    req.extensions_mut().insert(Work(ip.map(|ip| (l, ip))));
     next.run(req).await
 }

@@ -26,7 +26,7 @@ use florin_node::error::{BadRequest, Forbidden, NotFound};
 use florin_node::{Authority, Ledger, NodeError, TxStatus};
 use florin_token::{Serial, Token};
 
-use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits};
+use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits, Work};
 
 /// What the API serves: the token authority and, when running, the ledger.
 #[derive(Clone)]
@@ -201,19 +201,24 @@ pub fn parse_deposit(
 
 async fn deposit(
     State(st): State<AppState>,
+    work: Work,
     ApiJson(req): ApiJson<DepositRequest>,
-) -> Result<Json<DepositResponse>, HttpError> {
+) -> Result<Response, HttpError> {
     if req.tokens.is_empty() {
         return Err(HttpError(BadRequest::EmptyDeposit.into()));
     }
     let a = st.authority()?;
     let (depositor, tokens) = parse_deposit(&a, &req.depositor, &req.tokens)?;
+    if let Err(e) = work.spend(tokens.len()) {
+        return Ok(e.into_response());
+    }
     if !req.credit {
         let results = blocking(move || a.deposit(&depositor, &tokens)).await?;
         return Ok(Json(DepositResponse {
             results,
             credit: None,
-        }));
+        })
+        .into_response());
     }
     let ledger = st.ledger()?;
     let (results, intent) = blocking(move || a.deposit_credit(&depositor, &tokens)).await?;
@@ -221,17 +226,21 @@ async fn deposit(
         None => None,
         Some(intent) => Some(settle_credit(&st.authority()?, &ledger, intent).await?),
     };
-    Ok(Json(DepositResponse { results, credit }))
+    Ok(Json(DepositResponse { results, credit }).into_response())
 }
 
 async fn withdraw(
     State(st): State<AppState>,
     Extension(limiter): Extension<Arc<Limiter>>,
+    work: Work,
     ApiJson(req): ApiJson<WithdrawRequest>,
 ) -> Result<Response, HttpError> {
     // Per withdrawing key (or recipient, when no key is given).
     let who = req.key.as_deref().unwrap_or(&req.recipient);
-    if let Err(e) = limiter.check_key("withdrawal key", who.as_bytes()) {
+    if let Err(e) = limiter
+        .check_key("withdrawal key", who.as_bytes())
+        .and_then(|()| work.spend(1))
+    {
         return Ok(e.into_response());
     }
     let ledger = st.ledger()?;
@@ -333,6 +342,7 @@ fn decode_hex_tx(hex_tx: &str) -> Result<florin_ledger::Transaction, NodeError> 
 /// One transaction: JSON `{"tx": hex}`, or its canonical bytes as `application/octet-stream`.
 async fn submit_tx(
     State(st): State<AppState>,
+    work: Work,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -347,6 +357,9 @@ async fn submit_tx(
             serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;
         decode_hex_tx(&req.tx)?
     };
+    if let Err(e) = work.spend(1) {
+        return Ok(e.into_response());
+    }
     let (txid, status) = st.ledger()?.submit(tx).await?;
     Ok(Json(LedgerTxStatus::of(&txid, &status)).into_response())
 }
@@ -394,6 +407,7 @@ pub fn split_frames(mut body: &[u8]) -> Result<Vec<florin_ledger::Transaction>, 
 /// decoded before any is submitted: one malformed transaction refuses the whole request.
 async fn submit_batch(
     State(st): State<AppState>,
+    work: Work,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, HttpError> {
@@ -420,6 +434,9 @@ async fn submit_batch(
             .map(|(i, t)| decode_hex_tx(t).map_err(|e| in_batch(i, e)))
             .collect::<Result<_, _>>()?
     };
+    if let Err(e) = work.spend(txs.len()) {
+        return Ok(e.into_response());
+    }
     let answers = st.ledger()?.submit_many(txs).await?;
     Ok(Json(SubmitBatchAnswer {
         results: answers
@@ -716,6 +733,17 @@ pub fn limited<S: Clone + Send + Sync + 'static>(
     route.layer(from_fn_with_state(max, edge::limit_body))
 }
 
+/// A route that validates transactions: its body limit (`max` bytes) and, outside that, the
+/// gate of its caller's budget of validation work ([`edge::work_gate`]), so a caller that has
+/// spent it is refused before its body is read.
+pub fn validating<S: Clone + Send + Sync + 'static>(
+    limiter: &Arc<Limiter>,
+    max: usize,
+    route: MethodRouter<S>,
+) -> MethodRouter<S> {
+    limited(max, route).layer(from_fn_with_state(limiter.clone(), edge::work_gate))
+}
+
 /// 404 `not_found` for a path no route serves.
 async fn no_route() -> Response {
     EdgeError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response()
@@ -730,14 +758,17 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", limited(SMALL, get(health)))
         .route("/v1/info", limited(SMALL, get(info)))
-        .route("/v1/deposit", limited(DEPOSIT, post(deposit)))
+        .route("/v1/deposit", validating(&limiter, DEPOSIT, post(deposit)))
         .route("/v1/fraud", limited(SMALL, get(fraud)))
         .route("/v1/tokens/{serial}", limited(SMALL, get(token)))
         .route(
             "/v1/ledger/transactions",
-            limited(TRANSACTION, post(submit_tx)),
+            validating(&limiter, TRANSACTION, post(submit_tx)),
         )
-        .route("/v1/ledger/batch", limited(BATCH, post(submit_batch)))
+        .route(
+            "/v1/ledger/batch",
+            validating(&limiter, BATCH, post(submit_batch)),
+        )
         .route(
             "/v1/ledger/transactions/{txid}",
             limited(SMALL, get(tx_status)),
@@ -745,7 +776,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/ledger/unspent/{id}", limited(SMALL, get(unspent)))
         .route("/v1/ledger/supply", limited(SMALL, get(supply)))
         .route("/v1/ledger/faucet", limited(SMALL, post(ledger_faucet)))
-        .route("/v1/withdraw", limited(WITHDRAW, post(withdraw)))
+        .route(
+            "/v1/withdraw",
+            validating(&limiter, WITHDRAW, post(withdraw)),
+        )
         .route("/v1/audit", limited(SMALL, get(audit_books)))
         .route("/v1/mailbox", limited(MAILBOX, post(mailbox_put)))
         .route("/v1/mailbox/{address}", limited(SMALL, get(mailbox_get)))

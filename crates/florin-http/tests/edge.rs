@@ -309,6 +309,7 @@ fn rate_limits_trigger_and_recover() {
         per_ip_burst: 3,
         per_key_per_sec: 1,
         per_key_burst: 2,
+        ..RateLimits::off()
     };
     let app = with_authority(dir.path(), limits);
     let health = |from: &str| {
@@ -423,4 +424,137 @@ fn the_largest_transaction_fits_its_route() {
     );
     // As hex in JSON, it fits the transaction route's limit.
     assert!(2 * len + 16 < florin_http::node::limits::TRANSACTION);
+}
+
+/// A batch of `n` small transfers as length-prefixed frames (they decode; nothing spends them).
+fn frames(n: usize) -> Vec<u8> {
+    use florin_crypto::{P256PublicKey, P256Signature};
+    use florin_ledger::tx::{Encumbrance, Output, Transfer, Utxo, Witness};
+    let key = Encumbrance {
+        scheme: florin_ledger::tx::SCHEME_P256,
+        key: [1; 32],
+    };
+    let mut body = Vec::new();
+    for i in 0..n {
+        let mut serial = [0u8; 32];
+        serial[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let t = Transfer {
+            inputs: vec![Utxo {
+                value: 1,
+                encumbrance: key,
+                serial,
+            }],
+            outputs: vec![Output {
+                value: 1,
+                encumbrance: key,
+            }],
+            witnesses: vec![Witness::p256(
+                P256PublicKey([2; 33]),
+                P256Signature([3; 64]),
+            )],
+        };
+        let tx = florin_ledger::Transaction::Transfer(t).encode();
+        body.extend_from_slice(&(tx.len() as u32).to_le_bytes());
+        body.extend_from_slice(&tx);
+    }
+    body
+}
+
+/// A body that records whether anything read it.
+fn watched(bytes: Vec<u8>, read: Arc<std::sync::atomic::AtomicBool>) -> Body {
+    struct Once(Option<Vec<u8>>, Arc<std::sync::atomic::AtomicBool>);
+    impl futures_core::Stream for Once {
+        type Item = Result<Vec<u8>, std::io::Error>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::task::Poll::Ready(self.0.take().map(Ok))
+        }
+    }
+    Body::from_stream(Once(Some(bytes), read))
+}
+
+#[test]
+fn the_validation_budget_counts_transactions_and_refuses_before_the_body() {
+    let rt = rt();
+    let limits = RateLimits {
+        per_ip_tx_per_sec: 10,
+        per_ip_tx_burst: 10,
+        ..RateLimits::off()
+    };
+    let app = bare(limits);
+    let batch = |from: &str, n: usize, read: Arc<std::sync::atomic::AtomicBool>| {
+        call(
+            &rt,
+            &app,
+            from,
+            Method::POST,
+            "/v1/ledger/batch",
+            Some("application/octet-stream"),
+            watched(frames(n), read),
+            None,
+        )
+    };
+    let flag = || Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A batch larger than the burst passes while the address has budget left (this node runs
+    // no ledger, so it gets as far as 404 `no ledger`), and spends all 20.
+    let read = flag();
+    let first = batch("10.2.0.1:1", 20, read.clone());
+    assert_eq!(first.status, StatusCode::NOT_FOUND, "{}", first.body);
+    assert!(read.load(std::sync::atomic::Ordering::SeqCst));
+    // In debt now: the next request of any size is refused, its body never read.
+    for path in ["/v1/ledger/batch", "/v1/ledger/transactions"] {
+        let read = flag();
+        let a = call(
+            &rt,
+            &app,
+            "10.2.0.1:2",
+            Method::POST,
+            path,
+            Some("application/octet-stream"),
+            watched(frames(1), read.clone()),
+            None,
+        );
+        envelope(&a, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+        let wait: u64 = a.retry_after.as_deref().unwrap().parse().unwrap();
+        assert!((1..=2).contains(&wait), "Retry-After {wait}");
+        assert!(
+            !read.load(std::sync::atomic::Ordering::SeqCst),
+            "{path}: the body was read"
+        );
+    }
+    // Cheap requests from the same address are not validation work.
+    let health = call(
+        &rt,
+        &app,
+        "10.2.0.1:3",
+        Method::GET,
+        "/v1/health",
+        None,
+        Body::empty(),
+        None,
+    );
+    assert_eq!(health.status, StatusCode::OK);
+    // Another address has its own budget.
+    assert_eq!(batch("10.2.0.2:1", 5, flag()).status, StatusCode::NOT_FOUND);
+    // IPv6 addresses are counted by their /64: another host in the same /64 shares the debt,
+    // another /64 does not.
+    assert_eq!(
+        batch("[2001:db8:1:2::1]:1", 20, flag()).status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        batch("[2001:db8:1:2:ffff::9]:1", 1, flag()).status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        batch("[2001:db8:1:3::1]:1", 1, flag()).status,
+        StatusCode::NOT_FOUND
+    );
+    // Once the debt is paid back (20 - 10 at 10 a second: about 1.1 s), the address is let
+    // through again.
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(batch("10.2.0.1:4", 1, flag()).status, StatusCode::NOT_FOUND);
 }

@@ -28,6 +28,7 @@ fn app() -> Router {
             "/peer",
             get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }),
         )
+        .route("/big", get(|| async { vec![7u8; 64 << 20] }))
         .route(
             "/slow",
             get(|| async {
@@ -130,9 +131,10 @@ fn handlers_see_the_peer_address() {
 
 #[test]
 fn half_a_header_is_closed_after_the_timeout_while_others_are_served() {
+    // Other clients connect as fast as they can, from the same address.
     let server = Server::start(ServeOptions {
         header_read_timeout: Duration::from_secs(2),
-        ..ServeOptions::default()
+        ..ServeOptions::default().without_per_address_limits()
     });
     let mut slow = TcpStream::connect(server.addr).unwrap();
     slow.write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\nx-half: ")
@@ -173,6 +175,7 @@ fn the_connection_cap_holds_and_frees_on_close() {
     let server = Server::start(ServeOptions {
         max_connections: 2,
         header_read_timeout: Duration::from_secs(60),
+        park_for: Duration::from_millis(300),
         ..ServeOptions::default()
     });
     // Two connections hold the two places (each proven served once: it is open, accepted).
@@ -187,7 +190,7 @@ fn the_connection_cap_holds_and_frees_on_close() {
         assert!(tmp[..n].starts_with(b"HTTP/1.1 200"));
         held.push(s);
     }
-    // A third is closed at once, unanswered.
+    // A third is never answered (parked a moment, then closed).
     for _ in 0..3 {
         let mut extra = TcpStream::connect(server.addr).unwrap();
         let _ = extra.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
@@ -400,4 +403,183 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+/// A plain connection to `addr` from the loopback address `from` (127.0.0.0/8 is all local).
+fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        s.connect(addr).await.unwrap().into_std().unwrap()
+    })
+}
+
+/// Whether a GET on a fresh connection from `from` is answered (not closed unanswered).
+fn served_from(from: &str, addr: SocketAddr) -> bool {
+    let mut s = connect_from(from, addr);
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    buf.starts_with(b"HTTP/1.0 200")
+}
+
+#[test]
+fn one_address_cannot_take_every_place() {
+    let server = Server::start(ServeOptions {
+        max_connections: 100,
+        max_connections_per_ip: 2,
+        header_read_timeout: Duration::from_secs(60),
+        park_for: Duration::from_millis(300),
+        ..ServeOptions::default()
+    });
+    // 127.0.0.5 holds its two places (each proven accepted by an answer).
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = connect_from("127.0.0.5", server.addr);
+        s.set_nonblocking(false).unwrap();
+        s.write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut tmp = [0u8; 1024];
+        let n = s.read(&mut tmp).unwrap();
+        assert!(tmp[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(s);
+    }
+    // Its third is closed unanswered; another address is served.
+    assert!(!served_from("127.0.0.5", server.addr));
+    assert!(served_from("127.0.0.6", server.addr));
+    // Once one of its connections closes, the address is served again.
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served_from("127.0.0.5", server.addr) {
+        assert!(Instant::now() < deadline, "the freed place is never reused");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn new_connections_per_address_are_rate_limited() {
+    let server = Server::start(ServeOptions {
+        new_connections_per_ip_per_sec: 1,
+        park_for: Duration::from_millis(100),
+        ..ServeOptions::default()
+    });
+    // A burst of ten times the rate passes; then the address is closed at once until its
+    // rate lets it in again; another address is not affected.
+    let served = (0..14)
+        .filter(|_| served_from("127.0.0.7", server.addr))
+        .count();
+    assert!((10..=12).contains(&served), "{served} of 14 served");
+    assert!(!served_from("127.0.0.7", server.addr));
+    assert!(served_from("127.0.0.8", server.addr));
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(served_from("127.0.0.7", server.addr));
+}
+
+#[test]
+fn a_client_that_stops_reading_loses_its_place() {
+    let server = Server::start(ServeOptions {
+        max_connections_per_ip: 1,
+        write_timeout: Duration::from_secs(1),
+        park_for: Duration::from_millis(100),
+        ..ServeOptions::default()
+    });
+    // Asks for 64 MiB and reads none of it: the node's writes stall once the buffers are full.
+    let mut stalled = connect_from("127.0.0.9", server.addr);
+    stalled.set_nonblocking(false).unwrap();
+    stalled
+        .write_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // It holds the address's one place...
+    assert!(!served_from("127.0.0.9", server.addr));
+    // ...until the write deadline closes it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !served_from("127.0.0.9", server.addr) {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled connection keeps its place"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // What it gets is cut short.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut tmp = vec![0u8; 1 << 16];
+    while let Ok(n) = stalled.read(&mut tmp) {
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    assert!(got < 64 << 20, "the whole answer arrived ({got} bytes)");
+}
+
+/// Whether `s` stays open and unanswered for `at_least`, then is closed within `then`.
+fn parked(s: &mut TcpStream, at_least: Duration, then: Duration) -> bool {
+    let start = Instant::now();
+    s.set_read_timeout(Some(at_least + then)).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let held = start.elapsed();
+    buf.is_empty() && held >= at_least && held < at_least + then
+}
+
+#[test]
+fn refused_connections_are_parked_then_closed_and_the_lot_is_bounded() {
+    let server = Server::start(ServeOptions {
+        max_connections_per_ip: 1,
+        header_read_timeout: Duration::from_secs(60),
+        max_parked: 2,
+        park_for: Duration::from_millis(1500),
+        ..ServeOptions::default()
+    });
+    // 127.0.0.10 holds its one place.
+    let mut held = connect_from("127.0.0.10", server.addr);
+    held.set_nonblocking(false).unwrap();
+    held.write_all(b"GET /peer HTTP/1.1\r\nhost: t\r\n\r\n")
+        .unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut tmp = [0u8; 1024];
+    let n = held.read(&mut tmp).unwrap();
+    assert!(tmp[..n].starts_with(b"HTTP/1.1 200"));
+    // Two more fill the lot: held unanswered, then closed.
+    let parked_at = Instant::now();
+    let mut lot: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = connect_from("127.0.0.10", server.addr);
+            s.set_nonblocking(false).unwrap();
+            let _ = s.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    // The lot is full: the next is closed at once.
+    let mut extra = connect_from("127.0.0.10", server.addr);
+    extra.set_nonblocking(false).unwrap();
+    let _ = extra.write_all(b"GET /peer HTTP/1.0\r\nhost: t\r\n\r\n");
+    assert!(parked(
+        &mut extra,
+        Duration::ZERO,
+        Duration::from_millis(1000)
+    ));
+    for s in &mut lot {
+        assert!(parked(s, Duration::ZERO, Duration::from_secs(5)));
+    }
+    let held_for = parked_at.elapsed();
+    assert!(
+        held_for >= Duration::from_millis(1400),
+        "parked only {held_for:?}"
+    );
+    // Another address is served all along.
+    assert!(served_from("127.0.0.11", server.addr));
 }

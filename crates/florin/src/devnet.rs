@@ -59,9 +59,32 @@ pub struct RateArgs {
     /// Requests naming one key at once.
     #[arg(long, default_value_t = florin_http::RateLimits::default().per_key_burst)]
     pub rate_burst_key: u32,
+    /// Transactions per second one client address may have validated, sustained (a batch
+    /// counts each transaction, a deposit each token).
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_ip_tx_per_sec)]
+    pub tx_rate_per_ip: u32,
+    /// Transactions one client address may have validated at once.
+    #[arg(long, default_value_t = florin_http::RateLimits::default().per_ip_tx_burst)]
+    pub tx_burst_ip: u32,
+    /// Connections one client address (an IPv6 /64) may hold open at once.
+    #[arg(long, default_value_t = florin_http::ServeOptions::default().max_connections_per_ip)]
+    pub conns_per_ip: usize,
+    /// New connections one client address may open per second (a burst of ten times as
+    /// many); 0 turns this off.
+    #[arg(long, default_value_t = florin_http::ServeOptions::default().new_connections_per_ip_per_sec)]
+    pub new_conns_per_ip: u32,
 }
 
 impl RateArgs {
+    /// `options` with these connection limits.
+    pub fn connections(&self, options: florin_http::ServeOptions) -> florin_http::ServeOptions {
+        florin_http::ServeOptions {
+            max_connections_per_ip: self.conns_per_ip,
+            new_connections_per_ip_per_sec: self.new_conns_per_ip,
+            ..options
+        }
+    }
+
     /// The limits.
     pub fn limits(&self) -> florin_http::RateLimits {
         florin_http::RateLimits {
@@ -69,6 +92,8 @@ impl RateArgs {
             per_ip_burst: self.rate_burst_ip,
             per_key_per_sec: self.rate_per_key,
             per_key_burst: self.rate_burst_key,
+            per_ip_tx_per_sec: self.tx_rate_per_ip,
+            per_ip_tx_burst: self.tx_burst_ip,
         }
     }
 }
@@ -292,7 +317,8 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             );
         }
         println!("listening on {}://{addr}", served.scheme);
-        serve_with(listener, state, served.options, shutdown_signal()).await?;
+        let options = args.rate.connections(served.options);
+        serve_with(listener, state, options, shutdown_signal()).await?;
         if let Some(a) = admin {
             a.abort();
         }
