@@ -56,10 +56,10 @@ pub struct ServeOptions {
     /// Most connections open at once; more are refused (parked or closed). Default 1,024.
     pub max_connections: usize,
     /// Most connections one client address (an IPv6 /64) may hold open at once; more are
-    /// refused. Default 64.
+    /// refused. Default 256.
     pub max_connections_per_ip: usize,
     /// New connections one client address may open per second, sustained, with a burst of
-    /// ten times as many; more are refused. 0: no limit. Default 50.
+    /// ten times as many; more are refused. 0: no limit. Default 200.
     pub new_connections_per_ip_per_sec: u32,
     /// Longest a write to the client may make no progress before the connection is closed.
     /// Default 30 s.
@@ -82,8 +82,8 @@ impl Default for ServeOptions {
             tls_handshake_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             max_connections: 1024,
-            max_connections_per_ip: 64,
-            new_connections_per_ip_per_sec: 50,
+            max_connections_per_ip: 256,
+            new_connections_per_ip_per_sec: 200,
             write_timeout: Duration::from_secs(30),
             max_parked: 2048,
             park_for: Duration::from_secs(10),

@@ -417,6 +417,10 @@ fn decide(
     let mut decided = Vec::with_capacity(n);
     let mut answers = Vec::with_capacity(n);
     let mut deferred = Vec::new();
+    // Verified in full (the store was busy when they were looked at) but an input missing at
+    // the swap: an input may be made by a deferred transaction of this group, so they wait
+    // with the deferred ones when there are any.
+    let mut missing = Vec::new();
     for (jobs, verdicts) in batch {
         for (job, verdict) in jobs.into_iter().zip(verdicts) {
             let (txid, status) = match verdict {
@@ -432,7 +436,8 @@ fn decide(
                             TxStatus::Confirmed
                         }
                         Some(SwapOutcome::MissingInput) => {
-                            TxStatus::StateInvalid(MISSING_INPUT.into())
+                            missing.push((job, c.txid));
+                            continue;
                         }
                         None => TxStatus::Pending,
                     },
@@ -443,6 +448,15 @@ fn decide(
             }
             answers.push((job.reply, txid, status));
         }
+    }
+    if deferred.is_empty() {
+        for (job, txid) in missing {
+            let status = TxStatus::StateInvalid(MISSING_INPUT.into());
+            decided.push((txid, status.clone()));
+            answers.push((job.reply, txid, status));
+        }
+    } else {
+        deferred.extend(missing.into_iter().map(|(job, _)| job));
     }
     // Recorded before anyone is answered: a status asked right after an answer finds it.
     remember(recent, decided);
