@@ -150,7 +150,20 @@ async fn open(
     Ok(Json(p.open_account(&req.name, &key).await?))
 }
 
-async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
+/// Every account: the provider's operator only (`Authorization: Florin-Operator …`).
+async fn list(
+    State(p): St,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<AccountList>, PspHttpError> {
+    p.authenticate_operator(
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+        "GET",
+        uri.path_and_query().map(|q| q.as_str()).unwrap_or("/"),
+        &[],
+    )?;
     Ok(Json(AccountList {
         accounts: p.accounts()?,
     }))
@@ -198,11 +211,16 @@ async fn history(
     }))
 }
 
+/// The ledger's faucet funds an account: asked by its customer (signed).
 async fn fund(
     State(p): St,
     Path(name): Path<String>,
-    ApiJson(req): ApiJson<Fund>,
-) -> Result<Json<AccountView>, PspHttpError> {
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<AccountView>, Refusal> {
+    p.authenticate_customer(&name, &caller("POST", &uri, &headers, &raw))?;
+    let req: Fund = json(&headers, &raw)?;
     Ok(Json(p.fund(&name, req.amount_cents).await?))
 }
 

@@ -1392,7 +1392,34 @@ fn psp_processes_pay_within_and_across_providers() {
         &a.url,
     ]);
     assert!(err.contains("401") || err.contains("unauthorized"), "{err}");
-    let bal = u.ok(&["psp", "balance", "--psp", &a.url, "--json"]);
+    // Every account at once: the provider's operator only (its key is DATA/operator.key).
+    let err = u.fails(&["psp", "balance", "--psp", &a.url]);
+    assert!(err.contains("operator key"), "{err}");
+    let stranger = dir.path().join("stranger.key");
+    std::fs::write(
+        &stranger,
+        florin_crypto::SecretKey::generate(&mut rand::rngs::OsRng).to_hex(),
+    )
+    .unwrap();
+    let err = u.fails(&[
+        "--operator-key",
+        stranger.to_str().unwrap(),
+        "psp",
+        "balance",
+        "--psp",
+        &a.url,
+    ]);
+    assert!(err.contains("403") || err.contains("forbidden"), "{err}");
+    let operator = da.join("operator.key");
+    let bal = u.ok(&[
+        "--operator-key",
+        operator.to_str().unwrap(),
+        "psp",
+        "balance",
+        "--psp",
+        &a.url,
+        "--json",
+    ]);
     let cents = |v: &Value, name: &str| -> u64 {
         v.as_array()
             .unwrap()
