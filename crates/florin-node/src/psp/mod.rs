@@ -166,6 +166,11 @@ impl Psp {
     ) -> Result<florin_crypto::PublicKey, PspError> {
         let key = florin_crypto::PublicKey::parse_valid(customer)
             .map_err(|e| PspError::BadRequest(format!("customer_key: {e}")))?;
+        // An existing name is refused before anything is remembered: self-signed openings
+        // of names that are taken cannot fill the nonce memory.
+        if self.books.account(name)?.is_some() {
+            return Err(PspError::Exists(format!("account {name:?} exists")));
+        }
         self.replay.check(req, name, &key)?;
         Ok(key)
     }
