@@ -67,6 +67,7 @@ fn provider(
             presign_pool: pool,
             peer_key,
             peers: Vec::new(),
+            operators: Vec::new(),
         },
         kmn,
         std::sync::Arc::new(florin_http::HttpLinks::new()?),

@@ -23,8 +23,8 @@ use florin_node::psp::api::{
 use florin_node::psp::auth::{CallerRequest, AUTH_HEADER};
 use florin_node::psp::{Psp, PspError};
 
-use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits};
-use crate::node::limited;
+use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits, Work};
+use crate::node::{limited, validating};
 
 /// Body limits of the provider's routes, in bytes (over them: 413 `too_large`).
 pub mod limits {
@@ -135,8 +135,15 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
     Ok(Json(p.info()?))
 }
 
+/// What opening an account spends of its caller's budget of validation work
+/// ([`crate::edge::Work`]), counted in transactions: it starts a key generation on every node
+/// of the network. With the default budget one address opens at most four accounts at once
+/// and two a second after that.
+pub const OPEN_ACCOUNT_WORK: usize = 1_024;
+
 async fn open(
     State(p): St,
+    work: Work,
     uri: Uri,
     headers: HeaderMap,
     raw: Bytes,
@@ -147,10 +154,26 @@ async fn open(
         .as_deref()
         .ok_or_else(|| PspError::BadRequest("customer_key is required".into()))?;
     let key = p.authenticate_opening(&req.name, customer, &caller("POST", &uri, &headers, &raw))?;
+    // Spent only by an opening that will run (a taken or bad name, a bad signature spend
+    // nothing); one over the budget is refused before its key generation starts.
+    work.spend(OPEN_ACCOUNT_WORK)?;
     Ok(Json(p.open_account(&req.name, &key).await?))
 }
 
-async fn list(State(p): St) -> Result<Json<AccountList>, PspHttpError> {
+/// Every account: the provider's operator only (`Authorization: Florin-Operator …`).
+async fn list(
+    State(p): St,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<AccountList>, PspHttpError> {
+    p.authenticate_operator(
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+        "GET",
+        uri.path_and_query().map(|q| q.as_str()).unwrap_or("/"),
+        &[],
+    )?;
     Ok(Json(AccountList {
         accounts: p.accounts()?,
     }))
@@ -198,11 +221,16 @@ async fn history(
     }))
 }
 
+/// The ledger's faucet funds an account: asked by its customer (signed).
 async fn fund(
     State(p): St,
     Path(name): Path<String>,
-    ApiJson(req): ApiJson<Fund>,
-) -> Result<Json<AccountView>, PspHttpError> {
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<AccountView>, Refusal> {
+    p.authenticate_customer(&name, &caller("POST", &uri, &headers, &raw))?;
+    let req: Fund = json(&headers, &raw)?;
     Ok(Json(p.fund(&name, req.amount_cents).await?))
 }
 
@@ -246,7 +274,10 @@ pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
     Router::new()
         .route("/v1/health", limited(SMALL, get(health)))
         .route("/v1/psp/info", limited(SMALL, get(info)))
-        .route("/v1/psp/accounts", limited(SMALL, post(open).get(list)))
+        .route(
+            "/v1/psp/accounts",
+            validating(&limiter, SMALL, post(open)).merge(limited(SMALL, get(list))),
+        )
         .route("/v1/psp/accounts/{name}", limited(SMALL, get(account)))
         .route("/v1/psp/payees/{name}", limited(SMALL, get(payee)))
         .route(

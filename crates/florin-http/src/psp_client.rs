@@ -112,15 +112,6 @@ impl PspClient {
             .await
     }
 
-    async fn post<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<T, ClientError> {
-        self.send(self.http.post(format!("{}{path}", self.base)).json(body))
-            .await
-    }
-
     async fn signed<T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
@@ -175,13 +166,18 @@ impl PspClient {
         self.send(req).await
     }
 
-    /// `POST /v1/psp/accounts/{name}/faucet`: the ledger's faucet funds the account.
-    pub async fn fund(&self, name: &str, amount_cents: u64) -> Result<AccountView, ClientError> {
-        self.post(
-            &format!("/v1/psp/accounts/{name}/faucet"),
-            &Fund { amount_cents },
-        )
-        .await
+    /// `POST /v1/psp/accounts/{name}/faucet`, signed by the customer's key: the ledger's
+    /// faucet funds the account.
+    pub async fn fund(
+        &self,
+        name: &str,
+        amount_cents: u64,
+        key: &SecretKey,
+    ) -> Result<AccountView, ClientError> {
+        let body = Self::to_json(&Fund { amount_cents })?;
+        let path = format!("/v1/psp/accounts/{name}/faucet");
+        self.signed(reqwest::Method::POST, &path, body, name, key)
+            .await
     }
 
     /// `GET /v1/psp/accounts/{name}`, signed by the customer's key.
@@ -191,9 +187,20 @@ impl PspClient {
             .await
     }
 
-    /// `GET /v1/psp/accounts`.
-    pub async fn accounts(&self) -> Result<Vec<AccountView>, ClientError> {
-        Ok(self.get::<AccountList>("/v1/psp/accounts").await?.accounts)
+    /// `GET /v1/psp/accounts`, with the provider operator's credential (`operator`).
+    pub async fn accounts(&self, operator: &SecretKey) -> Result<Vec<AccountView>, ClientError> {
+        let path = "/v1/psp/accounts";
+        let mut nonce = [0u8; florin_node::operator::NONCE_LEN];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let cred = florin_node::operator::Credential::sign(operator, "GET", path, &[], now, nonce);
+        let req = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header(reqwest::header::AUTHORIZATION, cred.header());
+        Ok(self.send::<AccountList>(req).await?.accounts)
     }
 
     /// `POST /v1/psp/pay` as sent (signed by `key` as `req.from`).

@@ -194,8 +194,15 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
         source,
     };
     let tmp = path.with_extension("tmp");
+    // A temporary file left by an earlier crash may have other permissions (a mode applies
+    // only when a file is created): it goes, and ours is created afresh.
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
@@ -204,10 +211,24 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
     #[cfg(not(unix))]
     let _ = mode;
     let mut f = opts.open(&tmp).map_err(err)?;
+    // The umask may have taken bits away, never added them; set exactly `mode` anyway.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(err)?;
+    }
     f.write_all(bytes).map_err(err)?;
     f.sync_all().map_err(err)?;
     drop(f);
-    std::fs::rename(&tmp, path).map_err(err)
+    std::fs::rename(&tmp, path).map_err(err)?;
+    // The rename itself is durable once the directory is.
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 impl LocalCa {

@@ -583,3 +583,23 @@ fn refused_connections_are_parked_then_closed_and_the_lot_is_bounded() {
     // Another address is served all along.
     assert!(served_from("127.0.0.11", server.addr));
 }
+
+#[cfg(unix)]
+#[test]
+fn a_stale_temporary_file_does_not_loosen_the_ca_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    // Left by a crash, readable by everyone.
+    std::fs::write(tls.join("ca.tmp"), b"left by a crash").unwrap();
+    std::fs::set_permissions(tls.join("ca.tmp"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (_, created) = LocalCa::load_or_create(&tls).unwrap();
+    assert!(created);
+    let mode = std::fs::metadata(tls.join("ca.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the CA key is private: {mode:o}");
+    assert!(!tls.join("ca.tmp").exists());
+}

@@ -190,6 +190,7 @@ impl Provider {
                 presign_pool: 1,
                 peer_key: self.peer_key.clone(),
                 peers: self.peers.clone(),
+                operators: Vec::new(),
             },
             self.kmn.clone(),
             Arc::new(florin_http::HttpLinks::new().unwrap()),
@@ -271,8 +272,7 @@ impl Provider {
             return http_as(self.addr, method, path, body, Some((&peer.id, &key)));
         }
         match who {
-            // The faucet is not a customer operation: unsigned.
-            Some(w) if !path.ends_with("/faucet") => {
+            Some(w) => {
                 let key = customer(&w);
                 http_as(self.addr, method, path, body, Some((&w, &key)))
             }
@@ -392,6 +392,20 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         "/v1/psp/accounts/alice/faucet",
         Some(json!({"amount_cents": 10_000})),
     ));
+    assert_eq!(a.balance("alice"), 10_000);
+    // Funding is the customer's request, and the list of every account the operator's:
+    // unsigned, both are refused.
+    refused(
+        http(
+            a.addr,
+            "POST",
+            "/v1/psp/accounts/alice/faucet",
+            Some(json!({"amount_cents": 1})),
+        ),
+        401,
+        "unauthorized",
+    );
+    refused(http(a.addr, "GET", "/v1/psp/accounts", None), 401, "unauthorized");
     assert_eq!(a.balance("alice"), 10_000);
 
     // UC1: alice pays bob at the same provider.
@@ -985,6 +999,7 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
                 presign_pool: 1,
                 peer_key: a.peer_key.clone(),
                 peers: a.peers.clone(),
+                operators: Vec::new(),
             },
             a.kmn.clone(),
             Arc::new(florin_http::HttpLinks::new().unwrap()),

@@ -85,17 +85,21 @@ pub enum PspCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Fund an account from the ledger's faucet (devnet).
+    /// Fund an account from the ledger's faucet (devnet), asked by its customer.
     Fund {
         /// The account.
         name: String,
         /// Euros, e.g. `25` or `3.50`.
         amount: String,
+        /// The customer's key file (default `./NAME.customer.key`): signs the request.
+        #[arg(long)]
+        customer_key: Option<PathBuf>,
         /// The provider's API.
         #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
         psp: String,
     },
-    /// One account's balance, or every account's.
+    /// One account's balance (signed with its customer key), or every account's (signed with
+    /// the provider's operator key: `--operator-key DATA/operator.key`).
     Balance {
         /// The account (all when left out).
         name: Option<String>,
@@ -225,10 +229,16 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        PspCommand::Fund { name, amount, psp } => {
+        PspCommand::Fund {
+            name,
+            amount,
+            customer_key,
+            psp,
+        } => {
             let amount_cents = parse_euros(&amount)?;
+            let key = customer(&name, customer_key)?;
             let c = Client::new(&psp, trust)?;
-            let v = c.run(c.api.fund(&name, amount_cents))?;
+            let v = c.run(c.api.fund(&name, amount_cents, &key))?;
             println!("{}  €{}", v.name, format_cents(v.balance_cents));
             Ok(ExitCode::SUCCESS)
         }
@@ -244,7 +254,16 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
                     let key = customer(&n, customer_key)?;
                     vec![c.run(c.api.account(&n, &key))?]
                 }
-                None => c.run(c.api.accounts())?,
+                None => {
+                    let path = crate::util::operator_key_path().ok_or_else(|| {
+                        anyhow!(
+                            "listing every account needs the provider's operator key: \
+                             --operator-key DATA/operator.key (or FLORIN_OPERATOR_KEY)"
+                        )
+                    })?;
+                    let operator = crate::util::read_operator_key(path)?;
+                    c.run(c.api.accounts(&operator))?
+                }
             };
             if json {
                 print_json(&serde_json::to_value(&list)?);
@@ -468,6 +487,13 @@ fn serve(
             .context("ECDSA set-up of the provider's network")?;
         eprintln!("  ECDSA ready ({:.1} s)", st.elapsed().as_secs_f64());
     }
+    // The provider's operator key (lists every account; `florin psp balance` without a name).
+    let operator_file = data.join(crate::devnet::OPERATOR_KEY_FILE);
+    let operator_new = !operator_file.exists();
+    let operator = florin_node::load_or_create_key(&operator_file)?;
+    if operator_new {
+        eprintln!("  created the operator key {}", operator_file.display());
+    }
     let psp = Psp::open(
         PspConfig {
             name: stored.name.clone(),
@@ -479,6 +505,7 @@ fn serve(
                 &peer_key.unwrap_or_else(|| data.join("peer.key")),
             )?,
             peers,
+            operators: vec![operator.public_key()],
         },
         kmn.clone(),
         std::sync::Arc::new(links),
@@ -510,6 +537,11 @@ fn serve(
         let info = psp.info()?;
         eprintln!("  peer key   {}", info.peer_key);
         eprintln!("  peers      {}", info.peers.join(", "));
+        eprintln!(
+            "  operator   {} ({})",
+            operator.public_key().to_address(),
+            operator_file.display()
+        );
         eprintln!("  data       {}", data.display());
         if let Some(ca) = &served.ca_cert {
             eprintln!("  tls        CA {}", ca.display());

@@ -1322,14 +1322,9 @@ fn psp_processes_pay_within_and_across_providers() {
         .unwrap()
         .to_string();
     drop(a);
-    // Its key-management nodes exit with it, but only once they notice: stop them now, so the
-    // restarted provider below starts its own instead of adopting nodes about to exit.
-    let out = Command::new(BIN)
-        .args(["custody", "down", "--data"])
-        .arg(da.join("custody"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "custody down");
+    // Its key-management nodes exit with it, once they notice (within a quarter second); the
+    // provider restarted below at once waits for them to go and starts its own, rather than
+    // adopting nodes about to exit.
     let b = PspProc::start(
         &db,
         &net.url,
@@ -1392,7 +1387,34 @@ fn psp_processes_pay_within_and_across_providers() {
         &a.url,
     ]);
     assert!(err.contains("401") || err.contains("unauthorized"), "{err}");
-    let bal = u.ok(&["psp", "balance", "--psp", &a.url, "--json"]);
+    // Every account at once: the provider's operator only (its key is DATA/operator.key).
+    let err = u.fails(&["psp", "balance", "--psp", &a.url]);
+    assert!(err.contains("operator key"), "{err}");
+    let stranger = dir.path().join("stranger.key");
+    std::fs::write(
+        &stranger,
+        florin_crypto::SecretKey::generate(&mut rand::rngs::OsRng).to_hex(),
+    )
+    .unwrap();
+    let err = u.fails(&[
+        "--operator-key",
+        stranger.to_str().unwrap(),
+        "psp",
+        "balance",
+        "--psp",
+        &a.url,
+    ]);
+    assert!(err.contains("403") || err.contains("forbidden"), "{err}");
+    let operator = da.join("operator.key");
+    let bal = u.ok(&[
+        "--operator-key",
+        operator.to_str().unwrap(),
+        "psp",
+        "balance",
+        "--psp",
+        &a.url,
+        "--json",
+    ]);
     let cents = |v: &Value, name: &str| -> u64 {
         v.as_array()
             .unwrap()

@@ -117,14 +117,44 @@ pub struct CallerRequest<'a> {
     pub header: Option<&'a str>,
 }
 
-/// Nonces seen within the time window.
+/// Most nonces remembered for one caller (an account or a peer) at once: one caller that
+/// signs requests as fast as it can fills its own memory, never the others'.
+pub const MAX_NONCES_PER_CALLER: usize = 16_384;
+
+/// Nonces seen within the time window, per caller.
 #[derive(Default)]
 pub(super) struct Replay {
-    seen: Mutex<HashMap<[u8; 16], u64>>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Per caller (`who`): nonce → when it may be forgotten.
+    by_caller: HashMap<String, HashMap<[u8; 16], u64>>,
+    /// Nonces in all.
+    total: usize,
+}
+
+impl Seen {
+    /// Forgets `who`'s expired nonces (every caller's when `who` is `None`).
+    fn sweep(&mut self, who: Option<&str>, t: u64) {
+        let mut dropped = 0;
+        for (caller, nonces) in self.by_caller.iter_mut() {
+            if who.is_some_and(|w| w != caller) {
+                continue;
+            }
+            let before = nonces.len();
+            nonces.retain(|_, exp| *exp > t);
+            dropped += before - nonces.len();
+        }
+        self.by_caller.retain(|_, n| !n.is_empty());
+        self.total -= dropped;
+    }
 }
 
 impl Replay {
-    /// Checks `req`'s header: signed by `key` as `who`, fresh, not replayed.
+    /// Checks `req`'s header: signed by `key` as `who`, fresh, not replayed. The nonce is
+    /// remembered only once the signature verified.
     pub(super) fn check(
         &self,
         req: &CallerRequest<'_>,
@@ -155,17 +185,80 @@ impl Replay {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        if seen.len() >= MAX_NONCES {
-            seen.retain(|_, exp| *exp > t);
-            if seen.len() >= MAX_NONCES {
-                return Err(PspError::Unresolved(
-                    "too many signed requests in the last minutes; retry shortly".into(),
-                ));
+        let full = || {
+            PspError::Unresolved("too many signed requests in the last minutes; retry shortly".into())
+        };
+        if seen.by_caller.get(who).map_or(0, HashMap::len) >= MAX_NONCES_PER_CALLER {
+            seen.sweep(Some(who), t);
+            if seen.by_caller.get(who).map_or(0, HashMap::len) >= MAX_NONCES_PER_CALLER {
+                return Err(full());
             }
         }
-        if seen.insert(s.nonce, s.ts + MAX_SKEW_SECS + 1).is_some() {
+        if seen.total >= MAX_NONCES {
+            seen.sweep(None, t);
+            if seen.total >= MAX_NONCES {
+                return Err(full());
+            }
+        }
+        let fresh = seen
+            .by_caller
+            .entry(who.to_string())
+            .or_default()
+            .insert(s.nonce, s.ts + MAX_SKEW_SECS + 1)
+            .is_none();
+        if !fresh {
             return Err(PspError::Unauthorized("replayed request".into()));
         }
+        seen.total += 1;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request<'a>(header: &'a str) -> CallerRequest<'a> {
+        CallerRequest {
+            method: "GET",
+            path: "/x",
+            body: &[],
+            header: Some(header),
+        }
+    }
+
+    #[test]
+    fn one_caller_fills_only_its_own_memory_and_replays_are_refused() {
+        let replay = Replay::default();
+        let (a, b) = (
+            SecretKey::from_seed(&[1; 32]),
+            SecretKey::from_seed(&[2; 32]),
+        );
+        let signed = |key: &SecretKey, who: &str| SignedRequest::header(key, who, "GET", "/x", &[]);
+        for _ in 0..MAX_NONCES_PER_CALLER {
+            replay
+                .check(&request(&signed(&a, "mallory")), "mallory", &a.public_key())
+                .unwrap();
+        }
+        let err = replay
+            .check(&request(&signed(&a, "mallory")), "mallory", &a.public_key())
+            .unwrap_err();
+        assert!(matches!(err, PspError::Unresolved(_)), "{err}");
+        // Another caller is not affected; a replay of its request is refused.
+        let h = signed(&b, "alice");
+        replay
+            .check(&request(&h), "alice", &b.public_key())
+            .unwrap();
+        let err = replay
+            .check(&request(&h), "alice", &b.public_key())
+            .unwrap_err();
+        assert!(matches!(err, PspError::Unauthorized(_)), "{err}");
+        // A forged request is refused and remembers nothing.
+        let before = replay.seen.lock().unwrap().total;
+        let forged = signed(&a, "alice");
+        assert!(replay
+            .check(&request(&forged), "alice", &b.public_key())
+            .is_err());
+        assert_eq!(replay.seen.lock().unwrap().total, before);
     }
 }

@@ -52,6 +52,9 @@ pub struct PspConfig {
     pub peer_key: SecretKey,
     /// The providers this one pays and takes `receive` calls from.
     pub peers: Vec<PeerPsp>,
+    /// The provider's operator keys: their signed requests (`Florin-Operator`,
+    /// [`crate::operator`]) may list every account. None: nobody may.
+    pub operators: Vec<florin_crypto::PublicKey>,
 }
 
 /// Another provider this one knows: the only URLs it ever calls besides the ledger's, and

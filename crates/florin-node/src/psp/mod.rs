@@ -65,6 +65,8 @@ pub struct Psp {
     peers: RwLock<Vec<PeerPsp>>,
     /// Request nonces seen recently.
     replay: auth::Replay,
+    /// The operator keys and their credentials' nonces.
+    operators: crate::operator::OperatorGate,
 }
 
 fn blocking_err(e: tokio::task::JoinError) -> PspError {
@@ -93,6 +95,7 @@ impl Psp {
         Ok(Arc::new(Psp {
             peers: RwLock::new(cfg.peers.clone()),
             replay: auth::Replay::default(),
+            operators: crate::operator::OperatorGate::new(cfg.operators.clone()),
             cfg,
             kmn,
             books,
@@ -163,8 +166,37 @@ impl Psp {
     ) -> Result<florin_crypto::PublicKey, PspError> {
         let key = florin_crypto::PublicKey::parse_valid(customer)
             .map_err(|e| PspError::BadRequest(format!("customer_key: {e}")))?;
+        // An existing name is refused before anything is remembered: self-signed openings
+        // of names that are taken cannot fill the nonce memory.
+        if self.books.account(name)?.is_some() {
+            return Err(PspError::Exists(format!("account {name:?} exists")));
+        }
         self.replay.check(req, name, &key)?;
         Ok(key)
+    }
+
+    /// Checks an operator's credential (`Authorization: Florin-Operator …`, `header` its
+    /// value) for the request `method path_and_query` with `body`: `Unauthorized` (401)
+    /// without one or a malformed one, `Forbidden` (403) for a stranger's, a forged, expired
+    /// or replayed one.
+    pub fn authenticate_operator(
+        &self,
+        header: Option<&[u8]>,
+        method: &str,
+        path_and_query: &str,
+        body: &[u8],
+    ) -> Result<(), PspError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        match self
+            .operators
+            .check(header, method, path_and_query, body, now)
+        {
+            Ok(_) => Ok(()),
+            Err(crate::NodeError::Unauthorized(e)) => Err(PspError::Unauthorized(e.to_string())),
+            Err(e) => Err(PspError::Forbidden(e.to_string())),
+        }
     }
 
     /// Checks a peer provider's signed request; its name.

@@ -67,6 +67,53 @@ pub(super) fn node_pid(layout: &Layout, p: PartyId) -> Option<u32> {
     (args.iter().any(|a| a == "custody") && args.iter().any(|a| *a == want)).then_some(pid)
 }
 
+/// Whether node process `pid` was started tied to a parent (`--exit-with-parent`) and that
+/// parent is gone: it was reparented (to init or a subreaper, which is not a `florin`
+/// process), so it exits within a moment and must not be adopted.
+fn orphaned_tied(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let tied = cmdline
+        .split(|&b| b == 0)
+        .any(|a| a == b"--exit-with-parent");
+    if !tied {
+        return false;
+    }
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // After the command name (which may hold spaces): state, then the parent's pid.
+            let rest = s.rsplit_once(')')?.1.to_string();
+            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+        });
+    let Some(ppid) = ppid else { return false };
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
+    ppid <= 1 || exe(ppid).is_none() || exe(ppid) != exe(pid)
+}
+
+/// Waits (a few seconds at most) for the nodes whose tied parent is gone to exit, so that
+/// they are started again rather than adopted while they are exiting; one still there is
+/// stopped.
+fn let_orphans_exit(layout: &Layout) {
+    let Ok((net, _)) = layout.load() else { return };
+    for p in net.members.iter().map(|m| m.party) {
+        let Some(pid) = node_pid(layout, p) else {
+            continue;
+        };
+        if !orphaned_tied(pid) {
+            continue;
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while node_pid(layout, p).is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if node_pid(layout, p).is_some() {
+            let _ = signal(pid, "KILL");
+        }
+    }
+}
+
 pub(super) fn signal(pid: u32, sig: &str) -> Result<()> {
     let st = Command::new("kill")
         .args([format!("-{sig}"), pid.to_string()])
@@ -148,6 +195,7 @@ pub fn ensure_up(
             kmn.n()
         );
     }
+    let_orphans_exit(layout);
     let exe = std::env::current_exe().context("cannot find the florin binary")?;
     let mut started = 0;
     let mut start_down = |st: &[florin_node::custody::client::NodeState]| -> Result<()> {
