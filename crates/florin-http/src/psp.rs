@@ -23,7 +23,7 @@ use florin_node::psp::api::{
 use florin_node::psp::auth::{CallerRequest, AUTH_HEADER};
 use florin_node::psp::{Psp, PspError};
 
-use crate::edge::{self, ApiJson, EdgeError, Limiter, RateLimits, Work};
+use crate::edge::{self, EdgeError, Limiter, RateLimits, Work};
 use crate::node::{limited, validating};
 
 /// Body limits of the provider's routes, in bytes (over them: 413 `too_large`).
