@@ -64,7 +64,12 @@ fn measure(store: &dyn SwapStore, txs: &[CompactTx], batch: usize) -> Result<f64
 }
 
 /// Runs the suite.
-pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<()> {
+pub fn run(
+    rec: &mut Recorder,
+    scale: Scale,
+    postgres: Option<&str>,
+    postgres_ca: Option<&std::path::Path>,
+) -> Result<()> {
     let preload: u64 = if scale.tokens <= 2_000 {
         100_000
     } else {
@@ -123,7 +128,10 @@ pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<(
         None => eprintln!("PostgreSQL store skipped: pass --postgres URL or set FLORIN_BENCH_PG (scripts/pg-test-server.sh starts one)"),
         Some(url) => {
             let schema = format!("florin_bench_{}", std::process::id());
-            let pg = PgStore::connect(url, &schema, 4).context("PostgreSQL")?;
+            let tls = postgres_ca
+                .map(florin_store::pg_tls::PgTls::from_ca_file)
+                .transpose()?;
+            let pg = PgStore::connect_with(url, &schema, 4, tls.as_ref()).context("PostgreSQL")?;
             let ids: Vec<(UhsId, u64)> = pre.iter().flat_map(|t| t.outputs.iter().copied()).collect();
             pg.bulk_load(&ids)?;
             let pg_tx = (n_tx / 20).max(2_000) as usize;
@@ -141,7 +149,11 @@ pub fn run(rec: &mut Recorder, scale: Scale, postgres: Option<&str>) -> Result<(
             rec.add("embedded_vs_postgres_swap_ratio", embedded / r, "ratio", json!({}),
                 Some(Reference { value: 26.0, source: format!("{HAMILTON}: Hamilton cluster vs PostgreSQL") }),
                 Some(Reference { value: 1.0, source: "PostgreSQL swap function, same workload, same run".into() }));
-            if let Ok(mut c) = postgres::Client::connect(url, postgres::NoTls) {
+            drop(pg);
+            if let Ok(mut c) = match &tls {
+                Some(t) => postgres::Client::connect(url, t.clone()),
+                None => postgres::Client::connect(url, postgres::NoTls),
+            } {
                 let _ = c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"));
             }
         }

@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// `FLORIN_BENCH_PG` environment variable; skipped with a message when unset).
     #[arg(long, env = "FLORIN_BENCH_PG")]
     postgres: Option<String>,
+    /// CA certificate (PEM) the PostgreSQL server's certificate must chain to: connects over
+    /// TLS (`sslmode=require` in the connection string refuses a server without it).
+    #[arg(long, env = "FLORIN_BENCH_PG_CA")]
+    postgres_ca: Option<std::path::PathBuf>,
     /// Internal: run as `florin bench abuse`'s attacker against this node URL.
     #[arg(long, hide = true)]
     attack: Option<String>,
@@ -192,7 +196,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "offline"
         }
         Suite::Ledger => {
-            ledger::run(&mut rec, scale, args.postgres.as_deref())?;
+            ledger::run(
+                &mut rec,
+                scale,
+                args.postgres.as_deref(),
+                args.postgres_ca.as_deref(),
+            )?;
             "ledger"
         }
         Suite::Transfer => {

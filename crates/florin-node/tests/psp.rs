@@ -405,7 +405,11 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
         401,
         "unauthorized",
     );
-    refused(http(a.addr, "GET", "/v1/psp/accounts", None), 401, "unauthorized");
+    refused(
+        http(a.addr, "GET", "/v1/psp/accounts", None),
+        401,
+        "unauthorized",
+    );
     assert_eq!(a.balance("alice"), 10_000);
 
     // UC1: alice pays bob at the same provider.

@@ -14,3 +14,4 @@
 
 pub mod embedded;
 pub mod pg;
+pub mod pg_tls;

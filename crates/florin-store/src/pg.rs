@@ -13,8 +13,19 @@ use florin_ledger::store::{StoreError, Supply, SwapOutcome, SwapStore};
 use florin_ledger::tx::UhsId;
 use postgres::{Client, NoTls};
 
+/// The error with its causes ("error performing TLS handshake: invalid peer certificate: …").
 fn db(e: postgres::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    StoreError::Backend(text)
 }
 
 const FUNCTION: &str = r#"
@@ -61,6 +72,21 @@ impl PgStore {
     /// Connects `connections` clients to `url` (a libpq connection string), creating the
     /// schema `schema` and its tables and function if they do not exist.
     pub fn connect(url: &str, schema: &str, connections: usize) -> Result<Self, StoreError> {
+        Self::connect_with(url, schema, connections, None)
+    }
+
+    /// [`PgStore::connect`], over TLS when `tls` is given ([`crate::pg_tls`]; the connection
+    /// string's `sslmode=require` then refuses a server without TLS).
+    pub fn connect_with(
+        url: &str,
+        schema: &str,
+        connections: usize,
+        tls: Option<&crate::pg_tls::PgTls>,
+    ) -> Result<Self, StoreError> {
+        let client = || match tls {
+            Some(t) => Client::connect(url, t.clone()),
+            None => Client::connect(url, NoTls),
+        };
         if !schema
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -70,7 +96,7 @@ impl PgStore {
                 "invalid schema name {schema:?}"
             )));
         }
-        let mut first = Client::connect(url, NoTls).map_err(db)?;
+        let mut first = client().map_err(db)?;
         first
             .batch_execute(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {schema};
@@ -84,7 +110,7 @@ impl PgStore {
             .map_err(db)?;
         let mut clients = vec![Mutex::new(first)];
         for _ in 1..connections.max(1) {
-            let mut c = Client::connect(url, NoTls).map_err(db)?;
+            let mut c = client().map_err(db)?;
             c.batch_execute(&format!("SET search_path TO {schema}"))
                 .map_err(db)?;
             clients.push(Mutex::new(c));
@@ -240,6 +266,59 @@ mod tests {
             PgStore::connect(&url, &schema, 2).unwrap()
         });
         let mut c = Client::connect(&url, NoTls).unwrap();
+        c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .unwrap();
+    }
+
+    /// The store over TLS against the server in `FLORIN_TEST_PG_TLS` (`sslmode=require`),
+    /// trusting the CA in `FLORIN_TEST_PG_CA` (`scripts/pg-test-server.sh` sets both): it
+    /// works, the server reports the session encrypted, and a server whose certificate is
+    /// not from the trusted CA, or a plain connection, is refused.
+    #[test]
+    fn the_store_runs_over_tls_and_checks_the_server() {
+        use crate::pg_tls::PgTls;
+        use florin_ledger::store::testing::{id, mint};
+        let (Ok(url), Ok(ca)) = (
+            std::env::var("FLORIN_TEST_PG_TLS"),
+            std::env::var("FLORIN_TEST_PG_CA"),
+        ) else {
+            assert!(
+                std::env::var("FLORIN_REQUIRE_PG").is_err(),
+                "FLORIN_REQUIRE_PG is set but FLORIN_TEST_PG_TLS/FLORIN_TEST_PG_CA are not"
+            );
+            eprintln!("skipped: set FLORIN_TEST_PG_TLS and FLORIN_TEST_PG_CA");
+            return;
+        };
+        let tls = PgTls::from_ca_file(std::path::Path::new(&ca)).unwrap();
+        let schema = format!(
+            "florin_tls_{}_{}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let store = PgStore::connect_with(&url, &schema, 2, Some(&tls)).unwrap();
+        assert_eq!(
+            store.swap(&[mint(1, &[(1, 100)])]).unwrap(),
+            vec![SwapOutcome::Confirmed]
+        );
+        assert!(store.is_unspent(&id(1)).unwrap());
+        let mut c = Client::connect(&url, tls.clone()).unwrap();
+        let row = c
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .unwrap();
+        assert!(row.get::<_, bool>(0), "the session is not encrypted");
+        // Another CA: the server is not trusted.
+        let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+        let stranger = PgTls::from_ca_pem(other.cert.pem().as_bytes()).unwrap();
+        let err = PgStore::connect_with(&url, &schema, 1, Some(&stranger))
+            .err()
+            .expect("a server from another CA is refused")
+            .to_string();
+        assert!(err.to_lowercase().contains("certificate"), "{err}");
+        // A plain connection where TLS is required: refused.
+        assert!(PgStore::connect(&url, &schema, 1).is_err());
         c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .unwrap();
     }

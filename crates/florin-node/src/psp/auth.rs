@@ -186,7 +186,9 @@ impl Replay {
             Err(p) => p.into_inner(),
         };
         let full = || {
-            PspError::Unresolved("too many signed requests in the last minutes; retry shortly".into())
+            PspError::Unresolved(
+                "too many signed requests in the last minutes; retry shortly".into(),
+            )
         };
         if seen.by_caller.get(who).map_or(0, HashMap::len) >= MAX_NONCES_PER_CALLER {
             seen.sweep(Some(who), t);
