@@ -8,7 +8,8 @@
 # Environment: FUZZ_NICE (default 10), FUZZ_MAX_LEN (default 65536), FUZZ_SANITIZER
 # (default `address`; `none` runs 3-5x more executions a second: the decoders are safe Rust,
 # where a panic, an overflow or a round-trip mismatch is what a run finds, and those are
-# caught without a sanitizer).
+# caught without a sanitizer), FUZZ_RUNS (stop a target after this many executions, e.g.
+# 10000000; SECONDS still caps the time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,9 @@ shift
 nice_level=${FUZZ_NICE:-10}
 max_len=${FUZZ_MAX_LEN:-65536}
 sanitizer=${FUZZ_SANITIZER:-address}
+runs=${FUZZ_RUNS:-0}
+runs_arg=()
+if [ "$runs" != 0 ]; then runs_arg=(-runs="$runs"); fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "==> installing cargo-fuzz"
@@ -46,7 +50,7 @@ for t in "${targets[@]}"; do
   set +e
   nice -n "$nice_level" cargo +nightly fuzz run -O -s "$sanitizer" "$t" "corpus/$t" -- \
     -max_total_time="$secs" -max_len="$max_len" -print_final_stats=1 -timeout=30 \
-    -rss_limit_mb=4096 >"$log" 2>&1
+    -rss_limit_mb=4096 "${runs_arg[@]}" >"$log" 2>&1
   rc=$?
   set -e
   execs=$(grep -Eo 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -Eo '[0-9]+$' | tail -1)

@@ -78,10 +78,14 @@ fn provider(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = psp.clone();
     rt.spawn(async move {
-        let _ = florin_http::psp::serve(listener, serving, async move {
-            let _ = stopped.await;
-        })
-        .await;
+        // A load generator from one address: no per-address limits.
+        let options = florin_http::ServeOptions::default().without_per_address_limits();
+        let limits = florin_http::RateLimits::off();
+        let _ =
+            florin_http::psp::serve_with_limits(listener, serving, options, limits, async move {
+                let _ = stopped.await;
+            })
+            .await;
     });
     Ok(Provider {
         addr,
@@ -123,17 +127,6 @@ fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-fn post<T: serde::de::DeserializeOwned>(
-    http: &mut Http,
-    path: &str,
-    body: &serde_json::Value,
-) -> Result<T> {
-    let out = http
-        .call_json("POST", path, body.to_string().as_bytes())
-        .with_context(|| format!("POST {path}"))?;
-    serde_json::from_slice(&out).with_context(|| format!("POST {path}: unreadable answer"))
 }
 
 /// Runs the PSP path: `users` payers per point, same and cross provider.
@@ -182,10 +175,17 @@ pub fn run(rec: &mut Recorder, quick: bool) -> Result<()> {
                     .ok_or_else(|| anyhow!("account {name}: bad encumbrance"))?;
                 accounts.insert(name, (key, enc));
             }
-            let _: serde_json::Value = post(
+            let payer = format!("p{u}-{i}");
+            let key = &accounts
+                .get(&payer)
+                .ok_or_else(|| anyhow!("account {payer} was not opened"))?
+                .0;
+            let _: serde_json::Value = post_signed(
                 &mut ha,
-                &format!("/v1/psp/accounts/p{u}-{i}/faucet"),
+                &format!("/v1/psp/accounts/{payer}/faucet"),
                 &json!({ "amount_cents": 1_000_000 }),
+                &payer,
+                key,
             )?;
         }
         for route in ["same_provider", "cross_provider"] {

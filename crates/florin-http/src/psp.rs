@@ -315,8 +315,21 @@ pub async fn serve_with(
     options: ServeOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with_limits(listener, psp, options, RateLimits::default(), shutdown).await
+}
+
+/// [`serve_with`] with rate limits `limits` (a load generator from one address turns them
+/// off).
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    psp: Arc<Psp>,
+    options: ServeOptions,
+    limits: RateLimits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let upkeep = psp.spawn_upkeep(Duration::from_secs(2));
-    let r = crate::server::serve_router(listener, router(psp), options, shutdown).await;
+    let router = router_with_limits(psp, limits);
+    let r = crate::server::serve_router(listener, router, options, shutdown).await;
     upkeep.abort();
     // Wait until the task is gone, so the books are closed when this returns.
     let _ = upkeep.await;

@@ -164,6 +164,11 @@ impl Psp {
         customer: &str,
         req: &auth::CallerRequest<'_>,
     ) -> Result<florin_crypto::PublicKey, PspError> {
+        if !valid_account(name) {
+            return Err(PspError::BadRequest(format!(
+                "account name {name:?}: 1–48 of a-z 0-9 - _"
+            )));
+        }
         let key = florin_crypto::PublicKey::parse_valid(customer)
             .map_err(|e| PspError::BadRequest(format!("customer_key: {e}")))?;
         // An existing name is refused before anything is remembered: self-signed openings
