@@ -313,11 +313,6 @@ impl Http {
         self.call_as(method, path, "application/octet-stream", body)
     }
 
-    /// A JSON request; the answer's body.
-    pub(super) fn call_json(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>> {
-        self.call_as(method, path, "application/json", body)
-    }
-
     /// A JSON request with one more header line (`name: value`); the answer's body.
     pub(super) fn call_json_with(
         &mut self,
