@@ -10,8 +10,13 @@
 //! - `Apply { dtx, parts }`: one-phase commit of a batch whose every transaction lives wholly on
 //!   this shard (inputs, outputs and txid): each part is voted on as in `Prepare` and, on `Ok`,
 //!   applied at once, in order. Nothing stays locked, so nothing is left for a coordinator to
-//!   finish; a retried `Apply` answers `Ok` again for the parts it confirmed the first time
-//!   (every confirmed txid remembers a tag of the batch that confirmed it).
+//!   finish. A resent or duplicated `Apply` applies nothing: it answers `Ok` again for the
+//!   parts it confirmed the first time (every confirmed txid remembers a tag of the batch that
+//!   confirmed it), `Applied` for parts another batch confirmed, and `Busy` for the rest, so a
+//!   coordinator that lost the first answer retries those in a new batch (the shard remembers
+//!   the last [`APPLIED_MEMORY`] one-phase batches). Without this, a part refused the first
+//!   time (its input missing) could be applied by the resend once its input appeared, after
+//!   the coordinator had answered it refused.
 //!
 //! A retried phase gets the answer of the first attempt: `Prepare` returns the stored votes,
 //! `Commit` after a commit acknowledges, and `Prepare` of a finished batch is refused, never
@@ -39,6 +44,10 @@ use crate::Dtx;
 /// Batch ids remembered after `Discard` (so a late duplicate `Prepare` of the same leader
 /// cannot re-lock; a deposed leader's is refused by its [`Fence`] whatever this remembers).
 pub const DISCARDED_MEMORY: usize = 1 << 16;
+
+/// One-phase batch ids remembered after their `Apply` ran (so a resent or duplicated `Apply`
+/// is answered without applying anything again).
+pub const APPLIED_MEMORY: usize = 1 << 16;
 
 /// Who sends a command: a coordinator group and the Raft term of the leader sending it. A group
 /// has at most one leader per term and its terms only grow, so once a shard has taken a command
@@ -184,6 +193,28 @@ pub struct ShardState {
     /// Confirmed txids, each with the [`tag`] of the batch that confirmed it.
     confirmed: HashMap<Digest, u64, Fast>,
     rest: Rest,
+    /// One-phase batches whose `Apply` ran here (snapshotted after `rest`).
+    applied: AppliedBatches,
+}
+
+/// The one-phase batches whose `Apply` ran, newest last, at most [`APPLIED_MEMORY`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct AppliedBatches {
+    ids: HashSet<Dtx>,
+    order: VecDeque<Dtx>,
+}
+
+impl AppliedBatches {
+    fn remember(&mut self, dtx: Dtx) {
+        if self.ids.insert(dtx) {
+            self.order.push_back(dtx);
+            while self.order.len() > APPLIED_MEMORY {
+                if let Some(old) = self.order.pop_front() {
+                    self.ids.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// Everything but the two large maps.
@@ -411,11 +442,29 @@ impl ShardState {
             ));
         }
         let tag = tag(dtx);
+        if self.applied.ids.contains(&dtx) {
+            // A resent or duplicated `Apply`: nothing is applied again. A part this batch
+            // confirmed is `Ok` as the first time; one another batch confirmed is `Applied`;
+            // any other was not applied the first time (missing or busy then) and must not be
+            // now (the coordinator may already have answered it refused): `Busy`, so that a
+            // coordinator that lost the first answer retries it in a new batch, which decides
+            // it afresh.
+            let votes = parts
+                .iter()
+                .map(|part| match self.confirmed.get(&part.txid) {
+                    Some(t) if *t == tag => Vote::Ok,
+                    Some(_) => Vote::Applied,
+                    None => Vote::Busy,
+                })
+                .collect();
+            return ShardReply::Applied(votes);
+        }
+        self.applied.remember(dtx);
         let votes = parts
             .iter()
             .map(|part| {
                 if let Some(t) = self.confirmed.get(&part.txid) {
-                    // Confirmed by this very batch: a retried `Apply` answers as the first.
+                    // Confirmed by an earlier batch: a replay.
                     return if *t == tag { Vote::Ok } else { Vote::Applied };
                 }
                 if self.rest.locks.is_empty() && part.inputs.len() <= 16 {
@@ -510,17 +559,27 @@ impl ShardState {
         if let Ok(v) = postcard::to_extend(&self.rest, std::mem::take(out)) {
             *out = v;
         }
+        if let Ok(v) = postcard::to_extend(&self.applied, std::mem::take(out)) {
+            *out = v;
+        }
     }
 
     /// The state a snapshot holds; a truncated or damaged snapshot is an error.
     pub fn from_snapshot(mut b: &[u8]) -> Result<ShardState, SnapshotError> {
         let unspent = take_map(&mut b)?;
         let confirmed = take_map(&mut b)?;
-        let rest = postcard::from_bytes(b)?;
+        let (rest, tail) = postcard::take_from_bytes(b)?;
+        // Snapshots written before the one-phase memory existed end after `rest`.
+        let applied = if tail.is_empty() {
+            AppliedBatches::default()
+        } else {
+            postcard::from_bytes(tail)?
+        };
         Ok(ShardState {
             unspent,
             confirmed,
             rest,
+            applied,
         })
     }
 
@@ -1011,8 +1070,12 @@ mod tests {
         assert_eq!(s.in_flight(), (0, 0));
         assert_eq!(s.books().unspent_cents, before.unspent_cents);
         assert_eq!(s.books().unspent_count, before.unspent_count);
-        // The same command again (a lost answer): the same answer, nothing applied twice.
-        assert_eq!(s.apply(BY, cmd), first);
+        // The same command again (a lost answer): the confirmed parts answer as the first time,
+        // the others `Busy` (retry in a new batch); nothing is applied twice.
+        assert_eq!(
+            s.apply(BY, cmd),
+            ShardReply::Applied(vec![Ok, Ok, Busy, Busy, Busy])
+        );
         assert_eq!(s.books().unspent_cents, before.unspent_cents);
         // Another batch with a confirmed transaction: a replay.
         let again = ShardCmd::Apply {
@@ -1020,6 +1083,59 @@ mod tests {
             parts: vec![parts[0].clone()],
         };
         assert_eq!(s.apply(BY, again), ShardReply::Applied(vec![Applied]));
+    }
+
+    /// Found by the `cluster_model` fuzz target: a part refused for a missing input, whose
+    /// input appears afterwards, must not be applied by a resend of the same batch (the
+    /// coordinator may have answered it refused already).
+    #[test]
+    fn a_resent_apply_never_applies_what_the_first_refused() {
+        use Vote::*;
+        let mut s = seeded();
+        let spend_50 = ShardCmd::Apply {
+            dtx: 7,
+            parts: vec![part(1, true, &[50], &[(51, 5)])],
+        };
+        assert_eq!(
+            s.apply(BY, spend_50.clone()),
+            ShardReply::Applied(vec![Missing])
+        );
+        // Another batch makes output 50.
+        let mint = ShardCmd::Apply {
+            dtx: 8,
+            parts: vec![part(2, true, &[], &[(50, 5)])],
+        };
+        assert_eq!(s.apply(BY, mint), ShardReply::Applied(vec![Ok]));
+        // The first batch resent (its answer was lost, or the network duplicated it):
+        // nothing is applied; `Busy` sends the coordinator to a new batch.
+        let again = s.apply(BY, spend_50.clone());
+        assert_eq!(again, ShardReply::Applied(vec![Busy]));
+        assert!(s.is_unspent(&id(50)) && !s.is_confirmed(&id(1001)));
+        // Also after a snapshot (a restarted replica remembers the batch).
+        let mut restored = round_trip(&s);
+        assert_eq!(
+            restored.apply(BY, spend_50),
+            ShardReply::Applied(vec![Busy])
+        );
+        assert!(restored.is_unspent(&id(50)));
+        // A new batch decides it afresh: applied now.
+        let retry = ShardCmd::Apply {
+            dtx: 9,
+            parts: vec![part(1, true, &[50], &[(51, 5)])],
+        };
+        assert_eq!(restored.apply(BY, retry), ShardReply::Applied(vec![Ok]));
+        assert!(!restored.is_unspent(&id(50)) && restored.is_confirmed(&id(1001)));
+    }
+
+    #[test]
+    fn a_snapshot_from_before_the_one_phase_memory_still_loads() {
+        let s = seeded();
+        let mut bytes = Vec::new();
+        put_map(&mut bytes, &s.unspent);
+        put_map(&mut bytes, &s.confirmed);
+        bytes = postcard::to_extend(&s.rest, bytes).unwrap();
+        let old = ShardState::from_snapshot(&bytes).unwrap();
+        assert!(old.is_unspent(&id(1)) && old.applied.ids.is_empty());
     }
 
     #[test]
