@@ -37,7 +37,7 @@ if [ $# -gt 0 ]; then
 else
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
-echo "==> building ${#targets[@]} targets (nightly, sanitizer on)"
+echo "==> building ${#targets[@]} targets (nightly, sanitizer: $sanitizer)"
 nice -n "$nice_level" cargo +nightly fuzz build -O -s "$sanitizer" >/dev/null
 
 mkdir -p logs

@@ -387,7 +387,8 @@ pub struct Limiter {
     by_key: Option<DefaultKeyedRateLimiter<Vec<u8>>>,
     work: Option<WorkBudget>,
     clock: DefaultClock,
-    tidied: Mutex<Instant>,
+    /// When each table (by address, by key) was last swept.
+    tidied: [Mutex<Instant>; 2],
 }
 
 impl Limiter {
@@ -398,17 +399,17 @@ impl Limiter {
             by_key: keyed(limits.per_key_per_sec, limits.per_key_burst),
             work: WorkBudget::new(limits.per_ip_tx_per_sec, limits.per_ip_tx_burst),
             clock: DefaultClock::default(),
-            tidied: Mutex::new(Instant::now()),
+            tidied: [Mutex::new(Instant::now()), Mutex::new(Instant::now())],
         })
     }
 
     /// Forgets the entries that are back to full once a table is over [`MAX_TRACKED`], at
     /// most once per [`TIDY_EVERY`] (for every table of this limiter).
-    fn tidy<K: std::hash::Hash + Eq + Clone>(&self, l: &DefaultKeyedRateLimiter<K>) {
+    fn tidy<K: std::hash::Hash + Eq + Clone>(&self, l: &DefaultKeyedRateLimiter<K>, table: usize) {
         if l.len() <= MAX_TRACKED {
             return;
         }
-        let Ok(mut at) = self.tidied.lock() else {
+        let Some(Ok(mut at)) = self.tidied.get(table).map(|m| m.lock()) else {
             return;
         };
         if at.elapsed() >= TIDY_EVERY {
@@ -420,7 +421,7 @@ impl Limiter {
     /// One request from `ip`: `Err` (429) when it is over its rate.
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), EdgeError> {
         let Some(l) = &self.by_ip else { return Ok(()) };
-        self.tidy(l);
+        self.tidy(l, 0);
         l.check_key(&client_key(ip)).map_err(|not_until| {
             EdgeError::rate_limited(
                 "from this address",
@@ -432,7 +433,7 @@ impl Limiter {
     /// One request naming `key` (`what` says which, for the message): `Err` (429) when over.
     pub fn check_key(&self, what: &str, key: &[u8]) -> Result<(), EdgeError> {
         let Some(l) = &self.by_key else { return Ok(()) };
-        self.tidy(l);
+        self.tidy(l, 1);
         l.check_key(&key.to_vec()).map_err(|not_until| {
             EdgeError::rate_limited(
                 &format!("for this {what}"),

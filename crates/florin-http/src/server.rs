@@ -216,11 +216,26 @@ struct Parking {
     hold: Duration,
 }
 
+/// File descriptors kept free for everything but the connections (stores, logs, peers).
+const FD_RESERVE: usize = 256;
+
+/// The process's soft limit of open files (`None` where it cannot be read).
+fn open_files_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
 impl Parking {
     fn new(options: &ServeOptions) -> Parking {
+        // Parked connections hold file descriptors: never so many that the process runs out
+        // (the open connections and a reserve come first).
+        let room = open_files_limit().map_or(options.max_parked, |n| {
+            n.saturating_sub(options.max_connections.saturating_add(FD_RESERVE))
+        });
         Parking {
             parked: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            max: options.max_parked,
+            max: options.max_parked.min(room),
             hold: options.park_for,
         }
     }

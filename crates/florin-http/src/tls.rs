@@ -193,7 +193,10 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
         path: path.to_path_buf(),
         source,
     };
-    let tmp = path.with_extension("tmp");
+    // One temporary name per file (`ca.key.tmp`, `ca.pem.tmp`).
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = path.with_file_name(tmp_name);
     // A temporary file left by an earlier crash may have other permissions (a mode applies
     // only when a file is created): it goes, and ours is created afresh.
     match std::fs::remove_file(&tmp) {
@@ -223,7 +226,7 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
     drop(f);
     std::fs::rename(&tmp, path).map_err(err)?;
     // The rename itself is durable once the directory is.
-    if let Some(dir) = path.parent() {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(err)?;

@@ -592,8 +592,12 @@ fn a_stale_temporary_file_does_not_loosen_the_ca_key() {
     let tls = dir.path().join("tls");
     std::fs::create_dir_all(&tls).unwrap();
     // Left by a crash, readable by everyone.
-    std::fs::write(tls.join("ca.tmp"), b"left by a crash").unwrap();
-    std::fs::set_permissions(tls.join("ca.tmp"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::write(tls.join("ca.key.tmp"), b"left by a crash").unwrap();
+    std::fs::set_permissions(
+        tls.join("ca.key.tmp"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
     let (_, created) = LocalCa::load_or_create(&tls).unwrap();
     assert!(created);
     let mode = std::fs::metadata(tls.join("ca.key"))
@@ -601,5 +605,5 @@ fn a_stale_temporary_file_does_not_loosen_the_ca_key() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o077, 0, "the CA key is private: {mode:o}");
-    assert!(!tls.join("ca.tmp").exists());
+    assert!(!tls.join("ca.key.tmp").exists());
 }

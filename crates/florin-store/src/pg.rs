@@ -83,9 +83,16 @@ impl PgStore {
         connections: usize,
         tls: Option<&crate::pg_tls::PgTls>,
     ) -> Result<Self, StoreError> {
+        let config: postgres::Config = url.parse().map_err(db)?;
         let client = || match tls {
-            Some(t) => Client::connect(url, t.clone()),
-            None => Client::connect(url, NoTls),
+            // TLS configured is TLS required: with `sslmode=prefer` a man in the middle could
+            // answer "no TLS" and the session would go on in the clear.
+            Some(t) => {
+                let mut c = config.clone();
+                c.ssl_mode(postgres::config::SslMode::Require);
+                c.connect(t.clone())
+            }
+            None => config.connect(NoTls),
         };
         if !schema
             .chars()

@@ -3,10 +3,10 @@
 //! the server's certificate against the given CA (or the system's roots) and the host name in
 //! the connection string (`host=db.example` or an IP address the certificate names).
 //!
-//! Whether TLS is required is the connection string's `sslmode`: `require` refuses a server
-//! that does not speak TLS; `prefer` (libpq's default) tries TLS first; `disable` never
-//! asks. SCRAM channel binding is not offered (`ChannelBinding::none`): the certificate check
-//! already binds the session to the server.
+//! A store given a [`PgTls`] requires TLS whatever the connection string's `sslmode` says (with
+//! `prefer`, libpq's default, a man in the middle could answer "no TLS" and the session would
+//! go on in the clear). SCRAM channel binding is not offered (`ChannelBinding::none`): the
+//! certificate check already binds the session to the server.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -120,6 +120,19 @@ pub struct CallerRequest<'a> {
 /// Most nonces remembered for one caller (an account or a peer) at once: one caller that
 /// signs requests as fast as it can fills its own memory, never the others'.
 pub const MAX_NONCES_PER_CALLER: usize = 16_384;
+/// Nonces a caller may always have remembered, even once the memory holds [`MAX_NONCES`]:
+/// callers that fill the memory together are refused beyond their share, light callers never.
+pub const FAIR_SHARE: usize = 256;
+
+/// Which kind of caller signs: accounts and peer providers have separate memories, so an
+/// account named like a peer cannot use up the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Caller {
+    /// A customer, by account name (also an account being opened).
+    Account,
+    /// A peer provider, by its configured id.
+    Peer,
+}
 
 /// Nonces seen within the time window, per caller.
 #[derive(Default)]
@@ -129,26 +142,39 @@ pub(super) struct Replay {
 
 #[derive(Default)]
 struct Seen {
-    /// Per caller (`who`): nonce → when it may be forgotten.
-    by_caller: HashMap<String, HashMap<[u8; 16], u64>>,
+    /// Per caller (kind and `who`): nonce → when it may be forgotten.
+    by_caller: HashMap<(Caller, String), HashMap<[u8; 16], u64>>,
     /// Nonces in all.
     total: usize,
 }
 
 impl Seen {
-    /// Forgets `who`'s expired nonces (every caller's when `who` is `None`).
-    fn sweep(&mut self, who: Option<&str>, t: u64) {
-        let mut dropped = 0;
-        for (caller, nonces) in self.by_caller.iter_mut() {
-            if who.is_some_and(|w| w != caller) {
-                continue;
+    /// Forgets one caller's expired nonces.
+    fn sweep_one(&mut self, key: &(Caller, String), t: u64) {
+        if let Some(nonces) = self.by_caller.get_mut(key) {
+            let before = nonces.len();
+            nonces.retain(|_, exp| *exp > t);
+            self.total -= before - nonces.len();
+            if nonces.is_empty() {
+                self.by_caller.remove(key);
             }
+        }
+    }
+
+    /// Forgets every caller's expired nonces.
+    fn sweep_all(&mut self, t: u64) {
+        let mut dropped = 0;
+        for nonces in self.by_caller.values_mut() {
             let before = nonces.len();
             nonces.retain(|_, exp| *exp > t);
             dropped += before - nonces.len();
         }
         self.by_caller.retain(|_, n| !n.is_empty());
         self.total -= dropped;
+    }
+
+    fn held(&self, key: &(Caller, String)) -> usize {
+        self.by_caller.get(key).map_or(0, HashMap::len)
     }
 }
 
@@ -158,6 +184,7 @@ impl Replay {
     pub(super) fn check(
         &self,
         req: &CallerRequest<'_>,
+        kind: Caller,
         who: &str,
         key: &PublicKey,
     ) -> Result<(), PspError> {
@@ -190,21 +217,25 @@ impl Replay {
                 "too many signed requests in the last minutes; retry shortly".into(),
             )
         };
-        if seen.by_caller.get(who).map_or(0, HashMap::len) >= MAX_NONCES_PER_CALLER {
-            seen.sweep(Some(who), t);
-            if seen.by_caller.get(who).map_or(0, HashMap::len) >= MAX_NONCES_PER_CALLER {
+        let caller = (kind, who.to_string());
+        if seen.held(&caller) >= MAX_NONCES_PER_CALLER {
+            seen.sweep_one(&caller, t);
+            if seen.held(&caller) >= MAX_NONCES_PER_CALLER {
                 return Err(full());
             }
         }
-        if seen.total >= MAX_NONCES {
-            seen.sweep(None, t);
-            if seen.total >= MAX_NONCES {
+        // A full memory refuses only callers beyond their fair share: many callers filling it
+        // together cannot lock the light ones out. (Memory stays bounded: the fair shares of
+        // the callers seen within the window, each of which had to be opened or configured.)
+        if seen.total >= MAX_NONCES && seen.held(&caller) >= FAIR_SHARE {
+            seen.sweep_all(t);
+            if seen.total >= MAX_NONCES && seen.held(&caller) >= FAIR_SHARE {
                 return Err(full());
             }
         }
         let fresh = seen
             .by_caller
-            .entry(who.to_string())
+            .entry(caller)
             .or_default()
             .insert(s.nonce, s.ts + MAX_SKEW_SECS + 1)
             .is_none();
@@ -239,28 +270,47 @@ mod tests {
         let signed = |key: &SecretKey, who: &str| SignedRequest::header(key, who, "GET", "/x", &[]);
         for _ in 0..MAX_NONCES_PER_CALLER {
             replay
-                .check(&request(&signed(&a, "mallory")), "mallory", &a.public_key())
+                .check(
+                    &request(&signed(&a, "mallory")),
+                    Caller::Account,
+                    "mallory",
+                    &a.public_key(),
+                )
                 .unwrap();
         }
         let err = replay
-            .check(&request(&signed(&a, "mallory")), "mallory", &a.public_key())
+            .check(
+                &request(&signed(&a, "mallory")),
+                Caller::Account,
+                "mallory",
+                &a.public_key(),
+            )
             .unwrap_err();
         assert!(matches!(err, PspError::Unresolved(_)), "{err}");
         // Another caller is not affected; a replay of its request is refused.
         let h = signed(&b, "alice");
         replay
-            .check(&request(&h), "alice", &b.public_key())
+            .check(&request(&h), Caller::Account, "alice", &b.public_key())
             .unwrap();
         let err = replay
-            .check(&request(&h), "alice", &b.public_key())
+            .check(&request(&h), Caller::Account, "alice", &b.public_key())
             .unwrap_err();
         assert!(matches!(err, PspError::Unauthorized(_)), "{err}");
         // A forged request is refused and remembers nothing.
         let before = replay.seen.lock().unwrap().total;
         let forged = signed(&a, "alice");
         assert!(replay
-            .check(&request(&forged), "alice", &b.public_key())
+            .check(&request(&forged), Caller::Account, "alice", &b.public_key())
             .is_err());
         assert_eq!(replay.seen.lock().unwrap().total, before);
+        // An account named like a peer has its own memory: the peer `mallory` is not full.
+        replay
+            .check(
+                &request(&signed(&a, "mallory")),
+                Caller::Peer,
+                "mallory",
+                &a.public_key(),
+            )
+            .unwrap();
     }
 }

@@ -153,7 +153,7 @@ impl Psp {
     ) -> Result<(), PspError> {
         let rec = self.record(name)?;
         let key = rec.customer_key()?;
-        self.replay.check(req, name, &key)
+        self.replay.check(req, auth::Caller::Account, name, &key)
     }
 
     /// Checks the request that opens account `name` for the customer key `customer` (the
@@ -171,12 +171,19 @@ impl Psp {
         }
         let key = florin_crypto::PublicKey::parse_valid(customer)
             .map_err(|e| PspError::BadRequest(format!("customer_key: {e}")))?;
+        // A configured peer's id is not an account name (their requests are told apart, but
+        // a customer named like a peer would confuse people reading the books).
+        if self.peers().iter().any(|p| p.id == name) {
+            return Err(PspError::Exists(format!(
+                "{name:?} is a peer provider's name"
+            )));
+        }
         // An existing name is refused before anything is remembered: self-signed openings
         // of names that are taken cannot fill the nonce memory.
         if self.books.account(name)?.is_some() {
             return Err(PspError::Exists(format!("account {name:?} exists")));
         }
-        self.replay.check(req, name, &key)?;
+        self.replay.check(req, auth::Caller::Account, name, &key)?;
         Ok(key)
     }
 
@@ -217,7 +224,7 @@ impl Psp {
             .ok_or_else(|| PspError::Forbidden(format!("{who:?} is not a configured peer")))?;
         let key = florin_crypto::PublicKey::parse(&peer.key)
             .map_err(|_| PspError::Storage(format!("peer {who}: bad key")))?;
-        self.replay.check(req, &who, &key)?;
+        self.replay.check(req, auth::Caller::Peer, &who, &key)?;
         Ok(who)
     }
 

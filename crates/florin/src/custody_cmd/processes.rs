@@ -88,8 +88,13 @@ fn orphaned_tied(pid: u32) -> bool {
             rest.split_whitespace().nth(1)?.parse::<u32>().ok()
         });
     let Some(ppid) = ppid else { return false };
+    // The parent is gone when it is no `florin` process any more (a tied node is reparented
+    // to init or a subreaper). What cannot be read says nothing: not orphaned.
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
-    ppid <= 1 || exe(ppid).is_none() || exe(ppid) != exe(pid)
+    match (exe(ppid), exe(pid)) {
+        (Some(parent), Some(node)) => parent != node,
+        _ => false,
+    }
 }
 
 /// Waits (a few seconds at most) for the nodes whose tied parent is gone to exit, so that
@@ -105,10 +110,11 @@ fn let_orphans_exit(layout: &Layout) {
             continue;
         }
         let deadline = Instant::now() + Duration::from_secs(3);
-        while node_pid(layout, p).is_some() && Instant::now() < deadline {
+        while node_pid(layout, p) == Some(pid) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if node_pid(layout, p).is_some() {
+        // Still that same process: stopped (never one started since under the same pid file).
+        if node_pid(layout, p) == Some(pid) {
             let _ = signal(pid, "KILL");
         }
     }
