@@ -412,10 +412,18 @@ pub fn decode_qr(data: &[u8]) {
 
 /// Sealed boxes (`florin_crypto::sealed`, HPKE; legacy v1 boxes read only): opening any bytes
 /// never panics, and sealing the input to a key opens back to it with that key only.
+///
+/// Opening is what outside bytes reach, and it runs on every input. The round trip (a seal and
+/// two opens, three X25519 operations more) checks the encoder rather than the decoder, and
+/// runs on inputs whose length is a multiple of 8 only, so that the fuzzer spends its time on
+/// the opening path (about 4× the executions a second).
 pub fn decode_sealed(data: &[u8]) {
     use florin_crypto::sealed::{open, seal};
     let (_, me) = custody_keys();
     let _ = open(me, data);
+    if !data.len().is_multiple_of(8) {
+        return;
+    }
     let mut rng = StdRng::seed_from_u64(data.len() as u64);
     match seal(&me.public_key(), data, &mut rng) {
         Ok(b) => {

@@ -13,6 +13,7 @@ pub mod cluster_model;
 pub mod decoders;
 pub mod deposit;
 mod input;
+pub mod noise_channel;
 pub mod seeds;
 pub mod wallet_file;
 
@@ -39,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("wallet_file", wallet_file::wallet_file),
     ("cluster_model", cluster_model::cluster_model),
     ("deposit", deposit::deposit),
+    ("noise_channel", noise_channel::noise_channel),
 ];
 
 /// The target called `name`.

@@ -311,6 +311,24 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ],
     ));
     out.push((
+        "noise_channel",
+        vec![
+            // Honest, AES-GCM: three messages (20 bytes, across a chunk, over two chunks).
+            vec![0, 3, 0, 3, 20, 0, 7, 1, 2, 0, 9, 2, 5, 0, 1],
+            // The same with ChaCha.
+            vec![1, 3, 0, 3, 20, 0, 7, 1, 2, 0, 9, 2, 5, 0, 1],
+            // The responder's handshake message with a flipped byte.
+            vec![8, 2, 0, 0, 10, 0, 0, 4],
+            // A lying signer; a wrong expected key.
+            vec![2, 0],
+            vec![4, 0],
+            // Two messages, a flipped wire byte, a 40-byte limit.
+            vec![96, 2, 0, 3, 50, 0, 1, 3, 10, 0, 2, 0, 0, 30, 0, 0, 1, 40, 0],
+            // Raw bytes to the responder.
+            vec![16, 0, 40, 1, 2, 3, 4, 5, 6, 7, 8],
+        ],
+    ));
+    out.push((
         "deposit",
         vec![vec![
             1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 2,

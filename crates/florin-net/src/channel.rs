@@ -91,9 +91,10 @@ impl Default for ChannelConfig {
     }
 }
 
-/// An authenticated, encrypted link to one peer.
-pub struct Channel {
-    stream: TcpStream,
+/// An authenticated, encrypted link to one peer, over TCP (or, for tests and fuzzing, any byte
+/// stream: [`pair_over`]).
+pub struct Channel<S = TcpStream> {
+    stream: S,
     noise: snow::TransportState,
     peer: PublicKey,
     /// Plaintext waiting to be encrypted.
@@ -150,7 +151,7 @@ fn recv_frame(
     read_exact_or_closed(stream, buf)
 }
 
-fn read_exact_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Result<(), NetError> {
+fn read_exact_or_closed(stream: &mut impl Read, buf: &mut [u8]) -> Result<(), NetError> {
     stream.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             NetError::Closed
@@ -188,6 +189,75 @@ fn handshake(
     Ok((hs, kp))
 }
 
+/// The initiator's first message (`-> e`), and its handshake state and Noise key.
+fn initiate(
+    cfg: &ChannelConfig,
+) -> Result<(snow::HandshakeState, snow::Keypair, Vec<u8>), NetError> {
+    let (mut hs, kp) = handshake(cfg, true)?;
+    let mut msg = vec![0u8; NOISE_MAX];
+    let n = hs.write_message(&[], &mut msg).map_err(noise_err)?;
+    msg.truncate(n);
+    Ok((hs, kp, msg))
+}
+
+/// The initiator reads the responder's message (`<- e, ee, s, es` and the responder's identity
+/// proof), checks the proof (and the key, with `expected`) and answers (`-> s, se` and its own
+/// proof). Returns that answer, the transport state and the responder's identity.
+fn initiate_finish(
+    mut hs: snow::HandshakeState,
+    kp: &snow::Keypair,
+    signer: &dyn Signer,
+    expected: Option<PublicKey>,
+    reply: &[u8],
+) -> Result<(Vec<u8>, snow::TransportState, PublicKey), NetError> {
+    let mut payload = vec![0u8; NOISE_MAX];
+    let n = hs.read_message(reply, &mut payload).map_err(noise_err)?;
+    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
+    if let Some(expected) = expected {
+        if expected != peer {
+            return Err(NetError::WrongPeer {
+                expected,
+                got: peer,
+            });
+        }
+    }
+    let proof = identity_proof(signer, &kp.public)?;
+    let mut msg = vec![0u8; NOISE_MAX];
+    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
+    msg.truncate(n);
+    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    Ok((msg, noise, peer))
+}
+
+/// The responder reads the initiator's first message and answers with its keys and identity
+/// proof (`-> e, ee, s, es`, proof).
+fn respond(
+    cfg: &ChannelConfig,
+    signer: &dyn Signer,
+    first: &[u8],
+) -> Result<(snow::HandshakeState, Vec<u8>), NetError> {
+    let (mut hs, kp) = handshake(cfg, false)?;
+    let mut payload = vec![0u8; NOISE_MAX];
+    hs.read_message(first, &mut payload).map_err(noise_err)?;
+    let proof = identity_proof(signer, &kp.public)?;
+    let mut msg = vec![0u8; NOISE_MAX];
+    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
+    msg.truncate(n);
+    Ok((hs, msg))
+}
+
+/// The responder reads the initiator's last message (`<- s, se`, proof) and checks its proof.
+fn respond_finish(
+    mut hs: snow::HandshakeState,
+    last: &[u8],
+) -> Result<(snow::TransportState, PublicKey), NetError> {
+    let mut payload = vec![0u8; NOISE_MAX];
+    let n = hs.read_message(last, &mut payload).map_err(noise_err)?;
+    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
+    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    Ok((noise, peer))
+}
+
 /// Dials `addr` and runs the handshake as initiator. With `expected`, refuses a peer holding
 /// another key.
 pub fn connect(
@@ -203,32 +273,41 @@ pub fn connect(
     let mut stream = TcpStream::connect_timeout(&addr, cfg.timeout)?;
     prepare(&stream, cfg)?;
     let deadline = Instant::now() + cfg.timeout;
-    let (mut hs, kp) = handshake(cfg, true)?;
-    let mut msg = vec![0u8; NOISE_MAX];
+    let (hs, kp, first) = initiate(cfg)?;
+    send_frame(&mut stream, &first)?;
     let mut buf = Vec::new();
-    // -> e
-    let n = hs.write_message(&[], &mut msg).map_err(noise_err)?;
-    send_frame(&mut stream, &msg[..n])?;
-    // <- e, ee, s, es, responder's identity proof
     recv_frame(&mut stream, &mut buf, deadline)?;
-    let mut payload = vec![0u8; NOISE_MAX];
-    let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
-    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
-    if let Some(expected) = expected {
-        if expected != peer {
-            return Err(NetError::WrongPeer {
-                expected,
-                got: peer,
-            });
-        }
-    }
-    // -> s, se, our identity proof
-    let proof = identity_proof(signer, &kp.public)?;
-    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
-    send_frame(&mut stream, &msg[..n])?;
-    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    let (last, noise, peer) = initiate_finish(hs, &kp, signer, expected, &buf)?;
+    send_frame(&mut stream, &last)?;
     stream.set_read_timeout(Some(cfg.timeout))?;
     Ok(Channel::new(stream, noise, peer))
+}
+
+/// Runs the handshake of [`connect`] and [`accept_on`] in memory, the same steps in the same
+/// order, and puts the two ends over `a` (the initiator, signing with `a_signer`) and `b` (the
+/// responder). `tamper` sees each of the three handshake messages (numbered 0, 1, 2) before the
+/// other side reads it and may change it. For tests and fuzzing: any byte stream will do
+/// (a pair of in-memory buffers, a Unix socket pair).
+pub fn pair_over<S: Read + Write>(
+    a: S,
+    a_signer: &dyn Signer,
+    b: S,
+    b_signer: &dyn Signer,
+    cfg: &ChannelConfig,
+    expected: Option<PublicKey>,
+    mut tamper: impl FnMut(usize, &mut Vec<u8>),
+) -> Result<(Channel<S>, Channel<S>), NetError> {
+    let (hs_a, kp_a, mut first) = initiate(cfg)?;
+    tamper(0, &mut first);
+    let (hs_b, mut reply) = respond(cfg, b_signer, &first)?;
+    tamper(1, &mut reply);
+    let (mut last, noise_a, peer_of_a) = initiate_finish(hs_a, &kp_a, a_signer, expected, &reply)?;
+    tamper(2, &mut last);
+    let (noise_b, peer_of_b) = respond_finish(hs_b, &last)?;
+    Ok((
+        Channel::new(a, noise_a, peer_of_a),
+        Channel::new(b, noise_b, peer_of_b),
+    ))
 }
 
 /// A listening socket that accepts channels.
@@ -267,28 +346,18 @@ pub fn accept_on(
 ) -> Result<Channel, NetError> {
     prepare(&stream, cfg)?;
     let deadline = Instant::now() + cfg.timeout;
-    let (mut hs, kp) = handshake(cfg, false)?;
-    let mut msg = vec![0u8; NOISE_MAX];
     let mut buf = Vec::new();
-    let mut payload = vec![0u8; NOISE_MAX];
-    // <- e
     recv_frame(&mut stream, &mut buf, deadline)?;
-    hs.read_message(&buf, &mut payload).map_err(noise_err)?;
-    // -> e, ee, s, es, our identity proof
-    let proof = identity_proof(signer, &kp.public)?;
-    let n = hs.write_message(&proof, &mut msg).map_err(noise_err)?;
-    send_frame(&mut stream, &msg[..n])?;
-    // <- s, se, initiator's identity proof
+    let (hs, reply) = respond(cfg, signer, &buf)?;
+    send_frame(&mut stream, &reply)?;
     recv_frame(&mut stream, &mut buf, deadline)?;
-    let n = hs.read_message(&buf, &mut payload).map_err(noise_err)?;
-    let peer = check_identity(&payload[..n], hs.get_remote_static())?;
-    let noise = hs.into_transport_mode().map_err(noise_err)?;
+    let (noise, peer) = respond_finish(hs, &buf)?;
     stream.set_read_timeout(Some(cfg.timeout))?;
     Ok(Channel::new(stream, noise, peer))
 }
 
-impl Channel {
-    fn new(stream: TcpStream, noise: snow::TransportState, peer: PublicKey) -> Channel {
+impl<S> Channel<S> {
+    fn new(stream: S, noise: snow::TransportState, peer: PublicKey) -> Channel<S> {
         Channel {
             stream,
             noise,
@@ -305,6 +374,13 @@ impl Channel {
         self.peer
     }
 
+    /// The byte stream under the channel (what a test or a fuzzer reads the ciphertext from).
+    pub fn stream_mut(&mut self) -> &mut S {
+        &mut self.stream
+    }
+}
+
+impl Channel<TcpStream> {
     /// The peer's socket address.
     pub fn peer_addr(&self) -> Result<SocketAddr, NetError> {
         Ok(self.stream.peer_addr()?)
@@ -326,7 +402,9 @@ impl Channel {
         self.stream.set_write_timeout(Some(t))?;
         Ok(())
     }
+}
 
+impl<S: Read + Write> Channel<S> {
     fn seal_out(&mut self) -> Result<(), NetError> {
         if self.out.is_empty() {
             return Ok(());

@@ -121,7 +121,7 @@ impl Msg {
     }
 }
 
-impl crate::channel::Channel {
+impl<S: std::io::Read + std::io::Write> crate::channel::Channel<S> {
     /// Sends a protocol message, reporting progress for large ones.
     pub fn send_msg(
         &mut self,
