@@ -38,7 +38,14 @@ else
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 echo "==> building ${#targets[@]} targets (nightly, sanitizer: $sanitizer)"
-nice -n "$nice_level" cargo +nightly fuzz build -O -s "$sanitizer" >/dev/null
+if [ $# -gt 0 ]; then
+  # Only those named: a binary of another target may be running (relinking it could fail).
+  for t in "${targets[@]}"; do
+    nice -n "$nice_level" cargo +nightly fuzz build -O -s "$sanitizer" "$t" >/dev/null
+  done
+else
+  nice -n "$nice_level" cargo +nightly fuzz build -O -s "$sanitizer" >/dev/null
+fi
 
 mkdir -p logs
 summary=()

@@ -14,6 +14,7 @@ pub mod decoders;
 pub mod deposit;
 mod input;
 pub mod noise_channel;
+pub mod payee;
 pub mod seeds;
 pub mod wallet_file;
 
@@ -41,6 +42,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("cluster_model", cluster_model::cluster_model),
     ("deposit", deposit::deposit),
     ("noise_channel", noise_channel::noise_channel),
+    ("payee", payee::payee),
 ];
 
 /// The target called `name`.

@@ -329,6 +329,21 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         ],
     ));
     out.push((
+        "payee",
+        vec![
+            // Ask for €6, pay it with exact change, repeat the delivery, ask again (refused).
+            vec![
+                0, 0, 0, 0, 7, 0, 4, 0, 0, 0, 18, 3, 0, 0, 0, 2, 0, 0, 0, 1, 5, 0,
+            ],
+            // A request issued in one session, paid by the other payer in the next.
+            vec![
+                1, 0, 0, 0, 7, 0, 1, 0, 0, 0, 18, 1, 0, 7, 0, 1, 0, 3, 1, 0, 0, 0, 0,
+            ],
+            // A payment with a flipped signature bit.
+            vec![0, 0, 0, 0, 7, 0, 2, 0, 0, 0, 18, 3, 0, 0, 200, 0, 0, 5],
+        ],
+    ));
+    out.push((
         "deposit",
         vec![vec![
             1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 2,

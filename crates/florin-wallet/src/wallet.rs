@@ -111,6 +111,9 @@ pub enum WalletError {
     /// Paying oneself.
     #[error("refusing to pay this wallet's own request")]
     PayingSelf,
+    /// A payment request for nothing (no payment of tokens can answer it).
+    #[error("a payment request must be for more than €0.00")]
+    ZeroRequest,
     /// Signing failed.
     #[error("signing failed: {0}")]
     Signing(String),
@@ -515,6 +518,9 @@ impl Wallet {
         amount_cents: u64,
         rng: &mut R,
     ) -> Result<PaymentRequest, WalletError> {
+        if amount_cents == 0 {
+            return Err(WalletError::ZeroRequest);
+        }
         if self.requests.len() >= MAX_OPEN_REQUESTS {
             return Err(WalletError::TooManyOpenRequests(self.requests.len()));
         }
@@ -550,6 +556,9 @@ impl Wallet {
     pub fn pay(&mut self, req: &PaymentRequest) -> Result<Payment, WalletError> {
         if req.payee == self.public_key() {
             return Err(WalletError::PayingSelf);
+        }
+        if req.amount_cents == 0 {
+            return Err(WalletError::ZeroRequest);
         }
         req.payee.validate().map_err(WalletError::InvalidAddress)?;
         let hs = hex::encode(req.handshake);

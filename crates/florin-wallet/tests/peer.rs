@@ -337,6 +337,39 @@ fn a_second_ask_on_one_connection_is_refused() {
     assert_eq!(offline_cents(&store), 5000);
 }
 
+/// Found by the `payee` fuzz target: a request for €0 was issued (and kept open, and paid by
+/// an empty payment no device channel can carry). It is refused, on the payee's side and the
+/// payer's.
+#[test]
+fn a_request_for_nothing_is_refused_on_both_sides() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let (_dir, store, payee) = payee_store(&mut rng);
+    let payer_w = funded(&mut rng, &[Denomination::E50]);
+    let mut payer = Scripted::new(payer_w, vec![Step::Ask(0)]);
+    serve(&store, &mut payer);
+    assert_eq!(
+        payer.refusals(),
+        vec!["a payment request must be for more than €0.00"]
+    );
+    let mut w = store.load().unwrap();
+    assert!(matches!(
+        w.request(0, &mut rng),
+        Err(florin_wallet::WalletError::ZeroRequest)
+    ));
+    let mut payer_w = funded(&mut rng, &[Denomination::E50]);
+    let zero = PaymentRequest {
+        amount_cents: 0,
+        payee,
+        handshake: [1; 32],
+        max_hops: 8,
+    };
+    assert!(matches!(
+        payer_w.pay(&zero),
+        Err(florin_wallet::WalletError::ZeroRequest)
+    ));
+    assert_eq!(payer_w.balance().total_cents, 5000);
+}
+
 #[test]
 fn a_foreign_or_forged_payment_is_refused_and_nothing_credited() {
     let mut rng = StdRng::seed_from_u64(12);
