@@ -146,10 +146,6 @@ struct HeldToken {
 struct IssuedRequest {
     handshake: String,
     amount_cents: u64,
-    /// Unix seconds when issued (0 in files written before it was kept: such a request holds
-    /// nothing back and counts as old).
-    #[serde(default)]
-    issued_at: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -173,24 +169,6 @@ struct SentPayment {
 
 /// Most payment requests open at once.
 pub const MAX_OPEN_REQUESTS: usize = 1_000;
-
-/// How long an open request holds back its amount of the offline limit (seconds): long enough
-/// for its payer to pay and retry a broken delivery, short enough that a stranger who asks a
-/// listening wallet for its whole limit and never pays blocks it for minutes, not for ever.
-/// A request past it stays open: its payment is still accepted if the limit allows it then
-/// (and, refused for the limit, accepted again after a deposit).
-pub const REQUEST_HOLD_SECS: u64 = 600;
-
-/// With [`MAX_OPEN_REQUESTS`] open, a new request drops the unpaid ones older than this
-/// (seconds: a week) to make room; a payment for a dropped request is refused as unknown.
-pub const REQUEST_MAX_AGE_SECS: u64 = 7 * 86_400;
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// A payment this wallet accepted: a retried delivery of it is acknowledged, not counted again.
 #[derive(Serialize, Deserialize, Clone)]
@@ -540,32 +518,15 @@ impl Wallet {
         amount_cents: u64,
         rng: &mut R,
     ) -> Result<PaymentRequest, WalletError> {
-        self.request_at(amount_cents, unix_now(), rng)
-    }
-
-    /// [`Wallet::request`] at `now` (unix seconds).
-    fn request_at<R: RngCore + CryptoRng>(
-        &mut self,
-        amount_cents: u64,
-        now: u64,
-        rng: &mut R,
-    ) -> Result<PaymentRequest, WalletError> {
         if amount_cents == 0 {
             return Err(WalletError::ZeroRequest);
         }
-        let stale = |r: &IssuedRequest| now.saturating_sub(r.issued_at) >= REQUEST_MAX_AGE_SECS;
-        let live = self.requests.iter().filter(|r| !stale(r)).count();
-        if live >= MAX_OPEN_REQUESTS {
+        if self.requests.len() >= MAX_OPEN_REQUESTS {
             return Err(WalletError::TooManyOpenRequests(self.requests.len()));
         }
-        // Recent open requests count against the limit: two requests issued before either is
-        // paid cannot together exceed it. Older ones hold nothing back (REQUEST_HOLD_SECS).
-        let open: u64 = self
-            .requests
-            .iter()
-            .filter(|r| r.issued_at.saturating_add(REQUEST_HOLD_SECS) > now)
-            .map(|r| r.amount_cents)
-            .sum();
+        // Open requests count against the limit: two requests issued before either is paid
+        // cannot together exceed it.
+        let open: u64 = self.requests.iter().map(|r| r.amount_cents).sum();
         let would_hold = self
             .balance()
             .offline_cents
@@ -577,14 +538,10 @@ impl Wallet {
                 would_hold,
             });
         }
-        if self.requests.len() >= MAX_OPEN_REQUESTS {
-            self.requests.retain(|r| !stale(r));
-        }
         let handshake = Self::fresh_handshake(rng);
         self.requests.push(IssuedRequest {
             handshake: hex::encode(handshake),
             amount_cents,
-            issued_at: now,
         });
         Ok(PaymentRequest {
             amount_cents,
@@ -1047,61 +1004,5 @@ impl Wallet {
             pending: f.pending_deposit,
             online: f.online,
         })
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
-
-    /// A stranger who asks a listening wallet for its whole offline limit and never pays
-    /// blocks its requests for REQUEST_HOLD_SECS only; the request itself stays open.
-    #[test]
-    fn an_unpaid_request_holds_the_limit_back_for_a_while_only() {
-        let mut rng = StdRng::seed_from_u64(1);
-        let mut w = Wallet::generate(&mut rng, None);
-        let t0 = 1_800_000_000;
-        let limit = w.max_offline_cents;
-        w.request_at(limit, t0, &mut rng).unwrap();
-        assert!(matches!(
-            w.request_at(100, t0 + REQUEST_HOLD_SECS - 1, &mut rng),
-            Err(WalletError::OfflineLimit { .. })
-        ));
-        assert_eq!(w.requests.len(), 1, "a refusal changes nothing");
-        w.request_at(100, t0 + REQUEST_HOLD_SECS, &mut rng).unwrap();
-        assert_eq!(w.requests.len(), 2, "the first request is still open");
-    }
-
-    /// With MAX_OPEN_REQUESTS open, only requests older than REQUEST_MAX_AGE_SECS make room.
-    #[test]
-    fn a_full_set_of_requests_makes_room_from_week_old_ones_only() {
-        let mut rng = StdRng::seed_from_u64(2);
-        let mut w = Wallet::generate(&mut rng, None);
-        let t0 = 1_800_000_000;
-        for i in 0..MAX_OPEN_REQUESTS as u64 {
-            w.request_at(1, t0 + i, &mut rng).unwrap();
-        }
-        let late = t0 + REQUEST_MAX_AGE_SECS;
-        // Only the first is a week old at `late`: one slot.
-        let keep = w.request_at(1, late, &mut rng).unwrap();
-        assert_eq!(w.requests.len(), MAX_OPEN_REQUESTS);
-        assert!(matches!(
-            w.request_at(1, late, &mut rng),
-            Err(WalletError::TooManyOpenRequests(_))
-        ));
-        assert_eq!(w.requests.len(), MAX_OPEN_REQUESTS, "a refusal changes nothing");
-        assert!(w
-            .requests
-            .iter()
-            .any(|r| r.handshake == hex::encode(keep.handshake)));
-        // Files written before requests carried their time: old, so room is made from them.
-        for r in &mut w.requests {
-            r.issued_at = 0;
-        }
-        w.request_at(1, late, &mut rng).unwrap();
-        assert_eq!(w.requests.len(), 1);
     }
 }
