@@ -3,20 +3,24 @@
 //!
 //! Each run makes a real handshake through `florin_net::channel::pair_over` (the steps `connect`
 //! and `accept_on` run), with fuzzer-chosen edits to any of the three handshake messages, a
-//! protocol (AES-GCM or ChaCha), an initiator whose signer may lie about its key, and an
-//! expected responder key that may be wrong. Then the initiator sends fuzzer-made messages
-//! (empty to several Noise messages long), the ciphertext on the wire is edited (overwrite,
-//! insert, delete, truncate, garbage frames appended) and the responder receives with a
-//! fuzzer-chosen size limit. Or, raw: the responder reads fuzzer bytes as if the peer sent them.
+//! protocol (AES-GCM or ChaCha), either side's signer possibly lying (claiming the other's key,
+//! or replaying a proof made for another Noise key), and an expected responder key that may be
+//! wrong. Then one side sends fuzzer-made messages (empty to several Noise messages long), the
+//! ciphertext on the wire is edited (overwrite, insert, delete, truncate, garbage frames
+//! appended) and the other receives with a fuzzer-chosen size limit. Or, raw: the responder
+//! reads fuzzer bytes as if the peer sent them.
 //!
-//! Checked: the handshake succeeds exactly when no message changed, the signer is honest and
-//! the expected key is right, and each side then knows the other's key; what the responder
+//! Checked: the handshake succeeds exactly when no message changed, both signers are honest and
+//! the expected key is right, and each side then knows the other's key; an unchanged handshake
+//! fails for the right reason (`BadIdentity` for a lie, `WrongPeer` for another key), and an
+//! honest initiator never proves its identity to a responder it refused; what the responder
 //! receives is always a prefix of what was sent, in order, each message whole (never a changed,
 //! merged or split message); with an untouched wire and a big enough limit it is all of it and
 //! then `Closed`; a message over the limit is `TooLarge`; bytes not made by the peer's
 //! transport keys never yield a message.
 
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer, SignerError};
 use florin_net::channel::{pair_over, ChannelConfig, NetError, NOISE_AESGCM, NOISE_CHACHA};
@@ -45,10 +49,12 @@ impl Write for Mem {
     }
 }
 
-/// A signer that claims one key and signs with another.
+/// A dishonest signer: claims one key and signs with another, or signs with its own key a
+/// proof for another Noise static key (a proof replayed from another connection).
 struct Liar {
     claims: PublicKey,
     signs: LocalSigner,
+    replays: bool,
 }
 
 impl Signer for Liar {
@@ -56,7 +62,30 @@ impl Signer for Liar {
         self.claims
     }
     fn sign(&self, msg: &[u8]) -> Result<Signature, SignerError> {
-        self.signs.sign(msg)
+        if self.replays {
+            self.signs.sign(&florin_crypto::hash(
+                "florin/net/noise-static/v1",
+                &[&[7u8; 32]],
+            ))
+        } else {
+            self.signs.sign(msg)
+        }
+    }
+}
+
+/// An honest signer that counts its signatures.
+struct Counting {
+    key: LocalSigner,
+    signed: AtomicUsize,
+}
+
+impl Signer for Counting {
+    fn public_key(&self) -> PublicKey {
+        self.key.public_key()
+    }
+    fn sign(&self, msg: &[u8]) -> Result<Signature, SignerError> {
+        self.signed.fetch_add(1, Ordering::Relaxed);
+        self.key.sign(msg)
     }
 }
 
@@ -100,13 +129,28 @@ pub fn noise_channel(data: &[u8]) {
     };
     let a_key = LocalSigner::new(SecretKey::from_seed(&[1; 32]));
     let b_key = LocalSigner::new(SecretKey::from_seed(&[2; 32]));
-    let liar = Liar {
-        claims: b_key.public_key(),
-        signs: a_key.clone(),
+    // Either side may lie: claim the other's key (signing with its own), or replay a proof.
+    let liar = |claims: &LocalSigner, signs: &LocalSigner, replays: bool| Liar {
+        claims: if replays {
+            signs.public_key()
+        } else {
+            claims.public_key()
+        },
+        signs: signs.clone(),
+        replays,
     };
-    let lying = mode & 2 != 0 && inp.u8() < 32;
-    let a_signer: &dyn Signer = if lying { &liar } else { &a_key };
-    let wrong_expected = mode & 4 != 0 && inp.u8() < 32;
+    let a_lies = mode & 2 != 0 && inp.u8() < 64;
+    let b_lies = mode & 2 != 0 && inp.u8() < 64;
+    let replays = inp.u8() & 1 == 1;
+    let a_liar = liar(&b_key, &a_key, replays);
+    let b_liar = liar(&a_key, &b_key, replays);
+    let a_honest = Counting {
+        key: a_key.clone(),
+        signed: AtomicUsize::new(0),
+    };
+    let a_signer: &dyn Signer = if a_lies { &a_liar } else { &a_honest };
+    let b_signer: &dyn Signer = if b_lies { &b_liar } else { &b_key };
+    let wrong_expected = mode & 4 != 0 && inp.u8() < 64;
     let expected = if wrong_expected {
         a_key.public_key()
     } else {
@@ -119,7 +163,7 @@ pub fn noise_channel(data: &[u8]) {
         Mem::default(),
         a_signer,
         Mem::default(),
-        &b_key,
+        b_signer,
         &cfg,
         Some(expected),
         |i, msg| {
@@ -130,11 +174,35 @@ pub fn noise_channel(data: &[u8]) {
             }
         },
     );
-    let honest = !changed && !lying && !wrong_expected;
+    let honest = !changed && !a_lies && !b_lies && !wrong_expected;
     let (mut a, mut b) = match pair {
         Ok(p) => p,
         Err(e) => {
             assert!(!honest, "an honest handshake failed: {e}");
+            if !changed {
+                // The initiator checks the responder's proof, then the key it expected, and
+                // only then proves its own identity; the responder then checks that proof.
+                let want = if b_lies {
+                    "BadIdentity"
+                } else if wrong_expected {
+                    "WrongPeer"
+                } else {
+                    "BadIdentity"
+                };
+                let got = match e {
+                    NetError::BadIdentity => "BadIdentity",
+                    NetError::WrongPeer { .. } => "WrongPeer",
+                    _ => "another error",
+                };
+                assert_eq!(got, want, "the handshake failed for the wrong reason: {e}");
+                if (b_lies || wrong_expected) && !a_lies {
+                    assert_eq!(
+                        a_honest.signed.load(Ordering::Relaxed),
+                        0,
+                        "the initiator proved its identity to a peer it had refused"
+                    );
+                }
+            }
             return;
         }
     };
@@ -162,6 +230,10 @@ pub fn noise_channel(data: &[u8]) {
         return;
     }
 
+    // Either direction: the initiator sends and the responder receives, or the other way.
+    if mode & 128 != 0 {
+        std::mem::swap(&mut a, &mut b);
+    }
     // Messages: mostly small, some spanning several Noise messages.
     let mut sent: Vec<Vec<u8>> = Vec::new();
     for _ in 0..inp.below(6) {

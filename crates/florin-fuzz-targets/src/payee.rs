@@ -14,11 +14,12 @@
 //! The model predicts every answer: one request per session, issued exactly when the offline
 //! limit allows it, for the amount asked, to the payee; a delivery is receipted and credited
 //! exactly when it names the payee and an open request, matches its amount, and every token is
-//! genuine, passed to the payee under that handshake and not already held; an exact repeat of
+//! genuine, passed to the payee under that handshake and not already held (never refused for
+//! the offline limit: the request reserved it); an exact repeat of
 //! a receipted payment gets the same receipt and no credit; anything else is refused and
 //! changes nothing. Checked too: the session ends `Closed` or at its cap, the events and the
 //! session's count agree with the credits, and the wallet file, loaded again, holds exactly the
-//! model's balance and tokens.
+//! model's balance, tokens and open requests.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -250,11 +251,9 @@ impl Session<'_, '_> {
             return Expect::Refused;
         };
         let amount = p.amount_cents();
-        if bad
-            || amount != asked
-            || p.tokens.iter().any(|t| self.model.held.contains(&t.serial))
-            || self.model.balance + amount > self.model.limit
-        {
+        // An open request reserved its amount of the offline limit when it was issued: a
+        // correct payment for it is never refused for the limit (the payer has signed).
+        if bad || amount != asked || p.tokens.iter().any(|t| self.model.held.contains(&t.serial)) {
             return Expect::Refused;
         }
         Expect::Receipt(bytes, amount, true, p.handshake)
@@ -481,6 +480,11 @@ fn run(data: &[u8]) -> u64 {
     let held: HashSet<[u8; 8]> = w.tokens().map(|(t, _)| t.serial).collect();
     assert!(held == model.held, "the saved tokens");
     assert_eq!(w.tokens().count(), model.held.len(), "a serial held twice");
+    let mut open: Vec<(Handshake, u64)> = w.open_requests().collect();
+    let mut want = model.open.clone();
+    open.sort();
+    want.sort();
+    assert!(open == want, "the saved open requests");
     model.balance
 }
 

@@ -400,6 +400,14 @@ impl Wallet {
         })
     }
 
+    /// Payment requests issued and not yet paid: (handshake, amount in cents), oldest first.
+    pub fn open_requests(&self) -> impl Iterator<Item = (Handshake, u64)> + '_ {
+        self.requests.iter().filter_map(|r| {
+            let h: Handshake = hex::decode(&r.handshake).ok()?.try_into().ok()?;
+            Some((h, r.amount_cents))
+        })
+    }
+
     /// Tokens held, with their state.
     pub fn tokens(&self) -> impl Iterator<Item = (&Token, TokenState)> {
         self.tokens.iter().map(|(t, s)| (t, *s))
