@@ -387,3 +387,83 @@ fn a_used_payment_id_survives_a_node_restart() {
         Err(e) => assert_eq!(reason(e), AuthzError::Reused("once".into())),
     }
 }
+
+/// A node that lost its disk gets a bound key's share back by repair together with the key's
+/// customer binding, from its helpers and not from the coordinator: it then refuses to sign
+/// without the customer as the others do. Helpers that disagree on the binding stop the repair.
+#[test]
+fn a_repaired_share_keeps_its_customer_binding() {
+    let (_dir, layout, nodes, kmn) = network(false);
+    let customer = SecretKey::from_seed(&[4; 32]);
+    kmn.bind_customer("acct-dave", &customer.public_key())
+        .unwrap();
+    let group = kmn.dkg("acct-dave").unwrap();
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let node = |p: u16| layout.node_dir(p);
+    let binding = |p: u16| node(p).join("customers").join("acct-dave.customer");
+    // Node 3 loses its share and its binding; node 2's binding is changed.
+    std::fs::remove_file(node(3).join("shares").join("acct-dave.share")).unwrap();
+    std::fs::remove_file(binding(3)).unwrap();
+    let kept = std::fs::read(binding(2)).unwrap();
+    let other = SecretKey::from_seed(&[5; 32]).public_key().to_address();
+    std::fs::write(binding(2), other.as_bytes()).unwrap();
+    let nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    let err = kmn.repair("acct-dave", 3).unwrap_err().to_string();
+    assert!(err.contains("disagree"), "{err}");
+    assert!(!binding(3).exists() && kmn.status()[2].keys.is_empty());
+
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(binding(2), &kept).unwrap();
+    let _nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    assert_eq!(kmn.repair("acct-dave", 3).unwrap(), vec![1, 2]);
+    assert_eq!(std::fs::read(binding(3)).unwrap(), kept);
+
+    // Node 3 refuses a share without the customer's authorization, and signs with it.
+    let payer = Encumbrance::ed25519(&group.public_key());
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let good = transfer(payer, payee, 100, 0, 41);
+    let auth = PaymentAuth::sign(&customer, payer, payee, 100, now() + 300, "r").unwrap();
+    let txid = good.txid();
+    let mut commitments = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    for p in [2u16, 3] {
+        match kmn.ask(p, Request::Commitments { count: 1 }).unwrap() {
+            Response::Commitments(v) => {
+                ids.insert(p, v[0].0);
+                commitments.insert(p, v[0].1.clone());
+            }
+            other => panic!("commitments: {other:?}"),
+        }
+    }
+    let package = SigningPackage::new(&commitments, &txid)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    let plain = Request::Sign {
+        key_id: "acct-dave".into(),
+        group: group.digest(),
+        nonce: ids[&3],
+        package: package.clone(),
+    };
+    match kmn.ask(3, plain).unwrap() {
+        Response::Refused(r) => assert_eq!(r.unauthorized, Some(AuthzError::Missing)),
+        other => panic!("node 3 answered {other:?}"),
+    }
+    let authorized = Request::SignAuthorized {
+        key_id: "acct-dave".into(),
+        group: group.digest(),
+        nonce: ids[&3],
+        package,
+        authz: Authorization::new(&good, &auth),
+    };
+    assert!(matches!(
+        kmn.ask(3, authorized).unwrap(),
+        Response::Share(_)
+    ));
+}

@@ -331,12 +331,24 @@ pub(super) fn handle(
             }
             got.insert(inner.party, run.own);
             let sigma = frost::repair_sigma(&got)?;
+            // The key's customer binding goes with the sigma, sealed and signed by this helper:
+            // the repaired node takes it from its t helpers, so that no coordinator can hand it
+            // a bound key without its binding (it would then sign without the customer).
+            let mut payload = Zeroizing::new(Vec::with_capacity(33 + sigma.len()));
+            match inner.customers.bound(&run.key_id) {
+                Some(c) => {
+                    payload.push(1);
+                    payload.extend_from_slice(&c.0);
+                }
+                None => payload.push(0),
+            }
+            payload.extend_from_slice(&sigma);
             Ok(Response::Repair(vec![sealed_to(
                 inner,
                 session,
                 REPAIR_SIGMA,
                 run.target,
-                &sigma,
+                &payload,
             )?]))
         }
         Request::RepairFinish {
@@ -354,8 +366,15 @@ pub(super) fn handle(
                     "key {key_id:?}: not a key of this network's kind"
                 )));
             }
-            let sigmas = open_secrets(inner, &session, REPAIR_SIGMA, &sigmas)?;
+            let opened = open_secrets(inner, &session, REPAIR_SIGMA, &sigmas)?;
+            let (binding, sigmas) = repair_binding(&key_id, opened)?;
             let share = frost::repair_finish(&group, inner.party, &sigmas)?;
+            // The binding first: a share stored without it would sign without the customer.
+            if let Some(customer) = binding {
+                inner
+                    .customers
+                    .bind(&key_id, customer, frost_has(inner, &key_id))?;
+            }
             store(inner, share)
         }
         Request::Commit { key_id, public } => {
@@ -373,6 +392,45 @@ pub(super) fn handle(
         | Request::EcdsaExport { .. }
         | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, rights, req),
     }
+}
+
+/// Splits the helpers' repair payloads (a binding tag, the customer key when bound, the sigma)
+/// into the key's customer binding, which every helper must state alike, and the sigmas.
+#[allow(clippy::type_complexity)]
+fn repair_binding(
+    key_id: &str,
+    opened: BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
+) -> Result<(Option<PublicKey>, BTreeMap<PartyId, Zeroizing<Vec<u8>>>), CustodyError> {
+    let mut binding: Option<Option<PublicKey>> = None;
+    let mut sigmas = BTreeMap::new();
+    for (p, b) in opened {
+        let (stated, rest) = match b.split_first() {
+            Some((0, rest)) => (None, rest),
+            Some((1, rest)) if rest.len() >= 32 => {
+                let (k, rest) = rest.split_at(32);
+                let mut c = [0u8; 32];
+                c.copy_from_slice(k);
+                (Some(PublicKey(c)), rest)
+            }
+            _ => {
+                return Err(CustodyError::BadParameters(format!(
+                    "repair of {key_id}: malformed sigma from party {p}"
+                )))
+            }
+        };
+        match binding {
+            None => binding = Some(stated),
+            Some(b) if b == stated => {}
+            Some(_) => {
+                return Err(CustodyError::Inconsistent(format!(
+                    "repair of {key_id}: the helpers disagree on the key's customer binding \
+                     (party {p} differs); refusing to store a share whose binding is in doubt"
+                )))
+            }
+        }
+        sigmas.insert(p, Zeroizing::new(rest.to_vec()));
+    }
+    Ok((binding.flatten(), sigmas))
 }
 
 /// A key bound to a customer signs only what the customer authorized: no administrator may

@@ -165,9 +165,11 @@ fn next_target(target: usize, low_water: usize) -> usize {
     }
 }
 
-/// Envelope steps of a share repair (apart from key generation's 1 to 3).
+/// Envelope steps of a share repair (apart from key generation's 1 to 3). A sigma travels with
+/// the helper's customer binding of the key (step 23; step 22, a sigma alone, is retired: a
+/// repair through a node from before is refused as out of order).
 const REPAIR_DELTA: u8 = 21;
-const REPAIR_SIGMA: u8 = 22;
+const REPAIR_SIGMA: u8 = 23;
 
 /// A helper's share repair between its two steps.
 struct RepairRun {
