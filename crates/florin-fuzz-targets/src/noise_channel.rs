@@ -19,35 +19,14 @@
 //! then `Closed`; a message over the limit is `TooLarge`; bytes not made by the peer's
 //! transport keys never yield a message.
 
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer, SignerError};
-use florin_net::channel::{pair_over, ChannelConfig, NetError, NOISE_AESGCM, NOISE_CHACHA};
+use florin_net::channel::{
+    pair_over, ChannelConfig, MemoryLink, NetError, NOISE_AESGCM, NOISE_CHACHA,
+};
 
 use crate::Input;
-
-/// One end's byte stream: reads what was put in `rx`, writes to `tx`.
-#[derive(Default)]
-struct Mem {
-    rx: std::collections::VecDeque<u8>,
-    tx: Vec<u8>,
-}
-
-impl Read for Mem {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.rx.read(buf)
-    }
-}
-
-impl Write for Mem {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.tx.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// A dishonest signer: claims one key and signs with another, or signs with its own key a
 /// proof for another Noise static key (a proof replayed from another connection).
@@ -160,9 +139,9 @@ pub fn noise_channel(data: &[u8]) {
     let hs_edits = if mode & 8 != 0 { inp.u8() & 7 } else { 0 };
     let mut changed = false;
     let pair = pair_over(
-        Mem::default(),
+        MemoryLink::default(),
         a_signer,
-        Mem::default(),
+        MemoryLink::default(),
         b_signer,
         &cfg,
         Some(expected),

@@ -283,6 +283,31 @@ pub fn connect(
     Ok(Channel::new(stream, noise, peer))
 }
 
+/// A byte stream in memory for [`pair_over`]: reads what was put in `rx`, writes to `tx`
+/// (moving one end's `tx` into the other's `rx` is the wire). For tests and fuzzing.
+#[derive(Debug, Default)]
+pub struct MemoryLink {
+    /// Bytes waiting to be read (the end of the stream when empty).
+    pub rx: std::collections::VecDeque<u8>,
+    /// Bytes written.
+    pub tx: Vec<u8>,
+}
+
+impl Read for MemoryLink {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.rx.read(buf)
+    }
+}
+
+impl Write for MemoryLink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tx.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Runs the handshake of [`connect`] and [`accept_on`] in memory, the same steps in the same
 /// order, and puts the two ends over `a` (the initiator, signing with `a_signer`) and `b` (the
 /// responder). `tamper` sees each of the three handshake messages (numbered 0, 1, 2) before the

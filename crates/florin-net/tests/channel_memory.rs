@@ -3,33 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::VecDeque;
-use std::io::{Read, Write};
-
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer, SignerError};
-use florin_net::channel::{pair_over, Channel};
+use florin_net::channel::{pair_over, Channel, MemoryLink};
 use florin_net::{ChannelConfig, NetError};
-
-#[derive(Default)]
-struct Mem {
-    rx: VecDeque<u8>,
-    tx: Vec<u8>,
-}
-
-impl Read for Mem {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.rx.read(buf)
-    }
-}
-
-impl Write for Mem {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.tx.write(buf)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn key(i: u8) -> LocalSigner {
     LocalSigner::new(SecretKey::from_seed(&[i; 32]))
@@ -39,11 +15,11 @@ fn pair(
     a: &dyn Signer,
     expected: PublicKey,
     tamper: impl FnMut(usize, &mut Vec<u8>),
-) -> Result<(Channel<Mem>, Channel<Mem>), NetError> {
+) -> Result<(Channel<MemoryLink>, Channel<MemoryLink>), NetError> {
     pair_over(
-        Mem::default(),
+        MemoryLink::default(),
         a,
-        Mem::default(),
+        MemoryLink::default(),
         &key(2),
         &ChannelConfig::default(),
         Some(expected),
@@ -52,7 +28,11 @@ fn pair(
 }
 
 /// Moves what `from` wrote to what `to` reads, through `f`.
-fn carry(from: &mut Channel<Mem>, to: &mut Channel<Mem>, f: impl FnOnce(&mut Vec<u8>)) {
+fn carry(
+    from: &mut Channel<MemoryLink>,
+    to: &mut Channel<MemoryLink>,
+    f: impl FnOnce(&mut Vec<u8>),
+) {
     let mut wire = std::mem::take(&mut from.stream_mut().tx);
     f(&mut wire);
     to.stream_mut().rx.extend(wire);

@@ -159,6 +159,27 @@ fn z_good(t: &Transfer, a: &PaymentAuth) -> Authorization {
     Authorization::new(t, a)
 }
 
+/// One nonce from each of `parties` (their ids) and the FROST signing package over `txid`,
+/// for requests sent to nodes by hand.
+fn raw_package(kmn: &Kmn, parties: &[u16], txid: &[u8]) -> (BTreeMap<u16, u64>, Vec<u8>) {
+    let mut commitments = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    for &p in parties {
+        match kmn.ask(p, Request::Commitments { count: 1 }).unwrap() {
+            Response::Commitments(v) => {
+                ids.insert(p, v[0].0);
+                commitments.insert(p, v[0].1.clone());
+            }
+            other => panic!("commitments: {other:?}"),
+        }
+    }
+    let package = SigningPackage::new(&commitments, txid)
+        .unwrap()
+        .to_bytes()
+        .unwrap();
+    (ids, package)
+}
+
 #[test]
 fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
     let (_dir, _layout, _nodes, kmn) = network(false);
@@ -182,22 +203,7 @@ fn frost_nodes_sign_a_customer_key_only_with_its_authorization() {
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
     let good = transfer(payer, payee, 100, 0, 40);
     let auth = PaymentAuth::sign(&customer, payer, payee, 100, now() + 300, "raw").unwrap();
-    let txid = good.txid();
-    let mut commitments = BTreeMap::new();
-    let mut ids = BTreeMap::new();
-    for p in [1u16, 2] {
-        match kmn.ask(p, Request::Commitments { count: 1 }).unwrap() {
-            Response::Commitments(v) => {
-                ids.insert(p, v[0].0);
-                commitments.insert(p, v[0].1.clone());
-            }
-            other => panic!("commitments: {other:?}"),
-        }
-    }
-    let package = SigningPackage::new(&commitments, &txid)
-        .unwrap()
-        .to_bytes()
-        .unwrap();
+    let (ids, package) = raw_package(&kmn, &[1, 2], &good.txid());
     let forged = PaymentAuth::sign(
         &SecretKey::from_seed(&[9; 32]),
         payer,
@@ -429,22 +435,7 @@ fn a_repaired_share_keeps_its_customer_binding() {
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
     let good = transfer(payer, payee, 100, 0, 41);
     let auth = PaymentAuth::sign(&customer, payer, payee, 100, now() + 300, "r").unwrap();
-    let txid = good.txid();
-    let mut commitments = BTreeMap::new();
-    let mut ids = BTreeMap::new();
-    for p in [2u16, 3] {
-        match kmn.ask(p, Request::Commitments { count: 1 }).unwrap() {
-            Response::Commitments(v) => {
-                ids.insert(p, v[0].0);
-                commitments.insert(p, v[0].1.clone());
-            }
-            other => panic!("commitments: {other:?}"),
-        }
-    }
-    let package = SigningPackage::new(&commitments, &txid)
-        .unwrap()
-        .to_bytes()
-        .unwrap();
+    let (ids, package) = raw_package(&kmn, &[2, 3], &good.txid());
     let plain = Request::Sign {
         key_id: "acct-dave".into(),
         group: group.digest(),
