@@ -408,6 +408,23 @@ impl Wallet {
         })
     }
 
+    /// Cancels the open request with `handshake`, or every open request with `None`; returns
+    /// how many were cancelled. Their reservation of the offline limit is freed. A payer who
+    /// already signed a payment for a cancelled request is refused when delivering it (its
+    /// tokens stay signed to this wallet): cancel only requests known not to have been paid,
+    /// such as a stranger's asks to a listening wallet.
+    pub fn cancel_requests(&mut self, handshake: Option<&Handshake>) -> usize {
+        let before = self.requests.len();
+        match handshake {
+            Some(h) => {
+                let h = hex::encode(h);
+                self.requests.retain(|r| r.handshake != h);
+            }
+            None => self.requests.clear(),
+        }
+        before - self.requests.len()
+    }
+
     /// Tokens held, with their state.
     pub fn tokens(&self) -> impl Iterator<Item = (&Token, TokenState)> {
         self.tokens.iter().map(|(t, s)| (t, *s))

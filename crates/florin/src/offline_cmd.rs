@@ -93,6 +93,18 @@ pub enum OfflineCommand {
         #[arg(long)]
         no_announce: bool,
     },
+    /// Payee: list the payment requests issued and not yet paid (each holds back its amount of
+    /// the offline limit), or cancel one or all of them.
+    Requests {
+        /// Cancel the open request with this handshake (hex, as listed). A payer who already
+        /// signed a payment for it is then refused: cancel only requests you know were not
+        /// paid (a stranger's asks to a listening wallet).
+        #[arg(long, value_name = "HANDSHAKE", conflicts_with = "cancel_all")]
+        cancel: Option<String>,
+        /// Cancel every open request (same warning).
+        #[arg(long)]
+        cancel_all: bool,
+    },
     /// List wallets announcing themselves on the local network.
     Peers {
         /// How long to listen, in seconds.
@@ -242,6 +254,49 @@ pub fn run(
             count,
             no_announce,
         } => return listen_loop(store, json, listen, count, no_announce, authority),
+        OfflineCommand::Requests { cancel, cancel_all } => {
+            let mut w = store.load()?;
+            let cancelled = if cancel_all {
+                w.cancel_requests(None)
+            } else if let Some(h) = &cancel {
+                let h: [u8; 32] = hex::decode(h)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| anyhow!("--cancel takes a handshake: 64 hex digits"))?;
+                match w.cancel_requests(Some(&h)) {
+                    0 => bail!("no open request has handshake {}", hex::encode(h)),
+                    n => n,
+                }
+            } else {
+                0
+            };
+            if cancelled > 0 {
+                store.save(&w)?;
+            }
+            let open: Vec<([u8; 32], u64)> = w.open_requests().collect();
+            let reserved: u64 = open.iter().map(|(_, c)| c).sum();
+            if json {
+                print_json(&json!({
+                    "cancelled": cancelled,
+                    "requests": open.iter().map(|(h, c)| json!({ "handshake": hex::encode(h), "amount_cents": c })).collect::<Vec<_>>(),
+                    "reserved_cents": reserved,
+                    "offline_limit_cents": w.max_offline_cents,
+                }));
+            } else {
+                if cancelled > 0 {
+                    println!("cancelled {cancelled} request(s)");
+                }
+                println!(
+                    "{} open request(s) reserve €{} of the offline limit of €{}",
+                    open.len(),
+                    format_cents(reserved),
+                    format_cents(w.max_offline_cents)
+                );
+                for (h, c) in &open {
+                    println!("  {}  €{}", hex::encode(h), format_cents(*c));
+                }
+            }
+        }
         OfflineCommand::Peers { wait_secs } => {
             let found = discover(Duration::from_secs(wait_secs), None)?;
             if json {

@@ -540,3 +540,56 @@ fn qr_codes_in_one_and_many_parts_and_replayed_or_foreign_codes_refused() {
     assert!(String::from_utf8_lossy(&gif.stderr).contains("replayed"));
     assert_eq!(balance(&payee)["offline_cents"], 1300);
 }
+
+/// A payee sees its open requests and what they reserve of the offline limit, and can cancel
+/// them (a stranger's asks to a listening wallet would otherwise hold the limit for good); a
+/// payment for a cancelled request is refused.
+#[test]
+fn open_requests_are_listed_and_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let (payer, payee, _) = wallets(dir.path(), 3);
+    let d = dir.path();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let r1 = ok(
+        &payee,
+        &["offline", "request", "1", "--out", &s(&d.join("r1"))],
+    );
+    ok(
+        &payee,
+        &["offline", "request", "2", "--out", &s(&d.join("r2"))],
+    );
+    let h1 = r1["handshake"].as_str().unwrap().to_string();
+    let listed = ok(&payee, &["offline", "requests"]);
+    assert_eq!(listed["requests"].as_array().unwrap().len(), 2);
+    assert_eq!(listed["reserved_cents"], 300);
+    assert_eq!(listed["cancelled"], 0);
+
+    ok(
+        &payer,
+        &[
+            "offline",
+            "pay",
+            &s(&d.join("r1")),
+            "--out",
+            &s(&d.join("p1")),
+        ],
+    );
+    let after = ok(&payee, &["offline", "requests", "--cancel", &h1]);
+    assert_eq!(after["cancelled"], 1);
+    assert_eq!(after["reserved_cents"], 200);
+    // The payment for the cancelled request is refused, and nothing is credited.
+    assert!(!wallet(&payee, &["offline", "accept", &s(&d.join("p1"))])
+        .status
+        .success());
+    assert_eq!(balance(&payee)["offline_cents"], 0);
+    // Unknown or malformed handshakes are errors that change nothing.
+    assert!(!wallet(&payee, &["offline", "requests", "--cancel", &h1])
+        .status
+        .success());
+    assert!(!wallet(&payee, &["offline", "requests", "--cancel", "zz"])
+        .status
+        .success());
+    let all = ok(&payee, &["offline", "requests", "--cancel-all"]);
+    assert_eq!(all["cancelled"], 1);
+    assert_eq!(all["requests"].as_array().unwrap().len(), 0);
+}
