@@ -396,7 +396,10 @@ fn a_used_payment_id_survives_a_node_restart() {
 
 /// A node that lost its disk gets a bound key's share back by repair together with the key's
 /// customer binding, from its helpers and not from the coordinator: it then refuses to sign
-/// without the customer as the others do. Helpers that disagree on the binding stop the repair.
+/// without the customer as the others do. Helpers naming different customers stop the repair;
+/// a helper that lost its binding does not make the key unbound; the administrator cannot bind
+/// a lost key to another customer; a node that kept its share but lost its binding gets the
+/// binding back by repair.
 #[test]
 fn a_repaired_share_keeps_its_customer_binding() {
     let (_dir, layout, nodes, kmn) = network(false);
@@ -408,27 +411,42 @@ fn a_repaired_share_keeps_its_customer_binding() {
     std::thread::sleep(Duration::from_millis(200));
     let node = |p: u16| layout.node_dir(p);
     let binding = |p: u16| node(p).join("customers").join("acct-dave.customer");
-    // Node 3 loses its share and its binding; node 2's binding is changed.
+    let restart = |nodes: Vec<RunningNode>| {
+        drop(nodes);
+        std::thread::sleep(Duration::from_millis(200));
+        let nodes = layout.start_in_process().unwrap();
+        let (net, me) = layout.load().unwrap();
+        (nodes, Kmn::new(&net, me).unwrap())
+    };
+    // Node 3 loses its share and its binding; node 2's binding names someone else.
     std::fs::remove_file(node(3).join("shares").join("acct-dave.share")).unwrap();
     std::fs::remove_file(binding(3)).unwrap();
     let kept = std::fs::read(binding(2)).unwrap();
-    let other = SecretKey::from_seed(&[5; 32]).public_key().to_address();
-    std::fs::write(binding(2), other.as_bytes()).unwrap();
-    let nodes = layout.start_in_process().unwrap();
-    let (net, me) = layout.load().unwrap();
-    let kmn = Kmn::new(&net, me).unwrap();
+    let thief = SecretKey::from_seed(&[5; 32]).public_key();
+    std::fs::write(binding(2), thief.to_address().as_bytes()).unwrap();
+    let (nodes, kmn) = restart(Vec::new());
     let err = kmn.repair("acct-dave", 3).unwrap_err().to_string();
     assert!(err.contains("disagree"), "{err}");
     assert!(!binding(3).exists() && kmn.status()[2].keys.is_empty());
+    // Nor may the administrator bind the lost key at node 3 to a customer of its choosing.
+    let rebind = Request::BindCustomer {
+        key_id: "acct-dave".into(),
+        customer: thief.0,
+    };
+    assert!(matches!(kmn.ask(3, rebind).unwrap(), Response::Refused(_)));
+    assert!(!binding(3).exists());
 
-    drop(nodes);
-    std::thread::sleep(Duration::from_millis(200));
+    // Node 2's binding is put back; node 1 loses its binding (not its share): node 1 states
+    // "unbound", node 2 the customer, and the customer wins.
     std::fs::write(binding(2), &kept).unwrap();
-    let _nodes = layout.start_in_process().unwrap();
-    let (net, me) = layout.load().unwrap();
-    let kmn = Kmn::new(&net, me).unwrap();
+    std::fs::remove_file(binding(1)).unwrap();
+    let (_nodes, kmn) = restart(nodes);
     assert_eq!(kmn.repair("acct-dave", 3).unwrap(), vec![1, 2]);
     assert_eq!(std::fs::read(binding(3)).unwrap(), kept);
+    // Node 1 kept its share: repairing it gives its binding back.
+    assert!(!binding(1).exists());
+    assert_eq!(kmn.repair("acct-dave", 1).unwrap(), vec![2, 3]);
+    assert_eq!(std::fs::read(binding(1)).unwrap(), kept);
 
     // Node 3 refuses a share without the customer's authorization, and signs with it.
     let payer = Encumbrance::ed25519(&group.public_key());

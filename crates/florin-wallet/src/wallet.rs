@@ -408,6 +408,13 @@ impl Wallet {
         })
     }
 
+    /// What the open requests hold back of the offline limit (cents).
+    pub fn reserved_cents(&self) -> u64 {
+        self.requests
+            .iter()
+            .fold(0u64, |t, r| t.saturating_add(r.amount_cents))
+    }
+
     /// Cancels the open request with `handshake`, or every open request with `None`; returns
     /// how many were cancelled. Their reservation of the offline limit is freed. A payer who
     /// already signed a payment for a cancelled request is refused when delivering it (its
@@ -551,7 +558,7 @@ impl Wallet {
         }
         // Open requests count against the limit: two requests issued before either is paid
         // cannot together exceed it.
-        let open: u64 = self.requests.iter().map(|r| r.amount_cents).sum();
+        let open = self.reserved_cents();
         let would_hold = self
             .balance()
             .offline_cents

@@ -274,7 +274,7 @@ pub fn run(
                 store.save(&w)?;
             }
             let open: Vec<([u8; 32], u64)> = w.open_requests().collect();
-            let reserved: u64 = open.iter().map(|(_, c)| c).sum();
+            let reserved = w.reserved_cents();
             if json {
                 print_json(&json!({
                     "cancelled": cancelled,

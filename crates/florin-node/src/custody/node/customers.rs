@@ -169,6 +169,24 @@ impl Customers {
         Ok(())
     }
 
+    /// Binds `customer` to `key_id` where the node knows no binding for it (share repair: the
+    /// binding comes from the helpers); the same binding again is nothing, another one is
+    /// refused.
+    pub(super) fn bind_missing(
+        &self,
+        key_id: &str,
+        customer: PublicKey,
+    ) -> Result<(), CustodyError> {
+        match self.bound(key_id) {
+            Some(c) if c == customer => Ok(()),
+            Some(_) => Err(CustodyError::Inconsistent(format!(
+                "key {key_id}: this node's customer binding differs from its helpers'; \
+                 refusing to repair it"
+            ))),
+            None => self.bind(key_id, customer, false),
+        }
+    }
+
     /// The check before a signature with `key_id` (whose encumbrance `payer` gives) over
     /// `message`: nothing for a key without a customer; for a bound key, `authz` must pass
     /// every check, and its payment id is recorded (durably) for this transaction.

@@ -106,7 +106,12 @@ pub(super) fn handle(
             if !valid_key_id(&key_id) {
                 return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
             }
-            let committed = frost_has(inner, &key_id) || ecdsa_has(inner, &key_id);
+            // Any share of the name, committed, lost or pending (a key generation, refresh or
+            // repair under way), fixes the binding: changing it then would let the binding be
+            // swapped between a repair and its commit.
+            let committed = frost_has(inner, &key_id)
+                || ecdsa_has(inner, &key_id)
+                || share_of_name(inner, &key_id);
             inner
                 .customers
                 .bind(&key_id, PublicKey(customer), committed)?;
@@ -369,11 +374,11 @@ pub(super) fn handle(
             let opened = open_secrets(inner, &session, REPAIR_SIGMA, &sigmas)?;
             let (binding, sigmas) = repair_binding(&key_id, opened)?;
             let share = frost::repair_finish(&group, inner.party, &sigmas)?;
-            // The binding first: a share stored without it would sign without the customer.
+            // The binding first: a share stored without it would sign without the customer. It
+            // is added where the node has none (its disk lost, or only its `customers/`), and
+            // never replaces another.
             if let Some(customer) = binding {
-                inner
-                    .customers
-                    .bind(&key_id, customer, frost_has(inner, &key_id))?;
+                inner.customers.bind_missing(&key_id, customer)?;
             }
             store(inner, share)
         }
@@ -395,13 +400,15 @@ pub(super) fn handle(
 }
 
 /// Splits the helpers' repair payloads (a binding tag, the customer key when bound, the sigma)
-/// into the key's customer binding, which every helper must state alike, and the sigmas.
+/// into the key's customer binding and the sigmas. Fails closed: a helper that states a
+/// binding is believed over one that states none (a node that lost its `customers/` says
+/// "unbound"), and two helpers naming different customers stop the repair.
 #[allow(clippy::type_complexity)]
 fn repair_binding(
     key_id: &str,
     opened: BTreeMap<PartyId, Zeroizing<Vec<u8>>>,
 ) -> Result<(Option<PublicKey>, BTreeMap<PartyId, Zeroizing<Vec<u8>>>), CustodyError> {
-    let mut binding: Option<Option<PublicKey>> = None;
+    let mut binding: Option<PublicKey> = None;
     let mut sigmas = BTreeMap::new();
     for (p, b) in opened {
         let (stated, rest) = match b.split_first() {
@@ -418,19 +425,20 @@ fn repair_binding(
                 )))
             }
         };
-        match binding {
-            None => binding = Some(stated),
-            Some(b) if b == stated => {}
-            Some(_) => {
+        match (binding, stated) {
+            (Some(b), Some(s)) if b != s => {
                 return Err(CustodyError::Inconsistent(format!(
                     "repair of {key_id}: the helpers disagree on the key's customer binding \
-                     (party {p} differs); refusing to store a share whose binding is in doubt"
+                     (party {p} names another customer); refusing to store a share whose \
+                     binding is in doubt"
                 )))
             }
+            (None, Some(s)) => binding = Some(s),
+            _ => {}
         }
         sigmas.insert(p, Zeroizing::new(rest.to_vec()));
     }
-    Ok((binding.flatten(), sigmas))
+    Ok((binding, sigmas))
 }
 
 /// A key bound to a customer signs only what the customer authorized: no administrator may
@@ -454,6 +462,21 @@ pub(super) fn ecdsa_has(inner: &Inner, key_id: &str) -> bool {
 /// Whether a FROST key of the name is committed.
 pub(super) fn frost_has(inner: &Inner, key_id: &str) -> bool {
     key(inner, key_id).is_ok()
+}
+
+/// Whether this node holds any other share of the name: a FROST key marked lost, a pending
+/// FROST share, a lost or pending ECDSA key.
+fn share_of_name(inner: &Inner, key_id: &str) -> bool {
+    let lost = inner.lost.read().map_or(true, |l| l.contains_key(key_id));
+    let pending = inner
+        .pending
+        .lock()
+        .map_or(true, |p| p.contains_key(key_id));
+    let ecdsa = inner
+        .ecdsa
+        .as_ref()
+        .is_some_and(|e| e.is_lost(key_id) || e.pending_keys().iter().any(|k| k.key_id == key_id));
+    lost || pending || ecdsa
 }
 
 pub(super) fn ecdsa(inner: &Inner) -> Result<&Arc<EcdsaNode>, CustodyError> {
