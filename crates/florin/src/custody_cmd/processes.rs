@@ -50,13 +50,18 @@ pub(super) fn pid_file(layout: &Layout, p: PartyId) -> PathBuf {
     layout.node_dir(p).join("pid")
 }
 
+/// The pid file: the node's pid, then the pid of the process that started it (older files hold
+/// the node's pid alone).
+fn read_pid_file(layout: &Layout, p: PartyId) -> Option<(u32, Option<u32>)> {
+    let text = std::fs::read_to_string(pid_file(layout, p)).ok()?;
+    let mut words = text.split_whitespace();
+    let pid = words.next()?.parse().ok()?;
+    Some((pid, words.next().and_then(|w| w.parse().ok())))
+}
+
 /// The pid of node `p` if that process is alive and is that node.
 pub(super) fn node_pid(layout: &Layout, p: PartyId) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(pid_file(layout, p))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let (pid, _) = read_pid_file(layout, p)?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let cfg = layout.node_config(p);
     let want = cfg.to_string_lossy();
@@ -68,9 +73,11 @@ pub(super) fn node_pid(layout: &Layout, p: PartyId) -> Option<u32> {
 }
 
 /// Whether node process `pid` was started tied to a parent (`--exit-with-parent`) and that
-/// parent is gone: it was reparented (to init or a subreaper, which is not a `florin`
-/// process), so it exits within a moment and must not be adopted.
-fn orphaned_tied(pid: u32) -> bool {
+/// parent is gone: it was reparented (to init or a subreaper), so it exits within a moment and
+/// must not be adopted. `started_by` is the parent the pid file records: the node is orphaned
+/// when its parent is another process now (what the node's own watcher checks). Without that
+/// record (an older pid file), the parent is gone when it is no `florin` process any more.
+fn orphaned_tied(pid: u32, started_by: Option<u32>) -> bool {
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
@@ -88,6 +95,9 @@ fn orphaned_tied(pid: u32) -> bool {
             rest.split_whitespace().nth(1)?.parse::<u32>().ok()
         });
     let Some(ppid) = ppid else { return false };
+    if let Some(parent) = started_by {
+        return ppid != parent;
+    }
     // The parent is gone when it is no `florin` process any more (a tied node is reparented
     // to init or a subreaper). What cannot be read says nothing: not orphaned.
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe")).ok();
@@ -106,7 +116,8 @@ fn let_orphans_exit(layout: &Layout) {
         let Some(pid) = node_pid(layout, p) else {
             continue;
         };
-        if !orphaned_tied(pid) {
+        let started_by = read_pid_file(layout, p).and_then(|(_, by)| by);
+        if !orphaned_tied(pid, started_by) {
             continue;
         }
         let deadline = Instant::now() + Duration::from_secs(3);
@@ -234,7 +245,10 @@ pub fn ensure_up(
             let child = cmd
                 .spawn()
                 .with_context(|| format!("cannot start node {}", s.party))?;
-            std::fs::write(pid_file(layout, s.party), child.id().to_string())?;
+            std::fs::write(
+                pid_file(layout, s.party),
+                format!("{} {}", child.id(), std::process::id()),
+            )?;
             started += 1;
         }
         Ok(())
