@@ -14,6 +14,7 @@ pub mod bridge;
 pub mod cluster;
 pub mod custody;
 pub mod error;
+pub mod hosts;
 mod keyfile;
 pub mod ledger;
 pub mod manifest;

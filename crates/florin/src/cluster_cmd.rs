@@ -1,16 +1,11 @@
 //! `florin node --config FILE` (one cluster process: a shard replica, a coordinator replica
-//! or a sentinel) and `florin cluster up|status|kill|down` (a whole cluster on 127.0.0.1).
-//!
-//! Layout of a cluster directory:
-//! - `cluster.toml`: the topology every process reads (groups, members, addresses, keys);
-//! - `shard-S-R/`, `coord-C-R/`, `sentinel-N/`: one per process, each with `node.toml`,
-//!   `identity.key`, `pid`, `node.log` and its durable state;
-//! - `issuer.key`, `authority.key`: the ledger's and the token authority's keys (sentinels);
-//! - `client.key`: the key `florin cluster status` uses to ask members for their state.
+//! or a sentinel) and `florin cluster up|status|kill|cut|heal|freeze|thaw|down` (a whole
+//! cluster on 127.0.0.1, or each process on its own emulated host). The directory layout and
+//! process handling are `florin_node::cluster::deploy`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,87 +13,13 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_http::{serve_with, AppState};
+use florin_node::cluster::deploy::{self, NodeConfig};
 use florin_node::cluster::rpc::{Peer, Request, Response};
 use florin_node::cluster::{start_member, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
+use florin_node::hosts::HostNet;
 use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{load_key, load_or_create_key, Authority, AuthorityConfig, Ledger};
 use serde::{Deserialize, Serialize};
-
-/// One process's configuration (`node.toml`). Relative paths are relative to the file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NodeConfig {
-    /// `shard`, `coordinator` or `sentinel`.
-    pub role: Role,
-    /// Shard index, coordinator group index, or sentinel index.
-    pub group: u16,
-    /// Replica id within the group (shards and coordinators).
-    #[serde(default)]
-    pub id: u64,
-    /// The cluster's topology.
-    pub cluster: PathBuf,
-    /// This process's identity key.
-    pub key: PathBuf,
-    /// Its durable state.
-    pub data: PathBuf,
-    /// Sentinels: the HTTP API address.
-    #[serde(default)]
-    pub http: Option<SocketAddr>,
-    /// Sentinels: whether this one runs the token authority (exactly one should).
-    #[serde(default)]
-    pub authority: bool,
-    /// Sentinels: the issuer's key file.
-    #[serde(default)]
-    pub issuer_key: Option<PathBuf>,
-    /// Sentinels: the authority's key file.
-    #[serde(default)]
-    pub authority_key: Option<PathBuf>,
-    /// Sentinels: largest faucet request, in euros.
-    #[serde(default)]
-    pub max_faucet: Option<String>,
-    /// Sentinels: whether the faucet is on (off unless the operator turns it on; when on,
-    /// each request needs an operator credential).
-    #[serde(default)]
-    pub faucet: bool,
-    /// Sentinels: the operator keys (addresses) whose signed requests are accepted.
-    #[serde(default)]
-    pub operators: Vec<String>,
-    /// Sentinels: the cluster's TLS directory (its CA, `ca.pem` and `ca.key`); the sentinel
-    /// serves TLS with a certificate issued from it at each start. Absent: plain HTTP, allowed
-    /// only on loopback.
-    #[serde(default)]
-    pub tls_dir: Option<PathBuf>,
-    /// Sentinels: more names for the server certificate (`--tls-name`).
-    #[serde(default)]
-    pub tls_names: Vec<String>,
-}
-
-impl NodeConfig {
-    fn load(path: &Path) -> Result<NodeConfig> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let mut c: NodeConfig = toml::from_str(&text)
-            .with_context(|| format!("{}: bad node config", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        let abs = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        };
-        abs(&mut c.cluster);
-        abs(&mut c.key);
-        abs(&mut c.data);
-        if let Some(p) = c.issuer_key.as_mut() {
-            abs(p);
-        }
-        if let Some(p) = c.authority_key.as_mut() {
-            abs(p);
-        }
-        if let Some(p) = c.tls_dir.as_mut() {
-            abs(p);
-        }
-        Ok(c)
-    }
-}
 
 /// Options of `florin node`: run a cluster process from its config, or check, back up or
 /// restore a data directory.
@@ -116,7 +37,8 @@ pub struct NodeArgs {
 /// `florin cluster …`.
 #[derive(Subcommand)]
 pub enum ClusterCommand {
-    /// Write the configs (first time) and start every process on 127.0.0.1.
+    /// Write the configs (first time) and start every process (on 127.0.0.1, or each on its
+    /// own emulated host).
     Up {
         /// Shard groups.
         #[arg(long, default_value_t = 2)]
@@ -147,6 +69,15 @@ pub enum ClusterCommand {
         /// created) or plain HTTP; kept in the configs written at creation.
         #[command(flatten)]
         tls: crate::tls_args::ServeTlsArgs,
+        /// Put every process on its own emulated host (first start only; needs root): its own
+        /// network namespace and address on a private bridge (10.77.N.0/24) and its own CPU
+        /// share. Members listen on HOST:7000, sentinels on HOST:<--api's port>.
+        #[arg(long)]
+        emulate_hosts: bool,
+        /// Each emulated host's CPU share in cores (e.g. 0.25); by default the machine's cores
+        /// split evenly over every process.
+        #[arg(long, requires = "emulate_hosts")]
+        host_cpu: Option<f64>,
     },
     /// Every group's leader, term, log index and health, and the API URL.
     Status {
@@ -166,7 +97,40 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "./florin-cluster")]
         data: PathBuf,
     },
-    /// Stop every process.
+    /// Cut an emulated host's link (fault drills; `--emulate-hosts` clusters): `shard/S/R`,
+    /// `coordinator/C/R`, `sentinel/N`, `shard/S` or `coordinator/C` (the group's leader).
+    Cut {
+        /// Whose host.
+        target: String,
+        /// The cluster's directory.
+        #[arg(long, default_value = "./florin-cluster")]
+        data: PathBuf,
+    },
+    /// Restore a cut link.
+    Heal {
+        /// Whose host.
+        target: String,
+        /// The cluster's directory.
+        #[arg(long, default_value = "./florin-cluster")]
+        data: PathBuf,
+    },
+    /// Freeze every process of an emulated host (as if its machine stalled).
+    Freeze {
+        /// Whose host.
+        target: String,
+        /// The cluster's directory.
+        #[arg(long, default_value = "./florin-cluster")]
+        data: PathBuf,
+    },
+    /// Thaw a frozen host.
+    Thaw {
+        /// Whose host.
+        target: String,
+        /// The cluster's directory.
+        #[arg(long, default_value = "./florin-cluster")]
+        data: PathBuf,
+    },
+    /// Stop every process (and remove the emulated hosts; `up` makes them again).
     Down {
         /// The cluster's directory.
         #[arg(long, default_value = "./florin-cluster")]
@@ -175,14 +139,6 @@ pub enum ClusterCommand {
 }
 
 // ------------------------------------------------------------------------- layout
-
-fn member_dir(data: &Path, role: Role, group: u16, id: u64) -> PathBuf {
-    match role {
-        Role::Shard => data.join(format!("shard-{group}-{id}")),
-        Role::Coordinator => data.join(format!("coord-{group}-{id}")),
-        Role::Sentinel => data.join(format!("sentinel-{group}")),
-    }
-}
 
 /// Every process of a cluster: (role, group, id, its directory).
 fn processes(data: &Path, spec: &ClusterSpec) -> Vec<(Role, u16, u64, PathBuf)> {
@@ -193,68 +149,122 @@ fn processes(data: &Path, spec: &ClusterSpec) -> Vec<(Role, u16, u64, PathBuf)> 
     ] {
         for (g, group) in groups.iter().enumerate() {
             for m in &group.members {
-                v.push((role, g as u16, m.id, member_dir(data, role, g as u16, m.id)));
+                v.push((
+                    role,
+                    g as u16,
+                    m.id,
+                    deploy::member_dir(data, role, g as u16, m.id),
+                ));
             }
         }
     }
     let mut n = 0u16;
-    while member_dir(data, Role::Sentinel, n, 0)
+    while deploy::member_dir(data, Role::Sentinel, n, 0)
         .join("node.toml")
         .exists()
     {
-        v.push((Role::Sentinel, n, 0, member_dir(data, Role::Sentinel, n, 0)));
+        v.push((
+            Role::Sentinel,
+            n,
+            0,
+            deploy::member_dir(data, Role::Sentinel, n, 0),
+        ));
         n += 1;
     }
     v
 }
 
-fn write_node(dir: &Path, cfg: &NodeConfig, key: &SecretKey) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    florin_node::write_private(&dir.join("identity.key"), key.to_hex().as_bytes())?;
-    std::fs::write(dir.join("node.toml"), toml::to_string_pretty(cfg)?)?;
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn create(
-    data: &Path,
+/// What `cluster up` creates.
+struct Shape<'a> {
     shards: usize,
     replicas: usize,
     coordinators: usize,
     sentinels: usize,
     api: SocketAddr,
-    max_faucet: &str,
+    max_faucet: &'a str,
     faucet: bool,
-    tls: &crate::tls_args::ServeTlsArgs,
-) -> Result<ClusterSpec> {
+    tls: &'a crate::tls_args::ServeTlsArgs,
+    /// Each process on its own emulated host with this CPU share (cores; none: no quota).
+    emulate_hosts: Option<Option<f64>>,
+}
+
+/// Where each process listens: a free loopback port, or its own emulated host.
+enum Placement {
+    Loopback(std::vec::IntoIter<SocketAddr>),
+    Hosts(HostNet),
+}
+
+impl Placement {
+    /// The address for the process `name`, on `port` where it has a host of its own.
+    fn addr(&mut self, name: &str, port: u16) -> Result<SocketAddr> {
+        match self {
+            Placement::Loopback(free) => free.next().ok_or_else(|| anyhow!("out of ports")),
+            Placement::Hosts(net) => Ok(SocketAddr::new(net.add(name)?.addr.into(), port)),
+        }
+    }
+
+    fn host(&self, name: &str) -> Option<String> {
+        matches!(self, Placement::Hosts(_)).then(|| name.to_string())
+    }
+}
+
+fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
+    let Shape {
+        shards,
+        replicas,
+        coordinators,
+        sentinels,
+        api,
+        ..
+    } = *shape;
     if shards == 0 || replicas == 0 || coordinators == 0 || sentinels == 0 {
         bail!("shards, replicas, coordinators and sentinels must each be at least 1");
     }
     std::fs::create_dir_all(data)?;
-    let n = (shards + coordinators) * replicas + sentinels.saturating_sub(1);
-    let mut addrs = florin_node::custody::free_loopback_addrs(n)?.into_iter();
-    let mut next = || addrs.next().ok_or_else(|| anyhow!("out of ports"));
+    let mut place = match shape.emulate_hosts {
+        None => {
+            let n = (shards + coordinators) * replicas + sentinels.saturating_sub(1);
+            Placement::Loopback(florin_node::custody::free_loopback_addrs(n)?.into_iter())
+        }
+        Some(share) => {
+            let n = (shards + coordinators) * replicas + sentinels;
+            if n > florin_node::hosts::MAX_HOSTS {
+                bail!(
+                    "{n} processes do not fit one emulated network ({} hosts at most)",
+                    florin_node::hosts::MAX_HOSTS
+                );
+            }
+            // The default share: the machine's cores split evenly over every process, so the
+            // whole cluster fits the machine.
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            let share = share.unwrap_or(cores as f64 / n as f64);
+            let net = HostNet::claim(Some(share))?;
+            // Recorded at once, so `cluster down` can remove it even if creation fails below.
+            net.save(&data.join(HOSTS_FILE))?;
+            Placement::Hosts(net)
+        }
+    };
     let mut keys = Vec::new();
-    let mut group =
-        |role: Role, g: u16, next: &mut dyn FnMut() -> Result<SocketAddr>| -> Result<GroupSpec> {
+    let mut groups = |role: Role, count: usize, place: &mut Placement| -> Result<Vec<GroupSpec>> {
+        let mut v = Vec::new();
+        for g in 0..count as u16 {
             let mut members = Vec::new();
             for id in 1..=replicas as u64 {
                 let key = SecretKey::generate(&mut rand::rngs::OsRng);
+                let addr = place.addr(&deploy::host_name(role, g, id), deploy::HOST_RPC_PORT)?;
                 members.push(MemberSpec {
                     id,
-                    addr: next()?.to_string(),
+                    addr: addr.to_string(),
                     key: key.public_key().to_address(),
                 });
                 keys.push((role, g, id, key));
             }
-            Ok(GroupSpec { members })
-        };
-    let shard_groups = (0..shards as u16)
-        .map(|g| group(Role::Shard, g, &mut next))
-        .collect::<Result<Vec<_>>>()?;
-    let coord_groups = (0..coordinators as u16)
-        .map(|g| group(Role::Coordinator, g, &mut next))
-        .collect::<Result<Vec<_>>>()?;
+            v.push(GroupSpec { members });
+        }
+        Ok(v)
+    };
+    let shard_groups = groups(Role::Shard, shards, &mut place)?;
+    let coord_groups = groups(Role::Coordinator, coordinators, &mut place)?;
     let sentinel_keys: Vec<SecretKey> = (0..sentinels)
         .map(|_| SecretKey::generate(&mut rand::rngs::OsRng))
         .collect();
@@ -275,102 +285,60 @@ fn create(
         max_inflight: 8,
         one_phase: true,
     };
-    spec.save(&data.join("cluster.toml"))?;
     for (role, g, id, key) in keys {
-        let cfg = NodeConfig {
-            role,
-            group: g,
-            id,
-            cluster: "../cluster.toml".into(),
-            key: "identity.key".into(),
-            data: ".".into(),
-            http: None,
-            authority: false,
-            issuer_key: None,
-            authority_key: None,
-            max_faucet: None,
-            faucet: false,
-            operators: Vec::new(),
-            tls_dir: None,
-            tls_names: Vec::new(),
-        };
-        write_node(&member_dir(data, role, g, id), &cfg, &key)?;
+        let mut cfg = NodeConfig::member(role, g, id);
+        cfg.host = place.host(&deploy::host_name(role, g, id));
+        deploy::write_node(&deploy::member_dir(data, role, g, id), &cfg, &key)?;
     }
     for (i, key) in sentinel_keys.iter().enumerate() {
-        let http = if i == 0 { api } else { next()? };
-        let cfg = NodeConfig {
-            role: Role::Sentinel,
-            group: i as u16,
-            id: 0,
-            cluster: "../cluster.toml".into(),
-            key: "identity.key".into(),
-            data: ".".into(),
-            http: Some(http),
-            authority: i == 0,
-            issuer_key: Some("../issuer.key".into()),
-            authority_key: Some("../authority.key".into()),
-            max_faucet: Some(max_faucet.to_string()),
-            faucet,
-            operators: vec![operator.public_key().to_address()],
-            tls_dir: (!tls.plain_http).then(|| PathBuf::from("..").join(crate::tls_args::TLS_DIR)),
-            tls_names: tls.tls_names.clone(),
+        let name = deploy::host_name(Role::Sentinel, i as u16, 0);
+        let http = match (&place, i) {
+            (Placement::Loopback(_), 0) => api,
+            _ => place.addr(&name, api.port())?,
         };
-        write_node(&member_dir(data, Role::Sentinel, i as u16, 0), &cfg, key)?;
+        let mut cfg = NodeConfig::member(Role::Sentinel, i as u16, 0);
+        cfg.host = place.host(&name);
+        cfg.http = Some(http);
+        cfg.authority = i == 0;
+        cfg.issuer_key = Some("../issuer.key".into());
+        cfg.authority_key = Some("../authority.key".into());
+        cfg.max_faucet = Some(shape.max_faucet.to_string());
+        cfg.faucet = shape.faucet;
+        cfg.operators = vec![operator.public_key().to_address()];
+        cfg.tls_dir =
+            (!shape.tls.plain_http).then(|| PathBuf::from("..").join(crate::tls_args::TLS_DIR));
+        cfg.tls_names = shape.tls.tls_names.clone();
+        deploy::write_node(
+            &deploy::member_dir(data, Role::Sentinel, i as u16, 0),
+            &cfg,
+            key,
+        )?;
     }
     load_or_create_key(&data.join("issuer.key"))?;
     load_or_create_key(&data.join("authority.key"))?;
-    if !tls.plain_http {
+    if !shape.tls.plain_http {
         florin_http::LocalCa::load_or_create(&data.join(crate::tls_args::TLS_DIR))?;
     }
+    if let Placement::Hosts(net) = &place {
+        net.save(&data.join(HOSTS_FILE))?;
+    }
+    // Written last: a directory without it is not a cluster yet, and `up` creates it afresh.
+    spec.save(&data.join("cluster.toml"))?;
     Ok(spec)
 }
 
-// ------------------------------------------------------------------------- processes
+/// The emulated hosts of a cluster that has them.
+const HOSTS_FILE: &str = "hosts.toml";
 
-fn pid_of(dir: &Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(dir.join("pid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let want = dir.join("node.toml");
-    let want = want.to_string_lossy();
-    let args: Vec<String> = cmdline
-        .split(|&b| b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
-    (args.iter().any(|a| a == "node") && args.iter().any(|a| *a == want)).then_some(pid)
-}
-
-fn spawn(dir: &Path) -> Result<u32> {
-    let exe = std::env::current_exe().context("cannot find the florin binary")?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("node.log"))?;
-    let mut cmd = Command::new(exe);
-    cmd.args(["node", "--config"])
-        .arg(dir.join("node.toml"))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0);
+fn hosts_of(data: &Path) -> Result<Option<HostNet>> {
+    let path = data.join(HOSTS_FILE);
+    if !path.exists() {
+        return Ok(None);
     }
-    let child = cmd.spawn().context("cannot start a cluster process")?;
-    std::fs::write(dir.join("pid"), child.id().to_string())?;
-    Ok(child.id())
+    Ok(Some(HostNet::load(&path)?))
 }
 
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
-}
+// ------------------------------------------------------------------------- processes
 
 fn canonical(data: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(data)?;
@@ -390,6 +358,9 @@ pub struct MemberState {
     pub id: u64,
     /// Where it listens.
     pub addr: String,
+    /// Its emulated host, if the cluster has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// Whether it answered.
     pub up: bool,
     /// Its process id, if running.
@@ -408,11 +379,29 @@ pub struct MemberState {
     pub snapshot: Option<u64>,
 }
 
+/// A cluster's emulated network, as `cluster status --json` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EmulatedNet {
+    /// Its addresses.
+    pub subnet: String,
+    /// The bridge's address (this machine's side).
+    pub gateway: String,
+    /// Each host's CPU share in cores (none: no quota).
+    pub cpu_share: Option<f64>,
+    /// How many hosts.
+    pub hosts: usize,
+}
+
 /// What `cluster status --json` prints.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterState {
-    /// The wallet-facing API.
+    /// The wallet-facing API (the first sentinel's URL).
     pub api: String,
+    /// Every sentinel's URL, the first first (wallets may be given them all and fail over).
+    pub apis: Vec<String>,
+    /// The emulated network (`10.77.N.0/24`) and each host's CPU share, if the cluster has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulated_hosts: Option<EmulatedNet>,
     /// Every process.
     pub members: Vec<MemberState>,
     /// Whether every group has a leader and every sentinel answers.
@@ -424,20 +413,21 @@ fn state(data: &Path) -> Result<ClusterState> {
     let me = Arc::new(LocalSigner::new(load_or_create_key(
         &data.join("client.key"),
     )?));
+    let hosts = hosts_of(data)?;
     let mut members = Vec::new();
-    let mut api = String::new();
+    let mut apis = Vec::new();
     for (role, g, id, dir) in processes(data, &spec) {
-        let pid = pid_of(&dir);
+        let pid = deploy::pid_of(&dir);
+        let host = hosts.as_ref().and_then(|h| {
+            h.host(&deploy::host_name(role, g, id))
+                .ok()
+                .map(|h| h.name.clone())
+        });
         if role == Role::Sentinel {
             let cfg = NodeConfig::load(&dir.join("node.toml"))?;
             let http = cfg.http.map(|a| a.to_string()).unwrap_or_default();
-            if g == 0 {
-                let scheme = if cfg.tls_dir.is_some() {
-                    "https"
-                } else {
-                    "http"
-                };
-                api = format!("{scheme}://{http}");
+            if let Some(url) = cfg.api_url() {
+                apis.push(url);
             }
             let up = std::net::TcpStream::connect_timeout(
                 &http
@@ -451,6 +441,7 @@ fn state(data: &Path) -> Result<ClusterState> {
                 group: g,
                 id,
                 addr: http,
+                host,
                 up,
                 pid,
                 state: None,
@@ -481,6 +472,7 @@ fn state(data: &Path) -> Result<ClusterState> {
             group: g,
             id,
             addr: m.addr.clone(),
+            host,
             up: st.is_some(),
             pid,
             state: st.as_ref().map(|s| s.state.clone()),
@@ -506,14 +498,33 @@ fn state(data: &Path) -> Result<ClusterState> {
         }
     }
     Ok(ClusterState {
-        api,
+        api: apis.first().cloned().unwrap_or_default(),
+        apis,
+        emulated_hosts: hosts.map(|h| EmulatedNet {
+            subnet: format!(
+                "{}/24",
+                std::net::Ipv4Addr::from((u32::from(h.gateway())) & !0xff)
+            ),
+            gateway: h.gateway().to_string(),
+            cpu_share: h.cpu_share,
+            hosts: h.hosts.len(),
+        }),
         members,
         healthy,
     })
 }
 
 fn print_state(s: &ClusterState) {
-    println!("api  {}", s.api);
+    println!("api  {}", s.apis.join(" "));
+    if let Some(h) = &s.emulated_hosts {
+        let share = h.cpu_share.map_or("no CPU quota".to_string(), |c| {
+            format!("{c:.3} core(s) each")
+        });
+        println!(
+            "hosts {} emulated on {} (reached via {}), {share}",
+            h.hosts, h.subnet, h.gateway
+        );
+    }
     println!(
         "{:<12} {:>5} {:>3}  {:<22} {:<10} {:>6} {:>5} {:>9} {:>9} {:>9}",
         "role", "group", "id", "address", "state", "leader", "term", "log", "applied", "snapshot"
@@ -562,29 +573,52 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             max_faucet,
             faucet,
             tls,
+            emulate_hosts,
+            host_cpu,
         } => {
-            tls.check(api)?;
             let data = canonical(&data)?;
             if !data.join("cluster.toml").exists() {
-                create(
-                    &data,
+                if emulate_hosts && tls.plain_http {
+                    bail!("emulated hosts are reached over their own addresses, not loopback: their sentinels serve TLS (drop --plain-http)");
+                }
+                if !emulate_hosts {
+                    tls.check(api)?;
+                }
+                // A creation that failed part-way left its hosts: removed before a new start.
+                if let Some(old) = hosts_of(&data)? {
+                    for e in old.remove() {
+                        eprintln!("warning: {e}");
+                    }
+                    std::fs::remove_file(data.join(HOSTS_FILE))?;
+                }
+                let shape = Shape {
                     shards,
                     replicas,
                     coordinators,
                     sentinels,
                     api,
-                    &max_faucet,
+                    max_faucet: &max_faucet,
                     faucet,
-                    &tls,
-                )?;
+                    tls: &tls,
+                    emulate_hosts: emulate_hosts.then_some(host_cpu),
+                };
+                create(&data, &shape)?;
             } else {
                 eprintln!("using the existing cluster in {}", data.display());
+                if emulate_hosts != hosts_of(&data)?.is_some() {
+                    eprintln!("note: --emulate-hosts is chosen when a cluster is created; this one keeps its placement");
+                }
             }
             let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
+            let hosts = hosts_of(&data)?;
+            if let Some(h) = &hosts {
+                h.ensure()?;
+            }
+            let exe = std::env::current_exe().context("cannot find the florin binary")?;
             let mut started = 0;
             for (_, _, _, dir) in processes(&data, &spec) {
-                if pid_of(&dir).is_none() {
-                    spawn(&dir)?;
+                if deploy::pid_of(&dir).is_none() {
+                    deploy::spawn(&dir, &exe, hosts.as_ref())?;
                     started += 1;
                 }
             }
@@ -638,30 +672,12 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
         }
         ClusterCommand::Kill { target, data } => {
             let data = canonical(&data)?;
-            let st = state(&data)?;
-            let parts: Vec<&str> = target.split('/').collect();
-            let role = match parts.first().copied() {
-                Some("shard") => Role::Shard,
-                Some("coordinator") | Some("coord") => Role::Coordinator,
-                Some("sentinel") => Role::Sentinel,
-                _ => bail!("kill what? shard/S[/R], coordinator/C[/R] or sentinel/N"),
-            };
-            let group: u16 = parts.get(1).map(|g| g.parse()).transpose()?.unwrap_or(0);
-            let id: Option<u64> = parts.get(2).map(|i| i.parse()).transpose()?;
-            let victim = st
-                .members
-                .iter()
-                .filter(|m| m.role == role && m.group == group)
-                .find(|m| match (role, id) {
-                    (Role::Sentinel, _) => true,
-                    (_, Some(id)) => m.id == id,
-                    (_, None) => m.state.as_deref() == Some("leader"),
-                })
-                .ok_or_else(|| anyhow!("no running {target} (or no leader to kill)"))?;
+            let victim = find_member(&state(&data)?, &target)?;
+            let role = victim.role;
             let pid = victim
                 .pid
                 .ok_or_else(|| anyhow!("{target}: no process running"))?;
-            signal(pid, "KILL");
+            deploy::signal(pid, "KILL");
             println!(
                 "killed {:?} {}/{} (pid {pid}, was {})",
                 role,
@@ -671,13 +687,32 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        ClusterCommand::Cut { target, data } => {
+            host_drill(&target, &data, "cut off", |net, h| net.cut(h))
+        }
+        ClusterCommand::Heal { target, data } => {
+            host_drill(&target, &data, "reconnected", |net, h| net.heal(h))
+        }
+        ClusterCommand::Freeze { target, data } => {
+            host_drill(&target, &data, "frozen", |net, h| net.freeze(h))
+        }
+        ClusterCommand::Thaw { target, data } => {
+            host_drill(&target, &data, "thawed", |net, h| net.thaw(h))
+        }
         ClusterCommand::Down { data } => {
             let data = canonical(&data)?;
             let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
+            let hosts = hosts_of(&data)?;
+            // A frozen process cannot act on SIGTERM: thaw every host first.
+            if let Some(h) = &hosts {
+                for host in &h.hosts {
+                    let _ = h.thaw(&host.name);
+                }
+            }
             let mut pids = Vec::new();
             for (_, _, _, dir) in processes(&data, &spec) {
-                if let Some(pid) = pid_of(&dir) {
-                    signal(pid, "TERM");
+                if let Some(pid) = deploy::pid_of(&dir) {
+                    deploy::signal(pid, "TERM");
                     pids.push((pid, dir));
                 }
             }
@@ -686,15 +721,71 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                if pid_of(dir).is_some() {
-                    signal(*pid, "KILL");
+                if deploy::pid_of(dir).is_some() {
+                    deploy::signal(*pid, "KILL");
                 }
                 let _ = std::fs::remove_file(dir.join("pid"));
             }
             println!("stopped {} process(es)", pids.len());
+            if let Some(h) = hosts {
+                let errors = h.remove();
+                for e in &errors {
+                    eprintln!("error: {e}");
+                }
+                if !errors.is_empty() {
+                    bail!("some emulated hosts could not be removed (above)");
+                }
+                println!(
+                    "removed {} emulated host(s) ({}; `cluster up` makes them again)",
+                    h.hosts.len(),
+                    h.bridge()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Resolves a drill's target (as `kill` names them) to its emulated host and acts on it.
+fn host_drill(
+    target: &str,
+    data: &Path,
+    done: &str,
+    act: impl Fn(&HostNet, &str) -> Result<(), florin_node::hosts::HostError>,
+) -> Result<ExitCode> {
+    let data = canonical(data)?;
+    let net = hosts_of(&data)?.ok_or_else(|| {
+        anyhow!("this cluster has no emulated hosts (it was created without --emulate-hosts)")
+    })?;
+    let m = find_member(&state(&data)?, target)?;
+    let name = deploy::host_name(m.role, m.group, m.id);
+    act(&net, &name)?;
+    println!("{name} ({}) {done}", net.host(&name)?.addr);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The member a fault drill names: `shard/S[/R]`, `coordinator/C[/R]` (no replica: the
+/// group's leader) or `sentinel/N`.
+fn find_member(st: &ClusterState, target: &str) -> Result<MemberState> {
+    let parts: Vec<&str> = target.split('/').collect();
+    let role = match parts.first().copied() {
+        Some("shard") => Role::Shard,
+        Some("coordinator") | Some("coord") => Role::Coordinator,
+        Some("sentinel") => Role::Sentinel,
+        _ => bail!("which? shard/S[/R], coordinator/C[/R] or sentinel/N"),
+    };
+    let group: u16 = parts.get(1).map(|g| g.parse()).transpose()?.unwrap_or(0);
+    let id: Option<u64> = parts.get(2).map(|i| i.parse()).transpose()?;
+    st.members
+        .iter()
+        .filter(|m| m.role == role && m.group == group)
+        .find(|m| match (role, id) {
+            (Role::Sentinel, _) => true,
+            (_, Some(id)) => m.id == id,
+            (_, None) => m.state.as_deref() == Some("leader"),
+        })
+        .cloned()
+        .ok_or_else(|| anyhow!("no member {target} (or no leader to pick)"))
 }
 
 /// Runs `florin node --config FILE` until SIGTERM or Ctrl-C.
@@ -731,8 +822,10 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
                         cfg.id
                     )
                 })?;
-            let listener = std::net::TcpListener::bind(&addr)
-                .with_context(|| format!("cannot listen on {addr}"))?;
+            // `listen` overrides the advertised address (e.g. 0.0.0.0:7000 behind a name).
+            let bind = cfg.listen.clone().unwrap_or(addr.clone());
+            let listener = std::net::TcpListener::bind(&bind)
+                .with_context(|| format!("cannot listen on {bind}"))?;
             let member =
                 start_member(&spec, cfg.role, cfg.group, cfg.id, &cfg.data, me, listener).await?;
             eprintln!(

@@ -9,6 +9,7 @@
 //! - [`LocalCluster`]: every member in one process on loopback sockets (tests, benchmarks).
 
 pub mod client;
+pub mod deploy;
 pub mod rpc;
 pub mod service;
 

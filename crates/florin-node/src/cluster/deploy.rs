@@ -1,0 +1,246 @@
+//! A cluster on disk and as processes: each process's configuration (`node.toml`), the layout
+//! of a cluster directory, and starting, finding and signalling its processes, on this
+//! machine or each on its own emulated host ([`crate::hosts`]). `florin cluster up` and
+//! `florin bench cluster --emulate-hosts` both deploy through this module.
+//!
+//! Layout of a cluster directory:
+//! - `cluster.toml`: the topology every process reads (groups, members, addresses, keys);
+//! - `hosts.toml`: the emulated hosts, when the cluster has them;
+//! - `shard-S-R/`, `coord-C-R/`, `sentinel-N/`: one per process, each with `node.toml`,
+//!   `identity.key`, `pid`, `node.log` and its durable state. On emulated hosts, each process's
+//!   host has the same name as its directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use florin_crypto::SecretKey;
+use serde::{Deserialize, Serialize};
+
+use super::Role;
+use crate::error::{BadRequest, NodeError};
+use crate::hosts::HostNet;
+
+/// The port every member listens on for cluster RPC on an emulated host (each has its own
+/// address, so they can all use the same port, as on real machines).
+pub const HOST_RPC_PORT: u16 = 7000;
+
+/// One process's configuration (`node.toml`). Relative paths are relative to the file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeConfig {
+    /// `shard`, `coordinator` or `sentinel`.
+    pub role: Role,
+    /// Shard index, coordinator group index, or sentinel index.
+    pub group: u16,
+    /// Replica id within the group (shards and coordinators).
+    #[serde(default)]
+    pub id: u64,
+    /// The cluster's topology.
+    pub cluster: PathBuf,
+    /// This process's identity key.
+    pub key: PathBuf,
+    /// Its durable state.
+    pub data: PathBuf,
+    /// Shards and coordinators: where to listen, when not the address the cluster spec
+    /// advertises for this member (for example `0.0.0.0:7000` behind a host name).
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// The emulated host the process runs on (`cluster up --emulate-hosts`).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// Sentinels: the HTTP API address to listen on.
+    #[serde(default)]
+    pub http: Option<std::net::SocketAddr>,
+    /// Sentinels: the URL wallets use, when not `http(s)://` + the listen address (a sentinel
+    /// behind a name or a load balancer).
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Sentinels: whether this one runs the token authority (exactly one should).
+    #[serde(default)]
+    pub authority: bool,
+    /// Sentinels: the issuer's key file.
+    #[serde(default)]
+    pub issuer_key: Option<PathBuf>,
+    /// Sentinels: the authority's key file.
+    #[serde(default)]
+    pub authority_key: Option<PathBuf>,
+    /// Sentinels: largest faucet request, in euros.
+    #[serde(default)]
+    pub max_faucet: Option<String>,
+    /// Sentinels: whether the faucet is on (off unless the operator turns it on; when on,
+    /// each request needs an operator credential).
+    #[serde(default)]
+    pub faucet: bool,
+    /// Sentinels: the operator keys (addresses) whose signed requests are accepted.
+    #[serde(default)]
+    pub operators: Vec<String>,
+    /// Sentinels: the cluster's TLS directory (its CA, `ca.pem` and `ca.key`); the sentinel
+    /// serves TLS with a certificate issued from it at each start. Absent: plain HTTP, allowed
+    /// only on loopback.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
+    /// Sentinels: more names for the server certificate (`--tls-name`).
+    #[serde(default)]
+    pub tls_names: Vec<String>,
+}
+
+impl NodeConfig {
+    /// A shard or coordinator replica's configuration, in its directory under the cluster's.
+    pub fn member(role: Role, group: u16, id: u64) -> NodeConfig {
+        NodeConfig {
+            role,
+            group,
+            id,
+            cluster: "../cluster.toml".into(),
+            key: "identity.key".into(),
+            data: ".".into(),
+            listen: None,
+            host: None,
+            http: None,
+            public_url: None,
+            authority: false,
+            issuer_key: None,
+            authority_key: None,
+            max_faucet: None,
+            faucet: false,
+            operators: Vec::new(),
+            tls_dir: None,
+            tls_names: Vec::new(),
+        }
+    }
+
+    /// Reads a `node.toml`, making its relative paths absolute.
+    pub fn load(path: &Path) -> Result<NodeConfig, NodeError> {
+        let text = std::fs::read_to_string(path).map_err(|e| NodeError::io_at(path, e))?;
+        let mut c: NodeConfig = toml::from_str(&text).map_err(|e| BadRequest::Config {
+            path: path.into(),
+            source: Box::new(e),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let abs = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        abs(&mut c.cluster);
+        abs(&mut c.key);
+        abs(&mut c.data);
+        for p in [&mut c.issuer_key, &mut c.authority_key, &mut c.tls_dir]
+            .into_iter()
+            .flatten()
+        {
+            abs(p);
+        }
+        Ok(c)
+    }
+
+    /// The URL wallets use for this sentinel (`public_url`, else the listen address).
+    pub fn api_url(&self) -> Option<String> {
+        if let Some(u) = &self.public_url {
+            return Some(u.clone());
+        }
+        let scheme = if self.tls_dir.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        self.http.map(|a| format!("{scheme}://{a}"))
+    }
+}
+
+/// A process's directory (and, on emulated hosts, its host's name).
+pub fn member_dir(data: &Path, role: Role, group: u16, id: u64) -> PathBuf {
+    data.join(host_name(role, group, id))
+}
+
+/// The name of a process's directory and emulated host: `shard-S-R`, `coord-C-R`,
+/// `sentinel-N`.
+pub fn host_name(role: Role, group: u16, id: u64) -> String {
+    match role {
+        Role::Shard => format!("shard-{group}-{id}"),
+        Role::Coordinator => format!("coord-{group}-{id}"),
+        Role::Sentinel => format!("sentinel-{group}"),
+    }
+}
+
+/// Writes a process's directory: its identity key (0600) and `node.toml`.
+pub fn write_node(dir: &Path, cfg: &NodeConfig, key: &SecretKey) -> Result<(), NodeError> {
+    std::fs::create_dir_all(dir).map_err(|e| NodeError::io_at(dir, e))?;
+    crate::write_private(&dir.join("identity.key"), key.to_hex().as_bytes())?;
+    let text = toml::to_string_pretty(cfg).map_err(|e| BadRequest::Config {
+        path: dir.join("node.toml"),
+        source: Box::new(e),
+    })?;
+    let path = dir.join("node.toml");
+    florin_fs::write_atomic(&path, &[text.as_bytes()]).map_err(|e| NodeError::io_at(&path, e))
+}
+
+/// The pid in `dir/pid`, if that process is alive and is `florin node --config dir/node.toml`
+/// (a stale pid file, or a pid reused by another program, is not it).
+pub fn pid_of(dir: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(dir.join("pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let want = dir.join("node.toml");
+    let want = want.to_string_lossy();
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (args.iter().any(|a| a == "node") && args.iter().any(|a| *a == want)).then_some(pid)
+}
+
+/// Starts `program node --config dir/node.toml` (on its emulated host when `hosts` is given
+/// and the config names one), in its own process group, logging to `dir/node.log`, and
+/// records its pid.
+pub fn spawn(dir: &Path, program: &Path, hosts: Option<&HostNet>) -> Result<u32, NodeError> {
+    let cfg = NodeConfig::load(&dir.join("node.toml"))?;
+    let log_path = dir.join("node.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| NodeError::io_at(&log_path, e))?;
+    let err = log
+        .try_clone()
+        .map_err(|e| NodeError::io_at(&log_path, e))?;
+    let mut cmd = match (hosts, &cfg.host) {
+        (Some(net), Some(h)) => net
+            .command(h, program)
+            .map_err(|e| NodeError::storage(e.to_string()))?,
+        (None, Some(h)) => {
+            return Err(NodeError::storage(format!(
+                "{} runs on emulated host {h}, but the cluster has no hosts.toml",
+                dir.display()
+            )))
+        }
+        _ => Command::new(program),
+    };
+    cmd.args(["node", "--config"])
+        .arg(dir.join("node.toml"))
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| NodeError::storage(format!("cannot start {}: {e}", program.display())))?;
+    let pid_path = dir.join("pid");
+    std::fs::write(&pid_path, child.id().to_string())
+        .map_err(|e| NodeError::io_at(&pid_path, e))?;
+    Ok(child.id())
+}
+
+/// Sends `kill -SIG pid` (errors ignored: the process may be gone).
+pub fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
