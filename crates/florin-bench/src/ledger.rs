@@ -28,7 +28,17 @@ fn id(n: u64) -> UhsId {
 
 /// Compact mints creating ids `0..n` (1,000 per transaction).
 pub(super) fn preload_txs(n: u64) -> Vec<CompactTx> {
-    (0..n.div_ceil(1000))
+    mints(0..n.div_ceil(1000), n)
+}
+
+/// The mints of [`preload_txs`] numbered `first..first + count`: ids `1000·first ..`.
+pub(super) fn preload_range(first: u64, count: u64) -> Vec<CompactTx> {
+    mints(first..first + count, u64::MAX)
+}
+
+/// Mint `m` creates ids `1000·m .. min(1000·(m+1), n)`.
+fn mints(range: std::ops::Range<u64>, n: u64) -> Vec<CompactTx> {
+    range
         .map(|m| CompactTx {
             txid: hash("florin/bench/mint", &[&m.to_le_bytes()]),
             kind: TxKind::Mint,

@@ -8,6 +8,7 @@
 
 mod abuse;
 mod cluster;
+mod cluster_hosts;
 mod custody;
 mod custody_ecdsa;
 mod custody_psp;
@@ -50,6 +51,17 @@ pub struct BenchArgs {
     /// TLS (`sslmode=require` in the connection string refuses a server without it).
     #[arg(long, env = "FLORIN_BENCH_PG_CA")]
     postgres_ca: Option<std::path::PathBuf>,
+    /// `cluster`: every process on its own emulated host (network namespace and CPU share;
+    /// needs root): Hamilton's Fig. 4 scaling on emulated machines.
+    #[arg(long)]
+    emulate_hosts: bool,
+    /// With `--emulate-hosts`: each host's CPU share in cores (default: the machine's cores
+    /// over the hosts of the 4-shard run).
+    #[arg(long, requires = "emulate_hosts")]
+    host_cpu: Option<f64>,
+    /// Internal: run as one of `florin bench cluster --emulate-hosts`'s load generators.
+    #[arg(long, hide = true)]
+    loadgen: Option<std::path::PathBuf>,
     /// Internal: run as `florin bench abuse`'s attacker against this node URL.
     #[arg(long, hide = true)]
     attack: Option<String>,
@@ -175,6 +187,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "warning: this is a debug build; benchmark figures are meaningful only with --release"
         );
     }
+    if let (Suite::Cluster, Some(path)) = (args.suite, args.loadgen.as_deref()) {
+        return cluster_hosts::loadgen(path);
+    }
     if let (Suite::Abuse, Some(url)) = (args.suite, args.attack.as_deref()) {
         return abuse::attack(url);
     }
@@ -211,6 +226,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Custody => {
             custody::run(&mut rec, scale)?;
             "custody"
+        }
+        Suite::Cluster if args.emulate_hosts => {
+            cluster_hosts::run(&mut rec, scale, args.quick, args.host_cpu)?;
+            "cluster"
         }
         Suite::Cluster => {
             cluster::run(&mut rec, scale)?;

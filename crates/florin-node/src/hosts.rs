@@ -27,8 +27,11 @@ use serde::{Deserialize, Serialize};
 pub const SUBNET: [u8; 2] = [10, 77];
 /// Most hosts on one emulated network (addresses `.2` to `.251`).
 pub const MAX_HOSTS: usize = 250;
-/// The CPU quota period (the kernel's default, 100 ms).
-const PERIOD_US: u64 = 100_000;
+/// The shortest CPU quota period (10 ms). The kernel's default is 100 ms; a host held to a
+/// small share would then run in bursts and stall for most of each 100 ms, which no real small
+/// machine does. Shorter periods spread its share evenly (the period is lengthened only where
+/// the quota would fall under the kernel's 1 ms minimum).
+const MIN_PERIOD_US: u64 = 10_000;
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CONTROLLERS: [&str; 3] = ["cpu", "cpuacct", "freezer"];
 
@@ -173,6 +176,17 @@ impl EmulatedHost {
             .lines()
             .filter_map(|l| l.trim().parse().ok())
             .collect()
+    }
+}
+
+/// The cgroup `cpu` period and quota (µs) for a share of `share` cores (quota -1: none).
+fn quota_of(share: Option<f64>) -> (u64, i64) {
+    match share {
+        None => (MIN_PERIOD_US, -1),
+        Some(s) => {
+            let period = ((1000.0 / s).ceil() as u64).clamp(MIN_PERIOD_US, 1_000_000);
+            (period, ((s * period as f64).round() as i64).max(1000))
+        }
     }
 }
 
@@ -345,11 +359,10 @@ impl HostNet {
                 .map_err(|e| failed(format!("create cgroup {}", dir.display()), e))?;
         }
         let cpu = h.cgroup_dir("cpu");
-        write(&cpu.join("cpu.cfs_period_us"), &PERIOD_US.to_string())?;
-        let quota = match self.cpu_share {
-            Some(s) => ((s * PERIOD_US as f64) as i64).max(1000),
-            None => -1,
-        };
+        let (period, quota) = quota_of(self.cpu_share);
+        // The quota first: a period shorter than the old one could otherwise be refused.
+        write(&cpu.join("cpu.cfs_quota_us"), "-1")?;
+        write(&cpu.join("cpu.cfs_period_us"), &period.to_string())?;
         write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())
     }
 
@@ -513,7 +526,9 @@ mod tests {
         assert!(netns_exists(&a.netns) && link_exists(&a.link));
         let quota =
             std::fs::read_to_string(a.cgroup_dir("cpu").join("cpu.cfs_quota_us")).expect("quota");
-        assert_eq!(quota.trim(), "10000");
+        assert_eq!(quota.trim(), "1000");
+        assert_eq!(quota_of(Some(0.07)), (14_286, 1000));
+        assert_eq!(quota_of(Some(0.5)), (10_000, 5000));
         // A process on host a sees its own address only, and lands in a's cgroups.
         let out = net
             .command("a", Path::new("sh"))

@@ -1,0 +1,557 @@
+//! `florin bench cluster --emulate-hosts`: Hamilton's Fig. 4 on emulated machines. Every shard
+//! replica, every coordinator replica and every load generator is its own `florin` process on
+//! its own emulated host ([`florin_node::hosts`]: a network namespace with its own address, and
+//! a CPU quota of the same share for every host), so that adding shards adds machines, as in
+//! the paper, instead of more replicas on the same two cores.
+//!
+//! The engine tier only, as in Hamilton's figure: load generators send compact transactions
+//! (2-in/2-out transfers over uniformly random ids) straight to the coordinator groups, with
+//! the cluster's own authenticated RPC. Each size scales every tier together: S shard groups,
+//! S coordinator groups and S load generators, replication 3. Each size is run with every
+//! transaction through two-phase commit (Hamilton's commit path) and again with one-phase
+//! commit where a transaction lies on one shard (Florin's shortcut, reported beside it).
+//!
+//! Each load generator preloads its own ids, says it is ready, and on "go" drives its
+//! transactions from several client threads for a fixed time; throughput is the sum of the
+//! generators' rates over the same window. CPU time is read per host from `cpuacct`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use florin_cluster::raft::RaftOptions;
+use florin_crypto::{LocalSigner, PublicKey, SecretKey};
+use florin_ledger::{SwapOutcome, SwapStore};
+use florin_node::cluster::deploy::{self, NodeConfig};
+use florin_node::cluster::rpc::{Peer, Request, Response};
+use florin_node::cluster::{ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
+use florin_node::hosts::{HostNet, HostNetGuard};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::ledger::{preload_range, workload};
+use super::{Recorder, Reference, Scale};
+
+const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
+/// Client threads per load generator.
+const CLIENTS: usize = 8;
+/// Transactions per submission.
+const BATCH: usize = 1000;
+/// Replication factor of every group.
+const REPLICAS: usize = 3;
+/// The size the default CPU share is chosen for: 4 shards (4 × 3 shard replicas, 4 × 3
+/// coordinator replicas and 4 load generators) fill the machine's cores exactly.
+const FIT_SHARDS: usize = 4;
+
+/// What a load generator is told (`loadgen.json` in its directory).
+#[derive(Serialize, Deserialize)]
+struct LoadgenConfig {
+    cluster: PathBuf,
+    key: PathBuf,
+    /// Its ids: 1,000-id mint chunks `first_chunk ..first_chunk + chunks` (500 transfers each).
+    first_chunk: u64,
+    chunks: u64,
+    clients: usize,
+    batch: usize,
+    secs: f64,
+}
+
+/// What a load generator reports.
+#[derive(Serialize, Deserialize)]
+struct LoadgenResult {
+    count: u64,
+    elapsed_s: f64,
+    latencies_ms: Vec<f64>,
+    ran_out: bool,
+}
+
+/// One configuration deployed on its own emulated network.
+struct Deployed {
+    _dir: tempfile::TempDir,
+    net: HostNetGuard,
+    spec: ClusterSpec,
+    members: Vec<(Role, u16, u64, PathBuf)>,
+    loadgens: Vec<PathBuf>,
+    observer: Arc<LocalSigner>,
+}
+
+impl Deployed {
+    fn host_cpu(&self, prefix: &str) -> f64 {
+        self.net
+            .0
+            .hosts
+            .iter()
+            .filter(|h| h.name.starts_with(prefix))
+            .filter_map(|h| h.cpu_seconds())
+            .sum()
+    }
+
+    fn stop(self) {
+        for (_, _, _, dir) in &self.members {
+            if let Some(pid) = deploy::pid_of(dir) {
+                deploy::signal(pid, "KILL");
+            }
+        }
+        // The guard removes the hosts (and kills anything left on them).
+    }
+}
+
+fn raft() -> RaftOptions {
+    RaftOptions {
+        snapshot_every: 200,
+        keep_logs: 100,
+        ..RaftOptions::default()
+    }
+}
+
+/// Writes and starts a cluster of `shards` shard groups and as many coordinator groups, each
+/// replica on its own host, and `loadgens` load-generator hosts (not started).
+fn deploy_cluster(
+    exe: &Path,
+    shards: usize,
+    loadgens: usize,
+    one_phase: bool,
+    share: f64,
+) -> Result<Deployed> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path();
+    let net = HostNetGuard(HostNet::claim(Some(share))?);
+    let mut net = net;
+    let mut keys = Vec::new();
+    let mut groups = |role: Role, net: &mut HostNet| -> Result<Vec<GroupSpec>> {
+        let mut v = Vec::new();
+        for g in 0..shards as u16 {
+            let mut members = Vec::new();
+            for id in 1..=REPLICAS as u64 {
+                let key = SecretKey::generate(&mut rand::rngs::OsRng);
+                let host = net.add(&deploy::host_name(role, g, id))?;
+                members.push(MemberSpec {
+                    id,
+                    addr: format!("{}:{}", host.addr, deploy::HOST_RPC_PORT),
+                    key: key.public_key().to_address(),
+                });
+                keys.push((role, g, id, key));
+            }
+            v.push(GroupSpec { members });
+        }
+        Ok(v)
+    };
+    let shard_groups = groups(Role::Shard, &mut net.0)?;
+    let coord_groups = groups(Role::Coordinator, &mut net.0)?;
+    let observer = SecretKey::generate(&mut rand::rngs::OsRng);
+    let lg_keys: Vec<SecretKey> = (0..loadgens)
+        .map(|_| SecretKey::generate(&mut rand::rngs::OsRng))
+        .collect();
+    let map = florin_cluster::route::ShardMap::even(shards).map_err(|e| anyhow!("{e}"))?;
+    let spec = ClusterSpec {
+        shard_starts: map.starts().to_vec(),
+        shards: shard_groups,
+        coordinators: coord_groups,
+        clients: lg_keys
+            .iter()
+            .map(|k| k.public_key().to_address())
+            .collect(),
+        observers: vec![observer.public_key().to_address()],
+        raft: raft(),
+        max_batch: 4096,
+        max_inflight: 8,
+        one_phase,
+    };
+    spec.save(&data.join("cluster.toml"))?;
+    let mut members = Vec::new();
+    for (role, g, id, key) in keys {
+        let mut cfg = NodeConfig::member(role, g, id);
+        let name = deploy::host_name(role, g, id);
+        cfg.host = Some(name);
+        let mdir = deploy::member_dir(data, role, g, id);
+        deploy::write_node(&mdir, &cfg, &key)?;
+        members.push((role, g, id, mdir));
+    }
+    let mut lg_dirs = Vec::new();
+    for (i, key) in lg_keys.iter().enumerate() {
+        let name = format!("loadgen-{i}");
+        net.0.add(&name)?;
+        let d = data.join(&name);
+        std::fs::create_dir_all(&d)?;
+        florin_node::write_private(&d.join("identity.key"), key.to_hex().as_bytes())?;
+        lg_dirs.push(d);
+    }
+    for (_, _, _, d) in &members {
+        deploy::spawn(d, exe, Some(&net.0))?;
+    }
+    Ok(Deployed {
+        _dir: dir,
+        net,
+        spec,
+        members,
+        loadgens: lg_dirs,
+        observer: Arc::new(LocalSigner::new(observer)),
+    })
+}
+
+/// Waits until every group has a leader, asking each member for its state.
+fn wait_for_leaders(d: &Deployed, within: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    let peers: Vec<(Role, u16, Peer)> = [
+        (Role::Shard, &d.spec.shards),
+        (Role::Coordinator, &d.spec.coordinators),
+    ]
+    .into_iter()
+    .flat_map(|(role, groups)| {
+        groups
+            .iter()
+            .enumerate()
+            .flat_map(move |(g, grp)| grp.members.iter().map(move |m| (role, g as u16, m)))
+    })
+    .map(|(role, g, m)| -> Result<(Role, u16, Peer)> {
+        let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
+        Ok((
+            role,
+            g,
+            Peer::new(
+                m.addr.clone(),
+                key,
+                d.observer.clone(),
+                Duration::from_secs(1),
+            ),
+        ))
+    })
+    .collect::<Result<_>>()?;
+    loop {
+        let mut leaders = std::collections::HashSet::new();
+        for (role, g, p) in &peers {
+            if let Ok(Response::Status(s)) = p.call(&Request::Status) {
+                if s.raft.state == "leader" {
+                    leaders.insert((*role as u8, *g));
+                }
+            }
+        }
+        if leaders.len() == d.spec.shards.len() + d.spec.coordinators.len() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the groups did not all elect a leader in {within:?} (logs under each member's directory)");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+struct Loadgen {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Loadgen {
+    fn line(&mut self) -> Result<String> {
+        let mut s = String::new();
+        if self.stdout.read_line(&mut s)? == 0 {
+            bail!("a load generator exited early (its log: loadgen-*/loadgen.log)");
+        }
+        Ok(s.trim().to_string())
+    }
+}
+
+impl Drop for Loadgen {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The measured load on one deployed cluster.
+struct Load {
+    rate: f64,
+    latencies: Vec<f64>,
+    engine_cpu_s: f64,
+    loadgen_cpu_s: f64,
+    count: u64,
+    secs: f64,
+}
+
+fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
+    let mut gens = Vec::new();
+    for (i, dir) in d.loadgens.iter().enumerate() {
+        let cfg = LoadgenConfig {
+            cluster: dir.join("../cluster.toml"),
+            key: dir.join("identity.key"),
+            first_chunk: i as u64 * chunks,
+            chunks,
+            clients: CLIENTS,
+            batch: BATCH,
+            secs,
+        };
+        let path = dir.join("loadgen.json");
+        std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
+        let log = std::fs::File::create(dir.join("loadgen.log"))?;
+        let mut child = d
+            .net
+            .0
+            .command(&format!("loadgen-{i}"), exe)?
+            .args(["bench", "cluster", "--loadgen"])
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .context("starting a load generator")?;
+        let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+        gens.push(Loadgen {
+            child,
+            stdin,
+            stdout,
+        });
+    }
+    for g in &mut gens {
+        let l = g.line()?;
+        if l != "ready" {
+            bail!("a load generator said {l:?} instead of ready");
+        }
+    }
+    let (e0, l0) = (
+        d.host_cpu("shard-") + d.host_cpu("coord-"),
+        d.host_cpu("loadgen-"),
+    );
+    for g in &mut gens {
+        g.stdin.write_all(b"go\n")?;
+        g.stdin.flush()?;
+    }
+    let mut results = Vec::new();
+    for g in &mut gens {
+        let l = g.line()?;
+        results
+            .push(serde_json::from_str::<LoadgenResult>(&l).context("a load generator's result")?);
+    }
+    let (e1, l1) = (
+        d.host_cpu("shard-") + d.host_cpu("coord-"),
+        d.host_cpu("loadgen-"),
+    );
+    if results.iter().any(|r| r.ran_out) {
+        eprintln!("  note: a load generator used all its preloaded ids before the time was up");
+    }
+    Ok(Load {
+        rate: results
+            .iter()
+            .map(|r| r.count as f64 / r.elapsed_s.max(1e-9))
+            .sum(),
+        latencies: results
+            .iter()
+            .flat_map(|r| r.latencies_ms.iter().copied())
+            .collect(),
+        engine_cpu_s: e1 - e0,
+        loadgen_cpu_s: l1 - l0,
+        count: results.iter().map(|r| r.count).sum(),
+        secs: results.iter().map(|r| r.elapsed_s).fold(0.0, f64::max),
+    })
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs the emulated-host suite.
+pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f64>) -> Result<()> {
+    florin_node::hosts::check_supported()?;
+    let exe = std::env::current_exe().context("cannot find the florin binary")?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let fit_hosts = FIT_SHARDS * (2 * REPLICAS + 1);
+    let share = share.unwrap_or(cores as f64 / fit_hosts as f64);
+    let sizes: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4, 8] };
+    let (secs, chunks) = if quick {
+        (4.0, 120)
+    } else if scale.full {
+        (20.0, 800)
+    } else {
+        (10.0, 400)
+    };
+    eprintln!(
+        "emulated hosts: {share:.3} core(s) each ({cores} cores / {fit_hosts} hosts at {FIT_SHARDS} shards); \
+         replication {REPLICAS}; coordinator groups = shards = load generators; \
+         {CLIENTS} clients x {BATCH} transactions per generator; {secs} s per run"
+    );
+    let mut two_phase = Vec::new();
+    for &shards in sizes {
+        for one_phase in [false, true] {
+            let hosts = shards * (2 * REPLICAS + 1);
+            let fits = hosts as f64 * share <= cores as f64 + 1e-9;
+            let d = deploy_cluster(&exe, shards, shards, one_phase, share)?;
+            let measured = wait_for_leaders(&d, Duration::from_secs(60))
+                .and_then(|_| run_load(&d, &exe, chunks, secs));
+            d.stop();
+            let Load {
+                rate,
+                mut latencies,
+                engine_cpu_s,
+                loadgen_cpu_s,
+                count,
+                secs: window,
+            } = measured?;
+            let commit = if one_phase {
+                "one-phase where a transaction lies on one shard"
+            } else {
+                "two-phase for every transaction"
+            };
+            let params = json!({
+                "shards": shards, "replicas": REPLICAS, "coordinators": shards,
+                "load_generators": shards, "commit": commit, "emulated_hosts": hosts,
+                "host_cpu_cores": share, "hosts_fit_machine": fits,
+                "clients_per_generator": CLIENTS, "batch": BATCH,
+                "transactions": count, "window_s": window,
+            });
+            if !one_phase {
+                two_phase.push((shards, rate));
+            }
+            rec.add(
+                "cluster_hosts_tx_per_s",
+                rate,
+                "transactions/s",
+                params.clone(),
+                Some(Reference {
+                    value: 1_700_000.0,
+                    source: format!("{HAMILTON} Fig. 4: peak, 2PC, many shards on many machines"),
+                }),
+                None,
+            );
+            for (p, seed) in [(0.5, 500.0), (0.99, 1000.0)] {
+                rec.add(
+                    "cluster_hosts_batch_latency_ms",
+                    percentile(&mut latencies, p),
+                    "ms",
+                    json!({ "shards": shards, "replicas": REPLICAS, "percentile": (p * 100.0) as u32, "batch": BATCH, "commit": commit }),
+                    Some(Reference {
+                        value: seed,
+                        source: format!("{HAMILTON} Fig. 4: p50 under 500 ms, p99 under 1 s per transaction at peak"),
+                    }),
+                    None,
+                );
+            }
+            if count > 0 {
+                rec.add(
+                    "cluster_hosts_engine_cpu_us_per_tx",
+                    engine_cpu_s * 1e6 / count as f64,
+                    "µs",
+                    json!({ "shards": shards, "replicas": REPLICAS, "commit": commit, "what": "CPU of every shard and coordinator host (cpuacct) per transaction" }),
+                    None,
+                    None,
+                );
+                rec.add(
+                    "cluster_hosts_loadgen_cpu_us_per_tx",
+                    loadgen_cpu_s * 1e6 / count as f64,
+                    "µs",
+                    json!({ "shards": shards, "commit": commit }),
+                    None,
+                    None,
+                );
+            }
+        }
+    }
+    let one = two_phase.iter().find(|(s, _)| *s == 1).map(|(_, r)| *r);
+    if let Some(one) = one.filter(|r| *r > 0.0) {
+        for (shards, rate) in two_phase.iter().filter(|(s, _)| *s > 1) {
+            let target = if *shards == 4 {
+                json!(3.5)
+            } else {
+                json!(null)
+            };
+            rec.add(
+                "cluster_scaling_vs_one_shard",
+                rate / one,
+                "ratio",
+                json!({ "shards": shards, "commit": "two-phase for every transaction", "target": target, "linear": shards }),
+                Some(Reference {
+                    value: *shards as f64,
+                    source: format!("{HAMILTON} Fig. 4: throughput linear in shards"),
+                }),
+                Some(Reference {
+                    value: one,
+                    source: "one shard (3 replicas, 1 coordinator group, 1 load generator), same hosts, same run".into(),
+                }),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `florin bench cluster --loadgen FILE`: one load generator on its host (see the module).
+pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
+    let cfg: LoadgenConfig = serde_json::from_slice(&std::fs::read(path)?)?;
+    let spec = ClusterSpec::load(&cfg.cluster)?;
+    let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));
+    let store = Arc::new(ClusterStore::new(&spec, me)?);
+    for chunk in preload_range(cfg.first_chunk, cfg.chunks).chunks(20) {
+        let out = store.swap(chunk)?;
+        if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
+            bail!("a preload mint was refused: {out:?}");
+        }
+    }
+    let mut out = std::io::stdout();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    // Transfers `k` spend ids `2k, 2k+1`: this generator's are `first_chunk*500 ..`.
+    let first = cfg.first_chunk * 500;
+    let end = (cfg.first_chunk + cfg.chunks) * 500;
+    let next = Arc::new(AtomicU64::new(first));
+    let ran_out = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let lat = Arc::new(Mutex::new(Vec::new()));
+    let began = Instant::now();
+    let stop_at = began + Duration::from_secs_f64(cfg.secs);
+    let mut threads = Vec::new();
+    for _ in 0..cfg.clients {
+        let (store, next, ran_out, count, lat) = (
+            store.clone(),
+            next.clone(),
+            ran_out.clone(),
+            count.clone(),
+            lat.clone(),
+        );
+        let batch = cfg.batch as u64;
+        threads.push(std::thread::spawn(move || -> Result<()> {
+            while Instant::now() < stop_at {
+                let k = next.fetch_add(batch, Ordering::Relaxed);
+                if k + batch > end {
+                    ran_out.store(true, Ordering::Relaxed);
+                    break;
+                }
+                let txs = workload(batch, k);
+                let t = Instant::now();
+                let out = store.swap(&txs)?;
+                if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
+                    bail!("a benchmark transaction was refused");
+                }
+                if Instant::now() <= stop_at {
+                    count.fetch_add(batch, Ordering::Relaxed);
+                    if let Ok(mut l) = lat.lock() {
+                        l.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+            }
+            Ok(())
+        }));
+    }
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow!("a client thread panicked"))??;
+    }
+    let elapsed = began.elapsed().as_secs_f64().min(cfg.secs);
+    let result = LoadgenResult {
+        count: count.load(Ordering::Relaxed),
+        elapsed_s: elapsed,
+        latencies_ms: lat.lock().map(|l| l.clone()).unwrap_or_default(),
+        ran_out: ran_out.load(Ordering::Relaxed),
+    };
+    writeln!(out, "{}", serde_json::to_string(&result)?)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
