@@ -75,6 +75,11 @@ pub enum Decision {
     /// for that, then answer it as a replay (as a replay too if waiting runs out: it is
     /// confirmed, only its outputs may not be readable everywhere yet).
     Confirming,
+    /// A shard refused the batch's `Prepare` (it does not fit that shard: an id outside its
+    /// range, bytes that do not decode — a configuration or build that differs between
+    /// coordinator and shard). The whole batch aborts, its locks are released, and its
+    /// submitters are failed with the shard's words. (Last, so older logs still decode.)
+    Refused,
 }
 
 /// An entry of the coordinator's replicated log.
@@ -237,6 +242,16 @@ pub enum Output {
         /// What the shard said.
         why: String,
     },
+    /// Something the operator must hear of (the service logs it and counts it in the
+    /// coordinator's status): a shard refused a batch's `Prepare`, and the batch was aborted.
+    Alert {
+        /// The batch.
+        dtx: Dtx,
+        /// The shard.
+        shard: ShardId,
+        /// What happened.
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,6 +286,8 @@ struct Flight {
     votes: Vec<Vec<Vote>>,
     decisions: Vec<Decision>,
     sent_at: u64,
+    /// A shard refused the batch's `Prepare`: its words (the batch aborts).
+    refused: Option<String>,
 }
 
 struct TicketState {
@@ -441,6 +458,7 @@ impl Coordinator {
             votes: vec![Vec::new(); n],
             decisions: Vec::new(),
             sent_at: self.now,
+            refused: None,
         }
     }
 
@@ -696,28 +714,24 @@ impl Coordinator {
                     }
                     f.waiting.remove(&shard);
                 }
-                if f.waiting.is_empty() {
-                    f.decisions = f.votes.iter().map(|v| decide(v)).collect();
-                    f.phase = Phase::Deciding;
-                    out.push(Output::Replicate(CoordEntry::Decide {
-                        dtx,
-                        decisions: f.decisions.clone(),
-                    }));
-                }
+                self.decide_if_prepared(dtx, &mut f, out);
+            }
+            (Phase::Preparing, ShardReply::Refused(why)) if f.waiting.contains(&shard) => {
+                // The same command would be refused again: the batch aborts. The other shards'
+                // answers are still awaited, so that no `Prepare` is left on its way to lock
+                // inputs after the batch's `Commit` (all aborts) and `Discard`.
+                let why = format!("shard {shard} refused batch {dtx:032x}: {why}");
+                out.push(Output::Alert {
+                    dtx,
+                    shard,
+                    why: format!("{why} (the batch is aborted and its locks released)"),
+                });
+                f.refused.get_or_insert(why);
+                f.waiting.remove(&shard);
+                self.decide_if_prepared(dtx, &mut f, out);
             }
             (Phase::Committing, ShardReply::Committed) => {
-                f.waiting.remove(&shard);
-                if f.waiting.is_empty() {
-                    self.answer(&f, out);
-                    self.active = self.active.saturating_sub(1);
-                    self.produced(&f.txs);
-                    f.phase = Phase::Discarding;
-                    f.waiting = f.plan.keys().copied().collect();
-                    f.sent_at = self.now;
-                    for s in &f.waiting {
-                        out.push(self.send(*s, ShardCmd::Discard { dtx }));
-                    }
-                }
+                self.committed(dtx, &mut f, shard, out);
             }
             (Phase::Discarding, ShardReply::Discarded) => {
                 f.waiting.remove(&shard);
@@ -726,9 +740,11 @@ impl Coordinator {
                     out.push(Output::Replicate(CoordEntry::Done { dtx }));
                 }
             }
-            // A late answer to an earlier phase, or a refusal of a two-phase command: the
-            // phase's send is repeated on the next tick if still unanswered (a two-phase batch
-            // may hold locks and a logged decision, so it is never dropped). (`Deposed` means a
+            // A late answer to an earlier phase, or a refusal of a `Commit` or `Discard`: the
+            // phase's send is repeated on the next tick if still unanswered (the batch's
+            // decision is logged and other shards may have applied it, so it is never dropped;
+            // the service reports a refused `Commit` to the operator). A shard that refused
+            // the `Prepare` takes the all-abort `Commit` as done (it has nothing to undo). (`Deposed` means a
             // later leader of this group has reached the shard: the service stops this
             // coordinator.)
             _ => {}
@@ -736,16 +752,54 @@ impl Coordinator {
         self.flights.insert(dtx, f);
     }
 
+    /// Once every shard answered the `Prepare` (or refused it): decide and log the decisions.
+    fn decide_if_prepared(&mut self, dtx: Dtx, f: &mut Flight, out: &mut Vec<Output>) {
+        if !f.waiting.is_empty() {
+            return;
+        }
+        f.decisions = if f.refused.is_some() {
+            vec![Decision::Refused; f.txs.len()]
+        } else {
+            f.votes.iter().map(|v| decide(v)).collect()
+        };
+        f.phase = Phase::Deciding;
+        out.push(Output::Replicate(CoordEntry::Decide {
+            dtx,
+            decisions: f.decisions.clone(),
+        }));
+    }
+
+    /// One shard took the batch's commit; once all have, answer and discard.
+    fn committed(&mut self, dtx: Dtx, f: &mut Flight, shard: ShardId, out: &mut Vec<Output>) {
+        f.waiting.remove(&shard);
+        if f.waiting.is_empty() {
+            self.answer(f, out);
+            self.active = self.active.saturating_sub(1);
+            self.produced(&f.txs);
+            f.phase = Phase::Discarding;
+            f.waiting = f.plan.keys().copied().collect();
+            f.sent_at = self.now;
+            for s in &f.waiting {
+                out.push(self.send(*s, ShardCmd::Discard { dtx }));
+            }
+        }
+    }
+
     /// Answers submitters (or queues retries) once a batch's commits are acknowledged.
     fn answer(&mut self, f: &Flight, out: &mut Vec<Output>) {
         // Retried transactions go back to the front, in their order, ahead of whatever was
         // held behind them.
         let mut again = Vec::new();
+        let mut refused = Vec::new();
         for (i, d) in f.decisions.iter().enumerate() {
             let Some(Some(o)) = f.origins.get(i) else {
                 continue;
             };
             let outcome = match d {
+                Decision::Refused => {
+                    refused.push(o.ticket);
+                    continue;
+                }
                 Decision::Commit => SwapOutcome::Confirmed,
                 Decision::Applied => SwapOutcome::AlreadyApplied,
                 Decision::Missing => SwapOutcome::MissingInput,
@@ -791,6 +845,21 @@ impl Coordinator {
         }
         for q in again.into_iter().rev() {
             self.queue.push_front(q);
+        }
+        // Submissions with a refused transaction: in doubt for the submitter, as after a
+        // refused one-phase batch (their other transactions may commit in other batches).
+        refused.sort_unstable();
+        refused.dedup();
+        for ticket in refused {
+            if self.tickets.remove(&ticket).is_some() {
+                out.push(Output::Fail {
+                    ticket,
+                    why: f
+                        .refused
+                        .clone()
+                        .unwrap_or_else(|| "a shard refused the batch".into()),
+                });
+            }
         }
     }
 
@@ -1196,6 +1265,7 @@ mod tests {
                     }
                     Output::Answer { outcomes, .. } => answers.push(outcomes),
                     Output::Fail { ticket, why } => panic!("submission {ticket} failed: {why}"),
+                    Output::Alert { why, .. } => panic!("alert: {why}"),
                     Output::Send { .. } => {}
                 }
             }
@@ -1392,6 +1462,145 @@ mod tests {
                 assert_eq!(answered, Some(vec![SwapOutcome::AlreadyApplied]));
             }
         }
+    }
+
+    /// Runs a coordinator routing by `coord_map` against shards whose services check ranges by
+    /// `shard_map` (as `ShardService` does before replicating), until nothing is left to do.
+    fn run_against(
+        c: &mut Coordinator,
+        shards: &mut [ShardState],
+        shard_map: &ShardMap,
+        mut out: Vec<Output>,
+    ) -> Vec<Output> {
+        let mut seen = Vec::new();
+        let mut now = 0;
+        for _ in 0..200 {
+            if out.is_empty() {
+                now += 10;
+                out = c.handle(Input::Tick(now));
+                if out.is_empty() {
+                    break;
+                }
+            }
+            let mut next = Vec::new();
+            for o in out.drain(..) {
+                match &o {
+                    Output::Replicate(e) => next.extend(c.handle(Input::Replicated(e.clone()))),
+                    Output::Send { shard, by, cmd } => {
+                        let reply = match crate::shard::check_range(shard_map, *shard, cmd) {
+                            Err(why) => ShardReply::Refused(why),
+                            Ok(()) => shards[*shard as usize].apply(*by, cmd.clone()),
+                        };
+                        next.extend(c.handle(Input::Reply {
+                            dtx: cmd.dtx(),
+                            shard: *shard,
+                            reply,
+                        }));
+                    }
+                    _ => {}
+                }
+                seen.push(o);
+            }
+            out = next;
+        }
+        seen
+    }
+
+    #[test]
+    fn a_prepare_refused_for_a_foreign_id_aborts_the_batch_and_releases_its_locks() {
+        // The coordinator routes by an even split; the shards were configured with another
+        // (shard 1 starts at 0x4000): ids in 0x4000..0x8000 are shard 1's for the shards but
+        // shard 0's for the coordinator.
+        let coord_map = ShardMap::even(2).unwrap();
+        let shard_map = ShardMap::from_starts(vec![0, 0x4000]).unwrap();
+        let agree = |x: &[u8; 32]| coord_map.shard_of(x) == shard_map.shard_of(x);
+        let mut c = coord(2);
+        let mut shards = vec![ShardState::new(), ShardState::new()];
+        // Seed inputs where they really are.
+        let ids: Vec<u64> = (1..).take(4000).collect();
+        let on = |want: bool| ids.iter().copied().filter(move |n| agree(&id(*n)) == want);
+        let (a, b) = {
+            let mut good = on(true);
+            (good.next().unwrap(), good.next().unwrap())
+        };
+        let foreign = on(false).next().unwrap();
+        for n in [a, b, foreign] {
+            shards[shard_map.shard_of(&id(n)) as usize].seed(&[(id(n), 5)]);
+        }
+        // A transfer spending a (agreed) and the foreign id: the shard that really owns the
+        // foreign id is not asked for it, and the asked one refuses the id as not its own.
+        let bad = transfer(7, &[a, foreign], &[(10_001, 10)]);
+        let out = c.handle(Input::Submit {
+            ticket: 1,
+            txs: vec![bad],
+        });
+        let seen = run_against(&mut c, &mut shards, &shard_map, out);
+        let failed = seen.iter().find_map(|o| match o {
+            Output::Fail { ticket: 1, why } => Some(why.clone()),
+            _ => None,
+        });
+        assert!(
+            failed
+                .as_deref()
+                .is_some_and(|w| w.contains("shard map differs")),
+            "{failed:?}"
+        );
+        assert!(seen.iter().any(|o| matches!(o, Output::Alert { .. })));
+        // Nothing committed, nothing left locked or prepared, nothing in flight.
+        for s in &shards {
+            assert_eq!(s.in_flight(), (0, 0));
+        }
+        assert!(shards.iter().any(|s| s.is_unspent(&id(a))));
+        assert_eq!((c.in_flight(), c.open_tickets()), (0, 0));
+        // A transaction whose ids both maps agree on goes through afterwards: a's lock was
+        // released.
+        let good = (8..)
+            .map(|k| transfer(k, &[a, b], &[(10_000 + k, 10)]))
+            .find(|t| agree(&t.txid) && t.outputs.iter().all(|(x, _)| agree(x)))
+            .unwrap();
+        let out = c.handle(Input::Submit {
+            ticket: 2,
+            txs: vec![good],
+        });
+        let seen = run_against(&mut c, &mut shards, &shard_map, out);
+        assert!(seen.iter().any(|o| matches!(
+            o,
+            Output::Answer { ticket: 2, outcomes } if outcomes == &vec![SwapOutcome::Confirmed]
+        )));
+        assert!(!shards.iter().any(|s| s.is_unspent(&id(a))));
+    }
+
+    #[test]
+    fn ranges_are_checked_part_by_part() {
+        let map = ShardMap::even(2).unwrap();
+        let n0 = (1..).find(|n| map.shard_of(&id(*n)) == 0).unwrap();
+        let n1 = (1..).find(|n| map.shard_of(&id(*n)) == 1).unwrap();
+        let part = |txid: [u8; 32], owns: bool, inputs: &[u64]| Part {
+            txid,
+            owns_txid: owns,
+            kind: florin_ledger::TxKind::Transfer,
+            inputs: inputs.iter().map(|n| id(*n)).collect(),
+            outputs: Default::default(),
+        };
+        let prep = |p: Part| ShardCmd::Prepare {
+            dtx: 1,
+            parts: vec![p],
+        };
+        let check = |cmd: &ShardCmd| crate::shard::check_range(&map, 0, cmd);
+        assert!(check(&prep(part(id(n0), true, &[n0]))).is_ok());
+        assert!(check(&prep(part(id(n1), false, &[n0]))).is_ok());
+        // An input of the other shard; a txid claimed that is not ours; one not claimed that
+        // is; a part with nothing here.
+        assert!(check(&prep(part(id(n1), false, &[n1]))).is_err());
+        assert!(check(&prep(part(id(n1), true, &[n0]))).is_err());
+        assert!(check(&prep(part(id(n0), false, &[n0]))).is_err());
+        assert!(check(&prep(part(id(n1), false, &[]))).is_err());
+        let apply = ShardCmd::Apply {
+            dtx: 2,
+            parts: vec![part(id(n0), true, &[n1])],
+        };
+        assert!(check(&apply).unwrap_err().contains("input"));
+        assert!(check(&ShardCmd::Discard { dtx: 3 }).is_ok());
     }
 
     #[test]

@@ -156,6 +156,44 @@ impl ShardCmd {
     }
 }
 
+/// Checks that every id of `cmd` lies in shard `shard`'s range under `map`: each part's
+/// inputs and outputs, and its txid exactly when the part claims it (`owns_txid`), and that no
+/// part is empty here. A coordinator routing by another map (a configuration that differs
+/// between coordinator and shard) fails this; the shard's service refuses such a command
+/// before it is replicated, so it never changes the shard's state.
+pub fn check_range(
+    map: &crate::route::ShardMap,
+    shard: crate::route::ShardId,
+    cmd: &ShardCmd,
+) -> Result<(), String> {
+    let parts = match cmd {
+        ShardCmd::Prepare { parts, .. } | ShardCmd::Apply { parts, .. } => parts,
+        ShardCmd::Commit { .. } | ShardCmd::Discard { .. } => return Ok(()),
+    };
+    let outside = |what: &str, i: usize, id: &[u8; 32]| {
+        Err(format!(
+            "part {i}: {what} {} is shard {}'s, not shard {shard}'s (the coordinator's shard map differs from this shard's: check shard_starts in cluster.toml)",
+            id[..8].iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            map.shard_of(id)
+        ))
+    };
+    for (i, p) in parts.iter().enumerate() {
+        if p.owns_txid != map.owns(shard, &p.txid) {
+            return outside("txid", i, &p.txid);
+        }
+        if let Some(x) = p.inputs.iter().find(|x| !map.owns(shard, x)) {
+            return outside("input", i, x);
+        }
+        if let Some((x, _)) = p.outputs.iter().find(|(x, _)| !map.owns(shard, x)) {
+            return outside("output", i, x);
+        }
+        if !p.owns_txid && p.inputs.is_empty() && p.outputs.is_empty() {
+            return Err(format!("part {i} has nothing on shard {shard}"));
+        }
+    }
+    Ok(())
+}
+
 /// A shard's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShardReply {
@@ -362,6 +400,12 @@ impl ShardState {
             return ShardReply::Committed;
         }
         let Some(p) = self.rest.prepared.get(&dtx) else {
+            // Aborting a batch never prepared here (this shard refused its `Prepare`, or never
+            // got it) has nothing to undo. (A `Prepare` arriving later is undone by the
+            // batch's `Discard`, or refused after it.)
+            if commit.iter().all(|c| !c) {
+                return ShardReply::Committed;
+            }
             return ShardReply::Refused(format!("batch {dtx:032x} was never prepared here"));
         };
         if p.parts.len() != commit.len() {
@@ -796,12 +840,23 @@ mod tests {
             ),
             ShardReply::Refused(_)
         ));
+        // Aborting a batch never prepared here has nothing to undo; committing one is refused.
+        assert_eq!(
+            s.apply(
+                BY,
+                ShardCmd::Commit {
+                    dtx: 9,
+                    commit: vec![false, false]
+                }
+            ),
+            ShardReply::Committed
+        );
         assert!(matches!(
             s.apply(
                 BY,
                 ShardCmd::Commit {
                     dtx: 9,
-                    commit: vec![]
+                    commit: vec![true]
                 }
             ),
             ShardReply::Refused(_)

@@ -188,6 +188,7 @@ impl Sim {
                     // Never in this simulation (shards and coordinators agree on the map).
                     panic!("submission {ticket} failed: {why}");
                 }
+                Output::Alert { why, .. } => panic!("alert: {why}"),
                 Output::Answer { ticket, outcomes } => {
                     let txs = self.tickets.remove(&ticket).expect("answered once");
                     assert_eq!(txs.len(), outcomes.len());

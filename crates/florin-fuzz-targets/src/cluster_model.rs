@@ -166,6 +166,8 @@ impl World {
                         self.in_doubt += txs.len();
                     }
                 }
+                // The model's shards and coordinators share one map: a refusal is a bug.
+                Output::Alert { why, .. } => panic!("alert: {why}"),
             }
         }
     }

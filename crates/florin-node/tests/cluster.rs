@@ -193,3 +193,89 @@ fn leader_kills_lose_no_acknowledged_transaction() {
     }
     rt.block_on(cluster.stop());
 }
+
+/// A coordinator configured with another shard map than the shards' (an operator's mistake in
+/// `shard_starts`): the shards refuse the commands whose ids are not theirs before replicating
+/// them, the batch is aborted with every lock released, the submitter is told, the operator
+/// sees an alert in the coordinator's status, and transactions both maps agree on still commit.
+#[test]
+fn a_coordinator_with_another_shard_map_corrupts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    let mut cluster = rt
+        .block_on(LocalCluster::start_with(
+            dir.path(),
+            2,
+            1,
+            1,
+            fast_raft(),
+            64,
+            false,
+        ))
+        .unwrap();
+    rt.block_on(cluster.wait_for_leaders(Duration::from_secs(10)))
+        .unwrap();
+    let mut wrong = cluster.spec.clone();
+    wrong.shard_starts = vec![0, 0x4000];
+    rt.block_on(cluster.kill(Role::Coordinator, 0, 1));
+    rt.block_on(cluster.restart_with(&wrong, Role::Coordinator, 0, 1))
+        .unwrap();
+    rt.block_on(cluster.wait_for_leaders(Duration::from_secs(10)))
+        .unwrap();
+    let (right_map, wrong_map) = (cluster.spec.map().unwrap(), wrong.map().unwrap());
+    let agree = |x: &[u8; 32]| right_map.shard_of(x) == wrong_map.shard_of(x);
+    let store = cluster.store().unwrap();
+    // Inputs minted through the coordinator, so each mint's ids must be agreed on.
+    let ids: Vec<u64> = (1..10_000).filter(|n| agree(&id(*n))).take(2).collect();
+    let foreign = (1..10_000).find(|n| !agree(&id(*n))).unwrap();
+    let m = (1..)
+        .map(|k| mint(k, &[(ids[0], 5), (ids[1], 5)]))
+        .find(|t| agree(&t.txid))
+        .unwrap();
+    assert_eq!(store.swap(&[m]).unwrap(), vec![SwapOutcome::Confirmed]);
+    // A transfer naming an id the coordinator routes to the wrong shard.
+    let bad = transfer(50, &[ids[0], foreign], &[(20_000, 10)]);
+    let err = store.swap(&[bad]).unwrap_err().to_string();
+    assert!(err.contains("shard map differs"), "{err}");
+    // A mint of an output the coordinator would place on the wrong shard (where readers by
+    // the right map never find it): refused too, nothing written.
+    let err = store
+        .swap(&[mint(70, &[(foreign, 5)])])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shard map differs"), "{err}");
+    // Nothing stays locked or prepared on any shard, and the coordinator raised an alert.
+    let status = |role: Role, g: usize| {
+        let groups = match role {
+            Role::Shard => &cluster.spec.shards,
+            _ => &cluster.spec.coordinators,
+        };
+        let m = &groups[g].members[0];
+        let peer = Peer::new(
+            m.addr.clone(),
+            PublicKey::parse(&m.key).unwrap(),
+            cluster.client.clone(),
+            Duration::from_secs(5),
+        );
+        match peer.call(&Request::Status).unwrap() {
+            Response::Status(s) => s,
+            other => panic!("{other:?}"),
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..2).any(|g| status(Role::Shard, g).load != (0, 0)) {
+        assert!(Instant::now() < deadline, "locks were left on a shard");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let alerts = status(Role::Coordinator, 0).alerts;
+    assert!(alerts.0 >= 1, "{alerts:?}");
+    assert!(alerts.1.unwrap().contains("aborted"));
+    // The agreed input is still there and spendable.
+    let good = (60..)
+        .map(|k| transfer(k, &[ids[0], ids[1]], &[(30_000 + k, 10)]))
+        .find(|t| agree(&t.txid) && t.outputs.iter().all(|(x, _)| agree(x)))
+        .unwrap();
+    assert_eq!(store.swap(&[good]).unwrap(), vec![SwapOutcome::Confirmed]);
+    drop(store);
+    rt.block_on(cluster.stop());
+}

@@ -377,6 +377,13 @@ pub struct MemberState {
     pub last_applied: Option<u64>,
     /// Last index in its snapshot.
     pub snapshot: Option<u64>,
+    /// Coordinators: alerts raised since the process started (a shard refused a two-phase
+    /// command: see its node.log), and the last one's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<u64>,
+    /// The last alert's words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_alert: Option<String>,
 }
 
 /// A cluster's emulated network, as `cluster status --json` reports it.
@@ -450,6 +457,8 @@ fn state(data: &Path) -> Result<ClusterState> {
                 last_log_index: None,
                 last_applied: None,
                 snapshot: None,
+                alerts: None,
+                last_alert: None,
             });
             continue;
         }
@@ -463,9 +472,9 @@ fn state(data: &Path) -> Result<ClusterState> {
         };
         let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
         let peer = Peer::new(m.addr.clone(), key, me.clone(), Duration::from_secs(1));
-        let st = match peer.call(&Request::Status) {
-            Ok(Response::Status(s)) => Some(s.raft),
-            _ => None,
+        let (st, alerts) = match peer.call(&Request::Status) {
+            Ok(Response::Status(s)) => (Some(s.raft), s.alerts),
+            _ => (None, (0, None)),
         };
         members.push(MemberState {
             role,
@@ -481,6 +490,8 @@ fn state(data: &Path) -> Result<ClusterState> {
             last_log_index: st.as_ref().and_then(|s| s.last_log_index),
             last_applied: st.as_ref().and_then(|s| s.last_applied),
             snapshot: st.as_ref().and_then(|s| s.snapshot),
+            alerts: (alerts.0 > 0).then_some(alerts.0),
+            last_alert: alerts.1,
         });
     }
     let mut healthy = members
@@ -553,6 +564,15 @@ fn print_state(s: &ClusterState) {
             opt(m.last_log_index),
             opt(m.last_applied),
             opt(m.snapshot)
+        );
+    }
+    for m in s.members.iter().filter(|m| m.alerts.is_some()) {
+        println!(
+            "ALERT coordinator {}/{}: {} alert(s), last: {}",
+            m.group,
+            m.id,
+            m.alerts.unwrap_or(0),
+            m.last_alert.as_deref().unwrap_or("-")
         );
     }
     println!("{}", if s.healthy { "healthy" } else { "NOT healthy" });

@@ -395,6 +395,7 @@ pub async fn start_member(
                 .map_err(raft_err)?,
             );
             let svc = Arc::new(ShardService {
+                map: spec.map()?,
                 shard: group,
                 replica: replica.clone(),
                 members,
@@ -718,6 +719,18 @@ impl LocalCluster {
         id: NodeId,
         l: TcpListener,
     ) -> Result<(), NodeError> {
+        let spec = self.spec.clone();
+        self.launch_with(&spec, role, g, id, l).await
+    }
+
+    async fn launch_with(
+        &mut self,
+        spec: &ClusterSpec,
+        role: Role,
+        g: u16,
+        id: NodeId,
+        l: TcpListener,
+    ) -> Result<(), NodeError> {
         let k = (role_code(role), g, id);
         let key = self
             .keys
@@ -725,7 +738,7 @@ impl LocalCluster {
             .cloned()
             .ok_or_else(|| NodeError::not_found(format!("no member {role:?} {g}/{id}")))?;
         let dir = self.member_dir(role, g, id);
-        let m = start_member(&self.spec, role, g, id, &dir, key, l).await?;
+        let m = start_member(spec, role, g, id, &dir, key, l).await?;
         self.members.insert(k, m);
         Ok(())
     }
@@ -775,6 +788,19 @@ impl LocalCluster {
 
     /// Restarts a killed member from its directory, on its old address.
     pub async fn restart(&mut self, role: Role, g: u16, id: NodeId) -> Result<(), NodeError> {
+        let spec = self.spec.clone();
+        self.restart_with(&spec, role, g, id).await
+    }
+
+    /// Restarts a killed member with another spec than the cluster's (configuration-mistake
+    /// drills: e.g. a coordinator given other `shard_starts`).
+    pub async fn restart_with(
+        &mut self,
+        spec: &ClusterSpec,
+        role: Role,
+        g: u16,
+        id: NodeId,
+    ) -> Result<(), NodeError> {
         let group = self.spec.group(role, g)?;
         let addr = group
             .members
@@ -794,7 +820,7 @@ impl LocalCluster {
                 Err(e) => return Err(NodeError::storage(format!("cannot rebind {addr}: {e}"))),
             }
         };
-        self.launch(role, g, id, l).await
+        self.launch_with(spec, role, g, id, l).await
     }
 
     /// Every running member's status.

@@ -82,6 +82,9 @@ pub struct NodeStatus {
     /// Coordinator: transactions waiting and batches in flight; shard: prepared batches and
     /// locks held.
     pub load: (u64, u64),
+    /// Coordinator: how many alerts it raised since it started (a shard refused a two-phase
+    /// command), and the last one's words.
+    pub alerts: (u64, Option<String>),
 }
 
 /// Why a call failed.

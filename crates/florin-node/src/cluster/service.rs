@@ -11,8 +11,10 @@ use florin_cluster::coordinator::{
 use florin_cluster::raft::{Machine, RaftError, Replica};
 use florin_cluster::route::{ShardId, ShardMap};
 use florin_cluster::shard::{
-    decode, encode, DecodeError, Fence, Fenced, ShardReply, ShardState, SnapshotError,
+    check_range, decode, encode, DecodeError, Fence, Fenced, ShardCmd, ShardReply, ShardState,
+    SnapshotError,
 };
+use florin_cluster::Dtx;
 use florin_crypto::PublicKey;
 use florin_ledger::{CompactTx, SwapOutcome};
 use rand::SeedableRng;
@@ -90,6 +92,21 @@ pub struct ShardService {
     pub coordinators: HashMap<PublicKey, u16>,
     /// Keys allowed to read (clients and coordinators).
     pub readers: HashSet<PublicKey>,
+    /// The cluster's shard map: a command with an id outside this shard's range is refused
+    /// before it is replicated.
+    pub map: ShardMap,
+}
+
+impl ShardService {
+    async fn write(&self, f: &Fenced) -> Response {
+        match self.replica.write(encode(f)).await {
+            Ok(b) => match decode::<ShardReply>(&b) {
+                Ok(r) => Response::Shard(r),
+                Err(e) => Response::Error(e.to_string()),
+            },
+            Err(e) => not_leader(e),
+        }
+    }
 }
 
 impl Handler for ShardService {
@@ -113,13 +130,12 @@ impl Handler for ShardService {
             {
                 Response::Error("reads only from clients and coordinators".into())
             }
-            Request::Fenced(f) => match self.replica.write(encode(&f)).await {
-                Ok(b) => match decode::<ShardReply>(&b) {
-                    Ok(r) => Response::Shard(r),
-                    Err(e) => Response::Error(e.to_string()),
-                },
-                Err(e) => not_leader(e),
-            },
+            Request::Fenced(f) => {
+                if let Err(why) = check_range(&self.map, self.shard, &f.cmd) {
+                    return Response::Shard(ShardReply::Refused(why));
+                }
+                self.write(&f).await
+            }
             Request::Unspent(ids) => self
                 .replica
                 .read(|m| ids.iter().map(|i| m.0.is_unspent(i)).collect())
@@ -142,6 +158,7 @@ impl Handler for ShardService {
                     group: self.shard,
                     raft: self.replica.status(),
                     load: (a as u64, b as u64),
+                    alerts: (0, None),
                 })
             }
             Request::Submit(_) => Response::Error("a shard takes no submissions".into()),
@@ -163,6 +180,36 @@ enum EngineMsg {
     Submit(Vec<CompactTx>, oneshot::Sender<Answer>),
     Input(u64, Input),
     StepDown(u64),
+    /// For the operator (see [`alert`]).
+    Alert(Dtx, ShardId, String),
+}
+
+/// Most (batch, shard) pairs whose alert is remembered, so a refusal resent on the clock is
+/// reported once (forgotten all at once beyond that).
+const ALERTS_REMEMBERED: usize = 4096;
+
+/// Reports what the operator must look at: in the node's log (`ALERT …`) and in the
+/// coordinator's status (`cluster status`: a count and the last one's words), once per batch
+/// and shard.
+fn alert(
+    group: u16,
+    alerts: &Alerts,
+    seen: &mut HashSet<(Dtx, ShardId)>,
+    dtx: Dtx,
+    shard: ShardId,
+    why: String,
+) {
+    if seen.len() >= ALERTS_REMEMBERED {
+        seen.clear();
+    }
+    if !seen.insert((dtx, shard)) {
+        return;
+    }
+    eprintln!("ALERT florin coordinator group {group}: {why}");
+    if let Ok(mut a) = alerts.lock() {
+        a.0 += 1;
+        a.1 = Some(why);
+    }
 }
 
 /// One replica of a coordinator group. When its replica leads, it runs the 2PC engine.
@@ -178,7 +225,11 @@ pub struct CoordService {
     addrs: BTreeMap<u64, String>,
     engine: mpsc::UnboundedSender<EngineMsg>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
+    alerts: Alerts,
 }
+
+/// A coordinator's alerts: how many, and the last one's words.
+type Alerts = Arc<std::sync::Mutex<(u64, Option<String>)>>;
 
 impl CoordService {
     /// Starts the engine task for `replica` (it drives batches while the replica leads).
@@ -195,6 +246,7 @@ impl CoordService {
     ) -> Arc<CoordService> {
         let (tx, rx) = mpsc::unbounded_channel();
         let load = Arc::new(std::sync::Mutex::new((0, 0)));
+        let alerts: Alerts = Arc::default();
         let svc = Arc::new(CoordService {
             group,
             replica: replica.clone(),
@@ -203,8 +255,11 @@ impl CoordService {
             addrs,
             engine: tx.clone(),
             load: load.clone(),
+            alerts: alerts.clone(),
         });
-        tokio::spawn(engine_loop(group, replica, map, shards, cfg, tx, rx, load));
+        tokio::spawn(engine_loop(
+            group, replica, map, shards, cfg, tx, rx, load, alerts,
+        ));
         svc
     }
 }
@@ -240,6 +295,7 @@ impl Handler for CoordService {
                 group: self.group,
                 raft: self.replica.status(),
                 load: self.load.lock().map(|l| *l).unwrap_or_default(),
+                alerts: self.alerts.lock().map(|a| a.clone()).unwrap_or_default(),
             }),
             _ => Response::Error("a coordinator serves Submit and Status".into()),
         }
@@ -256,6 +312,7 @@ async fn engine_loop(
     tx: mpsc::UnboundedSender<EngineMsg>,
     mut rx: mpsc::UnboundedReceiver<EngineMsg>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
+    alerts: Alerts,
 ) {
     let start = Instant::now();
     let mut engine: Option<Coordinator> = None;
@@ -265,6 +322,7 @@ async fn engine_loop(
     let mut epoch = 0u64;
     let mut next_ticket: Ticket = 0;
     let mut waiters: HashMap<Ticket, oneshot::Sender<Answer>> = HashMap::new();
+    let mut alerted = HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -314,6 +372,9 @@ async fn engine_loop(
                     }
                     EngineMsg::StepDown(ep) if ep == epoch => {
                         step_down(&mut engine, &mut waiters, &mut epoch);
+                    }
+                    EngineMsg::Alert(dtx, shard, why) => {
+                        alert(group, &alerts, &mut alerted, dtx, shard, why);
                     }
                     _ => {}
                 }
@@ -369,11 +430,22 @@ async fn engine_loop(
                     let dtx = cmd.dtx();
                     // Give up a little before the engine resends, so calls rarely overlap.
                     let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
+                    let commits = matches!(&cmd, ShardCmd::Commit { commit, .. } if commit.iter().any(|c| *c));
                     tokio::spawn(async move {
                         if let Ok(Response::Shard(reply)) = client
                             .call_async(Request::Fenced(Fenced { by, cmd }), patience)
                             .await
                         {
+                            if let (true, ShardReply::Refused(why)) = (commits, &reply) {
+                                // A logged commit the shard will not take: other shards may
+                                // have applied it, so it cannot be undone and is resent; the
+                                // operator must look.
+                                let _ = tx.send(EngineMsg::Alert(
+                                    dtx,
+                                    shard,
+                                    format!("shard {shard} refused the commit of batch {dtx:032x}: {why} (resent until it is taken)"),
+                                ));
+                            }
                             let _ = tx
                                 .send(EngineMsg::Input(epoch, Input::Reply { dtx, shard, reply }));
                         }
@@ -388,6 +460,9 @@ async fn engine_loop(
                     if let Some(w) = waiters.remove(&ticket) {
                         let _ = w.send(Err(Failed::Refused(why)));
                     }
+                }
+                Output::Alert { dtx, shard, why } => {
+                    alert(group, &alerts, &mut alerted, dtx, shard, why);
                 }
             }
         }
