@@ -7,10 +7,13 @@ cd "$(dirname "$0")/.."
 log() { printf '\n==> %s\n' "$*"; }
 
 # System packages the suite uses. PostgreSQL is installed (if missing) and started below;
-# libsodium is the peer baseline of `florin bench offline`
+# iproute2 gives the emulated hosts their namespaces; libsodium is the peer baseline of
+# `florin bench offline`
 # (loaded at run time; the bench smoke test runs with or without it).
 need=()
 ldconfig -p 2>/dev/null | grep -q 'libsodium\.so' || need+=(libsodium23)
+# `ip` (iproute2): emulated hosts (network namespaces) for the cluster test on emulated hosts.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     log "installing ${need[*]}"

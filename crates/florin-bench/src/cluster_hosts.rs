@@ -244,13 +244,19 @@ struct Loadgen {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    log: PathBuf,
 }
 
 impl Loadgen {
     fn line(&mut self) -> Result<String> {
         let mut s = String::new();
         if self.stdout.read_line(&mut s)? == 0 {
-            bail!("a load generator exited early (its log: loadgen-*/loadgen.log)");
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(3).collect();
+            bail!(
+                "a load generator exited early: {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            );
         }
         Ok(s.trim().to_string())
     }
@@ -287,7 +293,8 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
         };
         let path = dir.join("loadgen.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
-        let log = std::fs::File::create(dir.join("loadgen.log"))?;
+        let log_path = dir.join("loadgen.log");
+        let log = std::fs::File::create(&log_path)?;
         let mut child = d
             .net
             .0
@@ -305,6 +312,7 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
             child,
             stdin,
             stdout,
+            log: log_path,
         });
     }
     for g in &mut gens {
@@ -487,7 +495,9 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let spec = ClusterSpec::load(&cfg.cluster)?;
     let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));
     let store = Arc::new(ClusterStore::new(&spec, me)?);
-    for chunk in preload_range(cfg.first_chunk, cfg.chunks).chunks(20) {
+    // Two mints (2,000 outputs over every shard) per submission: at a small CPU share a
+    // larger one can outlast the cluster client's patience.
+    for chunk in preload_range(cfg.first_chunk, cfg.chunks).chunks(2) {
         let out = store.swap(chunk)?;
         if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
             bail!("a preload mint was refused: {out:?}");

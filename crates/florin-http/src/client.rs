@@ -51,6 +51,27 @@ pub enum ClientError {
     Unreadable(#[source] serde_json::Error),
 }
 
+fn unreachable(base: &str, source: reqwest::Error) -> ClientError {
+    ClientError::Unreachable {
+        node: base.to_string(),
+        source,
+    }
+}
+
+async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ClientError> {
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
+    if !status.is_success() {
+        let (code, message) = refusal(status, &bytes);
+        return Err(ClientError::Refused {
+            status,
+            code,
+            message,
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)
+}
+
 /// Longest text of an answer that is not the envelope kept in an error.
 const MAX_RAW_ERROR: usize = 512;
 
@@ -76,9 +97,18 @@ impl ClientError {
     }
 }
 
-/// The node's API.
+/// The node's API, at one URL or several (a cluster's sentinels: `https://a:7400,https://b:7400`).
+///
+/// With several, a request goes to the URL that answered last; when it cannot be reached the
+/// next is tried, so a wallet fails over when the sentinel it used goes down. A request is
+/// sent again elsewhere only when that is safe: always when its connection was never made
+/// (nothing reached the node), and for a read (`GET`) also when the answer broke off. A
+/// sentinel that runs no token authority (`no_authority`) passes authority requests on to the
+/// next URL too.
 pub struct NodeClient {
-    base: String,
+    bases: Vec<String>,
+    /// Index in `bases` of the URL that answered last.
+    current: std::sync::atomic::AtomicUsize,
     http: reqwest::Client,
     operator: Option<std::sync::Arc<SecretKey>>,
 }
@@ -98,8 +128,17 @@ impl NodeClient {
             .timeout(Duration::from_secs(600))
             .build()
             .map_err(ClientError::Setup)?;
+        let mut bases: Vec<String> = base
+            .split(',')
+            .map(|b| b.trim().trim_end_matches('/').to_string())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if bases.is_empty() {
+            bases.push(base.trim().to_string());
+        }
         Ok(NodeClient {
-            base: base.trim_end_matches('/').to_string(),
+            bases,
+            current: std::sync::atomic::AtomicUsize::new(0),
             http,
             operator: None,
         })
@@ -118,16 +157,74 @@ impl NodeClient {
     }
 
     /// Sends `method path` with `body` (JSON bytes, or none), signed by the operator key
-    /// when this client has one.
+    /// when this client has one, failing over between the client's URLs (see [`NodeClient`]).
     async fn send_signed<T: DeserializeOwned>(
         &self,
         method: reqwest::Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
+        self.send(method, path, body, true).await
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        signed: bool,
+    ) -> Result<T, ClientError> {
+        use std::sync::atomic::Ordering;
+        let n = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed) % n.max(1);
+        let read = method == reqwest::Method::GET;
+        let mut last = None;
+        for k in 0..n {
+            let i = (first + k) % n;
+            let base = &self.bases[i];
+            let more = k + 1 < n;
+            let req = self.request(method.clone(), base, path, body.clone(), signed);
+            let resp = match req.send().await {
+                Ok(resp) => resp,
+                Err(e) if more && (e.is_connect() || read) => {
+                    last = Some(unreachable(base, e));
+                    continue;
+                }
+                Err(e) => return Err(unreachable(base, e)),
+            };
+            let answer = decode(resp).await;
+            let pass_on = match &answer {
+                Err(ClientError::Refused { code, .. }) => code == "no_authority",
+                Err(ClientError::Transport(_)) => read,
+                _ => false,
+            };
+            match answer {
+                Err(e) if more && pass_on => last = Some(e),
+                answer => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return answer;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Refused {
+            status: reqwest::StatusCode::BAD_REQUEST,
+            code: "no_node".into(),
+            message: "no node URL given".into(),
+        }))
+    }
+
+    /// One request to `base`, signed by the operator key when asked and this client has one.
+    fn request(
+        &self,
+        method: reqwest::Method,
+        base: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+        signed: bool,
+    ) -> reqwest::RequestBuilder {
+        let url = format!("{base}{path}");
         let mut req = self.http.request(method.clone(), &url);
-        if let Some(key) = &self.operator {
+        if let (true, Some(key)) = (signed, &self.operator) {
             // The path as the node sees it: with the base URL's own prefix and the query.
             let signed_path = match reqwest::Url::parse(&url) {
                 Ok(u) => match u.query() {
@@ -157,8 +254,7 @@ impl NodeClient {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(b);
         }
-        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
-        self.decode(resp).await
+        req
     }
 
     async fn post_signed<B: Serialize, T: DeserializeOwned>(
@@ -175,40 +271,22 @@ impl NodeClient {
         self.send_signed(reqwest::Method::GET, path, None).await
     }
 
-    /// The node's base URL.
+    /// The node's base URL: the one that answered last (the first before any answer).
     pub fn base(&self) -> &str {
-        &self.base
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        self.bases
+            .get(i)
+            .or(self.bases.first())
+            .map_or("", String::as_str)
     }
 
-    async fn decode<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T, ClientError> {
-        let status = resp.status();
-        let bytes = resp.bytes().await.map_err(ClientError::Transport)?;
-        if !status.is_success() {
-            let (code, message) = refusal(status, &bytes);
-            return Err(ClientError::Refused {
-                status,
-                code,
-                message,
-            });
-        }
-        serde_json::from_slice(&bytes).map_err(ClientError::Unreadable)
-    }
-
-    fn unreachable(&self, source: reqwest::Error) -> ClientError {
-        ClientError::Unreachable {
-            node: self.base.clone(),
-            source,
-        }
+    /// Every URL this client was given, in order.
+    pub fn bases(&self) -> &[String] {
+        &self.bases
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let resp = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        self.decode(resp).await
+        self.send(reqwest::Method::GET, path, None, false).await
     }
 
     async fn post<B: Serialize, T: DeserializeOwned>(
@@ -216,14 +294,9 @@ impl NodeClient {
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
+        let bytes = serde_json::to_vec(body).map_err(ClientError::Unreadable)?;
+        self.send(reqwest::Method::POST, path, Some(bytes), false)
             .await
-            .map_err(|e| self.unreachable(e))?;
-        self.decode(resp).await
     }
 
     /// `GET /v1/info`.

@@ -55,6 +55,8 @@ impl NodeError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "bad_request",
+            // A sentinel without the authority: clients given several URLs try the next.
+            Self::NotFound(NotFound::NoAuthority) => "no_authority",
             Self::NotFound(_) => "not_found",
             Self::Unauthorized(_) => "unauthorized",
             Self::Forbidden(f) => f.code(),

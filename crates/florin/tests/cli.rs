@@ -1214,6 +1214,196 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
 }
 
+/// Whether this machine can emulate hosts (root, `ip`, cgroup v1). In CI it must: the test
+/// fails there rather than skip.
+fn hosts_or_skip(test: &str) -> bool {
+    match florin_node::hosts::check_supported() {
+        Ok(()) => true,
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("{test} needs emulated hosts in CI: {e}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e}");
+            false
+        }
+    }
+}
+
+/// `cluster up --emulate-hosts`: 2 shards × 3 replicas, 3 coordinator replicas and 2 sentinels,
+/// each process on its own host (its own network namespace, address and CPU share). Wallets
+/// pay through the second sentinel while the first shard leader's host is cut off from the
+/// network, the coordinator leader is killed and a shard follower's host is frozen; every
+/// acknowledged payment is committed, the groups heal, the books balance, and `cluster down`
+/// removes every namespace, link and cgroup it made.
+#[test]
+fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
+    if !hosts_or_skip("cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data_s = data.to_str().unwrap().to_string();
+    let _down = Down("cluster", data_s.clone());
+    let out = Command::new(BIN)
+        .args([
+            "cluster",
+            "up",
+            "--emulate-hosts",
+            "--shards",
+            "2",
+            "--replicas",
+            "3",
+        ])
+        .args(["--sentinels", "2", "--data", &data_s, "--faucet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hosts = std::fs::read_to_string(data.join("hosts.toml")).unwrap();
+    let tag = hosts
+        .lines()
+        .find_map(|l| l.strip_prefix("tag = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let st = {
+        let out = Command::new(BIN)
+            .args(["cluster", "status", "--data", &data_s, "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(st["healthy"], true, "{st}");
+    let apis: Vec<String> = st["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(apis.len(), 2, "{st}");
+    assert_eq!(st["api"], apis[0].as_str());
+    assert!(apis.iter().all(|a| a.starts_with("https://10.77.")), "{st}");
+    assert_eq!(st["emulated_hosts"]["hosts"], 11, "{st}");
+    for m in st["members"].as_array().unwrap() {
+        assert!(m["addr"].as_str().unwrap().starts_with("10.77."), "{m}");
+    }
+    let ca = data.join("tls").join("ca.pem");
+    for a in &apis {
+        common::register_ca(a, &ca);
+    }
+    // The authority (faucet) on the first sentinel; payments through the second.
+    let first = User::new(dir.path(), &apis[0]);
+    let second = User::new(dir.path(), &apis[1]);
+    let names = ["h0", "h1", "h2"];
+    let operator_key = data.join("operator.key");
+    let operator_key = operator_key.to_str().unwrap();
+    for n in names {
+        first.wallet(n, &["new"]);
+        first.wallet(n, &["faucet", "100", "--operator-key", operator_key]);
+    }
+    let load = PayLoad::start(&second, &names, 200, false);
+    std::thread::sleep(Duration::from_millis(1500));
+    let drill = |args: &[&str]| {
+        let mut a = vec!["cluster"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--data", &data_s]);
+        let out = first.run(&a);
+        assert!(
+            out.status.success(),
+            "{a:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let cut = drill(&["cut", "shard/0"]);
+    let cut_name = cut.split_whitespace().next().unwrap().to_string();
+    drill(&["kill", "coordinator/0"]);
+    // A follower of shard 1 (its id differs from the leader's).
+    let leader1 = st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "shard" && m["group"] == 1 && m["state"] == "leader")
+        .map(|m| m["id"].as_u64().unwrap())
+        .unwrap();
+    let follower = if leader1 == 1 { 2 } else { 1 };
+    drill(&["freeze", &format!("shard/1/{follower}")]);
+    std::thread::sleep(Duration::from_millis(4000));
+    let (acked, failures) = load.finish();
+    assert!(
+        acked.len() >= 5,
+        "the load ran ({} acknowledged)",
+        acked.len()
+    );
+    let cut_id: u64 = cut_name.rsplit('-').next().unwrap().parse().unwrap();
+    drill(&["heal", &format!("shard/0/{cut_id}")]);
+    drill(&["thaw", &format!("shard/1/{follower}")]);
+    for txid in &acked {
+        let body = http_get(&apis[1], &format!("/v1/ledger/transactions/{txid}"));
+        assert!(
+            body.contains("\"confirmed\""),
+            "acknowledged transaction {txid} lost: {body}"
+        );
+    }
+    // `cluster up` restarts the killed coordinator; every group has a leader again.
+    let out = Command::new(BIN)
+        .args(["cluster", "up", "--data", &data_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Wallets given both sentinels, the one without the authority first: ledger requests are
+    // answered there, the authority's (the mailbox in `sync`) are passed on to the first.
+    let both = format!("{},{}", apis[1], apis[0]);
+    common::register_ca(&both, &ca);
+    let any = User::new(dir.path(), &both);
+    for _round in 0..2 {
+        for n in names {
+            any.wallet(n, &["sync"]);
+        }
+    }
+    let total: u64 = names.iter().map(|n| any.total(n)).sum();
+    assert_eq!(
+        total, 30_000,
+        "no money created or lost ({failures} failed payments)"
+    );
+    // The sentinel the wallets were using dies: they fail over to the other one.
+    drill(&["kill", "sentinel/1"]);
+    let to = any.wallet("h1", &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let paid = any.wallet("h0", &["pay", &to, "1"]);
+    assert_eq!(paid["status"], "confirmed", "{paid}");
+    any.wallet("h1", &["sync"]);
+    let total: u64 = names.iter().map(|n| any.total(n)).sum();
+    assert_eq!(total, 30_000);
+    assert_eq!(first.ok(&["audit", "--json"])["balanced"], true);
+    // Down removes the hosts: no namespace, link or cgroup of this network is left.
+    let out = Command::new(BIN)
+        .args(["cluster", "down", "--data", &data_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let netns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(&tag));
+    assert!(!std::fs::read_dir("/sys/fs/cgroup/cpu").unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains(&tag)));
+}
+
 #[test]
 fn bench_cluster_quick_prints_the_contract() {
     let (v, _) = bench_json("cluster", &[]);
