@@ -80,6 +80,7 @@ struct Deployed {
 }
 
 impl Deployed {
+    /// CPU seconds used so far by the hosts whose names start with `prefix`.
     fn host_cpu(&self, prefix: &str) -> f64 {
         self.net
             .0
@@ -119,7 +120,7 @@ fn deploy_cluster(
 ) -> Result<Deployed> {
     let dir = tempfile::tempdir()?;
     let data = dir.path();
-    let net = HostNetGuard(HostNet::claim(Some(share))?);
+    let net = HostNetGuard::new(HostNet::claim(Some(share))?);
     let mut net = net;
     let mut keys = Vec::new();
     let mut groups = |role: Role, net: &mut HostNet| -> Result<Vec<GroupSpec>> {
@@ -189,6 +190,55 @@ fn deploy_cluster(
         spec,
         members,
         loadgens: lg_dirs,
+        observer: Arc::new(LocalSigner::new(observer)),
+    })
+}
+
+/// The single-node embedded engine as one process on its own host (`florin node` with
+/// `role = "engine"`), and one load-generator host, for the equal-hosts reference.
+fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path();
+    let mut net = HostNetGuard::new(HostNet::claim(Some(share))?);
+    let name = deploy::host_name(Role::Engine, 0, 1);
+    let host = net.0.add(&name)?;
+    let key = SecretKey::generate(&mut rand::rngs::OsRng);
+    let member = GroupSpec {
+        members: vec![MemberSpec {
+            id: 1,
+            addr: format!("{}:{}", host.addr, deploy::HOST_RPC_PORT),
+            key: key.public_key().to_address(),
+        }],
+    };
+    let observer = SecretKey::generate(&mut rand::rngs::OsRng);
+    let lg = SecretKey::generate(&mut rand::rngs::OsRng);
+    let spec = ClusterSpec {
+        shard_starts: vec![0],
+        shards: vec![member.clone()],
+        coordinators: vec![member],
+        clients: vec![lg.public_key().to_address()],
+        observers: vec![observer.public_key().to_address()],
+        raft: raft(),
+        max_batch: 4096,
+        max_inflight: 8,
+        one_phase: true,
+    };
+    spec.save(&data.join("cluster.toml"))?;
+    let mut cfg = NodeConfig::member(Role::Engine, 0, 1);
+    cfg.host = Some(name);
+    let mdir = deploy::member_dir(data, Role::Engine, 0, 1);
+    deploy::write_node(&mdir, &cfg, &key)?;
+    net.0.add("loadgen-0")?;
+    let lg_dir = data.join("loadgen-0");
+    std::fs::create_dir_all(&lg_dir)?;
+    florin_node::write_private(&lg_dir.join("identity.key"), lg.to_hex().as_bytes())?;
+    deploy::spawn(&mdir, exe, Some(&net.0))?;
+    Ok(Deployed {
+        _dir: dir,
+        net,
+        spec,
+        members: vec![(Role::Engine, 0, 1, mdir)],
+        loadgens: vec![lg_dir],
         observer: Arc::new(LocalSigner::new(observer)),
     })
 }
@@ -321,10 +371,10 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
             bail!("a load generator said {l:?} instead of ready");
         }
     }
-    let (e0, l0) = (
-        d.host_cpu("shard-") + d.host_cpu("coord-"),
-        d.host_cpu("loadgen-"),
-    );
+    // The engine tier: shard and coordinator replicas, or the single-node engine.
+    let engine_cpu =
+        |d: &Deployed| d.host_cpu("shard-") + d.host_cpu("coord-") + d.host_cpu("engine-");
+    let (e0, l0) = (engine_cpu(d), d.host_cpu("loadgen-"));
     for g in &mut gens {
         g.stdin.write_all(b"go\n")?;
         g.stdin.flush()?;
@@ -335,10 +385,7 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
         results
             .push(serde_json::from_str::<LoadgenResult>(&l).context("a load generator's result")?);
     }
-    let (e1, l1) = (
-        d.host_cpu("shard-") + d.host_cpu("coord-"),
-        d.host_cpu("loadgen-"),
-    );
+    let (e1, l1) = (engine_cpu(d), d.host_cpu("loadgen-"));
     if results.iter().any(|r| r.ran_out) {
         eprintln!("  note: a load generator used all its preloaded ids before the time was up");
     }
@@ -369,6 +416,8 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 /// Runs the emulated-host suite.
 pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f64>) -> Result<()> {
     florin_node::hosts::check_supported()?;
+    // Interrupted (Ctrl-C), the run removes its hosts and their processes before exiting.
+    florin_node::hosts::remove_on_signal();
     let exe = std::env::current_exe().context("cannot find the florin binary")?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let fit_hosts = FIT_SHARDS * (2 * REPLICAS + 1);
@@ -486,6 +535,110 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
             );
         }
     }
+    let pairs = if quick {
+        1
+    } else if scale.full {
+        5
+    } else {
+        3
+    };
+    // A larger share (7 hosts fill the machine) runs ≈ 4x faster: more ids, as long a window.
+    let (r_secs, r_chunks) = if quick {
+        (3.0, 400)
+    } else if scale.full {
+        (15.0, 3200)
+    } else {
+        (8.0, 1600)
+    };
+    replication_vs_single(rec, &exe, cores, pairs, r_secs, r_chunks)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `cluster_r3_vs_single_ratio` on equal hosts: one shard of 3 replicas (and a coordinator
+/// group of 3), each on its own host, against the single-node embedded engine on one host of
+/// the same share; each fed by one load generator on a host of its own, over the same RPC.
+/// The share fills the machine with the cluster's 7 hosts. Median of `pairs` pairs of runs,
+/// which side goes first alternating.
+fn replication_vs_single(
+    rec: &mut Recorder,
+    exe: &Path,
+    cores: usize,
+    pairs: usize,
+    secs: f64,
+    chunks: u64,
+) -> Result<()> {
+    let share = cores as f64 / (2 * REPLICAS + 1) as f64;
+    let one = |engine: bool| -> Result<(f64, f64)> {
+        let d = if engine {
+            deploy_engine(exe, share)?
+        } else {
+            deploy_cluster(exe, 1, 1, true, share)?
+        };
+        let measured = wait_for_leaders(&d, Duration::from_secs(60))
+            .and_then(|_| run_load(&d, exe, chunks, secs));
+        d.stop();
+        let l = measured?;
+        Ok((l.rate, l.engine_cpu_s * 1e6 / l.count.max(1) as f64))
+    };
+    let (mut ratios, mut singles, mut clusters) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cpu = (Vec::new(), Vec::new());
+    for k in 0..pairs {
+        let ((s, sc), (c, cc)) = if k % 2 == 0 {
+            let s = one(true)?;
+            (s, one(false)?)
+        } else {
+            let c = one(false)?;
+            (one(true)?, c)
+        };
+        eprintln!(
+            "  pair {}: single {s:.0}/s, cluster {c:.0}/s, ratio {:.3}",
+            k + 1,
+            c / s
+        );
+        ratios.push(c / s.max(1e-9));
+        singles.push(s);
+        clusters.push(c);
+        cpu.0.push(sc);
+        cpu.1.push(cc);
+    }
+    rec.add(
+        "cluster_hosts_single_engine_tx_per_s",
+        median(&singles),
+        "transactions/s",
+        json!({ "host_cpu_cores": share, "pairs": pairs, "cpu_us_per_tx": median(&cpu.0), "what": "the embedded engine as one process on its own host, fed over the cluster's RPC by a load generator on its own host" }),
+        None,
+        None,
+    );
+    rec.add(
+        "cluster_r3_vs_single_ratio",
+        median(&ratios),
+        "ratio",
+        json!({
+            "shards": 1, "replicas": REPLICAS, "coordinators": 1, "emulated_hosts": true,
+            "host_cpu_cores": share, "target": 0.5, "pairs": pairs,
+            "min": ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            "max": ratios.iter().copied().fold(0.0, f64::max),
+            "single_tx_per_s_median": median(&singles),
+            "cluster_tx_per_s_median": median(&clusters),
+            "single_cpu_us_per_tx": median(&cpu.0),
+            "cluster_cpu_us_per_tx": median(&cpu.1),
+            "how": "each replica and coordinator replica on its own emulated host, the single engine on one host of the same share, each fed by a load generator on its own host; median over pairs, alternately first",
+        }),
+        None,
+        Some(Reference {
+            value: 1.0,
+            source: "single-node embedded engine on one host of the same share, same run".into(),
+        }),
+    );
     Ok(())
 }
 

@@ -499,14 +499,154 @@ impl HostNet {
 }
 
 /// Removes a network when dropped (benchmarks and tests: nothing is left behind on error).
+/// With [`remove_on_signal`], also when the process is interrupted.
 pub struct HostNetGuard(pub HostNet);
+
+impl HostNetGuard {
+    /// Guards `net` (and registers it for [`remove_on_signal`]).
+    pub fn new(net: HostNet) -> HostNetGuard {
+        if let Ok(mut live) = LIVE.lock() {
+            live.push(net.tag.clone());
+        }
+        HostNetGuard(net)
+    }
+}
 
 impl Drop for HostNetGuard {
     fn drop(&mut self) {
         for e in self.0.remove() {
             eprintln!("warning: cleaning up emulated hosts: {e}");
         }
+        if let Ok(mut live) = LIVE.lock() {
+            live.retain(|t| *t != self.0.tag);
+        }
     }
+}
+
+/// Tags of the networks guarded in this process.
+static LIVE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// On SIGINT or SIGTERM, removes every network guarded in this process (their processes
+/// included) and exits with 130: an interrupted benchmark leaves no host behind. Call once,
+/// from outside any async runtime.
+pub fn remove_on_signal() {
+    std::thread::spawn(|| {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            let tags = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+            for tag in tags {
+                for e in sweep(Some(&tag)) {
+                    eprintln!("warning: cleaning up emulated hosts: {e}");
+                }
+            }
+            std::process::exit(130);
+        });
+    });
+}
+
+/// Removes emulated hosts found on this machine by their names, without their hosts file:
+/// those of network `tag`, or with `None` every Florin emulated host (every cluster's and
+/// benchmark's on this machine). Kills the processes in their cgroups, then deletes their
+/// namespaces (and so their links), cgroups and bridges. For hosts left behind by a process
+/// that was killed; a cluster's own are removed by `cluster down`.
+pub fn sweep(tag: Option<&str>) -> Vec<HostError> {
+    let prefix = match tag {
+        Some(t) => format!("florin-{t}-"),
+        None => "florin-".to_string(),
+    };
+    let ours = |name: &str| name.starts_with(&prefix);
+    let mut errors = Vec::new();
+    let groups = |c: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(Path::new(CGROUP_ROOT).join(c))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| ours(&e.file_name().to_string_lossy()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for g in groups("freezer") {
+        let _ = write(&g.join("freezer.state"), "THAWED");
+    }
+    for c in CONTROLLERS {
+        for g in groups(c) {
+            let pids = std::fs::read_to_string(g.join("cgroup.procs")).unwrap_or_default();
+            for pid in pids.lines() {
+                let _ = Command::new("kill")
+                    .args(["-KILL", pid.trim()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+    }
+    let netns: Vec<String> = std::fs::read_dir("/var/run/netns")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| ours(n))
+                .collect()
+        })
+        .unwrap_or_default();
+    for n in netns {
+        if let Err(e) = ip(&["netns", "del", &n]) {
+            errors.push(e);
+        }
+    }
+    for c in CONTROLLERS {
+        for g in groups(c) {
+            let mut tries = 0;
+            while g.exists() && std::fs::remove_dir(&g).is_err() && tries < 100 {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if g.exists() {
+                errors.push(failed(
+                    format!("remove cgroup {}", g.display()),
+                    "processes are still in it",
+                ));
+            }
+        }
+    }
+    let bridges: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("flbr"))
+                .collect()
+        })
+        .unwrap_or_default();
+    for b in bridges {
+        let alias =
+            std::fs::read_to_string(format!("/sys/class/net/{b}/ifalias")).unwrap_or_default();
+        let alias = alias.trim();
+        let matches = match tag {
+            Some(t) => alias == format!("florin-{t}"),
+            None => alias.starts_with("florin-"),
+        };
+        if matches {
+            if let Err(e) = ip(&["link", "del", &b]) {
+                errors.push(e);
+            }
+        }
+    }
+    errors
 }
 
 #[cfg(test)]

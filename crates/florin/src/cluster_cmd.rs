@@ -130,6 +130,10 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "./florin-cluster")]
         data: PathBuf,
     },
+    /// Remove every Florin emulated host on this machine (namespaces, links, cgroups, bridges,
+    /// and the processes on them) found by name, without a cluster directory: what a killed
+    /// benchmark or a lost directory left behind. Running clusters' hosts go too.
+    SweepHosts,
     /// Stop every process (and remove the emulated hosts; `up` makes them again).
     Down {
         /// The cluster's directory.
@@ -546,6 +550,7 @@ fn print_state(s: &ClusterState) {
             Role::Shard => "shard",
             Role::Coordinator => "coordinator",
             Role::Sentinel => "sentinel",
+            Role::Engine => "engine",
         };
         let state = if m.up {
             m.state.clone().unwrap_or_else(|| "up".into())
@@ -719,6 +724,18 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
         ClusterCommand::Thaw { target, data } => {
             host_drill(&target, &data, "thawed", |net, h| net.thaw(h))
         }
+        ClusterCommand::SweepHosts => {
+            florin_node::hosts::check_supported()?;
+            let errors = florin_node::hosts::sweep(None);
+            for e in &errors {
+                eprintln!("error: {e}");
+            }
+            if !errors.is_empty() {
+                bail!("some emulated hosts could not be removed (above)");
+            }
+            println!("removed every Florin emulated host on this machine");
+            Ok(ExitCode::SUCCESS)
+        }
         ClusterCommand::Down { data } => {
             let data = canonical(&data)?;
             let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
@@ -858,6 +875,30 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }),
         Role::Sentinel => run_sentinel(&cfg, &spec, me, rt),
+        Role::Engine => rt.block_on(async {
+            // The single-node embedded engine behind the cluster's RPC (the reference of
+            // `florin bench cluster --emulate-hosts`).
+            let addr = spec
+                .shards
+                .first()
+                .and_then(|g| g.members.first())
+                .map(|m| m.addr.clone())
+                .ok_or_else(|| anyhow!("an engine's spec names it as shard 0's member"))?;
+            let bind = cfg.listen.clone().unwrap_or(addr.clone());
+            let listener = std::net::TcpListener::bind(&bind)
+                .with_context(|| format!("cannot listen on {bind}"))?;
+            let dir = cfg.data.join("engine");
+            let store = florin_store::embedded::EmbeddedStore::open(
+                florin_store::embedded::EmbeddedConfig::new(&dir),
+            )
+            .with_context(|| format!("cannot open the engine in {}", dir.display()))?;
+            let server = florin_node::cluster::engine::serve(&spec, me, Arc::new(store), listener)?;
+            eprintln!("florin node: engine on {addr}");
+            crate::devnet::shutdown_signal().await;
+            server.stop();
+            eprintln!("florin node stopped");
+            Ok(ExitCode::SUCCESS)
+        }),
     }
 }
 

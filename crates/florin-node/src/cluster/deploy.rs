@@ -159,6 +159,7 @@ pub fn host_name(role: Role, group: u16, id: u64) -> String {
         Role::Shard => format!("shard-{group}-{id}"),
         Role::Coordinator => format!("coord-{group}-{id}"),
         Role::Sentinel => format!("sentinel-{group}"),
+        Role::Engine => format!("engine-{group}"),
     }
 }
 

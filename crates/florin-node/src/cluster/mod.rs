@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod deploy;
+pub mod engine;
 pub mod rpc;
 pub mod service;
 
@@ -101,6 +102,9 @@ pub enum Role {
     Coordinator,
     /// A sentinel (the HTTP API; runs in the `florin` binary).
     Sentinel,
+    /// The single-node engine behind the cluster's RPC ([`engine`]; the reference of the
+    /// emulated-hosts benchmark).
+    Engine,
 }
 
 fn key_of(s: &str) -> Result<PublicKey, NodeError> {
@@ -181,7 +185,9 @@ impl ClusterSpec {
         let groups = match role {
             Role::Shard => &self.shards,
             Role::Coordinator => &self.coordinators,
-            Role::Sentinel => return Err(NodeError::bad_request("sentinels are no group")),
+            Role::Sentinel | Role::Engine => {
+                return Err(NodeError::bad_request("sentinels and engines are no group"))
+            }
         };
         groups
             .get(group as usize)
@@ -616,6 +622,7 @@ fn role_code(r: Role) -> u8 {
         Role::Shard => 0,
         Role::Coordinator => 1,
         Role::Sentinel => 2,
+        Role::Engine => 3,
     }
 }
 
