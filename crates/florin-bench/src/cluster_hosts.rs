@@ -58,6 +58,10 @@ struct LoadgenConfig {
     clients: usize,
     batch: usize,
     secs: f64,
+    /// Failover mode: a conflicting spend in every batch, errors tolerated, throughput per
+    /// half second, and every acknowledged transaction checked at the end.
+    #[serde(default)]
+    failover: bool,
 }
 
 /// What a load generator reports.
@@ -67,6 +71,17 @@ struct LoadgenResult {
     elapsed_s: f64,
     latencies_ms: Vec<f64>,
     ran_out: bool,
+    /// Failover mode: acknowledged transactions per half second.
+    #[serde(default)]
+    series: Vec<u64>,
+    #[serde(default)]
+    acked: u64,
+    #[serde(default)]
+    lost: u64,
+    #[serde(default)]
+    double_spends: u64,
+    #[serde(default)]
+    errors: u64,
 }
 
 /// One configuration deployed on its own emulated network.
@@ -105,7 +120,7 @@ fn raft() -> RaftOptions {
     RaftOptions {
         snapshot_every: 200,
         keep_logs: 100,
-        ..RaftOptions::default()
+        ..RaftOptions::small_hosts()
     }
 }
 
@@ -114,6 +129,7 @@ fn raft() -> RaftOptions {
 fn deploy_cluster(
     exe: &Path,
     shards: usize,
+    replicas: usize,
     loadgens: usize,
     one_phase: bool,
     share: f64,
@@ -127,7 +143,7 @@ fn deploy_cluster(
         let mut v = Vec::new();
         for g in 0..shards as u16 {
             let mut members = Vec::new();
-            for id in 1..=REPLICAS as u64 {
+            for id in 1..=replicas as u64 {
                 let key = SecretKey::generate(&mut rand::rngs::OsRng);
                 let host = net.add(&deploy::host_name(role, g, id))?;
                 members.push(MemberSpec {
@@ -327,9 +343,26 @@ struct Load {
     loadgen_cpu_s: f64,
     count: u64,
     secs: f64,
+    /// Each load generator's report (failover mode: series, acknowledged, lost, ...).
+    results: Vec<LoadgenResult>,
+    /// The hosts that used most of their CPU share over the run, with that fraction.
+    busiest: Vec<(String, f64)>,
 }
 
 fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
+    run_load_with(d, exe, chunks, secs, None)
+}
+
+/// A fault schedule run in this process once the load generators have started.
+type Faults<'a> = &'a dyn Fn(&Deployed, Instant) -> Result<()>;
+
+fn run_load_with(
+    d: &Deployed,
+    exe: &Path,
+    chunks: u64,
+    secs: f64,
+    faults: Option<Faults>,
+) -> Result<Load> {
     let mut gens = Vec::new();
     for (i, dir) in d.loadgens.iter().enumerate() {
         let cfg = LoadgenConfig {
@@ -338,8 +371,9 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
             first_chunk: i as u64 * chunks,
             chunks,
             clients: CLIENTS,
-            batch: BATCH,
+            batch: if faults.is_some() { 500 } else { BATCH },
             secs,
+            failover: faults.is_some(),
         };
         let path = dir.join("loadgen.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
@@ -375,9 +409,20 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
     let engine_cpu =
         |d: &Deployed| d.host_cpu("shard-") + d.host_cpu("coord-") + d.host_cpu("engine-");
     let (e0, l0) = (engine_cpu(d), d.host_cpu("loadgen-"));
+    let per_host0: Vec<f64> = d
+        .net
+        .0
+        .hosts
+        .iter()
+        .map(|h| h.cpu_seconds().unwrap_or(0.0))
+        .collect();
+    let t0 = Instant::now();
     for g in &mut gens {
         g.stdin.write_all(b"go\n")?;
         g.stdin.flush()?;
+    }
+    if let Some(f) = faults {
+        f(d, Instant::now())?;
     }
     let mut results = Vec::new();
     for g in &mut gens {
@@ -386,6 +431,22 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
             .push(serde_json::from_str::<LoadgenResult>(&l).context("a load generator's result")?);
     }
     let (e1, l1) = (engine_cpu(d), d.host_cpu("loadgen-"));
+    // Each host's use of its share over the window: where the bottleneck is.
+    let window = t0.elapsed().as_secs_f64().max(1e-9);
+    let share = d.net.0.cpu_share.unwrap_or(1.0);
+    let mut busiest: Vec<(String, f64)> = d
+        .net
+        .0
+        .hosts
+        .iter()
+        .zip(per_host0)
+        .map(|(h, c0)| {
+            let used = h.cpu_seconds().unwrap_or(0.0) - c0;
+            (h.name.clone(), used / window / share)
+        })
+        .collect();
+    busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    busiest.truncate(4);
     if results.iter().any(|r| r.ran_out) {
         eprintln!("  note: a load generator used all its preloaded ids before the time was up");
     }
@@ -402,7 +463,35 @@ fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
         loadgen_cpu_s: l1 - l0,
         count: results.iter().map(|r| r.count).sum(),
         secs: results.iter().map(|r| r.elapsed_s).fold(0.0, f64::max),
+        results,
+        busiest,
     })
+}
+
+/// The mean number of shards a workload transaction touches (its inputs, outputs and txid) at
+/// `shards` even shards: each touched shard gets a part of it, so two-phase work per
+/// transaction grows with the shards (≈ 1, 1.9, 3.0 and 4.1 at 1, 2, 4 and 8).
+fn shards_per_tx(shards: usize) -> f64 {
+    let Ok(map) = florin_cluster::route::ShardMap::even(shards) else {
+        return 0.0;
+    };
+    let txs = workload(10_000, 0);
+    let touched: usize = txs
+        .iter()
+        .map(|t| {
+            let mut s: Vec<u16> = t
+                .inputs
+                .iter()
+                .chain(t.outputs.iter().map(|(x, _)| x))
+                .chain(std::iter::once(&t.txid))
+                .map(|x| map.shard_of(x))
+                .collect();
+            s.sort_unstable();
+            s.dedup();
+            s.len()
+        })
+        .sum();
+    touched as f64 / txs.len() as f64
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -440,7 +529,7 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
         for one_phase in [false, true] {
             let hosts = shards * (2 * REPLICAS + 1);
             let fits = hosts as f64 * share <= cores as f64 + 1e-9;
-            let d = deploy_cluster(&exe, shards, shards, one_phase, share)?;
+            let d = deploy_cluster(&exe, shards, REPLICAS, shards, one_phase, share)?;
             let measured = wait_for_leaders(&d, Duration::from_secs(60))
                 .and_then(|_| run_load(&d, &exe, chunks, secs));
             d.stop();
@@ -451,6 +540,8 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
                 loadgen_cpu_s,
                 count,
                 secs: window,
+                busiest,
+                ..
             } = measured?;
             let commit = if one_phase {
                 "one-phase where a transaction lies on one shard"
@@ -463,6 +554,8 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
                 "host_cpu_cores": share, "hosts_fit_machine": fits,
                 "clients_per_generator": CLIENTS, "batch": BATCH,
                 "transactions": count, "window_s": window,
+                "shards_per_tx": shards_per_tx(shards),
+                "busiest_hosts": busiest.iter().map(|(h, u)| json!({ "host": h, "share_used": (u * 100.0).round() / 100.0 })).collect::<Vec<_>>(),
             });
             if !one_phase {
                 two_phase.push((shards, rate));
@@ -523,7 +616,11 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
                 "cluster_scaling_vs_one_shard",
                 rate / one,
                 "ratio",
-                json!({ "shards": shards, "commit": "two-phase for every transaction", "target": target, "linear": shards }),
+                json!({
+                    "shards": shards, "commit": "two-phase for every transaction", "target": target, "linear": shards,
+                    "shards_per_tx": shards_per_tx(*shards),
+                    "parts_per_s_vs_one_shard": rate / one * shards_per_tx(*shards) / shards_per_tx(1),
+                }),
                 Some(Reference {
                     value: *shards as f64,
                     source: format!("{HAMILTON} Fig. 4: throughput linear in shards"),
@@ -550,7 +647,131 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
     } else {
         (8.0, 1600)
     };
-    replication_vs_single(rec, &exe, cores, pairs, r_secs, r_chunks)
+    replication_vs_single(rec, &exe, cores, pairs, r_secs, r_chunks)?;
+    dc_failover(rec, &exe, cores, quick)
+}
+
+/// Hamilton's Fig. 5: replication 5 across 5 emulated data centres — replica `k` of every
+/// group (2 shard groups, 2 coordinator groups) lives in centre `k`, each on its own host —
+/// and two centres lost one after the other (every host of the centre cut off from the
+/// network and its processes frozen), under load from two load generators in failover mode
+/// (a conflicting spend in every batch). Throughput per half second before, during and after;
+/// the time each loss kept throughput under half its rate before; acknowledged transactions
+/// lost (every one is looked up after the faults); double spends accepted.
+fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Result<()> {
+    const CENTRES: usize = 5;
+    const SHARDS: usize = 2;
+    let hosts = 2 * SHARDS * CENTRES + SHARDS;
+    let share = cores as f64 / hosts as f64;
+    let secs: f64 = if quick { 12.0 } else { 24.0 };
+    let chunks = if quick { 400 } else { 800 };
+    let (first_at, second_at) = (secs / 4.0, secs / 2.0);
+    let d = deploy_cluster(exe, SHARDS, CENTRES, SHARDS, true, share)?;
+    // Centre k: every member with replica id k.
+    let centre = |k: usize| -> Vec<String> {
+        d.net
+            .0
+            .hosts
+            .iter()
+            .filter(|h| !h.name.starts_with("loadgen") && h.name.ends_with(&format!("-{k}")))
+            .map(|h| h.name.clone())
+            .collect()
+    };
+    let lose = |d: &Deployed, k: usize| -> Result<()> {
+        for h in centre(k) {
+            d.net.0.cut(&h)?;
+            d.net.0.freeze(&h)?;
+        }
+        Ok(())
+    };
+    let faults = |d: &Deployed, go: Instant| -> Result<()> {
+        std::thread::sleep(Duration::from_secs_f64(first_at));
+        lose(d, 1)?;
+        let at = go.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_secs_f64((second_at - at).max(0.0)));
+        lose(d, 2)
+    };
+    let measured = wait_for_leaders(&d, Duration::from_secs(60))
+        .and_then(|_| run_load_with(&d, exe, chunks, secs, Some(&faults)));
+    d.stop();
+    let load = measured?;
+    let buckets = (secs / SERIES_S).ceil() as usize;
+    let mut per = vec![0u64; buckets];
+    for r in &load.results {
+        for (b, n) in r.series.iter().enumerate().take(buckets) {
+            per[b] += n;
+        }
+    }
+    let rate = |b: usize| per[b] as f64 / SERIES_S;
+    let params = json!({
+        "centres": CENTRES, "replicas": CENTRES, "shards": SHARDS, "coordinators": SHARDS,
+        "emulated_hosts": hosts, "host_cpu_cores": share,
+        "lost": "every host of the centre cut off and its processes frozen",
+        "centre_1_lost_at_s": first_at, "centre_2_lost_at_s": second_at,
+    });
+    for (b, _) in per.iter().enumerate() {
+        rec.add(
+            "dc_failover_tx_per_s",
+            rate(b),
+            "transactions/s",
+            json!({ "t_s": b as f64 * SERIES_S, "window_s": SERIES_S }),
+            None,
+            None,
+        );
+    }
+    // Each loss: the rate before it (from 1 s, or from the previous loss's recovery), and the
+    // time until a window at half of that again (the last window, a partial one, not counted).
+    let mut from = (1.0 / SERIES_S) as usize;
+    for (i, at) in [first_at, second_at].into_iter().enumerate() {
+        let b0 = (at / SERIES_S) as usize;
+        let before = (from..b0).map(rate).sum::<f64>() / (b0.saturating_sub(from)).max(1) as f64;
+        let recovered = (b0..buckets.saturating_sub(1)).find(|b| rate(*b) >= 0.5 * before);
+        let recovery = match recovered {
+            Some(b) => ((b as f64 + 1.0) * SERIES_S - at).max(0.0),
+            None => secs - at,
+        };
+        rec.add(
+            "dc_failover_recovery_s",
+            recovery,
+            "s",
+            json!({
+                "centre": i + 1, "lost_at_s": at, "rate_before_tx_per_s": before,
+                "recovered": recovered.is_some(), "target_s": 5,
+                "recovered_when": "the end of the first half second at >= 50 % of the rate before",
+            }),
+            Some(Reference {
+                value: 15.0,
+                source: format!(
+                    "{HAMILTON} Fig. 5: throughput reduced for under 15 s per data-centre loss"
+                ),
+            }),
+            None,
+        );
+        if let Some(b) = recovered {
+            from = b + 1;
+        }
+    }
+    let acked: u64 = load.results.iter().map(|r| r.acked).sum();
+    rec.add(
+        "dc_failover_lost_tx",
+        load.results.iter().map(|r| r.lost).sum::<u64>() as f64,
+        "transactions",
+        json!({ "acknowledged": acked, "in_doubt_batches": load.results.iter().map(|r| r.errors).sum::<u64>() }),
+        Some(Reference {
+            value: 0.0,
+            source: format!("{HAMILTON} Fig. 5: no data loss"),
+        }),
+        None,
+    );
+    rec.add(
+        "dc_failover_double_spend_accepted",
+        load.results.iter().map(|r| r.double_spends).sum::<u64>() as f64,
+        "transactions",
+        params,
+        None,
+        None,
+    );
+    Ok(())
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -581,7 +802,7 @@ fn replication_vs_single(
         let d = if engine {
             deploy_engine(exe, share)?
         } else {
-            deploy_cluster(exe, 1, 1, true, share)?
+            deploy_cluster(exe, 1, REPLICAS, 1, true, share)?
         };
         let measured = wait_for_leaders(&d, Duration::from_secs(60))
             .and_then(|_| run_load(&d, exe, chunks, secs));
@@ -668,18 +889,20 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let ran_out = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let lat = Arc::new(Mutex::new(Vec::new()));
+    let tally = Arc::new(Mutex::new(Tally::default()));
     let began = Instant::now();
     let stop_at = began + Duration::from_secs_f64(cfg.secs);
     let mut threads = Vec::new();
     for _ in 0..cfg.clients {
-        let (store, next, ran_out, count, lat) = (
+        let (store, next, ran_out, count, lat, tally) = (
             store.clone(),
             next.clone(),
             ran_out.clone(),
             count.clone(),
             lat.clone(),
+            tally.clone(),
         );
-        let batch = cfg.batch as u64;
+        let (batch, failover) = (cfg.batch as u64, cfg.failover);
         threads.push(std::thread::spawn(move || -> Result<()> {
             while Instant::now() < stop_at {
                 let k = next.fetch_add(batch, Ordering::Relaxed);
@@ -687,9 +910,52 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
                     ran_out.store(true, Ordering::Relaxed);
                     break;
                 }
-                let txs = workload(batch, k);
+                let mut txs = workload(batch, k);
+                if failover {
+                    // A conflicting spend of the batch's first inputs: it must never commit
+                    // beside the first transaction.
+                    let mut evil = txs[0].clone();
+                    evil.txid[0] ^= 0xff;
+                    evil.outputs = vec![(evil.txid, 20)];
+                    txs.push(evil);
+                }
                 let t = Instant::now();
-                let out = store.swap(&txs)?;
+                let out = match store.swap(&txs) {
+                    Ok(out) => out,
+                    // Under faults a batch may find no coordinator within the client's
+                    // patience: in doubt, counted, and not acknowledged.
+                    Err(_) if failover => {
+                        if let Ok(mut t) = tally.lock() {
+                            t.errors += 1;
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let at = began.elapsed().as_secs_f64();
+                if failover {
+                    let applied = |o: &SwapOutcome| {
+                        matches!(o, SwapOutcome::Confirmed | SwapOutcome::AlreadyApplied)
+                    };
+                    if let Ok(mut t) = tally.lock() {
+                        let n = batch as usize;
+                        if applied(&out[0]) && applied(&out[n]) {
+                            t.double_spends += 1;
+                        }
+                        let ok = out[..n].iter().filter(|o| applied(o)).count();
+                        let bucket = (at / SERIES_S) as usize;
+                        if t.series.len() <= bucket {
+                            t.series.resize(bucket + 1, 0);
+                        }
+                        t.series[bucket] += ok as u64;
+                        for (tx, o) in txs.iter().zip(&out) {
+                            if applied(o) {
+                                t.acked.push(tx.txid);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
                     bail!("a benchmark transaction was refused");
                 }
@@ -708,13 +974,39 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
             .map_err(|_| anyhow!("a client thread panicked"))??;
     }
     let elapsed = began.elapsed().as_secs_f64().min(cfg.secs);
+    let tally = tally.lock().map(|t| t.clone()).unwrap_or_default();
+    // After the faults: is every acknowledged transaction there?
+    let lost = if cfg.failover {
+        let found = store.confirmed_many(&tally.acked)?;
+        found.iter().filter(|f| !**f).count() as u64
+    } else {
+        0
+    };
     let result = LoadgenResult {
-        count: count.load(Ordering::Relaxed),
+        count: count.load(Ordering::Relaxed).max(tally.series.iter().sum()),
         elapsed_s: elapsed,
         latencies_ms: lat.lock().map(|l| l.clone()).unwrap_or_default(),
         ran_out: ran_out.load(Ordering::Relaxed),
+        series: tally.series,
+        acked: tally.acked.len() as u64,
+        lost,
+        double_spends: tally.double_spends,
+        errors: tally.errors,
     };
     writeln!(out, "{}", serde_json::to_string(&result)?)?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// What a load generator in failover mode counts.
+#[derive(Default, Clone)]
+struct Tally {
+    /// Acknowledged transactions per [`SERIES_S`], by completion time.
+    series: Vec<u64>,
+    acked: Vec<florin_crypto::Digest>,
+    double_spends: u64,
+    errors: u64,
+}
+
+/// The failover run's throughput window.
+const SERIES_S: f64 = 0.5;

@@ -284,7 +284,13 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
             .map(|k| k.public_key().to_address())
             .collect(),
         observers: vec![client.public_key().to_address()],
-        raft: Default::default(),
+        // A host of less than half a core needs Raft's timing for small machines.
+        raft: match &place {
+            Placement::Hosts(net) if net.cpu_share.is_some_and(|c| c < 0.5) => {
+                florin_cluster::raft::RaftOptions::small_hosts()
+            }
+            _ => Default::default(),
+        },
         max_batch: 4096,
         max_inflight: 8,
         one_phase: true,

@@ -49,10 +49,36 @@ pub struct RaftOptions {
     /// the bound on what a restart replays, and on the log kept on disk.
     #[serde(default = "default_snapshot_log_bytes")]
     pub snapshot_log_bytes: u64,
+    /// Most log entries in one append to a follower (openraft's `max_payload_entries`). Each
+    /// append must be answered within `heartbeat_ms` or it is sent again: on small machines,
+    /// where a follower needs longer to take a few hundred batch-sized entries, a smaller
+    /// number (or a longer heartbeat) lets a follower that fell behind catch up instead of
+    /// timing out for ever.
+    #[serde(default = "default_max_payload_entries")]
+    pub max_payload_entries: u64,
 }
 
 fn default_snapshot_log_bytes() -> u64 {
     256 << 20
+}
+
+fn default_max_payload_entries() -> u64 {
+    300
+}
+
+impl RaftOptions {
+    /// Timing for small machines (a fraction of a core each, e.g. emulated hosts): a longer
+    /// heartbeat and election timeout, and appends of at most 16 entries, so that a follower
+    /// starved of CPU still answers each append in time.
+    pub fn small_hosts() -> RaftOptions {
+        RaftOptions {
+            heartbeat_ms: 250,
+            election_min_ms: 1000,
+            election_max_ms: 2000,
+            max_payload_entries: 16,
+            ..RaftOptions::default()
+        }
+    }
 }
 
 impl Default for RaftOptions {
@@ -64,6 +90,7 @@ impl Default for RaftOptions {
             snapshot_every: 1000,
             keep_logs: 500,
             snapshot_log_bytes: default_snapshot_log_bytes(),
+            max_payload_entries: default_max_payload_entries(),
         }
     }
 }
@@ -163,6 +190,7 @@ impl<M: Machine> Replica<M> {
             // Snapshots are triggered by this replica's own watcher (see `snapshot_every`).
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: opts.keep_logs,
+            max_payload_entries: opts.max_payload_entries.max(1),
             ..Config::default()
         }
         .validate()

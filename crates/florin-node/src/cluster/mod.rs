@@ -246,12 +246,15 @@ impl ClusterSpec {
                         .iter()
                         .filter_map(|m| {
                             let key = key_of(&m.key).ok()?;
-                            Some(Arc::new(Peer::new(
-                                m.addr.clone(),
-                                key,
-                                me.clone(),
-                                Duration::from_secs(10),
-                            )))
+                            Some((
+                                m.id,
+                                Arc::new(Peer::new(
+                                    m.addr.clone(),
+                                    key,
+                                    me.clone(),
+                                    Duration::from_secs(10),
+                                )),
+                            ))
                         })
                         .collect(),
                 ))

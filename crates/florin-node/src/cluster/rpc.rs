@@ -137,13 +137,23 @@ impl Peer {
 
     /// One request, one answer (blocking).
     pub fn call(&self, req: &Request) -> Result<Response, RpcError> {
-        let answer = self
-            .client
-            .call(encode(req), self.timeout)
-            .map_err(|source| RpcError::Unreachable {
-                addr: self.addr.clone(),
-                source: Box::new(source),
-            })?;
+        self.call_within(req, self.timeout)
+    }
+
+    /// The default wait for an answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// [`Peer::call`] waiting at most `timeout` for the answer.
+    pub fn call_within(&self, req: &Request, timeout: Duration) -> Result<Response, RpcError> {
+        let answer =
+            self.client
+                .call(encode(req), timeout)
+                .map_err(|source| RpcError::Unreachable {
+                    addr: self.addr.clone(),
+                    source: Box::new(source),
+                })?;
         decode::<Response>(&answer).ok_or_else(|| RpcError::BadAnswer(self.addr.clone()))
     }
 
