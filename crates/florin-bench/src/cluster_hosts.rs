@@ -722,9 +722,17 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
     // Each loss: the rate before it (from 1 s, or from the previous loss's recovery), and the
     // time until a window at half of that again (the last window, a partial one, not counted).
     let mut from = (1.0 / SERIES_S) as usize;
+    let mut first_before = None;
     for (i, at) in [first_at, second_at].into_iter().enumerate() {
         let b0 = (at / SERIES_S) as usize;
-        let before = (from..b0).map(rate).sum::<f64>() / (b0.saturating_sub(from)).max(1) as f64;
+        let mut before =
+            (from..b0).map(rate).sum::<f64>() / (b0.saturating_sub(from)).max(1) as f64;
+        // A loss during the previous one's dip is measured against the rate before that one.
+        let in_previous_dip = first_before.is_some_and(|f: f64| before < 0.5 * f || from >= b0);
+        if in_previous_dip {
+            before = first_before.unwrap_or(before);
+        }
+        first_before.get_or_insert(before);
         let recovered = (b0..buckets.saturating_sub(1)).find(|b| rate(*b) >= 0.5 * before);
         let recovery = match recovered {
             Some(b) => ((b as f64 + 1.0) * SERIES_S - at).max(0.0),
@@ -736,6 +744,7 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
             "s",
             json!({
                 "centre": i + 1, "lost_at_s": at, "rate_before_tx_per_s": before,
+                "during_previous_dip": in_previous_dip,
                 "recovered": recovered.is_some(), "target_s": 5,
                 "recovered_when": "the end of the first half second at >= 50 % of the rate before",
             }),
