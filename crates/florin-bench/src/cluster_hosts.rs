@@ -733,7 +733,10 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
             before = first_before.unwrap_or(before);
         }
         first_before.get_or_insert(before);
-        let recovered = (b0..buckets.saturating_sub(1)).find(|b| rate(*b) >= 0.5 * before);
+        // Two whole windows in a row at half the rate before, after the one the loss fell in
+        // (which still holds completions from before it).
+        let recovered = (b0 + 1..buckets.saturating_sub(2))
+            .find(|b| rate(*b) >= 0.5 * before && rate(*b + 1) >= 0.5 * before);
         let recovery = match recovered {
             Some(b) => ((b as f64 + 1.0) * SERIES_S - at).max(0.0),
             None => secs - at,
@@ -746,7 +749,7 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
                 "centre": i + 1, "lost_at_s": at, "rate_before_tx_per_s": before,
                 "during_previous_dip": in_previous_dip,
                 "recovered": recovered.is_some(), "target_s": 5,
-                "recovered_when": "the end of the first half second at >= 50 % of the rate before",
+                "recovered_when": "the end of the first of two half seconds in a row at >= 50 % of the rate before, from the window after the loss's",
             }),
             Some(Reference {
                 value: 15.0,

@@ -288,6 +288,8 @@ struct Flight {
     sent_at: u64,
     /// A shard refused the batch's `Prepare`: its words (the batch aborts).
     refused: Option<String>,
+    /// The transactions with a part on a shard that refused (the others are retried).
+    refused_txs: BTreeSet<usize>,
 }
 
 struct TicketState {
@@ -459,6 +461,7 @@ impl Coordinator {
             decisions: Vec::new(),
             sent_at: self.now,
             refused: None,
+            refused_txs: BTreeSet::new(),
         }
     }
 
@@ -727,6 +730,11 @@ impl Coordinator {
                     why: format!("{why} (the batch is aborted and its locks released)"),
                 });
                 f.refused.get_or_insert(why);
+                // Only the transactions with a part there are refused; the others are tried
+                // again in a later batch (this one aborts as a whole).
+                if let Some(idx) = f.plan.get(&shard) {
+                    f.refused_txs.extend(idx.iter().copied());
+                }
                 f.waiting.remove(&shard);
                 self.decide_if_prepared(dtx, &mut f, out);
             }
@@ -758,7 +766,15 @@ impl Coordinator {
             return;
         }
         f.decisions = if f.refused.is_some() {
-            vec![Decision::Refused; f.txs.len()]
+            (0..f.txs.len())
+                .map(|i| {
+                    if f.refused_txs.contains(&i) {
+                        Decision::Refused
+                    } else {
+                        Decision::Retry
+                    }
+                })
+                .collect()
         } else {
             f.votes.iter().map(|v| decide(v)).collect()
         };

@@ -127,6 +127,21 @@ fn ip(args: &[&str]) -> Result<(), HostError> {
     }
 }
 
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 40
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn alias_of(link: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/net/{link}/ifalias"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 fn link_exists(name: &str) -> bool {
     Path::new("/sys/class/net").join(name).exists()
 }
@@ -270,26 +285,16 @@ impl HostNet {
                 "an emulated network holds at most {MAX_HOSTS} hosts"
             )));
         }
-        if name.is_empty()
-            || name.len() > 40
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if !valid_name(name) {
             return Err(failed(
                 "emulated host name",
                 format!("{name:?}: use letters, digits, '-' and '_'"),
             ));
         }
-        let host = EmulatedHost {
-            name: name.to_string(),
-            addr: Ipv4Addr::new(SUBNET[0], SUBNET[1], self.net, (i + 2) as u8),
-            netns: format!("florin-{}-{name}", self.tag),
-            link: format!("fv{}x{i}", self.net),
-            cgroup: format!("florin-{}-{name}", self.tag),
-        };
-        self.build(&host)?;
+        let host = self.host_at(i, name);
+        // Recorded first: a build that fails part-way is removed with the rest.
         self.hosts.push(host.clone());
+        self.build(&host)?;
         Ok(host)
     }
 
@@ -334,10 +339,17 @@ impl HostNet {
         if !netns_exists(&h.netns) {
             ip(&["netns", "add", &h.netns])?;
         }
+        if link_exists(&h.link) && alias_of(&h.link) != self.alias() {
+            return Err(failed(
+                format!("emulated host {}", h.name),
+                format!("link {} belongs to something else", h.link),
+            ));
+        }
         if !link_exists(&h.link) {
             ip(&[
                 "link", "add", &h.link, "type", "veth", "peer", "name", "eth0", "netns", &h.netns,
             ])?;
+            ip(&["link", "set", &h.link, "alias", &self.alias()])?;
             let addr = format!("{}/24", h.addr);
             ip(&["-n", &h.netns, "addr", "add", &addr, "dev", "eth0"])?;
             ip(&["-n", &h.netns, "link", "set", "eth0", "up"])?;
@@ -388,12 +400,24 @@ impl HostNet {
 
     /// Cuts a host's link: nobody reaches it and it reaches nobody (its processes run on).
     pub fn cut(&self, name: &str) -> Result<(), HostError> {
-        ip(&["link", "set", &self.host(name)?.link, "down"])
+        ip(&["link", "set", &self.own_link(name)?, "down"])
     }
 
     /// Restores a cut link.
     pub fn heal(&self, name: &str) -> Result<(), HostError> {
-        ip(&["link", "set", &self.host(name)?.link, "up"])
+        ip(&["link", "set", &self.own_link(name)?, "up"])
+    }
+
+    /// A host's link, if it exists and is this network's (its alias names the tag).
+    fn own_link(&self, name: &str) -> Result<String, HostError> {
+        let link = self.host(name)?.link.clone();
+        if !link_exists(&link) || alias_of(&link) != self.alias() {
+            return Err(failed(
+                format!("emulated host {name}"),
+                format!("its link {link} is not there (run `cluster up` to make the hosts again)"),
+            ));
+        }
+        Ok(link)
     }
 
     /// Freezes every process on a host (as if its machine stalled).
@@ -438,7 +462,8 @@ impl HostNet {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if link_exists(&h.link) {
+            // Only a link this network made (another network may hold the same name now).
+            if link_exists(&h.link) && alias_of(&h.link) == self.alias() {
                 if let Err(e) = ip(&["link", "del", &h.link]) {
                     if link_exists(&h.link) {
                         errors.push(e);
@@ -462,9 +487,7 @@ impl HostNet {
             }
         }
         let bridge = self.bridge();
-        let ours = std::fs::read_to_string(format!("/sys/class/net/{bridge}/ifalias"))
-            .map(|a| a.trim() == self.alias() || a.trim().is_empty())
-            .unwrap_or(false);
+        let ours = alias_of(&bridge) == self.alias();
         if link_exists(&bridge) && ours {
             if let Err(e) = ip(&["link", "del", &bridge]) {
                 errors.push(e);
@@ -479,10 +502,48 @@ impl HostNet {
             path: path.into(),
             detail: e.to_string(),
         })?;
-        toml::from_str(&text).map_err(|e| HostError::File {
+        let net: HostNet = toml::from_str(&text).map_err(|e| HostError::File {
             path: path.into(),
             detail: format!("bad hosts file: {e}"),
-        })
+        })?;
+        // Every name is derived again and must match: a hosts file is acted on as root, so
+        // an edited one must never name another namespace, link or cgroup.
+        net.check().map_err(|detail| HostError::File {
+            path: path.into(),
+            detail,
+        })?;
+        Ok(net)
+    }
+
+    /// Whether every recorded name is the one this network would make.
+    fn check(&self) -> Result<(), String> {
+        if self.tag.len() != 6 || !self.tag.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(format!("tag {:?} is not 6 hex digits", self.tag));
+        }
+        for (i, h) in self.hosts.iter().enumerate() {
+            if !valid_name(&h.name) {
+                return Err(format!("host name {:?}", h.name));
+            }
+            let want = self.host_at(i, &h.name);
+            if *h != want {
+                return Err(format!(
+                    "host {} does not match the names this network makes ({want:?})",
+                    h.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The host this network makes as its `i`-th, named `name`.
+    fn host_at(&self, i: usize, name: &str) -> EmulatedHost {
+        EmulatedHost {
+            name: name.to_string(),
+            addr: Ipv4Addr::new(SUBNET[0], SUBNET[1], self.net, (i + 2) as u8),
+            netns: format!("florin-{}-{name}", self.tag),
+            link: format!("fv{}x{i}", self.net),
+            cgroup: format!("florin-{}-{name}", self.tag),
+        }
     }
 
     /// Writes a hosts file (atomically).
@@ -566,11 +627,17 @@ pub fn remove_on_signal() {
 /// namespaces (and so their links), cgroups and bridges. For hosts left behind by a process
 /// that was killed; a cluster's own are removed by `cluster down`.
 pub fn sweep(tag: Option<&str>) -> Vec<HostError> {
-    let prefix = match tag {
-        Some(t) => format!("florin-{t}-"),
-        None => "florin-".to_string(),
+    // `florin-<6 hex digits>-…`: exactly the names a network makes.
+    let ours = |name: &str| match name.strip_prefix("florin-") {
+        Some(rest) => {
+            let (t, after) = rest.split_at(rest.len().min(6));
+            t.len() == 6
+                && t.chars().all(|c| c.is_ascii_hexdigit())
+                && after.starts_with('-')
+                && tag.is_none_or(|want| want == t)
+        }
+        None => false,
     };
-    let ours = |name: &str| name.starts_with(&prefix);
     let mut errors = Vec::new();
     let groups = |c: &str| -> Vec<PathBuf> {
         std::fs::read_dir(Path::new(CGROUP_ROOT).join(c))
@@ -636,9 +703,10 @@ pub fn sweep(tag: Option<&str>) -> Vec<HostError> {
         let alias =
             std::fs::read_to_string(format!("/sys/class/net/{b}/ifalias")).unwrap_or_default();
         let alias = alias.trim();
-        let matches = match tag {
-            Some(t) => alias == format!("florin-{t}"),
-            None => alias.starts_with("florin-"),
+        let matches = match (tag, alias.strip_prefix("florin-")) {
+            (Some(t), Some(a)) => a == t,
+            (None, Some(a)) => a.len() == 6 && a.chars().all(|c| c.is_ascii_hexdigit()),
+            _ => false,
         };
         if matches {
             if let Err(e) = ip(&["link", "del", &b]) {
@@ -679,6 +747,21 @@ mod tests {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(&a.addr.to_string()), "{text}");
         assert!(text.contains(&format!("cpu:/{}", a.cgroup)), "{text}");
+        // A hosts file naming anything this network would not make is refused (it is acted
+        // on as root): another link, namespace or cgroup, or a tag that is not one.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("hosts.toml");
+        net.save(&file).expect("save");
+        assert_eq!(HostNet::load(&file).expect("load"), net);
+        let text = std::fs::read_to_string(&file).expect("read");
+        for (from, to) in [
+            (a.link.as_str(), "eth0"),
+            (a.netns.as_str(), "cni-1234"),
+            (&*format!("cgroup = \"{}\"", a.cgroup), "cgroup = \"\""),
+        ] {
+            std::fs::write(&file, text.replacen(from, to, 1)).expect("write");
+            assert!(HostNet::load(&file).is_err(), "{from} -> {to} accepted");
+        }
         // Another network cannot take this one's bridge.
         let mut other = net.clone();
         other.tag = "000000".into();

@@ -199,11 +199,17 @@ enum Placement {
 }
 
 impl Placement {
-    /// The address for the process `name`, on `port` where it has a host of its own.
-    fn addr(&mut self, name: &str, port: u16) -> Result<SocketAddr> {
+    /// The address for the process `name`, on `port` where it has a host of its own (the
+    /// hosts file is saved after each host, so `down` or the next `up` removes what a failed
+    /// creation made).
+    fn addr(&mut self, name: &str, port: u16, data: &Path) -> Result<SocketAddr> {
         match self {
             Placement::Loopback(free) => free.next().ok_or_else(|| anyhow!("out of ports")),
-            Placement::Hosts(net) => Ok(SocketAddr::new(net.add(name)?.addr.into(), port)),
+            Placement::Hosts(net) => {
+                let added = net.add(name);
+                net.save(&data.join(HOSTS_FILE))?;
+                Ok(SocketAddr::new(added?.addr.into(), port))
+            }
         }
     }
 
@@ -255,7 +261,8 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
             let mut members = Vec::new();
             for id in 1..=replicas as u64 {
                 let key = SecretKey::generate(&mut rand::rngs::OsRng);
-                let addr = place.addr(&deploy::host_name(role, g, id), deploy::HOST_RPC_PORT)?;
+                let addr =
+                    place.addr(&deploy::host_name(role, g, id), deploy::HOST_RPC_PORT, data)?;
                 members.push(MemberSpec {
                     id,
                     addr: addr.to_string(),
@@ -304,7 +311,7 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
         let name = deploy::host_name(Role::Sentinel, i as u16, 0);
         let http = match (&place, i) {
             (Placement::Loopback(_), 0) => api,
-            _ => place.addr(&name, api.port())?,
+            _ => place.addr(&name, api.port(), data)?,
         };
         let mut cfg = NodeConfig::member(Role::Sentinel, i as u16, 0);
         cfg.host = place.host(&name);
