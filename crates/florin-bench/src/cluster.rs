@@ -33,7 +33,8 @@ const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
 const CLIENTS: usize = 16;
 const BATCH: usize = 2000;
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
+/// The `p` quantile (0–1) of `v` (sorted in place; 0 when empty).
+pub(super) fn percentile(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -288,7 +289,8 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     failover(rec, &rt, quick)
 }
 
-fn median(v: &[f64]) -> f64 {
+/// The median of `v` (0 when empty).
+pub(super) fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
     match v.len() {

@@ -33,6 +33,7 @@ use florin_node::hosts::{HostNet, HostNetGuard};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::cluster::{median, percentile};
 use super::ledger::{preload_range, workload};
 use super::{Recorder, Reference, Scale};
 
@@ -494,14 +495,6 @@ fn shards_per_tx(shards: usize) -> f64 {
     touched as f64 / txs.len() as f64
 }
 
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 /// Runs the emulated-host suite.
 pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f64>) -> Result<()> {
     florin_node::hosts::check_supported()?;
@@ -784,16 +777,6 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
         None,
     );
     Ok(())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// `cluster_r3_vs_single_ratio` on equal hosts: one shard of 3 replicas (and a coordinator

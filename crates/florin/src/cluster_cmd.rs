@@ -614,14 +614,19 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             emulate_hosts,
             host_cpu,
         } => {
-            let data = canonical(&data)?;
+            // Refused before anything is written.
             if !data.join("cluster.toml").exists() {
                 if emulate_hosts && tls.plain_http {
                     bail!("emulated hosts are reached over their own addresses, not loopback: their sentinels serve TLS (drop --plain-http)");
                 }
-                if !emulate_hosts {
+                if emulate_hosts {
+                    florin_node::hosts::check_supported()?;
+                } else {
                     tls.check(api)?;
                 }
+            }
+            let data = canonical(&data)?;
+            if !data.join("cluster.toml").exists() {
                 // A creation that failed part-way left its hosts: removed before a new start.
                 if let Some(old) = hosts_of(&data)? {
                     for e in old.remove() {
