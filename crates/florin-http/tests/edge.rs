@@ -151,7 +151,7 @@ fn every_refusal_is_the_envelope() {
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
     );
-    envelope(&get("/v1/info"), StatusCode::NOT_FOUND, "not_found");
+    envelope(&get("/v1/info"), StatusCode::NOT_FOUND, "no_authority");
     // A path parameter that does not parse: the service's typed 400.
     let dir = tempfile::tempdir().unwrap();
     let full = with_authority(dir.path(), RateLimits::default());
