@@ -178,6 +178,7 @@ fn deploy_cluster(
         max_batch: 4096,
         max_inflight: 8,
         one_phase,
+        authority: None,
     };
     spec.save(&data.join("cluster.toml"))?;
     let mut members = Vec::new();
@@ -239,6 +240,7 @@ fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
         max_batch: 4096,
         max_inflight: 8,
         one_phase: true,
+        authority: None,
     };
     spec.save(&data.join("cluster.toml"))?;
     let mut cfg = NodeConfig::member(Role::Engine, 0, 1);

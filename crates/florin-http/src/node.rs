@@ -105,6 +105,9 @@ impl IntoResponse for HttpError {
             NodeError::Forbidden(_) => StatusCode::FORBIDDEN,
             NodeError::Signer(_) => StatusCode::SERVICE_UNAVAILABLE,
             NodeError::Full(_) => StatusCode::TOO_MANY_REQUESTS,
+            NodeError::Storage(florin_node::error::StorageError::Unavailable(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         // A body that is not the JSON it should be is `malformed`, on every route alike.

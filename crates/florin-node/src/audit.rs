@@ -60,27 +60,26 @@ fn decode_entry(b: &[u8]) -> Result<(u64, u8), NodeError> {
 impl Authority {
     /// Journals a mint before it is submitted.
     pub fn record_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
-        let tx = self.begin_write()?;
-        tx.open_table(ISSUANCE)?
-            .insert(txid.as_slice(), entry(cents, RECORDED).as_slice())?;
-        tx.commit()?;
-        Ok(())
+        self.transact(|tx| {
+            tx.open_table(ISSUANCE)?
+                .insert(txid.as_slice(), entry(cents, RECORDED).as_slice())?;
+            Ok(())
+        })
     }
 
     /// Marks a journaled mint confirmed by the ledger.
     pub fn confirm_mint(&self, txid: &Digest, cents: u64) -> Result<(), NodeError> {
-        let tx = self.begin_write()?;
-        tx.open_table(ISSUANCE)?
-            .insert(txid.as_slice(), entry(cents, CONFIRMED).as_slice())?;
-        tx.commit()?;
-        Ok(())
+        self.transact(|tx| {
+            tx.open_table(ISSUANCE)?
+                .insert(txid.as_slice(), entry(cents, CONFIRMED).as_slice())?;
+            Ok(())
+        })
     }
 
     /// Fixes, once, the ledger mints made before this registry kept a journal (0 for a new
     /// directory). Call at start with the ledger's minted total.
     pub fn ensure_issuance_baseline(&self, ledger_minted_cents: u64) -> Result<(), NodeError> {
-        let tx = self.begin_write()?;
-        {
+        self.transact(|tx| {
             let mut meta = tx.open_table(META)?;
             if meta.get("issuance_baseline_set")?.is_some() {
                 return Ok(());
@@ -98,9 +97,8 @@ impl Authority {
                 ledger_minted_cents.saturating_sub(journaled),
             )?;
             meta.insert("issuance_baseline_set", 1)?;
-        }
-        tx.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The journal: the baseline (cents minted before it existed) and its entries.
@@ -171,7 +169,7 @@ impl Authority {
     ) -> Result<T, NodeError> {
         let _no_mint = self.issuing.blocking_lock();
         let hold = self.begin_write()?;
-        crate::store::copy_consistent(&hold, to)?;
+        crate::store::copy_consistent(hold.inner(), to)?;
         let out = then();
         hold.abort()?;
         out

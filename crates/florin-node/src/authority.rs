@@ -15,11 +15,17 @@ use redb::{ReadableDatabase, ReadableTable};
 
 use crate::api::{AdminEntry, AdminLogEntry, DepositReport, FraudInfo, TokenInfo};
 use crate::bridge::CreditIntent;
-use crate::error::{BadRequest, Corrupt, Forbidden, Full, IoError, NodeError, NotFound};
+use crate::error::{
+    BadRequest, Corrupt, Forbidden, Full, IoError, NodeError, NotFound, StorageError,
+};
+use crate::registry::{Committed, RegTx, Replicate};
 use crate::store::{
     self, serial_key, ADMIN_LOG, BLACKLIST, FRAUD, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META,
     REVOKED, TOKENS,
 };
+
+/// Most times a replicated registry write runs again because another came first.
+pub const MAX_CONFLICTS: usize = 64;
 
 /// Largest mailbox message.
 pub const MAX_MAILBOX_MESSAGE: usize = 64 * 1024;
@@ -150,7 +156,11 @@ pub const MAX_REASON: usize = 1024;
 
 /// The token authority.
 pub struct Authority {
-    db: redb::Database,
+    db: Arc<redb::Database>,
+    /// Set when the registry is replicated ([`crate::registry`]): writes are then applied by
+    /// the group, through this link once it is joined ([`Authority::join`]).
+    replicated: bool,
+    group: std::sync::OnceLock<Arc<dyn Replicate>>,
     signer: Arc<dyn Signer>,
     key: PublicKey,
     config: AuthorityConfig,
@@ -234,7 +244,7 @@ fn index_mailbox(db: &redb::Database, at: u64) -> Result<(), NodeError> {
 
 /// Removes up to `max` mailbox messages put before `cutoff` (unix seconds), oldest first,
 /// with their usage; a mailbox left empty is forgotten.
-fn sweep_mailbox(tx: &redb::WriteTransaction, cutoff: u64, max: usize) -> Result<usize, NodeError> {
+fn sweep_mailbox(tx: &RegTx, cutoff: u64, max: usize) -> Result<usize, NodeError> {
     let mut ages = tx.open_table(MAILBOX_AGES)?;
     let expired: Vec<(Vec<u8>, u64)> = ages
         .range(..age_key(cutoff, &[0u8; 32], 0).as_slice())?
@@ -272,6 +282,25 @@ fn sweep_mailbox(tx: &redb::WriteTransaction, cutoff: u64, max: usize) -> Result
 impl Authority {
     /// Opens (or creates) the registry in `config.data_dir` with `signer` as the authority key.
     pub fn open(config: AuthorityConfig, signer: Arc<dyn Signer>) -> Result<Self, NodeError> {
+        Self::open_as(config, signer, false)
+    }
+
+    /// Opens the registry as one replica of an authority group: it changes only by write
+    /// sets the group applies ([`crate::registry`]). Writes fail until [`Authority::join`]
+    /// gives the link to the group; [`Authority::registry_db`] is what the group's state
+    /// machine applies to.
+    pub fn open_replicated(
+        config: AuthorityConfig,
+        signer: Arc<dyn Signer>,
+    ) -> Result<Self, NodeError> {
+        Self::open_as(config, signer, true)
+    }
+
+    fn open_as(
+        config: AuthorityConfig,
+        signer: Arc<dyn Signer>,
+        replicated: bool,
+    ) -> Result<Self, NodeError> {
         std::fs::create_dir_all(&config.data_dir).map_err(|source| IoError::DataDir {
             path: config.data_dir.clone(),
             source,
@@ -285,11 +314,17 @@ impl Authority {
         let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
             .map_err(Corrupt::from)?;
         store::init(&db)?;
-        index_mailbox(&db, now())?;
+        if !replicated {
+            // A replicated registry was made with the quotas: every replica counts from its
+            // first write set, and a local write here would leave the group's state.
+            index_mailbox(&db, now())?;
+        }
         let key = signer.public_key();
         let gate = crate::operator::OperatorGate::new(config.operators.clone());
         Ok(Authority {
-            db,
+            db: Arc::new(db),
+            replicated,
+            group: std::sync::OnceLock::new(),
             signer,
             key,
             gate,
@@ -360,17 +395,14 @@ impl Authority {
         denominations: &[Denomination],
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
-        let tx = self.begin_write()?;
-        let tokens = self.mint_in(&tx, recipient, denominations, handshake)?;
-        tx.commit()?;
-        Ok(tokens)
+        self.transact(|tx| self.mint_in(tx, recipient, denominations, handshake))
     }
 
     /// Mints inside an open write transaction (so minting commits with whatever else the
     /// caller records, e.g. a withdrawal).
     pub(crate) fn mint_in(
         &self,
-        tx: &redb::WriteTransaction,
+        tx: &RegTx,
         recipient: PublicKey,
         denominations: &[Denomination],
         handshake: Handshake,
@@ -411,10 +443,61 @@ impl Authority {
     /// A write transaction with two-phase commit: redb then refuses (rather than rolls back)
     /// a newest commit that fails its checksums after a crash, so an acknowledged commit is
     /// never silently undone (see `redb_open`).
-    pub(crate) fn begin_write(&self) -> Result<redb::WriteTransaction, NodeError> {
-        let mut tx = self.db.begin_write()?;
-        tx.set_two_phase_commit(true);
-        Ok(tx)
+    pub(crate) fn begin_write(&self) -> Result<RegTx, NodeError> {
+        RegTx::begin(&self.db, self.replicated)
+    }
+
+    /// The registry's database (a replicated authority's state machine applies to it).
+    pub fn registry_db(&self) -> Arc<redb::Database> {
+        self.db.clone()
+    }
+
+    /// Whether the registry is replicated.
+    pub fn is_replicated(&self) -> bool {
+        self.replicated
+    }
+
+    /// Gives a replicated registry its link to the group (once; later calls are ignored).
+    pub fn join(&self, group: Arc<dyn Replicate>) {
+        let _ = self.group.set(group);
+    }
+
+    /// Runs a registry write: `op` reads and writes through the transaction it is given, and
+    /// what it wrote is committed (locally, or by the group). A replicated write that another
+    /// came before runs again on the newer registry, at most [`MAX_CONFLICTS`] times; an
+    /// error from `op` writes nothing.
+    pub(crate) fn transact<T>(
+        &self,
+        mut op: impl FnMut(&RegTx) -> Result<T, NodeError>,
+    ) -> Result<T, NodeError> {
+        let group = match (self.replicated, self.group.get()) {
+            (false, _) => None,
+            (true, Some(g)) => Some(g.as_ref()),
+            (true, None) => {
+                return Err(StorageError::Unavailable(
+                    "this replica has not joined its authority group yet".into(),
+                )
+                .into())
+            }
+        };
+        for _ in 0..MAX_CONFLICTS {
+            let tx = self.begin_write()?;
+            let out = match op(&tx) {
+                Ok(out) => out,
+                Err(e) => {
+                    tx.abort()?;
+                    return Err(e);
+                }
+            };
+            match tx.commit(group)? {
+                Committed::Done => return Ok(out),
+                Committed::Conflict => continue,
+            }
+        }
+        Err(StorageError::Unavailable(format!(
+            "{MAX_CONFLICTS} other registry writes came first: try again"
+        ))
+        .into())
     }
 
     pub(crate) fn signer(&self) -> &dyn Signer {
@@ -555,105 +638,106 @@ impl Authority {
 
         let mut rng = StdRng::from_rng(OsRng).map_err(IoError::from)?;
         let detected_at = now();
-        let tx = self.begin_write()?;
-        let mut reports = Vec::with_capacity(decoded.len());
-        let mut credited = 0u64;
-        let mut intent = None;
-        {
-            let mut table = tx.open_table(TOKENS)?;
-            let mut fraud = tx.open_table(FRAUD)?;
-            for (i, d) in decoded.iter().enumerate() {
-                let t = match d {
-                    Ok(t) => t,
-                    Err(e) => {
-                        reports.push(refused(String::new(), 0, e.clone(), false));
-                        continue;
-                    }
-                };
-                match checked[i].clone() {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => {
-                        reports.push(refused(t.serial_hex(), t.value.cents(), e, false));
-                        continue;
-                    }
-                    None => {
-                        reports.push(refused(
-                            t.serial_hex(),
-                            t.value.cents(),
-                            "not verified".into(),
-                            true,
-                        ));
-                        continue;
-                    }
-                }
-                let key = serial_key(&t.serial);
-                let mut record = match table.get(key)? {
-                    Some(v) => Some(TokenRecord::decode(v.value()).map_err(Corrupt::from)?),
-                    None => None,
-                };
-                let mut nonce = [0u8; 64];
-                rng.fill_bytes(&mut nonce);
-                let reanchor = Reanchor {
-                    signer: self.signer.as_ref(),
-                    nonce,
-                };
-                let (outcome, changed) =
-                    settle(record.as_mut(), t, Ok(()), &depositor, reanchor, mode);
-                if changed {
-                    if let Some(r) = &record {
-                        table.insert(key, r.encode().as_slice())?;
-                    }
-                }
-                let serial = t.serial_hex();
-                let value = t.value.cents();
-                reports.push(match outcome {
-                    Outcome::Reanchored(n) => report(serial, value, "reanchored", Some(&n)),
-                    Outcome::Redeemed => {
-                        credited += value;
-                        report(serial, value, "credited", None)
-                    }
-                    Outcome::Repeated(n) => report(serial, value, "repeated", Some(&n)),
-                    Outcome::DoubleSpend(proof) => {
-                        let id = proof.id();
-                        let existing = fraud.get(id.as_slice())?.map(|v| v.value().to_vec());
-                        let at = match existing {
-                            Some(v) if v.len() >= 8 => {
-                                u64::from_le_bytes(<[u8; 8]>::try_from(&v[..8]).unwrap_or_default())
-                            }
-                            _ => {
-                                let mut v = detected_at.to_le_bytes().to_vec();
-                                v.extend_from_slice(&proof.encode());
-                                fraud.insert(id.as_slice(), v.as_slice())?;
-                                detected_at
-                            }
-                        };
-                        let mut r = report(serial, value, "double_spend", None);
-                        r.fraud = Some(fraud_info(&proof, at));
-                        r
-                    }
-                    Outcome::Refused(DepositError::AlreadyDeposited(_))
-                        if mode == SettleMode::Redeem =>
-                    {
-                        // This exact deposit was credited before (a retry): its credit went to
-                        // the depositor's mailbox then.
-                        report(serial, value, "already_credited", None)
-                    }
-                    Outcome::Refused(e) => {
-                        let retry = matches!(e, florin_token::authority::DepositError::Signer(_));
-                        let mut r = refused(serial, value, e.to_string(), retry);
-                        if matches!(e, DepositError::Blacklisted(_)) {
-                            r.code = Some("blacklisted".into());
+        self.transact(|tx| {
+            let mut reports = Vec::with_capacity(decoded.len());
+            let mut credited = 0u64;
+            let mut intent = None;
+            {
+                let mut table = tx.open_table(TOKENS)?;
+                let mut fraud = tx.open_table(FRAUD)?;
+                for (i, d) in decoded.iter().enumerate() {
+                    let t = match d {
+                        Ok(t) => t,
+                        Err(e) => {
+                            reports.push(refused(String::new(), 0, e.clone(), false));
+                            continue;
                         }
-                        r
+                    };
+                    match checked[i].clone() {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => {
+                            reports.push(refused(t.serial_hex(), t.value.cents(), e, false));
+                            continue;
+                        }
+                        None => {
+                            reports.push(refused(
+                                t.serial_hex(),
+                                t.value.cents(),
+                                "not verified".into(),
+                                true,
+                            ));
+                            continue;
+                        }
                     }
-                });
+                    let key = serial_key(&t.serial);
+                    let mut record = match table.get(key)? {
+                        Some(v) => Some(TokenRecord::decode(v.value()).map_err(Corrupt::from)?),
+                        None => None,
+                    };
+                    let mut nonce = [0u8; 64];
+                    rng.fill_bytes(&mut nonce);
+                    let reanchor = Reanchor {
+                        signer: self.signer.as_ref(),
+                        nonce,
+                    };
+                    let (outcome, changed) =
+                        settle(record.as_mut(), t, Ok(()), &depositor, reanchor, mode);
+                    if changed {
+                        if let Some(r) = &record {
+                            table.insert(key, r.encode().as_slice())?;
+                        }
+                    }
+                    let serial = t.serial_hex();
+                    let value = t.value.cents();
+                    reports.push(match outcome {
+                        Outcome::Reanchored(n) => report(serial, value, "reanchored", Some(&n)),
+                        Outcome::Redeemed => {
+                            credited += value;
+                            report(serial, value, "credited", None)
+                        }
+                        Outcome::Repeated(n) => report(serial, value, "repeated", Some(&n)),
+                        Outcome::DoubleSpend(proof) => {
+                            let id = proof.id();
+                            let existing = fraud.get(id.as_slice())?.map(|v| v.value().to_vec());
+                            let at = match existing {
+                                Some(v) if v.len() >= 8 => u64::from_le_bytes(
+                                    <[u8; 8]>::try_from(&v[..8]).unwrap_or_default(),
+                                ),
+                                _ => {
+                                    let mut v = detected_at.to_le_bytes().to_vec();
+                                    v.extend_from_slice(&proof.encode());
+                                    fraud.insert(id.as_slice(), v.as_slice())?;
+                                    detected_at
+                                }
+                            };
+                            let mut r = report(serial, value, "double_spend", None);
+                            r.fraud = Some(fraud_info(&proof, at));
+                            r
+                        }
+                        Outcome::Refused(DepositError::AlreadyDeposited(_))
+                            if mode == SettleMode::Redeem =>
+                        {
+                            // This exact deposit was credited before (a retry): its credit went to
+                            // the depositor's mailbox then.
+                            report(serial, value, "already_credited", None)
+                        }
+                        Outcome::Refused(e) => {
+                            let retry =
+                                matches!(e, florin_token::authority::DepositError::Signer(_));
+                            let mut r = refused(serial, value, e.to_string(), retry);
+                            if matches!(e, DepositError::Blacklisted(_)) {
+                                r.code = Some("blacklisted".into());
+                            }
+                            r
+                        }
+                    });
+                }
+                if credited > 0 {
+                    intent = Some(self.record_credit(tx, &depositor, credited)?);
+                }
             }
-            if credited > 0 {
-                intent = Some(self.record_credit(&tx, &depositor, credited)?);
-            }
-        }
-        tx.commit()?;
-        Ok((reports, intent))
+            Ok((reports, intent))
+        })
     }
 
     /// Every fraud proof recorded, oldest first.
@@ -719,30 +803,30 @@ impl Authority {
     ) -> Result<AdminEntry, NodeError> {
         check_reason(reason)?;
         let entry = admin_entry(hex::encode(serial), operator, reason);
-        let tx = self.begin_write()?;
-        let kept;
-        {
-            let mut table = tx.open_table(TOKENS)?;
-            let bytes = table
-                .get(serial_key(serial))?
-                .map(|v| v.value().to_vec())
-                .ok_or(NotFound::Token(*serial))?;
-            let mut r = TokenRecord::decode(&bytes).map_err(Corrupt::from)?;
-            r.status = TokenStatus::Blacklisted;
-            table.insert(serial_key(serial), r.encode().as_slice())?;
-            let mut bl = tx.open_table(BLACKLIST)?;
-            let existing = bl.get(serial_key(serial))?.map(|v| v.value().to_vec());
-            kept = match existing {
-                Some(v) => decode_entry(&v)?,
-                None => {
-                    bl.insert(serial_key(serial), encode_entry(&entry)?.as_slice())?;
-                    append_log(&tx, "blacklist", &entry)?;
-                    entry
-                }
-            };
-        }
-        tx.commit()?;
-        Ok(kept)
+        self.transact(|tx| {
+            let kept;
+            {
+                let mut table = tx.open_table(TOKENS)?;
+                let bytes = table
+                    .get(serial_key(serial))?
+                    .map(|v| v.value().to_vec())
+                    .ok_or(NotFound::Token(*serial))?;
+                let mut r = TokenRecord::decode(&bytes).map_err(Corrupt::from)?;
+                r.status = TokenStatus::Blacklisted;
+                table.insert(serial_key(serial), r.encode().as_slice())?;
+                let mut bl = tx.open_table(BLACKLIST)?;
+                let existing = bl.get(serial_key(serial))?.map(|v| v.value().to_vec());
+                kept = match existing {
+                    Some(v) => decode_entry(&v)?,
+                    None => {
+                        bl.insert(serial_key(serial), encode_entry(&entry)?.as_slice())?;
+                        append_log(tx, "blacklist", &entry)?;
+                        entry.clone()
+                    }
+                };
+            }
+            Ok(kept)
+        })
     }
 
     /// Every blacklisted token with who, when and why, by serial.
@@ -768,22 +852,22 @@ impl Authority {
     ) -> Result<AdminEntry, NodeError> {
         check_reason(reason)?;
         let entry = admin_entry(key.to_address(), operator, reason);
-        let tx = self.begin_write()?;
-        let kept;
-        {
-            let mut rv = tx.open_table(REVOKED)?;
-            let existing = rv.get(key.0.as_slice())?.map(|v| v.value().to_vec());
-            kept = match existing {
-                Some(v) => decode_entry(&v)?,
-                None => {
-                    rv.insert(key.0.as_slice(), encode_entry(&entry)?.as_slice())?;
-                    append_log(&tx, "revoke", &entry)?;
-                    entry
-                }
-            };
-        }
-        tx.commit()?;
-        Ok(kept)
+        self.transact(|tx| {
+            let kept;
+            {
+                let mut rv = tx.open_table(REVOKED)?;
+                let existing = rv.get(key.0.as_slice())?.map(|v| v.value().to_vec());
+                kept = match existing {
+                    Some(v) => decode_entry(&v)?,
+                    None => {
+                        rv.insert(key.0.as_slice(), encode_entry(&entry)?.as_slice())?;
+                        append_log(tx, "revoke", &entry)?;
+                        entry.clone()
+                    }
+                };
+            }
+            Ok(kept)
+        })
     }
 
     /// Lifts a key's revocation on `operator`'s word for `reason` (the trail keeps both).
@@ -796,8 +880,7 @@ impl Authority {
     ) -> Result<AdminEntry, NodeError> {
         check_reason(reason)?;
         let entry = admin_entry(key.to_address(), operator, reason);
-        let tx = self.begin_write()?;
-        {
+        self.transact(|tx| {
             let mut rv = tx.open_table(REVOKED)?;
             if rv.remove(key.0.as_slice())?.is_none() {
                 return Err(NodeError::not_found(format!(
@@ -805,10 +888,9 @@ impl Authority {
                     key.to_address()
                 )));
             }
-            append_log(&tx, "unrevoke", &entry)?;
-        }
-        tx.commit()?;
-        Ok(entry)
+            append_log(tx, "unrevoke", &entry)?;
+            Ok(entry.clone())
+        })
     }
 
     /// Every revoked key with who, when and why, by address.
@@ -893,57 +975,51 @@ impl Authority {
         // budget always drains.
         {
             let cutoff = at.saturating_sub(limits.retention.as_secs());
-            let tx = self.begin_write()?;
-            if sweep_mailbox(&tx, cutoff, SWEEP_PER_WRITE)? > 0 {
-                tx.commit()?;
-            }
+            self.transact(|tx| sweep_mailbox(tx, cutoff, SWEEP_PER_WRITE))?;
         }
-        let tx = self.begin_write()?;
-        let seq;
-        {
-            let mut meta = tx.open_table(META)?;
-            let total = meta.get(MAILBOX_BYTES)?.map(|v| v.value()).unwrap_or(0);
-            let mut usage = tx.open_table(MAILBOX_USAGE)?;
-            let (messages, bytes) = usage
-                .get(to.0.as_slice())?
-                .map(|v| usage_decode(v.value()))
-                .unwrap_or((0, 0));
-            if quota {
-                if messages >= limits.per_recipient_messages
-                    || bytes.saturating_add(len) > limits.per_recipient_bytes
-                {
-                    return Err(Full::Mailbox { messages, bytes }.into());
+        self.transact(|tx| {
+            let seq;
+            {
+                let mut meta = tx.open_table(META)?;
+                let total = meta.get(MAILBOX_BYTES)?.map(|v| v.value()).unwrap_or(0);
+                let mut usage = tx.open_table(MAILBOX_USAGE)?;
+                let (messages, bytes) = usage
+                    .get(to.0.as_slice())?
+                    .map(|v| usage_decode(v.value()))
+                    .unwrap_or((0, 0));
+                if quota {
+                    if messages >= limits.per_recipient_messages
+                        || bytes.saturating_add(len) > limits.per_recipient_bytes
+                    {
+                        return Err(Full::Mailbox { messages, bytes }.into());
+                    }
+                    if total.saturating_add(len) > limits.total_bytes {
+                        return Err(Full::Mailboxes { bytes: total }.into());
+                    }
                 }
-                if total.saturating_add(len) > limits.total_bytes {
-                    return Err(Full::Mailboxes { bytes: total }.into());
-                }
+                seq = meta.get(MAILBOX_SEQ)?.map(|v| v.value()).unwrap_or(0) + 1;
+                meta.insert(MAILBOX_SEQ, seq)?;
+                meta.insert(MAILBOX_BYTES, total.saturating_add(len))?;
+                usage.insert(
+                    to.0.as_slice(),
+                    usage_encode(messages + 1, bytes.saturating_add(len)).as_slice(),
+                )?;
+                tx.open_table(MAILBOX)?
+                    .insert(mailbox_key(&to.0, seq).as_slice(), message)?;
+                tx.open_table(MAILBOX_AGES)?.insert(
+                    age_key(at, &to.0, seq).as_slice(),
+                    len.to_le_bytes().as_slice(),
+                )?;
             }
-            seq = meta.get(MAILBOX_SEQ)?.map(|v| v.value()).unwrap_or(0) + 1;
-            meta.insert(MAILBOX_SEQ, seq)?;
-            meta.insert(MAILBOX_BYTES, total.saturating_add(len))?;
-            usage.insert(
-                to.0.as_slice(),
-                usage_encode(messages + 1, bytes.saturating_add(len)).as_slice(),
-            )?;
-            tx.open_table(MAILBOX)?
-                .insert(mailbox_key(&to.0, seq).as_slice(), message)?;
-            tx.open_table(MAILBOX_AGES)?.insert(
-                age_key(at, &to.0, seq).as_slice(),
-                len.to_le_bytes().as_slice(),
-            )?;
-        }
-        tx.commit()?;
-        Ok(seq)
+            Ok(seq)
+        })
     }
 
     /// Removes mailbox messages older than the retention time (at most `max`; the number
     /// removed). Mailbox writes also remove some as they go.
     pub fn mailbox_sweep(&self, max: usize) -> Result<usize, NodeError> {
         let cutoff = now().saturating_sub(self.config.mailbox.retention.as_secs());
-        let tx = self.begin_write()?;
-        let n = sweep_mailbox(&tx, cutoff, max)?;
-        tx.commit()?;
-        Ok(n)
+        self.transact(|tx| sweep_mailbox(tx, cutoff, max))
     }
 
     /// Messages for `to` with sequence numbers above `after` (at most 1,000).
@@ -1085,11 +1161,7 @@ fn decode_entry(v: &[u8]) -> Result<AdminEntry, NodeError> {
 }
 
 /// Appends `action` on `entry` to the audit trail in `tx`.
-fn append_log(
-    tx: &redb::WriteTransaction,
-    action: &str,
-    entry: &AdminEntry,
-) -> Result<(), NodeError> {
+fn append_log(tx: &RegTx, action: &str, entry: &AdminEntry) -> Result<(), NodeError> {
     let mut log = tx.open_table(ADMIN_LOG)?;
     let seq = log.last()?.map(|(k, _)| k.value()).unwrap_or(0) + 1;
     let rec = AdminLogEntry {
@@ -1281,7 +1353,7 @@ mod mailbox_tests {
                 meta.remove(k).unwrap();
             }
             drop(meta);
-            tx.commit().unwrap();
+            tx.commit(None).unwrap();
         }
         drop(a);
         let a = authority(dir.path(), small());

@@ -11,7 +11,9 @@ use florin_crypto::{Digest, PublicKey, Signature};
 use florin_ledger::{Encumbrance, Output, Transaction, Transfer, Utxo};
 use florin_token::registry::{TokenRecord, TokenStatus};
 use florin_token::{Denomination, Token};
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable};
+
+use crate::registry::RegTx;
 use serde::Serialize;
 
 use crate::authority::{check_usable, Authority};
@@ -142,7 +144,7 @@ impl Authority {
     /// stored, all or nothing with the tokens leaving circulation.
     pub(crate) fn record_credit(
         &self,
-        tx: &WriteTransaction,
+        tx: &RegTx,
         depositor: &PublicKey,
         cents: u64,
     ) -> Result<CreditIntent, NodeError> {
@@ -220,8 +222,7 @@ impl Authority {
     /// Marks a credit confirmed on the ledger: its change joins the reserve.
     pub fn finish_credit(&self, intent: &CreditIntent) -> Result<(), NodeError> {
         let txid = intent.tx.txid();
-        let tx = self.begin_write()?;
-        {
+        self.transact(|tx| {
             let mut credits = tx.open_table(CREDITS)?;
             if credits.remove(txid.as_slice())?.is_some() {
                 if let Some(c) = &intent.change {
@@ -229,9 +230,8 @@ impl Authority {
                         .insert(c.id().as_slice(), c.encode().as_slice())?;
                 }
             }
-        }
-        tx.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Credits recorded but not confirmed (to resubmit after a restart).
@@ -294,28 +294,28 @@ impl Authority {
             return Err(WithdrawalRefused::NotConfirmed.into());
         }
         let id = out.id();
-        let wtx = self.begin_write()?;
-        let tokens;
-        {
-            let mut w = wtx.open_table(WITHDRAWALS)?;
-            if let Some(v) = w.get(id.as_slice())? {
-                return decode_tokens(v.value());
+        self.transact(|wtx| {
+            let tokens;
+            {
+                let mut w = wtx.open_table(WITHDRAWALS)?;
+                if let Some(v) = w.get(id.as_slice())? {
+                    return decode_tokens(v.value());
+                }
+                if !unspent {
+                    return Err(WithdrawalRefused::AlreadySpent.into());
+                }
+                tokens = self.mint_in(
+                    wtx,
+                    recipient,
+                    &Denomination::spendable_split(out.value),
+                    handshake,
+                )?;
+                w.insert(id.as_slice(), encode_tokens(&tokens).as_slice())?;
+                wtx.open_table(RESERVE)?
+                    .insert(id.as_slice(), out.encode().as_slice())?;
             }
-            if !unspent {
-                return Err(WithdrawalRefused::AlreadySpent.into());
-            }
-            tokens = self.mint_in(
-                &wtx,
-                recipient,
-                &Denomination::spendable_split(out.value),
-                handshake,
-            )?;
-            w.insert(id.as_slice(), encode_tokens(&tokens).as_slice())?;
-            wtx.open_table(RESERVE)?
-                .insert(id.as_slice(), out.encode().as_slice())?;
-        }
-        wtx.commit()?;
-        Ok(tokens)
+            Ok(tokens)
+        })
     }
 
     /// The authority's side of the audit: (reserve cents, tokens outstanding cents). Reserve

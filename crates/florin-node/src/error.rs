@@ -60,6 +60,7 @@ impl NodeError {
             Self::NotFound(_) => "not_found",
             Self::Unauthorized(_) => "unauthorized",
             Self::Forbidden(f) => f.code(),
+            Self::Storage(StorageError::Unavailable(_)) => "unavailable",
             Self::Storage(_) => "storage",
             Self::Corrupt(_) => "corrupt",
             Self::Io(_) => "io",
@@ -392,6 +393,11 @@ pub enum StorageError {
     /// Something else the stored state or the storage layer breaks, in words.
     #[error("{0}")]
     Other(String),
+    /// A replicated store could not take the write now (no leader reachable, or other
+    /// writes kept coming first); nothing was written, and the same request may succeed
+    /// later or at another node (503).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// Which quota a request would exceed (429).

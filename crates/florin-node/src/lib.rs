@@ -21,6 +21,7 @@ pub mod manifest;
 pub mod operator;
 pub mod psp;
 pub mod redb_open;
+pub mod registry;
 mod store;
 
 pub use authority::{

@@ -49,7 +49,8 @@ pub enum ClusterCommand {
         /// Coordinator groups.
         #[arg(long, default_value_t = 1)]
         coordinators: usize,
-        /// Sentinels (HTTP API processes; the first also runs the token authority).
+        /// Sentinels (HTTP API processes, each with a replica of the token authority; three or
+        /// five survive the loss of one or two).
         #[arg(long, default_value_t = 1)]
         sentinels: usize,
         /// The cluster's directory.
@@ -213,6 +214,15 @@ impl Placement {
         }
     }
 
+    /// A second address for the process `name` (already placed by [`Placement::addr`]): a
+    /// new loopback port, or `port` on its host.
+    fn second_addr(&mut self, name: &str, port: u16) -> Result<SocketAddr> {
+        match self {
+            Placement::Loopback(free) => free.next().ok_or_else(|| anyhow!("out of ports")),
+            Placement::Hosts(net) => Ok(SocketAddr::new(net.host(name)?.addr.into(), port)),
+        }
+    }
+
     fn host(&self, name: &str) -> Option<String> {
         matches!(self, Placement::Hosts(_)).then(|| name.to_string())
     }
@@ -233,7 +243,9 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     std::fs::create_dir_all(data)?;
     let mut place = match shape.emulate_hosts {
         None => {
-            let n = (shards + coordinators) * replicas + sentinels.saturating_sub(1);
+            // Each sentinel's authority replica needs a port too (the first sentinel's HTTP
+            // port is the one asked for).
+            let n = (shards + coordinators) * replicas + 2 * sentinels - 1;
             Placement::Loopback(florin_node::custody::free_loopback_addrs(n)?.into_iter())
         }
         Some(share) => {
@@ -282,6 +294,29 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     let client = load_or_create_key(&data.join("client.key"))?;
     let operator = load_or_create_key(&data.join(crate::devnet::OPERATOR_KEY_FILE))?;
     let map = florin_cluster::route::ShardMap::even(shards).map_err(|e| anyhow!("{e}"))?;
+    // Every sentinel serves the API and holds a replica of the authority's registry.
+    let mut sentinel_addrs = Vec::new();
+    for i in 0..sentinels {
+        let name = deploy::host_name(Role::Sentinel, i as u16, 0);
+        let http = match (&place, i) {
+            (Placement::Loopback(_), 0) => api,
+            _ => place.addr(&name, api.port(), data)?,
+        };
+        let rpc = place.second_addr(&name, deploy::HOST_RPC_PORT)?;
+        sentinel_addrs.push((http, rpc));
+    }
+    let authority = GroupSpec {
+        members: sentinel_keys
+            .iter()
+            .zip(&sentinel_addrs)
+            .enumerate()
+            .map(|(i, (k, (_, rpc)))| MemberSpec {
+                id: i as u64 + 1,
+                addr: rpc.to_string(),
+                key: k.public_key().to_address(),
+            })
+            .collect(),
+    };
     let spec = ClusterSpec {
         shard_starts: map.starts().to_vec(),
         shards: shard_groups,
@@ -301,6 +336,7 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
         max_batch: 4096,
         max_inflight: 8,
         one_phase: true,
+        authority: Some(authority),
     };
     for (role, g, id, key) in keys {
         let mut cfg = NodeConfig::member(role, g, id);
@@ -309,14 +345,10 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     }
     for (i, key) in sentinel_keys.iter().enumerate() {
         let name = deploy::host_name(Role::Sentinel, i as u16, 0);
-        let http = match (&place, i) {
-            (Placement::Loopback(_), 0) => api,
-            _ => place.addr(&name, api.port(), data)?,
-        };
         let mut cfg = NodeConfig::member(Role::Sentinel, i as u16, 0);
         cfg.host = place.host(&name);
-        cfg.http = Some(http);
-        cfg.authority = i == 0;
+        cfg.http = Some(sentinel_addrs[i].0);
+        cfg.authority = true;
         cfg.issuer_key = Some("../issuer.key".into());
         cfg.authority_key = Some("../authority.key".into());
         cfg.max_faucet = Some(shape.max_faucet.to_string());
@@ -460,20 +492,32 @@ fn state(data: &Path) -> Result<ClusterState> {
                 Duration::from_millis(500),
             )
             .is_ok();
+            // Its replica of the authority's registry, if the cluster has an authority group.
+            let sentinel_key = load_key(&cfg.key).ok().map(|k| k.public_key());
+            let st = sentinel_key
+                .and_then(|k| florin_node::cluster::authority::membership(&spec, &k))
+                .and_then(|(_, addr)| {
+                    let key = sentinel_key?;
+                    let peer = Peer::new(addr, key, me.clone(), Duration::from_secs(1));
+                    match peer.call(&Request::Status) {
+                        Ok(Response::Status(s)) => Some(s.raft),
+                        _ => None,
+                    }
+                });
             members.push(MemberState {
                 role,
                 group: g,
                 id,
                 addr: http,
                 host,
-                up,
+                up: up && (spec.authority.is_none() || st.is_some()),
                 pid,
-                state: None,
-                leader: None,
-                term: None,
-                last_log_index: None,
-                last_applied: None,
-                snapshot: None,
+                state: st.as_ref().map(|s| s.state.clone()),
+                leader: st.as_ref().and_then(|s| s.leader),
+                term: st.as_ref().map(|s| s.term),
+                last_log_index: st.as_ref().and_then(|s| s.last_log_index),
+                last_applied: st.as_ref().and_then(|s| s.last_applied),
+                snapshot: st.as_ref().and_then(|s| s.snapshot),
                 alerts: None,
                 last_alert: None,
             });
@@ -515,6 +559,12 @@ fn state(data: &Path) -> Result<ClusterState> {
         .iter()
         .filter(|m| m.role == Role::Sentinel)
         .all(|m| m.up);
+    if spec.authority.is_some() {
+        // The authority group needs a leader too (its replicas are the sentinels).
+        healthy &= members
+            .iter()
+            .any(|m| m.role == Role::Sentinel && m.state.as_deref() == Some("leader"));
+    }
     for (role, n) in [
         (Role::Shard, spec.shards.len()),
         (Role::Coordinator, spec.coordinators.len()),
@@ -933,9 +983,11 @@ fn run_sentinel(
         .ok_or_else(|| anyhow!("a sentinel needs `issuer_key`"))?;
     // `cluster up` created the keys: a missing one is refused, never replaced.
     let issuer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&issuer_key)?));
-    let store = ClusterStore::new(spec, me)?;
+    // A member of the spec's authority group holds a replica of the registry.
+    let replica_of = florin_node::cluster::authority::membership(spec, &me.public_key());
+    let store = ClusterStore::new(spec, me.clone())?;
     let ledger = Ledger::start(Arc::new(store), issuer);
-    let authority = if cfg.authority {
+    let authority = if cfg.authority || replica_of.is_some() {
         let key = cfg
             .authority_key
             .clone()
@@ -968,7 +1020,11 @@ fn run_sentinel(
             m.verify_key("authority", &address, &cfg.data)?;
             m.verify_key("issuer", &issuer_address, &cfg.data)?;
         }
-        let a = Arc::new(Authority::open(config, signer)?);
+        let a = Arc::new(if replica_of.is_some() {
+            Authority::open_replicated(config, signer)?
+        } else {
+            Authority::open(config, signer)?
+        });
         if !matches!(dir_state, DirState::Known(_)) {
             Manifest::new(
                 "cluster-authority",
@@ -1002,7 +1058,25 @@ fn run_sentinel(
         let listener = tokio::net::TcpListener::bind(http)
             .await
             .with_context(|| format!("cannot listen on {http}"))?;
-        if let Some(a) = &authority {
+        let replica = match (&authority, &replica_of) {
+            (Some(a), Some((_, addr))) => {
+                let bind = cfg.listen.clone().unwrap_or(addr.clone());
+                let l = std::net::TcpListener::bind(&bind)
+                    .with_context(|| format!("cannot listen on {bind}"))?;
+                let dir = cfg.data.join("authority-raft");
+                let r = florin_node::cluster::authority::start_replica(spec, a, &dir, me, l)
+                    .await?;
+                eprintln!("florin sentinel {}: authority replica on {addr}", cfg.group);
+                Some(Arc::new(r))
+            }
+            _ => None,
+        };
+        if let (Some(a), Some(r)) = (&authority, &replica) {
+            // The group may not have a leader yet (its other sentinels are starting): the
+            // baseline and credits in flight are taken care of in the background, credits by
+            // the group's leader only (one settler, one handoff each).
+            tokio::spawn(replica_duties(a.clone(), ledger.clone(), r.clone()));
+        } else if let Some(a) = &authority {
             // Mints from before the issuer's journal existed (the audit's baseline), once.
             let (a2, l2) = (a.clone(), ledger.clone());
             let baseline = tokio::task::spawn_blocking(move || {
@@ -1031,6 +1105,59 @@ fn run_sentinel(
             crate::devnet::shutdown_signal(),
         )
         .await?;
+        if let Some(r) = replica {
+            r.stop().await;
+        }
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// How often a replicated authority's leader looks for credits in flight.
+const CREDIT_SWEEP: Duration = Duration::from_secs(5);
+
+/// A replicated authority's background work: the issuance baseline once the group answers,
+/// then, while this replica leads, settling credits recorded but not confirmed (a deposit
+/// whose sentinel failed before settling it).
+async fn replica_duties(
+    a: Arc<Authority>,
+    ledger: Arc<Ledger>,
+    r: Arc<florin_node::cluster::authority::AuthorityMember>,
+) {
+    loop {
+        let (a2, l2) = (a.clone(), ledger.clone());
+        let done = tokio::task::spawn_blocking(move || {
+            l2.supply()
+                .and_then(|s| a2.ensure_issuance_baseline(s.minted_cents))
+        })
+        .await;
+        if matches!(done, Ok(Ok(()))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // A credit is settled here only once it was pending at two sweeps in a row: the sentinel
+    // that took the deposit settles it at once, and a second settler would hand its output
+    // to the depositor twice.
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        tokio::time::sleep(CREDIT_SWEEP).await;
+        if !r.is_leader() {
+            seen.clear();
+            continue;
+        }
+        let Ok(pending) = a.pending_credits() else {
+            continue;
+        };
+        let before = std::mem::take(&mut seen);
+        for intent in pending {
+            let txid = florin_node::bridge::intent_txid(&intent);
+            seen.insert(txid);
+            if !before.contains(&txid) {
+                continue;
+            }
+            if let Err(e) = florin_node::settle_credit(&a, &ledger, intent).await {
+                eprintln!("note: a credit in flight is not settled yet: {e}");
+            }
+        }
+    }
 }

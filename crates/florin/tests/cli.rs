@@ -1214,6 +1214,168 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
 }
 
+/// The token authority replicated on three sentinels (`cluster up --sentinels 3`): a wallet
+/// given every sentinel's URL withdraws, pays and deposits while the sentinel it was using is
+/// killed (an authority replica with it) and online payments run; a double spend deposited
+/// after the kill is caught from the token histories recorded before it; the killed sentinel
+/// comes back and catches up, the group's leader is then killed, and the sentinel that was
+/// down serves the fraud proof, every acknowledged payment and balanced books.
+#[test]
+fn cluster_authority_replicas_keep_tokens_deposits_and_fraud_proofs_through_sentinel_losses() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data_s = data.to_str().unwrap().to_string();
+    let _down = Down("cluster", data_s.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("127.0.0.1:{port}");
+    let out = Command::new(BIN)
+        .args(["cluster", "up", "--shards", "2", "--replicas", "3"])
+        .args(["--coordinators", "1", "--sentinels", "3"])
+        .args(["--data", &data_s, "--api", &api, "--faucet"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ca = data.join("tls").join("ca.pem");
+    let status = |u: &User| u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
+    let probe = User::new(dir.path(), &format!("https://{api}"));
+    common::register_ca(&probe.node, &ca);
+    let st = status(&probe);
+    let apis: Vec<String> = st["apis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(apis.len(), 3, "{st}");
+    for a in &apis {
+        common::register_ca(a, &ca);
+    }
+    let all = apis.join(",");
+    common::register_ca(&all, &ca);
+    let u = User::new(dir.path(), &all);
+    // Every sentinel is a replica of the authority group, and the group has a leader.
+    let sentinels = |st: &Value| -> Vec<Value> {
+        st["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "sentinel")
+            .cloned()
+            .collect()
+    };
+    let wait_healthy = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let st = status(&u);
+            let s = sentinels(&st);
+            let caught_up = s
+                .windows(2)
+                .all(|w| w[0]["last_applied"] == w[1]["last_applied"]);
+            if st["healthy"] == true && caught_up {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "{what}: {st}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let st = wait_healthy("the authority group elects a leader");
+    assert_eq!(st["members"].as_array().unwrap().len(), 12, "{st}");
+
+    let operator_key = data.join("operator.key");
+    let operator_key = operator_key.to_str().unwrap();
+    for n in ["payer", "alice", "bob", "p0", "p1"] {
+        u.wallet(n, &["new"]);
+    }
+    u.wallet("payer", &["faucet", "20", "--operator-key", operator_key]);
+    let w = u.wallet("payer", &["withdraw", "20"]);
+    assert_eq!(w["withdrawn_cents"], 2000, "{w}");
+    std::fs::copy(dir.path().join("payer"), dir.path().join("payer-copy")).unwrap();
+    for n in ["p0", "p1"] {
+        u.wallet(n, &["faucet", "50", "--operator-key", operator_key]);
+    }
+
+    // Online payments (each one leaves a handoff in the replicated mailbox) run while the
+    // sentinel every wallet was using is killed.
+    let load = PayLoad::start(&u, &["p0", "p1"], 200, false);
+    std::thread::sleep(Duration::from_millis(1000));
+    let k = u.run(&["cluster", "kill", "sentinel/0", "--data", &data_s]);
+    assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
+    // Offline cash on the surviving replicas: a payment deposited, and the same tokens spent
+    // again from a copy of the wallet.
+    u.pay("payer", "alice", "5", "a");
+    let a = u.wallet("alice", &["deposit"]);
+    assert_eq!(a["credited_cents"], 500, "{a}");
+    u.pay("payer-copy", "bob", "5", "b");
+    let b = u.wallet("bob", &["deposit"]);
+    assert_eq!(b["credited_cents"], 0, "{b}");
+    let payer = u.wallet("payer", &["address"])["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(b["fraud"][0]["culprit"], payer.as_str(), "{b}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (acked, failures) = load.finish();
+    assert!(
+        acked.len() >= 4,
+        "the load ran ({} acknowledged)",
+        acked.len()
+    );
+
+    // The killed sentinel comes back and catches up; then the group's leader is killed.
+    let out = Command::new(BIN)
+        .args(["cluster", "up", "--data", &data_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st = wait_healthy("the restarted sentinel catches up");
+    let leader = sentinels(&st)
+        .into_iter()
+        .find(|m| m["state"] == "leader")
+        .unwrap_or_else(|| panic!("no authority leader: {st}"));
+    let target = format!("sentinel/{}", leader["group"]);
+    let k = u.run(&["cluster", "kill", &target, "--data", &data_s]);
+    assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
+
+    // The sentinel that was down serves what was recorded while it was: the fraud proof, the
+    // acknowledged payments, the books; a deposit through it still works.
+    let first = User::new(dir.path(), &apis[0]);
+    let proofs = first.ok(&["fraud", "list", "--json"]);
+    assert_eq!(proofs.as_array().unwrap().len(), 1, "{proofs}");
+    assert_eq!(proofs[0]["culprit"], payer.as_str());
+    for txid in &acked {
+        let body = http_get(&apis[0], &format!("/v1/ledger/transactions/{txid}"));
+        assert!(
+            body.contains("\"confirmed\""),
+            "acknowledged {txid} lost: {body}"
+        );
+    }
+    let again = u.wallet("bob", &["deposit"]);
+    assert_eq!(again["credited_cents"], 0, "{again}");
+    for n in ["alice", "p0", "p1"] {
+        u.wallet(n, &["sync"]);
+    }
+    assert_eq!(u.total("alice"), 500);
+    assert_eq!(
+        u.total("p0") + u.total("p1"),
+        10_000,
+        "no money created or lost ({failures} failed payments)"
+    );
+    let audit = first.ok(&["audit", "--json"]);
+    assert_eq!(audit["balanced"], true, "{audit}");
+}
+
 /// Whether this machine can emulate hosts (root, `ip`, cgroup v1). In CI it must: the test
 /// fails there rather than skip.
 fn hosts_or_skip(test: &str) -> bool {
@@ -1229,7 +1391,7 @@ fn hosts_or_skip(test: &str) -> bool {
     }
 }
 
-/// `cluster up --emulate-hosts`: 2 shards × 3 replicas, 3 coordinator replicas and 2 sentinels,
+/// `cluster up --emulate-hosts`: 2 shards × 3 replicas, 3 coordinator replicas and 3 sentinels,
 /// each process on its own host (its own network namespace, address and CPU share). Wallets
 /// pay through the second sentinel while the first shard leader's host is cut off from the
 /// network, the coordinator leader is killed and a shard follower's host is frozen; every
@@ -1254,7 +1416,7 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
             "--replicas",
             "3",
         ])
-        .args(["--sentinels", "2", "--data", &data_s, "--faucet"])
+        .args(["--sentinels", "3", "--data", &data_s, "--faucet"])
         .output()
         .unwrap();
     assert!(
@@ -1283,10 +1445,10 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
         .iter()
         .map(|a| a.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(apis.len(), 2, "{st}");
+    assert_eq!(apis.len(), 3, "{st}");
     assert_eq!(st["api"], apis[0].as_str());
     assert!(apis.iter().all(|a| a.starts_with("https://10.77.")), "{st}");
-    assert_eq!(st["emulated_hosts"]["hosts"], 11, "{st}");
+    assert_eq!(st["emulated_hosts"]["hosts"], 12, "{st}");
     for m in st["members"].as_array().unwrap() {
         assert!(m["addr"].as_str().unwrap().starts_with("10.77."), "{m}");
     }
@@ -1294,7 +1456,8 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
     for a in &apis {
         common::register_ca(a, &ca);
     }
-    // The authority (faucet) on the first sentinel; payments through the second.
+    // The faucet through the first sentinel; payments through the second (each holds a replica
+    // of the authority: three, so that one may die).
     let first = User::new(dir.path(), &apis[0]);
     let second = User::new(dir.path(), &apis[1]);
     let names = ["h0", "h1", "h2"];

@@ -74,7 +74,9 @@ impl GroupClient {
         let peer = &self.peers[i];
         match req {
             Request::Submit(_) if self.peers.len() > 1 => self.watched(i, req),
-            Request::Submit(_) | Request::Raft(_) => Attempt::Answer(peer.call(req)),
+            Request::Submit(_) | Request::Raft(_) | Request::RegistryWrite(_) => {
+                Attempt::Answer(peer.call(req))
+            }
             Request::Unspent(_) | Request::Confirmed(_) | Request::Books | Request::Status => {
                 let wait = left.min(READ_WAIT).max(MIN_WAIT).min(peer.timeout());
                 Attempt::Answer(peer.call_within(req, wait))

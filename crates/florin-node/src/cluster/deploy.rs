@@ -40,7 +40,8 @@ pub struct NodeConfig {
     pub key: PathBuf,
     /// Its durable state.
     pub data: PathBuf,
-    /// Shards and coordinators: where to listen, when not the address the cluster spec
+    /// Shards, coordinators and sentinels in an authority group: where to listen for cluster
+    /// RPC, when not the address the cluster spec
     /// advertises for this member (for example `0.0.0.0:7000` behind a host name).
     #[serde(default)]
     pub listen: Option<String>,
@@ -54,7 +55,8 @@ pub struct NodeConfig {
     /// behind a name or a load balancer).
     #[serde(default)]
     pub public_url: Option<String>,
-    /// Sentinels: whether this one runs the token authority (exactly one should).
+    /// Sentinels: whether this one runs the token authority (in a cluster without an
+    /// `authority` group exactly one should; in one with it, every member does).
     #[serde(default)]
     pub authority: bool,
     /// Sentinels: the issuer's key file.

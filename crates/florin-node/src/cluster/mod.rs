@@ -8,6 +8,7 @@
 //!   ledger service with this store behind it.
 //! - [`LocalCluster`]: every member in one process on loopback sockets (tests, benchmarks).
 
+pub mod authority;
 pub mod client;
 pub mod deploy;
 pub mod engine;
@@ -90,6 +91,12 @@ pub struct ClusterSpec {
     /// every transaction through two-phase commit.
     #[serde(default = "default_one_phase")]
     pub one_phase: bool,
+    /// The token authority's group: its members are sentinels (each member's key is a
+    /// sentinel's, its address where that sentinel serves the group), each holding a replica
+    /// of the registry ([`authority`]). Absent: the sentinel configured with `authority`
+    /// holds the only registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<GroupSpec>,
 }
 
 /// Which kind of group.
@@ -171,6 +178,27 @@ impl ClusterSpec {
         }
         for k in self.clients.iter().chain(&self.observers) {
             key_of(k)?;
+        }
+        if let Some(a) = &self.authority {
+            let clients = self.client_keys();
+            let mut ids = HashSet::new();
+            for m in &a.members {
+                if !clients.contains(&key_of(&m.key)?) {
+                    return Err(NodeError::bad_request(format!(
+                        "authority member {} is not a sentinel (its key is not a client's)",
+                        m.id
+                    )));
+                }
+                if !ids.insert(m.id) {
+                    return Err(NodeError::bad_request(format!(
+                        "authority member id {} appears twice",
+                        m.id
+                    )));
+                }
+            }
+            if a.members.is_empty() {
+                return Err(NodeError::bad_request("the authority group has no members"));
+            }
         }
         Ok(())
     }
@@ -694,6 +722,7 @@ impl LocalCluster {
             max_batch,
             max_inflight: default_inflight(),
             one_phase,
+            authority: None,
         };
         let mut c = LocalCluster {
             spec,

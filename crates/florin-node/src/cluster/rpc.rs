@@ -44,6 +44,9 @@ pub enum Request {
     /// A two-phase-commit command with its sender's group and term (to a shard leader, from a
     /// coordinator of that group).
     Fenced(Fenced),
+    /// A registry write set (`florin_node::registry`) to replicate (to the authority group's
+    /// leader, from a member).
+    RegistryWrite(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
 }
 
 /// A cluster node's answer.
@@ -68,6 +71,8 @@ pub enum Response {
     /// The leader took the request and refuses it for good: asking again, here or at
     /// another member, gets the same answer (a shard refused a batch of it).
     Refused(String),
+    /// The authority group's answer to a registry write (an encoded `registry::Applied`).
+    Registry(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
 }
 
 /// What `Status` reports.

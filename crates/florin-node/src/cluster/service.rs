@@ -72,7 +72,7 @@ impl Machine for CoordMachine {
     }
 }
 
-fn not_leader(e: RaftError) -> Response {
+pub(super) fn not_leader(e: RaftError) -> Response {
     match e {
         RaftError::NotLeader { addr, .. } => Response::NotLeader(addr),
         e => Response::Error(e.to_string()),
@@ -162,6 +162,7 @@ impl Handler for ShardService {
                 })
             }
             Request::Submit(_) => Response::Error("a shard takes no submissions".into()),
+            Request::RegistryWrite(_) => Response::Error("a shard takes no registry writes".into()),
         }
     }
 }
