@@ -482,7 +482,24 @@ impl Authority {
         };
         for _ in 0..MAX_CONFLICTS {
             let tx = self.begin_write()?;
-            let out = match op(&tx) {
+            let base = tx.base();
+            let out = op(&tx);
+            // An answer that writes nothing (a refusal, a repeat) was read from this replica,
+            // which may be behind the group: it is given only once the replica has caught up
+            // with the leader and the registry is still the one it was read from.
+            let read_only = match &out {
+                Err(_) => true,
+                Ok(_) => !tx.has_changes(),
+            };
+            if let (true, Some(g)) = (read_only, group) {
+                tx.abort()?;
+                g.sync()?;
+                if crate::registry::version(&self.db)? != base {
+                    continue;
+                }
+                return out;
+            }
+            let out = match out {
                 Ok(out) => out,
                 Err(e) => {
                     tx.abort()?;
@@ -589,38 +606,14 @@ impl Authority {
     ) -> Result<(Vec<DepositReport>, Option<CreditIntent>), NodeError> {
         let depositor = *depositor;
         self.check_not_revoked(&depositor, "depositor")?;
-        // A verdict per token; `None` only for tokens that failed to decode.
-        let mut checked: Vec<Option<Result<(), String>>> = decoded
-            .iter()
-            .map(|d| {
-                d.as_ref().ok().map(|t| {
-                    authority_precheck(t, &self.key, &depositor, self.config.max_hops)
-                        .map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        // Steps 3a: the registry must know the serial and the anchor; otherwise no signature
-        // work is spent on the token.
-        {
-            let tx = self.db.begin_read()?;
-            let table = tx.open_table(TOKENS)?;
-            for (d, c) in decoded.iter().zip(checked.iter_mut()) {
-                let (Ok(t), Some(Ok(()))) = (d, &c) else {
-                    continue;
-                };
-                let known = match table.get(serial_key(&t.serial))? {
-                    None => Err(DepositError::UnknownToken(t.serial_hex())),
-                    Some(v) => {
-                        let r = TokenRecord::decode(v.value()).map_err(Corrupt::from)?;
-                        if r.knows_anchor(t) {
-                            Ok(())
-                        } else {
-                            Err(DepositError::UnknownAnchor(t.serial_hex()))
-                        }
-                    }
-                };
-                *c = Some(known.map_err(|e| e.to_string()));
-            }
+        // A verdict per token; `None` only for tokens that failed to decode. Steps 3a: the
+        // registry must know the serial and the anchor; otherwise no signature work is spent
+        // on the token. A replica that does not know one may be behind its group: it catches
+        // up with the leader and looks again before refusing it.
+        let (mut checked, unknown) = self.known_tokens(&depositor, decoded)?;
+        if let (true, Some(g)) = (unknown, self.group.get()) {
+            g.sync()?;
+            checked = self.known_tokens(&depositor, decoded)?.0;
         }
         // Step 4, batched across tokens and cores.
         let to_verify: Vec<(usize, &Token)> = decoded
@@ -639,6 +632,7 @@ impl Authority {
         let mut rng = StdRng::from_rng(OsRng).map_err(IoError::from)?;
         let detected_at = now();
         self.transact(|tx| {
+            Self::check_not_revoked_in(tx, &depositor, "depositor")?;
             let mut reports = Vec::with_capacity(decoded.len());
             let mut credited = 0u64;
             let mut intent = None;
@@ -738,6 +732,47 @@ impl Authority {
             }
             Ok((reports, intent))
         })
+    }
+
+    /// Steps 1–3a of a deposit for each token: the authority's precheck, then whether the
+    /// registry knows its serial and anchor; and whether it did not know one.
+    #[allow(clippy::type_complexity)]
+    fn known_tokens(
+        &self,
+        depositor: &PublicKey,
+        decoded: &[Result<Token, String>],
+    ) -> Result<(Vec<Option<Result<(), String>>>, bool), NodeError> {
+        let mut unknown = false;
+        let mut checked: Vec<Option<Result<(), String>>> = decoded
+            .iter()
+            .map(|d| {
+                d.as_ref().ok().map(|t| {
+                    authority_precheck(t, &self.key, depositor, self.config.max_hops)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let tx = self.db.begin_read()?;
+        let table = tx.open_table(TOKENS)?;
+        for (d, c) in decoded.iter().zip(checked.iter_mut()) {
+            let (Ok(t), Some(Ok(()))) = (d, &c) else {
+                continue;
+            };
+            let known = match table.get(serial_key(&t.serial))? {
+                None => Err(DepositError::UnknownToken(t.serial_hex())),
+                Some(v) => {
+                    let r = TokenRecord::decode(v.value()).map_err(Corrupt::from)?;
+                    if r.knows_anchor(t) {
+                        Ok(())
+                    } else {
+                        Err(DepositError::UnknownAnchor(t.serial_hex()))
+                    }
+                }
+            };
+            unknown |= known.is_err();
+            *c = Some(known.map_err(|e| e.to_string()));
+        }
+        Ok((checked, unknown))
     }
 
     /// Every fraud proof recorded, oldest first.
@@ -910,6 +945,27 @@ impl Authority {
         let table = tx.open_table(REVOKED)?;
         let v = table.get(key.0.as_slice())?;
         v.map(|v| decode_entry(v.value())).transpose()
+    }
+
+    /// Refuses a revoked `key` (in the request's `role`) as the write transaction `tx` sees
+    /// the registry: a replicated write is then applied only on the registry it checked (a
+    /// lagging replica's read before the transaction could miss a revocation).
+    pub(crate) fn check_not_revoked_in(
+        tx: &RegTx,
+        key: &PublicKey,
+        role: &'static str,
+    ) -> Result<(), NodeError> {
+        let table = tx.open_table(REVOKED)?;
+        let Some(v) = table.get(key.0.as_slice())? else {
+            return Ok(());
+        };
+        let e = decode_entry(v.value())?;
+        Err(Forbidden::Revoked {
+            role,
+            key: key.to_address(),
+            reason: e.reason,
+        }
+        .into())
     }
 
     /// Refuses a revoked `key` (in the request's `role`).

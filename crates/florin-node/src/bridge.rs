@@ -295,6 +295,15 @@ impl Authority {
         }
         let id = out.id();
         self.transact(|wtx| {
+            // Again inside the transaction (the checks above may have read a lagging replica).
+            Self::check_not_revoked_in(wtx, &recipient, "recipient")?;
+            if let Some(WithdrawAuth {
+                key: InputKey::Ed25519(k),
+                ..
+            }) = auth
+            {
+                Self::check_not_revoked_in(wtx, k, "signer")?;
+            }
             let tokens;
             {
                 let mut w = wtx.open_table(WITHDRAWALS)?;

@@ -110,6 +110,10 @@ pub trait Replicate: Send + Sync + 'static {
     fn replicate(&self, set: Vec<u8>) -> Result<Vec<u8>, NodeError>;
     /// Waits (bounded) until this replica's registry has applied `version`.
     fn wait_applied(&self, version: u64);
+    /// A read barrier: waits until this replica has applied everything the group's leader had
+    /// applied when asked (an error if the leader cannot be asked, or the replica does not
+    /// catch up in time).
+    fn sync(&self) -> Result<(), NodeError>;
 }
 
 /// A registry write transaction: redb's, recording what it writes when the registry is
@@ -143,6 +147,16 @@ impl RegTx {
             log: recording.then(|| RefCell::new(Vec::new())),
             base,
         })
+    }
+
+    /// The registry version the transaction reads (0 when not recording).
+    pub(crate) fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Whether it has written anything (always `true` when not recording: unknown).
+    pub(crate) fn has_changes(&self) -> bool {
+        self.log.as_ref().is_none_or(|l| !l.borrow().is_empty())
     }
 
     /// Opens one of the registry's tables for reading and writing.
@@ -461,6 +475,11 @@ pub struct RegistryMachine {
 }
 
 impl RegistryMachine {
+    /// The registry version it has applied.
+    pub fn version(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
     /// The machine over `db`, whose version it reports through `applied`.
     pub fn new(db: Arc<redb::Database>, applied: Arc<AtomicU64>) -> Result<Self, NodeError> {
         applied.store(version(&db)?, Ordering::Release);
@@ -535,6 +554,9 @@ mod tests {
             unreachable!()
         }
         fn wait_applied(&self, _: u64) {}
+        fn sync(&self) -> Result<(), NodeError> {
+            Ok(())
+        }
     }
 
     fn signer() -> Arc<dyn Signer> {

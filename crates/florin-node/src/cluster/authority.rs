@@ -32,6 +32,8 @@ use crate::Authority;
 
 /// How long a registry write waits for the group (a new leader is elected within seconds).
 const WRITE_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a read barrier waits for the group's leader.
+const SYNC_PATIENCE: Duration = Duration::from_secs(5);
 /// How long a sentinel waits for its own replica to apply its write before answering.
 const APPLY_WAIT: Duration = Duration::from_secs(3);
 
@@ -55,7 +57,13 @@ impl Handler for AuthorityService {
                     Err(e) => not_leader(e),
                 }
             }
-            Request::Raft(_) | Request::RegistryWrite(_) => {
+            Request::RegistryVersion if self.members.contains(peer) => {
+                match self.replica.read(|m| m.version()).await {
+                    Ok(v) => Response::Registry(v.to_le_bytes().to_vec()),
+                    Err(e) => not_leader(e),
+                }
+            }
+            Request::Raft(_) | Request::RegistryWrite(_) | Request::RegistryVersion => {
                 Response::Error("authority group messages only from its members".into())
             }
             Request::Status => Response::Status(NodeStatus {
@@ -91,6 +99,31 @@ impl Replicate for RegistryGroup {
             .into()),
             Err(e) => Err(StorageError::Unavailable(format!("the authority group: {e}")).into()),
         }
+    }
+
+    fn sync(&self) -> Result<(), NodeError> {
+        let v = match self.client.call(&Request::RegistryVersion, SYNC_PATIENCE) {
+            Ok(Response::Registry(b)) => <[u8; 8]>::try_from(b.as_slice())
+                .map(u64::from_le_bytes)
+                .map_err(|_| StorageError::Unavailable("a bad registry version".into()))?,
+            Ok(other) => {
+                return Err(StorageError::Unavailable(format!(
+                    "the authority group answered a version request with {other:?}"
+                ))
+                .into())
+            }
+            Err(e) => {
+                return Err(StorageError::Unavailable(format!("the authority group: {e}")).into())
+            }
+        };
+        self.wait_applied(v);
+        if self.applied.load(Ordering::Acquire) < v {
+            return Err(StorageError::Unavailable(
+                "this sentinel's replica of the registry is behind the group".into(),
+            )
+            .into());
+        }
+        Ok(())
     }
 
     fn wait_applied(&self, version: u64) {

@@ -77,7 +77,11 @@ impl GroupClient {
             Request::Submit(_) | Request::Raft(_) | Request::RegistryWrite(_) => {
                 Attempt::Answer(peer.call(req))
             }
-            Request::Unspent(_) | Request::Confirmed(_) | Request::Books | Request::Status => {
+            Request::Unspent(_)
+            | Request::Confirmed(_)
+            | Request::Books
+            | Request::Status
+            | Request::RegistryVersion => {
                 let wait = left.min(READ_WAIT).max(MIN_WAIT).min(peer.timeout());
                 Attempt::Answer(peer.call_within(req, wait))
             }

@@ -47,6 +47,9 @@ pub enum Request {
     /// A registry write set (`florin_node::registry`) to replicate (to the authority group's
     /// leader, from a member).
     RegistryWrite(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
+    /// The registry version the authority group's leader has applied (linearizable; from a
+    /// member, as a read barrier).
+    RegistryVersion,
 }
 
 /// A cluster node's answer.

@@ -162,7 +162,9 @@ impl Handler for ShardService {
                 })
             }
             Request::Submit(_) => Response::Error("a shard takes no submissions".into()),
-            Request::RegistryWrite(_) => Response::Error("a shard takes no registry writes".into()),
+            Request::RegistryWrite(_) | Request::RegistryVersion => {
+                Response::Error("a shard holds no registry".into())
+            }
         }
     }
 }
