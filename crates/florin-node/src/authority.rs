@@ -314,6 +314,9 @@ impl Authority {
         let db = crate::redb_open::open_strict(&config.data_dir.join("authority.redb"), expect)
             .map_err(Corrupt::from)?;
         store::init(&db)?;
+        if replicated {
+            crate::registry::check_replica(&db, &config.data_dir)?;
+        }
         if !replicated {
             // A replicated registry was made with the quotas: every replica counts from its
             // first write set, and a local write here would leave the group's state.

@@ -28,18 +28,21 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use redb::{Key, ReadableDatabase, ReadableTable, TableDefinition, TableHandle, Value};
+use redb::{
+    Key, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle,
+    Value,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::NodeError;
 use crate::store::{
     ADMIN_LOG, BLACKLIST, CREDITS, FRAUD, ISSUANCE, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META,
-    RESERVE, REVOKED, TOKENS, WITHDRAWALS,
+    REGISTRY_SETS, REGISTRY_SET_ORDER, RESERVE, REVOKED, TOKENS, WITHDRAWALS,
 };
 
 /// The registry's tables, by the index a write set names them with. Append only: an index
 /// never changes meaning.
-pub(crate) const TABLES: [&str; 13] = [
+pub(crate) const TABLES: [&str; 15] = [
     "tokens_v1",
     "fraud_v1",
     "mailbox_v1",
@@ -53,7 +56,19 @@ pub(crate) const TABLES: [&str; 13] = [
     "revoked_v1",
     "admin_log_v1",
     "meta_v1",
+    "registry_sets_v1",
+    "registry_set_order_v1",
 ];
+
+/// Index in [`TABLES`] of `META`.
+const META_TABLE: u8 = 12;
+/// Index in [`TABLES`] of the first table only applying writes (the applied sets' ids): a
+/// write set may not touch it or those after it.
+const GROUP_TABLES: u8 = 13;
+
+/// Applied write sets remembered by id (a resend of one older than this many sets is a
+/// conflict, and its operation runs again).
+pub const SET_MEMORY: u64 = 100_000;
 
 /// The registry's version in `META`: how many write sets it has applied. Operations never
 /// write it; applying a write set does.
@@ -80,6 +95,8 @@ pub struct ByteVec(#[serde(with = "florin_ledger::bin_serde::bytes")] pub Vec<u8
 pub struct WriteSet {
     /// The version the operation ran on.
     pub base: u64,
+    /// A random id: the set delivered again is answered as the first time.
+    pub id: [u8; 16],
     /// Its rows, in the order written.
     pub changes: Vec<Change>,
 }
@@ -200,8 +217,11 @@ impl RegTx {
         if changes.is_empty() {
             return Ok(Committed::Done);
         }
+        let mut id = [0u8; 16];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut id);
         let set = encode(&WriteSet {
             base: self.base,
+            id,
             changes,
         });
         let answer = group.replicate(set)?;
@@ -353,6 +373,8 @@ fn table_op(
         10 => on_table(tx, REVOKED, id, op),
         11 => on_table(tx, ADMIN_LOG, id, op),
         12 => on_table(tx, META, id, op),
+        13 => on_table(tx, REGISTRY_SETS, id, op),
+        14 => on_table(tx, REGISTRY_SET_ORDER, id, op),
         other => Ok(Err(format!("no registry table {other}"))),
     }
 }
@@ -367,6 +389,15 @@ pub fn apply(db: &redb::Database, set: &[u8]) -> Result<Applied, NodeError> {
     let mut tx = db.begin_write()?;
     tx.set_two_phase_commit(true);
     let version = tx.open_table(META)?.get(VERSION)?.map_or(0, |v| v.value());
+    // Delivered before (a resend): the first answer.
+    let before = tx
+        .open_table(REGISTRY_SETS)?
+        .get(set.id.as_slice())?
+        .map(|v| v.value());
+    if let Some(v) = before {
+        tx.abort()?;
+        return Ok(Applied::Done { version: v });
+    }
     if set.base != version {
         tx.abort()?;
         return Ok(Applied::Conflict { version });
@@ -376,9 +407,11 @@ pub fn apply(db: &redb::Database, set: &[u8]) -> Result<Applied, NodeError> {
             Some(v) => TableOp::Put(&c.key, &v.0),
             None => TableOp::Remove(&c.key),
         };
-        let meta_version = c.table == 12 && c.key == VERSION.as_bytes();
+        let meta_version = c.table == META_TABLE && c.key == VERSION.as_bytes();
         let outcome = if meta_version {
             Err("a write set may not set the registry version".into())
+        } else if c.table >= GROUP_TABLES && usize::from(c.table) < TABLES.len() {
+            Err("a write set may not write the applied sets' ids".into())
         } else {
             table_op(&tx, c.table, op)?
         };
@@ -387,7 +420,20 @@ pub fn apply(db: &redb::Database, set: &[u8]) -> Result<Applied, NodeError> {
             return Ok(Applied::Refused(why));
         }
     }
-    tx.open_table(META)?.insert(VERSION, version + 1)?;
+    let now = version + 1;
+    tx.open_table(META)?.insert(VERSION, now)?;
+    {
+        let mut ids = tx.open_table(REGISTRY_SETS)?;
+        let mut order = tx.open_table(REGISTRY_SET_ORDER)?;
+        ids.insert(set.id.as_slice(), now)?;
+        order.insert(now, set.id.as_slice())?;
+        if now > SET_MEMORY {
+            let old = order.remove(now - SET_MEMORY)?.map(|v| v.value().to_vec());
+            if let Some(old) = old {
+                ids.remove(old.as_slice())?;
+            }
+        }
+    }
     tx.commit()?;
     Ok(Applied::Done {
         version: version + 1,
@@ -408,16 +454,17 @@ pub fn dump(db: &redb::Database) -> Result<Vec<u8>, NodeError> {
     tx.abort()?;
     let version = rows
         .iter()
-        .find(|c| c.table == 12 && c.key == VERSION.as_bytes())
+        .find(|c| c.table == META_TABLE && c.key == VERSION.as_bytes())
         .and_then(|c| c.value.as_ref())
         .and_then(|v| <[u8; 8]>::try_from(v.0.as_slice()).ok())
         .map_or(0, u64::from_le_bytes);
     let rows: Vec<Change> = rows
         .into_iter()
-        .filter(|c| !(c.table == 12 && c.key == VERSION.as_bytes()))
+        .filter(|c| !(c.table == META_TABLE && c.key == VERSION.as_bytes()))
         .collect();
     Ok(encode(&WriteSet {
         base: version,
+        id: [0; 16],
         changes: rows,
     }))
 }
@@ -456,6 +503,31 @@ pub fn restore(db: &redb::Database, snapshot: &[u8]) -> Result<u64, RestoreError
         .map_err(NodeError::from)?;
     tx.commit().map_err(NodeError::from)?;
     Ok(set.base)
+}
+
+/// Refuses to serve as a replica a registry that holds rows but no version: one made by a
+/// single authority, whose state no other replica has (applying the group's write sets on
+/// top of it would make replicas that differ while their versions agree).
+pub fn check_replica(db: &redb::Database, dir: &std::path::Path) -> Result<(), NodeError> {
+    if version(db)? > 0 {
+        return Ok(());
+    }
+    let r = db.begin_read()?;
+    let holds = r.open_table(TOKENS)?.len()? > 0
+        || r.open_table(META)?.len()? > 0
+        || r.open_table(MAILBOX)?.len()? > 0
+        || r.open_table(RESERVE)?.len()? > 0
+        || r.open_table(ISSUANCE)?.len()? > 0
+        || r.open_table(FRAUD)?.len()? > 0;
+    if holds {
+        return Err(NodeError::corrupt(format!(
+            "the registry in {} was made by a single authority (it holds rows but no replica \
+             version): it cannot join an authority group; keep it on a cluster without an \
+             [authority] group",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The registry's version as stored.
@@ -633,6 +705,7 @@ mod tests {
         }
         let foreign = encode(&WriteSet {
             base: rec.base,
+            id: [7; 16],
             changes: rec.log.take().unwrap().into_inner(),
         });
         rec.abort().unwrap();
@@ -648,13 +721,37 @@ mod tests {
         let t = r.open_table(MAILBOX).unwrap();
         assert!(t.get([7u8; 40].as_slice()).unwrap().is_some());
         assert_eq!(dump(&group.dbs[0]).unwrap(), dump(&group.dbs[1]).unwrap());
-        // Applied again (a resent set, or the log re-applied after a restart), it changes
-        // nothing: its base is behind.
-        let v = version(&group.dbs[0]).unwrap();
+        // Delivered again (the group's client resent it, or the log is re-applied after a
+        // restart), it changes nothing and gets its first answer.
+        let before = dump(&group.dbs[0]).unwrap();
         assert_eq!(
             apply(&group.dbs[0], &foreign).unwrap(),
-            Applied::Conflict { version: v }
+            Applied::Done { version: 2 }
         );
+        assert_eq!(dump(&group.dbs[0]).unwrap(), before);
+        // Another set computed on the same old registry is a conflict.
+        let mut other: WriteSet = decode(&foreign).unwrap();
+        other.id = [8; 16];
+        assert_eq!(
+            apply(&group.dbs[0], &encode(&other)).unwrap(),
+            Applied::Conflict { version: 3 }
+        );
+    }
+
+    #[test]
+    fn a_single_authoritys_registry_cannot_join_a_group() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let a = Authority::open(AuthorityConfig::devnet(d.path()), signer()).unwrap();
+            a.mint(key(1), 100, [0; 32]).unwrap();
+        }
+        let err = Authority::open_replicated(AuthorityConfig::devnet(d.path()), signer())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("single authority"), "{err}");
+        // A new one may.
+        let d = tempfile::tempdir().unwrap();
+        Authority::open_replicated(AuthorityConfig::devnet(d.path()), signer()).unwrap();
     }
 
     #[test]
@@ -662,7 +759,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let db = other_db(d.path());
         let before = dump(&db).unwrap();
-        let set = |changes: Vec<Change>| encode(&WriteSet { base: 0, changes });
+        let set = |changes: Vec<Change>| {
+            encode(&WriteSet {
+                base: 0,
+                id: [1; 16],
+                changes,
+            })
+        };
         let good = Change {
             table: 2,
             key: vec![1; 40],
@@ -696,6 +799,12 @@ mod tests {
             vec![Change {
                 table: 12,
                 key: vec![0xff, 0xfe],
+                value: Some(ByteVec(vec![0; 8])),
+            }],
+            // The applied sets' ids.
+            vec![Change {
+                table: 13,
+                key: vec![1; 16],
                 value: Some(ByteVec(vec![0; 8])),
             }],
             // The version itself.

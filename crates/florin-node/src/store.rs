@@ -42,6 +42,14 @@ pub(crate) const ADMIN_LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("
 /// sequence number given, across all mailboxes), "mailbox_bytes" (bytes waiting in all) and
 /// "mailbox_indexed" (set once messages from before the quotas are counted).
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta_v1");
+/// A replicated registry's applied write sets, by id (16 random bytes) → the registry version
+/// after it: a set delivered twice (its answer was lost and the group's client resent it) is
+/// answered as the first time. Bounded: see `REGISTRY_SET_ORDER`.
+pub(crate) const REGISTRY_SETS: TableDefinition<&[u8], u64> =
+    TableDefinition::new("registry_sets_v1");
+/// The same, by version → id, so the oldest are forgotten (`registry::SET_MEMORY` kept).
+pub(crate) const REGISTRY_SET_ORDER: TableDefinition<u64, &[u8]> =
+    TableDefinition::new("registry_set_order_v1");
 
 pub(crate) fn serial_key(serial: &[u8; 8]) -> u64 {
     u64::from_le_bytes(*serial)
@@ -65,6 +73,8 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(BLACKLIST)?;
         tx.open_table(REVOKED)?;
         tx.open_table(ADMIN_LOG)?;
+        tx.open_table(REGISTRY_SETS)?;
+        tx.open_table(REGISTRY_SET_ORDER)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;
@@ -105,7 +115,14 @@ pub(crate) fn copy_consistent(
                 into.insert(k.value(), v.value())?;
             }
         }
-        for t in [BLACKLIST, ADMIN_LOG] {
+        {
+            let (from, mut into) = (src.open_table(REGISTRY_SETS)?, w.open_table(REGISTRY_SETS)?);
+            for item in from.iter()? {
+                let (k, v) = item?;
+                into.insert(k.value(), v.value())?;
+            }
+        }
+        for t in [BLACKLIST, ADMIN_LOG, REGISTRY_SET_ORDER] {
             let (from, mut into) = (src.open_table(t)?, w.open_table(t)?);
             for item in from.iter()? {
                 let (k, v) = item?;

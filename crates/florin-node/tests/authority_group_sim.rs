@@ -31,6 +31,7 @@ struct Group {
     dbs: Vec<Arc<redb::Database>>,
     rng: StdRng,
     lost_answers: usize,
+    duplicates: usize,
 }
 
 impl Group {
@@ -59,8 +60,15 @@ impl Replicate for Link {
         if g.partitioned[self.me] {
             return Err(StorageError::Unavailable("partitioned".into()).into());
         }
-        g.log.push(set);
+        g.log.push(set.clone());
         g.answers.push(None);
+        // Sometimes the set is delivered twice (the group's client resent it): the copy is
+        // answered as the first and changes nothing.
+        if g.rng.gen_bool(0.1) {
+            g.log.push(set);
+            g.answers.push(None);
+            g.duplicates += 1;
+        }
         let end = g.log.len();
         // The others move on by some of the log (a lagging follower applies later).
         for i in 0..REPLICAS {
@@ -118,6 +126,7 @@ fn signed_over(t: &Token, to: &LocalSigner, authority: &PublicKey, hs: u8) -> To
 struct Seen {
     conflicts: usize,
     lost: usize,
+    duplicates: usize,
     reanchored: usize,
     double_spends: usize,
 }
@@ -142,6 +151,7 @@ fn run(seed: u64, steps: usize, seen: &mut Seen) {
         dbs: replicas.iter().map(|a| a.registry_db()).collect(),
         rng: StdRng::seed_from_u64(seed ^ 0x5eed),
         lost_answers: 0,
+        duplicates: 0,
     }));
     for (i, a) in replicas.iter().enumerate() {
         a.join(Arc::new(Link {
@@ -216,11 +226,16 @@ fn run(seed: u64, steps: usize, seen: &mut Seen) {
         for i in 0..REPLICAS {
             g.catch_up(i, end);
         }
+        // Each applied set took one version; a duplicate got its first's.
         let done = g
             .answers
             .iter()
-            .filter(|a| matches!(a, Some(Applied::Done { .. })))
-            .count() as u64;
+            .filter_map(|a| match a {
+                Some(Applied::Done { version }) => Some(*version),
+                _ => None,
+            })
+            .collect::<std::collections::BTreeSet<u64>>()
+            .len() as u64;
         for db in &g.dbs {
             assert_eq!(registry::version(db).unwrap(), done);
         }
@@ -242,6 +257,7 @@ fn run(seed: u64, steps: usize, seen: &mut Seen) {
             .filter(|a| matches!(a, Some(Applied::Conflict { .. })))
             .count();
         seen.lost += g.lost_answers;
+        seen.duplicates += g.duplicates;
     }
     seen.reanchored += successors.len();
     seen.double_spends += spent_twice.len();
@@ -280,7 +296,11 @@ fn replicas_agree_under_partitions_lag_and_lost_answers() {
     }
     // The schedules reached the cases that matter.
     assert!(
-        seen.conflicts > 0 && seen.lost > 0 && seen.reanchored > 0 && seen.double_spends > 0,
+        seen.conflicts > 0
+            && seen.lost > 0
+            && seen.duplicates > 0
+            && seen.reanchored > 0
+            && seen.double_spends > 0,
         "{seen:?}"
     );
     eprintln!("{seen:?}");

@@ -987,6 +987,12 @@ fn run_sentinel(
     let replica_of = florin_node::cluster::authority::membership(spec, &me.public_key());
     let store = ClusterStore::new(spec, me.clone())?;
     let ledger = Ledger::start(Arc::new(store), issuer);
+    if spec.authority.is_some() && cfg.authority && replica_of.is_none() {
+        bail!(
+            "this sentinel has `authority = true` but is not a member of the cluster's [authority] \
+             group: a registry of its own would serve the reserve a second time"
+        );
+    }
     let authority = if cfg.authority || replica_of.is_some() {
         let key = cfg
             .authority_key
@@ -1115,7 +1121,7 @@ fn run_sentinel(
 /// How often a replicated authority's leader looks for credits in flight.
 const CREDIT_SWEEP: Duration = Duration::from_secs(5);
 
-/// A replicated authority's background work: the issuance baseline once the group answers,
+/// A replicated authority's background work: the issuance baseline (0) once the group answers,
 /// then, while this replica leads, settling credits recorded but not confirmed (a deposit
 /// whose sentinel failed before settling it).
 async fn replica_duties(
@@ -1123,13 +1129,13 @@ async fn replica_duties(
     ledger: Arc<Ledger>,
     r: Arc<florin_node::cluster::authority::AuthorityMember>,
 ) {
+    // The baseline is 0: a replicated registry exists from the cluster's first start (one made
+    // by a single authority cannot join a group), so every ledger mint is in its journal. Not
+    // read from the ledger, where a mint confirmed meanwhile through another sentinel would be
+    // counted twice.
     loop {
-        let (a2, l2) = (a.clone(), ledger.clone());
-        let done = tokio::task::spawn_blocking(move || {
-            l2.supply()
-                .and_then(|s| a2.ensure_issuance_baseline(s.minted_cents))
-        })
-        .await;
+        let a2 = a.clone();
+        let done = tokio::task::spawn_blocking(move || a2.ensure_issuance_baseline(0)).await;
         if matches!(done, Ok(Ok(()))) {
             break;
         }

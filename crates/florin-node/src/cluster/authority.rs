@@ -32,6 +32,8 @@ use crate::Authority;
 
 /// How long a registry write waits for the group (a new leader is elected within seconds).
 const WRITE_PATIENCE: Duration = Duration::from_secs(10);
+/// How long one call to a member of the group waits for its answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a read barrier waits for the group's leader.
 const SYNC_PATIENCE: Duration = Duration::from_secs(5);
 /// How long a sentinel waits for its own replica to apply its write before answering.
@@ -229,6 +231,23 @@ pub async fn start_replica(
     let transport = Arc::new(PeerTransport {
         peers: peers.iter().cloned().collect(),
     });
+    // The sentinel's own calls to the group (writes, read barriers) wait longer than a Raft
+    // message: a write's answer comes once it is committed and applied.
+    let client_peers: Vec<(NodeId, Arc<Peer>)> = group
+        .members
+        .iter()
+        .filter_map(|m| {
+            Some((
+                m.id,
+                Arc::new(Peer::new(
+                    m.addr.clone(),
+                    key_of(&m.key).ok()?,
+                    me.clone(),
+                    CALL_TIMEOUT,
+                )),
+            ))
+        })
+        .collect();
     let replica = Arc::new(
         Replica::open(dir, id, addrs, machine, transport, spec.raft.clone())
             .await
@@ -254,7 +273,7 @@ pub async fn start_replica(
     )
     .map_err(|e| StorageError::Server(Box::new(e)))?;
     authority.join(Arc::new(RegistryGroup {
-        client: GroupClient::new(peers),
+        client: GroupClient::new(client_peers),
         applied,
     }));
     Ok(AuthorityMember { server, replica })
