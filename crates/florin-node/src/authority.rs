@@ -161,6 +161,9 @@ pub struct Authority {
     /// the group, through this link once it is joined ([`Authority::join`]).
     replicated: bool,
     group: std::sync::OnceLock<Arc<dyn Replicate>>,
+    /// One replicated write at a time from this replica: writes computed here at once would
+    /// all read the same version, and all but one would run again.
+    writer: std::sync::Mutex<()>,
     signer: Arc<dyn Signer>,
     key: PublicKey,
     config: AuthorityConfig,
@@ -328,6 +331,7 @@ impl Authority {
             db: Arc::new(db),
             replicated,
             group: std::sync::OnceLock::new(),
+            writer: std::sync::Mutex::new(()),
             signer,
             key,
             gate,
@@ -482,6 +486,14 @@ impl Authority {
                 )
                 .into())
             }
+        };
+        let _one = match group {
+            Some(_) => Some(
+                self.writer
+                    .lock()
+                    .map_err(|_| NodeError::storage("the registry's writer lock is poisoned"))?,
+            ),
+            None => None,
         };
         for _ in 0..MAX_CONFLICTS {
             let tx = self.begin_write()?;
