@@ -487,25 +487,39 @@ fn unix_now() -> u64 {
 }
 
 /// Checks the request's operator credential (`florin_node::operator`) against the
-/// authority's operators; returns the operator's key.
+/// authority's operators; returns the operator's key and the credential.
 fn check_operator(
     a: &Authority,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<PublicKey, NodeError> {
+) -> Result<(PublicKey, florin_node::operator::Credential), NodeError> {
     let path = uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or_else(|| uri.path());
-    a.operators().check(
+    let now = unix_now();
+    let cred = a.operators().admit(
         headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
-        method.as_str(),
-        path,
-        body,
-        unix_now(),
-    )
+        now,
+    )?;
+    a.operators()
+        .verify(&cred, method.as_str(), path, body, now)
+        .map(|key| (key, cred))
+}
+
+/// Records an accepted operator credential in a replicated registry (refused as replayed if
+/// another sentinel took it already).
+async fn use_credential(
+    a: &Arc<Authority>,
+    cred: florin_node::operator::Credential,
+) -> Result<(), NodeError> {
+    if !a.is_replicated() {
+        return Ok(());
+    }
+    let a = a.clone();
+    blocking(move || a.use_operator_credential(&cred)).await
 }
 
 /// A request signed by one of the node's operators (an extractor: refuses with 401 or 403
@@ -554,6 +568,7 @@ impl FromRequest<AppState> for Operator {
             .operators()
             .verify(&cred, method.as_str(), path, &body, now)
             .map_err(reject)?;
+        use_credential(&a, cred).await.map_err(reject)?;
         Ok(Operator { key, body })
     }
 }
@@ -572,7 +587,8 @@ async fn ledger_faucet(
     }
     // Open on the devnet; everywhere else minting needs an operator.
     if a.faucet_needs_operator() {
-        check_operator(&a, &method, &uri, &headers, &body)?;
+        let (_, cred) = check_operator(&a, &method, &uri, &headers, &body)?;
+        use_credential(&a, cred).await?;
     }
     let req: LedgerFaucet =
         serde_json::from_slice(&body).map_err(|e| NodeError::from(BadRequest::Json(e)))?;

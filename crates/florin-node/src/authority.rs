@@ -21,7 +21,7 @@ use crate::error::{
 use crate::registry::{Committed, RegTx, Replicate};
 use crate::store::{
     self, serial_key, ADMIN_LOG, BLACKLIST, FRAUD, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META,
-    REVOKED, TOKENS,
+    OPERATOR_NONCES, REVOKED, TOKENS,
 };
 
 /// Most times a replicated registry write runs again because another came first.
@@ -960,6 +960,44 @@ impl Authority {
         let table = tx.open_table(REVOKED)?;
         let v = table.get(key.0.as_slice())?;
         v.map(|v| decode_entry(v.value())).transpose()
+    }
+
+    /// Records an operator credential as used in a replicated registry, so the other replicas
+    /// refuse it as replayed (each sentinel's gate remembers only what it saw itself). Nothing
+    /// to do on a registry that is not replicated: its gate saw every request. Call after the
+    /// gate accepted `c`.
+    pub fn use_operator_credential(
+        &self,
+        c: &crate::operator::Credential,
+    ) -> Result<(), NodeError> {
+        if !self.replicated {
+            return Ok(());
+        }
+        let until = c.timestamp.saturating_add(crate::operator::MAX_SKEW_SECS);
+        let mut key = Vec::with_capacity(56);
+        key.extend_from_slice(&until.to_be_bytes());
+        key.extend_from_slice(&c.key.0);
+        key.extend_from_slice(&c.nonce);
+        let now = now();
+        self.transact(|tx| {
+            let mut t = tx.open_table(OPERATOR_NONCES)?;
+            if t.get(key.as_slice())?.is_some() {
+                return Err(NodeError::Forbidden(Forbidden::Operator(
+                    crate::operator::OperatorRefused::Replayed,
+                )));
+            }
+            // Those no longer acceptable anywhere go (a bounded number per write).
+            let expired: Vec<Vec<u8>> = t
+                .range(..now.to_be_bytes().as_slice())?
+                .take(SWEEP_PER_WRITE)
+                .map(|item| item.map(|(k, _)| k.value().to_vec()))
+                .collect::<Result<_, _>>()?;
+            for k in expired {
+                t.remove(k.as_slice())?;
+            }
+            t.insert(key.as_slice(), [].as_slice())?;
+            Ok(())
+        })
     }
 
     /// Refuses a revoked `key` (in the request's `role`) as the write transaction `tx` sees

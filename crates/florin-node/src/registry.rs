@@ -37,12 +37,12 @@ use serde::{Deserialize, Serialize};
 use crate::error::NodeError;
 use crate::store::{
     ADMIN_LOG, BLACKLIST, CREDITS, FRAUD, ISSUANCE, MAILBOX, MAILBOX_AGES, MAILBOX_USAGE, META,
-    REGISTRY_SETS, REGISTRY_SET_ORDER, RESERVE, REVOKED, TOKENS, WITHDRAWALS,
+    OPERATOR_NONCES, REGISTRY_SETS, REGISTRY_SET_ORDER, RESERVE, REVOKED, TOKENS, WITHDRAWALS,
 };
 
 /// The registry's tables, by the index a write set names them with. Append only: an index
 /// never changes meaning.
-pub(crate) const TABLES: [&str; 15] = [
+pub(crate) const TABLES: [&str; 16] = [
     "tokens_v1",
     "fraud_v1",
     "mailbox_v1",
@@ -58,13 +58,14 @@ pub(crate) const TABLES: [&str; 15] = [
     "meta_v1",
     "registry_sets_v1",
     "registry_set_order_v1",
+    "operator_nonces_v1",
 ];
 
 /// Index in [`TABLES`] of `META`.
 const META_TABLE: u8 = 12;
-/// Index in [`TABLES`] of the first table only applying writes (the applied sets' ids): a
-/// write set may not touch it or those after it.
-const GROUP_TABLES: u8 = 13;
+/// Indices in [`TABLES`] of the tables only applying writes (the applied sets' ids): a write
+/// set may not touch them.
+const GROUP_TABLES: [u8; 2] = [13, 14];
 
 /// Applied write sets remembered by id (a resend of one older than this many sets is a
 /// conflict, and its operation runs again).
@@ -375,6 +376,7 @@ fn table_op(
         12 => on_table(tx, META, id, op),
         13 => on_table(tx, REGISTRY_SETS, id, op),
         14 => on_table(tx, REGISTRY_SET_ORDER, id, op),
+        15 => on_table(tx, OPERATOR_NONCES, id, op),
         other => Ok(Err(format!("no registry table {other}"))),
     }
 }
@@ -410,7 +412,7 @@ pub fn apply(db: &redb::Database, set: &[u8]) -> Result<Applied, NodeError> {
         let meta_version = c.table == META_TABLE && c.key == VERSION.as_bytes();
         let outcome = if meta_version {
             Err("a write set may not set the registry version".into())
-        } else if c.table >= GROUP_TABLES && usize::from(c.table) < TABLES.len() {
+        } else if GROUP_TABLES.contains(&c.table) {
             Err("a write set may not write the applied sets' ids".into())
         } else {
             table_op(&tx, c.table, op)?
@@ -736,6 +738,41 @@ mod tests {
             apply(&group.dbs[0], &encode(&other)).unwrap(),
             Applied::Conflict { version: 3 }
         );
+    }
+
+    #[test]
+    fn an_operator_credential_taken_by_one_replica_is_refused_by_the_others() {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (replica(d1.path()), replica(d2.path()));
+        let group = Arc::new(Group {
+            dbs: vec![a.registry_db(), b.registry_db()],
+            interleave: Mutex::new(Vec::new()),
+        });
+        a.join(group.clone());
+        b.join(group.clone());
+        let op = SecretKey::from_seed(&[40; 32]);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let cred = |ts: u64, n: u8| {
+            crate::operator::Credential::sign(&op, "POST", "/v1/admin/revoke", b"{}", ts, [n; 16])
+        };
+        a.use_operator_credential(&cred(now, 1)).unwrap();
+        // The same credential at the other sentinel: a replay.
+        let err = b.use_operator_credential(&cred(now, 1)).unwrap_err();
+        assert_eq!(err.code(), "operator_refused", "{err}");
+        b.use_operator_credential(&cred(now, 2)).unwrap();
+        // Those whose time has passed are forgotten as new ones come.
+        a.use_operator_credential(&cred(now - 1_000, 3)).unwrap();
+        a.use_operator_credential(&cred(now, 4)).unwrap();
+        let r = a.registry_db().begin_read().unwrap();
+        assert_eq!(r.open_table(OPERATOR_NONCES).unwrap().len().unwrap(), 3);
+        // A registry that is not replicated leaves it to its gate.
+        let d3 = tempfile::tempdir().unwrap();
+        let solo = Authority::open(AuthorityConfig::devnet(d3.path()), signer()).unwrap();
+        solo.use_operator_credential(&cred(now, 1)).unwrap();
+        solo.use_operator_credential(&cred(now, 1)).unwrap();
     }
 
     #[test]

@@ -47,6 +47,11 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta_v
 /// answered as the first time. Bounded: see `REGISTRY_SET_ORDER`.
 pub(crate) const REGISTRY_SETS: TableDefinition<&[u8], u64> =
     TableDefinition::new("registry_sets_v1");
+/// Operator credentials used on a replicated registry (so a credential accepted by one
+/// sentinel is refused as replayed by the others): acceptable-until time (unix seconds,
+/// big-endian) ‖ operator key (32) ‖ nonce (16) → nothing; swept once the time has passed.
+pub(crate) const OPERATOR_NONCES: TableDefinition<&[u8], &[u8]> =
+    TableDefinition::new("operator_nonces_v1");
 /// The same, by version → id, so the oldest are forgotten (`registry::SET_MEMORY` kept).
 pub(crate) const REGISTRY_SET_ORDER: TableDefinition<u64, &[u8]> =
     TableDefinition::new("registry_set_order_v1");
@@ -75,6 +80,7 @@ pub(crate) fn init(db: &redb::Database) -> Result<(), crate::NodeError> {
         tx.open_table(ADMIN_LOG)?;
         tx.open_table(REGISTRY_SETS)?;
         tx.open_table(REGISTRY_SET_ORDER)?;
+        tx.open_table(OPERATOR_NONCES)?;
     }
     tx.commit()?;
     let _ = db.begin_read()?;
@@ -100,6 +106,7 @@ pub(crate) fn copy_consistent(
         }
         for t in [
             FRAUD,
+            OPERATOR_NONCES,
             MAILBOX,
             MAILBOX_USAGE,
             MAILBOX_AGES,
