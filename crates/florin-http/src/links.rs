@@ -43,11 +43,50 @@ impl HttpLinks {
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<T, PspError> {
-        let peer = what.contains("provider");
         let resp = req
             .send()
             .await
             .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
+        Self::answer(resp, what).await
+    }
+
+    /// A call to the ledger, which may be given as several URLs (a cluster's sentinels,
+    /// comma-separated): one that cannot be reached is passed over for the next when that is
+    /// safe — always when no connection was made (nothing reached the node), and for a read
+    /// (`read`) also when the answer broke off. A submission whose answer broke off is
+    /// reported, and the provider reconciles by txid as after any lost answer.
+    async fn ledger_call<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        ledger: &str,
+        what: &str,
+        read: bool,
+        req: impl Fn(&str) -> reqwest::RequestBuilder,
+    ) -> Result<T, PspError> {
+        let bases: Vec<&str> = ledger
+            .split(',')
+            .map(str::trim)
+            .filter(|b| !b.is_empty())
+            .collect();
+        let mut last = None;
+        for (k, base) in bases.iter().enumerate() {
+            let more = k + 1 < bases.len();
+            match req(base).send().await {
+                Err(e) if more && (e.is_connect() || read) => {
+                    last = Some(PspError::Unreachable(format!("{what} at {base}: {e}")));
+                }
+                Err(e) => return Err(PspError::Unreachable(format!("{what} at {base}: {e}"))),
+                Ok(resp) => return Self::answer(resp, what).await,
+            }
+        }
+        Err(last.unwrap_or_else(|| PspError::Unreachable(format!("{what}: no URL given"))))
+    }
+
+    /// The answer to one call (see [`HttpLinks::call`]).
+    async fn answer<T: for<'de> serde::Deserialize<'de>>(
+        resp: reqwest::Response,
+        what: &str,
+    ) -> Result<T, PspError> {
+        let peer = what.contains("provider");
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -86,12 +125,11 @@ impl PspLinks for HttpLinks {
             tx: hex::encode(tx.encode()),
         };
         let ans: LedgerTxStatus = self
-            .call(
+            .ledger_call(ledger, "the ledger", false, |base| {
                 self.http
-                    .post(url(ledger, "/v1/ledger/transactions"))
-                    .json(&body),
-                "the ledger",
-            )
+                    .post(url(base, "/v1/ledger/transactions"))
+                    .json(&body)
+            })
             .await?;
         ans.to_status().ok_or_else(|| {
             PspError::Unreachable(format!(
@@ -102,14 +140,11 @@ impl PspLinks for HttpLinks {
     }
 
     async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError> {
+        let path = format!("/v1/ledger/unspent/{}", hex::encode(id));
         let u: Unspent = self
-            .call(
-                self.http.get(url(
-                    ledger,
-                    &format!("/v1/ledger/unspent/{}", hex::encode(id)),
-                )),
-                "the ledger",
-            )
+            .ledger_call(ledger, "the ledger", true, |base| {
+                self.http.get(url(base, &path))
+            })
             .await?;
         Ok(u.unspent)
     }
@@ -119,10 +154,9 @@ impl PspLinks for HttpLinks {
         ledger: &str,
         req: &LedgerFaucet,
     ) -> Result<LedgerFaucetAnswer, PspError> {
-        self.call(
-            self.http.post(url(ledger, "/v1/ledger/faucet")).json(req),
-            "the ledger's faucet",
-        )
+        self.ledger_call(ledger, "the ledger's faucet", false, |base| {
+            self.http.post(url(base, "/v1/ledger/faucet")).json(req)
+        })
         .await
     }
 

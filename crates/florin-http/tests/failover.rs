@@ -144,3 +144,72 @@ async fn a_write_that_may_have_arrived_is_never_sent_again() {
     assert_eq!(client(&urls).info().await.unwrap().version, "test");
     assert_eq!(b.load(Ordering::SeqCst), 1);
 }
+
+/// A ledger on loopback for a provider's links: `/v1/ledger/unspent/{id}` answers unspent,
+/// `/v1/ledger/faucet` mints (counting requests); "broken" cuts every connection.
+async fn ledger(role: &'static str, hits: Arc<AtomicUsize>) -> SocketAddr {
+    if role == "broken" {
+        return node("broken", hits).await;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (h1, h2) = (hits.clone(), hits);
+    let app = Router::new()
+        .route(
+            "/v1/ledger/unspent/{id}",
+            get(
+                move |axum::extract::Path(id): axum::extract::Path<String>| {
+                    let h = h1.clone();
+                    async move {
+                        h.fetch_add(1, Ordering::SeqCst);
+                        Json(florin_node::api::Unspent { id, unspent: true })
+                    }
+                },
+            ),
+        )
+        .route(
+            "/v1/ledger/faucet",
+            post(move || {
+                let h = h2.clone();
+                async move {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    Json(florin_node::api::LedgerFaucetAnswer {
+                        txid: "11".into(),
+                        outputs: vec![],
+                    })
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_providers_ledger_links_fail_over_only_when_safe() {
+    use florin_node::psp::PspLinks;
+    let links = florin_http::HttpLinks::new().unwrap();
+    let (a, b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let up = ledger("ok", b.clone()).await;
+    // Nothing listening at the first URL: reads and writes go on to the next.
+    let urls = format!("http://{},http://{up}", closed());
+    assert!(links.is_unspent(&urls, &[7; 32]).await.unwrap());
+    let req = florin_node::api::LedgerFaucet {
+        owner: "eur1x".into(),
+        amount_cents: 1,
+    };
+    assert_eq!(links.faucet(&urls, &req).await.unwrap().txid, "11");
+    assert_eq!(b.load(Ordering::SeqCst), 2);
+    // The first cuts the answer off: a read is asked again at the next; a write (a mint that
+    // may have happened) is not.
+    let broken = ledger("broken", a.clone()).await;
+    let urls = format!("http://{broken},http://{up}");
+    assert!(links.is_unspent(&urls, &[7; 32]).await.unwrap());
+    assert!(links.faucet(&urls, &req).await.is_err());
+    assert_eq!(
+        (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
+        (2, 3),
+        "the broken node saw both; the next only the read"
+    );
+}

@@ -28,7 +28,8 @@ pub enum PspCommand {
         /// The provider's name (kept after the first start).
         #[arg(long)]
         name: Option<String>,
-        /// The ledger's API.
+        /// The ledger's API: one URL, or several comma-separated (a cluster's sentinels; a call
+        /// passes to the next when one cannot be reached).
         #[arg(long, env = "FLORIN_NODE", default_value = "https://127.0.0.1:7400")]
         ledger: String,
         /// Address to listen on (loopback by default).
