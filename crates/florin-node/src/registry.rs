@@ -507,6 +507,23 @@ pub fn restore(db: &redb::Database, snapshot: &[u8]) -> Result<u64, RestoreError
     Ok(set.base)
 }
 
+/// Installs a snapshot of the group's registry unless this registry already holds it: its
+/// version is the snapshot's or later (both are prefixes of the same log of write sets, so
+/// the later holds the earlier). Raft installs the replica's last snapshot at every start and
+/// then re-applies the log after it; sets this registry already applied are answered as
+/// before and change nothing, so skipping the install never rolls the registry back to the
+/// snapshot (its reads would be older than what it served before the restart) nor rewrites it
+/// whole at each start. Returns the registry's version.
+pub fn install(db: &redb::Database, snapshot: &[u8]) -> Result<u64, RestoreError> {
+    let set = decode::<WriteSet>(snapshot)
+        .ok_or_else(|| RestoreError::Refused("a snapshot that does not decode".into()))?;
+    let now = version(db)?;
+    if now >= set.base {
+        return Ok(now);
+    }
+    restore(db, snapshot)
+}
+
 /// Refuses to serve as a replica a registry that holds rows but no version: one made by a
 /// single authority, whose state no other replica has (applying the group's write sets on
 /// top of it would make replicas that differ while their versions agree).
@@ -591,7 +608,7 @@ impl florin_cluster::raft::Machine for RegistryMachine {
     type Error = RestoreError;
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        let v = restore(&self.db, snapshot)?;
+        let v = install(&self.db, snapshot)?;
         self.applied.store(v, Ordering::Release);
         Ok(())
     }
@@ -679,10 +696,18 @@ mod tests {
         a.revoke(&key(4), None, "again").unwrap();
         assert_eq!(version(&group.dbs[1]).unwrap(), 6);
 
+        // A replica that is already past a snapshot keeps what it has (a restart installs
+        // the last snapshot, then re-applies the log after it).
+        let at6 = dump(&group.dbs[0]).unwrap();
+        a.mailbox_put(&key(2), b"after").unwrap();
+        let at7 = dump(&group.dbs[0]).unwrap();
+        assert_eq!(install(&group.dbs[0], &at6).unwrap(), 7);
+        assert_eq!(dump(&group.dbs[0]).unwrap(), at7);
+
         // A snapshot installs the whole registry elsewhere, version included.
         let d3 = tempfile::tempdir().unwrap();
         let db3 = other_db(d3.path());
-        assert_eq!(restore(&db3, &dump(&group.dbs[0]).unwrap()).unwrap(), 6);
+        assert_eq!(install(&db3, &dump(&group.dbs[0]).unwrap()).unwrap(), 7);
         assert_eq!(dump(&db3).unwrap(), dump(&group.dbs[1]).unwrap());
     }
 
