@@ -435,6 +435,37 @@ pub struct MemberState {
     pub last_alert: Option<String>,
 }
 
+impl MemberState {
+    /// A member as its Raft status (if it answered) shows it.
+    fn of(
+        role: Role,
+        (group, id): (u16, u64),
+        addr: String,
+        host: Option<String>,
+        pid: Option<u32>,
+        up: bool,
+        st: Option<&florin_cluster::raft::ReplicaStatus>,
+    ) -> MemberState {
+        MemberState {
+            role,
+            group,
+            id,
+            addr,
+            host,
+            up,
+            pid,
+            state: st.map(|s| s.state.clone()),
+            leader: st.and_then(|s| s.leader),
+            term: st.map(|s| s.term),
+            last_log_index: st.and_then(|s| s.last_log_index),
+            last_applied: st.and_then(|s| s.last_applied),
+            snapshot: st.and_then(|s| s.snapshot),
+            alerts: None,
+            last_alert: None,
+        }
+    }
+}
+
 /// A cluster's emulated network, as `cluster status --json` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EmulatedNet {
@@ -504,23 +535,16 @@ fn state(data: &Path) -> Result<ClusterState> {
                         _ => None,
                     }
                 });
-            members.push(MemberState {
+            let up = up && (spec.authority.is_none() || st.is_some());
+            members.push(MemberState::of(
                 role,
-                group: g,
-                id,
-                addr: http,
+                (g, id),
+                http,
                 host,
-                up: up && (spec.authority.is_none() || st.is_some()),
                 pid,
-                state: st.as_ref().map(|s| s.state.clone()),
-                leader: st.as_ref().and_then(|s| s.leader),
-                term: st.as_ref().map(|s| s.term),
-                last_log_index: st.as_ref().and_then(|s| s.last_log_index),
-                last_applied: st.as_ref().and_then(|s| s.last_applied),
-                snapshot: st.as_ref().and_then(|s| s.snapshot),
-                alerts: None,
-                last_alert: None,
-            });
+                up,
+                st.as_ref(),
+            ));
             continue;
         }
         let groups = if role == Role::Shard {
@@ -537,23 +561,11 @@ fn state(data: &Path) -> Result<ClusterState> {
             Ok(Response::Status(s)) => (Some(s.raft), s.alerts),
             _ => (None, (0, None)),
         };
-        members.push(MemberState {
-            role,
-            group: g,
-            id,
-            addr: m.addr.clone(),
-            host,
-            up: st.is_some(),
-            pid,
-            state: st.as_ref().map(|s| s.state.clone()),
-            leader: st.as_ref().and_then(|s| s.leader),
-            term: st.as_ref().map(|s| s.term),
-            last_log_index: st.as_ref().and_then(|s| s.last_log_index),
-            last_applied: st.as_ref().and_then(|s| s.last_applied),
-            snapshot: st.as_ref().and_then(|s| s.snapshot),
-            alerts: (alerts.0 > 0).then_some(alerts.0),
-            last_alert: alerts.1,
-        });
+        let up = st.is_some();
+        let mut state = MemberState::of(role, (g, id), m.addr.clone(), host, pid, up, st.as_ref());
+        state.alerts = (alerts.0 > 0).then_some(alerts.0);
+        state.last_alert = alerts.1;
+        members.push(state);
     }
     let mut healthy = members
         .iter()

@@ -23,9 +23,9 @@ use florin_cluster::raft::{NodeId, Replica};
 use florin_crypto::{LocalSigner, PublicKey, Signer};
 
 use super::client::GroupClient;
-use super::rpc::{Handler, NodeStatus, Peer, Request, Response, Server};
+use super::rpc::{Handler, NodeStatus, Request, Response, Server};
 use super::service::not_leader;
-use super::{key_of, ClusterSpec, PeerTransport};
+use super::{key_of, peers_of, ClusterSpec, PeerTransport};
 use crate::error::{NodeError, StorageError};
 use crate::registry::{RegistryMachine, Replicate};
 use crate::Authority;
@@ -201,21 +201,7 @@ pub async fn start_replica(
     })?;
     std::fs::create_dir_all(dir).map_err(|e| NodeError::io_at(dir, e))?;
     let timeout = Duration::from_millis(spec.raft.election_max_ms.max(1000));
-    let peers: Vec<(NodeId, Arc<Peer>)> = group
-        .members
-        .iter()
-        .filter_map(|m| {
-            Some((
-                m.id,
-                Arc::new(Peer::new(
-                    m.addr.clone(),
-                    key_of(&m.key).ok()?,
-                    me.clone(),
-                    timeout,
-                )),
-            ))
-        })
-        .collect();
+    let peers = peers_of(group, &me, timeout);
     let addrs: BTreeMap<NodeId, String> = group
         .members
         .iter()
@@ -233,21 +219,7 @@ pub async fn start_replica(
     });
     // The sentinel's own calls to the group (writes, read barriers) wait longer than a Raft
     // message: a write's answer comes once it is committed and applied.
-    let client_peers: Vec<(NodeId, Arc<Peer>)> = group
-        .members
-        .iter()
-        .filter_map(|m| {
-            Some((
-                m.id,
-                Arc::new(Peer::new(
-                    m.addr.clone(),
-                    key_of(&m.key).ok()?,
-                    me.clone(),
-                    CALL_TIMEOUT,
-                )),
-            ))
-        })
-        .collect();
+    let client_peers = peers_of(group, &me, CALL_TIMEOUT);
     let replica = Arc::new(
         Replica::open(dir, id, addrs, machine, transport, spec.raft.clone())
             .await

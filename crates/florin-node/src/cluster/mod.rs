@@ -291,6 +291,26 @@ impl ClusterSpec {
     }
 }
 
+/// A link to each member of `group` (its Raft id and a pooled, key-pinned peer) whose calls
+/// wait `timeout` for an answer.
+fn peers_of(
+    group: &GroupSpec,
+    me: &Arc<LocalSigner>,
+    timeout: Duration,
+) -> Vec<(NodeId, Arc<Peer>)> {
+    group
+        .members
+        .iter()
+        .filter_map(|m| {
+            let key = key_of(&m.key).ok()?;
+            Some((
+                m.id,
+                Arc::new(Peer::new(m.addr.clone(), key, me.clone(), timeout)),
+            ))
+        })
+        .collect()
+}
+
 struct PeerTransport {
     peers: BTreeMap<NodeId, Arc<Peer>>,
 }
@@ -398,21 +418,13 @@ pub async fn start_member(
         .filter_map(|m| key_of(&m.key).ok())
         .collect();
     let transport = Arc::new(PeerTransport {
-        peers: g
-            .members
-            .iter()
-            .filter_map(|m| {
-                Some((
-                    m.id,
-                    Arc::new(Peer::new(
-                        m.addr.clone(),
-                        key_of(&m.key).ok()?,
-                        me.clone(),
-                        Duration::from_millis(spec.raft.election_max_ms.max(1000)),
-                    )),
-                ))
-            })
-            .collect(),
+        peers: peers_of(
+            g,
+            &me,
+            Duration::from_millis(spec.raft.election_max_ms.max(1000)),
+        )
+        .into_iter()
+        .collect(),
     });
     let raft_err = |e: florin_cluster::raft::RaftError| NodeError::from(StorageError::from(e));
     let rt = tokio::runtime::Handle::current();
