@@ -475,6 +475,17 @@ impl Authority {
     /// error from `op` writes nothing.
     pub(crate) fn transact<T>(
         &self,
+        op: impl FnMut(&RegTx) -> Result<T, NodeError>,
+    ) -> Result<T, NodeError> {
+        self.transact_with(true, op)
+    }
+
+    /// [`Authority::transact`]; without `barrier`, an answer that writes nothing is given as
+    /// this replica read it (for housekeeping whose answer nobody relies on, such as the
+    /// mailbox's expiry sweep).
+    pub(crate) fn transact_with<T>(
+        &self,
+        barrier: bool,
         mut op: impl FnMut(&RegTx) -> Result<T, NodeError>,
     ) -> Result<T, NodeError> {
         let group = match (self.replicated, self.group.get()) {
@@ -487,14 +498,14 @@ impl Authority {
                 .into())
             }
         };
-        let _one = match group {
-            Some(_) => Some(
-                self.writer
-                    .lock()
-                    .map_err(|_| NodeError::storage("the registry's writer lock is poisoned"))?,
-            ),
-            None => None,
-        };
+        // The lock guards no data: one that a panicking operation left poisoned still orders
+        // writers.
+        let _one = group.map(|_| {
+            self.writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
+        let mut synced = !barrier;
         for _ in 0..MAX_CONFLICTS {
             let tx = self.begin_write()?;
             let base = tx.base();
@@ -508,7 +519,13 @@ impl Authority {
             };
             if let (true, Some(g)) = (read_only, group) {
                 tx.abort()?;
+                // Once caught up with the leader, a later read is at least that recent: one
+                // barrier per operation.
+                if synced {
+                    return out;
+                }
                 g.sync()?;
+                synced = true;
                 if crate::registry::version(&self.db)? != base {
                     continue;
                 }
@@ -986,9 +1003,11 @@ impl Authority {
                     crate::operator::OperatorRefused::Replayed,
                 )));
             }
-            // Those no longer acceptable anywhere go (a bounded number per write).
+            // Those no longer acceptable anywhere go (a bounded number per write), with a
+            // margin for another sentinel's clock being behind this one's.
+            let cutoff = now.saturating_sub(crate::operator::MAX_SKEW_SECS);
             let expired: Vec<Vec<u8>> = t
-                .range(..now.to_be_bytes().as_slice())?
+                .range(..cutoff.to_be_bytes().as_slice())?
                 .take(SWEEP_PER_WRITE)
                 .map(|item| item.map(|(k, _)| k.value().to_vec()))
                 .collect::<Result<_, _>>()?;
@@ -1027,7 +1046,13 @@ impl Authority {
         key: &PublicKey,
         role: &'static str,
     ) -> Result<(), NodeError> {
-        match self.revocation(key)? {
+        let mut found = self.revocation(key)?;
+        if let (Some(_), Some(g)) = (&found, self.group.get()) {
+            // Read from this replica, which may be behind an unrevoke made elsewhere.
+            g.sync()?;
+            found = self.revocation(key)?;
+        }
+        match found {
             None => Ok(()),
             Some(e) => Err(Forbidden::Revoked {
                 role,
@@ -1084,7 +1109,7 @@ impl Authority {
         // budget always drains.
         {
             let cutoff = at.saturating_sub(limits.retention.as_secs());
-            self.transact(|tx| sweep_mailbox(tx, cutoff, SWEEP_PER_WRITE))?;
+            self.transact_with(false, |tx| sweep_mailbox(tx, cutoff, SWEEP_PER_WRITE))?;
         }
         self.transact(|tx| {
             let seq;
@@ -1128,7 +1153,7 @@ impl Authority {
     /// removed). Mailbox writes also remove some as they go.
     pub fn mailbox_sweep(&self, max: usize) -> Result<usize, NodeError> {
         let cutoff = now().saturating_sub(self.config.mailbox.retention.as_secs());
-        self.transact(|tx| sweep_mailbox(tx, cutoff, max))
+        self.transact_with(false, |tx| sweep_mailbox(tx, cutoff, max))
     }
 
     /// Messages for `to` with sequence numbers above `after` (at most 1,000).

@@ -590,7 +590,9 @@ impl florin_cluster::raft::Machine for RegistryMachine {
         match apply(&self.db, cmd) {
             Ok(a) => {
                 if let Applied::Done { version } = a {
-                    self.applied.store(version, Ordering::Release);
+                    // A set delivered twice is answered with its first (older) version: the
+                    // applied version never goes back.
+                    self.applied.fetch_max(version, Ordering::AcqRel);
                 }
                 encode(&a)
             }
@@ -798,6 +800,34 @@ mod tests {
         let solo = Authority::open(AuthorityConfig::devnet(d3.path()), signer()).unwrap();
         solo.use_operator_credential(&cred(now, 1)).unwrap();
         solo.use_operator_credential(&cred(now, 1)).unwrap();
+    }
+
+    #[test]
+    fn a_set_delivered_twice_never_takes_the_applied_version_back() {
+        use florin_cluster::raft::Machine;
+        let d = tempfile::tempdir().unwrap();
+        let db = other_db(d.path());
+        let applied = Arc::new(AtomicU64::new(0));
+        let mut m = RegistryMachine::new(db.clone(), applied.clone()).unwrap();
+        let set = |base: u64, id: u8| {
+            encode(&WriteSet {
+                base,
+                id: [id; 16],
+                changes: vec![Change {
+                    table: 2,
+                    key: vec![id; 40],
+                    value: Some(ByteVec(vec![id])),
+                }],
+            })
+        };
+        let x = set(0, 1);
+        m.apply(&x);
+        m.apply(&set(1, 2));
+        // X again (the group's client resent it): answered with its first version, 1...
+        let again: Applied = decode(&m.apply(&x)).unwrap();
+        assert_eq!(again, Applied::Done { version: 1 });
+        // ...while the registry, and what the replica reports to read barriers, stay at 2.
+        assert_eq!((m.version(), version(&db).unwrap()), (2, 2));
     }
 
     #[test]
