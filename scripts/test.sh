@@ -42,15 +42,32 @@ scripts/deny.sh
 log "layering rules (docs/architecture.md)"
 scripts/check-layering.sh
 
+# Free space where the build and the tests' temporary files go: a full disk fails every test
+# that writes, whatever the change under test.
+disk() {
+  for d in "${CARGO_TARGET_DIR:-target}" "${TMPDIR:-/tmp}"; do
+    df -Ph "$d" 2>/dev/null | awk -v d="$d" 'NR==2 {print "disk: " $4 " free of " $2 " for " d}'
+  done
+}
+
 log "cargo test"
 # The fuzz replay test (crates/florin-fuzz-targets/tests/replay.rs) leaves its counts here.
 fuzz_summary=${CARGO_TARGET_DIR:-target}/tmp/fuzz-replay.txt
 rm -f "$fuzz_summary"
-cargo test --workspace --locked 2>&1 | tee /tmp/florin-test.log
+disk
+status=0
+cargo test --workspace --locked 2>&1 | tee /tmp/florin-test.log || status=$?
 passed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$4} END {print s+0}')
 failed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$6} END {print s+0}')
 echo
 echo "summary: ${passed} passed, ${failed} failed"
+disk
+if [ "$status" -ne 0 ]; then
+  # Cargo stops at the first test binary that fails: the first lines of its panics.
+  log "failed (exit $status): each panic's first lines (the whole log: /tmp/florin-test.log)"
+  grep -E -A4 "panicked at" /tmp/florin-test.log | cut -c1-400 | head -120 || true
+  exit "$status"
+fi
 if [ -s "$fuzz_summary" ]; then
   echo "fuzz corpora: replayed ($(tail -1 "$fuzz_summary" | sed 's/^fuzz replay: //'); per target in $fuzz_summary)"
 else

@@ -33,11 +33,13 @@
 //! shard can forget the batch, so a late `Prepare` of the old leader can never lock again.
 //!
 //! A transaction that meets an input locked by a batch in flight is retried in a later batch
-//! (up to `max_attempts` times), so concurrent conflicting spends never both commit and an
-//! honest spend is not failed by a conflicting one that then aborts. A transaction whose own
-//! txid is locked (a resubmission while the first submission is still in flight, e.g. after a
-//! leader change) backs off and tries again until that batch has finished, and is then
-//! answered as a replay (it gives up, answering a missing input, after `MAX_WAITS` tries).
+//! (`max_attempts` times at once, then backing off as below), so concurrent conflicting spends
+//! never both commit and an honest spend is not failed by a conflicting one that then aborts.
+//! A transaction whose own txid is locked (a resubmission while the first submission is still
+//! in flight, e.g. after a leader change) backs off and tries again until that batch has
+//! finished, and is then answered as a replay. After `MAX_WAITS` backed-off tries the
+//! submission fails as in doubt: a lock says nothing about whether the input is spent, so it is
+//! never answered as a missing input.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -161,7 +163,7 @@ pub struct CoordinatorConfig {
     pub max_batch: usize,
     /// Most batches between `Begin` and their commit acknowledgements at once.
     pub max_inflight: usize,
-    /// Tries for a transaction that keeps meeting locks, before it is failed.
+    /// Immediate tries for a transaction that keeps meeting locks, before it backs off.
     pub max_attempts: u8,
     /// Repeat an unanswered send after this long (in the caller's clock units, e.g. ms).
     pub resend_after: u64,
@@ -314,8 +316,9 @@ fn key(id: &UhsId) -> u64 {
     u64::from_le_bytes(k)
 }
 
-/// Most times a transaction waits for a duplicate of itself in flight elsewhere (each wait
-/// backs off `resend_after / 16`) before it is failed.
+/// Most times a transaction waits for a duplicate of itself in flight elsewhere, or for inputs
+/// that stayed locked through its quick retries (each wait backs off `resend_after / 16`),
+/// before its submission is failed as in doubt.
 const MAX_WAITS: u16 = 160;
 
 /// The coordinator (one per coordinator group leader).
@@ -807,6 +810,7 @@ impl Coordinator {
         // held behind them.
         let mut again = Vec::new();
         let mut refused = Vec::new();
+        let mut gave_up = Vec::new();
         for (i, d) in f.decisions.iter().enumerate() {
             let Some(Some(o)) = f.origins.get(i) else {
                 continue;
@@ -830,7 +834,10 @@ impl Coordinator {
                     });
                     continue;
                 }
-                Decision::Wait | Decision::Confirming if o.waits < MAX_WAITS => {
+                // Past its quick retries, a transaction whose inputs stay locked backs off as
+                // one waiting for its own duplicate: the batch holding them may be one a new
+                // leader is finishing, or one waiting for a shard to elect a leader.
+                Decision::Retry | Decision::Wait | Decision::Confirming if o.waits < MAX_WAITS => {
                     again.push(Queued {
                         tx: f.txs[i].clone(),
                         origin: Origin {
@@ -842,7 +849,13 @@ impl Coordinator {
                     continue;
                 }
                 Decision::Confirming => SwapOutcome::AlreadyApplied,
-                Decision::Retry | Decision::Wait => SwapOutcome::MissingInput,
+                // Still locked after every try: nothing says the inputs are gone, so the
+                // submission is failed as in doubt (never answered as a missing input, which
+                // a wallet would take to mean its money is spent).
+                Decision::Retry | Decision::Wait => {
+                    gave_up.push(o.ticket);
+                    continue;
+                }
             };
             if let Some(t) = self.tickets.get_mut(&o.ticket) {
                 if t.outcomes[o.pos].is_none() {
@@ -874,6 +887,19 @@ impl Coordinator {
                         .refused
                         .clone()
                         .unwrap_or_else(|| "a shard refused the batch".into()),
+                });
+            }
+        }
+        gave_up.sort_unstable();
+        gave_up.dedup();
+        for ticket in gave_up {
+            if self.tickets.remove(&ticket).is_some() {
+                out.push(Output::Fail {
+                    ticket,
+                    why: "a transaction's inputs stayed locked by batches in flight through \
+                          every retry: the submission is in doubt (a resubmission is answered \
+                          by txid)"
+                        .into(),
                 });
             }
         }
@@ -1083,8 +1109,63 @@ mod tests {
         assert_eq!((c.in_flight(), c.open_tickets(), c.queued()), (0, 0, 0));
     }
 
+    /// Plays a one-shard coordinator's batches from `out` on: round `r`'s prepare gets
+    /// `votes(r)`, and every batch commits. Time moves on only while nothing is due. Returns
+    /// the submitter's answer or failure, the rounds played, and the last round's
+    /// transactions.
+    fn play(
+        c: &mut Coordinator,
+        mut out: Vec<Output>,
+        votes: impl Fn(usize) -> Vec<Vote>,
+    ) -> (Output, usize, Vec<CompactTx>) {
+        let (mut now, mut rounds, mut last) = (0, 0, vec![]);
+        for _ in 0..10_000 {
+            if let Some(o) = out
+                .iter()
+                .find(|o| matches!(o, Output::Answer { .. } | Output::Fail { .. }))
+            {
+                return (o.clone(), rounds, last);
+            }
+            let begun = out.iter().find_map(|o| match o {
+                Output::Replicate(CoordEntry::Begin { dtx, txs }) => Some((*dtx, txs.clone())),
+                _ => None,
+            });
+            let Some((dtx, txs)) = begun else {
+                now += 1;
+                out = c.handle(Input::Tick(now));
+                continue;
+            };
+            let o = c.handle(Input::Replicated(CoordEntry::Begin {
+                dtx,
+                txs: txs.clone(),
+            }));
+            assert_eq!(sends(&o).len(), 1);
+            let o = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Prepared(votes(rounds)),
+            });
+            let Output::Replicate(CoordEntry::Decide { decisions, .. }) = &o[0] else {
+                panic!("{o:?}")
+            };
+            c.handle(Input::Replicated(CoordEntry::Decide {
+                dtx,
+                decisions: decisions.clone(),
+            }));
+            out = c.handle(Input::Reply {
+                dtx,
+                shard: 0,
+                reply: ShardReply::Committed,
+            });
+            (rounds, last) = (rounds + 1, txs);
+        }
+        panic!("no answer after 10,000 steps");
+    }
+
     #[test]
-    fn busy_transactions_are_retried_then_failed_and_answers_keep_order() {
+    fn busy_transactions_are_retried_then_back_off_and_answers_keep_order() {
+        // `a` meets a locked input, `b` commits. `a` is retried at once, then backs off; in
+        // its fifth round the batch holding the lock has committed and the input is gone.
         let mut c = coord(1);
         let a = transfer(1, &[1], &[(2, 1)]);
         let b = mint(2, &[(3, 1)]);
@@ -1092,52 +1173,41 @@ mod tests {
             ticket: 1,
             txs: vec![a.clone(), b.clone()],
         });
-        let mut dtx = begin_of(&out).0;
-        let mut answer = None;
-        for round in 0..3 {
-            let out = c.handle(Input::Replicated(CoordEntry::Begin { dtx, txs: vec![] }));
-            assert_eq!(sends(&out).len(), 1);
-            let votes = if round == 0 {
-                vec![Vote::Busy, Vote::Ok]
-            } else {
-                vec![Vote::Busy]
-            };
-            let out = c.handle(Input::Reply {
-                dtx,
-                shard: 0,
-                reply: ShardReply::Prepared(votes),
-            });
-            let Output::Replicate(CoordEntry::Decide { decisions, .. }) = &out[0] else {
-                panic!("{out:?}")
-            };
-            let out = c.handle(Input::Replicated(CoordEntry::Decide {
-                dtx,
-                decisions: decisions.clone(),
-            }));
-            assert_eq!(sends(&out).len(), 1);
-            let out = c.handle(Input::Reply {
-                dtx,
-                shard: 0,
-                reply: ShardReply::Committed,
-            });
-            for o in &out {
-                match o {
-                    Output::Replicate(CoordEntry::Begin { dtx: d, txs }) => {
-                        assert_eq!(txs, &vec![a.clone()], "only the busy one is retried");
-                        dtx = *d;
-                    }
-                    Output::Answer { .. } => answer = Some(o.clone()),
-                    _ => {}
-                }
-            }
-        }
+        let (answer, rounds, last) = play(&mut c, out, |r| match r {
+            0 => vec![Vote::Busy, Vote::Ok],
+            1..=3 => vec![Vote::Busy],
+            _ => vec![Vote::Missing],
+        });
+        assert_eq!(last, vec![a], "only the busy one is retried");
+        assert_eq!(rounds, 5);
         assert_eq!(
             answer,
-            Some(Output::Answer {
+            Output::Answer {
                 ticket: 1,
                 outcomes: vec![SwapOutcome::MissingInput, SwapOutcome::Confirmed]
-            })
+            }
         );
+    }
+
+    #[test]
+    fn a_transaction_locked_through_every_try_fails_in_doubt_and_is_never_called_missing() {
+        // The batch holding the input never finishes here (after a leader change, say): the
+        // submitter is told the batch is in doubt, not that its money is gone; and the same
+        // for a resubmission whose first submission stays in flight.
+        for vote in [Vote::Busy, Vote::InFlight] {
+            let mut c = coord(1);
+            let out = c.handle(Input::Submit {
+                ticket: 1,
+                txs: vec![transfer(1, &[1], &[(2, 1)])],
+            });
+            let (answer, rounds, _) = play(&mut c, out, |_| vec![vote]);
+            let Output::Fail { ticket: 1, why } = &answer else {
+                panic!("{vote:?}: {answer:?}")
+            };
+            assert!(why.contains("in doubt"), "{why}");
+            assert!(rounds > MAX_WAITS as usize, "{vote:?}: {rounds} rounds");
+            assert_eq!((c.open_tickets(), c.queued()), (0, 0));
+        }
     }
 
     #[test]
