@@ -15,6 +15,7 @@
 //! transactions from several client threads for a fixed time; throughput is the sum of the
 //! generators' rates over the same window. CPU time is read per host from `cpuacct`.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, ExitCode, Stdio};
@@ -498,12 +499,73 @@ fn shards_per_tx(shards: usize) -> f64 {
 }
 
 /// Runs the emulated-host suite.
-pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f64>) -> Result<()> {
+/// A part of the emulated-hosts suite (`--only`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// Hamilton's Fig. 4: throughput and latency versus shards.
+    Scaling,
+    /// One shard of 3 replicas against the single-node engine on equal hosts.
+    Replication,
+    /// Hamilton's Fig. 5: two data centres lost under load.
+    Failover,
+    /// Hamilton's Fig. 6: peak throughput versus tolerated failures (replication 1 to 9).
+    Failures,
+}
+
+pub(super) fn run(
+    rec: &mut Recorder,
+    scale: Scale,
+    quick: bool,
+    share: Option<f64>,
+    only: Option<Part>,
+) -> Result<()> {
     florin_node::hosts::check_supported()?;
     // Interrupted (Ctrl-C), the run removes its hosts and their processes before exiting.
     florin_node::hosts::remove_on_signal();
     let exe = std::env::current_exe().context("cannot find the florin binary")?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let runs = |p: Part| only.is_none_or(|o| o == p);
+    if runs(Part::Scaling) {
+        scaling(rec, &exe, cores, scale, quick, share)?;
+    }
+    if runs(Part::Replication) {
+        let pairs = if quick {
+            1
+        } else if scale.full {
+            5
+        } else {
+            3
+        };
+        // A larger share (7 hosts fill the machine) runs ≈ 4x faster: more ids, as long a
+        // window.
+        let (r_secs, r_chunks) = if quick {
+            (3.0, 400)
+        } else if scale.full {
+            (15.0, 3200)
+        } else {
+            (8.0, 1600)
+        };
+        replication_vs_single(rec, &exe, cores, pairs, r_secs, r_chunks)?;
+    }
+    if runs(Part::Failover) {
+        dc_failover(rec, &exe, cores, quick)?;
+    }
+    if runs(Part::Failures) {
+        failures_vs_throughput(rec, &exe, cores, scale, quick)?;
+    }
+    Ok(())
+}
+
+/// Hamilton's Fig. 4: throughput and latency versus shards at replication 3, two-phase and
+/// one-phase, each replica, coordinator replica and load generator on its own host.
+fn scaling(
+    rec: &mut Recorder,
+    exe: &Path,
+    cores: usize,
+    scale: Scale,
+    quick: bool,
+    share: Option<f64>,
+) -> Result<()> {
     let fit_hosts = FIT_SHARDS * (2 * REPLICAS + 1);
     let share = share.unwrap_or(cores as f64 / fit_hosts as f64);
     let sizes: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4, 8] };
@@ -524,9 +586,9 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
         for one_phase in [false, true] {
             let hosts = shards * (2 * REPLICAS + 1);
             let fits = hosts as f64 * share <= cores as f64 + 1e-9;
-            let d = deploy_cluster(&exe, shards, REPLICAS, shards, one_phase, share)?;
+            let d = deploy_cluster(exe, shards, REPLICAS, shards, one_phase, share)?;
             let measured = wait_for_leaders(&d, Duration::from_secs(60))
-                .and_then(|_| run_load(&d, &exe, chunks, secs));
+                .and_then(|_| run_load(&d, exe, chunks, secs));
             d.stop();
             let Load {
                 rate,
@@ -627,23 +689,120 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool, share: Option<f
             );
         }
     }
-    let pairs = if quick {
-        1
+    Ok(())
+}
+
+/// Hamilton's Fig. 6: peak throughput versus the failures each replicated service tolerates.
+/// One shard group and one coordinator group of `r` replicas (r = 1, 3, 5, 7, 9: f = 0 to 4
+/// failures), every replica on its own host, fed by one load generator on its own host, every
+/// transaction through two-phase commit (Hamilton's 2PC line). Every size runs on hosts of the
+/// same share, the one at which the largest fits the machine, so only the replication changes.
+/// Each size runs once per pass, the passes in alternate order (drift on the machine falls on
+/// both ends alike); the median over passes is reported.
+fn failures_vs_throughput(
+    rec: &mut Recorder,
+    exe: &Path,
+    cores: usize,
+    scale: Scale,
+    quick: bool,
+) -> Result<()> {
+    let sizes: &[usize] = if quick { &[1, 3] } else { &[1, 3, 5, 7, 9] };
+    let largest = sizes.iter().copied().max().unwrap_or(1);
+    let share = cores as f64 / (2 * largest + 1) as f64;
+    let (secs, chunks, passes) = if quick {
+        (3.0, 300, 1)
     } else if scale.full {
-        5
+        (20.0, 1600, 3)
     } else {
-        3
+        (10.0, 800, 2)
     };
-    // A larger share (7 hosts fill the machine) runs ≈ 4x faster: more ids, as long a window.
-    let (r_secs, r_chunks) = if quick {
-        (3.0, 400)
-    } else if scale.full {
-        (15.0, 3200)
-    } else {
-        (8.0, 1600)
-    };
-    replication_vs_single(rec, &exe, cores, pairs, r_secs, r_chunks)?;
-    dc_failover(rec, &exe, cores, quick)
+    eprintln!(
+        "Fig. 6: replication {sizes:?}, one shard and one coordinator group, {share:.3} core(s) \
+         per host ({cores} cores / {} hosts at replication {largest}); {secs} s per run, \
+         {passes} pass(es)",
+        2 * largest + 1
+    );
+    /// One size's passes: each rate and CPU per transaction, the first pass's busiest hosts,
+    /// whether a load generator ran out of ids.
+    #[derive(Default)]
+    struct Runs {
+        rates: Vec<f64>,
+        cpu: Vec<f64>,
+        busiest: Vec<(String, f64)>,
+        ran_out: bool,
+    }
+    let mut runs: BTreeMap<usize, Runs> = BTreeMap::new();
+    for pass in 0..passes {
+        let order: Vec<usize> = if pass % 2 == 0 {
+            sizes.to_vec()
+        } else {
+            sizes.iter().rev().copied().collect()
+        };
+        for r in order {
+            let d = deploy_cluster(exe, 1, r, 1, false, share)?;
+            let measured = wait_for_leaders(&d, Duration::from_secs(60))
+                .and_then(|_| run_load(&d, exe, chunks, secs));
+            d.stop();
+            let l = measured?;
+            eprintln!(
+                "  pass {}, replication {r} (f = {}): {:.0} transactions/s",
+                pass + 1,
+                (r - 1) / 2,
+                l.rate
+            );
+            let e = runs.entry(r).or_default();
+            e.rates.push(l.rate);
+            e.cpu.push(l.engine_cpu_s * 1e6 / l.count.max(1) as f64);
+            if e.busiest.is_empty() {
+                e.busiest = l.busiest.clone();
+            }
+            e.ran_out |= l.results.iter().any(|g| g.ran_out);
+        }
+    }
+    let none = runs.get(&1).map(|r| median(&r.rates)).filter(|v| *v > 0.0);
+    for (
+        r,
+        Runs {
+            rates,
+            cpu,
+            busiest,
+            ran_out,
+        },
+    ) in &runs
+    {
+        let f = (r - 1) / 2;
+        let rate = median(rates);
+        rec.add(
+            "cluster_hosts_tx_per_s_by_failures",
+            rate,
+            "transactions/s",
+            json!({
+                "replicas": r, "tolerated_failures": f, "shards": 1, "coordinators": 1,
+                "load_generators": 1, "emulated_hosts": 2 * r + 1, "host_cpu_cores": share,
+                "commit": "two-phase for every transaction", "window_s": secs,
+                "passes": passes, "runs_tx_per_s": rates, "ran_out_of_ids": ran_out,
+                "engine_cpu_us_per_tx": median(cpu),
+                "busiest_hosts": busiest.iter().map(|(h, u)| json!({ "host": h, "share_used": (u * 100.0).round() / 100.0 })).collect::<Vec<_>>(),
+                "hamilton": "Fig. 6 plots peak throughput falling as replication grows (the leader's bandwidth to its followers); the text gives no values",
+            }),
+            None,
+            None,
+        );
+        if let (true, Some(one)) = (*r > 1, none) {
+            rec.add(
+                "cluster_failures_vs_none_ratio",
+                rate / one,
+                "ratio",
+                json!({ "replicas": r, "tolerated_failures": f, "host_cpu_cores": share, "passes": passes }),
+                None,
+                Some(Reference {
+                    value: one,
+                    source: "replication 1 (no failure tolerated), same hosts, same run".into(),
+                }),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Hamilton's Fig. 5: replication 5 across 5 emulated data centres — replica `k` of every

@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// over the hosts of the 4-shard run).
     #[arg(long, requires = "emulate_hosts")]
     host_cpu: Option<f64>,
+    /// With `--emulate-hosts`: run only this part of the suite.
+    #[arg(long, requires = "emulate_hosts", value_enum)]
+    only: Option<cluster_hosts::Part>,
     /// Internal: run as one of `florin bench cluster --emulate-hosts`'s load generators.
     #[arg(long, hide = true)]
     loadgen: Option<std::path::PathBuf>,
@@ -228,7 +231,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "custody"
         }
         Suite::Cluster if args.emulate_hosts => {
-            cluster_hosts::run(&mut rec, scale, args.quick, args.host_cpu)?;
+            cluster_hosts::run(&mut rec, scale, args.quick, args.host_cpu, args.only)?;
             "cluster"
         }
         Suite::Cluster => {

@@ -1609,6 +1609,38 @@ fn bench_cluster_quick_prints_the_contract() {
     assert!(get("failover_tx_per_s").len() >= 8);
 }
 
+/// `florin bench cluster --emulate-hosts --only failures --quick`: Hamilton's Fig. 6 at
+/// replication 1 and 3, each replica on its own emulated host; the figure and the ratio to no
+/// replication come out with their parameters, and no other part of the suite runs.
+#[test]
+fn bench_cluster_on_emulated_hosts_prints_fig_6() {
+    if !hosts_or_skip("bench_cluster_on_emulated_hosts_prints_fig_6") {
+        return;
+    }
+    let (v, _) = bench_json("cluster", &["--emulate-hosts", "--only", "failures"]);
+    let results = v["results"].as_array().unwrap();
+    let rows: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["name"] == "cluster_hosts_tx_per_s_by_failures")
+        .collect();
+    assert_eq!(rows.len(), 2, "{v}");
+    for (row, (r, f)) in rows.iter().zip([(1, 0), (3, 1)]) {
+        assert_eq!(row["params"]["replicas"], r);
+        assert_eq!(row["params"]["tolerated_failures"], f);
+        assert_eq!(row["params"]["emulated_hosts"], 2 * r + 1);
+        assert!(row["value"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    let ratio = results
+        .iter()
+        .find(|r| r["name"] == "cluster_failures_vs_none_ratio")
+        .unwrap();
+    assert!(ratio["value"].as_f64().unwrap() > 0.0, "{ratio}");
+    // Only the part asked for ran.
+    assert!(!results
+        .iter()
+        .any(|r| r["name"] == "cluster_hosts_tx_per_s" || r["name"] == "dc_failover_recovery_s"));
+}
+
 /// A `florin psp serve` process; its URL is the first line it prints. It serves plain HTTP on
 /// loopback (these tests are about payments; TLS has its own tests) and reaches the ledger over
 /// TLS, trusting the devnet's CA.
