@@ -1,6 +1,8 @@
 //! The reqwest side: how a provider reaches the ledger and other providers over HTTP/JSON
 //! ([`PspLinks`]).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use florin_ledger::Transaction;
@@ -15,7 +17,14 @@ use crate::tls::ClientTls;
 #[derive(Debug, Clone)]
 pub struct HttpLinks {
     http: reqwest::Client,
+    /// Per ledger as configured (its comma-separated URLs): the index of the URL that last
+    /// answered, where the next call starts (a dead first URL costs one connect timeout, not
+    /// one per call). Shared by clones.
+    preferred: Arc<Mutex<HashMap<String, usize>>>,
 }
+
+/// Most ledgers whose preferred URL is remembered (a provider is configured with one).
+const PREFERRED_LEDGERS: usize = 64;
 
 impl HttpLinks {
     /// A client with the provider's timeouts (connect 5 s, whole call 60 s), trusting the
@@ -33,7 +42,26 @@ impl HttpLinks {
             .timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| PspError::Storage(format!("HTTP client: {e}")))?;
-        Ok(HttpLinks { http })
+        Ok(HttpLinks {
+            http,
+            preferred: Arc::default(),
+        })
+    }
+
+    fn preferred(&self, ledger: &str) -> usize {
+        self.preferred
+            .lock()
+            .map(|p| p.get(ledger).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    fn prefer(&self, ledger: &str, index: usize) {
+        if let Ok(mut p) = self.preferred.lock() {
+            if p.len() >= PREFERRED_LEDGERS && !p.contains_key(ledger) {
+                p.clear();
+            }
+            p.insert(ledger.to_string(), index);
+        }
     }
 
     /// One JSON call. A 404 is `NotFound` only from another provider (its account is
@@ -54,7 +82,8 @@ impl HttpLinks {
     /// comma-separated): one that cannot be reached is passed over for the next when that is
     /// safe — always when no connection was made (nothing reached the node), and for a read
     /// (`read`) also when the answer broke off. A submission whose answer broke off is
-    /// reported, and the provider reconciles by txid as after any lost answer.
+    /// reported, and the provider reconciles by txid as after any lost answer. Calls start at
+    /// the URL that last answered without a server error, and go round the list from there.
     async fn ledger_call<T: for<'de> serde::Deserialize<'de>>(
         &self,
         ledger: &str,
@@ -67,15 +96,24 @@ impl HttpLinks {
             .map(str::trim)
             .filter(|b| !b.is_empty())
             .collect();
+        let n = bases.len();
+        let first = self.preferred(ledger) % n.max(1);
         let mut last = None;
-        for (k, base) in bases.iter().enumerate() {
-            let more = k + 1 < bases.len();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let base = bases[i];
+            let more = k + 1 < n;
             match req(base).send().await {
                 Err(e) if more && (e.is_connect() || read) => {
                     last = Some(PspError::Unreachable(format!("{what} at {base}: {e}")));
                 }
                 Err(e) => return Err(PspError::Unreachable(format!("{what} at {base}: {e}"))),
-                Ok(resp) => return Self::answer(resp, what).await,
+                Ok(resp) => {
+                    if !resp.status().is_server_error() {
+                        self.prefer(ledger, i);
+                    }
+                    return Self::answer(resp, what).await;
+                }
             }
         }
         Err(last.unwrap_or_else(|| PspError::Unreachable(format!("{what}: no URL given"))))

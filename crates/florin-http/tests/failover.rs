@@ -201,15 +201,20 @@ async fn a_providers_ledger_links_fail_over_only_when_safe() {
     };
     assert_eq!(links.faucet(&urls, &req).await.unwrap().txid, "11");
     assert_eq!(b.load(Ordering::SeqCst), 2);
-    // The first cuts the answer off: a read is asked again at the next; a write (a mint that
-    // may have happened) is not.
+    // The first cuts the answer off: a write (a mint that may have happened) is not asked
+    // again at the next; a read is.
+    let links = florin_http::HttpLinks::new().unwrap();
     let broken = ledger("broken", a.clone()).await;
     let urls = format!("http://{broken},http://{up}");
-    assert!(links.is_unspent(&urls, &[7; 32]).await.unwrap());
     assert!(links.faucet(&urls, &req).await.is_err());
+    assert!(links.is_unspent(&urls, &[7; 32]).await.unwrap());
     assert_eq!(
         (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)),
         (2, 3),
         "the broken node saw both; the next only the read"
     );
+    // Once the next has answered, calls start there: the broken node is not asked again.
+    assert!(links.is_unspent(&urls, &[7; 32]).await.unwrap());
+    assert_eq!(links.faucet(&urls, &req).await.unwrap().txid, "11");
+    assert_eq!((a.load(Ordering::SeqCst), b.load(Ordering::SeqCst)), (2, 5));
 }

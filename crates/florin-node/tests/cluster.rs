@@ -119,7 +119,17 @@ fn leader_kills_lose_no_acknowledged_transaction() {
                 match store.swap(&txs) {
                     Ok(out) => {
                         for ((tx, new), o) in batch.iter().zip(out) {
-                            assert_ne!(o, SwapOutcome::MissingInput, "a coin vanished");
+                            if o == SwapOutcome::MissingInput {
+                                // What the cluster holds now, for whoever reads the failure.
+                                panic!(
+                                    "a coin vanished: {:?} answered MissingInput; now confirmed \
+                                     {:?}, its input unspent {:?}, its output unspent {:?}",
+                                    tx.txid,
+                                    store.is_confirmed(&tx.txid),
+                                    store.is_unspent(&tx.inputs[0]),
+                                    store.is_unspent(&id(*new)),
+                                );
+                            }
                             acked.lock().unwrap().push(tx.txid);
                             let old = current.iter().position(|c| tx.inputs[0] == id(*c)).unwrap();
                             current[old] = *new;

@@ -622,6 +622,27 @@ impl Drop for Down {
     }
 }
 
+/// Runs `florin ARGS` (no node set), which must succeed.
+fn run_ok(args: &[&str]) -> Output {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "florin {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A loopback address whose port was free when picked.
+fn free_api() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
 #[test]
 fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let dir = tempfile::tempdir().unwrap();
@@ -1074,24 +1095,23 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     let data = dir.path().join("cluster");
     let data_s = data.to_str().unwrap().to_string();
     let _down = Down("cluster", data_s.clone());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let api = format!("127.0.0.1:{port}");
-    let out = Command::new(BIN)
-        .args(["cluster", "up", "--shards", "2", "--replicas", "3"])
-        .args(["--coordinators", "1", "--data", &data_s, "--api", &api])
-        // The faucet is off on a cluster unless turned on, and then for the operator only.
-        .arg("--faucet")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster up: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let api = free_api();
+    // The faucet is off on a cluster unless turned on, and then for the operator only.
+    run_ok(&[
+        "cluster",
+        "up",
+        "--shards",
+        "2",
+        "--replicas",
+        "3",
+        "--coordinators",
+        "1",
+        "--data",
+        &data_s,
+        "--api",
+        &api,
+        "--faucet",
+    ]);
     // The sentinels serve TLS with certificates from the CA `cluster up` made.
     let url = format!("https://{api}");
     common::register_ca(&url, &data.join("tls").join("ca.pem"));
@@ -1168,15 +1188,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     }
     // `cluster up` restarts the killed processes (two from their disks, one from nothing); they
     // catch up.
-    let out = Command::new(BIN)
-        .args(["cluster", "up", "--data", &data_s])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&["cluster", "up", "--data", &data_s]);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
@@ -1226,23 +1238,24 @@ fn cluster_authority_replicas_keep_tokens_deposits_and_fraud_proofs_through_sent
     let data = dir.path().join("cluster");
     let data_s = data.to_str().unwrap().to_string();
     let _down = Down("cluster", data_s.clone());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let api = format!("127.0.0.1:{port}");
-    let out = Command::new(BIN)
-        .args(["cluster", "up", "--shards", "2", "--replicas", "3"])
-        .args(["--coordinators", "1", "--sentinels", "3"])
-        .args(["--data", &data_s, "--api", &api, "--faucet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cluster up: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let api = free_api();
+    run_ok(&[
+        "cluster",
+        "up",
+        "--shards",
+        "2",
+        "--replicas",
+        "3",
+        "--coordinators",
+        "1",
+        "--sentinels",
+        "3",
+        "--data",
+        &data_s,
+        "--api",
+        &api,
+        "--faucet",
+    ]);
     let ca = data.join("tls").join("ca.pem");
     let status = |u: &User| u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
     let probe = User::new(dir.path(), &format!("https://{api}"));
@@ -1330,15 +1343,7 @@ fn cluster_authority_replicas_keep_tokens_deposits_and_fraud_proofs_through_sent
     );
 
     // The killed sentinel comes back and catches up; then the group's leader is killed.
-    let out = Command::new(BIN)
-        .args(["cluster", "up", "--data", &data_s])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&["cluster", "up", "--data", &data_s]);
     let st = wait_healthy("the restarted sentinel catches up");
     let leader = sentinels(&st)
         .into_iter()
@@ -1512,15 +1517,7 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
         );
     }
     // `cluster up` restarts the killed coordinator; every group has a leader again.
-    let out = Command::new(BIN)
-        .args(["cluster", "up", "--data", &data_s])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&["cluster", "up", "--data", &data_s]);
     // Wallets given both sentinels, the one without the authority first: ledger requests are
     // answered there, the authority's (the mailbox in `sync`) are passed on to the first.
     let both = format!("{},{}", apis[1], apis[0]);
