@@ -57,8 +57,8 @@ rm -f "$fuzz_summary"
 disk
 status=0
 cargo test --workspace --locked 2>&1 | tee /tmp/florin-test.log || status=$?
-passed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$4} END {print s+0}')
-failed=$(grep -E '^test result: ' /tmp/florin-test.log | awk '{s+=$6} END {print s+0}')
+passed=$( (grep -E '^test result: ' /tmp/florin-test.log || true) | awk '{s+=$4} END {print s+0}')
+failed=$( (grep -E '^test result: ' /tmp/florin-test.log || true) | awk '{s+=$6} END {print s+0}')
 echo
 echo "summary: ${passed} passed, ${failed} failed"
 disk

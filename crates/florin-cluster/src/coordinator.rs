@@ -232,16 +232,17 @@ pub enum Output {
         /// One outcome per transaction, in order.
         outcomes: Vec<SwapOutcome>,
     },
-    /// A submission cannot be decided here: a shard refused a one-phase batch holding some of
-    /// its transactions (a refusal changes nothing on the shard, and the same command would be
+    /// A submission cannot be decided here: a shard refused a batch holding some of its
+    /// transactions (a refusal changes nothing on the shard, and the same command would be
     /// refused again: bytes that do not decode, from a build that differs between coordinator
-    /// and shard, or a batch id already used). Its other transactions may still commit in other batches, so the submitter holds the
-    /// whole submission as in doubt, as after a lost leader: a resubmission is answered by
-    /// txid.
+    /// and shard, or a batch id already used), or one of its transactions found its inputs
+    /// locked through every retry and wait. Its other transactions may still commit in other
+    /// batches, so the submitter holds the whole submission as in doubt, as after a lost
+    /// leader: a resubmission is answered by txid.
     Fail {
         /// The submitter's handle.
         ticket: Ticket,
-        /// What the shard said.
+        /// Why: what the shard said, or that the inputs stayed locked.
         why: String,
     },
     /// Something the operator must hear of (the service logs it and counts it in the
@@ -1111,20 +1112,20 @@ mod tests {
 
     /// Plays a one-shard coordinator's batches from `out` on: round `r`'s prepare gets
     /// `votes(r)`, and every batch commits. Time moves on only while nothing is due. Returns
-    /// the submitter's answer or failure, the rounds played, and the last round's
-    /// transactions.
+    /// the submitter's answer or failure, the rounds played, the last round's transactions and
+    /// the clock at the answer.
     fn play(
         c: &mut Coordinator,
         mut out: Vec<Output>,
         votes: impl Fn(usize) -> Vec<Vote>,
-    ) -> (Output, usize, Vec<CompactTx>) {
+    ) -> (Output, usize, Vec<CompactTx>, u64) {
         let (mut now, mut rounds, mut last) = (0, 0, vec![]);
         for _ in 0..10_000 {
             if let Some(o) = out
                 .iter()
                 .find(|o| matches!(o, Output::Answer { .. } | Output::Fail { .. }))
             {
-                return (o.clone(), rounds, last);
+                return (o.clone(), rounds, last, now);
             }
             let begun = out.iter().find_map(|o| match o {
                 Output::Replicate(CoordEntry::Begin { dtx, txs }) => Some((*dtx, txs.clone())),
@@ -1173,13 +1174,16 @@ mod tests {
             ticket: 1,
             txs: vec![a.clone(), b.clone()],
         });
-        let (answer, rounds, last) = play(&mut c, out, |r| match r {
+        let (answer, rounds, last, now) = play(&mut c, out, |r| match r {
             0 => vec![Vote::Busy, Vote::Ok],
             1..=3 => vec![Vote::Busy],
             _ => vec![Vote::Missing],
         });
         assert_eq!(last, vec![a], "only the busy one is retried");
         assert_eq!(rounds, 5);
+        // Rounds 1 and 2 went at once (max_attempts 3); rounds 3 and 4 each waited for the
+        // clock (resend_after 10 / 16, at least 1).
+        assert_eq!(now, 2, "two backed-off rounds");
         assert_eq!(
             answer,
             Output::Answer {
@@ -1200,13 +1204,21 @@ mod tests {
                 ticket: 1,
                 txs: vec![transfer(1, &[1], &[(2, 1)])],
             });
-            let (answer, rounds, _) = play(&mut c, out, |_| vec![vote]);
+            let (answer, rounds, _, now) = play(&mut c, out, |_| vec![vote]);
             let Output::Fail { ticket: 1, why } = &answer else {
                 panic!("{vote:?}: {answer:?}")
             };
             assert!(why.contains("in doubt"), "{why}");
             assert!(rounds > MAX_WAITS as usize, "{vote:?}: {rounds} rounds");
+            // Every wait took its turn on the clock: no spinning through the tries.
+            assert!(now >= MAX_WAITS as u64, "{vote:?}: gave up at {now}");
             assert_eq!((c.open_tickets(), c.queued()), (0, 0));
+            // The failed submission freed its place: the next one is taken.
+            let out = c.handle(Input::Submit {
+                ticket: 2,
+                txs: vec![mint(3, &[(4, 1)])],
+            });
+            begin_of(&out);
         }
     }
 

@@ -589,11 +589,12 @@ impl SwapStore for ClusterStore {
             attempt += 1;
             match c.call(&Request::Submit(batch.to_vec()), self.patience) {
                 Ok(Response::Submitted(v)) if v.len() == batch.len() => return Ok(v),
-                // A shard refused a batch of it: every coordinator would get the same answer.
-                // Some of its transactions may have committed in other batches: the batch is
-                // in doubt, as after a timeout (a resubmission is answered by txid).
+                // A shard refused a batch of it (every coordinator would get the same answer),
+                // or a transaction stayed locked through every try. Some of its transactions
+                // may have committed in other batches: the batch is in doubt, as after a
+                // timeout (a resubmission is answered by txid).
                 Ok(Response::Refused(why)) => {
-                    return Err(Self::backend(format!("the batch was refused: {why}")))
+                    return Err(Self::backend(format!("the batch is in doubt: {why}")))
                 }
                 Ok(other) => last = format!("{other:?}"),
                 Err(e) => last = e.to_string(),

@@ -173,7 +173,8 @@ impl Handler for ShardService {
 enum Failed {
     /// Try again (this replica lost leadership, or its engine stopped).
     Retry(String),
-    /// A shard refused a batch of it; asking again gets the same answer.
+    /// A shard refused a batch of it (asking again gets the same answer), or one of its
+    /// transactions stayed locked through every try: in doubt either way.
     Refused(String),
 }
 
