@@ -699,18 +699,9 @@ impl Coordinator {
                 // submitters and free the slot instead of holding it for ever.
                 self.active = self.active.saturating_sub(1);
                 self.produced(&f.txs);
-                let mut failed: Vec<Ticket> =
-                    f.origins.iter().flatten().map(|o| o.ticket).collect();
-                failed.sort_unstable();
-                failed.dedup();
-                for ticket in failed {
-                    if self.tickets.remove(&ticket).is_some() {
-                        out.push(Output::Fail {
-                            ticket,
-                            why: format!("shard {shard} refused batch {dtx:032x}: {why}"),
-                        });
-                    }
-                }
+                let failed = f.origins.iter().flatten().map(|o| o.ticket).collect();
+                let why = format!("shard {shard} refused batch {dtx:032x}: {why}");
+                self.fail(failed, &why, out);
                 return;
             }
             (Phase::Preparing, ShardReply::Prepared(votes)) if f.waiting.contains(&shard) => {
@@ -878,29 +869,25 @@ impl Coordinator {
         }
         // Submissions with a refused transaction: in doubt for the submitter, as after a
         // refused one-phase batch (their other transactions may commit in other batches).
-        refused.sort_unstable();
-        refused.dedup();
-        for ticket in refused {
+        let why = f.refused.as_deref().unwrap_or("a shard refused the batch");
+        self.fail(refused, why, out);
+        self.fail(
+            gave_up,
+            "a transaction's inputs stayed locked by batches in flight through every retry: \
+             the submission is in doubt (a resubmission is answered by txid)",
+            out,
+        );
+    }
+
+    /// Fails each of `tickets` still open, once, in ticket order, saying `why`.
+    fn fail(&mut self, mut tickets: Vec<Ticket>, why: &str, out: &mut Vec<Output>) {
+        tickets.sort_unstable();
+        tickets.dedup();
+        for ticket in tickets {
             if self.tickets.remove(&ticket).is_some() {
                 out.push(Output::Fail {
                     ticket,
-                    why: f
-                        .refused
-                        .clone()
-                        .unwrap_or_else(|| "a shard refused the batch".into()),
-                });
-            }
-        }
-        gave_up.sort_unstable();
-        gave_up.dedup();
-        for ticket in gave_up {
-            if self.tickets.remove(&ticket).is_some() {
-                out.push(Output::Fail {
-                    ticket,
-                    why: "a transaction's inputs stayed locked by batches in flight through \
-                          every retry: the submission is in doubt (a resubmission is answered \
-                          by txid)"
-                        .into(),
+                    why: why.to_string(),
                 });
             }
         }
