@@ -655,6 +655,7 @@ fn bogus_batch(n: usize) -> Result<Vec<u8>> {
             serial,
         };
         let transfer = Transfer {
+            expires: florin_ledger::expiry::default_expiry(),
             inputs: vec![input],
             outputs: vec![Output {
                 value: 1_000,

@@ -97,7 +97,7 @@ fn drive_clients(store: &dyn SwapStore, work: &[CompactTx]) -> Result<(f64, Vec<
     Ok((rate, lat.into_inner().unwrap_or_default()))
 }
 
-fn raft() -> RaftOptions {
+pub(super) fn raft() -> RaftOptions {
     RaftOptions {
         heartbeat_ms: 100,
         election_min_ms: 500,

@@ -406,6 +406,7 @@ fn mint_coins(node: &Node, keys: &[PublicKey]) -> Result<Vec<Utxo>> {
         let mut nonce = [0u8; 32];
         rand::RngCore::fill_bytes(&mut OsRng, &mut nonce);
         let mut mint = Mint {
+            expires: florin_ledger::expiry::default_expiry(),
             nonce,
             outputs: chunk
                 .iter()

@@ -40,6 +40,9 @@ pub(super) fn preload_range(first: u64, count: u64) -> Vec<CompactTx> {
 fn mints(range: std::ops::Range<u64>, n: u64) -> Vec<CompactTx> {
     range
         .map(|m| CompactTx {
+            // Straight into stores, past no edge: valid for ever, as before expiries existed
+            // (the soak suite measures expiry).
+            expires: u64::MAX,
             txid: hash("florin/bench/mint", &[&m.to_le_bytes()]),
             kind: TxKind::Mint,
             inputs: vec![],
@@ -54,6 +57,7 @@ fn mints(range: std::ops::Range<u64>, n: u64) -> Vec<CompactTx> {
 pub(super) fn workload(count: u64, offset: u64) -> Vec<CompactTx> {
     (offset..offset + count)
         .map(|k| CompactTx {
+            expires: u64::MAX,
             txid: hash("florin/bench/tx", &[&k.to_le_bytes()]),
             kind: TxKind::Transfer,
             inputs: vec![id(2 * k), id(2 * k + 1)],
@@ -246,6 +250,7 @@ fn sentinel(rec: &mut Recorder, n: usize) -> Result<f64> {
         .map(|_| LocalSigner::new(SecretKey::generate(&mut OsRng)))
         .collect();
     let mint = Mint {
+        expires: florin_ledger::expiry::default_expiry(),
         nonce: [7; 32],
         outputs: owners
             .iter()

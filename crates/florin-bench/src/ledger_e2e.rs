@@ -158,6 +158,7 @@ fn workload(
         let mut nonce = [0u8; 32];
         rng.fill(&mut nonce);
         let mut mint = Mint {
+            expires: florin_ledger::expiry::default_expiry(),
             nonce,
             outputs: chunk
                 .iter()

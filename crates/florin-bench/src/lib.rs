@@ -16,6 +16,7 @@ mod ledger;
 mod ledger_e2e;
 mod libsodium;
 mod offline;
+mod soak;
 mod transfer;
 
 use std::process::ExitCode;
@@ -68,6 +69,9 @@ pub struct BenchArgs {
     /// Internal: run as `florin bench abuse`'s attacker against this node URL.
     #[arg(long, hide = true)]
     attack: Option<String>,
+    /// Internal: run one engine of `florin bench soak` (each runs in a process of its own).
+    #[arg(long, hide = true)]
+    soak_engine: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -84,6 +88,9 @@ enum Suite {
     /// Sharded, Raft-replicated engine: throughput and latency versus shards and replication,
     /// the single-node engine as reference, leader failover (Hamilton §6, Fig. 4 and 5).
     Cluster,
+    /// Memory soak: the single-node engine and a three-replica cluster take tens of millions
+    /// of transfers; resident memory and the txids remembered for replays stay flat.
+    Soak,
     /// Abuse: a legitimate client's p99 latency while an attacker in its own network namespace
     /// and CPU share floods bogus batches, oversized bodies and idle connections; the node's
     /// memory (needs root).
@@ -241,6 +248,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Abuse => {
             abuse::run(&mut rec, scale, args.quick)?;
             "abuse"
+        }
+        Suite::Soak => {
+            soak::run(&mut rec, args.quick, args.soak_engine.as_deref())?;
+            "soak"
         }
     };
     if args.json {

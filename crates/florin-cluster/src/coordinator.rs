@@ -82,6 +82,9 @@ pub enum Decision {
     /// coordinator and shard). The whole batch aborts, its locks are released, and its
     /// submitters are failed with the shard's words. (Last, so older logs still decode.)
     Refused,
+    /// The transaction's expiry is before a shard's clock and it is not remembered as
+    /// confirmed: it is answered expired. (Last, so older logs still decode.)
+    Expired,
 }
 
 /// An entry of the coordinator's replicated log.
@@ -193,6 +196,9 @@ pub enum Input {
         ticket: Ticket,
         /// The transactions.
         txs: Vec<CompactTx>,
+        /// The submitter's clock (Unix seconds): the coordinator's clock, sent to shards with
+        /// `Prepare` and `Apply`, is the highest it was given.
+        now: u64,
     },
     /// A [`Output::Replicate`] entry is committed by the group.
     Replicated(CoordEntry),
@@ -337,6 +343,8 @@ pub struct Coordinator {
     /// in two batches, e.g. resumed and resubmitted), by [`key`].
     producing: HashMap<u64, u32, Fast>,
     now: u64,
+    /// The clock shards are sent (Unix seconds): the highest a submission carried.
+    wall: u64,
 }
 
 impl Coordinator {
@@ -360,6 +368,7 @@ impl Coordinator {
             active: 0,
             producing: HashMap::default(),
             now: 0,
+            wall: 0,
         }
     }
 
@@ -382,7 +391,8 @@ impl Coordinator {
     pub fn handle(&mut self, input: Input) -> Vec<Output> {
         let mut out = Vec::new();
         match input {
-            Input::Submit { ticket, txs } => {
+            Input::Submit { ticket, txs, now } => {
+                self.wall = self.wall.max(now);
                 if txs.is_empty() {
                     out.push(Output::Answer {
                         ticket,
@@ -620,6 +630,7 @@ impl Coordinator {
                         .filter(|(x, _)| map.owns(shard, x))
                         .copied()
                         .collect(),
+                    expires: tx.expires,
                 }
             })
             .collect()
@@ -670,10 +681,12 @@ impl Coordinator {
             Phase::Applying => ShardCmd::Apply {
                 dtx,
                 parts: Self::parts(f, &self.map, shard),
+                now: self.wall,
             },
             _ => ShardCmd::Prepare {
                 dtx,
                 parts: Self::parts(f, &self.map, shard),
+                now: self.wall,
             },
         }
     }
@@ -815,6 +828,7 @@ impl Coordinator {
                 Decision::Commit => SwapOutcome::Confirmed,
                 Decision::Applied => SwapOutcome::AlreadyApplied,
                 Decision::Missing => SwapOutcome::MissingInput,
+                Decision::Expired => SwapOutcome::Expired,
                 Decision::Retry if o.attempts + 1 < self.cfg.max_attempts => {
                     again.push(Queued {
                         tx: f.txs[i].clone(),
@@ -940,6 +954,9 @@ pub fn decide(votes: &[Vote]) -> Decision {
         Decision::Confirming
     } else if votes.contains(&Vote::InFlight) {
         Decision::Wait
+    } else if votes.contains(&Vote::Expired) {
+        // Before missing: a replay after expiry finds its inputs spent on the other shards.
+        Decision::Expired
     } else if votes.contains(&Vote::Missing) {
         Decision::Missing
     } else if votes.contains(&Vote::Busy) {
@@ -1022,6 +1039,7 @@ mod tests {
             .map(|x| map.shard_of(x))
             .collect();
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 9,
             txs: vec![t.clone()],
         });
@@ -1158,6 +1176,7 @@ mod tests {
         let a = transfer(1, &[1], &[(2, 1)]);
         let b = mint(2, &[(3, 1)]);
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![a.clone(), b.clone()],
         });
@@ -1188,6 +1207,7 @@ mod tests {
         for vote in [Vote::Busy, Vote::InFlight] {
             let mut c = coord(1);
             let out = c.handle(Input::Submit {
+                now: 0,
                 ticket: 1,
                 txs: vec![transfer(1, &[1], &[(2, 1)])],
             });
@@ -1202,6 +1222,7 @@ mod tests {
             assert_eq!((c.open_tickets(), c.queued()), (0, 0));
             // The failed submission freed its place: the next one is taken.
             let out = c.handle(Input::Submit {
+                now: 0,
                 ticket: 2,
                 txs: vec![mint(3, &[(4, 1)])],
             });
@@ -1214,6 +1235,7 @@ mod tests {
         let mut c = coord(2);
         let t = transfer(1, &[1], &[(2, 1)]);
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![t.clone()],
         });
@@ -1277,6 +1299,7 @@ mod tests {
         let m = mint(1, &[(1, 5)]);
         let t = transfer(2, &[1], &[(2, 5)]);
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![m.clone(), t.clone()],
         });
@@ -1296,6 +1319,7 @@ mod tests {
         let t1 = transfer(2, &[1], &[(2, 5)]);
         let t2 = transfer(3, &[2], &[(3, 5)]);
         let mut out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![m.clone(), t1.clone(), t2.clone()],
         });
@@ -1371,6 +1395,7 @@ mod tests {
         let mut log = CoordLog::default();
         let mut old = coord_of(2, 1);
         let out = old.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![t],
         });
@@ -1422,6 +1447,7 @@ mod tests {
         assert!(shards[0].is_unspent(&id(a)));
         // `a` can be spent by the next batch.
         let out = new.handle(Input::Submit {
+            now: 0,
             ticket: 2,
             txs: vec![transfer(2, &[a], &[(a + 2000, 5)])],
         });
@@ -1450,6 +1476,7 @@ mod tests {
             .unwrap();
         let cross = transfer(1, &[x], &[(y, 10)]);
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![local.clone(), cross.clone()],
         });
@@ -1487,6 +1514,7 @@ mod tests {
         )));
         // Submitted again, it is a replay.
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 2,
             txs: vec![local],
         });
@@ -1510,6 +1538,7 @@ mod tests {
         let mut c = coord(1);
         let t = mint(1, &[(2, 5)]);
         let mut out = c.handle(Input::Submit {
+            now: 0,
             ticket: 9,
             txs: vec![t],
         });
@@ -1616,6 +1645,7 @@ mod tests {
         // foreign id is not asked for it, and the asked one refuses the id as not its own.
         let bad = transfer(7, &[a, foreign], &[(10_001, 10)]);
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![bad],
         });
@@ -1644,6 +1674,7 @@ mod tests {
             .find(|t| agree(&t.txid) && t.outputs.iter().all(|(x, _)| agree(x)))
             .unwrap();
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 2,
             txs: vec![good],
         });
@@ -1661,6 +1692,7 @@ mod tests {
         let n0 = (1..).find(|n| map.shard_of(&id(*n)) == 0).unwrap();
         let n1 = (1..).find(|n| map.shard_of(&id(*n)) == 1).unwrap();
         let part = |txid: [u8; 32], owns: bool, inputs: &[u64]| Part {
+            expires: u64::MAX,
             txid,
             owns_txid: owns,
             kind: florin_ledger::TxKind::Transfer,
@@ -1668,6 +1700,7 @@ mod tests {
             outputs: Default::default(),
         };
         let prep = |p: Part| ShardCmd::Prepare {
+            now: 0,
             dtx: 1,
             parts: vec![p],
         };
@@ -1681,6 +1714,7 @@ mod tests {
         assert!(check(&prep(part(id(n0), false, &[n0]))).is_err());
         assert!(check(&prep(part(id(n1), false, &[]))).is_err());
         let apply = ShardCmd::Apply {
+            now: 0,
             dtx: 2,
             parts: vec![part(id(n0), true, &[n1])],
         };
@@ -1702,6 +1736,7 @@ mod tests {
         };
         let (t1, t2) = (local(1), local(500));
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 1,
             txs: vec![t1],
         });
@@ -1711,6 +1746,7 @@ mod tests {
         };
         // A second submission waits: the one slot is taken.
         let out = c.handle(Input::Submit {
+            now: 0,
             ticket: 2,
             txs: vec![t2],
         });

@@ -23,6 +23,13 @@
 //! re-locks. The state is replicated by applying the same commands in the same order on every
 //! replica (Raft): it must not read clocks or randomness.
 //!
+//! **Expiry** ([`florin_ledger::expiry`]): `Prepare` and `Apply` carry the coordinator's clock
+//! (Unix seconds, from the submissions it took); the shard's clock is the highest it was given,
+//! so every replica moves it at the same command. A part whose expiry is before the clock votes
+//! [`Vote::Expired`] unless its txid is remembered as confirmed; a confirmed transfer's or
+//! redeem's txid is forgotten once the clock passes its expiry (mints' are kept), so the
+//! confirmed set holds at most [`florin_ledger::MAX_TTL_SECS`] of transactions.
+//!
 //! Every command carries a [`Fence`]: the sending coordinator group and the Raft term its
 //! leader was elected in. The shard remembers the highest term seen from each group and answers
 //! [`ShardReply::Deposed`] to a command from a lower one, changing nothing: a deposed leader's
@@ -35,6 +42,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 type Fast = foldhash::fast::RandomState;
 
 use florin_crypto::Digest;
+use florin_ledger::expiry::{TxMemory, FOR_EVER};
 use florin_ledger::{Supply, TxKind, UhsId};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
@@ -85,6 +93,8 @@ pub struct Part {
     /// Outputs in this shard's range, with their values.
     #[serde(with = "florin_ledger::bin_serde::valued_ids")]
     pub outputs: PartOutputs,
+    /// The transaction's expiry (Unix seconds).
+    pub expires: u64,
 }
 
 /// A part's inputs: up to two inline, so the usual part is decoded without an allocation on
@@ -110,6 +120,9 @@ pub enum Vote {
     /// transaction's other shards yet (the batch is not discarded here): a replay, to be
     /// answered once that commit is done everywhere.
     Committing,
+    /// The part's expiry is before the shard's clock and its txid is not remembered as
+    /// confirmed: nothing changes. (Last, so older encodings still decode.)
+    Expired,
 }
 
 /// A command to a shard.
@@ -121,6 +134,8 @@ pub enum ShardCmd {
         dtx: Dtx,
         /// This shard's parts, in the batch's order.
         parts: Vec<Part>,
+        /// The coordinator's clock (Unix seconds).
+        now: u64,
     },
     /// Phase two: one decision per prepared part.
     Commit {
@@ -141,6 +156,8 @@ pub enum ShardCmd {
         dtx: Dtx,
         /// The parts, each with `owns_txid` set.
         parts: Vec<Part>,
+        /// The coordinator's clock (Unix seconds).
+        now: u64,
     },
 }
 
@@ -228,8 +245,11 @@ struct Prepared {
 #[derive(Debug, Clone, Default)]
 pub struct ShardState {
     unspent: HashMap<UhsId, u64, Fast>,
-    /// Confirmed txids, each with the [`tag`] of the batch that confirmed it.
-    confirmed: HashMap<Digest, u64, Fast>,
+    /// What `unspent` could hold when last sized ([`florin_ledger::expiry::keep_room`]).
+    unspent_room: usize,
+    /// Confirmed txids, each with the [`tag`] of the batch that confirmed it: transfers and
+    /// redeems until their expiry, mints for ever. Its clock is the shard's.
+    confirmed: TxMemory<u64>,
     rest: Rest,
     /// One-phase batches whose `Apply` ran here (snapshotted after `rest`).
     applied: AppliedBatches,
@@ -270,8 +290,13 @@ struct Rest {
     fences: BTreeMap<u16, u64>,
 }
 
-/// Bytes of one record of a snapshot's maps: a 32-byte id and a little-endian u64.
+/// Bytes of one record of a snapshot's unspent map: a 32-byte id and a little-endian u64.
 const RECORD: usize = 40;
+/// Bytes of one confirmed txid in a snapshot: the txid, its tag and its expiry.
+const CONFIRMED_RECORD: usize = 48;
+/// The first bytes of a snapshot written with expiries (older ones begin with the unspent
+/// count, which can never equal these bytes read as a count: no snapshot is that long).
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSHRD02";
 
 fn put_map(out: &mut Vec<u8>, m: &HashMap<[u8; 32], u64, Fast>) {
     out.extend_from_slice(&(m.len() as u64).to_le_bytes());
@@ -332,10 +357,16 @@ impl ShardState {
         }
         *newest = by.term;
         match cmd {
-            ShardCmd::Prepare { dtx, parts } => self.prepare(dtx, parts),
+            ShardCmd::Prepare { dtx, parts, now } => {
+                self.confirmed.advance(now);
+                self.prepare(dtx, parts)
+            }
             ShardCmd::Commit { dtx, commit } => self.commit(dtx, &commit),
             ShardCmd::Discard { dtx } => self.discard(dtx),
-            ShardCmd::Apply { dtx, parts } => self.apply_one_phase(dtx, &parts),
+            ShardCmd::Apply { dtx, parts, now } => {
+                self.confirmed.advance(now);
+                self.apply_one_phase(dtx, &parts)
+            }
         }
     }
 
@@ -384,6 +415,9 @@ impl ShardState {
         }
         if part.owns_txid && self.rest.locks.contains_key(&part.txid) {
             return Vote::InFlight;
+        }
+        if part.expires < self.confirmed.now() {
+            return Vote::Expired;
         }
         if part.inputs.iter().any(|i| !self.unspent.contains_key(i)) || has_duplicate(&part.inputs)
         {
@@ -455,6 +489,11 @@ impl ShardState {
 
     /// The outputs and txid half of [`Self::effect`].
     fn effect_outputs(&mut self, part: &Part, tag: u64) {
+        florin_ledger::expiry::keep_room(
+            &mut self.unspent,
+            &mut self.unspent_room,
+            part.outputs.len(),
+        );
         let b = &mut self.rest.books;
         for (o, v) in &part.outputs {
             // An existing id is never overwritten (as in every single-node store).
@@ -468,7 +507,12 @@ impl ShardState {
             }
         }
         if part.owns_txid {
-            self.confirmed.insert(part.txid, tag);
+            let keep = if part.kind == TxKind::Mint {
+                FOR_EVER
+            } else {
+                part.expires
+            };
+            self.confirmed.insert(part.txid, tag, keep);
         }
     }
 
@@ -510,6 +554,9 @@ impl ShardState {
                 if let Some(t) = self.confirmed.get(&part.txid) {
                     // Confirmed by an earlier batch: a replay.
                     return if *t == tag { Vote::Ok } else { Vote::Applied };
+                }
+                if part.expires < self.confirmed.now() {
+                    return Vote::Expired;
                 }
                 if self.rest.locks.is_empty() && part.inputs.len() <= 16 {
                     return self.apply_unlocked(part, tag);
@@ -591,15 +638,25 @@ impl ShardState {
 
     /// About how many bytes the state's snapshot takes (to size its buffer).
     pub fn encoded_size_hint(&self) -> usize {
-        4096 + (self.unspent.len() + self.confirmed.len()) * RECORD + self.rest.locks.len() * 49
+        4096 + self.unspent.len() * RECORD
+            + self.confirmed.len() * CONFIRMED_RECORD
+            + self.rest.locks.len() * 49
     }
 
-    /// Appends the state's snapshot to `out`: the unspent and confirmed maps as counted flat
-    /// records, then the rest (locks, batches, books, fences) with postcard.
+    /// Appends the state's snapshot to `out`: [`SNAPSHOT_MAGIC`] and the shard's clock, the
+    /// unspent map as counted flat records (id, value), the confirmed txids as counted flat
+    /// records (txid, tag, expiry), then the rest (locks, batches, books, fences) with postcard.
     pub fn snapshot_into(&self, out: &mut Vec<u8>) {
         out.reserve(self.encoded_size_hint());
+        out.extend_from_slice(SNAPSHOT_MAGIC);
+        out.extend_from_slice(&self.confirmed.now().to_le_bytes());
         put_map(out, &self.unspent);
-        put_map(out, &self.confirmed);
+        out.extend_from_slice(&(self.confirmed.len() as u64).to_le_bytes());
+        for (txid, t, expires) in self.confirmed.iter() {
+            out.extend_from_slice(txid);
+            out.extend_from_slice(&t.to_le_bytes());
+            out.extend_from_slice(&expires.to_le_bytes());
+        }
         if let Ok(v) = postcard::to_extend(&self.rest, std::mem::take(out)) {
             *out = v;
         }
@@ -610,8 +667,41 @@ impl ShardState {
 
     /// The state a snapshot holds; a truncated or damaged snapshot is an error.
     pub fn from_snapshot(mut b: &[u8]) -> Result<ShardState, SnapshotError> {
-        let unspent = take_map(&mut b)?;
-        let confirmed = take_map(&mut b)?;
+        let mut confirmed = TxMemory::default();
+        let unspent;
+        if let Some(rest) = b.strip_prefix(SNAPSHOT_MAGIC.as_slice()) {
+            let (now, rest) = rest
+                .split_first_chunk::<8>()
+                .ok_or(SnapshotError::Truncated)?;
+            confirmed.advance(u64::from_le_bytes(*now));
+            b = rest;
+            unspent = take_map(&mut b)?;
+            let (n, rest) = b.split_first_chunk::<8>().ok_or(SnapshotError::Truncated)?;
+            let n = usize::try_from(u64::from_le_bytes(*n)).map_err(|_| SnapshotError::TooLarge)?;
+            let len = n
+                .checked_mul(CONFIRMED_RECORD)
+                .filter(|l| *l <= rest.len())
+                .ok_or(SnapshotError::Truncated)?;
+            let (records, rest) = rest.split_at(len);
+            confirmed.reserve(n + n / 4);
+            for r in records.chunks_exact(CONFIRMED_RECORD) {
+                let mut txid = [0u8; 32];
+                txid.copy_from_slice(&r[..32]);
+                let word = |at: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&r[at..at + 8]);
+                    u64::from_le_bytes(w)
+                };
+                confirmed.insert(txid, word(32), word(40));
+            }
+            b = rest;
+        } else {
+            // Written before expiry existed: every confirmed txid is kept for ever.
+            unspent = take_map(&mut b)?;
+            for (txid, t) in take_map(&mut b)? {
+                confirmed.insert(txid, t, FOR_EVER);
+            }
+        }
         let (rest, tail) = postcard::take_from_bytes(b)?;
         // Snapshots written before the one-phase memory existed end after `rest`.
         let applied = if tail.is_empty() {
@@ -620,6 +710,7 @@ impl ShardState {
             postcard::from_bytes(tail)?
         };
         Ok(ShardState {
+            unspent_room: unspent.capacity(),
             unspent,
             confirmed,
             rest,
@@ -634,7 +725,12 @@ impl ShardState {
 
     /// Whether a txid owned by this shard is confirmed.
     pub fn is_confirmed(&self, txid: &Digest) -> bool {
-        self.confirmed.contains_key(txid)
+        self.confirmed.contains(txid)
+    }
+
+    /// How many confirmed txids the shard remembers (the replay-answer state), and its clock.
+    pub fn remembered(&self) -> (usize, u64) {
+        (self.confirmed.len(), self.confirmed.now())
     }
 
     /// This shard's books (sum them over shards for the ledger's).
@@ -673,7 +769,7 @@ impl ShardState {
 
     /// Every confirmed txid.
     pub fn confirmed(&self) -> impl Iterator<Item = &Digest> {
-        self.confirmed.keys()
+        self.confirmed.iter().map(|(t, _, _)| t)
     }
 }
 
@@ -729,6 +825,7 @@ mod tests {
 
     fn part(txid: u64, owns: bool, inputs: &[u64], outputs: &[(u64, u64)]) -> Part {
         Part {
+            expires: u64::MAX,
             txid: id(1000 + txid),
             owns_txid: owns,
             kind: TxKind::Transfer,
@@ -757,7 +854,14 @@ mod tests {
             part(2, true, &[1, 2], &[(11, 30)]),
             part(3, true, &[99], &[]),
         ];
-        let r = s.apply(BY, ShardCmd::Prepare { dtx: 7, parts });
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 7,
+                parts,
+                now: 0,
+            },
+        );
         // The second part finds input 1 locked by the first: busy, not spent.
         assert_eq!(
             r,
@@ -769,6 +873,7 @@ mod tests {
             s.apply(
                 BY,
                 ShardCmd::Prepare {
+                    now: 0,
                     dtx: 7,
                     parts: vec![]
                 }
@@ -811,6 +916,7 @@ mod tests {
         let late = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 7,
                 parts: vec![part(4, true, &[2], &[])],
             },
@@ -825,6 +931,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 1,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
@@ -873,6 +980,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 2,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
@@ -883,6 +991,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 12,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
@@ -892,6 +1001,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 3,
                 parts: vec![part(1, false, &[1], &[])],
             },
@@ -901,6 +1011,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 4,
                 parts: vec![part(5, true, &[2, 2], &[])],
             },
@@ -910,6 +1021,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 5,
                 parts: vec![part(6, true, &[3], &[])],
             },
@@ -921,6 +1033,7 @@ mod tests {
             s.apply(
                 BY,
                 ShardCmd::Prepare {
+                    now: 0,
                     dtx: 6,
                     parts: vec![part(6, true, &[3], &[])]
                 }
@@ -937,6 +1050,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 1,
                 parts: vec![mint],
             },
@@ -953,6 +1067,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 2,
                 parts: vec![redeem],
             },
@@ -976,7 +1091,7 @@ mod tests {
     }
 
     fn prepare(dtx: Dtx, parts: Vec<Part>) -> ShardCmd {
-        ShardCmd::Prepare { dtx, parts }
+        ShardCmd::Prepare { dtx, parts, now: 0 }
     }
 
     fn commit(dtx: Dtx, commit: &[bool]) -> ShardCmd {
@@ -1108,6 +1223,7 @@ mod tests {
             part(5, true, &[2, 98], &[(13, 20)]),
         ];
         let cmd = ShardCmd::Apply {
+            now: 0,
             dtx: 7,
             parts: parts.clone(),
         };
@@ -1134,6 +1250,7 @@ mod tests {
         assert_eq!(s.books().unspent_cents, before.unspent_cents);
         // Another batch with a confirmed transaction: a replay.
         let again = ShardCmd::Apply {
+            now: 0,
             dtx: 8,
             parts: vec![parts[0].clone()],
         };
@@ -1148,6 +1265,7 @@ mod tests {
         use Vote::*;
         let mut s = seeded();
         let spend_50 = ShardCmd::Apply {
+            now: 0,
             dtx: 7,
             parts: vec![part(1, true, &[50], &[(51, 5)])],
         };
@@ -1157,6 +1275,7 @@ mod tests {
         );
         // Another batch makes output 50.
         let mint = ShardCmd::Apply {
+            now: 0,
             dtx: 8,
             parts: vec![part(2, true, &[], &[(50, 5)])],
         };
@@ -1175,6 +1294,7 @@ mod tests {
         assert!(restored.is_unspent(&id(50)));
         // A new batch decides it afresh: applied now.
         let retry = ShardCmd::Apply {
+            now: 0,
             dtx: 9,
             parts: vec![part(1, true, &[50], &[(51, 5)])],
         };
@@ -1183,14 +1303,79 @@ mod tests {
     }
 
     #[test]
+    fn expired_parts_change_nothing_and_confirmed_transfers_are_forgotten_at_expiry() {
+        use Vote::*;
+        let mut s = seeded();
+        let timed = |txid: u64, inputs: &[u64], outputs: &[(u64, u64)], expires: u64| Part {
+            expires,
+            ..part(txid, true, inputs, outputs)
+        };
+        let apply = |dtx: Dtx, parts: Vec<Part>, now: u64| ShardCmd::Apply { dtx, parts, now };
+        // At 100: a transfer valid until 110 applies; one valid until 99 does not.
+        let pay = timed(1, &[1], &[(10, 10)], 110);
+        let late = timed(2, &[2], &[(11, 20)], 99);
+        let mut mint = timed(3, &[], &[(12, 5)], 110);
+        mint.kind = TxKind::Mint;
+        assert_eq!(
+            s.apply(
+                BY,
+                apply(1, vec![pay.clone(), late.clone(), mint.clone()], 100)
+            ),
+            ShardReply::Applied(vec![Ok, Expired, Ok])
+        );
+        assert!(s.is_unspent(&id(2)) && !s.is_unspent(&id(11)));
+        assert_eq!(s.remembered(), (2, 100));
+        // Within its validity a replay is a replay.
+        assert_eq!(
+            s.apply(BY, apply(2, vec![pay.clone()], 110)),
+            ShardReply::Applied(vec![Applied])
+        );
+        // Past it, the transfer is forgotten and its replay refused as expired (never
+        // applied, never "missing"); the mint is remembered for ever. A snapshot keeps the
+        // clock and the expiries.
+        let mut s = round_trip(&s);
+        assert_eq!(s.remembered(), (2, 110));
+        assert_eq!(
+            s.apply(BY, apply(3, vec![pay.clone(), mint.clone()], 111)),
+            ShardReply::Applied(vec![Expired, Applied])
+        );
+        assert_eq!(s.remembered(), (1, 111));
+        assert!(s.is_confirmed(&mint.txid) && !s.is_confirmed(&pay.txid));
+        // A two-phase part that expired votes so and locks nothing; an earlier clock from a
+        // lagging coordinator does not turn the shard's back.
+        let r = s.apply(
+            BY,
+            ShardCmd::Prepare {
+                dtx: 4,
+                parts: vec![timed(5, &[3], &[(13, 30)], 110)],
+                now: 50,
+            },
+        );
+        assert_eq!(r, ShardReply::Prepared(vec![Expired]));
+        assert_eq!(s.in_flight().1, 0);
+        assert_eq!(s.remembered().1, 111);
+        // Across shards: a replay after expiry is answered expired, not missing; a mint's
+        // replay stays a replay.
+        use crate::coordinator::{decide, Decision};
+        assert_eq!(decide(&[Expired, Missing]), Decision::Expired);
+        assert_eq!(decide(&[Applied, Expired]), Decision::Applied);
+        assert_eq!(decide(&[Busy, Expired]), Decision::Expired);
+    }
+
+    #[test]
     fn a_snapshot_from_before_the_one_phase_memory_still_loads() {
         let s = seeded();
         let mut bytes = Vec::new();
         put_map(&mut bytes, &s.unspent);
-        put_map(&mut bytes, &s.confirmed);
+        // Confirmed txids as they were written before expiry: (txid, tag), kept for ever.
+        let mut confirmed = HashMap::default();
+        confirmed.insert(id(1001), 7u64);
+        put_map(&mut bytes, &confirmed);
         bytes = postcard::to_extend(&s.rest, bytes).unwrap();
-        let old = ShardState::from_snapshot(&bytes).unwrap();
+        let mut old = ShardState::from_snapshot(&bytes).unwrap();
         assert!(old.is_unspent(&id(1)) && old.applied.ids.is_empty());
+        old.confirmed.advance(u64::MAX);
+        assert!(old.is_confirmed(&id(1001)));
     }
 
     #[test]
@@ -1199,6 +1384,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 1,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
@@ -1208,6 +1394,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Apply {
+                now: 0,
                 dtx: 2,
                 parts: vec![
                     part(2, true, &[1], &[(11, 10)]),
@@ -1224,6 +1411,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Apply {
+                now: 0,
                 dtx: 3,
                 parts: vec![part(4, false, &[2], &[])],
             },
@@ -1234,6 +1422,7 @@ mod tests {
         let r = s.apply(
             BY,
             ShardCmd::Apply {
+                now: 0,
                 dtx: 1,
                 parts: vec![part(5, true, &[2], &[])],
             },
@@ -1244,6 +1433,7 @@ mod tests {
         let r = s.apply(
             old,
             ShardCmd::Apply {
+                now: 0,
                 dtx: 4,
                 parts: vec![part(6, true, &[2], &[])],
             },
@@ -1258,6 +1448,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Prepare {
+                now: 0,
                 dtx: 1,
                 parts: vec![part(1, true, &[1], &[(10, 10)])],
             },
@@ -1265,6 +1456,7 @@ mod tests {
         s.apply(
             BY,
             ShardCmd::Apply {
+                now: 0,
                 dtx: 2,
                 parts: vec![part(2, true, &[2], &[(11, 20)])],
             },
@@ -1344,6 +1536,7 @@ mod tests {
     fn commands_round_trip_with_parts_inline_and_spilled() {
         // Up to two inputs and outputs stay inline; more spill to the heap. Both decode alike.
         let cmd = ShardCmd::Prepare {
+            now: 0,
             dtx: 7,
             parts: vec![
                 part(1, true, &[], &[]),

@@ -198,6 +198,8 @@ impl Sim {
                             SwapOutcome::MissingInput => self.seen[2] += 1,
                             SwapOutcome::AlreadyApplied => self.seen[3] += 1,
                             SwapOutcome::Confirmed => {}
+                            // Nothing expires here: every transaction is valid for ever.
+                            SwapOutcome::Expired => panic!("{:02x?} expired", &tx.txid[..8]),
                         }
                         if matches!(o, SwapOutcome::Confirmed | SwapOutcome::AlreadyApplied) {
                             if !self.acked.contains(&tx.txid) {
@@ -262,6 +264,7 @@ impl Sim {
                 let v = self.rng.gen_range(1..50);
                 self.minted += v;
                 CompactTx {
+                    expires: u64::MAX,
                     txid,
                     kind: TxKind::Mint,
                     inputs: vec![],
@@ -281,6 +284,7 @@ impl Sim {
                 if kind_roll < 10 {
                     self.redeemed_max += total;
                     CompactTx {
+                        expires: u64::MAX,
                         txid,
                         kind: TxKind::Redeem,
                         inputs,
@@ -293,6 +297,7 @@ impl Sim {
                         outputs.push((uid(&mut self.rng), total - a));
                     }
                     CompactTx {
+                        expires: u64::MAX,
                         txid,
                         kind: TxKind::Transfer,
                         inputs,
@@ -310,7 +315,11 @@ impl Sim {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.tickets.insert(ticket, txs.clone());
-        self.feed(Input::Submit { ticket, txs });
+        self.feed(Input::Submit {
+            ticket,
+            txs,
+            now: 0,
+        });
     }
 
     fn step(&mut self) -> bool {

@@ -267,6 +267,7 @@ impl Authorization {
             inputs: tx.inputs.clone(),
             outputs: tx.outputs.clone(),
             witnesses: Vec::new(),
+            expires: tx.expires,
         };
         Authorization {
             tx: Transaction::Transfer(bare).encode(),
@@ -331,6 +332,7 @@ mod tests {
             }],
             outputs,
             witnesses: Vec::new(),
+            expires: 1_900_000_000,
         }
     }
 

@@ -446,6 +446,7 @@ fn a_custodial_threshold_wallet_pays_on_the_ledger_like_any_p256_wallet() {
 
     // The issuer mints 10.00 to the custodial wallet.
     let mut mint = Mint {
+        expires: florin_ledger::expiry::default_expiry(),
         nonce: [7; 32],
         outputs: vec![Output {
             value: 1_000,
@@ -464,6 +465,7 @@ fn a_custodial_threshold_wallet_pays_on_the_ledger_like_any_p256_wallet() {
 
     // The provider's network signs the transfer's txid with a presignature.
     let mut t = Transfer {
+        expires: florin_ledger::expiry::default_expiry(),
         inputs: vec![minted],
         outputs: vec![Output {
             value: 1_000,

@@ -158,6 +158,8 @@ impl World {
                                 self.acked.insert(tx.txid);
                             }
                             SwapOutcome::MissingInput => self.refused.push(tx.txid),
+                            // Every transaction here is valid for ever.
+                            SwapOutcome::Expired => panic!("a transaction expired"),
                         }
                     }
                 }
@@ -234,6 +236,7 @@ impl World {
             kind,
             inputs,
             outputs,
+            expires: u64::MAX,
         };
         self.submitted.insert(tx.txid, (tx.clone(), 0));
         tx
@@ -250,7 +253,11 @@ impl World {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.tickets.insert(ticket, txs.clone());
-        self.feed(CIn::Submit { ticket, txs });
+        self.feed(CIn::Submit {
+            ticket,
+            txs,
+            now: 0,
+        });
     }
 
     fn deliver(&mut self, i: usize) {

@@ -140,6 +140,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             kind: c.kind,
             inputs: c.inputs.iter().copied().collect(),
             outputs: c.outputs.iter().copied().collect(),
+            expires: c.expires,
         })
         .collect();
     let fenced = Fenced {
@@ -147,6 +148,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         cmd: ShardCmd::Prepare {
             dtx: 77,
             parts: parts.clone(),
+            now: 1_900_000_000,
         },
     };
     let mut state = ShardState::new();
@@ -169,7 +171,11 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             0,
             &Fenced {
                 by: Fence::default(),
-                cmd: ShardCmd::Apply { dtx: 78, parts },
+                cmd: ShardCmd::Apply {
+                    dtx: 78,
+                    parts,
+                    now: 1_900_000_000,
+                },
             },
         ),
         pc(
@@ -183,7 +189,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     out.push(("decode_shard_msg", shard_seeds));
     use florin_node::cluster::rpc::{Request as CReq, Response as CResp};
     let mut rpc = vec![
-        pc(0, &CReq::Submit(compact.clone())),
+        pc(0, &CReq::Submit(compact.clone(), 1_900_000_000)),
         pc(0, &CReq::Unspent(vec![[1; 32], [2; 32]])),
         pc(0, &CReq::Fenced(fenced)),
         pc(0, &CReq::Status),

@@ -268,6 +268,9 @@ async fn withdraw(
             Some(id) => ledger.is_unspent(&id)?,
             None => false,
         };
+        // The reserve output unspent proves the transfer applied (only it can create that
+        // output), also after the ledger has forgotten its txid at its expiry.
+        let confirmed = confirmed || unspent;
         a.withdraw(
             &tx,
             req.output,

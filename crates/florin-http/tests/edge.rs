@@ -403,6 +403,7 @@ fn the_largest_transaction_fits_its_route() {
         },
     };
     let t = Transfer {
+        expires: florin_ledger::expiry::default_expiry(),
         inputs: (0..MAX_IO as u32).map(utxo).collect(),
         outputs: vec![
             Output {
@@ -439,6 +440,7 @@ fn frames(n: usize) -> Vec<u8> {
         let mut serial = [0u8; 32];
         serial[..8].copy_from_slice(&(i as u64).to_le_bytes());
         let t = Transfer {
+            expires: florin_ledger::expiry::default_expiry(),
             inputs: vec![Utxo {
                 value: 1,
                 encumbrance: key,

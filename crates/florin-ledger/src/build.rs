@@ -204,10 +204,18 @@ impl Draft {
                 inputs,
                 outputs,
                 witnesses: vec![],
+                expires: crate::expiry::default_expiry(),
             },
             chosen,
             change: None,
         })
+    }
+
+    /// The same draft with another expiry (Unix seconds; by default
+    /// [`crate::expiry::DEFAULT_TTL_SECS`] from when it was drafted). Changes the txid.
+    pub fn expiring(mut self, expires: u64) -> Draft {
+        self.transfer.expires = expires;
+        self
     }
 
     /// The txid the witnesses sign.

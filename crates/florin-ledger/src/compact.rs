@@ -50,6 +50,16 @@ pub struct CompactTx {
     /// UHS ids created, with their values in cents.
     #[serde(with = "crate::bin_serde::valued_ids")]
     pub outputs: Vec<(UhsId, u64)>,
+    /// The last second (Unix time) at which it may be applied ([`crate::expiry`]).
+    pub expires: u64,
+}
+
+impl CompactTx {
+    /// Whether a store forgets its txid once it has expired (transfers and redeems: their
+    /// spent inputs stop any replay); a mint's txid is kept for ever.
+    pub fn forgettable(&self) -> bool {
+        self.kind != TxKind::Mint
+    }
 }
 
 impl CompactTx {
@@ -72,18 +82,21 @@ impl CompactTx {
                 kind: TxKind::Transfer,
                 inputs: t.inputs.iter().map(|u| u.id()).collect(),
                 outputs: outputs(&t.outputs),
+                expires: t.expires,
             },
             Transaction::Mint(m) => CompactTx {
                 txid,
                 kind: TxKind::Mint,
                 inputs: Vec::new(),
                 outputs: outputs(&m.outputs),
+                expires: m.expires,
             },
             Transaction::Redeem(d) => CompactTx {
                 txid,
                 kind: TxKind::Redeem,
                 inputs: d.inputs.iter().map(|u| u.id()).collect(),
                 outputs: Vec::new(),
+                expires: d.expires,
             },
         }
     }

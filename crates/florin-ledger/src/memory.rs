@@ -1,11 +1,12 @@
 //! The in-memory swap store: for tests and simulation. Not durable.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use florin_crypto::Digest;
 
 use crate::compact::{CompactTx, TxKind};
+use crate::expiry::{TxMemory, FOR_EVER};
 use crate::store::{StoreError, Supply, SwapOutcome, SwapStore};
 use crate::tx::UhsId;
 
@@ -19,19 +20,34 @@ type Fast = foldhash::fast::RandomState;
 pub struct UhsState {
     /// Unspent ids and their values.
     pub unspent: HashMap<UhsId, u64, Fast>,
-    /// Confirmed txids.
-    pub applied: HashSet<Digest, Fast>,
+    /// Confirmed txids: transfers and redeems until their expiry, mints for ever.
+    pub applied: TxMemory<()>,
     /// Cents ever minted.
     pub minted: u64,
     /// Cents ever redeemed.
     pub redeemed: u64,
+    /// What `unspent` could hold when last sized ([`crate::expiry::keep_room`]).
+    pub unspent_room: usize,
 }
 
 impl UhsState {
-    /// Applies one compact transaction (the swap primitive).
+    /// Raises the clock to `now` (Unix seconds; never lowers it) and forgets the txids of
+    /// transfers and redeems that expired ([`crate::expiry`]).
+    pub fn advance(&mut self, now: u64) {
+        self.applied.advance(now);
+    }
+
+    /// Applies one compact transaction (the swap primitive) at the clock of the last
+    /// [`UhsState::advance`]: a replay still remembered is `AlreadyApplied`, a transaction
+    /// whose expiry is before the clock `Expired`.
     pub fn apply(&mut self, tx: &CompactTx) -> SwapOutcome {
+        // A remembered transfer or redeem has not expired (they are forgotten at expiry), so
+        // this is the store contract's order: expired transfers first, then replays.
         if self.applied.contains(&tx.txid) {
             return SwapOutcome::AlreadyApplied;
+        }
+        if tx.expires < self.applied.now() {
+            return SwapOutcome::Expired;
         }
         if !tx.inputs.iter().all(|i| self.unspent.contains_key(i))
             || tx.outputs.iter().any(|(o, _)| self.unspent.contains_key(o))
@@ -43,6 +59,7 @@ impl UhsState {
             removed = removed.saturating_add(self.unspent.remove(i).unwrap_or(0));
         }
         let mut added = 0u64;
+        crate::expiry::keep_room(&mut self.unspent, &mut self.unspent_room, tx.outputs.len());
         for (o, v) in &tx.outputs {
             self.unspent.insert(*o, *v);
             added = added.saturating_add(*v);
@@ -52,7 +69,12 @@ impl UhsState {
             TxKind::Redeem => self.redeemed = self.redeemed.saturating_add(removed),
             TxKind::Transfer => {}
         }
-        self.applied.insert(tx.txid);
+        let keep = if tx.forgettable() {
+            tx.expires
+        } else {
+            FOR_EVER
+        };
+        self.applied.insert(tx.txid, (), keep);
         SwapOutcome::Confirmed
     }
 
@@ -97,8 +119,9 @@ impl MemoryStore {
 }
 
 impl SwapStore for MemoryStore {
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
         let mut s = self.lock()?;
+        s.advance(now);
         Ok(batch.iter().map(|tx| s.apply(tx)).collect())
     }
 

@@ -18,6 +18,10 @@ pub enum SwapOutcome {
     MissingInput,
     /// The transaction was applied before; nothing changed (a replay).
     AlreadyApplied,
+    /// Its expiry has passed and the store does not remember applying it: nothing changed,
+    /// and nothing will (a transfer applied before is forgotten after its expiry; its spent
+    /// inputs say whether it was). Last, so older encodings still decode.
+    Expired,
 }
 
 /// The ledger's books, for the supply audit.
@@ -63,14 +67,25 @@ pub enum StoreError {
 
 /// A set of UHS ids with one atomic primitive.
 pub trait SwapStore: Send + Sync {
-    /// Applies compact transactions in order. For each: if its txid was applied before,
-    /// [`SwapOutcome::AlreadyApplied`]; else if all inputs exist, removes them and inserts the
-    /// outputs ([`SwapOutcome::Confirmed`]); otherwise changes nothing
-    /// ([`SwapOutcome::MissingInput`]). The whole batch is durable when this returns.
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError>;
+    /// Applies compact transactions in order at the clock `now` (Unix seconds; a store's clock
+    /// is the highest `now` it was given; transfers and redeems whose expiry is before it may
+    /// be forgotten, [`crate::expiry`]). For each transaction: a transfer or redeem whose
+    /// expiry is before the clock is [`SwapOutcome::Expired`]; a mint whose expiry is before the
+    /// clock is [`SwapOutcome::AlreadyApplied`] if it was applied, else `Expired`; otherwise, if
+    /// its txid was applied before, [`SwapOutcome::AlreadyApplied`]; else if all inputs
+    /// exist, removes them and inserts the outputs ([`SwapOutcome::Confirmed`]); otherwise
+    /// changes nothing ([`SwapOutcome::MissingInput`]). The whole batch is durable when this
+    /// returns.
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError>;
+    /// [`SwapStore::swap_at`] at this machine's clock.
+    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+        self.swap_at(crate::expiry::unix_now(), batch)
+    }
     /// Whether an id is unspent.
     fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError>;
-    /// Whether a transaction was confirmed.
+    /// Whether a transaction was confirmed: mints for ever, transfers and redeems at least until
+    /// their expiry has passed (after that a store may have forgotten them: whether their
+    /// inputs are spent and their outputs exist says it).
     fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError>;
     /// The books.
     fn supply(&self) -> Result<Supply, StoreError>;
@@ -91,6 +106,10 @@ pub mod testing {
     use super::*;
     use crate::compact::TxKind;
 
+    /// The expiry the suite's transactions carry unless a check sets another: far ahead of any
+    /// clock the suite passes.
+    pub const FAR: u64 = 1 << 40;
+
     /// A deterministic id.
     pub fn id(n: u64) -> UhsId {
         florin_crypto::hash("florin/ledger/test-id", &[&n.to_le_bytes()])
@@ -103,6 +122,7 @@ pub mod testing {
             kind: TxKind::Mint,
             inputs: vec![],
             outputs: outputs.iter().map(|(i, v)| (id(*i), *v)).collect(),
+            expires: FAR,
         }
     }
 
@@ -113,6 +133,7 @@ pub mod testing {
             kind: TxKind::Transfer,
             inputs: inputs.iter().map(|i| id(*i)).collect(),
             outputs: outputs.iter().map(|(i, v)| (id(*i), *v)).collect(),
+            expires: FAR,
         }
     }
 
@@ -123,6 +144,7 @@ pub mod testing {
             kind: TxKind::Redeem,
             inputs: inputs.iter().map(|i| id(*i)).collect(),
             outputs: vec![],
+            expires: FAR,
         }
     }
 
@@ -205,5 +227,50 @@ pub mod testing {
         );
         // An empty batch is fine.
         assert!(s.swap(&[]).unwrap().is_empty());
+
+        // Expiry. A transaction whose expiry is before the store's clock changes nothing.
+        drop(s);
+        let s = open();
+        let soon = |mut t: CompactTx, at: u64| {
+            t.expires = at;
+            t
+        };
+        let t0 = 1 << 32;
+        assert_eq!(
+            s.swap_at(t0, &[soon(mint(100, &[(100, 100), (101, 100)]), t0 + 10)])
+                .unwrap(),
+            vec![Confirmed]
+        );
+        let pay = soon(transfer(100, &[100], &[(110, 100)]), t0 + 10);
+        let late = soon(transfer(101, &[101], &[(111, 100)]), t0 - 1);
+        assert_eq!(
+            s.swap_at(t0, &[pay.clone(), late.clone()]).unwrap(),
+            vec![Confirmed, Expired]
+        );
+        assert!(s.is_unspent(&id(101)).unwrap() && !s.is_unspent(&id(111)).unwrap());
+        // Within its validity a replay is answered as one.
+        assert_eq!(
+            s.swap_at(t0 + 10, &[pay.clone()]).unwrap(),
+            vec![AlreadyApplied]
+        );
+        // After it, the replay is refused as expired: never applied again, never "missing".
+        // A mint is remembered for ever.
+        let s = reopen(s);
+        assert_eq!(
+            s.swap_at(
+                t0 + 11,
+                &[
+                    pay.clone(),
+                    soon(mint(100, &[(100, 100), (101, 100)]), t0 + 10)
+                ]
+            )
+            .unwrap(),
+            vec![Expired, AlreadyApplied]
+        );
+        assert!(s.is_confirmed(&mint(100, &[]).txid).unwrap());
+        assert!(!s.is_unspent(&id(100)).unwrap() && s.is_unspent(&id(110)).unwrap());
+        // The clock never goes back: an earlier `now` does not revive an expired transaction.
+        assert_eq!(s.swap_at(t0, &[late]).unwrap(), vec![Expired]);
+        assert!(s.is_unspent(&id(101)).unwrap());
     }
 }

@@ -5,6 +5,10 @@
 //! - A Transfer's txid hashes its full input UTXOs and its outputs, not the witnesses; every
 //!   witness signs the txid. Output serials are `H(txid, index)`, so every output ever created is
 //!   unique and a spent id can never come back.
+//! - Every transaction carries `expires`: the last second (Unix time) at which the ledger may
+//!   apply it. A ledger refuses it after that ([`crate::expiry`]) and forgets a transfer's or a
+//!   redeem's txid once its expiry has passed, so the replay-answer state stays bounded: a
+//!   replay after expiry is answered "expired", never applied (its inputs are spent for good).
 //! - A Mint carries an issuer-chosen random nonce and the issuer's signature; the ledger
 //!   remembers applied txids, so replaying a mint creates nothing.
 //! - A Redeem destroys value: signed by the owners of its inputs and by the issuer.
@@ -27,8 +31,8 @@ pub const SCHEME_ED25519: u8 = 1;
 pub const SCHEME_P256: u8 = 2;
 /// Domain of the hash of a P-256 key in a [`SCHEME_P256`] encumbrance.
 pub const P256_KEY_DOMAIN: &str = "florin/ledger/p256-key/v1";
-/// Version byte of the transaction encoding.
-pub const TX_VERSION: u8 = 1;
+/// Version byte of the transaction encoding (2: every transaction carries `expires`).
+pub const TX_VERSION: u8 = 2;
 /// Most inputs or outputs in one transaction.
 pub const MAX_IO: usize = 1024;
 
@@ -281,14 +285,17 @@ pub struct Transfer {
     pub outputs: Vec<Output>,
     /// One per input.
     pub witnesses: Vec<Witness>,
+    /// The last second (Unix time) at which the ledger may apply it.
+    pub expires: u64,
 }
 
 impl Transfer {
-    /// The txid: inputs and outputs, not witnesses.
+    /// The txid: expiry, inputs and outputs, not witnesses.
     pub fn txid(&self) -> Digest {
         let mut body = Vec::with_capacity(
-            4 + self.inputs.len() * Utxo::LEN + self.outputs.len() * Output::LEN,
+            12 + self.inputs.len() * Utxo::LEN + self.outputs.len() * Output::LEN,
         );
+        body.extend_from_slice(&self.expires.to_le_bytes());
         encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
         encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
         hash("florin/ledger/transfer/v1", &[&body])
@@ -309,12 +316,15 @@ pub struct Mint {
     pub outputs: Vec<Output>,
     /// The issuer's signature over the txid.
     pub issuer_signature: Signature,
+    /// The last second (Unix time) at which the ledger may apply it.
+    pub expires: u64,
 }
 
 impl Mint {
     /// The txid.
     pub fn txid(&self) -> Digest {
-        let mut body = self.nonce.to_vec();
+        let mut body = self.expires.to_le_bytes().to_vec();
+        body.extend_from_slice(&self.nonce);
         encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
         hash("florin/ledger/mint/v1", &[&body])
     }
@@ -334,12 +344,14 @@ pub struct Redeem {
     pub witnesses: Vec<Witness>,
     /// The issuer's signature over the txid.
     pub issuer_signature: Signature,
+    /// The last second (Unix time) at which the ledger may apply it.
+    pub expires: u64,
 }
 
 impl Redeem {
     /// The txid.
     pub fn txid(&self) -> Digest {
-        let mut body = Vec::new();
+        let mut body = self.expires.to_le_bytes().to_vec();
         encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
         hash("florin/ledger/redeem/v1", &[&body])
     }
@@ -386,24 +398,36 @@ impl Transaction {
         }
     }
 
-    /// The canonical encoding.
+    /// The last second (Unix time) at which the ledger may apply it.
+    pub fn expires(&self) -> u64 {
+        match self {
+            Transaction::Transfer(t) => t.expires,
+            Transaction::Mint(m) => m.expires,
+            Transaction::Redeem(d) => d.expires,
+        }
+    }
+
+    /// The canonical encoding: version, kind, expiry, then the kind's fields.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![TX_VERSION];
         match self {
             Transaction::Transfer(t) => {
                 out.push(1);
+                out.extend_from_slice(&t.expires.to_le_bytes());
                 encode_list(&mut out, &t.inputs, |u, o| u.encode_into(o));
                 encode_list(&mut out, &t.outputs, |x, o| x.encode_into(o));
                 encode_list(&mut out, &t.witnesses, |w, o| w.encode_into(o));
             }
             Transaction::Mint(m) => {
                 out.push(2);
+                out.extend_from_slice(&m.expires.to_le_bytes());
                 out.extend_from_slice(&m.nonce);
                 encode_list(&mut out, &m.outputs, |x, o| x.encode_into(o));
                 out.extend_from_slice(&m.issuer_signature.0);
             }
             Transaction::Redeem(d) => {
                 out.push(3);
+                out.extend_from_slice(&d.expires.to_le_bytes());
                 encode_list(&mut out, &d.inputs, |u, o| u.encode_into(o));
                 encode_list(&mut out, &d.witnesses, |w, o| w.encode_into(o));
                 out.extend_from_slice(&d.issuer_signature.0);
@@ -416,21 +440,29 @@ impl Transaction {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
         r.version(TX_VERSION, "transaction")?;
-        let tx = match r.u8("transaction kind")? {
+        let kind = r.u8("transaction kind")?;
+        if !(1..=3).contains(&kind) {
+            return Err(DecodeError::Invalid("transaction kind"));
+        }
+        let expires = r.u64("expiry")?;
+        let tx = match kind {
             1 => Transaction::Transfer(Transfer {
                 inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
                 outputs: decode_list(&mut r, "outputs", Output::LEN, Output::decode)?,
                 witnesses: decode_list(&mut r, "witnesses", Witness::MIN_LEN, Witness::decode)?,
+                expires,
             }),
             2 => Transaction::Mint(Mint {
                 nonce: r.array("nonce")?,
                 outputs: decode_list(&mut r, "outputs", Output::LEN, Output::decode)?,
                 issuer_signature: Signature(r.array("issuer signature")?),
+                expires,
             }),
             3 => Transaction::Redeem(Redeem {
                 inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,
                 witnesses: decode_list(&mut r, "witnesses", Witness::MIN_LEN, Witness::decode)?,
                 issuer_signature: Signature(r.array("issuer signature")?),
+                expires,
             }),
             _ => return Err(DecodeError::Invalid("transaction kind")),
         };

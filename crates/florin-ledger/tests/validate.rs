@@ -17,11 +17,11 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-/// The encoding of `funded()`'s transfer of both inputs to `b` as the encoder wrote it before
-/// scheme 2 existed: its length and `H("pin", bytes)`.
-const PINNED_ED25519_LEN: usize = 389;
+/// The encoding of `funded()`'s transfer of both inputs to `b` (version 2, with its expiry): its
+/// length and `H("pin", bytes)`, pinned so no encoder change goes unnoticed.
+const PINNED_ED25519_LEN: usize = 397;
 const PINNED_ED25519_HASH: &str =
-    "0d949b29963c95c954ea3699da8e066fa3e33a07133c1eceff989a4c89fb8d4e";
+    "635e2b728a501781a347b92e7a23cb6aa9fe8df79014574f6afb58ee03d46eec";
 
 fn key(i: u8) -> LocalSigner {
     LocalSigner::new(SecretKey::from_seed(&[i; 32]))
@@ -42,8 +42,12 @@ fn out(v: u64, k: &LocalSigner) -> Output {
     }
 }
 
+/// The expiry of every transaction here (validation does not read the clock).
+const EXPIRES: u64 = 1_900_000_000;
+
 fn mint(outputs: Vec<Output>, nonce: u8) -> Mint {
     let mut m = Mint {
+        expires: EXPIRES,
         nonce: [nonce; 32],
         outputs,
         issuer_signature: Signature([0; 64]),
@@ -55,6 +59,7 @@ fn mint(outputs: Vec<Output>, nonce: u8) -> Mint {
 /// Signs a transfer of `inputs` (owned by `owners`) into `outputs`.
 fn transfer(inputs: Vec<Utxo>, owners: &[&LocalSigner], outputs: Vec<Output>) -> Transfer {
     let mut t = Transfer {
+        expires: EXPIRES,
         inputs,
         outputs,
         witnesses: vec![],
@@ -196,6 +201,7 @@ fn each_rule_has_its_error_in_order() {
         ValidationError::NoOutputs
     );
     let mut r = Redeem {
+        expires: EXPIRES,
         inputs: vec![u[0]],
         witnesses: vec![],
         issuer_signature: Signature([0; 64]),
@@ -282,6 +288,7 @@ impl Owner<'_> {
 
 fn transfer_by(inputs: Vec<Utxo>, owners: &[Owner<'_>], outputs: Vec<Output>) -> Transfer {
     let mut t = Transfer {
+        expires: EXPIRES,
         inputs,
         outputs,
         witnesses: vec![],
@@ -339,8 +346,11 @@ fn a_p256_transfer_validates_and_roundtrips() {
     assert_eq!(c_tx.outputs[0].1, 60);
     let bytes = tx.encode();
     assert_eq!(Transaction::decode(&bytes), Ok(tx.clone()));
-    // version, kind, 2 inputs, 2 outputs, 2 witnesses of 1 + 33 + 64 bytes.
-    assert_eq!(bytes.len(), 2 + (2 + 2 * 73) + (2 + 2 * 41) + (2 + 2 * 98));
+    // version, kind, expiry, 2 inputs, 2 outputs, 2 witnesses of 1 + 33 + 64 bytes.
+    assert_eq!(
+        bytes.len(),
+        2 + 8 + (2 + 2 * 73) + (2 + 2 * 41) + (2 + 2 * 98)
+    );
     let (wkey, sig) = p256_witness_parts(&t.witnesses[1]);
     let mut last = vec![SCHEME_P256];
     last.extend_from_slice(&wkey.0);
@@ -361,8 +371,9 @@ fn ed25519_witness_encoding_is_unchanged() {
     let (u, a, b) = funded();
     let t = transfer(u.clone(), &[&a, &a], vec![out(100, &b)]);
     let bytes = Transaction::Transfer(t.clone()).encode();
-    // Laid out by hand: version, kind, inputs, outputs, witnesses `1 ‖ key 32 ‖ sig 64`.
-    let mut expect = vec![1u8, 1];
+    // Laid out by hand: version, kind, expiry, inputs, outputs, witnesses `1 ‖ key 32 ‖ sig 64`.
+    let mut expect = vec![2u8, 1];
+    expect.extend_from_slice(&EXPIRES.to_le_bytes());
     expect.extend_from_slice(&2u16.to_le_bytes());
     expect.extend_from_slice(&u[0].encode());
     expect.extend_from_slice(&u[1].encode());
@@ -380,7 +391,7 @@ fn ed25519_witness_encoding_is_unchanged() {
         expect.extend_from_slice(&signature.0);
     }
     assert_eq!(bytes, expect);
-    // Pinned from the encoder before P-256 existed (Ed25519 signatures are deterministic).
+    // Pinned (Ed25519 signatures are deterministic).
     assert_eq!(bytes.len(), PINNED_ED25519_LEN);
     assert_eq!(
         hex::encode(florin_crypto::hash("pin", &[&bytes])),
@@ -404,6 +415,7 @@ fn mixed_ed25519_and_p256_inputs_in_one_transaction() {
     assert_eq!(Transaction::decode(&tx.encode()), Ok(tx));
     // The witnesses must follow their inputs' schemes, in order.
     let swapped = Transfer {
+        expires: EXPIRES,
         witnesses: vec![t.witnesses[1], t.witnesses[0]],
         ..t.clone()
     };
@@ -413,6 +425,7 @@ fn mixed_ed25519_and_p256_inputs_in_one_transaction() {
     );
     // A redeem of a P-256 input: the owner signs with P-256, the issuer with Ed25519.
     let mut r = Redeem {
+        expires: EXPIRES,
         inputs: vec![u[1]],
         witnesses: vec![],
         issuer_signature: Signature([0; 64]),

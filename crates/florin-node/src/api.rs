@@ -249,6 +249,7 @@ impl LedgerTxStatus {
             "static_invalid" => TxStatus::StaticInvalid(error()),
             "state_invalid" => TxStatus::StateInvalid(error()),
             "confirmed" => TxStatus::Confirmed,
+            "expired" => TxStatus::Expired(error()),
             _ => return None,
         })
     }

@@ -219,6 +219,58 @@ impl Authority {
         Ok(intent)
     }
 
+    /// Builds a credit again after its transactions expired unapplied ([`florin_ledger::expiry`]):
+    /// the same payment to the same depositor, from `unspent` (the credit's reserve outputs
+    /// still unspent: the ones it was built from and those of joins that did apply), under a
+    /// fresh expiry. The new intent replaces the old one in one registry write.
+    pub(crate) fn renew_credit(
+        &self,
+        old: &CreditIntent,
+        unspent: &[Utxo],
+    ) -> Result<CreditIntent, NodeError> {
+        let me = Encumbrance::ed25519(&self.public_key());
+        let pay = Output {
+            value: old.credit.value,
+            encumbrance: old.credit.encumbrance,
+        };
+        let cents = pay.value;
+        let drafts = florin_ledger::build::payment_chain(unspent, pay, me)
+            .map_err(|source| StorageError::Credit { cents, source })?;
+        let mut txs = Vec::with_capacity(drafts.len());
+        let mut last = None;
+        for d in drafts {
+            let change = d.change;
+            let signer = self.signer();
+            let signers = vec![signer; d.transfer.inputs.len()];
+            let t = d
+                .sign(&signers)
+                .map_err(crate::error::SignerFailure::from)?;
+            last = Some((t.output_utxos(), change));
+            txs.push(Transaction::Transfer(t));
+        }
+        let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
+            return Err(NodeError::storage("crediting built no transaction"));
+        };
+        let intent = CreditIntent {
+            before: txs,
+            credit: created[0],
+            change: change.map(|i| created[i]),
+            tx: tx_pay,
+        };
+        let (old_key, new_key, value) = (old.tx.txid(), intent.tx.txid(), intent.encode());
+        self.transact(|tx| {
+            let mut credits = tx.open_table(CREDITS)?;
+            if credits.remove(old_key.as_slice())?.is_none() {
+                return Err(NodeError::storage(
+                    "the credit to renew is no longer pending (renewed or finished elsewhere)",
+                ));
+            }
+            credits.insert(new_key.as_slice(), value.as_slice())?;
+            Ok(())
+        })?;
+        Ok(intent)
+    }
+
     /// Marks a credit confirmed on the ledger: its change joins the reserve.
     pub fn finish_credit(&self, intent: &CreditIntent) -> Result<(), NodeError> {
         let txid = intent.tx.txid();
@@ -290,9 +342,6 @@ impl Authority {
         if out.encumbrance != Encumbrance::ed25519(&self.public_key()) {
             return Err(WithdrawalRefused::NotToReserve.into());
         }
-        if !confirmed {
-            return Err(WithdrawalRefused::NotConfirmed.into());
-        }
         let id = out.id();
         self.transact(|wtx| {
             // Again inside the transaction (the checks above may have read a lagging replica).
@@ -308,7 +357,12 @@ impl Authority {
             {
                 let mut w = wtx.open_table(WITHDRAWALS)?;
                 if let Some(v) = w.get(id.as_slice())? {
+                    // A repeat: the stored tokens, also after the ledger has forgotten the
+                    // payment's txid and a credit has spent its reserve output.
                     return decode_tokens(v.value());
+                }
+                if !confirmed {
+                    return Err(WithdrawalRefused::NotConfirmed.into());
                 }
                 if !unspent {
                     return Err(WithdrawalRefused::AlreadySpent.into());
@@ -506,29 +560,112 @@ pub async fn settle_credit(
         .map_err(|e| NodeError::task("credit task", e))?
 }
 
+/// Whether every input of `tx` is spent on the ledger.
+fn all_inputs_spent(ledger: &crate::ledger::Ledger, tx: &Transaction) -> Result<bool, NodeError> {
+    for u in florin_ledger::validate::inputs_of(tx) {
+        if ledger.is_unspent(&u.id())? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 async fn settle_chain(
     authority: &std::sync::Arc<Authority>,
     ledger: &std::sync::Arc<crate::ledger::Ledger>,
     intent: CreditIntent,
 ) -> Result<crate::api::CreditInfo, NodeError> {
+    if let Some(info) = settle_once(authority, ledger, &intent).await? {
+        return Ok(info);
+    }
+    // Expired unapplied (the node was down longer than the credit's validity): the same
+    // credit again from the reserve outputs it still holds, under a fresh expiry.
+    let l = ledger.clone();
+    let old = intent.clone();
+    let unspent = tokio::task::spawn_blocking(move || -> Result<Vec<Utxo>, NodeError> {
+        let me = old.credit.encumbrance;
+        let mut candidates: Vec<Utxo> = Vec::new();
+        for t in old.transactions() {
+            candidates.extend(florin_ledger::validate::inputs_of(t).iter().copied());
+            if let Transaction::Transfer(t) = t {
+                candidates.extend(t.output_utxos().into_iter().filter(|u| u.encumbrance != me));
+            }
+        }
+        candidates.sort_by_key(|u| u.id());
+        candidates.dedup();
+        let mut unspent = Vec::new();
+        for u in candidates {
+            if l.is_unspent(&u.id())? {
+                unspent.push(u);
+            }
+        }
+        Ok(unspent)
+    })
+    .await
+    .map_err(|e| NodeError::task("worker", e))??;
+    let a = authority.clone();
+    let renewed = tokio::task::spawn_blocking(move || a.renew_credit(&intent, &unspent))
+        .await
+        .map_err(|e| NodeError::task("worker", e))??;
+    settle_once(authority, ledger, &renewed)
+        .await?
+        .ok_or_else(|| {
+            NodeError::storage(format!(
+                "credit {} expired again as soon as it was renewed: check this node's clock",
+                hex::encode(renewed.tx.txid())
+            ))
+        })
+}
+
+/// One try of a credit: its answer, or `None` when it expired unapplied and must be built
+/// again.
+async fn settle_once(
+    authority: &std::sync::Arc<Authority>,
+    ledger: &std::sync::Arc<crate::ledger::Ledger>,
+    intent: &CreditIntent,
+) -> Result<Option<crate::api::CreditInfo>, NodeError> {
     use crate::api::{CreditInfo, LedgerTxStatus};
     use crate::ledger::TxStatus;
+    let intent = intent.clone();
+    // A payment answered expired applied before its expiry if its inputs are all spent (they
+    // are reserve outputs only this credit spends).
+    let (l, pay) = (ledger.clone(), intent.tx.clone());
+    let pay_applied = move || {
+        let (l, pay) = (l.clone(), pay.clone());
+        async move {
+            tokio::task::spawn_blocking(move || all_inputs_spent(&l, &pay))
+                .await
+                .map_err(|e| NodeError::task("worker", e))?
+        }
+    };
     // The joins spend original reserve outputs only, never each other's: submitted together.
     // The payment spends their outputs, so it goes once all are confirmed. Resubmitting a
     // confirmed transaction is answered confirmed.
     if !intent.before.is_empty() {
         let answers = ledger.submit_many(intent.before.clone()).await?;
         if let Some((txid, status)) = answers.iter().find(|(_, s)| *s != TxStatus::Confirmed) {
-            // The join that is not confirmed, by its own txid: the payment was not sent.
-            let answer = LedgerTxStatus::of(txid, status);
-            return Ok(CreditInfo {
-                txid: answer.txid,
-                status: answer.status,
-                output: hex::encode(intent.credit.encode()),
-            });
+            if matches!(status, TxStatus::Expired(_)) && !pay_applied().await? {
+                return Ok(None);
+            }
+            if !matches!(status, TxStatus::Expired(_)) {
+                // The join that is not confirmed, by its own txid: the payment was not sent.
+                let answer = LedgerTxStatus::of(txid, status);
+                return Ok(Some(CreditInfo {
+                    txid: answer.txid,
+                    status: answer.status,
+                    output: hex::encode(intent.credit.encode()),
+                }));
+            }
         }
     }
-    let (txid, status) = ledger.submit(intent.tx.clone()).await?;
+    let (txid, mut status) = ledger.submit(intent.tx.clone()).await?;
+    if let TxStatus::Expired(_) = status {
+        if pay_applied().await? {
+            status = TxStatus::Confirmed;
+        } else {
+            return Ok(None);
+        }
+    }
     let answer = LedgerTxStatus::of(&txid, &status);
     if status == TxStatus::Confirmed {
         let a = authority.clone();
@@ -546,11 +683,11 @@ async fn settle_chain(
         .await
         .map_err(|e| NodeError::task("worker", e))??;
     }
-    Ok(CreditInfo {
+    Ok(Some(CreditInfo {
         txid: answer.txid,
         status: answer.status,
         output: hex::encode(intent.credit.encode()),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -597,6 +734,62 @@ mod tests {
             change: created.get(1).copied(),
             tx,
         }
+    }
+
+    #[test]
+    fn an_expired_credit_is_renewed_from_the_reserve_outputs_it_still_holds() {
+        let dir = tempfile::tempdir().expect("dir");
+        let signer = LocalSigner::new(SecretKey::from_seed(&[9; 32]));
+        let a = Authority::open(
+            crate::AuthorityConfig::devnet(dir.path()),
+            std::sync::Arc::new(signer.clone()),
+        )
+        .expect("open");
+        let depositor = LocalSigner::new(SecretKey::from_seed(&[2; 32])).public_key();
+        // A reserve of many one-cent outputs: the credit needs joins first.
+        let n = florin_ledger::tx::MAX_IO + 200;
+        let reserve = coins(&signer.public_key(), n);
+        let cents = florin_ledger::tx::MAX_IO as u64 + 100;
+        a.transact(|tx| {
+            let mut t = tx.open_table(RESERVE)?;
+            for u in &reserve {
+                t.insert(u.id().as_slice(), u.encode().as_slice())?;
+            }
+            Ok(())
+        })
+        .expect("reserve");
+        let old = a
+            .transact(|tx| a.record_credit(tx, &depositor, cents))
+            .expect("credit");
+        assert!(!old.before.is_empty());
+        // None of it applied: every reserve output it chose is still unspent.
+        let chosen: Vec<Utxo> = old
+            .transactions()
+            .flat_map(|t| florin_ledger::validate::inputs_of(t).to_vec())
+            .filter(|u| reserve.contains(u))
+            .collect();
+        let renewed = a.renew_credit(&old, &chosen).expect("renew");
+        assert_eq!(
+            (renewed.credit.value, renewed.credit.encumbrance),
+            (cents, Encumbrance::ed25519(&depositor))
+        );
+        assert!(renewed.tx.expires() >= old.tx.expires());
+        let pending = a.pending_credits().expect("pending");
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].tx.txid(), renewed.tx.txid());
+        // Spends exactly what the old one would have, through joins of its own.
+        let spent = |i: &CreditIntent| -> u64 {
+            i.transactions()
+                .flat_map(|t| florin_ledger::validate::inputs_of(t).to_vec())
+                .filter(|u| reserve.contains(u))
+                .map(|u| u.value)
+                .sum()
+        };
+        assert_eq!(spent(&renewed), spent(&old));
+        // A credit no longer pending (finished, or renewed elsewhere) is not renewed.
+        a.finish_credit(&renewed).expect("finish");
+        assert!(a.renew_credit(&renewed, &chosen).is_err());
+        assert!(a.pending_credits().expect("pending").is_empty());
     }
 
     #[test]

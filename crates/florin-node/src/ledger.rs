@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use florin_crypto::{Digest, PublicKey, Signature, Signer};
+use florin_ledger::expiry::ExpiryError;
 use florin_ledger::validate::{inputs_of, validate_many, validate_many_gated};
 use florin_ledger::{
     CompactTx, Encumbrance, Mint, Output, Supply, SwapOutcome, SwapStore, Transaction, Utxo,
@@ -41,6 +42,10 @@ pub enum TxStatus {
     StateInvalid(String),
     /// Committed and durable.
     Confirmed,
+    /// Its expiry has passed (or lies too far ahead) and the ledger does not remember applying
+    /// it: nothing changed, nothing will. Whether it applied before its expiry is told by its
+    /// inputs (spent) and outputs (they exist or were spent).
+    Expired(String),
 }
 
 impl TxStatus {
@@ -52,13 +57,16 @@ impl TxStatus {
             TxStatus::StaticInvalid(_) => "static_invalid",
             TxStatus::StateInvalid(_) => "state_invalid",
             TxStatus::Confirmed => "confirmed",
+            TxStatus::Expired(_) => "expired",
         }
     }
 
     /// Why the transaction is invalid, if it is.
     pub fn error(&self) -> Option<&str> {
         match self {
-            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => Some(e),
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) | TxStatus::Expired(e) => {
+                Some(e)
+            }
             TxStatus::Pending | TxStatus::Confirmed => None,
         }
     }
@@ -138,26 +146,43 @@ impl Ledger {
         txs: Vec<Transaction>,
     ) -> Result<Vec<(Digest, TxStatus)>, NodeError> {
         let mut waits = Vec::with_capacity(txs.len());
+        let now = florin_ledger::expiry::unix_now();
         {
             let jobs = self
                 .jobs
                 .lock()
                 .map_err(|_| StorageError::Engine("engine queue poisoned"))?;
             for tx in txs {
+                // The edge's expiry check, before any signature is verified. An expired mint
+                // still goes to the store, which remembers every mint it applied (a replay of
+                // one is answered confirmed); a transfer or redeem past its expiry is refused
+                // here (the store would answer the same).
+                match florin_ledger::expiry::check(tx.expires(), now) {
+                    Err(e @ ExpiryError::TooFarAhead { .. }) => {
+                        waits.push(Err((tx.txid(), TxStatus::Expired(e.to_string()))));
+                        continue;
+                    }
+                    Err(e) if !matches!(tx, Transaction::Mint(_)) => {
+                        waits.push(Err((tx.txid(), TxStatus::Expired(e.to_string()))));
+                        continue;
+                    }
+                    _ => {}
+                }
                 let (reply, rx) = tokio::sync::oneshot::channel();
                 self.queued.fetch_add(1, Ordering::Relaxed);
                 jobs.send(Job { tx, reply })
                     .map_err(|_| StorageError::Engine("the swap engine stopped"))?;
-                waits.push(rx);
+                waits.push(Ok(rx));
             }
         }
         let mut out = Vec::with_capacity(waits.len());
-        for rx in waits {
-            out.push(
-                rx.await.map_err(|_| {
+        for w in waits {
+            match w {
+                Ok(rx) => out.push(rx.await.map_err(|_| {
                     StorageError::Engine("the swap engine failed; see the node's log")
-                })?,
-            );
+                })?),
+                Err(answer) => out.push(answer),
+            }
         }
         Ok(out)
     }
@@ -222,6 +247,7 @@ impl Ledger {
                 })
                 .collect(),
             issuer_signature: Signature([0; 64]),
+            expires: florin_ledger::expiry::default_expiry(),
         };
         mint.issuer_signature = self.issuer.sign(&mint.txid())?;
         let utxos = mint.output_utxos();
@@ -249,6 +275,10 @@ type Verdict = Option<Result<CompactTx, ValidationError>>;
 
 /// Validated jobs on their way to the committer.
 type Validated = (Vec<Job>, Vec<Verdict>);
+
+/// The answer to a transaction the store found expired.
+const EXPIRED: &str =
+    "the transaction expired before the ledger applied it (or it applied and was forgotten): build it again from unspent coins";
 
 /// The answer to a transaction whose input is spent or unknown.
 const MISSING_INPUT: &str = "an input is spent or does not exist";
@@ -439,6 +469,7 @@ fn decide(
                             missing.push((job, c.txid));
                             continue;
                         }
+                        Some(SwapOutcome::Expired) => TxStatus::Expired(EXPIRED.into()),
                         None => TxStatus::Pending,
                     },
                 ),

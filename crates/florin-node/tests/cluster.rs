@@ -63,7 +63,9 @@ fn a_replicated_cluster_passes_the_store_suite() {
             kind: florin_ledger::TxKind::Mint,
             inputs: Default::default(),
             outputs: [(id(78), 1_000_000)].into_iter().collect(),
+            expires: u64::MAX,
         }],
+        now: 0,
     };
     let forged = Fenced {
         by: Fence {

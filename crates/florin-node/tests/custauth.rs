@@ -64,6 +64,7 @@ fn transfer(
         });
     }
     Transfer {
+        expires: florin_ledger::expiry::default_expiry(),
         inputs: vec![Utxo {
             value: amount + change,
             encumbrance: payer,

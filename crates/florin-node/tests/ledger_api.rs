@@ -43,6 +43,23 @@ fn minted_utxos(minted: &Value) -> Vec<Utxo> {
 }
 
 fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) -> Transaction {
+    pay_until(
+        inputs,
+        owner,
+        to,
+        amount,
+        florin_ledger::expiry::default_expiry(),
+    )
+}
+
+/// [`pay`] valid until `expires` (Unix seconds).
+fn pay_until(
+    inputs: Vec<Utxo>,
+    owner: &LocalSigner,
+    to: &LocalSigner,
+    amount: u64,
+    expires: u64,
+) -> Transaction {
     let total: u64 = inputs.iter().map(|u| u.value).sum();
     let mut outputs = vec![Output {
         value: amount,
@@ -55,6 +72,7 @@ fn pay(inputs: Vec<Utxo>, owner: &LocalSigner, to: &LocalSigner, amount: u64) ->
         });
     }
     let mut t = Transfer {
+        expires,
         inputs,
         outputs,
         witnesses: vec![],
@@ -81,6 +99,78 @@ fn faucet(addr: std::net::SocketAddr, owner: &LocalSigner, cents: u64) -> Vec<Ut
     );
     assert_eq!(code, 200, "{minted}");
     minted_utxos(&minted)
+}
+
+#[test]
+fn replays_inside_the_validity_are_replays_and_after_it_are_expired() {
+    use florin_ledger::expiry::{unix_now, MAX_TTL_SECS};
+    let node = LedgerNode::start();
+    let addr = node.addr;
+    let (alice, bob) = (
+        LocalSigner::new(SecretKey::from_seed(&[1; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+    );
+    let utxos = faucet(addr, &alice, 1250);
+    // Valid until the end of the next second.
+    let until = unix_now() + 1;
+    let tx = pay_until(vec![utxos[0]], &alice, &bob, utxos[0].value, until);
+    let (code, ans) = submit(addr, &tx);
+    assert_eq!(
+        (code, ans["status"].as_str()),
+        (200, Some("confirmed")),
+        "{ans}"
+    );
+    let txid = ans["txid"].as_str().unwrap().to_string();
+    // Inside its validity a replay is answered confirmed and changes nothing.
+    let before = http(addr, "GET", "/v1/ledger/supply", None).1;
+    assert_eq!(submit(addr, &tx).1["status"], "confirmed");
+    assert_eq!(http(addr, "GET", "/v1/ledger/supply", None).1, before);
+    // After it: "expired", never applied again and never "state_invalid" (its input is
+    // spent by itself); its output is still there, which is how a wallet tells it applied.
+    while unix_now() <= until {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (code, ans) = submit(addr, &tx);
+    assert_eq!(
+        (code, ans["status"].as_str()),
+        (200, Some("expired")),
+        "{ans}"
+    );
+    assert!(ans["error"].as_str().unwrap().contains("expired"), "{ans}");
+    assert_eq!(http(addr, "GET", "/v1/ledger/supply", None).1, before);
+    let out = match &tx {
+        Transaction::Transfer(t) => t.output_utxos()[0].id(),
+        _ => unreachable!(),
+    };
+    assert_eq!(unspent(addr, &hex::encode(out)), true);
+    // Once the store's clock has moved past the expiry (its next swap, here a mint), the
+    // txid is forgotten: its status is unknown (404), as documented.
+    faucet(addr, &bob, 1);
+    let (code, _) = http(
+        addr,
+        "GET",
+        &format!("/v1/ledger/transactions/{txid}"),
+        None,
+    );
+    assert_eq!(code, 404);
+    // A transaction built already expired, or valid further ahead than any ledger keeps a
+    // txid, is refused as expired before anything else, and changes nothing.
+    let stale = pay_until(vec![utxos[1]], &alice, &bob, utxos[1].value, unix_now() - 1);
+    assert_eq!(submit(addr, &stale).1["status"], "expired");
+    let far = pay_until(
+        vec![utxos[1]],
+        &alice,
+        &bob,
+        utxos[1].value,
+        unix_now() + MAX_TTL_SECS + 3600,
+    );
+    let (_, ans) = submit(addr, &far);
+    assert_eq!(ans["status"], "expired", "{ans}");
+    assert!(
+        ans["error"].as_str().unwrap().contains("after now"),
+        "{ans}"
+    );
+    assert_eq!(unspent(addr, &hex::encode(utxos[1].id())), true);
 }
 
 #[test]
@@ -275,6 +365,7 @@ fn inputs_are_looked_up_before_signatures() {
             serial: [seed; 32],
         };
         Transaction::Transfer(Transfer {
+            expires: florin_ledger::expiry::default_expiry(),
             inputs: vec![u],
             outputs: vec![Output {
                 value: 5,
@@ -496,6 +587,7 @@ fn p256_owners_sign_their_withdrawals_too() {
     assert_eq!(code, 200, "{minted}");
     let inputs: Vec<Utxo> = minted_utxos(&minted);
     let mut t = Transfer {
+        expires: florin_ledger::expiry::default_expiry(),
         inputs,
         outputs: vec![Output {
             value: 200,

@@ -22,8 +22,8 @@ struct BusyFor {
 }
 
 impl SwapStore for BusyFor {
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
-        self.inner.swap(batch)
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+        self.inner.swap_at(now, batch)
     }
     fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError> {
         self.inner.is_unspent(id)
@@ -47,6 +47,7 @@ impl SwapStore for BusyFor {
 
 fn pay(input: Utxo, owner: &LocalSigner, to: &LocalSigner) -> (Transaction, Utxo) {
     let mut t = Transfer {
+        expires: florin_ledger::expiry::default_expiry(),
         inputs: vec![input],
         outputs: vec![Output {
             value: input.value,

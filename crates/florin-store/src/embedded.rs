@@ -7,13 +7,15 @@
 //! Hamilton's and OpenCBDC's shards make the same choice.
 //!
 //! Layout of the directory:
-//! - `snapshot-<gen>.bin`: the whole state after the records before it (magic `FLSNAP02`, the
-//!   number of records it contains, counters, ids with values, applied txids, CRC-32 of
-//!   everything before it);
+//! - `snapshot-<gen>.bin`: the whole state after the records before it (magic `FLSNAP03`, the
+//!   number of records it contains, the store's clock, counters, ids with values, remembered
+//!   txids with their expiry, CRC-32 of everything before it; `FLSNAP01`/`02` snapshots, whose
+//!   txids have no expiry, are still read and keep those txids for ever);
 //! - `wal-<gen>.log`: records appended since that snapshot, each `len u32 ‖ crc32 u32 ‖
-//!   payload`, the payload `2 ‖ seq u64 ‖ count u32 ‖ transactions`: the confirmed compact
-//!   transactions of one batch under a sequence number that counts every record since the store
-//!   was created (version 1 payloads, written before sequence numbers existed, are still read);
+//!   payload`, the payload `3 ‖ seq u64 ‖ clock u64 ‖ count u32 ‖ transactions` (each with its
+//!   expiry): the confirmed compact transactions of one batch under a sequence number that counts
+//!   every record since the store was created, and the clock they were applied at (version 1
+//!   and 2 payloads, written before sequence numbers or expiries existed, are still read);
 //! - `acked.bin`: the acknowledgement mark, two 32-byte slots written alternately (`FLACK001 ‖
 //!   generation u64 ‖ records acknowledged u64 ‖ reserved ‖ crc32`), the valid slot with the
 //!   higher generation counting. A background thread writes it at most every
@@ -51,14 +53,18 @@ use std::time::Duration;
 
 use florin_crypto::Digest;
 use florin_ledger::compact::{CompactTx, TxKind};
+use florin_ledger::expiry::FOR_EVER;
 use florin_ledger::memory::UhsState;
 use florin_ledger::store::{StoreError, Supply, SwapOutcome, SwapStore};
 use florin_ledger::tx::UhsId;
 
 const SNAPSHOT_MAGIC_V1: &[u8; 8] = b"FLSNAP01";
-const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP02";
+const SNAPSHOT_MAGIC_V2: &[u8; 8] = b"FLSNAP02";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"FLSNAP03";
 const WAL_V1: u8 = 1;
 const WAL_V2: u8 = 2;
+/// Records with the store's clock and each transaction's expiry.
+const WAL_V3: u8 = 3;
 /// The acknowledgement mark's file name.
 pub const MARK_FILE: &str = "acked.bin";
 const MARK_MAGIC: &[u8; 8] = b"FLACK001";
@@ -314,8 +320,10 @@ fn plan(dir: &Path) -> Result<Plan, StoreError> {
                         ));
                     }
                 }
+                // Logged transactions were confirmed at the record's clock (none had expired
+                // by it); replay them at that clock.
+                state.advance(frame.now);
                 for t in &frame.txs {
-                    // Logged transactions were valid when they were applied; replay them.
                     state.apply(t);
                 }
                 pos += frame.len;
@@ -583,9 +591,19 @@ impl Drop for EmbeddedStore {
     }
 }
 
+impl EmbeddedStore {
+    /// How many confirmed txids the store remembers to answer replays (transfers until their
+    /// expiry, mints for ever), and its clock.
+    pub fn remembered(&self) -> Result<(usize, u64), StoreError> {
+        let g = self.lock()?;
+        Ok((g.state.applied.len(), g.state.applied.now()))
+    }
+}
+
 impl SwapStore for EmbeddedStore {
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
         let mut g = self.lock()?;
+        g.state.advance(now);
         let outcomes: Vec<SwapOutcome> = batch.iter().map(|tx| g.state.apply(tx)).collect();
         let confirmed: Vec<&CompactTx> = batch
             .iter()
@@ -597,7 +615,7 @@ impl SwapStore for EmbeddedStore {
             return Ok(outcomes);
         }
         let seq = self.marker.as_ref().map(|_| g.next_seq);
-        let record = encode_record(seq, &confirmed);
+        let record = encode_record(seq, g.state.applied.now(), &confirmed);
         let written = (|| {
             g.wal.write_all(&record)?;
             match self.cfg.sync {
@@ -793,12 +811,15 @@ impl Marker {
 
 // ---------------------------------------------------------------- records
 
-fn encode_record(seq: Option<u64>, txs: &[&CompactTx]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(16 + txs.len() * 200);
+/// A record's payload: version 3 with a sequence number (the store keeps a mark), else version
+/// 1 (stores opened without a mark, as before sequence numbers existed: no clock, no expiries).
+fn encode_record(seq: Option<u64>, now: u64, txs: &[&CompactTx]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(24 + txs.len() * 200);
     match seq {
         Some(s) => {
-            p.push(WAL_V2);
+            p.push(WAL_V3);
             p.extend_from_slice(&s.to_le_bytes());
+            p.extend_from_slice(&now.to_le_bytes());
         }
         None => p.push(WAL_V1),
     }
@@ -806,6 +827,9 @@ fn encode_record(seq: Option<u64>, txs: &[&CompactTx]) -> Vec<u8> {
     for t in txs {
         p.extend_from_slice(&t.txid);
         p.push(t.kind.to_byte());
+        if seq.is_some() {
+            p.extend_from_slice(&t.expires.to_le_bytes());
+        }
         p.extend_from_slice(&(t.inputs.len() as u32).to_le_bytes());
         for i in &t.inputs {
             p.extend_from_slice(i);
@@ -849,12 +873,24 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Decodes one record's payload: its sequence number (version 2) and compact transactions.
-fn decode_payload(p: &[u8]) -> Option<(Option<u64>, Vec<CompactTx>)> {
+/// One record's payload decoded.
+struct Payload {
+    /// Its sequence number (versions 2 and 3).
+    seq: Option<u64>,
+    /// The store's clock when it was applied (version 3; 0 before).
+    now: u64,
+    /// Its confirmed transactions (those of versions 1 and 2 never expire).
+    txs: Vec<CompactTx>,
+}
+
+/// Decodes one record's payload.
+fn decode_payload(p: &[u8]) -> Option<Payload> {
     let mut c = Cursor(p);
-    let seq = match c.take(1)?[0] {
-        WAL_V1 => None,
-        WAL_V2 => Some(c.u64()?),
+    let version = c.take(1)?[0];
+    let (seq, now) = match version {
+        WAL_V1 => (None, 0),
+        WAL_V2 => (Some(c.u64()?), 0),
+        WAL_V3 => (Some(c.u64()?), c.u64()?),
         _ => return None,
     };
     let n = c.u32()? as usize;
@@ -862,6 +898,11 @@ fn decode_payload(p: &[u8]) -> Option<(Option<u64>, Vec<CompactTx>)> {
     for _ in 0..n {
         let txid = c.id()?;
         let kind = TxKind::from_byte(c.take(1)?[0])?;
+        let expires = if version == WAL_V3 {
+            c.u64()?
+        } else {
+            FOR_EVER
+        };
         let ni = c.u32()? as usize;
         if ni > c.0.len() / 32 {
             return None;
@@ -879,14 +920,17 @@ fn decode_payload(p: &[u8]) -> Option<(Option<u64>, Vec<CompactTx>)> {
             kind,
             inputs,
             outputs,
+            expires,
         });
     }
-    c.0.is_empty().then_some((seq, out))
+    c.0.is_empty().then_some(Payload { seq, now, txs: out })
 }
 
 /// One record read back.
 struct Frame {
     seq: Option<u64>,
+    /// The store's clock when it was applied.
+    now: u64,
     txs: Vec<CompactTx>,
     /// Bytes of the frame (header and payload).
     len: usize,
@@ -915,9 +959,11 @@ fn parse_frame(bytes: &[u8], pos: usize) -> Result<Frame, String> {
             "checksum {actual:08x} of the record's {len} bytes, stored {crc:08x}"
         ));
     }
-    let (seq, txs) = decode_payload(payload).ok_or("a payload that does not decode")?;
+    let Payload { seq, now, txs } =
+        decode_payload(payload).ok_or("a payload that does not decode")?;
     Ok(Frame {
         seq,
+        now,
         txs,
         len: 8 + len,
     })
@@ -939,7 +985,7 @@ fn find_valid_frame(bytes: &[u8], from: usize, min_seq: u64, v1_possible: bool) 
             return false;
         }
         match bytes[q + 8] {
-            WAL_V2 => {
+            WAL_V2 | WAL_V3 => {
                 let Some(seq) = bytes
                     .get(q + 9..q + 17)
                     .and_then(|b| b.try_into().ok())
@@ -975,6 +1021,7 @@ fn write_snapshot(path: &Path, s: &UhsState, next_seq: u64) -> Result<(), StoreE
     };
     put(&mut w, SNAPSHOT_MAGIC)?;
     put(&mut w, &next_seq.to_le_bytes())?;
+    put(&mut w, &s.applied.now().to_le_bytes())?;
     put(&mut w, &s.minted.to_le_bytes())?;
     put(&mut w, &s.redeemed.to_le_bytes())?;
     put(&mut w, &(s.unspent.len() as u64).to_le_bytes())?;
@@ -983,8 +1030,9 @@ fn write_snapshot(path: &Path, s: &UhsState, next_seq: u64) -> Result<(), StoreE
         put(&mut w, &v.to_le_bytes())?;
     }
     put(&mut w, &(s.applied.len() as u64).to_le_bytes())?;
-    for t in &s.applied {
+    for (t, (), expires) in s.applied.iter() {
         put(&mut w, t)?;
+        put(&mut w, &expires.to_le_bytes())?;
     }
     let sum = crc.finalize();
     w.write_all(&sum.to_le_bytes()).map_err(io)?;
@@ -1026,20 +1074,27 @@ fn read_snapshot(path: &Path) -> Result<(UhsState, u64, bool), StoreError> {
     let at = |c: &Cursor| (body.len() - c.0.len()) as u64;
     let short =
         |c: &Cursor, what: &str| damaged(path, at(c), what.to_string(), "the end of the file");
-    let v2 = match c.take(8) {
-        Some(m) if m == SNAPSHOT_MAGIC => true,
-        Some(m) if m == SNAPSHOT_MAGIC_V1 => false,
+    let version = match c.take(8) {
+        Some(m) if m == SNAPSHOT_MAGIC => 3,
+        Some(m) if m == SNAPSHOT_MAGIC_V2 => 2,
+        Some(m) if m == SNAPSHOT_MAGIC_V1 => 1,
         _ => {
             return Err(damaged(
                 path,
                 0,
-                "magic FLSNAP02",
+                "magic FLSNAP03",
                 format!("{:02x?}", &body[..8]),
             ))
         }
     };
+    let v2 = version >= 2;
     let next_seq = if v2 {
         c.u64().ok_or_else(|| short(&c, "the record count"))?
+    } else {
+        0
+    };
+    let now = if version >= 3 {
+        c.u64().ok_or_else(|| short(&c, "the clock"))?
     } else {
         0
     };
@@ -1055,10 +1110,17 @@ fn read_snapshot(path: &Path) -> Result<(UhsState, u64, bool), StoreError> {
         s.unspent
             .insert(id, c.u64().ok_or_else(|| short(&c, "a value"))?);
     }
+    s.advance(now);
     let m = c.u64().ok_or_else(|| short(&c, "the txid count"))? as usize;
     s.applied.reserve(m.min(body.len() / 32));
     for _ in 0..m {
-        s.applied.insert(c.id().ok_or_else(|| short(&c, "a txid"))?);
+        let txid = c.id().ok_or_else(|| short(&c, "a txid"))?;
+        let expires = if version >= 3 {
+            c.u64().ok_or_else(|| short(&c, "an expiry"))?
+        } else {
+            FOR_EVER
+        };
+        s.applied.insert(txid, (), expires);
     }
     if !c.0.is_empty() {
         return Err(damaged(

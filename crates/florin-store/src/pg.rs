@@ -3,8 +3,14 @@
 //! one database transaction, so it commits (and syncs, with `synchronous_commit` on) once.
 //!
 //! Schema, in a schema of its own: `uhs(id, value)`, `applied(txid)`, `books(k, v)`.
+//!
+//! Expiry ([`florin_ledger::expiry`]) is decided here before the function runs: an expired
+//! transfer or redeem is answered `Expired` without touching the database, an expired mint
+//! `AlreadyApplied` if `applied` has it. The `applied` table keeps every txid: it lives on the
+//! database's disk, not in Florin's memory (a retention job may delete transfers' rows once
+//! their expiry has passed; nothing here depends on them afterwards).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use florin_crypto::Digest;
@@ -66,6 +72,8 @@ $$;
 pub struct PgStore {
     clients: Vec<Mutex<Client>>,
     next: AtomicUsize,
+    /// The store's clock: the highest `now` a swap was given.
+    clock: AtomicU64,
 }
 
 impl PgStore {
@@ -125,6 +133,7 @@ impl PgStore {
         Ok(PgStore {
             clients,
             next: AtomicUsize::new(0),
+            clock: AtomicU64::new(0),
         })
     }
 
@@ -168,10 +177,11 @@ fn kind(k: TxKind) -> i16 {
 }
 
 impl SwapStore for PgStore {
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        let now = self.clock.fetch_max(now, Ordering::AcqRel).max(now);
         let mut c = self.client()?;
         let mut tx = c.transaction().map_err(db)?;
         let stmt = tx
@@ -179,6 +189,22 @@ impl SwapStore for PgStore {
             .map_err(db)?;
         let mut out = Vec::with_capacity(batch.len());
         for t in batch {
+            if t.expires < now {
+                let kept = t.kind == TxKind::Mint
+                    && tx
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM applied WHERE txid = $1)",
+                            &[&t.txid.as_slice()],
+                        )
+                        .map_err(db)?
+                        .get::<_, bool>(0);
+                out.push(if kept {
+                    SwapOutcome::AlreadyApplied
+                } else {
+                    SwapOutcome::Expired
+                });
+                continue;
+            }
             let inputs: Vec<&[u8]> = t.inputs.iter().map(|i| i.as_slice()).collect();
             let out_ids: Vec<&[u8]> = t.outputs.iter().map(|(i, _)| i.as_slice()).collect();
             let out_values: Vec<i64> = t.outputs.iter().map(|(_, v)| *v as i64).collect();

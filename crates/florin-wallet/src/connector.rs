@@ -93,6 +93,9 @@ pub enum TxVerdict {
     StaticInvalid,
     /// Its inputs are not (all) unspent.
     StateInvalid,
+    /// Its expiry passed and the ledger does not remember applying it: it will never apply
+    /// now. Whether it applied before its expiry, its inputs tell.
+    Expired,
     /// A status this wallet does not know, as the node wrote it.
     Other(String),
 }
@@ -105,6 +108,7 @@ impl TxVerdict {
             "pending" => TxVerdict::Pending,
             "static_invalid" => TxVerdict::StaticInvalid,
             "state_invalid" => TxVerdict::StateInvalid,
+            "expired" => TxVerdict::Expired,
             other => TxVerdict::Other(other.to_string()),
         }
     }
@@ -116,6 +120,7 @@ impl TxVerdict {
             TxVerdict::Pending => "pending",
             TxVerdict::StaticInvalid => "static_invalid",
             TxVerdict::StateInvalid => "state_invalid",
+            TxVerdict::Expired => "expired",
             TxVerdict::Other(s) => s,
         }
     }

@@ -238,7 +238,7 @@ impl fmt::Display for Refusal {
                 format_cents(self.removed.1),
                 format_cents(self.online_cents)
             ),
-            TxVerdict::StateInvalid | TxVerdict::StaticInvalid => write!(
+            TxVerdict::StateInvalid | TxVerdict::StaticInvalid | TxVerdict::Expired => write!(
                 f,
                 "the ledger refused the {what} ({}{why}); nothing was paid and your coins are back \
                  in the wallet",
@@ -513,6 +513,7 @@ impl<'a, C: Connector> Flows<'a, C> {
             .await
             .map_err(FlowError::SubmitUnanswered)?;
         let mut removed = (0, 0);
+        let mut verdict = answer.verdict.clone();
         match answer.verdict {
             TxVerdict::Confirmed => {
                 w.settle_pending(true);
@@ -525,11 +526,29 @@ impl<'a, C: Connector> Flows<'a, C> {
                 self.save(w)?;
                 removed = self.reconcile(w).await?;
             }
+            // Sent again after its expiry (the wallet was away longer than the transaction's
+            // validity): a coin still unspent says it never applied, and now never will; every
+            // coin spent says it applied before it expired. Either way the coins are checked.
+            TxVerdict::Expired => {
+                let mut applied = true;
+                for u in florin_ledger::validate::inputs_of(tx) {
+                    if self.connector.unspent(&u.id()).await? {
+                        applied = false;
+                        break;
+                    }
+                }
+                w.settle_pending(applied);
+                self.save(w)?;
+                removed = self.reconcile(w).await?;
+                if applied {
+                    verdict = TxVerdict::Confirmed;
+                }
+            }
             _ => {}
         }
         self.save(w)?;
         Ok(Settled {
-            verdict: answer.verdict,
+            verdict,
             error: answer.error,
             removed,
         })

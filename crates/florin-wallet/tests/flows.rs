@@ -26,6 +26,9 @@ struct Ledger {
     force: Option<TxVerdict>,
     /// Every call fails as if the node could not be reached.
     down: bool,
+    /// Apply the next submission, then answer it expired (a resubmission after the
+    /// transaction's expiry, whose first answer was lost).
+    expired_after_apply: bool,
     submitted: usize,
     /// Mailboxes (by address) that refuse messages, as a full one does (429).
     full: HashSet<String>,
@@ -110,6 +113,12 @@ impl Connector for FakeNode {
             l.unspent.remove(&i.id());
         }
         l.unspent.extend(outputs.iter().map(Utxo::id));
+        if std::mem::take(&mut l.expired_after_apply) {
+            return Ok(TxAnswer {
+                verdict: TxVerdict::Expired,
+                error: Some("the transaction expired".into()),
+            });
+        }
         Ok(TxAnswer {
             verdict: TxVerdict::Confirmed,
             error: None,
@@ -244,6 +253,40 @@ async fn a_payment_refused_as_state_invalid_removes_coins_spent_elsewhere() {
         msg.starts_with("the ledger refused the payment (state_invalid: input not unspent): 2 of your coins worth €10.00 were already spent elsewhere"),
         "{msg}"
     );
+}
+
+#[tokio::test]
+async fn an_expired_payment_is_settled_by_its_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node();
+    let (mut alice, store) = wallet(&dir, "alice.json", &node);
+    let bob = Wallet::generate(&mut OsRng, node.authority).public_key();
+    let a = Flows::new(&store, &node);
+    a.faucet(&mut alice, 500).await.unwrap();
+    a.faucet(&mut alice, 500).await.unwrap();
+
+    // Expired before it applied (its coins are still unspent): nothing was paid, the coins
+    // are back, and the user is told so.
+    node.ledger.borrow_mut().force = Some(TxVerdict::Expired);
+    let paid = a.pay(&mut alice, bob, 300).await.unwrap();
+    assert_eq!(paid.settled.verdict, TxVerdict::Expired);
+    assert!(alice.pending_tx().is_none());
+    assert_eq!(alice.balance().online_cents, 1_000);
+    let msg = FlowError::from(paid.settled.check("payment", &alice).unwrap_err()).to_string();
+    assert!(
+        msg.contains("(expired: forced); nothing was paid and your coins are back"),
+        "{msg}"
+    );
+
+    // Applied before it expired (the answer was lost, and the resubmission came too late):
+    // its coins are spent, so it is settled as paid.
+    node.ledger.borrow_mut().expired_after_apply = true;
+    let paid = a.pay(&mut alice, bob, 300).await.unwrap();
+    assert_eq!(paid.settled.verdict, TxVerdict::Confirmed);
+    assert!(paid.settled.check("payment", &alice).is_ok());
+    assert!(alice.pending_tx().is_none());
+    assert_eq!(alice.balance().online_cents, 700);
+    assert_eq!(store.load().unwrap().balance().online_cents, 700);
 }
 
 #[tokio::test]

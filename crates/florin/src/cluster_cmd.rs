@@ -433,6 +433,9 @@ pub struct MemberState {
     /// The last alert's words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_alert: Option<String>,
+    /// Shards: confirmed txids remembered to answer replays (bounded by transaction expiry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remembered: Option<u64>,
 }
 
 impl MemberState {
@@ -462,6 +465,7 @@ impl MemberState {
             snapshot: st.and_then(|s| s.snapshot),
             alerts: None,
             last_alert: None,
+            remembered: None,
         }
     }
 }
@@ -557,14 +561,15 @@ fn state(data: &Path) -> Result<ClusterState> {
         };
         let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
         let peer = Peer::new(m.addr.clone(), key, me.clone(), Duration::from_secs(1));
-        let (st, alerts) = match peer.call(&Request::Status) {
-            Ok(Response::Status(s)) => (Some(s.raft), s.alerts),
-            _ => (None, (0, None)),
+        let (st, alerts, remembered) = match peer.call(&Request::Status) {
+            Ok(Response::Status(s)) => (Some(s.raft), s.alerts, Some(s.remembered)),
+            _ => (None, (0, None), None),
         };
         let up = st.is_some();
         let mut state = MemberState::of(role, (g, id), m.addr.clone(), host, pid, up, st.as_ref());
         state.alerts = (alerts.0 > 0).then_some(alerts.0);
         state.last_alert = alerts.1;
+        state.remembered = remembered.filter(|_| role == Role::Shard);
         members.push(state);
     }
     let mut healthy = members

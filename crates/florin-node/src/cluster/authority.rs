@@ -74,6 +74,7 @@ impl Handler for AuthorityService {
                 raft: self.replica.status(),
                 load: (self.applied.load(Ordering::Acquire), 0),
                 alerts: (0, None),
+                remembered: 0,
             }),
             _ => Response::Error(
                 "an authority replica takes Raft messages, registry writes and status".into(),

@@ -73,8 +73,8 @@ impl GroupClient {
     fn attempt(&self, i: usize, req: &Request, left: Duration) -> Attempt {
         let peer = &self.peers[i];
         match req {
-            Request::Submit(_) if self.peers.len() > 1 => self.watched(i, req),
-            Request::Submit(_) | Request::Raft(_) | Request::RegistryWrite(_) => {
+            Request::Submit(..) if self.peers.len() > 1 => self.watched(i, req),
+            Request::Submit(..) | Request::Raft(_) | Request::RegistryWrite(_) => {
                 Attempt::Answer(peer.call(req))
             }
             Request::Unspent(_)

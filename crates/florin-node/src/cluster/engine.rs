@@ -50,8 +50,8 @@ impl Handler for EngineService {
             return Response::Error("submissions and reads only from the engine's clients".into());
         }
         match req {
-            Request::Submit(txs) => {
-                self.blocking(move |s| s.swap(&txs), Response::Submitted)
+            Request::Submit(txs, now) => {
+                self.blocking(move |s| s.swap_at(now, &txs), Response::Submitted)
                     .await
             }
             Request::Unspent(ids) => {
@@ -85,6 +85,7 @@ impl Handler for EngineService {
                 },
                 load: (0, 0),
                 alerts: (0, None),
+                remembered: 0,
             }),
             _ => Response::Error("the engine serves Submit, reads and Status".into()),
         }

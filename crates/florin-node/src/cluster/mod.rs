@@ -364,6 +364,15 @@ impl Member {
         }
     }
 
+    /// A shard replica: how many confirmed txids it remembers to answer replays (0 for a
+    /// coordinator).
+    pub fn remembered(&self) -> u64 {
+        match &self.replica {
+            MemberReplica::Shard(r) => r.with_machine(|m| m.0.remembered().0 as u64),
+            MemberReplica::Coordinator(_) => 0,
+        }
+    }
+
     /// Its Raft status.
     pub fn status(&self) -> florin_cluster::raft::ReplicaStatus {
         match &self.replica {
@@ -572,7 +581,11 @@ impl ClusterStore {
 }
 
 impl SwapStore for ClusterStore {
-    fn swap(&self, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+    /// `now` (the sentinel's clock) goes with the batch: a coordinator's clock is the highest
+    /// its submissions carried, and a shard's the highest its coordinators sent. A sentinel's
+    /// clock far ahead makes shards refuse transactions as expired early (availability, never
+    /// safety: a forgotten transfer's spent inputs stop any replay).
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
         if batch.is_empty() {
             return Ok(vec![]);
         }
@@ -587,7 +600,7 @@ impl SwapStore for ClusterStore {
         while start.elapsed() < self.patience {
             let c = &self.coordinators[(first + attempt) % n];
             attempt += 1;
-            match c.call(&Request::Submit(batch.to_vec()), self.patience) {
+            match c.call(&Request::Submit(batch.to_vec(), now), self.patience) {
                 Ok(Response::Submitted(v)) if v.len() == batch.len() => return Ok(v),
                 // A shard refused a batch of it (every coordinator would get the same answer),
                 // or a transaction stayed locked through every try. Some of its transactions
@@ -881,6 +894,15 @@ impl LocalCluster {
             .values()
             .map(|m| (m.role, m.group, m.status()))
             .collect()
+    }
+
+    /// The most confirmed txids any shard replica remembers (the replay-answer state).
+    pub fn remembered(&self) -> u64 {
+        self.members
+            .values()
+            .map(Member::remembered)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Stops every member.

@@ -31,8 +31,9 @@ const POOL: usize = 16;
 pub enum Request {
     /// A Raft message for this node's group (from a member of it).
     Raft(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
-    /// Compact transactions to apply (to a coordinator leader, from a sentinel).
-    Submit(Vec<CompactTx>),
+    /// Compact transactions to apply (to a coordinator leader, from a sentinel), with the
+    /// sentinel's clock (Unix seconds; [`florin_ledger::expiry`]).
+    Submit(Vec<CompactTx>, u64),
     /// Which of these ids are unspent (a shard leader; linearizable).
     Unspent(#[serde(with = "florin_ledger::bin_serde::ids")] Vec<UhsId>),
     /// Which of these txids are confirmed (a shard leader; linearizable).
@@ -93,6 +94,9 @@ pub struct NodeStatus {
     /// Coordinator: how many alerts it raised since it started (a shard refused a two-phase
     /// command), and the last one's words.
     pub alerts: (u64, Option<String>),
+    /// Shard: confirmed txids it remembers to answer replays (transfers until their expiry,
+    /// mints for ever: the replay-answer state `florin_ledger::expiry` bounds).
+    pub remembered: u64,
 }
 
 /// Why a call failed.

@@ -152,16 +152,19 @@ impl Handler for ShardService {
                 .await
                 .map_or_else(not_leader, Response::Books),
             Request::Status => {
-                let (a, b) = self.replica.with_machine(|m| m.0.in_flight());
+                let ((a, b), remembered) = self
+                    .replica
+                    .with_machine(|m| (m.0.in_flight(), m.0.remembered().0));
                 Response::Status(NodeStatus {
                     role: "shard".into(),
                     group: self.shard,
                     raft: self.replica.status(),
                     load: (a as u64, b as u64),
                     alerts: (0, None),
+                    remembered: remembered as u64,
                 })
             }
-            Request::Submit(_) => Response::Error("a shard takes no submissions".into()),
+            Request::Submit(..) => Response::Error("a shard takes no submissions".into()),
             Request::RegistryWrite(_) | Request::RegistryVersion => {
                 Response::Error("a shard holds no registry".into())
             }
@@ -181,7 +184,8 @@ enum Failed {
 type Answer = Result<Vec<SwapOutcome>, Failed>;
 
 enum EngineMsg {
-    Submit(Vec<CompactTx>, oneshot::Sender<Answer>),
+    /// Transactions and the submitter's clock (Unix seconds).
+    Submit(Vec<CompactTx>, u64, oneshot::Sender<Answer>),
     Input(u64, Input),
     StepDown(u64),
     /// For the operator (see [`alert`]).
@@ -275,16 +279,16 @@ impl Handler for CoordService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::Raft(_) => Response::Error("raft messages only from members".into()),
-            Request::Submit(_) if !self.clients.contains(peer) => {
+            Request::Submit(..) if !self.clients.contains(peer) => {
                 Response::Error("submissions only from the cluster's clients".into())
             }
-            Request::Submit(txs) => {
+            Request::Submit(txs, now) => {
                 if !self.replica.is_leader() {
                     let leader = self.replica.status().leader;
                     return Response::NotLeader(leader.and_then(|l| self.addrs.get(&l).cloned()));
                 }
                 let (tx, rx) = oneshot::channel();
-                if self.engine.send(EngineMsg::Submit(txs, tx)).is_err() {
+                if self.engine.send(EngineMsg::Submit(txs, now, tx)).is_err() {
                     return Response::Error("the coordinator engine stopped".into());
                 }
                 match rx.await {
@@ -300,6 +304,7 @@ impl Handler for CoordService {
                 raft: self.replica.status(),
                 load: self.load.lock().map(|l| *l).unwrap_or_default(),
                 alerts: self.alerts.lock().map(|a| a.clone()).unwrap_or_default(),
+                remembered: 0,
             }),
             _ => Response::Error("a coordinator serves Submit and Status".into()),
         }
@@ -335,11 +340,15 @@ async fn engine_loop(
             msg = rx.recv() => {
                 let Some(msg) = msg else { return };
                 match msg {
-                    EngineMsg::Submit(txs, reply) => match engine.as_mut() {
+                    EngineMsg::Submit(txs, now, reply) => match engine.as_mut() {
                         Some(e) => {
                             next_ticket += 1;
                             waiters.insert(next_ticket, reply);
-                            outputs = e.handle(Input::Submit { ticket: next_ticket, txs });
+                            outputs = e.handle(Input::Submit {
+                                ticket: next_ticket,
+                                txs,
+                                now,
+                            });
                         }
                         None => {
                             let _ = reply.send(Err(Failed::Retry("not the leader; retry".into())));

@@ -203,9 +203,15 @@ impl Psp {
                 )))
             }
         };
+        let st = match st {
+            // Expired on its first sending (a clock far off): its inputs say whether it
+            // applied.
+            TxStatus::Expired(_) if self.applied_before_expiry(&t).await? => TxStatus::Confirmed,
+            other => other,
+        };
         match &st {
             TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
-            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) => {
+            TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) | TxStatus::Expired(e) => {
                 self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
                 return Err(PspError::Refused(format!(
                     "the ledger refused the payment: {} {e}",

@@ -22,6 +22,15 @@ impl Psp {
                 Ok(TxStatus::StaticInvalid(_) | TxStatus::StateInvalid(_)) => {
                     self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                 }
+                // Sent again after its expiry: the ledger no longer says whether it applied,
+                // its inputs do.
+                Ok(TxStatus::Expired(_)) => {
+                    if self.applied_before_expiry(&t).await? {
+                        self.books.apply(&txid, &p)?;
+                    } else {
+                        self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
+                    }
+                }
                 _ => left += 1,
             }
         }
@@ -62,6 +71,21 @@ impl Psp {
     /// A refused payment: asks the ledger which of its inputs are gone, then drops the
     /// pending record and those coins in one write (if the ledger cannot be asked, nothing
     /// changes and the payment is tried again).
+    /// Whether a payment the ledger answers expired applied before its expiry: every input
+    /// is spent (the account's pending payment holds its inputs, so nothing else of this
+    /// provider spends them). Otherwise it never applied, and now never will.
+    pub(super) async fn applied_before_expiry(
+        &self,
+        t: &florin_ledger::Transfer,
+    ) -> Result<bool, PspError> {
+        for u in &t.inputs {
+            if self.is_unspent(&u.id()).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     pub(super) async fn drop_refused(
         &self,
         txid: Option<&[u8; 32]>,
