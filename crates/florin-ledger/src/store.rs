@@ -250,7 +250,7 @@ pub mod testing {
         assert!(s.is_unspent(&id(101)).unwrap() && !s.is_unspent(&id(111)).unwrap());
         // Within its validity a replay is answered as one.
         assert_eq!(
-            s.swap_at(t0 + 10, &[pay.clone()]).unwrap(),
+            s.swap_at(t0 + 10, std::slice::from_ref(&pay)).unwrap(),
             vec![AlreadyApplied]
         );
         // After it, the replay is refused as expired: never applied again, never "missing".
