@@ -222,7 +222,9 @@ impl Authority {
     /// Builds a credit again after its transactions expired unapplied ([`florin_ledger::expiry`]):
     /// the same payment to the same depositor, from `unspent` (the credit's reserve outputs
     /// still unspent: the ones it was built from and those of joins that did apply), under a
-    /// fresh expiry. The new intent replaces the old one in one registry write.
+    /// fresh expiry. The new intent replaces the old one in one registry write, and any of
+    /// `unspent` the new payment does not spend goes back to the reserve table (the old intent
+    /// took them out of it), so the reserve's books stay whole.
     pub(crate) fn renew_credit(
         &self,
         old: &CreditIntent,
@@ -238,7 +240,9 @@ impl Authority {
             .map_err(|source| StorageError::Credit { cents, source })?;
         let mut txs = Vec::with_capacity(drafts.len());
         let mut last = None;
+        let mut chosen = std::collections::BTreeSet::new();
         for d in drafts {
+            chosen.extend(d.chosen.iter().copied());
             let change = d.change;
             let signer = self.signer();
             let signers = vec![signer; d.transfer.inputs.len()];
@@ -251,6 +255,12 @@ impl Authority {
         let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
             return Err(NodeError::storage("crediting built no transaction"));
         };
+        let unused: Vec<Utxo> = unspent
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !chosen.contains(i))
+            .map(|(_, u)| *u)
+            .collect();
         let intent = CreditIntent {
             before: txs,
             credit: created[0],
@@ -266,6 +276,10 @@ impl Authority {
                 ));
             }
             credits.insert(new_key.as_slice(), value.as_slice())?;
+            let mut reserve = tx.open_table(RESERVE)?;
+            for u in &unused {
+                reserve.insert(u.id().as_slice(), u.encode().as_slice())?;
+            }
             Ok(())
         })?;
         Ok(intent)
@@ -579,7 +593,22 @@ async fn settle_chain(
         return Ok(info);
     }
     // Expired unapplied (the node was down longer than the credit's validity): the same
-    // credit again from the reserve outputs it still holds, under a fresh expiry.
+    // credit again from the reserve outputs it still holds, under a fresh expiry. First wait
+    // until no ledger could still apply the old one: a sentinel whose clock lags this one's by
+    // up to the tolerated skew may still pass it, and shards take their clock from sentinels.
+    let last_expiry = intent
+        .transactions()
+        .map(Transaction::expires)
+        .max()
+        .unwrap_or(0);
+    let safe_after = last_expiry.saturating_add(2 * florin_ledger::expiry::CLOCK_SKEW_SECS);
+    while florin_ledger::expiry::unix_now() <= safe_after {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    if let Some(info) = settle_once(authority, ledger, &intent).await? {
+        // It applied after all (a lagging sentinel passed it meanwhile).
+        return Ok(info);
+    }
     let l = ledger.clone();
     let old = intent.clone();
     let unspent = tokio::task::spawn_blocking(move || -> Result<Vec<Utxo>, NodeError> {
