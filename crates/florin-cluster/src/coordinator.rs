@@ -392,7 +392,9 @@ impl Coordinator {
         let mut out = Vec::new();
         match input {
             Input::Submit { ticket, txs, now } => {
-                self.wall = self.wall.max(now);
+                if !txs.is_empty() {
+                    self.wall = self.wall.max(now);
+                }
                 if txs.is_empty() {
                     out.push(Output::Answer {
                         ticket,
@@ -954,13 +956,15 @@ pub fn decide(votes: &[Vote]) -> Decision {
         Decision::Confirming
     } else if votes.contains(&Vote::InFlight) {
         Decision::Wait
+    } else if votes.contains(&Vote::Busy) {
+        // Before expired and missing: the batch holding the input may be this transaction's
+        // own, still committing on that shard; answered once it has finished.
+        Decision::Retry
     } else if votes.contains(&Vote::Expired) {
         // Before missing: a replay after expiry finds its inputs spent on the other shards.
         Decision::Expired
     } else if votes.contains(&Vote::Missing) {
         Decision::Missing
-    } else if votes.contains(&Vote::Busy) {
-        Decision::Retry
     } else {
         Decision::Commit
     }
@@ -1530,7 +1534,9 @@ mod tests {
         assert_eq!(decide(&[Ok, Applied, Missing]), Decision::Applied);
         assert_eq!(decide(&[Ok, Committing, Missing]), Decision::Confirming);
         assert_eq!(decide(&[InFlight, Busy]), Decision::Wait);
-        assert_eq!(decide(&[Busy, Missing]), Decision::Missing);
+        // A locked input is retried before a missing one is answered: the lock may be this
+        // transaction's own batch, still committing on that shard.
+        assert_eq!(decide(&[Busy, Missing]), Decision::Retry);
         assert_eq!(decide(&[Ok, Busy]), Decision::Retry);
         assert_eq!(decide(&[Ok, Ok]), Decision::Commit);
         // A replay whose first batch is still committing elsewhere is held back, and answered

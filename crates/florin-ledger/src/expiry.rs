@@ -45,6 +45,16 @@ pub fn default_expiry() -> u64 {
     unix_now().saturating_add(DEFAULT_TTL_SECS)
 }
 
+/// Whether an `expired` answer about a transaction with this expiry is final at `now`: no
+/// ledger can still apply it. A sentinel whose clock lags by up to [`CLOCK_SKEW_SECS`] may
+/// still pass it, and the transaction may still be in a batch committing on some shard; twice
+/// the skew after its expiry neither holds. Before that, whoever asks waits and asks again.
+/// A version-1 transaction ([`crate::tx::LEGACY_EXPIRES`]) is refused by every ledger: its
+/// answer is final at once.
+pub fn expired_for_good(expires: u64, now: u64) -> bool {
+    expires == crate::tx::LEGACY_EXPIRES || now > expires.saturating_add(2 * CLOCK_SKEW_SECS)
+}
+
 /// Why a transaction's expiry is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum ExpiryError {
@@ -90,7 +100,7 @@ type Fast = foldhash::fast::RandomState;
 /// Forgetting costs one map removal per txid: txids are grouped by expiry second, and a
 /// clock advance pops the seconds that passed.
 ///
-/// Each second's txids are kept in chunks of [`CHUNK`] (32 KiB), and the chunks of seconds
+/// Each second's txids are kept in chunks of [`CHUNK`] (8 KiB), and the chunks of seconds
 /// that passed are kept for reuse (as many as were ever live at once): at a steady
 /// transaction rate nothing is allocated or freed once the memory has warmed up, so resident
 /// memory stays flat instead of drifting with the allocator's fragmentation.
@@ -105,7 +115,7 @@ pub struct TxMemory<V> {
 }
 
 /// Txids per chunk of [`TxMemory`]'s expiry index.
-pub const CHUNK: usize = 1024;
+pub const CHUNK: usize = 256;
 
 impl<V> Default for TxMemory<V> {
     fn default() -> Self {
@@ -257,6 +267,14 @@ mod tests {
         // Inserting a remembered txid again keeps one entry.
         m.insert(t(3), 'e', FOR_EVER);
         assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn an_expired_answer_is_final_twice_the_skew_after_the_expiry() {
+        assert!(!expired_for_good(1000, 1000 + 2 * CLOCK_SKEW_SECS));
+        assert!(expired_for_good(1000, 1001 + 2 * CLOCK_SKEW_SECS));
+        assert!(!expired_for_good(u64::MAX - 1, u64::MAX));
+        assert!(expired_for_good(crate::tx::LEGACY_EXPIRES, 0));
     }
 
     #[test]

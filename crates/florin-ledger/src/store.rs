@@ -18,9 +18,9 @@ pub enum SwapOutcome {
     MissingInput,
     /// The transaction was applied before; nothing changed (a replay).
     AlreadyApplied,
-    /// Its expiry has passed and the store does not remember applying it: nothing changed,
-    /// and nothing will (a transfer applied before is forgotten after its expiry; its spent
-    /// inputs say whether it was). Last, so older encodings still decode.
+    /// Its expiry has passed and the store does not remember applying it: nothing changed
+    /// (a transfer applied before is forgotten after its expiry; its spent inputs say whether
+    /// it was). Last, so older encodings still decode.
     Expired,
 }
 
@@ -235,7 +235,8 @@ pub mod testing {
             t.expires = at;
             t
         };
-        let t0 = 1 << 32;
+        // Near real time: a replicated store never takes a clock far ahead of its own.
+        let t0 = crate::expiry::unix_now();
         assert_eq!(
             s.swap_at(t0, &[soon(mint(100, &[(100, 100), (101, 100)]), t0 + 10)])
                 .unwrap(),

@@ -33,6 +33,14 @@ pub const SCHEME_P256: u8 = 2;
 pub const P256_KEY_DOMAIN: &str = "florin/ledger/p256-key/v1";
 /// Version byte of the transaction encoding (2: every transaction carries `expires`).
 pub const TX_VERSION: u8 = 2;
+/// The version before expiries existed. Such transactions still decode (wallets, payment
+/// providers and the authority may hold one that was in flight), with `expires` =
+/// [`LEGACY_EXPIRES`]; they keep their version-1 encoding and txid, and every ledger refuses
+/// them (an expiry that far ahead never passes the edge), so a holder settles them by their
+/// inputs as it settles an expired transaction.
+pub const TX_VERSION_1: u8 = 1;
+/// The `expires` of a version-1 transaction.
+pub const LEGACY_EXPIRES: u64 = u64::MAX;
 /// Most inputs or outputs in one transaction.
 pub const MAX_IO: usize = 1024;
 
@@ -295,7 +303,9 @@ impl Transfer {
         let mut body = Vec::with_capacity(
             12 + self.inputs.len() * Utxo::LEN + self.outputs.len() * Output::LEN,
         );
-        body.extend_from_slice(&self.expires.to_le_bytes());
+        if self.expires != LEGACY_EXPIRES {
+            body.extend_from_slice(&self.expires.to_le_bytes());
+        }
         encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
         encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
         hash("florin/ledger/transfer/v1", &[&body])
@@ -323,7 +333,10 @@ pub struct Mint {
 impl Mint {
     /// The txid.
     pub fn txid(&self) -> Digest {
-        let mut body = self.expires.to_le_bytes().to_vec();
+        let mut body = Vec::with_capacity(40 + self.outputs.len() * Output::LEN);
+        if self.expires != LEGACY_EXPIRES {
+            body.extend_from_slice(&self.expires.to_le_bytes());
+        }
         body.extend_from_slice(&self.nonce);
         encode_list(&mut body, &self.outputs, |x, o| x.encode_into(o));
         hash("florin/ledger/mint/v1", &[&body])
@@ -351,7 +364,10 @@ pub struct Redeem {
 impl Redeem {
     /// The txid.
     pub fn txid(&self) -> Digest {
-        let mut body = self.expires.to_le_bytes().to_vec();
+        let mut body = Vec::with_capacity(10 + self.inputs.len() * Utxo::LEN);
+        if self.expires != LEGACY_EXPIRES {
+            body.extend_from_slice(&self.expires.to_le_bytes());
+        }
         encode_list(&mut body, &self.inputs, |u, o| u.encode_into(o));
         hash("florin/ledger/redeem/v1", &[&body])
     }
@@ -407,27 +423,34 @@ impl Transaction {
         }
     }
 
-    /// The canonical encoding: version, kind, expiry, then the kind's fields.
+    /// The canonical encoding: version, kind, expiry, then the kind's fields (a version-1
+    /// transaction, [`LEGACY_EXPIRES`], in version 1's: no expiry).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![TX_VERSION];
+        let legacy = self.expires() == LEGACY_EXPIRES;
+        let mut out = vec![if legacy { TX_VERSION_1 } else { TX_VERSION }];
+        let expiry = |out: &mut Vec<u8>, e: u64| {
+            if !legacy {
+                out.extend_from_slice(&e.to_le_bytes());
+            }
+        };
         match self {
             Transaction::Transfer(t) => {
                 out.push(1);
-                out.extend_from_slice(&t.expires.to_le_bytes());
+                expiry(&mut out, t.expires);
                 encode_list(&mut out, &t.inputs, |u, o| u.encode_into(o));
                 encode_list(&mut out, &t.outputs, |x, o| x.encode_into(o));
                 encode_list(&mut out, &t.witnesses, |w, o| w.encode_into(o));
             }
             Transaction::Mint(m) => {
                 out.push(2);
-                out.extend_from_slice(&m.expires.to_le_bytes());
+                expiry(&mut out, m.expires);
                 out.extend_from_slice(&m.nonce);
                 encode_list(&mut out, &m.outputs, |x, o| x.encode_into(o));
                 out.extend_from_slice(&m.issuer_signature.0);
             }
             Transaction::Redeem(d) => {
                 out.push(3);
-                out.extend_from_slice(&d.expires.to_le_bytes());
+                expiry(&mut out, d.expires);
                 encode_list(&mut out, &d.inputs, |u, o| u.encode_into(o));
                 encode_list(&mut out, &d.witnesses, |w, o| w.encode_into(o));
                 out.extend_from_slice(&d.issuer_signature.0);
@@ -436,15 +459,31 @@ impl Transaction {
         out
     }
 
-    /// Decodes a transaction, rejecting trailing bytes and unknown versions or kinds.
+    /// Decodes a transaction (version 2, or version 1 with [`LEGACY_EXPIRES`]), rejecting
+    /// trailing bytes and unknown versions or kinds.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes);
-        r.version(TX_VERSION, "transaction")?;
+        let version = r.u8("transaction")?;
+        if version != TX_VERSION && version != TX_VERSION_1 {
+            return Err(DecodeError::UnknownVersion {
+                what: "transaction",
+                found: version,
+            });
+        }
         let kind = r.u8("transaction kind")?;
         if !(1..=3).contains(&kind) {
             return Err(DecodeError::Invalid("transaction kind"));
         }
-        let expires = r.u64("expiry")?;
+        let expires = if version == TX_VERSION_1 {
+            LEGACY_EXPIRES
+        } else {
+            let e = r.u64("expiry")?;
+            // One encoding per transaction: the legacy expiry only in the legacy layout.
+            if e == LEGACY_EXPIRES {
+                return Err(DecodeError::Invalid("expiry"));
+            }
+            e
+        };
         let tx = match kind {
             1 => Transaction::Transfer(Transfer {
                 inputs: decode_list(&mut r, "inputs", Utxo::LEN, Utxo::decode_from)?,

@@ -91,6 +91,50 @@ fn funded() -> (Vec<Utxo>, LocalSigner, LocalSigner) {
 }
 
 #[test]
+fn version_1_transactions_still_decode_with_their_txid_and_every_edge_refuses_them() {
+    use florin_ledger::tx::LEGACY_EXPIRES;
+    // `funded()`'s transfer of both inputs to `b`, as the encoder wrote it before expiries
+    // existed: its pinned bytes (length and hash) come back from a version-1 transaction.
+    let (a, b) = (key(1), key(2));
+    let mut m = mint(vec![out(70, &a), out(30, &a)], 1);
+    m.expires = LEGACY_EXPIRES;
+    m.issuer_signature = issuer().sign(&m.txid()).unwrap();
+    let u = m.output_utxos();
+    let mut t = Transfer {
+        expires: LEGACY_EXPIRES,
+        inputs: u,
+        outputs: vec![out(100, &b)],
+        witnesses: vec![],
+    };
+    let txid = t.txid();
+    t.witnesses = vec![Witness::ed25519(a.public_key(), a.sign(&txid).unwrap()); 2];
+    let tx = Transaction::Transfer(t);
+    let bytes = tx.encode();
+    assert_eq!(bytes[0], 1, "version 1");
+    assert_eq!(bytes.len(), 389);
+    assert_eq!(
+        hex::encode(florin_crypto::hash("pin", &[&bytes])),
+        "0d949b29963c95c954ea3699da8e066fa3e33a07133c1eceff989a4c89fb8d4e"
+    );
+    assert_eq!(Transaction::decode(&bytes), Ok(tx.clone()));
+    assert_eq!(tx.txid(), txid);
+    assert!(
+        check(&tx).is_ok(),
+        "its signatures are over its version-1 txid"
+    );
+    // Every ledger refuses it: its expiry never passes the edge.
+    assert!(matches!(
+        florin_ledger::expiry::check(tx.expires(), florin_ledger::expiry::unix_now()),
+        Err(florin_ledger::ExpiryError::TooFarAhead { .. })
+    ));
+    // One encoding per transaction: version 2 with the legacy expiry is refused.
+    let mut v2 = bytes.clone();
+    v2[0] = 2;
+    v2.splice(2..2, u64::MAX.to_le_bytes());
+    assert!(Transaction::decode(&v2).is_err());
+}
+
+#[test]
 fn a_valid_transfer_compacts_and_roundtrips() {
     let (u, a, b) = funded();
     let t = transfer(u.clone(), &[&a, &a], vec![out(60, &b), out(40, &a)]);

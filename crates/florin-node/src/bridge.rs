@@ -584,6 +584,24 @@ fn all_inputs_spent(ledger: &crate::ledger::Ledger, tx: &Transaction) -> Result<
     Ok(true)
 }
 
+/// Whether a credit's payment applied, told by the ledger's unspent set alone (its txid may be
+/// forgotten). An id not unspent is spent *or never existed*, so "every input spent" proves a
+/// transaction applied only for inputs known to have existed: the original reserve outputs
+/// (confirmed when they joined the reserve, and spent only by this credit). So each join must
+/// have applied (its inputs, original reserve outputs, all spent) before the payment's inputs,
+/// some of which are the joins' outputs, say anything.
+fn credit_applied(
+    ledger: &crate::ledger::Ledger,
+    intent: &CreditIntent,
+) -> Result<bool, NodeError> {
+    for join in &intent.before {
+        if !all_inputs_spent(ledger, join)? {
+            return Ok(false);
+        }
+    }
+    all_inputs_spent(ledger, &intent.tx)
+}
+
 async fn settle_chain(
     authority: &std::sync::Arc<Authority>,
     ledger: &std::sync::Arc<crate::ledger::Ledger>,
@@ -601,8 +619,7 @@ async fn settle_chain(
         .map(Transaction::expires)
         .max()
         .unwrap_or(0);
-    let safe_after = last_expiry.saturating_add(2 * florin_ledger::expiry::CLOCK_SKEW_SECS);
-    while florin_ledger::expiry::unix_now() <= safe_after {
+    while !florin_ledger::expiry::expired_for_good(last_expiry, florin_ledger::expiry::unix_now()) {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
     if let Some(info) = settle_once(authority, ledger, &intent).await? {
@@ -612,12 +629,15 @@ async fn settle_chain(
     let l = ledger.clone();
     let old = intent.clone();
     let unspent = tokio::task::spawn_blocking(move || -> Result<Vec<Utxo>, NodeError> {
-        let me = old.credit.encumbrance;
+        // The original reserve outputs and the outputs of joins that applied; never the
+        // payment's own outputs (they exist only if it applied, and then nothing is renewed).
         let mut candidates: Vec<Utxo> = Vec::new();
         for t in old.transactions() {
             candidates.extend(florin_ledger::validate::inputs_of(t).iter().copied());
+        }
+        for t in &old.before {
             if let Transaction::Transfer(t) = t {
-                candidates.extend(t.output_utxos().into_iter().filter(|u| u.encumbrance != me));
+                candidates.extend(t.output_utxos());
             }
         }
         candidates.sort_by_key(|u| u.id());
@@ -656,13 +676,13 @@ async fn settle_once(
     use crate::api::{CreditInfo, LedgerTxStatus};
     use crate::ledger::TxStatus;
     let intent = intent.clone();
-    // A payment answered expired applied before its expiry if its inputs are all spent (they
-    // are reserve outputs only this credit spends).
-    let (l, pay) = (ledger.clone(), intent.tx.clone());
+    // A payment answered expired applied before its expiry if it and its joins spent their
+    // inputs ([`credit_applied`]).
+    let (l, whole) = (ledger.clone(), intent.clone());
     let pay_applied = move || {
-        let (l, pay) = (l.clone(), pay.clone());
+        let (l, whole) = (l.clone(), whole.clone());
         async move {
-            tokio::task::spawn_blocking(move || all_inputs_spent(&l, &pay))
+            tokio::task::spawn_blocking(move || credit_applied(&l, &whole))
                 .await
                 .map_err(|e| NodeError::task("worker", e))?
         }

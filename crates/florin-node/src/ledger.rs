@@ -43,8 +43,8 @@ pub enum TxStatus {
     /// Committed and durable.
     Confirmed,
     /// Its expiry has passed (or lies too far ahead) and the ledger does not remember applying
-    /// it: nothing changed, nothing will. Whether it applied before its expiry is told by its
-    /// inputs (spent) and outputs (they exist or were spent).
+    /// it: nothing changed. Final once [`florin_ledger::expiry::expired_for_good`]; then
+    /// whether it applied before its expiry its inputs tell (spent or not).
     Expired(String),
 }
 

@@ -1104,7 +1104,9 @@ fn read_snapshot(path: &Path) -> Result<(UhsState, u64, bool), StoreError> {
         ..Default::default()
     };
     let n = c.u64().ok_or_else(|| short(&c, "the id count"))? as usize;
-    s.unspent.reserve(n.min(body.len() / 40));
+    // Twice the entries, as `keep_room` keeps it (no rehash of the whole set at the first
+    // swap after opening).
+    s.unspent.reserve(2 * n.min(body.len() / 40));
     for _ in 0..n {
         let id = c.id().ok_or_else(|| short(&c, "an id"))?;
         s.unspent

@@ -7,8 +7,8 @@
 //! Expiry ([`florin_ledger::expiry`]) is decided here before the function runs: an expired
 //! transfer or redeem is answered `Expired` without touching the database, an expired mint
 //! `AlreadyApplied` if `applied` has it. The `applied` table keeps every txid: it lives on the
-//! database's disk, not in Florin's memory (a retention job may delete transfers' rows once
-//! their expiry has passed; nothing here depends on them afterwards).
+//! database's disk, not in Florin's memory. It records neither kind nor expiry, so its rows
+//! cannot be pruned safely as they are (a mint's row must stay for ever).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;

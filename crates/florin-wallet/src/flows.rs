@@ -368,6 +368,8 @@ pub struct Flows<'a, C> {
     store: &'a dyn WalletStore,
     connector: &'a C,
     notify: Box<dyn Fn(&Notice) + 'a>,
+    /// The clock (Unix seconds) an `expired` answer is judged final by.
+    clock: fn() -> u64,
 }
 
 impl<'a, C: Connector> Flows<'a, C> {
@@ -377,7 +379,14 @@ impl<'a, C: Connector> Flows<'a, C> {
             store,
             connector,
             notify: Box::new(|_| {}),
+            clock: florin_ledger::expiry::unix_now,
         }
+    }
+
+    /// Judges `expired` answers by `clock` instead of this machine's (tests).
+    pub fn with_clock(mut self, clock: fn() -> u64) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Tells `f` about [`Notice`]s as they happen.
@@ -529,6 +538,13 @@ impl<'a, C: Connector> Flows<'a, C> {
             // Sent again after its expiry (the wallet was away longer than the transaction's
             // validity): a coin still unspent says it never applied, and now never will; every
             // coin spent says it applied before it expired. Either way the coins are checked.
+            // Expired only just now: the ledger may still be committing it. Left in flight:
+            // `sync` settles it once the answer is final.
+            TxVerdict::Expired
+                if !florin_ledger::expiry::expired_for_good(tx.expires(), (self.clock)()) =>
+            {
+                verdict = TxVerdict::Pending;
+            }
             TxVerdict::Expired => {
                 let mut applied = true;
                 for u in florin_ledger::validate::inputs_of(tx) {

@@ -265,6 +265,19 @@ async fn an_expired_payment_is_settled_by_its_inputs() {
     a.faucet(&mut alice, 500).await.unwrap();
     a.faucet(&mut alice, 500).await.unwrap();
 
+    // Expired only just now (the ledger's clock ahead of this one): it may still be
+    // committing, so it stays in flight and nothing is concluded.
+    node.ledger.borrow_mut().force = Some(TxVerdict::Expired);
+    let paid = a.pay(&mut alice, bob, 300).await.unwrap();
+    assert_eq!(paid.settled.verdict, TxVerdict::Pending);
+    assert!(alice.pending_tx().is_some());
+    // Long after its expiry (a clock 20 minutes on), the answer is final.
+    let a = Flows::new(&store, &node).with_clock(|| florin_ledger::expiry::unix_now() + 1200);
+    node.ledger.borrow_mut().force = Some(TxVerdict::Expired);
+    a.sync(&mut alice).await.unwrap();
+    assert!(alice.pending_tx().is_none());
+    assert_eq!(alice.balance().online_cents, 1_000);
+
     // Expired before it applied (its coins are still unspent): nothing was paid, the coins
     // are back, and the user is told so.
     node.ledger.borrow_mut().force = Some(TxVerdict::Expired);

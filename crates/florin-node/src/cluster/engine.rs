@@ -51,6 +51,10 @@ impl Handler for EngineService {
         }
         match req {
             Request::Submit(txs, now) => {
+                // Never more than the tolerated skew past this machine's clock.
+                let now = now.min(
+                    florin_ledger::expiry::unix_now() + florin_ledger::expiry::CLOCK_SKEW_SECS,
+                );
                 self.blocking(move |s| s.swap_at(now, &txs), Response::Submitted)
                     .await
             }

@@ -288,6 +288,12 @@ impl Handler for CoordService {
                     return Response::NotLeader(leader.and_then(|l| self.addrs.get(&l).cloned()));
                 }
                 let (tx, rx) = oneshot::channel();
+                // A submitter's clock never moves this group's past its own by more than the
+                // tolerated skew (a clock stepped far ahead would otherwise make every shard
+                // refuse transactions as expired until real time caught up).
+                let now = now.min(
+                    florin_ledger::expiry::unix_now() + florin_ledger::expiry::CLOCK_SKEW_SECS,
+                );
                 if self.engine.send(EngineMsg::Submit(txs, now, tx)).is_err() {
                     return Response::Error("the coordinator engine stopped".into());
                 }

@@ -206,6 +206,15 @@ impl Psp {
         let st = match st {
             // Expired on its first sending (a clock far off): its inputs say whether it
             // applied.
+            // Only just expired: it may still be committing; resolved in the background.
+            TxStatus::Expired(_)
+                if !florin_ledger::expiry::expired_for_good(
+                    t.expires,
+                    florin_ledger::expiry::unix_now(),
+                ) =>
+            {
+                TxStatus::Pending
+            }
             TxStatus::Expired(_) if self.applied_before_expiry(&t).await? => TxStatus::Confirmed,
             other => other,
         };

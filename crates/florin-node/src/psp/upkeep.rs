@@ -24,6 +24,15 @@ impl Psp {
                 }
                 // Sent again after its expiry: the ledger no longer says whether it applied,
                 // its inputs do.
+                Ok(TxStatus::Expired(_))
+                    if !florin_ledger::expiry::expired_for_good(
+                        t.expires,
+                        florin_ledger::expiry::unix_now(),
+                    ) =>
+                {
+                    // Only just expired: it may still be committing; asked again later.
+                    left += 1;
+                }
                 Ok(TxStatus::Expired(_)) => {
                     if self.applied_before_expiry(&t).await? {
                         self.books.apply(&txid, &p)?;
