@@ -139,6 +139,63 @@ pub struct Audit {
 }
 
 impl Authority {
+    /// Builds and signs a credit of `cents` to `to` from the reserve outputs `from` (joining
+    /// them first when one transaction cannot take them all): the intent, and the indices in
+    /// `from` of the outputs it spends. What it spends is exactly what the payment is paid
+    /// from (through its joins), or the reserve's books would lose or invent value.
+    fn build_credit(
+        &self,
+        from: &[Utxo],
+        to: Encumbrance,
+        cents: u64,
+    ) -> Result<(CreditIntent, Vec<usize>), NodeError> {
+        let me = Encumbrance::ed25519(&self.public_key());
+        let pay = Output {
+            value: cents,
+            encumbrance: to,
+        };
+        let drafts = florin_ledger::build::payment_chain(from, pay, me)
+            .map_err(|source| StorageError::Credit { cents, source })?;
+        let mut chosen: Vec<usize> = Vec::new();
+        let mut txs = Vec::with_capacity(drafts.len());
+        let mut last = None;
+        for d in drafts {
+            chosen.extend(d.chosen.iter().copied());
+            let change = d.change;
+            let signer = self.signer();
+            let signers = vec![signer; d.transfer.inputs.len()];
+            let t = d
+                .sign(&signers)
+                .map_err(crate::error::SignerFailure::from)?;
+            last = Some((t.output_utxos(), change));
+            txs.push(Transaction::Transfer(t));
+        }
+        let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
+            return Err(NodeError::storage("crediting built no transaction"));
+        };
+        let removed: u64 = chosen
+            .iter()
+            .filter_map(|&i| from.get(i))
+            .map(|u| u.value)
+            .sum();
+        let paid_from: u64 = match &tx_pay {
+            Transaction::Transfer(t) => t.inputs.iter().map(|u| u.value).sum(),
+            _ => 0,
+        };
+        if removed != paid_from {
+            return Err(NodeError::storage(format!(
+                "crediting {cents} cents: {removed} cents would leave the reserve for a payment from {paid_from}"
+            )));
+        }
+        let intent = CreditIntent {
+            before: txs,
+            credit: created[0],
+            change: change.map(|i| created[i]),
+            tx: tx_pay,
+        };
+        Ok((intent, chosen))
+    }
+
     /// Records a credit of `cents` to `depositor` from the reserve, inside the deposit's write
     /// transaction: the reserve outputs it spends leave the reserve table and the intent is
     /// stored, all or nothing with the tokens leaving circulation.
@@ -169,49 +226,9 @@ impl Authority {
             }
             .into());
         }
-        let me = Encumbrance::ed25519(&self.public_key());
-        let pay = Output {
-            value: cents,
-            encumbrance: Encumbrance::ed25519(depositor),
-        };
-        let drafts = florin_ledger::build::payment_chain(&offered, pay, me)
-            .map_err(|source| StorageError::Credit { cents, source })?;
-        let mut spent: Vec<&Utxo> = Vec::new();
-        let mut txs = Vec::with_capacity(drafts.len());
-        let mut last = None;
-        for d in drafts {
-            spent.extend(d.chosen.iter().filter_map(|&i| offered.get(i)));
-            let change = d.change;
-            let signer = self.signer();
-            let signers = vec![signer; d.transfer.inputs.len()];
-            let t = d
-                .sign(&signers)
-                .map_err(crate::error::SignerFailure::from)?;
-            last = Some((t.output_utxos(), change));
-            txs.push(Transaction::Transfer(t));
-        }
-        let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
-            return Err(NodeError::storage("crediting built no transaction"));
-        };
-        // What leaves the reserve table is exactly what the payment spends (through its joins):
-        // otherwise the books would lose or invent reserve value.
-        let removed: u64 = spent.iter().map(|u| u.value).sum();
-        let paid_from: u64 = match &tx_pay {
-            Transaction::Transfer(t) => t.inputs.iter().map(|u| u.value).sum(),
-            _ => 0,
-        };
-        if removed != paid_from {
-            return Err(NodeError::storage(format!(
-                "crediting {cents} cents: {removed} cents would leave the reserve for a payment from {paid_from}"
-            )));
-        }
-        let intent = CreditIntent {
-            before: txs,
-            credit: created[0],
-            change: change.map(|i| created[i]),
-            tx: tx_pay,
-        };
-        for u in spent {
+        let (intent, chosen) =
+            self.build_credit(&offered, Encumbrance::ed25519(depositor), cents)?;
+        for u in chosen.iter().filter_map(|&i| offered.get(i)) {
             reserve.remove(u.id().as_slice())?;
         }
         tx.open_table(CREDITS)?
@@ -230,43 +247,14 @@ impl Authority {
         old: &CreditIntent,
         unspent: &[Utxo],
     ) -> Result<CreditIntent, NodeError> {
-        let me = Encumbrance::ed25519(&self.public_key());
-        let pay = Output {
-            value: old.credit.value,
-            encumbrance: old.credit.encumbrance,
-        };
-        let cents = pay.value;
-        let drafts = florin_ledger::build::payment_chain(unspent, pay, me)
-            .map_err(|source| StorageError::Credit { cents, source })?;
-        let mut txs = Vec::with_capacity(drafts.len());
-        let mut last = None;
-        let mut chosen = std::collections::BTreeSet::new();
-        for d in drafts {
-            chosen.extend(d.chosen.iter().copied());
-            let change = d.change;
-            let signer = self.signer();
-            let signers = vec![signer; d.transfer.inputs.len()];
-            let t = d
-                .sign(&signers)
-                .map_err(crate::error::SignerFailure::from)?;
-            last = Some((t.output_utxos(), change));
-            txs.push(Transaction::Transfer(t));
-        }
-        let (Some(tx_pay), Some((created, change))) = (txs.pop(), last) else {
-            return Err(NodeError::storage("crediting built no transaction"));
-        };
+        let (intent, chosen) =
+            self.build_credit(unspent, old.credit.encumbrance, old.credit.value)?;
         let unused: Vec<Utxo> = unspent
             .iter()
             .enumerate()
             .filter(|(i, _)| !chosen.contains(i))
             .map(|(_, u)| *u)
             .collect();
-        let intent = CreditIntent {
-            before: txs,
-            credit: created[0],
-            change: change.map(|i| created[i]),
-            tx: tx_pay,
-        };
         let (old_key, new_key, value) = (old.tx.txid(), intent.tx.txid(), intent.encode());
         self.transact(|tx| {
             let mut credits = tx.open_table(CREDITS)?;
