@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use florin_cluster::raft::RaftOptions;
-use florin_crypto::{LocalSigner, PublicKey, SecretKey};
+use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_ledger::{SwapOutcome, SwapStore};
 use florin_node::cluster::deploy::{self, NodeConfig};
 use florin_node::cluster::rpc::{Peer, Request, Response};
@@ -36,6 +36,7 @@ use serde_json::json;
 
 use super::cluster::{median, percentile};
 use super::ledger::{preload_range, workload};
+use super::ledger_e2e::{drive_until, signed_workload, Api, Target};
 use super::{Recorder, Reference, Scale};
 
 const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
@@ -64,6 +65,20 @@ struct LoadgenConfig {
     /// half second, and every acknowledged transaction checked at the end.
     #[serde(default)]
     failover: bool,
+    /// End-to-end mode: signed transactions through a sentinel's HTTP API instead.
+    #[serde(default)]
+    http: Option<HttpLoad>,
+}
+
+/// What an end-to-end load generator sends, and to which sentinel.
+#[derive(Serialize, Deserialize, Clone)]
+struct HttpLoad {
+    /// The sentinel's API address (TLS).
+    addr: std::net::SocketAddr,
+    /// The cluster's CA certificate.
+    ca: PathBuf,
+    /// Signed transactions, each as a little-endian `u32` length and its encoding.
+    txs: PathBuf,
 }
 
 /// What a load generator reports.
@@ -94,6 +109,8 @@ struct Deployed {
     members: Vec<(Role, u16, u64, PathBuf)>,
     loadgens: Vec<PathBuf>,
     observer: Arc<LocalSigner>,
+    /// End-to-end runs: each load generator's sentinel and transactions.
+    http: Vec<HttpLoad>,
 }
 
 impl Deployed {
@@ -210,6 +227,7 @@ fn deploy_cluster(
         members,
         loadgens: lg_dirs,
         observer: Arc::new(LocalSigner::new(observer)),
+        http: Vec::new(),
     })
 }
 
@@ -260,6 +278,7 @@ fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
         members: vec![(Role::Engine, 0, 1, mdir)],
         loadgens: vec![lg_dir],
         observer: Arc::new(LocalSigner::new(observer)),
+        http: Vec::new(),
     })
 }
 
@@ -345,6 +364,7 @@ struct Load {
     latencies: Vec<f64>,
     engine_cpu_s: f64,
     loadgen_cpu_s: f64,
+    sentinel_cpu_s: f64,
     count: u64,
     secs: f64,
     /// Each load generator's report (failover mode: series, acknowledged, lost, ...).
@@ -375,9 +395,16 @@ fn run_load_with(
             first_chunk: i as u64 * chunks,
             chunks,
             clients: CLIENTS,
-            batch: if faults.is_some() { 500 } else { BATCH },
+            batch: if !d.http.is_empty() {
+                E2E_BATCH
+            } else if faults.is_some() {
+                500
+            } else {
+                BATCH
+            },
             secs,
             failover: faults.is_some(),
+            http: d.http.get(i).cloned(),
         };
         let path = dir.join("loadgen.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
@@ -412,7 +439,11 @@ fn run_load_with(
     // The engine tier: shard and coordinator replicas, or the single-node engine.
     let engine_cpu =
         |d: &Deployed| d.host_cpu("shard-") + d.host_cpu("coord-") + d.host_cpu("engine-");
-    let (e0, l0) = (engine_cpu(d), d.host_cpu("loadgen-"));
+    let (e0, l0, s0) = (
+        engine_cpu(d),
+        d.host_cpu("loadgen-"),
+        d.host_cpu("sentinel-"),
+    );
     let per_host0: Vec<f64> = d
         .net
         .0
@@ -434,7 +465,11 @@ fn run_load_with(
         results
             .push(serde_json::from_str::<LoadgenResult>(&l).context("a load generator's result")?);
     }
-    let (e1, l1) = (engine_cpu(d), d.host_cpu("loadgen-"));
+    let (e1, l1, s1) = (
+        engine_cpu(d),
+        d.host_cpu("loadgen-"),
+        d.host_cpu("sentinel-"),
+    );
     // Each host's use of its share over the window: where the bottleneck is.
     let window = t0.elapsed().as_secs_f64().max(1e-9);
     let share = d.net.0.cpu_share.unwrap_or(1.0);
@@ -465,6 +500,7 @@ fn run_load_with(
             .collect(),
         engine_cpu_s: e1 - e0,
         loadgen_cpu_s: l1 - l0,
+        sentinel_cpu_s: s1 - s0,
         count: results.iter().map(|r| r.count).sum(),
         secs: results.iter().map(|r| r.elapsed_s).fold(0.0, f64::max),
         results,
@@ -510,6 +546,9 @@ pub enum Part {
     Failover,
     /// Hamilton's Fig. 6: peak throughput versus tolerated failures (replication 1 to 9).
     Failures,
+    /// End to end: signed transactions through signature-checking sentinels on hosts of
+    /// their own (`sentinel_cpu_us_per_tx`).
+    Sentinels,
 }
 
 pub(super) fn run(
@@ -552,6 +591,9 @@ pub(super) fn run(
     }
     if runs(Part::Failures) {
         failures_vs_throughput(rec, &exe, cores, scale, quick)?;
+    }
+    if runs(Part::Sentinels) {
+        sentinels_e2e(rec, &exe, cores, scale, quick, share)?;
     }
     Ok(())
 }
@@ -1019,9 +1061,393 @@ fn replication_vs_single(
     Ok(())
 }
 
+/// Signed transactions per HTTP request of the end-to-end load generators
+/// (`POST /v1/ledger/batch`, as a payment provider sends them).
+const E2E_BATCH: usize = 100;
+
+/// The end-to-end row: signed 2-in/2-out transfers from load generators through
+/// signature-checking sentinels, each on a host of its own, into a cluster of `shards` shard
+/// groups and as many coordinator groups at replication 3, every host with the same share.
+/// Deployed with `florin cluster up --emulate-hosts` itself (TLS, the sentinels' authority
+/// group, everything as an operator gets it); the sentinels' per-address rate limits are
+/// lifted in their `node.toml` (`[limits]`), as behind a load balancer, because each load
+/// generator is one address. Reports the sentinels' CPU per transaction
+/// (`sentinel_cpu_us_per_tx`), beside the signature and balance checks alone measured in this
+/// process in the same run, so the sentinel tier's size for a throughput is known.
+fn sentinels_e2e(
+    rec: &mut Recorder,
+    exe: &Path,
+    cores: usize,
+    scale: Scale,
+    quick: bool,
+    share: Option<f64>,
+) -> Result<()> {
+    // (shards, sentinels): two sentinels per shard group, one load generator per sentinel.
+    let sizes: &[(usize, usize)] = if quick {
+        &[(1, 2)]
+    } else if scale.full {
+        &[(2, 4), (4, 8)]
+    } else {
+        &[(2, 4)]
+    };
+    let secs = if quick { 4.0 } else { 10.0 };
+    for &(shards, sentinels) in sizes {
+        sentinels_e2e_at(rec, exe, cores, shards, sentinels, secs, share)?;
+    }
+    Ok(())
+}
+
+/// One size of [`sentinels_e2e`]; every host gets `share`, by default the machine's cores
+/// over this size's hosts.
+fn sentinels_e2e_at(
+    rec: &mut Recorder,
+    exe: &Path,
+    cores: usize,
+    shards: usize,
+    sentinels: usize,
+    secs: f64,
+    share: Option<f64>,
+) -> Result<()> {
+    let hosts = 2 * shards * REPLICAS + 2 * sentinels;
+    let share = share.unwrap_or(cores as f64 / hosts as f64);
+    // More signed transactions than a sentinel could check in the window at 60 K/s per core
+    // (the checks alone run at about 37 K/s per core here): no generator runs out.
+    let per_gen = ((share * secs * 60_000.0) as usize).max(2 * E2E_BATCH);
+    eprintln!(
+        "end to end: {shards} shard group(s) and {shards} coordinator group(s) x {REPLICAS}, \
+         {sentinels} sentinels, {sentinels} load generators: {hosts} emulated hosts of {share:.3} core(s); \
+         {per_gen} signed transfers per generator, {E2E_BATCH} per request, {secs} s"
+    );
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("cluster");
+    let logs = dir.path().to_path_buf();
+    let up = |what: &str| -> Result<()> {
+        let log_path = logs.join(format!("cluster-up-{what}.log"));
+        let status = std::process::Command::new(exe)
+            .args(["cluster", "up", "--data"])
+            .arg(&data)
+            .args(["--shards", &shards.to_string()])
+            .args(["--replicas", &REPLICAS.to_string()])
+            .args(["--coordinators", &shards.to_string()])
+            .args(["--sentinels", &sentinels.to_string()])
+            .args(["--emulate-hosts", "--host-cpu", &share.to_string()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path)?)
+            .status()
+            .context("running florin cluster up")?;
+        if !status.success() {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(4).collect();
+            bail!(
+                "`florin cluster up` failed: {}",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            );
+        }
+        Ok(())
+    };
+    let first = up("create");
+    // Whatever `up` made is removed when this run ends, even if it failed part-way.
+    let hosts_file = data.join("hosts.toml");
+    let net = match HostNet::load(&hosts_file) {
+        Ok(net) => HostNetGuard::new(net),
+        Err(e) => {
+            first?;
+            return Err(e.into());
+        }
+    };
+    first?;
+    let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
+    let mut members = Vec::new();
+    for (role, groups) in [
+        (Role::Shard, &spec.shards),
+        (Role::Coordinator, &spec.coordinators),
+    ] {
+        for (g, group) in groups.iter().enumerate() {
+            for m in &group.members {
+                members.push((
+                    role,
+                    g as u16,
+                    m.id,
+                    deploy::member_dir(&data, role, g as u16, m.id),
+                ));
+            }
+        }
+    }
+    let sentinel_dirs: Vec<PathBuf> = (0..sentinels as u16)
+        .map(|i| deploy::member_dir(&data, Role::Sentinel, i, 0))
+        .collect();
+    for (i, d) in sentinel_dirs.iter().enumerate() {
+        members.push((Role::Sentinel, i as u16, 0, d.clone()));
+    }
+    let observer = florin_node::load_key(&data.join("client.key"))?;
+    let mut d = Deployed {
+        _dir: dir,
+        net,
+        spec,
+        members,
+        loadgens: Vec::new(),
+        observer: Arc::new(LocalSigner::new(observer)),
+        http: Vec::new(),
+    };
+    let measured = sentinel_load(&mut d, exe, &data, &sentinel_dirs, per_gen, secs, &up);
+    d.stop();
+    let (load, check_us) = measured?;
+    let Load {
+        rate,
+        mut latencies,
+        engine_cpu_s,
+        loadgen_cpu_s,
+        sentinel_cpu_s,
+        count,
+        secs: window,
+        busiest,
+        ..
+    } = load;
+    if count == 0 {
+        bail!("no signed transaction was confirmed end to end");
+    }
+    let per_tx = |cpu: f64| cpu * 1e6 / count as f64;
+    let sentinel_us = per_tx(sentinel_cpu_s);
+    let engine_us = per_tx(engine_cpu_s);
+    let params = json!({
+        "shards": shards, "replicas": REPLICAS, "coordinators": shards, "sentinels": sentinels,
+        "load_generators": sentinels, "emulated_hosts": hosts, "host_cpu_cores": share,
+        "io": "2-in/2-out, signed (ed25519)", "api": format!("POST /v1/ledger/batch over TLS, {E2E_BATCH} per request, {CLIENTS} connections per generator"),
+        "commit": "one-phase where a transaction lies on one shard (cluster up's default)",
+        "transactions": count, "window_s": window,
+        "busiest_hosts": busiest.iter().map(|(h, u)| json!({ "host": h, "share_used": (u * 100.0).round() / 100.0 })).collect::<Vec<_>>(),
+    });
+    rec.add(
+        "cluster_hosts_e2e_tx_per_s",
+        rate,
+        "transactions/s",
+        params.clone(),
+        Some(Reference {
+            value: 1_700_000.0,
+            source: format!(
+                "{HAMILTON} Fig. 4: peak with signed 2-in/2-out transactions through sentinels, many machines"
+            ),
+        }),
+        None,
+    );
+    for p in [0.5, 0.99] {
+        rec.add(
+            "cluster_hosts_e2e_request_latency_ms",
+            percentile(&mut latencies, p),
+            "ms",
+            json!({ "percentile": (p * 100.0) as u32, "transactions_per_request": E2E_BATCH, "sentinels": sentinels, "shards": shards }),
+            Some(Reference {
+                value: if p < 0.9 { 500.0 } else { 1000.0 },
+                source: format!("{HAMILTON} Fig. 4: p50 under 500 ms, p99 under 1 s per transaction at peak"),
+            }),
+            None,
+        );
+    }
+    rec.add(
+        "sentinel_cpu_us_per_tx",
+        sentinel_us,
+        "µs",
+        json!({
+            "what": "CPU of every sentinel host (cpuacct) per confirmed transaction: TLS, HTTP, decoding, signature and balance checks, compaction, the cluster client",
+            "cores_per_100k_tx_per_s": sentinel_us * 0.1,
+            "engine_cpu_us_per_tx": engine_us,
+            "sentinel_vs_engine_cpu": sentinel_us / engine_us.max(1e-9),
+            "loadgen_cpu_us_per_tx": per_tx(loadgen_cpu_s),
+            "checks_alone_us_per_tx": check_us,
+            "sentinels": sentinels, "host_cpu_cores": share, "shards": shards,
+        }),
+        None,
+        Some(Reference {
+            value: check_us,
+            source: "signature and balance checks alone (validate_many, one thread of this process, batches of 256), same run".into(),
+        }),
+    );
+    Ok(())
+}
+
+/// The end-to-end run on a deployed cluster: lifts the sentinels' per-address limits and
+/// restarts them, adds a load-generator host per sentinel, mints the inputs through the API
+/// (the issuer's key from the cluster directory), signs the transfers here (outside the
+/// hosts' shares) and runs the load. Returns it with the checks-alone cost (µs per
+/// transaction, one thread).
+fn sentinel_load(
+    d: &mut Deployed,
+    exe: &Path,
+    data: &Path,
+    sentinel_dirs: &[PathBuf],
+    per_gen: usize,
+    secs: f64,
+    up: &dyn Fn(&str) -> Result<()>,
+) -> Result<(Load, f64)> {
+    use std::io::Write as _;
+    for dir in sentinel_dirs {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("node.toml"))?;
+        f.write_all(
+            b"\n[limits]\nper_ip_per_sec = 0\nper_ip_burst = 0\nper_ip_tx_per_sec = 0\nper_ip_tx_burst = 0\n",
+        )?;
+    }
+    for dir in sentinel_dirs {
+        if let Some(pid) = deploy::pid_of(dir) {
+            deploy::signal(pid, "KILL");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sentinel_dirs.iter().any(|s| deploy::pid_of(s).is_some()) {
+        if Instant::now() > deadline {
+            bail!("a sentinel did not stop");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    up("restart")?;
+    let ca = data.join("tls").join(florin_http::tls::CA_CERT_FILE);
+    let tls = Arc::new(florin_http::ClientTls::from_ca_file(&ca)?.rustls_config()?);
+    let mut addrs = Vec::new();
+    for dir in sentinel_dirs {
+        let cfg = NodeConfig::load(&dir.join("node.toml"))?;
+        addrs.push(
+            cfg.http
+                .ok_or_else(|| anyhow!("a sentinel without an API address"))?,
+        );
+    }
+    for i in 0..sentinel_dirs.len() {
+        let name = format!("loadgen-{i}");
+        d.net.0.add(&name)?;
+        d.net.0.save(&data.join("hosts.toml"))?;
+        let dir = data.join(&name);
+        std::fs::create_dir_all(&dir)?;
+        let key = SecretKey::generate(&mut rand::rngs::OsRng);
+        florin_node::write_private(&dir.join("identity.key"), key.to_hex().as_bytes())?;
+        d.loadgens.push(dir);
+    }
+    // The inputs, minted through the sentinels in turn; then the transfers, signed here.
+    let issuer = LocalSigner::new(florin_node::load_key(&data.join("issuer.key"))?);
+    let mut turn = 0usize;
+    let mut mint = |m: florin_ledger::Mint| -> Result<()> {
+        let addr = addrs[turn % addrs.len()];
+        turn += 1;
+        let tx = florin_ledger::Transaction::Mint(m).encode();
+        let run = drive_until(Target::Tls(addr, tls.clone()), &[tx], Api::Single, 1, None)?;
+        if run.confirmed != 1 {
+            bail!("a benchmark mint was not confirmed");
+        }
+        Ok(())
+    };
+    let t = Instant::now();
+    let w = signed_workload(&issuer, &mut mint, per_gen * addrs.len(), 0, 0, 7)?;
+    eprintln!(
+        "  minted and signed {} transfers in {:.1} s",
+        w.txs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    // The checks alone, on one thread of this process (no share), on the same transactions.
+    let sample: Vec<florin_ledger::Transaction> = w
+        .txs
+        .iter()
+        .take(4096)
+        .map(|b| florin_ledger::Transaction::decode(b))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow!("{e:?}"))?;
+    let refs: Vec<&florin_ledger::Transaction> = sample.iter().collect();
+    let t = Instant::now();
+    let ok = refs
+        .chunks(256)
+        .map(|c| {
+            florin_ledger::validate::validate_many(c, &issuer.public_key(), &mut rand::rngs::OsRng)
+                .iter()
+                .filter(|r| r.is_ok())
+                .count()
+        })
+        .sum::<usize>();
+    let check_us = t.elapsed().as_secs_f64() * 1e6 / refs.len().max(1) as f64;
+    if ok != refs.len() {
+        bail!(
+            "{} benchmark transfers failed their own checks",
+            refs.len() - ok
+        );
+    }
+    for (i, (chunk, addr)) in w.txs.chunks(per_gen).zip(&addrs).enumerate() {
+        let path = d.loadgens[i].join("txs.bin");
+        let mut bytes = Vec::new();
+        for tx in chunk {
+            bytes.extend_from_slice(&(tx.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(tx);
+        }
+        std::fs::write(&path, bytes)?;
+        d.http.push(HttpLoad {
+            addr: *addr,
+            ca: ca.clone(),
+            txs: path,
+        });
+    }
+    Ok((run_load(d, exe, 0, secs)?, check_us))
+}
+
+/// An end-to-end load generator: its signed transactions in batches over TLS to its sentinel,
+/// from `clients` connections, for `secs`.
+fn http_loadgen(cfg: &LoadgenConfig, h: &HttpLoad) -> Result<ExitCode> {
+    let bytes = std::fs::read(&h.txs)?;
+    let mut txs = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let len = bytes
+            .get(at..at + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| anyhow!("{}: cut at {at}", h.txs.display()))? as usize;
+        let tx = bytes
+            .get(at + 4..at + 4 + len)
+            .ok_or_else(|| anyhow!("{}: cut at {at}", h.txs.display()))?;
+        txs.push(tx.to_vec());
+        at += 4 + len;
+    }
+    let tls = Arc::new(florin_http::ClientTls::from_ca_file(&h.ca)?.rustls_config()?);
+    let mut out = std::io::stdout();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let until = Instant::now() + Duration::from_secs_f64(cfg.secs);
+    let batch = cfg.batch.max(1);
+    let run = drive_until(
+        Target::Tls(h.addr, tls),
+        &txs,
+        Api::Batch(batch),
+        cfg.clients,
+        Some(until),
+    )?;
+    if run.state_invalid > 0 {
+        bail!("{} valid transfers were refused", run.state_invalid);
+    }
+    let result = LoadgenResult {
+        count: run.confirmed as u64,
+        elapsed_s: run.seconds,
+        // One per request (each transaction of a request waited as long).
+        latencies_ms: run
+            .latencies_us
+            .iter()
+            .step_by(batch)
+            .map(|us| *us as f64 / 1e3)
+            .collect(),
+        ran_out: run.confirmed >= txs.len(),
+        series: Vec::new(),
+        acked: 0,
+        lost: 0,
+        double_spends: 0,
+        errors: 0,
+    };
+    writeln!(out, "{}", serde_json::to_string(&result)?)?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `florin bench cluster --loadgen FILE`: one load generator on its host (see the module).
 pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let cfg: LoadgenConfig = serde_json::from_slice(&std::fs::read(path)?)?;
+    if let Some(h) = &cfg.http {
+        return http_loadgen(&cfg, h);
+    }
     let spec = ClusterSpec::load(&cfg.cluster)?;
     let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));
     let store = Arc::new(ClusterStore::new(&spec, me)?);

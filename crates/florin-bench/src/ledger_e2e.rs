@@ -125,8 +125,8 @@ impl Drop for Node {
 }
 
 /// A workload: encoded transactions in sending order, and what the ledger must decide.
-struct Workload {
-    txs: Vec<Vec<u8>>,
+pub(super) struct Workload {
+    pub(super) txs: Vec<Vec<u8>>,
     valid: usize,
     double_spends: usize,
     input_ids: usize,
@@ -142,6 +142,36 @@ fn workload(
     large_pct: usize,
     seed: u64,
 ) -> Result<Workload> {
+    let mut mint = |mint: Mint| -> Result<()> {
+        let (_, status) = node
+            .rt
+            .block_on(node.ledger.submit(Transaction::Mint(mint)))?;
+        if status != florin_node::TxStatus::Confirmed {
+            bail!("benchmark mint not confirmed: {status:?}");
+        }
+        Ok(())
+    };
+    signed_workload(
+        &*node.issuer,
+        &mut mint,
+        n,
+        double_spend_pct,
+        large_pct,
+        seed,
+    )
+}
+
+/// [`workload`] for any ledger: each mint (signed by `issuer`) is handed to `mint`, which
+/// returns once the ledger confirmed it.
+pub(super) fn signed_workload(
+    issuer: &dyn Signer,
+    mint: &mut dyn FnMut(Mint) -> Result<()>,
+    n: usize,
+    double_spend_pct: usize,
+    large_pct: usize,
+    seed: u64,
+) -> Result<Workload> {
+    let mint_one = mint;
     let mut rng = StdRng::seed_from_u64(seed);
     let n_ds = n * double_spend_pct / 100;
     let n_orig = n - n_ds;
@@ -169,14 +199,9 @@ fn workload(
                 .collect(),
             issuer_signature: Signature([0; 64]),
         };
-        mint.issuer_signature = node.issuer.sign(&mint.txid())?;
+        mint.issuer_signature = issuer.sign(&mint.txid())?;
         utxos.extend(mint.output_utxos());
-        let (_, status) = node
-            .rt
-            .block_on(node.ledger.submit(Transaction::Mint(mint)))?;
-        if status != florin_node::TxStatus::Confirmed {
-            bail!("benchmark mint not confirmed: {status:?}");
-        }
+        mint_one(mint)?;
     }
     // Plans: (position, first input, inputs, variant); a double spend sits after its original.
     let mut plans: Vec<(f64, usize, usize, u8)> = Vec::with_capacity(n);
@@ -231,7 +256,7 @@ fn workload(
 
 /// How clients submit.
 #[derive(Clone, Copy)]
-enum Api {
+pub(super) enum Api {
     /// One transaction per request (`POST /v1/ledger/transactions`, binary body).
     Single,
     /// `n` transactions per request (`POST /v1/ledger/batch`, length-prefixed frames).
@@ -300,17 +325,17 @@ fn parallel_keys(n: usize) -> Vec<LocalSigner> {
 }
 
 /// What the clients saw.
-struct Run {
-    seconds: f64,
-    latencies_us: Vec<u32>,
-    confirmed: usize,
-    state_invalid: usize,
+pub(super) struct Run {
+    pub(super) seconds: f64,
+    pub(super) latencies_us: Vec<u32>,
+    pub(super) confirmed: usize,
+    pub(super) state_invalid: usize,
 }
 
 /// Where the load generator connects: the plain listener, or the TLS one with what the client
 /// trusts.
 #[derive(Clone)]
-enum Target {
+pub(super) enum Target {
     Plain(SocketAddr),
     Tls(SocketAddr, Arc<rustls::ClientConfig>),
 }
@@ -327,6 +352,18 @@ impl Node {
 
 /// Sends every request over `clients` connections, one request in flight on each.
 fn drive(target: Target, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<Run> {
+    drive_until(target, txs, api, clients, None)
+}
+
+/// [`drive`], stopping at `until` when given: no request is sent after it (those in flight
+/// are answered and counted).
+pub(super) fn drive_until(
+    target: Target,
+    txs: &[Vec<u8>],
+    api: Api,
+    clients: usize,
+    until: Option<Instant>,
+) -> Result<Run> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -357,11 +394,11 @@ fn drive(target: Target, txs: &[Vec<u8>], api: Api, clients: usize) -> Result<Ru
         let t = Instant::now();
         let mut tasks: Vec<tokio::task::JoinHandle<ClientResult>> = plain
             .into_iter()
-            .map(|s| tokio::spawn(client(s, requests.clone(), next.clone())))
+            .map(|s| tokio::spawn(client(s, requests.clone(), next.clone(), until)))
             .collect();
         tasks.extend(
             tls.into_iter()
-                .map(|s| tokio::spawn(client(s, requests.clone(), next.clone()))),
+                .map(|s| tokio::spawn(client(s, requests.clone(), next.clone(), until))),
         );
         let mut run = Run {
             seconds: 0.0,
@@ -386,12 +423,16 @@ async fn client<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut s: S,
     requests: Arc<Vec<(Vec<u8>, usize)>>,
     next: Arc<AtomicUsize>,
+    until: Option<Instant>,
 ) -> ClientResult {
     let mut lat = Vec::new();
     let (mut ok, mut bad) = (0, 0);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut tmp = [0u8; 4096];
     loop {
+        if until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
         let i = next.fetch_add(1, Ordering::Relaxed);
         let Some((req, count)) = requests.get(i) else {
             break;

@@ -353,3 +353,56 @@ pub struct AdminLogEntry {
     #[serde(flatten)]
     pub entry: AdminEntry,
 }
+
+/// Rate limits: requests per second and burst per client address, and per key (a mailbox's
+/// recipient, a withdrawal's key, a faucet's owner). Zero turns a limit off. A sentinel reads
+/// them from its `node.toml` (`[limits]`; a field left out keeps its default), for example to
+/// lift the per-address limits behind a load balancer, where every request comes from its
+/// address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RateLimits {
+    /// Requests per second one client address may make (sustained).
+    pub per_ip_per_sec: u32,
+    /// Requests one client address may make at once, above the sustained rate.
+    pub per_ip_burst: u32,
+    /// Requests per second naming one key (mailbox recipient, withdrawing key, faucet owner).
+    pub per_key_per_sec: u32,
+    /// Requests naming one key at once.
+    pub per_key_burst: u32,
+    /// Transactions per second one client address may have validated, sustained: the budget
+    /// of validation work (a batch costs one per transaction, a deposit one per token). An
+    /// address that has spent it is refused with 429 before its next body is read.
+    pub per_ip_tx_per_sec: u32,
+    /// Transactions one client address may have validated at once, above the sustained rate.
+    pub per_ip_tx_burst: u32,
+}
+
+impl Default for RateLimits {
+    /// High enough that the test suite and `florin bench ledger` never meet them on one
+    /// machine; low enough that one address cannot flood the node with cheap requests.
+    fn default() -> Self {
+        RateLimits {
+            per_ip_per_sec: 5_000,
+            per_ip_burst: 10_000,
+            per_key_per_sec: 100,
+            per_key_burst: 1_000,
+            per_ip_tx_per_sec: 2_000,
+            per_ip_tx_burst: 4_096,
+        }
+    }
+}
+
+impl RateLimits {
+    /// No limits.
+    pub fn off() -> RateLimits {
+        RateLimits {
+            per_ip_per_sec: 0,
+            per_ip_burst: 0,
+            per_key_per_sec: 0,
+            per_key_burst: 0,
+            per_ip_tx_per_sec: 0,
+            per_ip_tx_burst: 0,
+        }
+    }
+}

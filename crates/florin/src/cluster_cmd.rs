@@ -1066,7 +1066,7 @@ fn run_sentinel(
     let state = AppState {
         authority: authority.clone(),
         ledger: Some(ledger.clone()),
-        limits: florin_http::RateLimits::default(),
+        limits: cfg.limits.unwrap_or_default(),
     };
     // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
     // loopback for a config without `tls_dir`.

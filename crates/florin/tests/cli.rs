@@ -1638,6 +1638,41 @@ fn bench_cluster_on_emulated_hosts_prints_fig_6() {
         .any(|r| r["name"] == "cluster_hosts_tx_per_s" || r["name"] == "dc_failover_recovery_s"));
 }
 
+/// `florin bench cluster --emulate-hosts --only sentinels --quick`: signed transfers through
+/// sentinels deployed by `cluster up --emulate-hosts`, each process on its own host; every
+/// transfer sent is confirmed (the load generators fail on any other answer), and the
+/// sentinels' CPU per transaction comes out beside the checks alone, measured in the same run.
+#[test]
+fn bench_cluster_on_emulated_hosts_prints_the_sentinels_cpu_per_transaction() {
+    if !hosts_or_skip("bench_cluster_on_emulated_hosts_prints_the_sentinels_cpu_per_transaction") {
+        return;
+    }
+    let (v, _) = bench_json("cluster", &["--emulate-hosts", "--only", "sentinels"]);
+    let results = v["results"].as_array().unwrap();
+    let get = |name: &str| {
+        results
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {v}"))
+    };
+    let rate = get("cluster_hosts_e2e_tx_per_s");
+    assert!(rate["value"].as_f64().unwrap() > 0.0, "{rate}");
+    assert_eq!(rate["params"]["sentinels"], 2);
+    assert_eq!(rate["params"]["emulated_hosts"], 10);
+    let cpu = get("sentinel_cpu_us_per_tx");
+    let (us, alone) = (
+        cpu["value"].as_f64().unwrap(),
+        cpu["baseline"]["value"].as_f64().unwrap(),
+    );
+    // A sentinel does the checks and more (TLS, HTTP, compaction, the cluster client).
+    assert!(us > 0.0 && alone > 0.0, "{cpu}");
+    assert!(cpu["params"]["engine_cpu_us_per_tx"].as_f64().unwrap() > 0.0);
+    // Only the part asked for ran.
+    assert!(!results
+        .iter()
+        .any(|r| r["name"] == "cluster_hosts_tx_per_s" || r["name"] == "dc_failover_recovery_s"));
+}
+
 /// A `florin psp serve` process; its URL is the first line it prints. It serves plain HTTP on
 /// loopback (these tests are about payments; TLS has its own tests) and reaches the ledger over
 /// TLS, trusting the devnet's CA.

@@ -83,6 +83,11 @@ pub struct NodeConfig {
     /// Sentinels: more names for the server certificate (`--tls-name`).
     #[serde(default)]
     pub tls_names: Vec<String>,
+    /// Sentinels: the API's rate limits (`[limits]`; fields left out keep their defaults).
+    /// Behind a load balancer every request comes from its address: lift the per-address
+    /// limits there (0 turns a limit off).
+    #[serde(default)]
+    pub limits: Option<crate::api::RateLimits>,
 }
 
 impl NodeConfig {
@@ -107,6 +112,7 @@ impl NodeConfig {
             operators: Vec::new(),
             tls_dir: None,
             tls_names: Vec::new(),
+            limits: None,
         }
     }
 
@@ -246,4 +252,45 @@ pub fn signal(pid: u32, sig: &str) {
         .args([format!("-{sig}"), pid.to_string()])
         .stderr(Stdio::null())
         .status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::RateLimits;
+
+    #[test]
+    fn a_sentinels_limits_are_read_from_its_config_and_fields_left_out_keep_their_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let mut cfg = NodeConfig::member(Role::Sentinel, 0, 0);
+        let base = toml::to_string_pretty(&cfg).unwrap();
+        std::fs::write(&path, &base).unwrap();
+        assert_eq!(NodeConfig::load(&path).unwrap().limits, None);
+        // Behind a load balancer: the per-address limits lifted, the per-key ones kept.
+        std::fs::write(
+            &path,
+            format!("{base}\n[limits]\nper_ip_per_sec = 0\nper_ip_tx_per_sec = 0\n"),
+        )
+        .unwrap();
+        let limits = NodeConfig::load(&path).unwrap().limits.unwrap();
+        assert_eq!(limits.per_ip_per_sec, 0);
+        assert_eq!(limits.per_ip_tx_per_sec, 0);
+        assert_eq!(
+            limits.per_key_per_sec,
+            RateLimits::default().per_key_per_sec
+        );
+        assert_eq!(limits.per_ip_burst, RateLimits::default().per_ip_burst);
+        // A misspelt limit is refused, not ignored.
+        std::fs::write(&path, format!("{base}\n[limits]\nper_ip_per_second = 0\n")).unwrap();
+        let err = NodeConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("per_ip_per_second"), "{err}");
+        // Written and read back.
+        cfg.limits = Some(RateLimits::off());
+        std::fs::write(&path, toml::to_string_pretty(&cfg).unwrap()).unwrap();
+        assert_eq!(
+            NodeConfig::load(&path).unwrap().limits,
+            Some(RateLimits::off())
+        );
+    }
 }
