@@ -419,6 +419,9 @@ pub(super) fn drive_until(
 
 type ClientResult = Result<(Vec<u32>, usize, usize)>;
 
+/// The longest a client waits for one answer.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn client<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     mut s: S,
     requests: Arc<Vec<(Vec<u8>, usize)>>,
@@ -438,25 +441,32 @@ async fn client<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
             break;
         };
         let t = Instant::now();
-        s.write_all(req).await?;
         buf.clear();
-        let (head, len) = loop {
-            let n = s.read(&mut tmp).await?;
-            if n == 0 {
-                bail!("the node closed the connection");
+        let exchange = async {
+            s.write_all(req).await?;
+            let (head, len) = loop {
+                let n = s.read(&mut tmp).await?;
+                if n == 0 {
+                    bail!("the node closed the connection");
+                }
+                buf.extend_from_slice(&tmp[..n]);
+                if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break (p + 4, content_length(&buf[..p])?);
+                }
+            };
+            while buf.len() < head + len {
+                let n = s.read(&mut tmp).await?;
+                if n == 0 {
+                    bail!("the node closed the connection");
+                }
+                buf.extend_from_slice(&tmp[..n]);
             }
-            buf.extend_from_slice(&tmp[..n]);
-            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break (p + 4, content_length(&buf[..p])?);
-            }
+            Ok((head, len))
         };
-        while buf.len() < head + len {
-            let n = s.read(&mut tmp).await?;
-            if n == 0 {
-                bail!("the node closed the connection");
-            }
-            buf.extend_from_slice(&tmp[..n]);
-        }
+        // A node that stops answering fails the run instead of holding it for ever.
+        let (head, len) = tokio::time::timeout(ANSWER_WAIT, exchange)
+            .await
+            .map_err(|_| anyhow!("no answer within {ANSWER_WAIT:?}"))??;
         // Every transaction in the request waited this long.
         let us = t.elapsed().as_micros().min(u32::MAX as u128) as u32;
         lat.extend(std::iter::repeat_n(us, *count));

@@ -1063,6 +1063,19 @@ fn run_sentinel(
     } else {
         None
     };
+    if let Some(l) = &cfg.limits {
+        eprintln!(
+            "florin sentinel {}: API rate limits from node.toml: {l:?}",
+            cfg.group
+        );
+        if l.per_ip_per_sec == 0 || l.per_ip_tx_per_sec == 0 {
+            eprintln!(
+                "warning: florin sentinel {}: per-address rate limits are off ([limits] in node.toml): \
+                 run it only behind a load balancer that limits each client",
+                cfg.group
+            );
+        }
+    }
     let state = AppState {
         authority: authority.clone(),
         ledger: Some(ledger.clone()),

@@ -73,8 +73,8 @@ impl RaftOptions {
     pub fn small_hosts() -> RaftOptions {
         RaftOptions {
             heartbeat_ms: 250,
-            election_min_ms: 1000,
-            election_max_ms: 2000,
+            election_min_ms: 500,
+            election_max_ms: 750,
             max_payload_entries: 16,
             ..RaftOptions::default()
         }

@@ -19,7 +19,7 @@ use super::rpc::{Peer, Request, Response, RpcError};
 use florin_cluster::raft::NodeId;
 
 /// How long a `Submit` waits on a member before asking the others whether another leads.
-pub const PROBE_AFTER: Duration = Duration::from_millis(1000);
+pub const PROBE_AFTER: Duration = Duration::from_millis(500);
 /// How long such a question waits for each member's answer.
 const PROBE_WAIT: Duration = Duration::from_millis(500);
 /// The longest wait for a read's answer from one member.
@@ -73,7 +73,7 @@ impl GroupClient {
     fn attempt(&self, i: usize, req: &Request, left: Duration) -> Attempt {
         let peer = &self.peers[i];
         match req {
-            Request::Submit(..) if self.peers.len() > 1 => self.watched(i, req),
+            Request::Submit(..) if self.peers.len() > 1 => self.watched(i, req, None),
             Request::Submit(..) | Request::Raft(_) | Request::RegistryWrite(_) => {
                 Attempt::Answer(peer.call(req))
             }
@@ -87,18 +87,28 @@ impl GroupClient {
             }
             Request::Fenced(_) => {
                 let wait = left.max(MIN_WAIT).min(peer.timeout());
-                Attempt::Answer(peer.call_within(req, wait))
+                if self.peers.len() > 1 && wait > PROBE_AFTER {
+                    // A silent leader is left as soon as another member leads, not after
+                    // the whole wait: a new coordinator leader's first call after a centre's
+                    // loss goes to the old shard leader.
+                    self.watched(i, req, Some(wait))
+                } else {
+                    Attempt::Answer(peer.call_within(req, wait))
+                }
             }
         }
     }
 
-    /// A `Submit` to member `i` on a thread of its own, asking the others who leads while it
-    /// waits.
-    fn watched(&self, i: usize, req: &Request) -> Attempt {
+    /// A request to member `i` on a thread of its own, asking the others who leads every
+    /// [`PROBE_AFTER`] while it waits (at most `within`, when given; else the peer's timeout).
+    fn watched(&self, i: usize, req: &Request, within: Option<Duration>) -> Attempt {
         let (tx, rx) = std::sync::mpsc::channel();
         let (peer, r) = (self.peers[i].clone(), req.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(peer.call(&r));
+            let _ = tx.send(match within {
+                Some(w) => peer.call_within(&r, w),
+                None => peer.call(&r),
+            });
         });
         loop {
             match rx.recv_timeout(PROBE_AFTER) {
@@ -115,18 +125,37 @@ impl GroupClient {
         }
     }
 
-    /// Another member than `i` that some member reports as the leader, if any.
+    /// Another member than `i` that some member reports as the leader, if any. The others are
+    /// asked at once, each on a thread of its own, so members that are down cost one
+    /// [`PROBE_WAIT`] together, not one each.
     fn leader_elsewhere(&self, i: usize) -> Option<usize> {
         let me = self.ids.get(i).copied();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut asked = 0;
         for (j, p) in self.peers.iter().enumerate() {
             if j == i {
                 continue;
             }
-            if let Ok(Response::Status(s)) = p.call_within(&Request::Status, PROBE_WAIT) {
-                if let Some(l) = s.raft.leader.filter(|l| Some(*l) != me) {
-                    if let Some(k) = self.ids.iter().position(|x| *x == l) {
-                        return Some(k);
-                    }
+            let (p, tx) = (p.clone(), tx.clone());
+            asked += 1;
+            std::thread::spawn(move || {
+                let leader = match p.call_within(&Request::Status, PROBE_WAIT) {
+                    Ok(Response::Status(s)) => s.raft.leader,
+                    _ => None,
+                };
+                let _ = tx.send(leader);
+            });
+        }
+        drop(tx);
+        let deadline = Instant::now() + PROBE_WAIT + MIN_WAIT;
+        for _ in 0..asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(leader) = rx.recv_timeout(left) else {
+                break;
+            };
+            if let Some(l) = leader.filter(|l| Some(*l) != me) {
+                if let Some(k) = self.ids.iter().position(|x| *x == l) {
+                    return Some(k);
                 }
             }
         }
@@ -209,5 +238,128 @@ impl GroupClient {
         tokio::task::spawn_blocking(move || me.call(&req, patience))
             .await
             .map_err(|e| GroupError::Refused(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use florin_cluster::raft::ReplicaStatus;
+    use florin_cluster::shard::{Fence, Fenced, ShardCmd};
+    use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
+
+    use super::*;
+    use crate::cluster::rpc::{Handler, NodeStatus, Server};
+
+    /// A member that answers: `Status` with who it follows, anything else as the leader
+    /// (its own status) or with `NotLeader`.
+    struct Member {
+        id: NodeId,
+        leader: NodeId,
+    }
+
+    impl Handler for Member {
+        async fn handle(&self, _: &PublicKey, req: Request) -> Response {
+            let status = Response::Status(NodeStatus {
+                role: "shard".into(),
+                group: 0,
+                raft: ReplicaStatus {
+                    id: self.id,
+                    state: if self.id == self.leader {
+                        "leader"
+                    } else {
+                        "follower"
+                    }
+                    .into(),
+                    leader: Some(self.leader),
+                    term: 2,
+                    last_log_index: None,
+                    last_applied: None,
+                    snapshot: None,
+                    purged: None,
+                },
+                load: (0, 0),
+                alerts: (0, None),
+                remembered: 0,
+            });
+            match req {
+                Request::Status => status,
+                _ if self.id == self.leader => status,
+                _ => Response::NotLeader(None),
+            }
+        }
+    }
+
+    fn key() -> LocalSigner {
+        LocalSigner::new(SecretKey::generate(&mut rand::rngs::OsRng))
+    }
+
+    /// The old leader (member 1) takes connections and never answers, as a frozen host does;
+    /// members 2 and 3 follow 3. A two-phase command and a submission sent to member 1 move
+    /// to member 3 once the others are asked who leads, long before the caller's patience or
+    /// the peer's timeout runs out.
+    #[test]
+    fn a_silent_leader_is_left_for_the_member_the_others_follow() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let me = Arc::new(key());
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut members = vec![(
+            1,
+            Arc::new(Peer::new(
+                silent.local_addr().unwrap().to_string(),
+                key().public_key(),
+                me.clone(),
+                Duration::from_secs(60),
+            )),
+        )];
+        let mut servers = Vec::new();
+        for id in [2, 3] {
+            let server_key = Arc::new(key());
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let server = Server::start(
+                listener,
+                server_key.clone(),
+                HashSet::from([me.public_key()]),
+                Arc::new(Member { id, leader: 3 }),
+                rt.handle().clone(),
+            )
+            .unwrap();
+            members.push((
+                id,
+                Arc::new(Peer::new(
+                    server.addr().to_string(),
+                    server_key.public_key(),
+                    me.clone(),
+                    Duration::from_secs(60),
+                )),
+            ));
+            servers.push(server);
+        }
+        let group = GroupClient::new(members);
+        let fenced = Request::Fenced(Fenced {
+            by: Fence { group: 0, term: 1 },
+            cmd: ShardCmd::Discard { dtx: 7 },
+        });
+        for req in [fenced, Request::Submit(Vec::new(), 0)] {
+            // Member 1 first, as a client that last saw it lead.
+            group.leader.store(0, Ordering::Relaxed);
+            let t = Instant::now();
+            let answer = group.call(&req, Duration::from_secs(30)).unwrap();
+            let Response::Status(s) = answer else {
+                panic!("{answer:?}")
+            };
+            assert_eq!(s.raft.id, 3);
+            // Moved after one probe (0.5 s, plus at most one probe's wait), not after the
+            // 30 s of patience or the peer's 60 s.
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+            // The silent member is no longer the first one tried.
+            assert_ne!(group.leader.load(Ordering::Relaxed), 0);
+        }
+        drop(silent);
     }
 }
