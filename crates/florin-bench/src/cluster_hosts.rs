@@ -68,6 +68,17 @@ struct LoadgenConfig {
     /// End-to-end mode: signed transactions through a sentinel's HTTP API instead.
     #[serde(default)]
     http: Option<HttpLoad>,
+    /// Soak mode: `florin bench soak`'s transfers, a line at each reading.
+    #[serde(default)]
+    soak: Option<SoakLoad>,
+}
+
+/// What a soak load generator runs (see [`super::soak`]).
+#[derive(Serialize, Deserialize, Clone)]
+struct SoakLoad {
+    marks: Vec<u64>,
+    slots: u64,
+    ttl: u64,
 }
 
 /// What an end-to-end load generator sends, and to which sentinel.
@@ -409,6 +420,7 @@ fn run_load_with(
             secs,
             failover: faults.is_some(),
             http: d.http.get(i).cloned(),
+            soak: None,
         };
         let path = dir.join("loadgen.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
@@ -1531,6 +1543,226 @@ fn sentinel_load(
     Ok((run_load(d, exe, 0, secs)?, check_us))
 }
 
+/// The soak on emulated hosts (`florin bench soak --emulate-hosts`): one shard group and one
+/// coordinator group of 3 replicas, each replica its own process on its own host, and one
+/// load generator on a host of its own running the soak's transfers (see [`super::soak`]).
+/// At each reading the resident memory of every process is read apart (`VmRSS` from `/proc`),
+/// with the txids the shard's replicas remember; each process's growth from the reading
+/// before the last to the last is reported, and the largest as `soak_rss_growth_ratio`.
+pub(super) fn soak_on_hosts(rec: &mut Recorder, quick: bool) -> Result<()> {
+    florin_node::hosts::check_supported()?;
+    florin_node::hosts::remove_on_signal();
+    let exe = std::env::current_exe().context("cannot find the florin binary")?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let (marks, slots, ttl) = super::soak::shape(quick)?;
+    // A batch's round trip on hosts this small can take a second: transfers valid at least
+    // 5 s, so none expires before it is applied.
+    let ttl = ttl.max(super::soak::TTL_SECS);
+    let hosts = 2 * REPLICAS + 1;
+    let share = cores as f64 / hosts as f64;
+    eprintln!(
+        "soak on emulated hosts: 1 shard and 1 coordinator group x {REPLICAS}, 1 load generator: \
+         {hosts} hosts of {share:.3} core(s); {slots} coins, transfers valid {ttl} s; readings after {marks:?}"
+    );
+    let d = deploy_cluster(&exe, 1, REPLICAS, 1, true, share)?;
+    let measured = wait_for_leaders(&d, Duration::from_secs(60))
+        .and_then(|_| soak_readings(&d, &exe, &marks, slots, ttl));
+    d.stop();
+    let (readings, rate) = measured?;
+    let engine = "cluster on emulated hosts";
+    let mut growth: Vec<(String, f64)> = Vec::new();
+    let processes: Vec<String> = readings
+        .first()
+        .map(|(_, per, _)| per.iter().map(|(p, _)| p.clone()).collect())
+        .unwrap_or_default();
+    for (k, process) in processes.iter().enumerate() {
+        for (n, per, remembered) in &readings {
+            let rss = per.get(k).map_or(0.0, |(_, r)| *r);
+            rec.add(
+                "soak_rss_mb",
+                rss,
+                "MiB",
+                json!({
+                    "engine": engine, "process": process, "after_tx": n, "coins": slots,
+                    "ttl_s": ttl, "host_cpu_cores": share, "shard_txids_remembered": remembered,
+                }),
+                None,
+                None,
+            );
+        }
+        if let [.., (_, mid, _), (_, last, _)] = readings.as_slice() {
+            let (m, l) = (
+                mid.get(k).map_or(0.0, |(_, r)| *r),
+                last.get(k).map_or(0.0, |(_, r)| *r),
+            );
+            growth.push((process.clone(), l / m.max(1.0)));
+        }
+    }
+    if let (Some((worst, g)), [.., (n1, _, _), (n2, _, _)]) = (
+        growth.iter().max_by(|a, b| a.1.total_cmp(&b.1)),
+        readings.as_slice(),
+    ) {
+        rec.add(
+            "soak_rss_growth_ratio",
+            *g,
+            "ratio",
+            json!({
+                "engine": engine, "from_tx": n1, "to_tx": n2, "target": "<= 1.10",
+                "process": worst, "what": "the largest growth of any one process",
+                "every_process": growth.iter().map(|(p, g)| json!({ "process": p, "growth": (g * 1000.0).round() / 1000.0 })).collect::<Vec<_>>(),
+            }),
+            None,
+            None,
+        );
+    }
+    for (n, _, remembered) in &readings {
+        rec.add(
+            "soak_remembered_txids",
+            *remembered as f64,
+            "txids",
+            json!({ "engine": engine, "after_tx": n, "ttl_s": ttl, "what": "the most any shard replica remembers" }),
+            None,
+            None,
+        );
+    }
+    rec.add(
+        "soak_tx_per_s",
+        rate,
+        "transactions/s",
+        json!({ "engine": engine, "host_cpu_cores": share }),
+        None,
+        None,
+    );
+    Ok(())
+}
+
+/// One soak reading on emulated hosts: transactions, each process's resident MiB, the most
+/// txids a shard replica remembers.
+type HostReading = (u64, Vec<(String, f64)>, u64);
+
+/// Runs the soak's load generator and reads every process at each of its marks.
+fn soak_readings(
+    d: &Deployed,
+    exe: &Path,
+    marks: &[u64],
+    slots: u64,
+    ttl: u64,
+) -> Result<(Vec<HostReading>, f64)> {
+    let dir = d
+        .loadgens
+        .first()
+        .ok_or_else(|| anyhow!("no load generator host"))?;
+    let cfg = LoadgenConfig {
+        cluster: dir.join("../cluster.toml"),
+        key: dir.join("identity.key"),
+        first_chunk: 0,
+        chunks: 0,
+        clients: CLIENTS,
+        batch: BATCH,
+        secs: 0.0,
+        failover: false,
+        http: None,
+        soak: Some(SoakLoad {
+            marks: marks.to_vec(),
+            slots,
+            ttl,
+        }),
+    };
+    let path = dir.join("loadgen.json");
+    std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
+    let log_path = dir.join("loadgen.log");
+    let mut child = d
+        .net
+        .0
+        .command("loadgen-0", exe)?
+        .args(["bench", "cluster", "--loadgen"])
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path)?)
+        .spawn()
+        .context("starting the soak load generator")?;
+    let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
+    let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
+    let mut g = Loadgen {
+        child,
+        stdin,
+        stdout,
+        log: log_path,
+    };
+    let shard_peers: Vec<Peer> = d.spec.shards[0]
+        .members
+        .iter()
+        .filter_map(|m| {
+            let key = PublicKey::parse(&m.key).ok()?;
+            Some(Peer::new(
+                m.addr.clone(),
+                key,
+                d.observer.clone(),
+                Duration::from_secs(2),
+            ))
+        })
+        .collect();
+    let mut readings = Vec::new();
+    loop {
+        let line = g.line()?;
+        if let Some(n) = line.strip_prefix("mark ") {
+            let n: u64 = n.parse().context("a soak mark")?;
+            let mut per = Vec::new();
+            for (role, group, id, mdir) in &d.members {
+                let rss = deploy::pid_of(mdir).map_or(0.0, |p| super::soak::rss_mib_of(Some(p)));
+                per.push((deploy::host_name(*role, *group, *id), rss));
+            }
+            per.push((
+                "loadgen-0".to_string(),
+                super::soak::rss_mib_of(Some(g.child.id())),
+            ));
+            let remembered = shard_peers
+                .iter()
+                .filter_map(|p| match p.call(&Request::Status) {
+                    Ok(Response::Status(s)) => Some(s.remembered),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            eprintln!(
+                "  after {n} transactions: {} (shard remembers {remembered} txids)",
+                per.iter()
+                    .map(|(p, r)| format!("{p} {r:.0} MiB"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            readings.push((n, per, remembered));
+        } else if let Some(rate) = line.strip_prefix("done ") {
+            return Ok((readings, rate.parse().context("the soak's rate")?));
+        } else {
+            bail!("the soak load generator said {line:?}");
+        }
+    }
+}
+
+/// The soak's load generator: [`super::soak::soak`] against the cluster, a `mark N` line as
+/// each reading's count is passed (the parent reads every process then), `done RATE` at the
+/// end.
+fn soak_loadgen(cfg: &LoadgenConfig, s: &SoakLoad) -> Result<ExitCode> {
+    let spec = ClusterSpec::load(&cfg.cluster)?;
+    let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));
+    let store = ClusterStore::new(&spec, me)?;
+    let out = Mutex::new(std::io::stdout());
+    let read = |n: u64| {
+        if let Ok(mut o) = out.lock() {
+            let _ = writeln!(o, "mark {n}");
+            let _ = o.flush();
+        }
+        (0.0, 0)
+    };
+    let (_, rate) = super::soak::soak(&store, s.slots, &s.marks, s.ttl, &read)?;
+    let mut o = out.lock().map_err(|_| anyhow!("stdout"))?;
+    writeln!(o, "done {rate}")?;
+    o.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// An end-to-end load generator: its signed transactions in batches over TLS to its sentinel,
 /// from `clients` connections, for `secs`.
 fn http_loadgen(cfg: &LoadgenConfig, h: &HttpLoad) -> Result<ExitCode> {
@@ -1594,6 +1826,9 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let cfg: LoadgenConfig = serde_json::from_slice(&std::fs::read(path)?)?;
     if let Some(h) = &cfg.http {
         return http_loadgen(&cfg, h);
+    }
+    if let Some(s) = &cfg.soak {
+        return soak_loadgen(&cfg, s);
     }
     let spec = ClusterSpec::load(&cfg.cluster)?;
     let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));

@@ -53,7 +53,8 @@ pub struct BenchArgs {
     #[arg(long, env = "FLORIN_BENCH_PG_CA")]
     postgres_ca: Option<std::path::PathBuf>,
     /// `cluster`: every process on its own emulated host (network namespace and CPU share;
-    /// needs root): Hamilton's Fig. 4 scaling on emulated machines.
+    /// needs root): Hamilton's Fig. 4 scaling on emulated machines. `soak`: a three-replica
+    /// cluster on emulated hosts, every process's memory read apart.
     #[arg(long)]
     emulate_hosts: bool,
     /// With `--emulate-hosts`: each host's CPU share in cores (default: the machine's cores
@@ -250,7 +251,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "abuse"
         }
         Suite::Soak => {
-            soak::run(&mut rec, args.quick, args.soak_engine.as_deref())?;
+            soak::run(
+                &mut rec,
+                args.quick,
+                args.soak_engine.as_deref(),
+                args.emulate_hosts,
+            )?;
             "soak"
         }
     };

@@ -44,7 +44,17 @@ fn coin(slot: u64, round: u64) -> [u8; 32] {
 
 /// Resident memory of this process in MiB (`VmRSS`), 0 where `/proc` is missing.
 fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    rss_mib_of(None)
+}
+
+/// Resident memory (`VmRSS`, MiB) of process `pid` (this one when `None`), 0 where it cannot
+/// be read.
+pub(super) fn rss_mib_of(pid: Option<u32>) -> f64 {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".into(),
+    };
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -59,13 +69,14 @@ fn rss_mib() -> f64 {
 type Reading = (u64, f64, u64);
 
 /// Mints one coin per slot, then runs `CLIENTS` threads, each moving its own slots' coins
-/// round after round, until `marks`' last count; reads memory at each mark.
-fn soak(
+/// round after round, until `marks`' last count; at each mark, `read` gives the resident
+/// memory and the txids remembered to keep.
+pub(super) fn soak(
     store: &dyn SwapStore,
     slots: u64,
     marks: &[u64],
     ttl: u64,
-    remembered: &(dyn Fn() -> u64 + Sync),
+    read: &(dyn Fn(u64) -> (f64, u64) + Sync),
 ) -> Result<(Vec<Reading>, f64)> {
     let expires = || unix_now() + ttl;
     for chunk in (0..slots).collect::<Vec<_>>().chunks(BATCH as usize) {
@@ -146,11 +157,10 @@ fn soak(
             std::thread::sleep(Duration::from_millis(50));
             let n = done.load(Ordering::Relaxed);
             if n >= marks[next] {
-                readings.push((n, rss_mib(), remembered()));
+                let (rss, remembered) = read(n);
+                readings.push((n, rss, remembered));
                 eprintln!(
-                    "soak: {n} transactions, {:.0} MiB resident, {} txids remembered ({:.0} tx/s)",
-                    rss_mib(),
-                    remembered(),
+                    "soak: {n} transactions, {rss:.0} MiB resident, {remembered} txids remembered ({:.0} tx/s)",
                     n as f64 / t.elapsed().as_secs_f64()
                 );
                 next += 1;
@@ -200,12 +210,42 @@ fn report(rec: &mut Recorder, engine: &str, slots: u64, ttl: u64, readings: &[Re
     );
 }
 
+/// The readings (transaction counts), coins and validity of a run: `--quick` or the default,
+/// or the readings in `FLORIN_SOAK_MARKS`.
+pub(super) fn shape(quick: bool) -> Result<(Vec<u64>, u64, u64)> {
+    let (mut marks, slots, ttl): (Vec<u64>, u64, u64) = if quick {
+        (vec![500_000, 2_000_000, 4_000_000, 6_000_000], 100_000, 1)
+    } else {
+        (
+            vec![1_000_000, 10_000_000, 25_000_000, 50_000_000],
+            1_000_000,
+            TTL_SECS,
+        )
+    };
+    // Other readings, for a closer look at where memory goes (e.g. `5000000,10000000,...`).
+    if let Ok(m) = std::env::var("FLORIN_SOAK_MARKS") {
+        marks = m.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        if marks.len() < 2 {
+            bail!("FLORIN_SOAK_MARKS needs at least two counts");
+        }
+    }
+    Ok((marks, slots, ttl))
+}
+
 /// The engines, each run in its own process.
 const ENGINES: [&str; 2] = ["embedded", "cluster"];
 
 /// Runs the suite: each engine in a child process (`--soak-engine`), whose results are
 /// recorded here; or, in such a child, the one engine.
-pub fn run(rec: &mut Recorder, quick: bool, engine: Option<&str>) -> Result<()> {
+pub fn run(
+    rec: &mut Recorder,
+    quick: bool,
+    engine: Option<&str>,
+    emulate_hosts: bool,
+) -> Result<()> {
+    if emulate_hosts {
+        return super::cluster_hosts::soak_on_hosts(rec, quick);
+    }
     let Some(engine) = engine else {
         for e in ENGINES {
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
@@ -231,22 +271,7 @@ pub fn run(rec: &mut Recorder, quick: bool, engine: Option<&str>) -> Result<()> 
         }
         return Ok(());
     };
-    let (mut marks, slots, ttl): (Vec<u64>, u64, u64) = if quick {
-        (vec![500_000, 2_000_000, 4_000_000, 6_000_000], 100_000, 1)
-    } else {
-        (
-            vec![1_000_000, 10_000_000, 25_000_000, 50_000_000],
-            1_000_000,
-            TTL_SECS,
-        )
-    };
-    // Other readings, for a closer look at where memory goes (e.g. `5000000,10000000,...`).
-    if let Ok(m) = std::env::var("FLORIN_SOAK_MARKS") {
-        marks = m.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        if marks.len() < 2 {
-            bail!("FLORIN_SOAK_MARKS needs at least two counts");
-        }
-    }
+    let (marks, slots, ttl) = shape(quick)?;
     eprintln!(
         "soak ({engine}): {slots} coins moved by one-in, one-out transfers valid {ttl} s, {CLIENTS} clients, batches of {BATCH}; readings after {marks:?} transactions"
     );
@@ -254,8 +279,8 @@ pub fn run(rec: &mut Recorder, quick: bool, engine: Option<&str>) -> Result<()> 
         "embedded" => {
             let dir = tempfile::tempdir()?;
             let store = EmbeddedStore::open(EmbeddedConfig::new(dir.path()))?;
-            let remembered = || store.remembered().map_or(0, |(n, _)| n as u64);
-            let (readings, rate) = soak(&store, slots, &marks, ttl, &remembered)?;
+            let read = |_| (rss_mib(), store.remembered().map_or(0, |(n, _)| n as u64));
+            let (readings, rate) = soak(&store, slots, &marks, ttl, &read)?;
             report(rec, "embedded", slots, ttl, &readings, rate);
         }
         "cluster" => {
@@ -277,8 +302,8 @@ pub fn run(rec: &mut Recorder, quick: bool, engine: Option<&str>) -> Result<()> 
             rt.block_on(cluster.wait_for_leaders(Duration::from_secs(20)))?;
             let store = cluster.store()?;
             // The most any replica of the shard remembers.
-            let remembered = || cluster.remembered();
-            let (readings, rate) = soak(&store, slots, &marks, ttl, &remembered)?;
+            let read = |_| (rss_mib(), cluster.remembered());
+            let (readings, rate) = soak(&store, slots, &marks, ttl, &read)?;
             report(
                 rec,
                 "cluster 1 shard × 3 replicas",

@@ -1673,6 +1673,63 @@ fn bench_cluster_on_emulated_hosts_prints_the_sentinels_cpu_per_transaction() {
         .any(|r| r["name"] == "cluster_hosts_tx_per_s" || r["name"] == "dc_failover_recovery_s"));
 }
 
+/// `florin bench soak --emulate-hosts`: a three-replica cluster with every replica its own
+/// process on its own host; each process's resident memory is read at each reading (three
+/// here, through `FLORIN_SOAK_MARKS`), the shard's replicas remember txids, and the largest
+/// growth of any one process is reported with the process it belongs to.
+#[test]
+fn bench_soak_on_emulated_hosts_reads_every_process_apart() {
+    if !hosts_or_skip("bench_soak_on_emulated_hosts_reads_every_process_apart") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .current_dir(dir.path())
+        .env("FLORIN_SOAK_MARKS", "100000,300000,500000")
+        .args(["bench", "soak", "--json", "--quick", "--emulate-hosts"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let rss: Vec<&Value> = results
+        .iter()
+        .filter(|r| r["name"] == "soak_rss_mb")
+        .collect();
+    let processes: std::collections::BTreeSet<&str> = rss
+        .iter()
+        .map(|r| r["params"]["process"].as_str().unwrap())
+        .collect();
+    let want = [
+        "coord-0-1", "coord-0-2", "coord-0-3", "loadgen-0", "shard-0-1", "shard-0-2",
+        "shard-0-3",
+    ];
+    assert_eq!(processes, want.into_iter().collect(), "{v}");
+    // Three readings of every process, each a live process's memory.
+    assert_eq!(rss.len(), 3 * want.len());
+    for r in &rss {
+        assert!(r["value"].as_f64().unwrap() > 1.0, "{r}");
+        assert!(r["params"]["after_tx"].as_u64().unwrap() >= 100_000);
+    }
+    let remembered = results
+        .iter()
+        .filter(|r| r["name"] == "soak_remembered_txids")
+        .map(|r| r["value"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert!(remembered > 0.0, "{v}");
+    let growth = results
+        .iter()
+        .find(|r| r["name"] == "soak_rss_growth_ratio")
+        .unwrap();
+    assert!(growth["value"].as_f64().unwrap() > 0.0);
+    assert!(want.contains(&growth["params"]["process"].as_str().unwrap()));
+    assert_eq!(
+        growth["params"]["every_process"].as_array().unwrap().len(),
+        want.len()
+    );
+}
+
 /// A `florin psp serve` process; its URL is the first line it prints. It serves plain HTTP on
 /// loopback (these tests are about payments; TLS has its own tests) and reaches the ledger over
 /// TLS, trusting the devnet's CA.
