@@ -384,8 +384,8 @@ struct Load {
     /// The hosts that used most of their CPU share over the run, with that fraction.
     busiest: Vec<(String, f64)>,
     /// Leader elections during the run, all groups together (terms begun; a fault-free run
-    /// should have none).
-    elections: u64,
+    /// should have none); `None` when some group's term could not be read before or after.
+    elections: Option<u64>,
 }
 
 fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
@@ -455,6 +455,7 @@ fn run_load_with(
     // The engine tier: shard and coordinator replicas, or the single-node engine.
     let engine_cpu =
         |d: &Deployed| d.host_cpu("shard-") + d.host_cpu("coord-") + d.host_cpu("engine-");
+    let terms0 = group_terms(d);
     let (e0, l0, s0) = (
         engine_cpu(d),
         d.host_cpu("loadgen-"),
@@ -467,7 +468,6 @@ fn run_load_with(
         .iter()
         .map(|h| h.cpu_seconds().unwrap_or(0.0))
         .collect();
-    let terms0 = group_terms(d);
     let t0 = Instant::now();
     for g in &mut gens {
         g.stdin.write_all(b"go\n")?;
@@ -504,10 +504,13 @@ fn run_load_with(
     busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
     busiest.truncate(4);
     let terms1 = group_terms(d);
-    let elections = terms1
-        .iter()
-        .map(|(g, t)| t.saturating_sub(terms0.get(g).copied().unwrap_or(*t)))
-        .sum();
+    let groups = d.spec.shards.len() + d.spec.coordinators.len();
+    let elections = (terms0.len() == groups && terms1.len() == groups).then(|| {
+        terms1
+            .iter()
+            .map(|(g, t)| t.saturating_sub(terms0.get(g).copied().unwrap_or(*t)))
+            .sum()
+    });
     if results.iter().any(|r| r.ran_out) {
         eprintln!("  note: a load generator used all its preloaded ids before the time was up");
     }
@@ -821,7 +824,7 @@ fn failures_vs_throughput(
         cpu: Vec<f64>,
         busiest: Vec<(String, f64)>,
         ran_out: bool,
-        elections: Vec<u64>,
+        elections: Vec<Option<u64>>,
     }
     let mut runs: BTreeMap<usize, Runs> = BTreeMap::new();
     for pass in 0..passes {
@@ -1081,6 +1084,13 @@ struct LeaderWatch {
 /// When a member said it leads, and in which term.
 type Sightings = Vec<(Instant, u64)>;
 
+impl Drop for LeaderWatch {
+    /// A run that failed stops its watchers too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 impl LeaderWatch {
     fn start(d: &Deployed) -> Result<LeaderWatch> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -1116,10 +1126,10 @@ impl LeaderWatch {
     }
 
     /// Every group's sightings of a leader, in time order.
-    fn stop(self) -> BTreeMap<(String, u16), Sightings> {
+    fn stop(mut self) -> BTreeMap<(String, u16), Sightings> {
         self.stop.store(true, Ordering::Relaxed);
         let mut out: BTreeMap<(String, u16), Sightings> = BTreeMap::new();
-        for (role, g, h) in self.threads {
+        for (role, g, h) in std::mem::take(&mut self.threads) {
             if let Ok(seen) = h.join() {
                 out.entry((role, g)).or_default().extend(seen);
             }
@@ -1710,8 +1720,15 @@ fn soak_readings(
             let n: u64 = n.parse().context("a soak mark")?;
             let mut per = Vec::new();
             for (role, group, id, mdir) in &d.members {
-                let rss = deploy::pid_of(mdir).map_or(0.0, |p| super::soak::rss_mib_of(Some(p)));
-                per.push((deploy::host_name(*role, *group, *id), rss));
+                let name = deploy::host_name(*role, *group, *id);
+                // A process that died (an out-of-memory kill, say) fails the soak.
+                let pid = deploy::pid_of(mdir)
+                    .ok_or_else(|| anyhow!("{name} is not running after {n} transactions"))?;
+                let rss = super::soak::rss_mib_of(Some(pid));
+                if rss <= 0.0 {
+                    bail!("cannot read {name}'s memory (pid {pid})");
+                }
+                per.push((name, rss));
             }
             per.push((
                 "loadgen-0".to_string(),

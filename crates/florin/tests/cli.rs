@@ -1702,7 +1702,12 @@ fn bench_soak_on_emulated_hosts_reads_every_process_apart() {
         .map(|r| r["params"]["process"].as_str().unwrap())
         .collect();
     let want = [
-        "coord-0-1", "coord-0-2", "coord-0-3", "loadgen-0", "shard-0-1", "shard-0-2",
+        "coord-0-1",
+        "coord-0-2",
+        "coord-0-3",
+        "loadgen-0",
+        "shard-0-1",
+        "shard-0-2",
         "shard-0-3",
     ];
     assert_eq!(processes, want.into_iter().collect(), "{v}");

@@ -86,7 +86,7 @@ impl Default for RaftOptions {
         Self {
             heartbeat_ms: 100,
             election_min_ms: 500,
-            election_max_ms: 1000,
+            election_max_ms: 750,
             snapshot_every: 1000,
             keep_logs: 500,
             snapshot_log_bytes: default_snapshot_log_bytes(),
@@ -186,7 +186,9 @@ impl<M: Machine> Replica<M> {
             heartbeat_interval: opts.heartbeat_ms,
             election_timeout_min: opts.election_min_ms,
             election_timeout_max: opts.election_max_ms,
-            install_snapshot_timeout: opts.election_max_ms.max(1000),
+            // A snapshot's last chunk waits for its restore: on small hosts that takes longer
+            // than an election timeout.
+            install_snapshot_timeout: (opts.heartbeat_ms * 8).max(opts.election_max_ms).max(1000),
             // Snapshots are triggered by this replica's own watcher (see `snapshot_every`).
             snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: opts.keep_logs,
@@ -243,7 +245,9 @@ impl<M: Machine> Replica<M> {
         };
         let network = NetworkFactory {
             transport,
-            backoff: Duration::from_millis(opts.heartbeat_ms * 4),
+            // Short enough that one failed send does not silence a follower for longer than
+            // its election timeout.
+            backoff: Duration::from_millis(opts.heartbeat_ms * 2),
         };
 
         let raft = Raft::new(id, Arc::new(config), network, log, store)

@@ -8,7 +8,9 @@
 //! [`READ_WAIT`]) before the next member is tried. A `Submit`, which may take long to answer
 //! and is not sent twice, is watched instead: while it waits, the other members are asked every
 //! [`PROBE_AFTER`] which leader they follow, and once another member leads, the call moves
-//! there (the sentinel's resubmission is answered by txid, as after a leader's death). A member
+//! there (the sentinel's resubmission is answered by txid, as after a leader's death). A
+//! two-phase command that may wait longer than that is watched the same way. The others are
+//! asked at once, and their answer serves every call of the client for [`PROBE_FRESH`]. A member
 //! that did not answer is no longer the first one tried.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,8 +20,12 @@ use std::time::{Duration, Instant};
 use super::rpc::{Peer, Request, Response, RpcError};
 use florin_cluster::raft::NodeId;
 
-/// How long a `Submit` waits on a member before asking the others whether another leads.
+/// How long a `Submit` or a two-phase command waits on a member before asking the others
+/// whether another leads.
 pub const PROBE_AFTER: Duration = Duration::from_millis(500);
+/// How long one such answer serves every call of this client (so that calls waiting together
+/// ask once, not each).
+const PROBE_FRESH: Duration = Duration::from_millis(250);
 /// How long such a question waits for each member's answer.
 const PROBE_WAIT: Duration = Duration::from_millis(500);
 /// The longest wait for a read's answer from one member.
@@ -33,6 +39,8 @@ pub struct GroupClient {
     /// Each member's Raft id (to follow what the others say about who leads).
     ids: Vec<NodeId>,
     leader: AtomicUsize,
+    /// The last answer to "who leads, if not member i": when, i, and the answer.
+    probed: std::sync::Mutex<Option<(Instant, usize, Option<usize>)>>,
 }
 
 /// One attempt's end.
@@ -66,6 +74,7 @@ impl GroupClient {
             peers,
             ids,
             leader: AtomicUsize::new(0),
+            probed: std::sync::Mutex::new(None),
         }
     }
 
@@ -104,20 +113,38 @@ impl GroupClient {
     fn watched(&self, i: usize, req: &Request, within: Option<Duration>) -> Attempt {
         let (tx, rx) = std::sync::mpsc::channel();
         let (peer, r) = (self.peers[i].clone(), req.clone());
-        std::thread::spawn(move || {
-            let _ = tx.send(match within {
-                Some(w) => peer.call_within(&r, w),
-                None => peer.call(&r),
+        let call = move || match within {
+            Some(w) => peer.call_within(&r, w),
+            None => peer.call(&r),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("florin-watched-call".into())
+            .spawn({
+                let call = call.clone();
+                move || {
+                    let _ = tx.send(call());
+                }
             });
-        });
+        if spawned.is_err() {
+            // No thread to spare: wait without watching.
+            return Attempt::Answer(call());
+        }
+        let deadline = within.map(|w| Instant::now() + w);
         loop {
-            match rx.recv_timeout(PROBE_AFTER) {
+            let wait = deadline.map_or(PROBE_AFTER, |d| {
+                PROBE_AFTER.min(d.saturating_duration_since(Instant::now()) + MIN_WAIT)
+            });
+            match rx.recv_timeout(wait) {
                 Ok(answer) => return Attempt::Answer(answer),
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                     return Attempt::Answer(Err(RpcError::BadAnswer(self.peers[i].addr.clone())))
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     if let Some(j) = self.leader_elsewhere(i) {
+                        // An answer that came while the others were asked wins.
+                        if let Ok(answer) = rx.try_recv() {
+                            return Attempt::Answer(answer);
+                        }
                         return Attempt::MovedTo(j);
                     }
                 }
@@ -129,6 +156,23 @@ impl GroupClient {
     /// asked at once, each on a thread of its own, so members that are down cost one
     /// [`PROBE_WAIT`] together, not one each.
     fn leader_elsewhere(&self, i: usize) -> Option<usize> {
+        if let Ok(p) = self.probed.lock() {
+            if let Some((at, asked, answer)) = *p {
+                if asked == i && at.elapsed() < PROBE_FRESH {
+                    return answer;
+                }
+            }
+        }
+        let answer = self.ask_who_leads(i);
+        if let Ok(mut p) = self.probed.lock() {
+            *p = Some((Instant::now(), i, answer));
+        }
+        answer
+    }
+
+    /// [`GroupClient::leader_elsewhere`] without the shared answer: the member of the highest
+    /// term that some other member says leads.
+    fn ask_who_leads(&self, i: usize) -> Option<usize> {
         let me = self.ids.get(i).copied();
         let (tx, rx) = std::sync::mpsc::channel();
         let mut asked = 0;
@@ -137,29 +181,38 @@ impl GroupClient {
                 continue;
             }
             let (p, tx) = (p.clone(), tx.clone());
-            asked += 1;
-            std::thread::spawn(move || {
-                let leader = match p.call_within(&Request::Status, PROBE_WAIT) {
-                    Ok(Response::Status(s)) => s.raft.leader,
-                    _ => None,
-                };
-                let _ = tx.send(leader);
-            });
+            let spawned = std::thread::Builder::new()
+                .name("florin-who-leads".into())
+                .spawn(move || {
+                    let leader = match p.call_within(&Request::Status, PROBE_WAIT) {
+                        Ok(Response::Status(s)) => s.raft.leader.map(|l| (s.raft.term, l)),
+                        _ => None,
+                    };
+                    let _ = tx.send(leader);
+                });
+            if spawned.is_ok() {
+                asked += 1;
+            }
         }
         drop(tx);
+        // Every answer within the wait; the leader named in the highest term wins (a member
+        // that missed an election still names the old one).
         let deadline = Instant::now() + PROBE_WAIT + MIN_WAIT;
+        let mut best: Option<(u64, usize)> = None;
         for _ in 0..asked {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(leader) = rx.recv_timeout(left) else {
+            let Ok(answer) = rx.recv_timeout(left) else {
                 break;
             };
-            if let Some(l) = leader.filter(|l| Some(*l) != me) {
-                if let Some(k) = self.ids.iter().position(|x| *x == l) {
-                    return Some(k);
+            if let Some((term, l)) = answer {
+                if best.is_none_or(|(t, _)| term > t) {
+                    if let Some(k) = self.ids.iter().position(|x| *x == l) {
+                        best = Some((term, k));
+                    }
                 }
             }
         }
-        None
+        best.map(|(_, k)| k).filter(|k| Some(self.ids[*k]) != me)
     }
 
     /// Member `i` did not answer: the next call starts with the next member.
@@ -253,14 +306,22 @@ mod tests {
     use crate::cluster::rpc::{Handler, NodeStatus, Server};
 
     /// A member that answers: `Status` with who it follows, anything else as the leader
-    /// (its own status) or with `NotLeader`.
+    /// (its own status) or with `NotLeader`; or, while `silent` is set, nothing (a frozen
+    /// host: the connection is up, no answer comes).
     struct Member {
         id: NodeId,
         leader: NodeId,
+        term: u64,
+        silent: Option<Arc<std::sync::atomic::AtomicBool>>,
     }
 
     impl Handler for Member {
         async fn handle(&self, _: &PublicKey, req: Request) -> Response {
+            if let Some(s) = &self.silent {
+                while s.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
             let status = Response::Status(NodeStatus {
                 role: "shard".into(),
                 group: 0,
@@ -273,7 +334,7 @@ mod tests {
                     }
                     .into(),
                     leader: Some(self.leader),
-                    term: 2,
+                    term: self.term,
                     last_log_index: None,
                     last_applied: None,
                     snapshot: None,
@@ -295,10 +356,12 @@ mod tests {
         LocalSigner::new(SecretKey::generate(&mut rand::rngs::OsRng))
     }
 
-    /// The old leader (member 1) takes connections and never answers, as a frozen host does;
-    /// members 2 and 3 follow 3. A two-phase command and a submission sent to member 1 move
-    /// to member 3 once the others are asked who leads, long before the caller's patience or
-    /// the peer's timeout runs out.
+    /// The old leader (member 1) takes connections and requests and never answers, as a
+    /// frozen host does; member 2 missed the election and still names member 1 (term 1),
+    /// member 3 leads in term 2. A two-phase command and a submission sent to member 1 move to
+    /// member 3 once the others are asked who leads, long before the caller's patience (30 s)
+    /// or the peer's timeout (60 s) runs out: without watching, the command would wait its
+    /// whole patience on member 1.
     #[test]
     fn a_silent_leader_is_left_for_the_member_the_others_follow() {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -307,25 +370,22 @@ mod tests {
             .build()
             .unwrap();
         let me = Arc::new(key());
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut members = vec![(
-            1,
-            Arc::new(Peer::new(
-                silent.local_addr().unwrap().to_string(),
-                key().public_key(),
-                me.clone(),
-                Duration::from_secs(60),
-            )),
-        )];
+        let silent = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut members = Vec::new();
         let mut servers = Vec::new();
-        for id in [2, 3] {
+        for (id, leader, term, quiet) in [(1, 1, 1, true), (2, 1, 1, false), (3, 3, 2, false)] {
             let server_key = Arc::new(key());
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let server = Server::start(
                 listener,
                 server_key.clone(),
                 HashSet::from([me.public_key()]),
-                Arc::new(Member { id, leader: 3 }),
+                Arc::new(Member {
+                    id,
+                    leader,
+                    term,
+                    silent: quiet.then(|| silent.clone()),
+                }),
                 rt.handle().clone(),
             )
             .unwrap();
@@ -348,18 +408,21 @@ mod tests {
         for req in [fenced, Request::Submit(Vec::new(), 0)] {
             // Member 1 first, as a client that last saw it lead.
             group.leader.store(0, Ordering::Relaxed);
+            if let Ok(mut p) = group.probed.lock() {
+                *p = None;
+            }
             let t = Instant::now();
             let answer = group.call(&req, Duration::from_secs(30)).unwrap();
             let Response::Status(s) = answer else {
                 panic!("{answer:?}")
             };
             assert_eq!(s.raft.id, 3);
-            // Moved after one probe (0.5 s, plus at most one probe's wait), not after the
-            // 30 s of patience or the peer's 60 s.
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+            // Moved after one probe (0.5 s, plus at most one probe's wait).
+            assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
             // The silent member is no longer the first one tried.
             assert_ne!(group.leader.load(Ordering::Relaxed), 0);
         }
-        drop(silent);
+        silent.store(false, Ordering::Relaxed);
+        drop(servers);
     }
 }
