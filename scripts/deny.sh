@@ -12,6 +12,11 @@ if ! cargo deny --version 2>/dev/null | grep -q "$DENY_VERSION"; then
   cargo install cargo-deny --locked --version "$DENY_VERSION" --quiet
 fi
 
+# cargo-deny reads `cargo metadata`, which needs every package of Cargo.lock on this machine,
+# those of other platforms too (a build fetches only this one's): fetch them from crates.io.
+timeout 600 cargo fetch --locked >/dev/null 2>&1 \
+  || echo "warning: cargo fetch failed; cargo deny below needs every locked package present"
+
 # Licences, bans (duplicates, wildcards) and sources need nothing but Cargo.lock.
 cargo deny --offline --locked check licenses bans sources
 
