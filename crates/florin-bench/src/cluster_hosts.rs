@@ -294,34 +294,28 @@ fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
     })
 }
 
+/// A client of every shard and coordinator replica (role, group, peer), as the observer.
+fn member_peers(d: &Deployed, timeout: Duration) -> Result<Vec<(Role, u16, Peer)>> {
+    let mut peers = Vec::new();
+    for (role, groups) in [
+        (Role::Shard, &d.spec.shards),
+        (Role::Coordinator, &d.spec.coordinators),
+    ] {
+        for (g, grp) in groups.iter().enumerate() {
+            for m in &grp.members {
+                let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
+                let peer = Peer::new(m.addr.clone(), key, d.observer.clone(), timeout);
+                peers.push((role, g as u16, peer));
+            }
+        }
+    }
+    Ok(peers)
+}
+
 /// Waits until every group has a leader, asking each member for its state.
 fn wait_for_leaders(d: &Deployed, within: Duration) -> Result<()> {
     let deadline = Instant::now() + within;
-    let peers: Vec<(Role, u16, Peer)> = [
-        (Role::Shard, &d.spec.shards),
-        (Role::Coordinator, &d.spec.coordinators),
-    ]
-    .into_iter()
-    .flat_map(|(role, groups)| {
-        groups
-            .iter()
-            .enumerate()
-            .flat_map(move |(g, grp)| grp.members.iter().map(move |m| (role, g as u16, m)))
-    })
-    .map(|(role, g, m)| -> Result<(Role, u16, Peer)> {
-        let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
-        Ok((
-            role,
-            g,
-            Peer::new(
-                m.addr.clone(),
-                key,
-                d.observer.clone(),
-                Duration::from_secs(1),
-            ),
-        ))
-    })
-    .collect::<Result<_>>()?;
+    let peers = member_peers(d, Duration::from_secs(1))?;
     loop {
         let mut leaders = std::collections::HashSet::new();
         for (role, g, p) in &peers {
@@ -537,23 +531,10 @@ fn run_load_with(
 /// Each shard and coordinator group's highest Raft term among the members that answer.
 fn group_terms(d: &Deployed) -> BTreeMap<(u8, u16), u64> {
     let mut terms = BTreeMap::new();
-    for (role, groups) in [(0u8, &d.spec.shards), (1, &d.spec.coordinators)] {
-        for (g, grp) in groups.iter().enumerate() {
-            for m in &grp.members {
-                let Ok(key) = PublicKey::parse(&m.key) else {
-                    continue;
-                };
-                let peer = Peer::new(
-                    m.addr.clone(),
-                    key,
-                    d.observer.clone(),
-                    Duration::from_millis(500),
-                );
-                if let Ok(Response::Status(s)) = peer.call(&Request::Status) {
-                    let t = terms.entry((role, g as u16)).or_insert(0);
-                    *t = (*t).max(s.raft.term);
-                }
-            }
+    for (role, g, peer) in member_peers(d, Duration::from_millis(500)).unwrap_or_default() {
+        if let Ok(Response::Status(s)) = peer.call(&Request::Status) {
+            let t = terms.entry((role as u8, g)).or_insert(0);
+            *t = (*t).max(s.raft.term);
         }
     }
     terms
@@ -1095,32 +1076,26 @@ impl LeaderWatch {
     fn start(d: &Deployed) -> Result<LeaderWatch> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for (role, groups) in [("shard", &d.spec.shards), ("coord", &d.spec.coordinators)] {
-            for (g, grp) in groups.iter().enumerate() {
-                for m in &grp.members {
-                    let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
-                    let peer = Peer::new(
-                        m.addr.clone(),
-                        key,
-                        d.observer.clone(),
-                        Duration::from_millis(500),
-                    );
-                    let stop = stop.clone();
-                    let h = std::thread::spawn(move || {
-                        let mut seen = Vec::new();
-                        while !stop.load(Ordering::Relaxed) {
-                            if let Ok(Response::Status(s)) = peer.call(&Request::Status) {
-                                if s.raft.state == "leader" {
-                                    seen.push((Instant::now(), s.raft.term));
-                                }
-                            }
-                            std::thread::sleep(Duration::from_millis(100));
+        for (role, g, peer) in member_peers(d, Duration::from_millis(500))? {
+            let stop = stop.clone();
+            let h = std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(Response::Status(s)) = peer.call(&Request::Status) {
+                        if s.raft.state == "leader" {
+                            seen.push((Instant::now(), s.raft.term));
                         }
-                        seen
-                    });
-                    threads.push((role.to_string(), g as u16, h));
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
                 }
-            }
+                seen
+            });
+            let role = if role == Role::Shard {
+                "shard"
+            } else {
+                "coord"
+            };
+            threads.push((role.to_string(), g, h));
         }
         Ok(LeaderWatch { stop, threads })
     }
@@ -1317,27 +1292,18 @@ fn sentinels_e2e_at(
     };
     first?;
     let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
-    let mut members = Vec::new();
-    for (role, groups) in [
-        (Role::Shard, &spec.shards),
-        (Role::Coordinator, &spec.coordinators),
-    ] {
-        for (g, group) in groups.iter().enumerate() {
-            for m in &group.members {
-                members.push((
-                    role,
-                    g as u16,
-                    m.id,
-                    deploy::member_dir(&data, role, g as u16, m.id),
-                ));
-            }
-        }
-    }
-    let sentinel_dirs: Vec<PathBuf> = (0..sentinels as u16)
-        .map(|i| deploy::member_dir(&data, Role::Sentinel, i, 0))
+    // Every replica and sentinel `cluster up` wrote, each with its directory.
+    let members = deploy::processes(&data, &spec);
+    let sentinel_dirs: Vec<PathBuf> = members
+        .iter()
+        .filter(|(role, ..)| *role == Role::Sentinel)
+        .map(|(.., dir)| dir.clone())
         .collect();
-    for (i, d) in sentinel_dirs.iter().enumerate() {
-        members.push((Role::Sentinel, i as u16, 0, d.clone()));
+    if sentinel_dirs.len() != sentinels {
+        bail!(
+            "cluster up wrote {} sentinels, not {sentinels}",
+            sentinel_dirs.len()
+        );
     }
     let observer = florin_node::load_key(&data.join("client.key"))?;
     let mut d = Deployed {

@@ -145,40 +145,6 @@ pub enum ClusterCommand {
 
 // ------------------------------------------------------------------------- layout
 
-/// Every process of a cluster: (role, group, id, its directory).
-fn processes(data: &Path, spec: &ClusterSpec) -> Vec<(Role, u16, u64, PathBuf)> {
-    let mut v = Vec::new();
-    for (role, groups) in [
-        (Role::Shard, &spec.shards),
-        (Role::Coordinator, &spec.coordinators),
-    ] {
-        for (g, group) in groups.iter().enumerate() {
-            for m in &group.members {
-                v.push((
-                    role,
-                    g as u16,
-                    m.id,
-                    deploy::member_dir(data, role, g as u16, m.id),
-                ));
-            }
-        }
-    }
-    let mut n = 0u16;
-    while deploy::member_dir(data, Role::Sentinel, n, 0)
-        .join("node.toml")
-        .exists()
-    {
-        v.push((
-            Role::Sentinel,
-            n,
-            0,
-            deploy::member_dir(data, Role::Sentinel, n, 0),
-        ));
-        n += 1;
-    }
-    v
-}
-
 /// What `cluster up` creates.
 struct Shape<'a> {
     shards: usize,
@@ -507,7 +473,7 @@ fn state(data: &Path) -> Result<ClusterState> {
     let hosts = hosts_of(data)?;
     let mut members = Vec::new();
     let mut apis = Vec::new();
-    for (role, g, id, dir) in processes(data, &spec) {
+    for (role, g, id, dir) in deploy::processes(data, &spec) {
         let pid = deploy::pid_of(&dir);
         let host = hosts.as_ref().and_then(|h| {
             h.host(&deploy::host_name(role, g, id))
@@ -726,7 +692,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             }
             let exe = std::env::current_exe().context("cannot find the florin binary")?;
             let mut started = 0;
-            for (_, _, _, dir) in processes(&data, &spec) {
+            for (_, _, _, dir) in deploy::processes(&data, &spec) {
                 if deploy::pid_of(&dir).is_none() {
                     deploy::spawn(&dir, &exe, hosts.as_ref())?;
                     started += 1;
@@ -832,7 +798,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 }
             }
             let mut pids = Vec::new();
-            for (_, _, _, dir) in processes(&data, &spec) {
+            for (_, _, _, dir) in deploy::processes(&data, &spec) {
                 if let Some(pid) = deploy::pid_of(&dir) {
                     deploy::signal(pid, "TERM");
                     pids.push((pid, dir));

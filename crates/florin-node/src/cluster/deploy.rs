@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use florin_crypto::SecretKey;
 use serde::{Deserialize, Serialize};
 
-use super::Role;
+use super::{ClusterSpec, Role};
 use crate::error::{BadRequest, NodeError};
 use crate::hosts::HostNet;
 
@@ -169,6 +169,31 @@ pub fn host_name(role: Role, group: u16, id: u64) -> String {
         Role::Sentinel => format!("sentinel-{group}"),
         Role::Engine => format!("engine-{group}"),
     }
+}
+
+/// Every process of a cluster in `data`: (role, group, id, its directory); shard and
+/// coordinator replicas from the spec, then each sentinel whose `node.toml` is there.
+pub fn processes(data: &Path, spec: &ClusterSpec) -> Vec<(Role, u16, u64, PathBuf)> {
+    let mut v = Vec::new();
+    for (role, groups) in [
+        (Role::Shard, &spec.shards),
+        (Role::Coordinator, &spec.coordinators),
+    ] {
+        for (g, group) in groups.iter().enumerate() {
+            for m in &group.members {
+                v.push((role, g as u16, m.id, member_dir(data, role, g as u16, m.id)));
+            }
+        }
+    }
+    let mut n = 0u16;
+    while member_dir(data, Role::Sentinel, n, 0)
+        .join("node.toml")
+        .exists()
+    {
+        v.push((Role::Sentinel, n, 0, member_dir(data, Role::Sentinel, n, 0)));
+        n += 1;
+    }
+    v
 }
 
 /// Writes a process's directory: its identity key (0600) and `node.toml`.
