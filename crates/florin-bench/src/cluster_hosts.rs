@@ -16,9 +16,9 @@
 //! generators' rates over the same window. CPU time is read per host from `cpuacct`.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +37,7 @@ use serde_json::json;
 use super::cluster::{median, percentile};
 use super::ledger::{preload_range, workload};
 use super::ledger_e2e::{drive_until, signed_workload, Api, Target};
+use super::line_child::LineChild;
 use super::{Recorder, Reference, Scale};
 
 const HAMILTON: &str = "003_… (Hamilton, NSDI '23) §6";
@@ -335,35 +336,6 @@ fn wait_for_leaders(d: &Deployed, within: Duration) -> Result<()> {
     }
 }
 
-struct Loadgen {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    log: PathBuf,
-}
-
-impl Loadgen {
-    fn line(&mut self) -> Result<String> {
-        let mut s = String::new();
-        if self.stdout.read_line(&mut s)? == 0 {
-            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(3).collect();
-            bail!(
-                "a load generator exited early: {}",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
-            );
-        }
-        Ok(s.trim().to_string())
-    }
-}
-
-impl Drop for Loadgen {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The measured load on one deployed cluster.
 struct Load {
     rate: f64,
@@ -418,33 +390,16 @@ fn run_load_with(
         };
         let path = dir.join("loadgen.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
-        let log_path = dir.join("loadgen.log");
-        let log = std::fs::File::create(&log_path)?;
-        let mut child = d
-            .net
-            .0
-            .command(&format!("loadgen-{i}"), exe)?
-            .args(["bench", "cluster", "--loadgen"])
-            .arg(&path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .context("starting a load generator")?;
-        let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
-        let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-        gens.push(Loadgen {
-            child,
-            stdin,
-            stdout,
-            log: log_path,
-        });
+        let mut cmd = d.net.0.command(&format!("loadgen-{i}"), exe)?;
+        cmd.args(["bench", "cluster", "--loadgen"]).arg(&path);
+        gens.push(LineChild::spawn(
+            cmd,
+            dir.join("loadgen.log"),
+            "a load generator",
+        )?);
     }
     for g in &mut gens {
-        let l = g.line()?;
-        if l != "ready" {
-            bail!("a load generator said {l:?} instead of ready");
-        }
+        g.expect("ready")?;
     }
     // The engine tier: shard and coordinator replicas, or the single-node engine.
     let engine_cpu =
@@ -464,8 +419,7 @@ fn run_load_with(
         .collect();
     let t0 = Instant::now();
     for g in &mut gens {
-        g.stdin.write_all(b"go\n")?;
-        g.stdin.flush()?;
+        g.send("go")?;
     }
     if let Some(f) = faults {
         f(d, Instant::now())?;
@@ -1646,26 +1600,9 @@ fn soak_readings(
     };
     let path = dir.join("loadgen.json");
     std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
-    let log_path = dir.join("loadgen.log");
-    let mut child = d
-        .net
-        .0
-        .command("loadgen-0", exe)?
-        .args(["bench", "cluster", "--loadgen"])
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log_path)?)
-        .spawn()
-        .context("starting the soak load generator")?;
-    let stdin = child.stdin.take().ok_or_else(|| anyhow!("no stdin"))?;
-    let stdout = BufReader::new(child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?);
-    let mut g = Loadgen {
-        child,
-        stdin,
-        stdout,
-        log: log_path,
-    };
+    let mut cmd = d.net.0.command("loadgen-0", exe)?;
+    cmd.args(["bench", "cluster", "--loadgen"]).arg(&path);
+    let mut g = LineChild::spawn(cmd, dir.join("loadgen.log"), "the soak load generator")?;
     let shard_peers: Vec<Peer> = d.spec.shards[0]
         .members
         .iter()
@@ -1698,7 +1635,7 @@ fn soak_readings(
             }
             per.push((
                 "loadgen-0".to_string(),
-                super::soak::rss_mib_of(Some(g.child.id())),
+                super::soak::rss_mib_of(Some(g.id())),
             ));
             let remembered = shard_peers
                 .iter()

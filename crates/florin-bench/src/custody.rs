@@ -33,7 +33,7 @@ use super::{Recorder, Reference, Scale};
 
 const DOC: &str = "004_… (threshold signatures for CBDC) §6";
 
-fn seed(value: f64, what: &str) -> Option<Reference> {
+pub(super) fn seed(value: f64, what: &str) -> Option<Reference> {
     Some(Reference {
         value,
         source: format!("{DOC}: {what}"),
@@ -292,28 +292,95 @@ fn crypto_points(rec: &mut Recorder, quick: bool) -> Result<Duration> {
 // ---------------------------------------------------------------------------------------------
 // End to end
 
-/// A blocking keep-alive HTTP/1.1 client for the ledger and provider APIs.
+/// A byte stream an [`Http`] client talks over: plain TCP or TLS.
+trait Conn: Read + Write + Send {}
+
+impl<T: Read + Write + Send> Conn for T {}
+
+/// A blocking keep-alive HTTP/1.1 client for the ledger and provider APIs. A connection left
+/// idle for [`Http::REOPEN_AFTER`] is replaced before the next request (servers close idle
+/// ones: `florin` after 10 s).
 pub(super) struct Http {
-    s: TcpStream,
+    s: Box<dyn Conn>,
     buf: Vec<u8>,
+    addr: SocketAddr,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    last: Instant,
+    /// The server said it closes the connection after its last answer.
+    closing: bool,
+    retries: u64,
 }
 
 impl Http {
-    pub(super) fn connect(addr: SocketAddr) -> Result<Http> {
-        let s = TcpStream::connect(addr)?;
+    const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+    fn open(addr: SocketAddr, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Box<dyn Conn>> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        s.set_write_timeout(Some(Duration::from_secs(30)))?;
+        let Some(tls) = tls else {
+            return Ok(Box::new(s));
+        };
+        let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let conn = rustls::ClientConnection::new(tls.clone(), name)?;
+        let mut s = rustls::StreamOwned::new(conn, s);
+        // The handshake now, so that the first request does not pay for it.
+        while s.conn.is_handshaking() {
+            s.conn.complete_io(&mut s.sock)?;
+        }
+        Ok(Box::new(s))
+    }
+
+    pub(super) fn connect(addr: SocketAddr) -> Result<Http> {
         Ok(Http {
-            s,
+            s: Http::open(addr, None)?,
             buf: Vec::with_capacity(4096),
+            addr,
+            tls: None,
+            last: Instant::now(),
+            closing: false,
+            retries: 0,
         })
     }
 
-    fn call(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>> {
-        self.call_as(method, path, "application/octet-stream", body)
+    /// Over TLS, trusting what `tls` trusts for the name `addr`'s IP address.
+    pub(super) fn connect_tls(addr: SocketAddr, tls: Arc<rustls::ClientConfig>) -> Result<Http> {
+        Ok(Http {
+            s: Http::open(addr, Some(&tls))?,
+            buf: Vec::with_capacity(4096),
+            addr,
+            tls: Some(tls),
+            last: Instant::now(),
+            closing: false,
+            retries: 0,
+        })
     }
 
-    /// A JSON request with one more header line (`name: value`); the answer's body.
+    /// A request to the ledger's API (`application/octet-stream`). One that got no byte of an
+    /// answer (the server closed the connection first: it had been idle too long, or the host
+    /// was starved of CPU) is sent once more on a fresh connection. That is safe for what this
+    /// is used for: a transaction sent again is answered with its status and changes nothing,
+    /// and a GET changes nothing.
+    pub(super) fn call(&mut self, method: &str, path: &str, body: &[u8]) -> Result<Vec<u8>> {
+        let req = Http::request(method, path, "application/octet-stream", body, "");
+        match self.exchange(&req)? {
+            Ok(answer) => Ok(answer),
+            Err(first) => {
+                self.retries += 1;
+                self.s = Http::open(self.addr, self.tls.as_ref())?;
+                self.closing = false;
+                self.exchange(&req)?.map_err(|e| {
+                    e.context(format!(
+                        "sent twice, no answer either time (the first time: {first:#})"
+                    ))
+                })
+            }
+        }
+    }
+
+    /// A JSON request with one more header line (`name: value`); the answer's body. Never
+    /// sent twice.
     pub(super) fn call_json_with(
         &mut self,
         method: &str,
@@ -321,21 +388,16 @@ impl Http {
         body: &[u8],
         header: &str,
     ) -> Result<Vec<u8>> {
-        self.call_full(method, path, "application/json", body, header)
+        let req = Http::request(method, path, "application/json", body, header);
+        self.exchange(&req)?
     }
 
-    fn call_as(&mut self, method: &str, path: &str, ctype: &str, body: &[u8]) -> Result<Vec<u8>> {
-        self.call_full(method, path, ctype, body, "")
+    /// Requests sent again on a fresh connection after getting no answer.
+    pub(super) fn retries(&self) -> u64 {
+        self.retries
     }
 
-    fn call_full(
-        &mut self,
-        method: &str,
-        path: &str,
-        ctype: &str,
-        body: &[u8],
-        header: &str,
-    ) -> Result<Vec<u8>> {
+    fn request(method: &str, path: &str, ctype: &str, body: &[u8], header: &str) -> Vec<u8> {
         let extra = if header.is_empty() {
             String::new()
         } else {
@@ -347,8 +409,21 @@ impl Http {
         )
         .into_bytes();
         req.extend_from_slice(body);
-        self.s.write_all(&req)?;
+        req
+    }
+
+    /// Sends `req` and reads the answer's body. The outer error is a failed or broken answer;
+    /// the inner one says no byte of an answer came (the request may be sent again).
+    fn exchange(&mut self, req: &[u8]) -> Result<Result<Vec<u8>, anyhow::Error>> {
+        if self.closing || self.last.elapsed() > Http::REOPEN_AFTER {
+            self.s = Http::open(self.addr, self.tls.as_ref())?;
+            self.closing = false;
+        }
+        self.last = Instant::now();
         self.buf.clear();
+        if let Err(e) = self.s.write_all(req) {
+            return Ok(Err(anyhow::Error::from(e).context("sending the request")));
+        }
         let mut chunk = [0u8; 4096];
         loop {
             if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -369,25 +444,34 @@ impl Http {
                     }
                     self.buf.extend_from_slice(&chunk[..k]);
                 }
-                return Ok(self.buf[end + 4..end + 4 + len].to_vec());
+                // The server's idle clock starts now; one that closes the connection after
+                // this answer gets a fresh one for the next request.
+                self.last = Instant::now();
+                self.closing = head.lines().any(|l| l.trim() == "connection: close");
+                return Ok(Ok(self.buf[end + 4..end + 4 + len].to_vec()));
             }
-            let k = self.s.read(&mut chunk)?;
-            if k == 0 {
-                bail!("connection closed");
+            let read = self.s.read(&mut chunk);
+            match read {
+                Ok(k) if k > 0 => self.buf.extend_from_slice(&chunk[..k]),
+                Ok(_) if self.buf.is_empty() => return Ok(Err(anyhow!("connection closed"))),
+                Err(e) if self.buf.is_empty() => return Ok(Err(e.into())),
+                Ok(_) => bail!("connection closed"),
+                Err(e) => return Err(e.into()),
             }
-            self.buf.extend_from_slice(&chunk[..k]);
         }
     }
 }
 
-/// A custodial customer: its key (threshold or single) and its current coin.
-struct Customer {
-    key: Arc<dyn Signer>,
-    coin: Utxo,
+/// A custodial customer: its key (threshold or single), its current coin and its provider's
+/// connection to the ledger (kept from one run to the next).
+pub(super) struct Customer {
+    pub(super) key: Arc<dyn Signer>,
+    pub(super) coin: Utxo,
+    pub(super) http: Option<Http>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+pub(super) enum Route {
     Same,
     Cross,
 }
@@ -400,24 +484,33 @@ struct Providers {
     cross_payee: Vec<Encumbrance>,
 }
 
+/// Each customer's coin.
+pub(super) const COIN: u64 = 1_000_000;
+
+/// A mint of one [`COIN`] to each of `keys`, signed by `issuer`.
+pub(super) fn coin_mint(issuer: &dyn Signer, keys: &[PublicKey]) -> Result<Mint> {
+    let mut nonce = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut OsRng, &mut nonce);
+    let mut mint = Mint {
+        expires: florin_ledger::expiry::default_expiry(),
+        nonce,
+        outputs: keys
+            .iter()
+            .map(|k| Output {
+                value: COIN,
+                encumbrance: Encumbrance::ed25519(k),
+            })
+            .collect(),
+        issuer_signature: Signature([0; 64]),
+    };
+    mint.issuer_signature = issuer.sign(&mint.txid())?;
+    Ok(mint)
+}
+
 fn mint_coins(node: &Node, keys: &[PublicKey]) -> Result<Vec<Utxo>> {
     let mut out = Vec::with_capacity(keys.len());
     for chunk in keys.chunks(1000) {
-        let mut nonce = [0u8; 32];
-        rand::RngCore::fill_bytes(&mut OsRng, &mut nonce);
-        let mut mint = Mint {
-            expires: florin_ledger::expiry::default_expiry(),
-            nonce,
-            outputs: chunk
-                .iter()
-                .map(|k| Output {
-                    value: 1_000_000,
-                    encumbrance: Encumbrance::ed25519(k),
-                })
-                .collect(),
-            issuer_signature: Signature([0; 64]),
-        };
-        mint.issuer_signature = node.issuer.sign(&mint.txid())?;
+        let mint = coin_mint(node.issuer.as_ref(), chunk)?;
         out.extend(mint.output_utxos());
         let (_, status) = node
             .rt
@@ -471,7 +564,13 @@ fn providers(
         payers: keys
             .into_iter()
             .zip(coins)
-            .map(|(key, coin)| Mutex::new(Customer { key, coin }))
+            .map(|(key, coin)| {
+                Mutex::new(Customer {
+                    key,
+                    coin,
+                    http: None,
+                })
+            })
             .collect(),
         same_payee,
         cross_payee,
@@ -481,7 +580,7 @@ fn providers(
 /// One payment by `c` to `to`: build, sign (through the provider's custody), submit, wait for
 /// confirmation; on the cross-provider route the payee's provider then checks the output on
 /// the ledger.
-fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Route) -> Result<()> {
+pub(super) fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Route) -> Result<()> {
     let outputs = vec![
         Output {
             value: 1,
@@ -518,41 +617,84 @@ fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Route) -> Res
     Ok(())
 }
 
-struct E2e {
-    per_s: f64,
-    p50: f64,
-    p99: f64,
-    done: u64,
+pub(super) struct E2e {
+    /// Payments finished within the window, per second of the window.
+    pub(super) per_s: f64,
+    pub(super) p50: f64,
+    pub(super) p99: f64,
+    /// Payments finished within the window.
+    pub(super) done: u64,
+    /// Payments finished at all (those in flight when the window closed included): what the
+    /// CPU spent until every payer stopped paid for.
+    pub(super) done_all: u64,
     /// CPU time of the whole process (ledger, both networks, load) per payment.
-    cpu_us: Option<f64>,
+    pub(super) cpu_us: Option<f64>,
+    /// The latency (µs) of each payment finished within the window, sorted.
+    pub(super) latencies_us: Vec<u32>,
+    /// Requests sent again on a fresh connection after getting no answer.
+    pub(super) retries: u64,
 }
 
 fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
+    let payees = match route {
+        Route::Same => &p.same_payee,
+        Route::Cross => &p.cross_payee,
+    };
+    let addr = node.addr;
+    drive_payers(&|| Http::connect(addr), &p.payers, payees, route, secs)
+}
+
+/// Every payer pays its payee (`payees[i % len]`) over and over, one payment at a time,
+/// for `secs`; a payer without a connection opens one with `connect`. Any failed payment
+/// fails the run.
+pub(super) fn drive_payers(
+    connect: &(dyn Fn() -> Result<Http> + Sync),
+    payers: &[Mutex<Customer>],
+    payees: &[Encumbrance],
+    route: Route,
+    secs: f64,
+) -> Result<E2e> {
+    if payees.is_empty() {
+        bail!("no payees");
+    }
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
+    let done_all = AtomicU64::new(0);
+    let retries = AtomicU64::new(0);
     let lats = Mutex::new(Vec::<u32>::new());
     let errors = Mutex::new(Vec::<String>::new());
     let start = Instant::now();
+    let window = Duration::from_secs_f64(secs);
+    let end = start + window;
     let cpu0 = super::process_cpu_s();
     std::thread::scope(|s| {
-        for (i, payer) in p.payers.iter().enumerate() {
-            let to = match route {
-                Route::Same => &p.same_payee[i],
-                Route::Cross => &p.cross_payee[i],
-            };
-            let (stop, done, lats, errors) = (&stop, &done, &lats, &errors);
-            let addr = node.addr;
+        for (i, payer) in payers.iter().enumerate() {
+            let to = &payees[i % payees.len()];
+            let (stop, done, done_all, retries, lats, errors) =
+                (&stop, &done, &done_all, &retries, &lats, &errors);
             s.spawn(move || {
                 let mut mine = Vec::new();
                 let mut run = || -> Result<()> {
-                    let mut http = Http::connect(addr)?;
                     let mut c = payer.lock().map_err(|_| anyhow!("lock"))?;
+                    let mut http = match c.http.take() {
+                        Some(h) => h,
+                        None => connect()?,
+                    };
+                    let before = http.retries();
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
                         pay(&mut http, &mut c, to, route)?;
-                        mine.push(t.elapsed().as_micros() as u32);
-                        done.fetch_add(1, Ordering::Relaxed);
+                        let now = Instant::now();
+                        done_all.fetch_add(1, Ordering::Relaxed);
+                        // Counted only within the window: the payments still in flight when
+                        // it closes finish with fewer beside them.
+                        if now <= end {
+                            mine.push((now - t).as_micros() as u32);
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
+                    retries.fetch_add(http.retries() - before, Ordering::Relaxed);
+                    c.http = Some(http);
                     Ok(())
                 };
                 if let Err(e) = run() {
@@ -566,25 +708,46 @@ fn drive(node: &Node, p: &Providers, route: Route, secs: f64) -> Result<E2e> {
                 }
             });
         }
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        std::thread::sleep(window);
         stop.store(true, Ordering::Relaxed);
     });
-    let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu0.zip(super::process_cpu_s()).map(|(a, b)| b - a);
     let errors = errors.into_inner().map_err(|_| anyhow!("lock"))?;
     if let Some(e) = errors.first() {
-        bail!("{} payment(s) failed; first: {e}", errors.len());
+        let mut kinds: Vec<&String> = errors.iter().collect();
+        kinds.sort();
+        kinds.dedup();
+        bail!(
+            "{} payment(s) failed, {} kind(s) of error; first: {e}; last kind: {}",
+            errors.len(),
+            kinds.len(),
+            kinds.last().map_or("", |k| k.as_str())
+        );
     }
     let mut l = lats.into_inner().map_err(|_| anyhow!("lock"))?;
     l.sort_unstable();
     let n = done.load(Ordering::Relaxed);
+    let all = done_all.load(Ordering::Relaxed);
     Ok(E2e {
-        per_s: n as f64 / elapsed,
+        per_s: n as f64 / secs.max(1e-9),
         p50: percentile(&l, 0.5),
         p99: percentile(&l, 0.99),
         done: n,
-        cpu_us: cpu.filter(|_| n > 0).map(|c| c * 1e6 / n as f64),
+        done_all: all,
+        cpu_us: cpu.filter(|_| all > 0).map(|c| c * 1e6 / all as f64),
+        latencies_us: l,
+        retries: retries.load(Ordering::Relaxed),
     })
+}
+
+/// The source document's payment rate for the same custody and route.
+pub(super) fn doc_rate(threshold: bool, route: Route) -> Option<Reference> {
+    match (threshold, route) {
+        (true, Route::Same) => seed(10.7, "UC1 with threshold keys, 100-300 users"),
+        (false, Route::Same) => seed(190.0, "UC1 without threshold keys"),
+        (true, Route::Cross) => seed(1.2, "UC2 with threshold keys, 100-300 users"),
+        (false, Route::Cross) => seed(60.0, "UC2 without threshold keys"),
+    }
 }
 
 /// CPU of one single-key Ed25519 signature, as the single-key reference signs.
@@ -632,12 +795,7 @@ fn e2e(rec: &mut Recorder, quick: bool, frost_all_parties: Duration) -> Result<(
                 } else {
                     "cross_provider"
                 };
-                let doc = match (threshold, route) {
-                    (true, Route::Same) => seed(10.7, "UC1 with threshold keys, 100-300 users"),
-                    (false, Route::Same) => seed(190.0, "UC1 without threshold keys"),
-                    (true, Route::Cross) => seed(1.2, "UC2 with threshold keys, 100-300 users"),
-                    (false, Route::Cross) => seed(60.0, "UC2 without threshold keys"),
-                };
+                let doc = doc_rate(threshold, route);
                 let params =
                     json!({"custody": custody, "route": rname, "users": u, "payments": r.done});
                 rec.add(

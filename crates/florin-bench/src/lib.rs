@@ -11,10 +11,12 @@ mod cluster;
 mod cluster_hosts;
 mod custody;
 mod custody_ecdsa;
+mod custody_hosts;
 mod custody_psp;
 mod ledger;
 mod ledger_e2e;
 mod libsodium;
+mod line_child;
 mod offline;
 mod soak;
 mod transfer;
@@ -54,17 +56,20 @@ pub struct BenchArgs {
     postgres_ca: Option<std::path::PathBuf>,
     /// `cluster`: every process on its own emulated host (network namespace and CPU share;
     /// needs root): Hamilton's Fig. 4 scaling on emulated machines. `soak`: a three-replica
-    /// cluster on emulated hosts, every process's memory read apart.
+    /// cluster on emulated hosts, every process's memory read apart. `custody`: custodial
+    /// payments with the ledger, each provider and each key-management node on a host of its
+    /// own.
     #[arg(long)]
     emulate_hosts: bool,
     /// With `--emulate-hosts`: each host's CPU share in cores (default: the machine's cores
-    /// over the hosts of the 4-shard run).
+    /// over the hosts of the 4-shard run for `cluster`, over its 9 hosts for `custody`).
     #[arg(long, requires = "emulate_hosts")]
     host_cpu: Option<f64>,
     /// With `--emulate-hosts`: run only this part of the suite.
     #[arg(long, requires = "emulate_hosts", value_enum)]
     only: Option<cluster_hosts::Part>,
-    /// Internal: run as one of `florin bench cluster --emulate-hosts`'s load generators.
+    /// Internal: run as one of the load generators of `florin bench cluster --emulate-hosts`,
+    /// or as one of the payment providers of `florin bench custody --emulate-hosts`.
     #[arg(long, hide = true)]
     loadgen: Option<std::path::PathBuf>,
     /// Internal: run as `florin bench abuse`'s attacker against this node URL.
@@ -198,8 +203,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "warning: this is a debug build; benchmark figures are meaningful only with --release"
         );
     }
-    if let (Suite::Cluster, Some(path)) = (args.suite, args.loadgen.as_deref()) {
-        return cluster_hosts::loadgen(path);
+    match (args.suite, args.loadgen.as_deref()) {
+        (Suite::Cluster, Some(path)) => return cluster_hosts::loadgen(path),
+        (Suite::Custody, Some(path)) => return custody_hosts::provider(path),
+        _ => {}
     }
     if let (Suite::Abuse, Some(url)) = (args.suite, args.attack.as_deref()) {
         return abuse::attack(url);
@@ -215,6 +222,9 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         tokens: tokens.max(10),
         full: args.full,
     };
+    if args.only.is_some() && !matches!(args.suite, Suite::Cluster) {
+        anyhow::bail!("--only names a part of `florin bench cluster --emulate-hosts`");
+    }
     let mut rec = Recorder::new();
     let suite = match args.suite {
         Suite::Offline => {
@@ -233,6 +243,10 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         Suite::Transfer => {
             transfer::run(&mut rec, scale)?;
             "transfer"
+        }
+        Suite::Custody if args.emulate_hosts => {
+            custody_hosts::run(&mut rec, args.quick, args.host_cpu)?;
+            "custody"
         }
         Suite::Custody => {
             custody::run(&mut rec, scale)?;

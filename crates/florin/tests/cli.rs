@@ -1735,6 +1735,73 @@ fn bench_soak_on_emulated_hosts_reads_every_process_apart() {
     );
 }
 
+/// `florin bench custody --emulate-hosts`: the ledger, two payment providers and their two
+/// 2-of-3 key-management networks, each process on its own emulated host. Threshold and
+/// single-key payments both run; the threshold run spends CPU on the key-management hosts and
+/// the single-key run none there, and the ratio is the single-key rate over the threshold one.
+#[test]
+fn bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host() {
+    if !hosts_or_skip("bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host") {
+        return;
+    }
+    let (v, _) = bench_json("custody", &["--emulate-hosts"]);
+    let results = v["results"].as_array().unwrap();
+    let rate = |custody: &str, route: &str| {
+        results
+            .iter()
+            .find(|r| {
+                r["name"] == "e2e_payments_per_s"
+                    && r["params"]["custody"] == custody
+                    && r["params"]["route"] == route
+            })
+            .unwrap_or_else(|| panic!("no {custody} {route} rate in {v}"))
+    };
+    for custody in ["single", "threshold"] {
+        for route in ["same_provider", "cross_provider"] {
+            let r = rate(custody, route);
+            assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r["params"]["placement"], "emulated_hosts");
+            assert_eq!(r["params"]["hosts"], 9);
+            let cpu = &r["params"]["cpu_us_per_payment"];
+            assert!(cpu["ledger"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(cpu["providers"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["params"]["requests_sent_again"].as_u64().is_some(), "{r}");
+            assert!(r["params"]["kmn_hosts_settled"].is_boolean(), "{r}");
+            let kmn = cpu["kmn_nodes"].as_f64().unwrap();
+            if custody == "threshold" {
+                // Two nodes' signature shares per payment, at least.
+                assert!(kmn > 50.0, "{r}");
+            } else {
+                assert!(
+                    kmn < 50.0,
+                    "the single-key run used the key-management hosts: {r}"
+                );
+            }
+        }
+    }
+    let ratio = results
+        .iter()
+        .find(|r| r["name"] == "threshold_vs_single_e2e_ratio")
+        .unwrap();
+    let (thr, single) = (
+        ratio["params"]["threshold"].as_f64().unwrap(),
+        ratio["params"]["single"].as_f64().unwrap(),
+    );
+    let value = ratio["value"].as_f64().unwrap();
+    assert!((value - single / thr).abs() < 1e-9, "{ratio}");
+    // Each tier's capacity at its share; the nodes take no part in single-key payments.
+    let capacity = |kind: &str, tier: &str| ratio["params"][kind][tier].clone();
+    for tier in ["providers", "kmn_nodes", "ledger"] {
+        let c = capacity("threshold_tier_capacity_payments_per_s", tier);
+        assert!(c.as_f64().unwrap() > 0.0, "{ratio}");
+    }
+    assert!(capacity("single_tier_capacity_payments_per_s", "kmn_nodes").is_null());
+    let ledger = capacity("single_tier_capacity_payments_per_s", "ledger");
+    assert!(ledger.as_f64().unwrap() > 0.0, "{ratio}");
+    // Only the emulated-host part ran.
+    assert!(!results.iter().any(|r| r["name"] == "dkg_ms"));
+}
+
 /// A `florin psp serve` process; its URL is the first line it prints. It serves plain HTTP on
 /// loopback (these tests are about payments; TLS has its own tests) and reaches the ledger over
 /// TLS, trusting the devnet's CA.
