@@ -448,3 +448,21 @@ pub async fn serve_router(
 
 /// The address type handlers extract.
 pub type PeerAddr = ConnectInfo<SocketAddr>;
+
+#[cfg(test)]
+mod tests {
+    use super::ServeOptions;
+
+    /// A sentinel's `[connections]` left out of its `node.toml` means what `florin devnet`
+    /// gets by default.
+    #[test]
+    fn a_sentinels_default_connection_limits_are_the_servers() {
+        let node = florin_node::api::ConnectionLimits::default();
+        let server = ServeOptions::default();
+        assert_eq!(node.per_ip, server.max_connections_per_ip);
+        assert_eq!(
+            node.new_per_ip_per_sec,
+            server.new_connections_per_ip_per_sec
+        );
+    }
+}

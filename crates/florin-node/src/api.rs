@@ -378,6 +378,29 @@ pub struct RateLimits {
     pub per_ip_tx_burst: u32,
 }
 
+/// The connection limits of a sentinel's API (`[connections]` in its `node.toml`): what
+/// `florin devnet` takes as `--conns-per-ip` and `--new-conns-per-ip`. Behind a load balancer
+/// every connection comes from its address: raise them there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionLimits {
+    /// Connections one client address (an IPv6 /64) may hold open at once.
+    pub per_ip: usize,
+    /// New connections one client address may open per second (a burst of ten times as
+    /// many); 0 turns this off.
+    pub new_per_ip_per_sec: u32,
+}
+
+impl Default for ConnectionLimits {
+    /// The HTTP server's own defaults.
+    fn default() -> Self {
+        ConnectionLimits {
+            per_ip: 256,
+            new_per_ip_per_sec: 200,
+        }
+    }
+}
+
 impl Default for RateLimits {
     /// High enough that the test suite and `florin bench ledger` never meet them on one
     /// machine; low enough that one address cannot flood the node with cheap requests.

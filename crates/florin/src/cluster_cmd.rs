@@ -1049,13 +1049,21 @@ fn run_sentinel(
     };
     // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
     // loopback for a config without `tls_dir`.
-    let served = crate::tls_args::serve_options(
+    let mut served = crate::tls_args::serve_options(
         cfg.tls_dir.is_none(),
         &cfg.tls_names,
         cfg.tls_dir.as_deref().unwrap_or(Path::new(".")),
         http,
         false,
     )?;
+    if let Some(c) = &cfg.connections {
+        eprintln!(
+            "florin sentinel {}: API connection limits from node.toml: {c:?}",
+            cfg.group
+        );
+        served.options.max_connections_per_ip = c.per_ip.max(1);
+        served.options.new_connections_per_ip_per_sec = c.new_per_ip_per_sec;
+    }
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(http)
             .await

@@ -24,8 +24,11 @@ use crate::hosts::HostNet;
 /// address, so they can all use the same port, as on real machines).
 pub const HOST_RPC_PORT: u16 = 7000;
 
-/// One process's configuration (`node.toml`). Relative paths are relative to the file.
+/// One process's configuration (`node.toml`). Relative paths are relative to the file. A key
+/// it does not know is refused, not ignored: a misspelt setting would otherwise quietly keep
+/// its default.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// `shard`, `coordinator` or `sentinel`.
     pub role: Role,
@@ -88,6 +91,10 @@ pub struct NodeConfig {
     /// limits there (0 turns a limit off).
     #[serde(default)]
     pub limits: Option<crate::api::RateLimits>,
+    /// Sentinels: the API's connection limits per client address (`[connections]`; fields
+    /// left out keep their defaults). Behind a load balancer, raise them.
+    #[serde(default)]
+    pub connections: Option<crate::api::ConnectionLimits>,
 }
 
 impl NodeConfig {
@@ -113,6 +120,7 @@ impl NodeConfig {
             tls_dir: None,
             tls_names: Vec::new(),
             limits: None,
+            connections: None,
         }
     }
 
@@ -310,6 +318,28 @@ mod tests {
         std::fs::write(&path, format!("{base}\n[limits]\nper_ip_per_second = 0\n")).unwrap();
         let err = NodeConfig::load(&path).unwrap_err().to_string();
         assert!(err.contains("per_ip_per_second"), "{err}");
+        // Connection limits: absent by default, fields left out keep their defaults, a
+        // misspelt one refused.
+        std::fs::write(&path, &base).unwrap();
+        assert_eq!(NodeConfig::load(&path).unwrap().connections, None);
+        std::fs::write(&path, format!("{base}\n[connections]\nper_ip = 5000\n")).unwrap();
+        let c = NodeConfig::load(&path).unwrap().connections.unwrap();
+        assert_eq!(c.per_ip, 5000);
+        assert_eq!(
+            c.new_per_ip_per_sec,
+            crate::api::ConnectionLimits::default().new_per_ip_per_sec
+        );
+        std::fs::write(
+            &path,
+            format!("{base}\n[connections]\nper_address = 5000\n"),
+        )
+        .unwrap();
+        let err = NodeConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("per_address"), "{err}");
+        // A misspelt top-level key is refused too.
+        std::fs::write(&path, format!("public_ur = \"https://x\"\n{base}")).unwrap();
+        let err = NodeConfig::load(&path).unwrap_err().to_string();
+        assert!(err.contains("public_ur"), "{err}");
         // Written and read back.
         cfg.limits = Some(RateLimits::off());
         std::fs::write(&path, toml::to_string_pretty(&cfg).unwrap()).unwrap();
