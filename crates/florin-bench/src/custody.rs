@@ -370,6 +370,7 @@ impl Http {
                 self.retries += 1;
                 self.s = Http::open(self.addr, self.tls.as_ref())?;
                 self.closing = false;
+                self.last = Instant::now();
                 self.exchange(&req)?.map_err(|e| {
                     e.context(format!(
                         "sent twice, no answer either time (the first time: {first:#})"

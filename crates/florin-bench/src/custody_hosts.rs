@@ -713,8 +713,10 @@ pub(super) fn run(rec: &mut Recorder, quick: bool, host_cpu: Option<f64>) -> Res
          {share:.3} core(s); {users:?} users, {secs} s per point"
     );
     let d = deploy(&exe, share)?;
-    match measure(rec, &d, &exe, users, secs, share) {
-        Ok(best) => report(rec, &best, share, hosts),
+    match measure(rec, &d, &exe, users, secs, share)
+        .and_then(|best| report(rec, &best, share, hosts))
+    {
+        Ok(()) => Ok(()),
         Err(e) => {
             // The hosts go; the logs stay for whoever reads the error.
             let Deployment { net, dir, .. } = d;

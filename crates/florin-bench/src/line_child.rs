@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-/// The longest [`LineChild::line`] waits.
-const LINE_WAIT: Duration = Duration::from_secs(900);
+/// The longest [`LineChild::line`] waits: a net for a child that hangs, far beyond any step of
+/// a benchmark (a soak's stretch between two readings included).
+const LINE_WAIT: Duration = Duration::from_secs(3600);
 
 /// The child, its pipes and the log its stderr goes to. Killed when dropped.
 pub(crate) struct LineChild {

@@ -459,6 +459,7 @@ mod tests {
     fn a_sentinels_default_connection_limits_are_the_servers() {
         let node = florin_node::api::ConnectionLimits::default();
         let server = ServeOptions::default();
+        assert_eq!(node.max, server.max_connections);
         assert_eq!(node.per_ip, server.max_connections_per_ip);
         assert_eq!(
             node.new_per_ip_per_sec,

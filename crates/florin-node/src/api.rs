@@ -384,7 +384,10 @@ pub struct RateLimits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionLimits {
-    /// Connections one client address (an IPv6 /64) may hold open at once.
+    /// Connections open at once, all clients together.
+    pub max: usize,
+    /// Connections one client address (an IPv6 /64) may hold open at once; 0 turns this off
+    /// (one address may then hold up to `max`).
     pub per_ip: usize,
     /// New connections one client address may open per second (a burst of ten times as
     /// many); 0 turns this off.
@@ -395,6 +398,7 @@ impl Default for ConnectionLimits {
     /// The HTTP server's own defaults.
     fn default() -> Self {
         ConnectionLimits {
+            max: 1024,
             per_ip: 256,
             new_per_ip_per_sec: 200,
         }

@@ -402,6 +402,9 @@ pub struct MemberState {
     /// Shards: confirmed txids remembered to answer replays (bounded by transaction expiry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remembered: Option<u64>,
+    /// Sentinels: why its `node.toml` could not be read (it is not started until fixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
 }
 
 impl MemberState {
@@ -431,6 +434,7 @@ impl MemberState {
             snapshot: st.and_then(|s| s.snapshot),
             alerts: None,
             last_alert: None,
+            config_error: None,
             remembered: None,
         }
     }
@@ -481,7 +485,17 @@ fn state(data: &Path) -> Result<ClusterState> {
                 .map(|h| h.name.clone())
         });
         if role == Role::Sentinel {
-            let cfg = NodeConfig::load(&dir.join("node.toml"))?;
+            let cfg = match NodeConfig::load(&dir.join("node.toml")) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    // Said on its line; the rest of the cluster is still shown.
+                    let mut state =
+                        MemberState::of(role, (g, id), String::new(), host, pid, false, None);
+                    state.config_error = Some(e.to_string());
+                    members.push(state);
+                    continue;
+                }
+            };
             let http = cfg.http.map(|a| a.to_string()).unwrap_or_default();
             if let Some(url) = cfg.api_url() {
                 apis.push(url);
@@ -616,6 +630,11 @@ fn print_state(s: &ClusterState) {
             opt(m.last_applied),
             opt(m.snapshot)
         );
+    }
+    for m in s.members.iter() {
+        if let Some(e) = &m.config_error {
+            println!("CONFIG sentinel {}: {e}", m.group);
+        }
     }
     for m in s.members.iter().filter(|m| m.alerts.is_some()) {
         println!(
@@ -1061,8 +1080,19 @@ fn run_sentinel(
             "florin sentinel {}: API connection limits from node.toml: {c:?}",
             cfg.group
         );
-        served.options.max_connections_per_ip = c.per_ip.max(1);
+        served.options.max_connections = c.max.max(1);
+        served.options.max_connections_per_ip = match c.per_ip {
+            0 => usize::MAX,
+            n => n,
+        };
         served.options.new_connections_per_ip_per_sec = c.new_per_ip_per_sec;
+        if c.per_ip == 0 || c.per_ip > c.max {
+            eprintln!(
+                "note: florin sentinel {}: one address may hold up to all {} connections \
+                 ([connections] max)",
+                cfg.group, c.max
+            );
+        }
     }
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(http)

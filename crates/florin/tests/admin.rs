@@ -390,4 +390,32 @@ fn cluster_faucet_is_off_by_default_and_operator_only_when_on() {
     assert!(err.contains("stranger.key"), "{err}");
     let got = u.wallet("w", &["faucet", "5", "--operator-key", &key_s]);
     assert_eq!(got["received_cents"], 500, "{got}");
+
+    // A misspelt setting is refused, not ignored: `cluster status` names the sentinel whose
+    // config cannot be read and still shows the rest; `cluster up` refuses to start it.
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    std::fs::write(&cfg_path, format!("fuacet = true\n{cfg}")).unwrap();
+    let out = Command::new(BIN)
+        .args(["cluster", "status", "--json", "--data", &data_s])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let members = status["members"].as_array().unwrap();
+    let bad: Vec<&serde_json::Value> = members
+        .iter()
+        .filter(|m| m["config_error"].is_string())
+        .collect();
+    assert_eq!(bad.len(), 1, "{status}");
+    assert!(
+        bad[0]["config_error"].as_str().unwrap().contains("fuacet"),
+        "{status}"
+    );
+    assert!(
+        members
+            .iter()
+            .any(|m| m["role"] == "shard" && m["up"] == true),
+        "{status}"
+    );
+    std::fs::write(&cfg_path, cfg).unwrap();
 }

@@ -325,6 +325,7 @@ mod tests {
         std::fs::write(&path, format!("{base}\n[connections]\nper_ip = 5000\n")).unwrap();
         let c = NodeConfig::load(&path).unwrap().connections.unwrap();
         assert_eq!(c.per_ip, 5000);
+        assert_eq!(c.max, crate::api::ConnectionLimits::default().max);
         assert_eq!(
             c.new_per_ip_per_sec,
             crate::api::ConnectionLimits::default().new_per_ip_per_sec
