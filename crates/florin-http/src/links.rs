@@ -135,6 +135,12 @@ impl HttpLinks {
                 .map_err(|e| PspError::Unreachable(format!("{what}: unreadable answer: {e}")));
         }
         let (_code, msg) = crate::client::refusal(status, &bytes);
+        // Asked to slow down: not an answer about the request itself.
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS
+            || status == reqwest::StatusCode::REQUEST_TIMEOUT
+        {
+            return Err(PspError::Unreachable(format!("{what} ({status}): {msg}")));
+        }
         if status.is_client_error() {
             if status == reqwest::StatusCode::NOT_FOUND {
                 return Err(if peer {

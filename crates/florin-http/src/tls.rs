@@ -464,6 +464,11 @@ impl ClientTls {
 
     /// A reqwest client builder that trusts what this trusts.
     pub fn reqwest_builder(&self) -> Result<reqwest::ClientBuilder, TlsError> {
-        Ok(reqwest::Client::builder().use_preconfigured_tls(self.rustls_config()?))
+        // Florin's servers close a kept-alive connection idle for 10 s
+        // (`ServeOptions::header_read_timeout`); a client that picked one up at that moment
+        // would race the close and lose its request. Idle connections are let go first.
+        Ok(reqwest::Client::builder()
+            .use_preconfigured_tls(self.rustls_config()?)
+            .pool_idle_timeout(std::time::Duration::from_secs(5)))
     }
 }

@@ -35,7 +35,7 @@ pub use florin_custody::authz::{AuthzError, PaymentAuth};
 pub use links::PspLinks;
 use signer::KeySigner;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
 use florin_ledger::Transaction;
@@ -67,6 +67,24 @@ pub struct Psp {
     replay: auth::Replay,
     /// The operator keys and their credentials' nonces.
     operators: crate::operator::OperatorGate,
+    /// Acknowledgements being sent now (by txid): a payment and the background upkeep never
+    /// send the same one at once, and a payment's receipt says truly whether its own went.
+    notifying: Arc<Mutex<HashSet<[u8; 32]>>>,
+}
+
+/// A claim on sending one acknowledgement; let go when dropped.
+pub(crate) struct NoticeClaim {
+    txid: [u8; 32],
+    set: Arc<Mutex<HashSet<[u8; 32]>>>,
+}
+
+impl Drop for NoticeClaim {
+    fn drop(&mut self) {
+        match self.set.lock() {
+            Ok(mut g) => g.remove(&self.txid),
+            Err(p) => p.into_inner().remove(&self.txid),
+        };
+    }
 }
 
 fn blocking_err(e: tokio::task::JoinError) -> PspError {
@@ -102,6 +120,7 @@ impl Psp {
             links,
             signers: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            notifying: Arc::default(),
         }))
     }
 
@@ -226,6 +245,18 @@ impl Psp {
             .map_err(|_| PspError::Storage(format!("peer {who}: bad key")))?;
         self.replay.check(req, auth::Caller::Peer, &who, &key)?;
         Ok(who)
+    }
+
+    /// Claims the sending of `txid`'s acknowledgement; `None` while someone else sends it.
+    pub(crate) fn claim_notice(&self, txid: &[u8; 32]) -> Option<NoticeClaim> {
+        let mut g = match self.notifying.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.insert(*txid).then(|| NoticeClaim {
+            txid: *txid,
+            set: self.notifying.clone(),
+        })
     }
 
     fn lock_of(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {

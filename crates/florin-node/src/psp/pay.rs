@@ -218,6 +218,9 @@ impl Psp {
             TxStatus::Expired(_) if self.applied_before_expiry(&t).await? => TxStatus::Confirmed,
             other => other,
         };
+        // Cross provider: this payment sends its own acknowledgement; the background upkeep
+        // leaves it alone meanwhile (claimed before the notice is written).
+        let claim = payee_psp.as_ref().and_then(|_| self.claim_notice(&txid));
         match &st {
             TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
             TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) | TxStatus::Expired(e) => {
@@ -241,16 +244,26 @@ impl Psp {
         // The payment is settled: from here on errors are logged, never returned (a client
         // that saw an error would pay again).
         let mut notified = payee_psp.is_none();
-        if payee_psp.is_some() {
-            if let Ok(Some(n)) = self.books.notice(&txid) {
-                if self.notify(&n).await.is_ok() {
-                    if let Err(e) = self.books.drop_notice(&txid) {
-                        eprintln!("psp: {e}");
+        if claim.is_some() {
+            match self.books.notice(&txid) {
+                Ok(Some(n)) => match self.notify(&n).await {
+                    Ok(()) => {
+                        if let Err(e) = self.books.drop_notice(&txid) {
+                            eprintln!("psp: {e}");
+                        }
+                        notified = true;
                     }
-                    notified = true;
-                }
+                    Err(e) => eprintln!(
+                        "psp: payment {}: {} not told yet ({e}); the upkeep tries again",
+                        hex::encode(txid),
+                        n.psp
+                    ),
+                },
+                Ok(None) => {}
+                Err(e) => eprintln!("psp: {e}"),
             }
         }
+        drop(claim);
         Ok(PayReceipt {
             txid: hex::encode(txid),
             route: route.into(),

@@ -114,6 +114,15 @@ impl Psp {
     pub async fn notify_all(&self) -> Result<usize, PspError> {
         let mut left = 0;
         for (txid, n) in self.books.notices()? {
+            // A payment sending its own acknowledgement now: its result stands.
+            let Some(_claim) = self.claim_notice(&txid) else {
+                left += 1;
+                continue;
+            };
+            // Sent and dropped since the list was read.
+            if self.books.notice(&txid)?.is_none() {
+                continue;
+            }
             match self.notify(&n).await {
                 Ok(()) => self.books.drop_notice(&txid)?,
                 // A refusal is final: asking again will not change the answer. The money is
@@ -140,14 +149,23 @@ impl Psp {
             from: Some(format!("{}@{}", n.from, self.cfg.name)),
         })
         .map_err(|e| PspError::Storage(e.to_string()))?;
-        let auth = super::auth::SignedRequest::header(
-            &self.cfg.peer_key,
-            &self.cfg.name,
-            "POST",
-            RECEIVE_PATH,
-            &body,
-        );
-        let ans = self.links.peer_receive(&n.psp, body, auth).await?;
+        // Receiving is idempotent (an output already credited answers `known`), so a call
+        // that got no answer is made once more at once, signed afresh (the payee's provider
+        // may have seen the first nonce).
+        let mut again = true;
+        let ans = loop {
+            let auth = super::auth::SignedRequest::header(
+                &self.cfg.peer_key,
+                &self.cfg.name,
+                "POST",
+                RECEIVE_PATH,
+                &body,
+            );
+            match self.links.peer_receive(&n.psp, body.clone(), auth).await {
+                Err(PspError::Unreachable(_)) if again => again = false,
+                r => break r?,
+            }
+        };
         match ans.results.first().map(|r| r.outcome.as_str()) {
             Some("credited") | Some("known") => Ok(()),
             other => Err(PspError::Refused(format!(
