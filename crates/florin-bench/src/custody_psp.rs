@@ -65,6 +65,7 @@ fn provider(
             ledger: ledger.into(),
             scheme: PspScheme::P256,
             presign_pool: pool,
+            ecdsa_engine: florin_node::custody::EcdsaEngine::Cggmp24,
             peer_key,
             peers: Vec::new(),
             operators: Vec::new(),

@@ -275,7 +275,7 @@ pub struct Step<O> {
     pub done: Option<O>,
 }
 
-trait Driver<O> {
+pub(crate) trait Driver<O> {
     fn deliver(&mut self, m: WireMsg) -> Result<(), CustodyError>;
     fn abort(&mut self);
     fn run(&mut self) -> Result<Step<O>, CustodyError>;
@@ -452,6 +452,14 @@ impl<O> Session<O> {
         };
         self.busy += start.elapsed();
         r
+    }
+}
+
+/// A session around any driver (the DKLs23 engine's too).
+pub(crate) fn session_of<O>(driver: Box<dyn Driver<O>>) -> Session<O> {
+    Session {
+        driver,
+        busy: Duration::ZERO,
     }
 }
 

@@ -17,6 +17,9 @@
 //!   wallet keys at payment providers: a pool of Paillier primes, auxiliary information per
 //!   group, distributed key generation, import, export and key addition, presignatures so that
 //!   online signing is one step, and interactive signing as the fallback.
+//! - [`dkls`]: ECDSA P-256 threshold keys with DKLs23 (OT-based, no Paillier): key generation
+//!   in seconds, three-round signing in milliseconds, refresh, import, export and key
+//!   addition; a per-key choice beside CGGMP24 for keys that need no identifiable abort.
 //! - [`envelope`]: node-to-node protocol messages, signed by the sender's identity key and,
 //!   when they carry secret shares, sealed to the recipient, so a coordinator that relays
 //!   them can neither read nor forge them.
@@ -27,6 +30,7 @@
 //! party that provably misbehaved is named in it.
 
 pub mod authz;
+pub mod dkls;
 pub mod ecdsa;
 pub mod envelope;
 pub mod frost;
@@ -106,6 +110,15 @@ pub enum CustodyError {
     /// provable culprit (message carries its reason).
     #[error("ecdsa: {0}")]
     Ecdsa(String),
+    /// A party failed a check of the OT-based multiplication (DKLs23): running with it again
+    /// could leak the key, so it must never take part in this node's runs again.
+    #[error("party {party} must be banned: {reason}")]
+    Banned {
+        /// The party to ban.
+        party: PartyId,
+        /// The check it failed.
+        reason: String,
+    },
     /// A signature with a customer-bound key without that customer's valid authorization
     /// (see [`authz`]): refused before the node's share is computed.
     #[error("unauthorized: {0}")]

@@ -271,6 +271,48 @@ pub enum EcdsaJob {
         /// The message.
         message: Vec<u8>,
     },
+    /// DKLs23 ([`crate::dkls`]): distributed generation of a `t`-of-n key named `key_id` by
+    /// all n nodes. Needs no auxiliary information.
+    DklsKeygen {
+        /// The key's name.
+        key_id: String,
+        /// Threshold.
+        t: u16,
+    },
+    /// DKLs23: three-round signing of `message` by exactly t `signers`. A key bound to a
+    /// customer signs only with `authz`, the customer's authorization of the transaction whose
+    /// txid is `message`, which every signer checks before its first message.
+    DklsSign {
+        /// The key.
+        key_id: String,
+        /// The t signers.
+        signers: Vec<PartyId>,
+        /// The message (a txid for ledger witnesses).
+        message: Vec<u8>,
+        /// The customer's authorization, for a key bound to one.
+        authz: Option<Authorization>,
+    },
+    /// DKLs23: proactive refresh of `key_id` by all n nodes: new shares of the same public
+    /// key, stored pending until committed; the old shares stop signing with the new.
+    DklsRefresh {
+        /// The key.
+        key_id: String,
+    },
+}
+
+impl EcdsaJob {
+    /// The key a job uses or makes, if any.
+    pub fn key_id(&self) -> Option<&str> {
+        match self {
+            EcdsaJob::Aux => None,
+            EcdsaJob::Keygen { key_id, .. }
+            | EcdsaJob::Presign { key_id, .. }
+            | EcdsaJob::Sign { key_id, .. }
+            | EcdsaJob::DklsKeygen { key_id, .. }
+            | EcdsaJob::DklsSign { key_id, .. }
+            | EcdsaJob::DklsRefresh { key_id } => Some(key_id),
+        }
+    }
 }
 
 /// What an ECDSA run gave a node, reported when it finishes.
@@ -297,8 +339,13 @@ pub struct EcdsaStatus {
     /// Whether a set of pregenerated primes waits for the next auxiliary-information run.
     pub primes_ready: bool,
     /// ECDSA keys held: (name, identity, presignatures held). The identity is the
-    /// SEC1-compressed public key then a digest of the sharing (`ecdsa::CoreShare::identity`).
+    /// SEC1-compressed public key then a digest of the sharing (`ecdsa::CoreShare::identity`,
+    /// `dkls::DklsShare::identity`).
     pub keys: Vec<(String, Vec<u8>, u64)>,
+    /// The names among `keys` that are DKLs23 keys (the others are CGGMP24's).
+    pub dkls23: Vec<String>,
+    /// Parties this node refuses to run DKLs23 with for good (they failed an OT check).
+    pub banned: Vec<PartyId>,
 }
 
 /// A key stored but not yet committed (see [`Request::Commit`]).
@@ -345,6 +392,7 @@ impl From<&CustodyError> for Refusal {
             culprit: match e {
                 CustodyError::Misbehaved { party, .. } => Some(*party),
                 CustodyError::Equivocation { culprit, .. } => Some(*culprit),
+                CustodyError::Banned { party, .. } => Some(*party),
                 _ => None,
             },
             stale_nonce: matches!(e, CustodyError::UnknownNonce(_)),

@@ -477,3 +477,49 @@ fn a_repaired_share_keeps_its_customer_binding() {
         Response::Share(_)
     ));
 }
+
+#[test]
+fn dkls23_nodes_check_the_authorization_before_their_first_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(2, &free_loopback_addrs(3).unwrap()).unwrap();
+    layout.set_ecdsa(Some(EcdsaLevel::Dkls23)).unwrap();
+    let _nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    let customer = SecretKey::from_seed(&[2; 32]);
+    kmn.bind_customer("acct-dora", &customer.public_key())
+        .unwrap();
+    let pk = kmn
+        .ecdsa_keygen_with("acct-dora", florin_node::custody::EcdsaEngine::Dkls23)
+        .unwrap();
+    let payer = Encumbrance::p256(&pk);
+    let signer = kmn.ecdsa_signer("acct-dora", 0).unwrap();
+    refusals(payer, &customer, &|msg, authz| {
+        let sig = match authz {
+            None => signer.sign_msg(msg)?,
+            Some(a) => signer.sign_authorized(msg, a)?,
+        };
+        p256::verify(&P256Signer::public_key(&signer), msg, &sig).unwrap();
+        Ok(())
+    });
+    // A run started by hand without the authorization: every signer refuses before its first
+    // message, with the reason.
+    let signers = vec![1u16, 3];
+    let err = kmn
+        .ecdsa_run(
+            [7; 16],
+            &signers,
+            EcdsaJob::DklsSign {
+                key_id: "acct-dora".into(),
+                signers: signers.clone(),
+                message: vec![0; 32],
+                authz: None,
+            },
+        )
+        .unwrap_err();
+    assert_eq!(reason(err), AuthzError::Missing);
+    // The administrator can neither export the customer's key nor derive one from it.
+    let err = kmn.ecdsa_export("acct-dora").unwrap_err().to_string();
+    assert!(err.contains("bound to a customer"), "{err}");
+}

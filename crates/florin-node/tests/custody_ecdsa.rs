@@ -461,3 +461,265 @@ fn a_node_without_ecdsa_says_so() -> R {
     }
     Ok(())
 }
+
+/// A t-of-n network serving DKLs23 keys only: no primes, no set-up.
+fn dkls_network(t: u16, n: usize) -> Result<Net, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(t, &free_loopback_addrs(n)?)?;
+    layout.set_ecdsa(Some(EcdsaLevel::Dkls23))?;
+    let nodes = layout.start_in_process()?;
+    let (net, me) = layout.load()?;
+    let kmn = Kmn::new(&net, me)?;
+    Ok((dir, layout, nodes, kmn))
+}
+
+#[test]
+fn dkls23_keys_without_setup_sign_refresh_restart_import_export() -> R {
+    use florin_node::custody::EcdsaEngine;
+    let (_dir, layout, mut nodes, kmn) = dkls_network(2, 3)?;
+    for s in kmn.status() {
+        let e = s.ecdsa.expect("ecdsa state");
+        assert_eq!(e.level, "dkls23");
+        assert!(!e.aux_ready && !e.primes_ready, "{e:?}");
+    }
+    // CGGMP24 is refused on a DKLs23-only network, with the reason.
+    let err = kmn.ecdsa_keygen("c").unwrap_err().to_string();
+    assert!(err.contains("DKLs23 ECDSA keys only"), "{err}");
+
+    let t0 = Instant::now();
+    let pk = kmn.ecdsa_keygen_with("w", EcdsaEngine::Dkls23)?;
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    assert_eq!(kmn.ecdsa_engine("w")?, EcdsaEngine::Dkls23);
+    assert_eq!(kmn.ecdsa_public_key("w")?, pk);
+    // One name, one key.
+    assert!(kmn.ecdsa_keygen_with("w", EcdsaEngine::Dkls23).is_err());
+    assert!(kmn.dkg("w").is_err());
+
+    // Any two of three sign; the pool asked for is ignored (no presignatures).
+    let signer = kmn.ecdsa_signer("w", 4)?;
+    assert_eq!(signer.engine(), EcdsaEngine::Dkls23);
+    for i in 0..4u32 {
+        let msg = format!("pay {i}");
+        let sig = signer.sign(msg.as_bytes())?;
+        assert!(verifies(&pk, msg.as_bytes(), &sig));
+    }
+    assert_eq!(signer.ready(), 0);
+    assert_eq!(signer.stats().interactive, 4);
+    assert!(signer.presign().is_err());
+    // CGGMP24 requests for a DKLs23 key are refused.
+    for job in [
+        EcdsaJob::Presign {
+            key_id: "w".into(),
+            signers: vec![1, 2],
+        },
+        EcdsaJob::Sign {
+            key_id: "w".into(),
+            signers: vec![1, 2],
+            message: b"m".to_vec(),
+        },
+    ] {
+        assert!(matches!(
+            kmn.ecdsa_run(rand::random(), &[1, 2], job),
+            Err(KmnError::Refused { .. })
+        ));
+    }
+    // A DKLs23 run for a signer set of the wrong size, or naming a party twice: refused.
+    for signers in [vec![1u16], vec![1, 1], vec![1, 2, 3]] {
+        let job = EcdsaJob::DklsSign {
+            key_id: "w".into(),
+            signers: signers.clone(),
+            message: b"m".to_vec(),
+            authz: None,
+        };
+        let mut parties = signers.clone();
+        parties.dedup();
+        assert!(
+            kmn.ecdsa_run(rand::random(), &parties, job).is_err(),
+            "{signers:?}"
+        );
+    }
+
+    // Refresh: the same public key, a new sharing; the old shares are gone from the nodes.
+    let before: Vec<Vec<u8>> = (1..=3u16)
+        .map(
+            |p| match kmn.ask(p, Request::EcdsaExport { key_id: "w".into() }) {
+                Ok(Response::Exported(b)) => b,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    let secret = kmn.ecdsa_export("w")?;
+    assert_eq!(kmn.ecdsa_refresh("w")?, pk);
+    for p in 1..=3u16 {
+        let Response::Exported(b) = kmn.ask(p, Request::EcdsaExport { key_id: "w".into() })? else {
+            panic!("no share");
+        };
+        assert_ne!(b, before[p as usize - 1], "party {p} kept its old share");
+    }
+    assert_eq!(kmn.ecdsa_export("w")?, secret);
+    let sig = signer.sign(b"after refresh")?;
+    assert!(verifies(&pk, b"after refresh", &sig));
+    // An old share imported back beside the new ones does not make a key.
+    let old = Request::EcdsaImport {
+        key_id: "w-old".into(),
+        share: before[0].clone(),
+    };
+    assert!(matches!(kmn.ask(1, old)?, Response::Key(_)));
+    assert!(kmn.commit_pending("w-old").is_err());
+
+    // Import and export, and key addition, as DKLs23 keys.
+    let mut s2 = [0u8; 32];
+    OsRng.fill_bytes(&mut s2);
+    s2[0] &= 0x7f;
+    let sk = P256SecretKey::from_bytes(&s2)?;
+    let ipk = kmn.ecdsa_import_with("imported", &s2, EcdsaEngine::Dkls23)?;
+    assert_eq!(ipk, sk.public_key());
+    assert_eq!(kmn.ecdsa_engine("imported")?, EcdsaEngine::Dkls23);
+    assert_eq!(&kmn.ecdsa_export("imported")?[..], &s2[..]);
+    let mut r2 = [0u8; 32];
+    OsRng.fill_bytes(&mut r2);
+    r2[0] &= 0x7f;
+    let sum_pk = kmn.ecdsa_add_key("sum", "imported", &r2)?;
+    assert_eq!(*kmn.ecdsa_export("sum")?, add_mod_n(&s2, &r2));
+    let sig = kmn.ecdsa_signer("sum", 0)?.sign(b"to the sum")?;
+    assert!(verifies(&sum_pk, b"to the sum", &sig));
+    // A CGGMP24 import is refused on this network.
+    assert!(kmn
+        .ecdsa_import_with("c2", &s2, EcdsaEngine::Cggmp24)
+        .is_err());
+
+    // One node down: the other two sign. Then every node restarts: keys come back.
+    nodes.remove(0).stop();
+    let sig = signer.sign(b"one down")?;
+    assert!(verifies(&pk, b"one down", &sig));
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    let sig = kmn.ecdsa_signer("w", 0)?.sign(b"after restart")?;
+    assert!(verifies(&pk, b"after restart", &sig));
+    for s in kmn.status() {
+        let e = s.ecdsa.expect("ecdsa state");
+        for k in ["w", "imported", "sum"] {
+            assert!(e.dkls23.iter().any(|d| d == k), "{k}: {e:?}");
+        }
+    }
+    Ok(())
+}
+
+/// A dishonest node 3 sends node 1 a second-round signing message that fails the OT
+/// consistency check (re-signed and re-sealed as node 3 would). Node 1 bans node 3 for good:
+/// it refuses every later DKLs23 run with it, after a restart too, while nodes 1 and 2 still
+/// sign.
+#[test]
+fn dkls23_a_party_that_fails_an_ot_check_is_banned_for_good() -> R {
+    use dkls23_core::protocols::signing::TransmitPhase2to3;
+    use florin_custody::envelope::Envelope;
+    use florin_node::custody::EcdsaEngine;
+    let (_dir, layout, nodes, kmn) = dkls_network(2, 3)?;
+    let pk = kmn.ecdsa_keygen_with("w", EcdsaEngine::Dkls23)?;
+    let key = |p: u16| -> Result<florin_crypto::SecretKey, Box<dyn std::error::Error>> {
+        Ok(florin_node::load_key(
+            &layout.node_dir(p).join("identity.key"),
+        )?)
+    };
+    let (k1, k3) = (key(1)?, key(3)?);
+    let session: [u8; 16] = rand::random();
+    let job = EcdsaJob::DklsSign {
+        key_id: "w".into(),
+        signers: vec![1, 3],
+        message: b"m".to_vec(),
+        authz: None,
+    };
+    // The envelopes' tag, as every node derives it from the run.
+    let eid = florin_crypto::hash(
+        "florin/custody/ecdsa/run/v1",
+        &[
+            &session,
+            &3u16.to_le_bytes(),
+            &florin_custody::wire::encode(&job),
+        ],
+    );
+    let mut tag = [0u8; 16];
+    tag.copy_from_slice(&eid[..16]);
+    let mut changed = 0;
+    let r = kmn.ecdsa_run_relaying(session, &[1, 3], job, &mut |step, envs| {
+        if step != 1 {
+            return;
+        }
+        for e in envs.iter_mut().filter(|e| e.from == 3 && e.to == 1) {
+            let body = e.open(&tag, 1, 1, &k3.public_key(), &k1).unwrap();
+            let mut m: TransmitPhase2to3<p256_dkls::NistP256> =
+                postcard::from_bytes(&body).unwrap();
+            m.gamma_u = p256_dkls::AffinePoint::GENERATOR;
+            let signer3 = florin_crypto::LocalSigner::new(k3.clone());
+            *e = Envelope::direct(
+                &signer3,
+                tag,
+                1,
+                3,
+                1,
+                &k1.public_key(),
+                &postcard::to_allocvec(&m).unwrap(),
+                &mut OsRng,
+            )
+            .unwrap();
+            changed += 1;
+        }
+    });
+    assert_eq!(changed, 1);
+    match r {
+        Err(KmnError::Refused {
+            party: 1,
+            culprit: Some(3),
+            message,
+        }) => assert!(message.contains("banned"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let banned_file = layout.node_dir(1).join("ecdsa").join("banned");
+    assert_eq!(std::fs::read_to_string(&banned_file)?.trim(), "3");
+    let refused_with_3 = |kmn: &Kmn| {
+        let job = EcdsaJob::DklsSign {
+            key_id: "w".into(),
+            signers: vec![1, 3],
+            message: b"again".to_vec(),
+            authz: None,
+        };
+        match kmn.ecdsa_run(rand::random(), &[1, 3], job) {
+            Err(KmnError::Refused { culprit, .. }) => assert_eq!(culprit, Some(3)),
+            other => panic!("node 1 ran with a banned party: {other:?}"),
+        }
+    };
+    refused_with_3(&kmn);
+    // A refresh needs every node, node 3 too: refused at node 1.
+    assert!(kmn.ecdsa_refresh("w").is_err());
+    for s in kmn.status() {
+        let e = s.ecdsa.expect("ecdsa state");
+        assert_eq!(e.banned, if s.party == 1 { vec![3] } else { vec![] });
+    }
+    // Nodes 1 and 2 sign; after a restart node 1 still refuses node 3.
+    let run = |kmn: &Kmn, signers: Vec<u16>| {
+        kmn.ecdsa_run(
+            rand::random(),
+            &signers.clone(),
+            EcdsaJob::DklsSign {
+                key_id: "w".into(),
+                signers,
+                message: b"honest".to_vec(),
+                authz: None,
+            },
+        )
+    };
+    let done = run(&kmn, vec![1, 2])?;
+    let Some(florin_custody::wire::EcdsaDone::Signature(sig)) = done.get(&1).cloned() else {
+        panic!("no signature");
+    };
+    let sig = p256::P256Signature(sig.try_into().unwrap());
+    assert!(verifies(&pk, b"honest", &sig));
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    refused_with_3(&kmn);
+    assert!(run(&kmn, vec![1, 2]).is_ok());
+    Ok(())
+}

@@ -39,8 +39,10 @@ pub enum PspCommand {
         /// (FROST). Kept after the first start.
         #[arg(long)]
         scheme: Option<String>,
-        /// P-256: the network's ECDSA level, `production` (each node first spends minutes on
-        /// its Paillier primes) or `insecure-test` (seconds; demos and tests only).
+        /// P-256: the network's threshold ECDSA. `dkls23`: DKLs23 keys (OT-based; ready in
+        /// seconds, milliseconds a signature; no identifiable abort). `production`: CGGMP24
+        /// keys (identifiable abort; each node first spends minutes on its Paillier primes).
+        /// `insecure-test`: CGGMP24 at a test level (seconds; demos and tests only).
         #[arg(long, default_value = "production")]
         ecdsa: String,
         /// P-256: presignatures kept ready per account.
@@ -450,7 +452,7 @@ fn serve(
                 bail!("--scheme takes `p256` or `ed25519`, not {:?}", s.scheme);
             }
             if s.scheme == "p256" && EcdsaLevel::parse(ecdsa).is_none() {
-                bail!("--ecdsa takes `production` or `insecure-test`, not {ecdsa:?}");
+                bail!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {ecdsa:?}");
             }
             crate::util::write_atomic(&stored_path, &serde_json::to_vec_pretty(&s)?)?;
             s
@@ -464,9 +466,13 @@ fn serve(
     })?;
     let level = match scheme {
         PspScheme::P256 => Some(EcdsaLevel::parse(ecdsa).ok_or_else(|| {
-            anyhow!("--ecdsa takes `production` or `insecure-test`, not {ecdsa:?}")
+            anyhow!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {ecdsa:?}")
         })?),
         PspScheme::Ed25519 => None,
+    };
+    let ecdsa_engine = match level {
+        Some(EcdsaLevel::Dkls23) => florin_node::custody::EcdsaEngine::Dkls23,
+        _ => florin_node::custody::EcdsaEngine::Cggmp24,
     };
     let layout = crate::custody_cmd::layout_at(&data.join("custody"))?;
     let (kmn, started) = crate::custody_cmd::ensure_up(&layout, 2, 3, 0, &[], true, level)?;
@@ -476,7 +482,7 @@ fn serve(
             layout.dir().display()
         );
     }
-    if scheme == PspScheme::P256 {
+    if scheme == PspScheme::P256 && ecdsa_engine == florin_node::custody::EcdsaEngine::Cggmp24 {
         let st = Instant::now();
         if level == Some(EcdsaLevel::Production) {
             eprintln!(
@@ -502,6 +508,7 @@ fn serve(
             ledger: ledger.clone(),
             scheme,
             presign_pool,
+            ecdsa_engine,
             peer_key: florin_node::load_or_create_key(
                 &peer_key.unwrap_or_else(|| data.join("peer.key")),
             )?,

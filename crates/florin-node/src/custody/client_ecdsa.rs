@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use florin_crypto::p256::{self, P256PublicKey, P256Signature, P256Signer};
 use florin_crypto::SignerError;
+use florin_custody::dkls::{self, DklsShare};
 use florin_custody::ecdsa::{self, CoreShare, Partial, PresigPublic};
 use florin_custody::envelope::{Envelope, EVERYONE};
 use florin_custody::wire::{EcdsaDone, EcdsaJob, Request, Response};
@@ -32,6 +33,7 @@ use serde::Serialize;
 use zeroize::Zeroizing;
 
 use super::client::{refused, unexpected, Kmn, KmnError};
+use super::{AnyShare, EcdsaEngine};
 
 /// Presignatures a signer keeps ready by default.
 pub const PRESIG_POOL: usize = 16;
@@ -55,6 +57,10 @@ pub struct EcdsaNodeState {
     pub primes_ready: bool,
     /// Keys: (name, public key hex, presignatures held).
     pub keys: Vec<(String, String, u64)>,
+    /// The names among `keys` that are DKLs23 keys.
+    pub dkls23: Vec<String>,
+    /// Parties this node refuses DKLs23 runs with for good.
+    pub banned: Vec<PartyId>,
 }
 
 fn fresh_session() -> [u8; 16] {
@@ -209,17 +215,31 @@ impl Kmn {
         Ok(())
     }
 
-    /// Distributed generation of a t-of-n P-256 key among all n nodes.
+    /// Distributed generation of a t-of-n P-256 key among all n nodes (CGGMP24).
     pub fn ecdsa_keygen(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        self.ecdsa_keygen_with(key_id, EcdsaEngine::Cggmp24)
+    }
+
+    /// Distributed generation of a t-of-n P-256 key among all n nodes with `engine`.
+    pub fn ecdsa_keygen_with(
+        &self,
+        key_id: &str,
+        engine: EcdsaEngine,
+    ) -> Result<P256PublicKey, KmnError> {
         let parties = self.parties();
-        let done = self.ecdsa_run(
-            fresh_session(),
-            &parties,
-            EcdsaJob::Keygen {
-                key_id: key_id.into(),
-                t: self.t(),
+        let (key_id, t) = (key_id.to_string(), self.t());
+        let job = match engine {
+            EcdsaEngine::Cggmp24 => EcdsaJob::Keygen {
+                key_id: key_id.clone(),
+                t,
             },
-        )?;
+            EcdsaEngine::Dkls23 => EcdsaJob::DklsKeygen {
+                key_id: key_id.clone(),
+                t,
+            },
+        };
+        let key_id = key_id.as_str();
+        let done = self.ecdsa_run(fresh_session(), &parties, job)?;
         let (identity, pk) = same_key(done.into_values().map(|d| match d {
             EcdsaDone::Key(k) => Some(k),
             _ => None,
@@ -231,7 +251,27 @@ impl Kmn {
     /// Key import: splits `secret` (a P-256 scalar, big-endian) into one share per node,
     /// sends each to its node over its encrypted channel, and forgets it. Needs every node.
     pub fn ecdsa_import(&self, key_id: &str, secret: &[u8; 32]) -> Result<P256PublicKey, KmnError> {
-        let shares = ecdsa::import(secret, self.t(), self.n(), &mut OsRng)?;
+        self.ecdsa_import_with(key_id, secret, EcdsaEngine::Cggmp24)
+    }
+
+    /// [`Kmn::ecdsa_import`] as a key of `engine`. A DKLs23 import should be followed by a
+    /// refresh ([`Kmn::ecdsa_refresh`]): the dealer made every party's OT set-up too.
+    pub fn ecdsa_import_with(
+        &self,
+        key_id: &str,
+        secret: &[u8; 32],
+        engine: EcdsaEngine,
+    ) -> Result<P256PublicKey, KmnError> {
+        let shares: Vec<AnyShare> = match engine {
+            EcdsaEngine::Cggmp24 => ecdsa::import(secret, self.t(), self.n(), &mut OsRng)?
+                .into_iter()
+                .map(AnyShare::Cggmp)
+                .collect(),
+            EcdsaEngine::Dkls23 => dkls::import(secret, self.t(), self.n())?
+                .into_iter()
+                .map(|d| AnyShare::Dkls(Box::new(d)))
+                .collect(),
+        };
         let reqs = shares
             .iter()
             .map(|s| {
@@ -239,7 +279,7 @@ impl Kmn {
                     s.party(),
                     Request::EcdsaImport {
                         key_id: key_id.into(),
-                        share: s.to_bytes(),
+                        share: s.to_stored().to_vec(),
                     },
                 )
             })
@@ -317,12 +357,12 @@ impl Kmn {
                 )
             })
             .collect();
-        let mut shares = Vec::new();
+        let mut shares: Vec<AnyShare> = Vec::new();
         let mut errors = Vec::new();
         for (p, r) in self.round(reqs, STEP_TIMEOUT) {
             match r {
                 Ok(Response::Exported(b)) => {
-                    let s = CoreShare::from_bytes(&b)?;
+                    let s = AnyShare::from_stored(&b)?;
                     if s.party() != p {
                         return Err(unexpected(p));
                     }
@@ -341,7 +381,71 @@ impl Kmn {
                 errors.join("; ")
             )));
         }
-        Ok(Zeroizing::new(ecdsa::export(&shares)?))
+        let mut cggmp: Vec<CoreShare> = Vec::new();
+        let mut dkls23: Vec<DklsShare> = Vec::new();
+        for s in shares {
+            match s {
+                AnyShare::Cggmp(c) => cggmp.push(c),
+                AnyShare::Dkls(d) => dkls23.push(*d),
+            }
+        }
+        match (cggmp.is_empty(), dkls23.is_empty()) {
+            (false, true) => Ok(Zeroizing::new(ecdsa::export(&cggmp)?)),
+            (true, false) => Ok(dkls::export(&dkls23)?),
+            _ => Err(KmnError::Protocol(CustodyError::Inconsistent(format!(
+                "the nodes hold {key_id} under different engines"
+            )))),
+        }
+    }
+
+    /// Proactive refresh of DKLs23 key `key_id` by all n nodes (administrator only): new
+    /// shares of the same public key, committed everywhere once every node reports the same
+    /// new sharing. Shares from before no longer sign with the new ones.
+    pub fn ecdsa_refresh(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        let before = self.ecdsa_public_key(key_id)?;
+        let done = self.ecdsa_run(
+            fresh_session(),
+            &self.parties(),
+            EcdsaJob::DklsRefresh {
+                key_id: key_id.into(),
+            },
+        )?;
+        let (identity, pk) = same_key(done.into_values().map(|d| match d {
+            EcdsaDone::Key(k) => Some(k),
+            _ => None,
+        }))?;
+        if pk != before {
+            return Err(KmnError::Protocol(CustodyError::Inconsistent(
+                "the refresh changed the public key".into(),
+            )));
+        }
+        self.commit_everywhere(key_id, &identity)?;
+        Ok(pk)
+    }
+
+    /// The engine of ECDSA key `key_id`, as at least t nodes report it.
+    pub fn ecdsa_engine(&self, key_id: &str) -> Result<EcdsaEngine, KmnError> {
+        let mut dkls = 0usize;
+        let mut cggmp = 0usize;
+        for s in self.status() {
+            if let Some(e) = s.ecdsa {
+                if e.dkls23.iter().any(|k| k == key_id) {
+                    dkls += 1;
+                } else if e.keys.iter().any(|(k, _, _)| k == key_id) {
+                    cggmp += 1;
+                }
+            }
+        }
+        let t = self.t() as usize;
+        if dkls >= t {
+            Ok(EcdsaEngine::Dkls23)
+        } else if cggmp >= t {
+            Ok(EcdsaEngine::Cggmp24)
+        } else {
+            Err(KmnError::Unavailable(format!(
+                "fewer than {t} nodes report ECDSA key {key_id}"
+            )))
+        }
     }
 
     /// The public key of ECDSA key `key_id`, as at least t nodes report it.
@@ -388,7 +492,8 @@ impl Kmn {
         pool: usize,
     ) -> Result<EcdsaSigner, KmnError> {
         let public = self.ecdsa_public_key(key_id)?;
-        Ok(EcdsaSigner::new(self.clone(), key_id, public, pool))
+        let engine = self.ecdsa_engine(key_id)?;
+        Ok(EcdsaSigner::new(self.clone(), key_id, public, engine, pool))
     }
 }
 
@@ -450,6 +555,7 @@ struct SignerInner {
     kmn: Arc<Kmn>,
     key_id: String,
     public: P256PublicKey,
+    engine: EcdsaEngine,
     pool: Mutex<VecDeque<Pooled>>,
     target: usize,
     rotate: AtomicUsize,
@@ -467,11 +573,24 @@ pub struct EcdsaSigner {
 }
 
 impl EcdsaSigner {
-    fn new(kmn: Arc<Kmn>, key_id: &str, public: P256PublicKey, target: usize) -> EcdsaSigner {
+    fn new(
+        kmn: Arc<Kmn>,
+        key_id: &str,
+        public: P256PublicKey,
+        engine: EcdsaEngine,
+        target: usize,
+    ) -> EcdsaSigner {
+        // DKLs23 has no presignatures: every signature is a three-round run.
+        let target = if engine == EcdsaEngine::Dkls23 {
+            0
+        } else {
+            target
+        };
         let inner = Arc::new(SignerInner {
             kmn,
             key_id: key_id.into(),
             public,
+            engine,
             pool: Mutex::new(VecDeque::new()),
             target,
             rotate: AtomicUsize::new(0),
@@ -489,6 +608,11 @@ impl EcdsaSigner {
                 .spawn(move || refill_loop(weak));
         }
         EcdsaSigner { inner }
+    }
+
+    /// The key's engine.
+    pub fn engine(&self) -> EcdsaEngine {
+        self.inner.engine
     }
 
     /// Presignatures ready.
@@ -669,6 +793,9 @@ impl SignerInner {
     }
 
     fn sign(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
+        if self.engine == EcdsaEngine::Dkls23 {
+            return self.sign_interactive(msg, None);
+        }
         // A presignature whose signer failed is spent at the others: try a few, then fall
         // back to interactive signing.
         for _ in 0..4 {
@@ -692,9 +819,7 @@ impl SignerInner {
                 Err(Retry::Fail(e)) => return Err(e),
             }
         }
-        let sig = self.sign_interactive(msg)?;
-        self.interactive.fetch_add(1, Ordering::Relaxed);
-        Ok(sig)
+        self.sign_interactive(msg, None)
     }
 
     fn sign_authorized(
@@ -702,6 +827,9 @@ impl SignerInner {
         msg: &[u8],
         authz: &florin_custody::authz::Authorization,
     ) -> Result<P256Signature, KmnError> {
+        if self.engine == EcdsaEngine::Dkls23 {
+            return self.sign_interactive(msg, Some(authz));
+        }
         let mut last = None;
         for attempt in 0..8u32 {
             if attempt > 0 && last.is_some() {
@@ -821,20 +949,31 @@ impl SignerInner {
         Ok(sig)
     }
 
-    fn sign_interactive(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
+    /// Interactive signing (CGGMP24's fallback, DKLs23's only way), with the customer's
+    /// authorization for a DKLs23 key bound to one.
+    fn sign_interactive(
+        &self,
+        msg: &[u8],
+        authz: Option<&florin_custody::authz::Authorization>,
+    ) -> Result<P256Signature, KmnError> {
         let mut last = None;
         // A node that fails mid-run is marked down; one more try picks t others.
         for _ in 0..2 {
             let signers = self.choose()?;
-            match self.kmn.ecdsa_run(
-                fresh_session(),
-                &signers,
-                EcdsaJob::Sign {
+            let job = match self.engine {
+                EcdsaEngine::Cggmp24 => EcdsaJob::Sign {
                     key_id: self.key_id.clone(),
                     signers: signers.clone(),
                     message: msg.to_vec(),
                 },
-            ) {
+                EcdsaEngine::Dkls23 => EcdsaJob::DklsSign {
+                    key_id: self.key_id.clone(),
+                    signers: signers.clone(),
+                    message: msg.to_vec(),
+                    authz: authz.cloned(),
+                },
+            };
+            match self.kmn.ecdsa_run(fresh_session(), &signers, job) {
                 Ok(done) => {
                     let Some((p, EcdsaDone::Signature(b))) = done.into_iter().next() else {
                         return Err(KmnError::Unavailable("no signature".into()));
@@ -847,8 +986,11 @@ impl SignerInner {
                             reason: format!("reported a signature that does not verify: {e}"),
                         })
                     })?;
+                    self.interactive.fetch_add(1, Ordering::Relaxed);
                     return Ok(sig);
                 }
+                // The customer's authorization does not hold: other signers will not differ.
+                Err(e @ KmnError::Unauthorized { .. }) => return Err(e),
                 Err(e @ KmnError::Unavailable(_)) => last = Some(e),
                 Err(KmnError::Refused {
                     party,

@@ -19,7 +19,7 @@ pub use client::{Kmn, KmnError, NetworkConfig, ThresholdSigner};
 pub use client_ecdsa::{EcdsaNodeState, EcdsaSigner, EcdsaSignerStats, PRESIG_POOL};
 pub use commit::HeldKey;
 pub use node::{CustodyNode, CustodyNodeConfig, KeyPattern, Member, RunningNode};
-pub use node_ecdsa::{EcdsaLevel, MAX_PRESIGS, MAX_RUNS_PER_CLIENT};
+pub use node_ecdsa::{AnyShare, EcdsaEngine, EcdsaLevel, MAX_PRESIGS, MAX_RUNS_PER_CLIENT};
 
 use crate::error::NodeError;
 use crate::keyfile::{load_or_create_key, write_private};

@@ -70,7 +70,7 @@ impl Psp {
                         });
                         let pk = match adopted {
                             Some(pk) => pk,
-                            None => me.kmn.ecdsa_keygen(&kid)?,
+                            None => me.kmn.ecdsa_keygen_with(&kid, me.cfg.ecdsa_engine)?,
                         };
                         Ok((hex::encode(pk.0), Encumbrance::p256(&pk)))
                     }

@@ -46,8 +46,12 @@ pub struct PspConfig {
     pub ledger: String,
     /// Customers' key scheme.
     pub scheme: PspScheme,
-    /// P-256 accounts: presignatures kept ready per account (0: sign interactively).
+    /// P-256 accounts: presignatures kept ready per account (0: sign interactively; DKLs23
+    /// keys always sign interactively).
     pub presign_pool: usize,
+    /// P-256 accounts: the threshold ECDSA engine of new accounts' keys (an account keeps the
+    /// engine its key was made with).
+    pub ecdsa_engine: crate::custody::EcdsaEngine,
     /// This provider's peer key: signs its `receive` calls to other providers.
     pub peer_key: SecretKey,
     /// The providers this one pays and takes `receive` calls from.

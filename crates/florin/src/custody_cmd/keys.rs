@@ -20,6 +20,10 @@ pub(super) fn sign_p256(
     json: bool,
 ) -> Result<ExitCode> {
     let signer = kmn.ecdsa_signer(key, 0)?;
+    let dkls = signer.engine() == florin_node::custody::EcdsaEngine::Dkls23;
+    if presigned && dkls {
+        bail!("{key} is a DKLs23 key: it has no presignatures (it signs in three rounds)");
+    }
     let presign_ms = if presigned {
         let st = Instant::now();
         signer.presign()?;
@@ -34,6 +38,8 @@ pub(super) fn sign_p256(
     let valid = florin_crypto::p256::verify(&pk, msg, &sig).is_ok();
     let mode = if presigned {
         "presignature"
+    } else if dkls {
+        "dkls23"
     } else {
         "interactive"
     };

@@ -54,10 +54,12 @@ pub enum CustodyCommand {
         /// Keys to make if missing, comma-separated.
         #[arg(long, default_value = "issuer,authority", value_delimiter = ',')]
         keys: Vec<String>,
-        /// Run threshold ECDSA P-256 too, at this security level: `production` (each node
-        /// first spends minutes generating its Paillier primes in the background; then run
-        /// `florin custody ecdsa-setup`) or `insecure-test` (768-bit primes, seconds; for
-        /// tests and demos only, never for keys that hold value).
+        /// Run threshold ECDSA P-256 too: `dkls23` (DKLs23 keys only: no set-up, keys in
+        /// seconds, signatures in milliseconds, no identifiable abort), or CGGMP24 (and DKLs23)
+        /// at a security level: `production` (each node first spends minutes generating its
+        /// Paillier primes in the background; then run `florin custody ecdsa-setup`) or
+        /// `insecure-test` (768-bit primes, seconds; for tests and demos only, never for keys
+        /// that hold value).
         #[arg(long)]
         ecdsa: Option<String>,
         /// Print JSON.
@@ -110,10 +112,15 @@ pub enum CustodyCommand {
     Keygen {
         /// The key's name.
         key: String,
-        /// `ed25519` (FROST; issuer and authority keys) or `p256` (CGGMP24 ECDSA; custodial
+        /// `ed25519` (FROST; issuer and authority keys) or `p256` (threshold ECDSA; custodial
         /// wallets, ledger scheme 2).
         #[arg(long, default_value = "ed25519")]
         scheme: String,
+        /// P-256 keys: `cggmp24` (identifiable abort, presignatures; needs `ecdsa-setup`) or
+        /// `dkls23` (OT-based, fast). Default: `dkls23` on a network run with `--ecdsa
+        /// dkls23`, `cggmp24` otherwise.
+        #[arg(long)]
+        engine: Option<String>,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -149,6 +156,10 @@ pub enum CustodyCommand {
         /// `ed25519` or `p256`.
         #[arg(long, default_value = "ed25519")]
         scheme: String,
+        /// P-256 keys: `cggmp24` or `dkls23` (as for `keygen`). A DKLs23 import should be
+        /// followed by `refresh` (the dealer made every node's OT set-up too).
+        #[arg(long)]
+        engine: Option<String>,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -215,7 +226,7 @@ pub enum CustodyCommand {
     /// themselves. Schedule it (e.g. daily) to bound how long an attacker has to collect t
     /// shares.
     Refresh {
-        /// The keys' names.
+        /// The keys' names (FROST keys, and DKLs23 ECDSA keys).
         keys: Vec<String>,
         /// Every FROST key the network holds.
         #[arg(long, conflicts_with = "keys")]
@@ -273,7 +284,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let level = match ecdsa.as_deref() {
                 None => None,
                 Some(l) => Some(EcdsaLevel::parse(l).ok_or_else(|| {
-                    anyhow!("--ecdsa takes `production` or `insecure-test`, not {l:?}")
+                    anyhow!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {l:?}")
                 })?),
             };
             let keys: Vec<(String, Option<[u8; 32]>)> =
@@ -289,6 +300,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                      minutes of CPU per node); then run `florin custody ecdsa-setup --data {}`",
                     data.display()
                 ),
+                Some(EcdsaLevel::Dkls23) => {
+                    eprintln!("ECDSA ready: DKLs23 keys (no set-up; CGGMP24 refused)")
+                }
                 None => {}
             }
             report(&layout, &kmn, json, started)?;
@@ -345,23 +359,26 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Keygen {
             key,
             scheme,
+            engine,
             data,
             json,
         } => {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
             if scheme == "p256" {
-                let pk = kmn.ecdsa_keygen(&key)?;
+                let engine = engine_of(&layout, engine.as_deref())?;
+                let pk = kmn.ecdsa_keygen_with(&key, engine)?;
                 if json {
                     print_json(
-                        &json!({"key": key, "scheme": "p256", "public_key": hex::encode(pk.0), "t": kmn.t(), "n": kmn.n()}),
+                        &json!({"key": key, "scheme": "p256", "engine": engine.name(), "public_key": hex::encode(pk.0), "t": kmn.t(), "n": kmn.n()}),
                     );
                 } else {
                     println!(
-                        "{key}  p256:{}  ({} of {})",
+                        "{key}  p256:{}  ({} of {}, {})",
                         hex::encode(pk.0),
                         kmn.t(),
-                        kmn.n()
+                        kmn.n(),
+                        engine.name()
                     );
                 }
                 return Ok(ExitCode::SUCCESS);
@@ -423,12 +440,14 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             key,
             from,
             scheme,
+            engine,
             data,
         } => {
             let layout = existing(&data)?;
             if scheme == "p256" {
+                let engine = engine_of(&layout, engine.as_deref())?;
                 let secret = read_p256_secret(&from)?;
-                let pk = open(&layout)?.ecdsa_import(&key, &secret)?;
+                let pk = open(&layout)?.ecdsa_import_with(&key, &secret, engine)?;
                 println!("{key}  p256:{}", hex::encode(pk.0));
                 eprintln!(
                     "imported: every node holds a share; {} can now be removed from this machine",
@@ -532,6 +551,18 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             }
             for key in &keys {
                 let started = Instant::now();
+                if is_ecdsa(&kmn, key) {
+                    let pk = kmn
+                        .ecdsa_refresh(key)
+                        .with_context(|| format!("refresh of {key}"))?;
+                    println!("{key}  p256:{}  refreshed", hex::encode(pk.0));
+                    eprintln!(
+                        "{key}: new DKLs23 shares at all {} nodes in {:.0} ms",
+                        kmn.n(),
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    continue;
+                }
                 let g = kmn
                     .refresh(key)
                     .with_context(|| format!("refresh of {key}"))?;
@@ -596,5 +627,19 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The ECDSA engine `--engine` names, or the network's default: DKLs23 on a network run with
+/// `--ecdsa dkls23`, CGGMP24 otherwise.
+fn engine_of(layout: &Layout, named: Option<&str>) -> Result<florin_node::custody::EcdsaEngine> {
+    use florin_node::custody::EcdsaEngine;
+    match named {
+        Some(e) => EcdsaEngine::parse(e)
+            .ok_or_else(|| anyhow!("--engine takes `cggmp24` or `dkls23`, not {e:?}")),
+        None => Ok(match layout.ecdsa()? {
+            Some(EcdsaLevel::Dkls23) => EcdsaEngine::Dkls23,
+            _ => EcdsaEngine::Cggmp24,
+        }),
     }
 }

@@ -387,20 +387,34 @@ pub(super) fn report(layout: &Layout, kmn: &Kmn, json: bool, started: usize) -> 
                 println!("      {k:<12} {pk}");
             }
             if let Some(e) = &s.ecdsa {
-                println!(
-                    "      ECDSA ({}): auxiliary info {}, primes {}",
-                    e.level,
-                    if e.aux_ready { "ready" } else { "not made" },
-                    if e.primes_ready {
-                        "ready"
-                    } else if e.aux_ready {
-                        "used"
-                    } else {
-                        "generating"
-                    }
-                );
+                if e.level == "dkls23" {
+                    println!("      ECDSA (DKLs23 keys only)");
+                } else {
+                    println!(
+                        "      ECDSA ({}): auxiliary info {}, primes {}",
+                        e.level,
+                        if e.aux_ready { "ready" } else { "not made" },
+                        if e.primes_ready {
+                            "ready"
+                        } else if e.aux_ready {
+                            "used"
+                        } else {
+                            "generating"
+                        }
+                    );
+                }
                 for (k, pk, held) in &e.keys {
-                    println!("      {k:<12} p256:{pk}  presignatures held {held}");
+                    if e.dkls23.contains(k) {
+                        println!("      {k:<12} p256:{pk}  dkls23");
+                    } else {
+                        println!("      {k:<12} p256:{pk}  cggmp24, presignatures held {held}");
+                    }
+                }
+                if !e.banned.is_empty() {
+                    println!(
+                        "      banned from DKLs23 runs (failed an OT check): parties {:?}",
+                        e.banned
+                    );
                 }
             }
             for (k, scheme, pk) in &s.pending {

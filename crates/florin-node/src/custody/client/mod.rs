@@ -312,6 +312,8 @@ impl Kmn {
                                 .into_iter()
                                 .map(|(k, id, held)| (k, hex::encode(public_part(&id)), held))
                                 .collect(),
+                            dkls23: e.dkls23,
+                            banned: e.banned,
                         });
                         s.keys = keys
                             .into_iter()

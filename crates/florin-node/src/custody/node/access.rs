@@ -72,13 +72,19 @@ impl Rights {
     /// Whether it may start, step or abort an ECDSA run of `job`.
     pub(super) fn check_job(&self, job: &EcdsaJob) -> Result<(), CustodyError> {
         match job {
-            EcdsaJob::Aux | EcdsaJob::Keygen { .. } if !self.admin => {
+            EcdsaJob::Aux | EcdsaJob::Keygen { .. } | EcdsaJob::DklsKeygen { .. }
+                if !self.admin =>
+            {
                 Err(forbidden("key generation"))
             }
-            EcdsaJob::Aux | EcdsaJob::Keygen { .. } => Ok(()),
-            EcdsaJob::Presign { key_id, .. } | EcdsaJob::Sign { key_id, .. } => {
-                self.check_key(key_id)
-            }
+            EcdsaJob::DklsRefresh { .. } if !self.admin => Err(forbidden("key refresh")),
+            EcdsaJob::Aux
+            | EcdsaJob::Keygen { .. }
+            | EcdsaJob::DklsKeygen { .. }
+            | EcdsaJob::DklsRefresh { .. } => Ok(()),
+            EcdsaJob::Presign { key_id, .. }
+            | EcdsaJob::Sign { key_id, .. }
+            | EcdsaJob::DklsSign { key_id, .. } => self.check_key(key_id),
         }
     }
 }

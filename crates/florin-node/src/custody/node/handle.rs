@@ -505,8 +505,25 @@ pub(super) fn handle_ecdsa(
                     return Err(CustodyError::Unauthorized(AuthzError::Missing));
                 }
             }
+            if let EcdsaJob::DklsSign {
+                key_id,
+                message,
+                authz,
+                ..
+            } = &job
+            {
+                // Checked before this node's first message: a refusal leaks nothing.
+                inner.customers.authorize(
+                    key_id,
+                    || ecdsa_payer(e, key_id),
+                    message,
+                    authz.as_ref(),
+                )?;
+            }
             let frost_has = match &job {
-                EcdsaJob::Keygen { key_id, .. } => frost_has(inner, key_id),
+                EcdsaJob::Keygen { key_id, .. } | EcdsaJob::DklsKeygen { key_id, .. } => {
+                    frost_has(inner, key_id)
+                }
                 _ => false,
             };
             let client = (!rights.admin).then_some(rights.peer);

@@ -97,6 +97,18 @@ pub(super) fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Respo
             record(inner, key_id, "frost")?;
             return Ok(answer);
         }
+        // A DKLs23 refresh replaces the committed sharing of the same public key.
+        Some(false)
+            if ecdsa.is_some()
+                && inner
+                    .ecdsa
+                    .as_ref()
+                    .map(|e| e.commit(key_id, public))
+                    .transpose()?
+                    == Some(true) =>
+        {
+            return Ok(answer);
+        }
         Some(false) => {
             return Err(CustodyError::BadParameters(format!(
                 "key {key_id} is committed as another key"

@@ -75,8 +75,14 @@ impl EcdsaNode {
     ) -> Result<bool, CustodyError> {
         let mut keys = self.keys.write().map_err(|_| lock_err())?;
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
-        if pending.get(key_id).map(|e| e.identity == identity) != Some(true) {
+        let Some(p) = pending.get(key_id).filter(|e| e.identity == identity) else {
             return Ok(false);
+        };
+        // A committed key is replaced only by a refresh of it: the same public key.
+        if let Some(c) = keys.get(key_id) {
+            if c.identity.get(..33) != p.identity.get(..33) || c.engine != p.engine {
+                return Ok(false);
+            }
         }
         let (done, waiting) = share_paths(&self.dir, key_id);
         std::fs::rename(&waiting, &done)
@@ -117,11 +123,28 @@ impl EcdsaNode {
             })
             .unwrap_or_default();
         keys.sort();
+        let mut dkls23: Vec<String> = self
+            .keys
+            .read()
+            .map(|k| {
+                k.iter()
+                    .filter(|(_, e)| e.engine == EcdsaEngine::Dkls23)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        dkls23.sort();
         EcdsaStatus {
             level: self.level.name().into(),
             aux_ready: self.aux.read().map(|a| a.is_some()).unwrap_or(false),
             primes_ready: self.primes.lock().map(|p| p.is_some()).unwrap_or(false),
             keys,
+            dkls23,
+            banned: self
+                .banned
+                .read()
+                .map(|b| b.iter().copied().collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -176,8 +199,8 @@ impl EcdsaNode {
                 "key name {key_id:?} invalid or taken"
             )));
         }
-        let core = CoreShare::from_bytes(share)?;
-        self.store_key(key_id, &core)
+        let share = AnyShare::from_stored(share)?;
+        self.store_key(key_id, &share, false)
     }
 
     /// Key addition (R5): this node's share of `from` plus the whole key `addend`, stored as
@@ -198,9 +221,11 @@ impl EcdsaNode {
             <[u8; 32]>::try_from(addend)
                 .map_err(|_| CustodyError::BadParameters("the addend must be 32 bytes".into()))?,
         );
-        let core = CoreShare::from_bytes(&self.key(from)?.core)?;
-        let sum = ecdsa::add_key(&core, &addend)?;
-        self.store_key(key_id, &sum)
+        let sum = match AnyShare::from_stored(&self.key(from)?.core)? {
+            AnyShare::Cggmp(core) => AnyShare::Cggmp(ecdsa::add_key(&core, &addend)?),
+            AnyShare::Dkls(d) => AnyShare::Dkls(Box::new(dkls::add_key(&d, &addend)?)),
+        };
+        self.store_key(key_id, &sum, false)
     }
 
     /// Key export: this node's share.
@@ -216,6 +241,9 @@ impl EcdsaNode {
         message: &[u8],
     ) -> Result<Vec<u8>, CustodyError> {
         let k = self.key(key_id)?;
+        if k.engine != EcdsaEngine::Cggmp24 {
+            return Err(not_cggmp(key_id));
+        }
         let p = {
             let mut store = k.presigs.lock().map_err(|_| lock_err())?;
             let p = store.map.remove(&presig);
@@ -231,4 +259,11 @@ impl EcdsaNode {
         };
         Ok(ecdsa::partial_sign(self.party, p, message).to_bytes())
     }
+}
+
+/// A CGGMP24 request (presignature, partial, interactive signing) for a DKLs23 key.
+pub(super) fn not_cggmp(key_id: &str) -> CustodyError {
+    CustodyError::BadParameters(format!(
+        "key {key_id} is a DKLs23 key: it signs by a DKLs23 run, with no presignatures"
+    ))
 }

@@ -24,6 +24,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use florin_crypto::{hash, LocalSigner, PublicKey};
+use florin_custody::dkls::{self, DklsShare};
 use florin_custody::ecdsa::{
     self, AuxShare, CoreShare, InsecureTest, PresigPublic, Presignature, Primes, Production,
     SecurityLevel, Session, WireMsg,
@@ -45,6 +46,7 @@ mod storage;
 
 use run_thread::*;
 use runs::*;
+pub use storage::AnyShare;
 use storage::*;
 
 /// Presignatures a node keeps per key; the oldest is dropped beyond this.
@@ -73,6 +75,10 @@ pub enum EcdsaLevel {
     Production,
     /// 768-bit primes, for tests and demos only; **never for keys that hold value**.
     InsecureTest,
+    /// DKLs23 keys only: no Paillier primes, no auxiliary information, CGGMP24 refused.
+    /// DKLs23 has one security level (its OT and proofs at 128-bit security), so its keys
+    /// are production keys at every setting above too.
+    Dkls23,
 }
 
 impl EcdsaLevel {
@@ -81,6 +87,7 @@ impl EcdsaLevel {
         match self {
             EcdsaLevel::Production => "production",
             EcdsaLevel::InsecureTest => "insecure-test",
+            EcdsaLevel::Dkls23 => "dkls23",
         }
     }
 
@@ -89,12 +96,44 @@ impl EcdsaLevel {
         match s {
             "production" => Some(EcdsaLevel::Production),
             "insecure-test" => Some(EcdsaLevel::InsecureTest),
+            "dkls23" => Some(EcdsaLevel::Dkls23),
+            _ => None,
+        }
+    }
+}
+
+/// Which threshold ECDSA protocol a key's shares are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EcdsaEngine {
+    /// CGGMP24: Paillier-based, identifiable abort, presignatures.
+    Cggmp24,
+    /// DKLs23: OT-based, fast key generation and signing, no identifiable abort.
+    Dkls23,
+}
+
+impl EcdsaEngine {
+    /// The name in configs, status and benchmark params.
+    pub fn name(self) -> &'static str {
+        match self {
+            EcdsaEngine::Cggmp24 => "cggmp24",
+            EcdsaEngine::Dkls23 => "dkls23",
+        }
+    }
+
+    /// Parses [`EcdsaEngine::name`].
+    pub fn parse(s: &str) -> Option<EcdsaEngine> {
+        match s {
+            "cggmp24" => Some(EcdsaEngine::Cggmp24),
+            "dkls23" => Some(EcdsaEngine::Dkls23),
             _ => None,
         }
     }
 }
 
 struct EcdsaKey {
+    engine: EcdsaEngine,
+    /// The stored share ([`AnyShare::to_stored`]).
     core: Zeroizing<Vec<u8>>,
     /// [`CoreShare::identity`]: what a `Commit` names and what key creation answers.
     identity: Vec<u8>,
@@ -125,6 +164,8 @@ pub(super) struct EcdsaNode {
     lost: RwLock<HashMap<String, String>>,
     runs: Mutex<HashMap<[u8; 16], Run>>,
     seen: Mutex<Seen>,
+    /// Parties that failed a DKLs23 OT check (`ecdsa/banned`): no DKLs23 run with them, ever.
+    banned: RwLock<std::collections::BTreeSet<PartyId>>,
 }
 
 fn lock_err() -> CustodyError {

@@ -9,6 +9,7 @@ pub(super) enum Out {
     Key(CoreShare),
     Presig(Box<Presignature>, PresigPublic),
     Sig([u8; 64]),
+    DklsKey(Box<DklsShare>),
 }
 
 pub(super) type StepResult = Result<(Vec<WireMsg>, Option<Out>), CustodyError>;
@@ -16,10 +17,35 @@ pub(super) type Cmd = (Vec<WireMsg>, mpsc::SyncSender<StepResult>);
 
 /// What a run's thread needs to build its session (all `Send`).
 pub(super) enum Spec {
-    Aux { primes: Zeroizing<Vec<u8>> },
-    Keygen { t: u16 },
+    Aux {
+        primes: Zeroizing<Vec<u8>>,
+    },
+    Keygen {
+        t: u16,
+    },
     Presign(SignSpec),
     Sign(SignSpec, Vec<u8>),
+    DklsKeygen {
+        t: u16,
+    },
+    DklsSign {
+        share: Zeroizing<Vec<u8>>,
+        signers: Vec<PartyId>,
+        message: Vec<u8>,
+    },
+    DklsRefresh {
+        share: Zeroizing<Vec<u8>>,
+    },
+}
+
+/// A stored DKLs23 share (see [`AnyShare::to_stored`]).
+fn dkls_share(stored: &[u8]) -> Result<DklsShare, CustodyError> {
+    match AnyShare::from_stored(stored)? {
+        AnyShare::Dkls(d) => Ok(*d),
+        AnyShare::Cggmp(_) => Err(CustodyError::BadParameters(
+            "a CGGMP24 key in a DKLs23 run".into(),
+        )),
+    }
 }
 
 pub(super) struct SignSpec {
@@ -34,6 +60,7 @@ enum AnySession<L: SecurityLevel> {
     Key(Session<CoreShare>),
     Presig(Session<(Presignature, PresigPublic)>),
     Sig(Session<[u8; 64]>),
+    DklsKey(Session<DklsShare>),
 }
 
 impl<L: SecurityLevel> AnySession<L> {
@@ -60,6 +87,20 @@ impl<L: SecurityLevel> AnySession<L> {
                 let ks = share(&s)?;
                 AnySession::Sig(ecdsa::sign_session(eid, &s.signers, ks, &message)?)
             }
+            Spec::DklsKeygen { t } => AnySession::DklsKey(dkls::keygen_session(eid, me, n, t)?),
+            Spec::DklsSign {
+                share,
+                signers,
+                message,
+            } => AnySession::Sig(dkls::sign_session(
+                eid,
+                &signers,
+                dkls_share(&share)?,
+                &message,
+            )?),
+            Spec::DklsRefresh { share } => {
+                AnySession::DklsKey(dkls::refresh_session(eid, dkls_share(&share)?)?)
+            }
         })
     }
 
@@ -84,6 +125,10 @@ impl<L: SecurityLevel> AnySession<L> {
                 let st = s.step(incoming)?;
                 (st.out, st.done.map(Out::Sig))
             }
+            AnySession::DklsKey(s) => {
+                let st = s.step(incoming)?;
+                (st.out, st.done.map(|d| Out::DklsKey(Box::new(d))))
+            }
         })
     }
 }
@@ -99,7 +144,10 @@ pub(super) fn spawn_run(
     let spawned = thread::Builder::new()
         .name("ecdsa-run".into())
         .spawn(move || match level {
-            EcdsaLevel::Production => run_thread::<Production>(eid, me, n, spec, rx),
+            // A DKLs23 run does not depend on the CGGMP24 level.
+            EcdsaLevel::Production | EcdsaLevel::Dkls23 => {
+                run_thread::<Production>(eid, me, n, spec, rx)
+            }
             EcdsaLevel::InsecureTest => run_thread::<InsecureTest>(eid, me, n, spec, rx),
         });
     spawned.map_err(|e| CustodyError::Ecdsa(format!("cannot start a run: {e}")))?;

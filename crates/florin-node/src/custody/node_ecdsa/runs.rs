@@ -80,6 +80,16 @@ impl EcdsaNode {
         identity: &LocalSigner,
         members: &HashMap<PartyId, PublicKey>,
     ) -> Result<(Vec<Envelope>, Option<EcdsaDone>), CustodyError> {
+        let cggmp = matches!(
+            job,
+            EcdsaJob::Aux
+                | EcdsaJob::Keygen { .. }
+                | EcdsaJob::Presign { .. }
+                | EcdsaJob::Sign { .. }
+        );
+        if cggmp && self.level == EcdsaLevel::Dkls23 {
+            return Err(dkls_only());
+        }
         let (spec, parties) = match &job {
             EcdsaJob::Aux => {
                 // A run that finished at only some nodes can be repeated until the first key
@@ -132,60 +142,112 @@ impl EcdsaNode {
                 let parties = spec.signers.clone();
                 (Spec::Sign(spec, message.clone()), parties)
             }
+            EcdsaJob::DklsKeygen { key_id, t } => {
+                if !crate::custody::node::valid_key_id(key_id) {
+                    return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+                }
+                if frost_has || self.has_key(key_id) {
+                    return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+                }
+                if *t < 2 || *t > self.n {
+                    return Err(CustodyError::BadParameters(format!(
+                        "threshold {t} of {}",
+                        self.n
+                    )));
+                }
+                let parties: Vec<PartyId> = (1..=self.n).collect();
+                self.check_not_banned(&parties)?;
+                (Spec::DklsKeygen { t: *t }, parties)
+            }
+            EcdsaJob::DklsSign {
+                key_id,
+                signers,
+                message,
+                ..
+            } => {
+                let k = self.dkls_key(key_id)?;
+                let mut parties = signers.clone();
+                parties.sort_unstable();
+                self.check_not_banned(&parties)?;
+                (
+                    Spec::DklsSign {
+                        share: k.core.clone(),
+                        signers: signers.clone(),
+                        message: message.clone(),
+                    },
+                    parties,
+                )
+            }
+            EcdsaJob::DklsRefresh { key_id } => {
+                let k = self.dkls_key(key_id)?;
+                let parties: Vec<PartyId> = (1..=self.n).collect();
+                self.check_not_banned(&parties)?;
+                (
+                    Spec::DklsRefresh {
+                        share: k.core.clone(),
+                    },
+                    parties,
+                )
+            }
         };
         let eid = execution_id(&session, &job, self.n);
         let mut tag = [0u8; 16];
         tag.copy_from_slice(&eid[..16]);
-        let (tx, limit) = {
-            let mut runs = self.runs.lock().map_err(|_| lock_err())?;
-            runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
-            if runs.len() >= MAX_RUNS {
-                return Err(CustodyError::BadParameters(
-                    "too many ECDSA runs in progress".into(),
-                ));
-            }
-            if let Some(c) = &client {
-                let own = runs
-                    .values()
-                    .filter(|r| r.client.as_ref() == Some(c))
-                    .count();
-                if own >= MAX_RUNS_PER_CLIENT {
-                    return Err(CustodyError::BadParameters(format!(
-                        "this client has {own} ECDSA runs in progress, the most one client \
-                         may have (finish or abort one)"
-                    )));
+        let (tx, limit) =
+            {
+                let mut runs = self.runs.lock().map_err(|_| lock_err())?;
+                runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
+                if runs.len() >= MAX_RUNS {
+                    return Err(CustodyError::BadParameters(
+                        "too many ECDSA runs in progress".into(),
+                    ));
                 }
-            }
-            // One auxiliary-information run, and one key generation per name, at a time.
-            if runs.values().any(|r| match (&r.job, &job) {
+                if let Some(c) = &client {
+                    let own = runs
+                        .values()
+                        .filter(|r| r.client.as_ref() == Some(c))
+                        .count();
+                    if own >= MAX_RUNS_PER_CLIENT {
+                        return Err(CustodyError::BadParameters(format!(
+                            "this client has {own} ECDSA runs in progress, the most one client \
+                         may have (finish or abort one)"
+                        )));
+                    }
+                }
+                // One auxiliary-information run, and one key generation per name, at a time.
+                if runs.values().any(|r| match (&r.job, &job) {
                 (EcdsaJob::Aux, EcdsaJob::Aux) => true,
-                (EcdsaJob::Keygen { key_id: a, .. }, EcdsaJob::Keygen { key_id: b, .. }) => a == b,
+                (EcdsaJob::Keygen { key_id: a, .. }, EcdsaJob::Keygen { key_id: b, .. })
+                | (EcdsaJob::DklsKeygen { key_id: a, .. }, EcdsaJob::DklsKeygen { key_id: b, .. })
+                | (EcdsaJob::DklsRefresh { key_id: a }, EcdsaJob::DklsRefresh { key_id: b }) => {
+                    a == b
+                }
                 _ => false,
             }) {
                 return Err(CustodyError::BadParameters(
                     "the same setup or key generation is already running".into(),
                 ));
             }
-            if !self.seen.lock().map_err(|_| lock_err())?.insert(session) {
-                return Err(CustodyError::OutOfOrder(
-                    "this run id was used before (a run id is used once)".into(),
-                ));
-            }
-            let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
-            let run = Run {
-                tx: tx.clone(),
-                tag,
-                step: 0,
-                busy: true,
-                parties,
-                job: job.clone(),
-                last: Instant::now(),
-                client,
+                if !self.seen.lock().map_err(|_| lock_err())?.insert(session) {
+                    return Err(CustodyError::OutOfOrder(
+                        "this run id was used before (a run id is used once)".into(),
+                    ));
+                }
+                let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
+                let run = Run {
+                    tx: tx.clone(),
+                    tag,
+                    step: 0,
+                    busy: true,
+                    parties,
+                    job: job.clone(),
+                    last: Instant::now(),
+                    client,
+                };
+                let limit = run.step_limit();
+                runs.insert(session, run);
+                (tx, limit)
             };
-            let limit = run.step_limit();
-            runs.insert(session, run);
-            (tx, limit)
-        };
         let r = self.drive(&tx, Vec::new(), limit);
         self.idle(&session, 0);
         self.after_step(session, tag, 0, &job, r, identity, members)
@@ -207,8 +269,22 @@ impl EcdsaNode {
         Ok(())
     }
 
+    /// A committed DKLs23 key.
+    fn dkls_key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+        let k = self.key(key_id)?;
+        if k.engine != EcdsaEngine::Dkls23 {
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id} is a CGGMP24 key, not a DKLs23 key"
+            )));
+        }
+        Ok(k)
+    }
+
     fn sign_spec(&self, key_id: &str, signers: &[PartyId]) -> Result<SignSpec, CustodyError> {
         let k = self.key(key_id)?;
+        if k.engine != EcdsaEngine::Cggmp24 {
+            return Err(super::keys::not_cggmp(key_id));
+        }
         let mut sorted = signers.to_vec();
         sorted.sort_unstable();
         Ok(SignSpec {
@@ -339,6 +415,10 @@ impl EcdsaNode {
             Ok(x) => x,
             Err(e) => {
                 self.forget(&session);
+                // The library proved a party failed an OT check: never run with it again.
+                if let CustodyError::Banned { party, .. } = &e {
+                    self.ban(*party)?;
+                }
                 return Err(e);
             }
         };
@@ -364,7 +444,13 @@ impl EcdsaNode {
                 EcdsaDone::Aux
             }
             (Out::Key(core), EcdsaJob::Keygen { key_id, .. }) => {
-                EcdsaDone::Key(self.store_key(key_id, &core)?)
+                EcdsaDone::Key(self.store_key(key_id, &AnyShare::Cggmp(core), false)?)
+            }
+            (Out::DklsKey(share), EcdsaJob::DklsKeygen { key_id, .. }) => {
+                EcdsaDone::Key(self.store_key(key_id, &AnyShare::Dkls(share), false)?)
+            }
+            (Out::DklsKey(share), EcdsaJob::DklsRefresh { key_id }) => {
+                EcdsaDone::Key(self.store_key(key_id, &AnyShare::Dkls(share), true)?)
             }
             (Out::Presig(presig, public), EcdsaJob::Presign { key_id, .. }) => {
                 let k = self.key(key_id)?;

@@ -50,11 +50,97 @@ fn primes_name(party: PartyId) -> String {
     format!("florin/custody/ecdsa-primes/{party}")
 }
 
-fn key_entry(core: &CoreShare) -> EcdsaKey {
+/// What starts a stored DKLs23 share (a CGGMP24 share is JSON and starts with `{`).
+const DKLS_MAGIC: &[u8] = b"florin/dkls23-share/v1\n";
+
+/// A node's share of an ECDSA key, of either engine.
+pub enum AnyShare {
+    /// CGGMP24.
+    Cggmp(CoreShare),
+    /// DKLs23.
+    Dkls(Box<DklsShare>),
+}
+
+impl AnyShare {
+    /// The bytes stored (sealed) and exported: a DKLs23 share carries a marker.
+    pub fn to_stored(&self) -> Zeroizing<Vec<u8>> {
+        match self {
+            AnyShare::Cggmp(c) => Zeroizing::new(c.to_bytes()),
+            AnyShare::Dkls(d) => {
+                let b = d.to_bytes();
+                let mut out = Zeroizing::new(Vec::with_capacity(DKLS_MAGIC.len() + b.len()));
+                out.extend_from_slice(DKLS_MAGIC);
+                out.extend_from_slice(&b);
+                out
+            }
+        }
+    }
+
+    /// Decodes [`AnyShare::to_stored`].
+    pub fn from_stored(b: &[u8]) -> Result<AnyShare, CustodyError> {
+        match b.strip_prefix(DKLS_MAGIC) {
+            Some(rest) => Ok(AnyShare::Dkls(Box::new(DklsShare::from_bytes(rest)?))),
+            None => Ok(AnyShare::Cggmp(CoreShare::from_bytes(b)?)),
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> EcdsaEngine {
+        match self {
+            AnyShare::Cggmp(_) => EcdsaEngine::Cggmp24,
+            AnyShare::Dkls(_) => EcdsaEngine::Dkls23,
+        }
+    }
+
+    /// The share's party.
+    pub fn party(&self) -> PartyId {
+        match self {
+            AnyShare::Cggmp(c) => c.party(),
+            AnyShare::Dkls(d) => d.party(),
+        }
+    }
+
+    /// Parties of the key.
+    pub fn n(&self) -> u16 {
+        match self {
+            AnyShare::Cggmp(c) => c.n(),
+            AnyShare::Dkls(d) => d.n(),
+        }
+    }
+
+    /// The sharing's identity: the SEC1-compressed public key, then a digest of the sharing.
+    pub fn identity(&self) -> Vec<u8> {
+        match self {
+            AnyShare::Cggmp(c) => c.identity(),
+            AnyShare::Dkls(d) => d.identity(),
+        }
+    }
+}
+
+fn key_entry(share: &AnyShare) -> EcdsaKey {
     EcdsaKey {
-        core: Zeroizing::new(core.to_bytes()),
-        identity: core.identity(),
+        engine: share.engine(),
+        core: share.to_stored(),
+        identity: share.identity(),
         presigs: Mutex::new(PresigStore::default()),
+    }
+}
+
+/// Reads `ecdsa/banned`: one party number a line.
+fn read_banned(path: &Path) -> Result<std::collections::BTreeSet<PartyId>, NodeError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => s
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+            .map(|(i, l)| {
+                l.trim().parse::<PartyId>().map_err(|_| {
+                    NodeError::corrupt(format!("{}: line {} is not a party", path.display(), i + 1))
+                })
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
+        Err(e) => Err(NodeError::io_at(path, e)),
     }
 }
 
@@ -69,10 +155,16 @@ impl EcdsaNode {
     ) -> Result<EcdsaNode, NodeError> {
         let edir = dir.join("ecdsa");
         std::fs::create_dir_all(&edir).map_err(|e| NodeError::io_at(&edir, e))?;
-        let aux = read_sealed(kek, &aux_name(party), &edir.join("aux.sealed"))?;
+        let aux = match level {
+            // A node that serves DKLs23 only leaves CGGMP24's files alone.
+            EcdsaLevel::Dkls23 => None,
+            _ => read_sealed(kek, &aux_name(party), &edir.join("aux.sealed"))?,
+        };
         if let Some(a) = &aux {
             let n_aux = match level {
-                EcdsaLevel::Production => AuxShare::<Production>::from_bytes(a).map(|a| a.n()),
+                EcdsaLevel::Production | EcdsaLevel::Dkls23 => {
+                    AuxShare::<Production>::from_bytes(a).map(|a| a.n())
+                }
                 EcdsaLevel::InsecureTest => AuxShare::<InsecureTest>::from_bytes(a).map(|a| a.n()),
             }
             .map_err(|e| NodeError::corrupt(format!("ecdsa/aux.sealed: {e} (level {level:?}?)")))?;
@@ -82,7 +174,11 @@ impl EcdsaNode {
                 )));
             }
         }
-        let primes = read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?;
+        let primes = match level {
+            EcdsaLevel::Dkls23 => None,
+            _ => read_sealed(kek, &primes_name(party), &edir.join("primes.sealed"))?,
+        };
+        let banned = read_banned(&edir.join("banned"))?;
         let mut keys = HashMap::new();
         let mut pending = HashMap::new();
         let mut lost = HashMap::new();
@@ -97,7 +193,7 @@ impl EcdsaNode {
                     continue;
                 };
                 let opened = match read_sealed(kek, &share_name(stem, party), &path) {
-                    Ok(Some(plain)) => CoreShare::from_bytes(&plain)
+                    Ok(Some(plain)) => AnyShare::from_stored(&plain)
                         .map_err(|e| format!("damaged: {e} ({})", path.display()))
                         .and_then(|core| {
                             if core.party() != party || core.n() != n {
@@ -152,6 +248,7 @@ impl EcdsaNode {
             lost: RwLock::new(lost),
             runs: Mutex::new(HashMap::new()),
             seen: Mutex::new(Seen::default()),
+            banned: RwLock::new(banned),
         })
     }
 
@@ -162,6 +259,9 @@ impl EcdsaNode {
     /// Starts generating primes in the background if the node has neither primes nor
     /// auxiliary information. Returns at once.
     pub(in crate::custody) fn ensure_primes(self: &Arc<Self>) {
+        if self.level == EcdsaLevel::Dkls23 {
+            return;
+        }
         let have = self.aux.read().map(|a| a.is_some()).unwrap_or(true)
             || self.primes.lock().map(|p| p.is_some()).unwrap_or(true);
         if have || self.generating.swap(true, Ordering::SeqCst) {
@@ -173,7 +273,9 @@ impl EcdsaNode {
             .spawn(move || {
                 let mut rng = ecdsa::session_rng();
                 let bytes = Zeroizing::new(match me.level {
-                    EcdsaLevel::Production => Primes::<Production>::generate(&mut rng).to_bytes(),
+                    EcdsaLevel::Production | EcdsaLevel::Dkls23 => {
+                        Primes::<Production>::generate(&mut rng).to_bytes()
+                    }
                     EcdsaLevel::InsecureTest => {
                         Primes::<InsecureTest>::generate(&mut rng).to_bytes()
                     }
@@ -220,28 +322,41 @@ impl EcdsaNode {
 
     /// Stores a new share durably (sealed, fsynced) as *pending* before it is reported; it
     /// signs nothing until committed. A pending share of the same name is replaced.
-    /// Answers the key's identity ([`CoreShare::identity`]).
+    /// `refresh`: the share is a new sharing of the committed key of this name (same public
+    /// key), which the commit then replaces. Answers the key's identity.
     pub(super) fn store_key(
         &self,
         key_id: &str,
-        core: &CoreShare,
+        share: &AnyShare,
+        refresh: bool,
     ) -> Result<Vec<u8>, CustodyError> {
-        if core.party() != self.party || core.n() != self.n {
+        if share.party() != self.party || share.n() != self.n {
             return Err(CustodyError::BadParameters(format!(
                 "share for party {} of {}, this is party {} of {}",
-                core.party(),
-                core.n(),
+                share.party(),
+                share.n(),
                 self.party,
                 self.n
             )));
         }
+        if share.engine() == EcdsaEngine::Cggmp24 && self.level == EcdsaLevel::Dkls23 {
+            return Err(dkls_only());
+        }
         let keys = self.keys.write().map_err(|_| lock_err())?;
-        let bytes = Zeroizing::new(core.to_bytes());
+        let bytes = share.to_stored();
+        let identity = share.identity();
         if let Some(e) = keys.get(key_id) {
             if e.core[..] == bytes[..] {
                 return Ok(e.identity.clone());
             }
-            return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+            let same_key = e.identity.get(..33) == identity.get(..33) && e.engine == share.engine();
+            if !(refresh && same_key) {
+                return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+            }
+        } else if refresh {
+            return Err(CustodyError::BadParameters(format!(
+                "no ECDSA key {key_id}"
+            )));
         }
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
         if let Some(e) = pending.get(key_id) {
@@ -255,12 +370,56 @@ impl EcdsaNode {
             &share_paths(&self.dir, key_id).1,
             &bytes,
         )?;
-        let entry = key_entry(core);
-        let identity = entry.identity.clone();
+        let entry = key_entry(share);
         pending.insert(key_id.to_string(), Arc::new(entry));
         drop(pending);
         drop(keys);
-        self.drop_primes();
+        if share.engine() == EcdsaEngine::Cggmp24 {
+            self.drop_primes();
+        }
         Ok(identity)
     }
+
+    /// Whether any of `parties` is banned from DKLs23 runs.
+    pub(super) fn check_not_banned(&self, parties: &[PartyId]) -> Result<(), CustodyError> {
+        let banned = self.banned.read().map_err(|_| lock_err())?;
+        match parties.iter().find(|p| banned.contains(p)) {
+            Some(p) => Err(CustodyError::Banned {
+                party: *p,
+                reason: format!(
+                    "banned from DKLs23 runs at node {} (it failed an OT check; see {})",
+                    self.party,
+                    self.edir().join("banned").display()
+                ),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Bans `party` from DKLs23 runs for good: written (and fsynced) before it takes effect
+    /// in memory, so no restart forgets it.
+    pub(super) fn ban(&self, party: PartyId) -> Result<(), CustodyError> {
+        let mut banned = self.banned.write().map_err(|_| lock_err())?;
+        if banned.contains(&party) || party == self.party {
+            return Ok(());
+        }
+        let mut next = banned.clone();
+        next.insert(party);
+        let text: String = next.iter().map(|p| format!("{p}\n")).collect();
+        let path = self.edir().join("banned");
+        write_private(&path, text.as_bytes())
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot store {}: {e}", path.display())))?;
+        *banned = next;
+        eprintln!(
+            "custody node {}: party {party} banned from DKLs23 runs for good (failed an OT check)",
+            self.party
+        );
+        Ok(())
+    }
+}
+
+pub(super) fn dkls_only() -> CustodyError {
+    CustodyError::BadParameters(
+        "this node serves DKLs23 ECDSA keys only (`ecdsa: dkls23` in its node.json)".into(),
+    )
 }
