@@ -423,7 +423,147 @@ fn refill<L: Level>(rec: &mut Recorder, keys: &[KeyShare<L>], signers: &[PartyId
 /// Runs the ECDSA half of the custody suite: (2, 3) with enough presignatures for a p99
 /// (60, or 20 with `--quick`), then larger groups with 10 each; `--full` adds (5, 8) and the
 /// production level.
+/// DKLs23 (`florin_custody::dkls`), in one process, each party's CPU counted apart: key
+/// generation, refresh and three-round signing versus (t, n), and the signing p99. Its one
+/// security level is production.
+fn dkls_points(rec: &mut Recorder, list: &[(u16, u16)], iters: usize) -> Result<()> {
+    use florin_custody::dkls;
+    for &(t, n) in list {
+        let p = |part: &str| {
+            json!({"scheme": "dkls23-p256", "engine": "dkls23", "level": "production",
+                   "t": t, "n": n, "part": part})
+        };
+        let sid = new_session_id();
+        let st = Instant::now();
+        let sessions = (1..=n)
+            .map(|q| Ok((q, dkls::keygen_session(sid, q, n, t)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let out = run_local(sessions)?;
+        let wall = st.elapsed();
+        let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+        rec.add(
+            "dkg_ms",
+            ms(mean(&spent)),
+            "ms",
+            p("compute"),
+            ((t, n) == (2, 3)).then(|| Reference {
+                value: 5_000.0,
+                source:
+                    "the issue's quick measurement of dkls23 2-of-3 DKG (all parties, one process)"
+                        .into(),
+            }),
+            None,
+        );
+        rec.add(
+            "dkg_ms",
+            ms(wall),
+            "ms",
+            p("all_parties_one_process"),
+            None,
+            None,
+        );
+        let shares: Vec<dkls::DklsShare> = out.into_iter().map(|(s, _)| s).collect();
+        let copy = |s: &dkls::DklsShare| dkls::DklsShare::from_bytes(&s.to_bytes());
+        // Refresh (every party).
+        let sid = new_session_id();
+        let sessions = shares
+            .iter()
+            .map(|s| Ok((s.party(), dkls::refresh_session(sid, copy(s)?)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let out = run_local(sessions)?;
+        let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+        rec.add(
+            "refresh_ms",
+            ms(mean(&spent)),
+            "ms",
+            p("compute"),
+            None,
+            None,
+        );
+        let shares: Vec<dkls::DklsShare> = out.into_iter().map(|(s, _)| s).collect();
+        // Signing by the first t parties.
+        let signers: Vec<PartyId> = (1..=t).collect();
+        let mut per_party = Vec::new();
+        let mut all = Vec::new();
+        let mut walls = Vec::new();
+        for i in 0..iters {
+            let sid = new_session_id();
+            let msg = format!("payment {i}");
+            let sessions = signers
+                .iter()
+                .map(|&q| {
+                    Ok((
+                        q,
+                        dkls::sign_session(
+                            sid,
+                            &signers,
+                            copy(&shares[q as usize - 1])?,
+                            msg.as_bytes(),
+                        )?,
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let st = Instant::now();
+            let out = run_local(sessions)?;
+            walls.push(st.elapsed());
+            let sig = out
+                .first()
+                .map(|(s, _)| *s)
+                .ok_or_else(|| anyhow!("no signature"))?;
+            let pk = florin_crypto::p256::P256PublicKey::from_sec1(&shares[0].public_key())
+                .map_err(|e| anyhow!("public key: {e}"))?;
+            florin_crypto::p256::verify(
+                &pk,
+                msg.as_bytes(),
+                &florin_crypto::p256::P256Signature(sig),
+            )
+            .map_err(|e| anyhow!("a DKLs23 signature does not verify: {e}"))?;
+            let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
+            per_party.push(mean(&spent));
+            all.push(spent.iter().sum::<Duration>());
+        }
+        rec.add(
+            "sign_ms",
+            ms(mean(&per_party)),
+            "ms",
+            p("compute"),
+            ((t, n) == (2, 3)).then(|| Reference {
+                value: 1_000.0,
+                source: "004_… §6: ≈ 1 s for a 2-of-3 CGGMP21 signature".into(),
+            }),
+            None,
+        );
+        rec.add(
+            "sign_ms",
+            ms(mean(&all)),
+            "ms",
+            p("compute_all_parties"),
+            None,
+            None,
+        );
+        let mut w: Vec<u32> = walls.iter().map(|d| d.as_micros() as u32).collect();
+        w.sort_unstable();
+        rec.add(
+            "ecdsa_online_sign_ms_p99",
+            percentile(&w, 0.99),
+            "ms",
+            json!({"engine": "dkls23", "level": "production", "t": t, "n": n,
+                   "samples": iters, "target_ms": 5,
+                   "what": "three signing rounds, all t parties in one process (wall)"}),
+            None,
+            None,
+        );
+    }
+    Ok(())
+}
+
 pub fn run(rec: &mut Recorder, quick: bool, full: bool) -> Result<()> {
+    let dkls: &[(u16, u16)] = match (quick, full) {
+        (true, _) => &[(2, 3)],
+        (false, false) => &[(2, 3), (3, 5), (5, 8)],
+        (false, true) => &[(2, 3), (3, 5), (5, 8), (16, 26), (32, 52)],
+    };
+    dkls_points(rec, dkls, if quick { 20 } else { 100 }).context("ecdsa with DKLs23")?;
     points::<InsecureTest>(rec, &[(2, 3)], None, if quick { 20 } else { 60 })
         .context("ecdsa at the insecure test level")?;
     if !quick {

@@ -522,4 +522,28 @@ fn dkls23_nodes_check_the_authorization_before_their_first_message() {
     // The administrator can neither export the customer's key nor derive one from it.
     let err = kmn.ecdsa_export("acct-dora").unwrap_err().to_string();
     assert!(err.contains("bound to a customer"), "{err}");
+
+    // A key made ahead (pending, unbound) takes its first binding; after that, neither while
+    // pending nor once committed does it take another.
+    let (eve, mallory) = (
+        SecretKey::from_seed(&[3; 32]),
+        SecretKey::from_seed(&[4; 32]),
+    );
+    kmn.ecdsa_keygen_pending("pool-1", florin_node::custody::EcdsaEngine::Dkls23)
+        .unwrap();
+    assert!(
+        kmn.ecdsa_signer("pool-1", 0).is_err(),
+        "a pending key signs nothing"
+    );
+    kmn.bind_customer("pool-1", &eve.public_key()).unwrap();
+    assert!(kmn.bind_customer("pool-1", &mallory.public_key()).is_err());
+    kmn.bind_customer("pool-1", &eve.public_key()).unwrap();
+    kmn.commit_pending("pool-1").unwrap();
+    assert!(kmn.bind_customer("pool-1", &mallory.public_key()).is_err());
+    let err = kmn
+        .ecdsa_signer("pool-1", 0)
+        .unwrap()
+        .sign_msg(&[0; 32])
+        .unwrap_err();
+    assert_eq!(reason(err), AuthzError::Missing);
 }

@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use common::{runtime, LedgerNode};
 use florin_crypto::SecretKey;
 use florin_ledger::{Encumbrance, Utxo};
-use florin_node::custody::{free_loopback_addrs, EcdsaLevel, Kmn, Layout, RunningNode};
+use florin_node::custody::{
+    free_loopback_addrs, EcdsaEngine, EcdsaLevel, Kmn, Layout, RunningNode,
+};
 use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
 use florin_node::psp::{PaymentAuth, PeerPsp, Psp, PspConfig, PspScheme};
 use serde_json::{json, Value};
@@ -130,6 +132,8 @@ struct Provider {
     name: String,
     peer_key: SecretKey,
     peers: Vec<PeerPsp>,
+    engine: EcdsaEngine,
+    key_pool: usize,
     psp: std::sync::Weak<Psp>,
     kmn: Arc<Kmn>,
     books: std::path::PathBuf,
@@ -140,16 +144,25 @@ struct Provider {
     _dir: tempfile::TempDir,
 }
 
-fn network(dir: &std::path::Path, scheme: PspScheme) -> (Vec<RunningNode>, Arc<Kmn>) {
+fn network(
+    dir: &std::path::Path,
+    scheme: PspScheme,
+    engine: EcdsaEngine,
+) -> (Vec<RunningNode>, Arc<Kmn>) {
     let layout = Layout::new(&dir.join("kmn"));
     layout.create(2, &free_loopback_addrs(3).unwrap()).unwrap();
     if scheme == PspScheme::P256 {
-        layout.set_ecdsa(Some(EcdsaLevel::InsecureTest)).unwrap();
+        layout
+            .set_ecdsa(Some(match engine {
+                EcdsaEngine::Cggmp24 => EcdsaLevel::InsecureTest,
+                EcdsaEngine::Dkls23 => EcdsaLevel::Dkls23,
+            }))
+            .unwrap();
     }
     let nodes = layout.start_in_process().unwrap();
     let (net, me) = layout.load().unwrap();
     let kmn = Kmn::new(&net, me).unwrap();
-    if scheme == PspScheme::P256 {
+    if scheme == PspScheme::P256 && engine == EcdsaEngine::Cggmp24 {
         kmn.ecdsa_setup(Duration::from_secs(120)).unwrap();
     }
     (nodes, kmn)
@@ -157,8 +170,19 @@ fn network(dir: &std::path::Path, scheme: PspScheme) -> (Vec<RunningNode>, Arc<K
 
 impl Provider {
     fn start(name: &str, scheme: PspScheme, ledger: &str) -> Provider {
+        Self::start_with(name, scheme, EcdsaEngine::Cggmp24, 0, ledger)
+    }
+
+    /// A provider whose P-256 accounts use `engine`, with `key_pool` keys made ahead.
+    fn start_with(
+        name: &str,
+        scheme: PspScheme,
+        engine: EcdsaEngine,
+        key_pool: usize,
+        ledger: &str,
+    ) -> Provider {
         let dir = tempfile::tempdir().unwrap();
-        let (nodes, kmn) = network(dir.path(), scheme);
+        let (nodes, kmn) = network(dir.path(), scheme, engine);
         let books = dir.path().join("psp.redb");
         let rt = runtime();
         let mut p = Provider {
@@ -166,6 +190,8 @@ impl Provider {
             name: name.into(),
             peer_key: SecretKey::from_seed(&florin_crypto::hash("test/peer", &[name.as_bytes()])),
             peers: vec![tester().0],
+            engine,
+            key_pool,
             psp: std::sync::Weak::new(),
             kmn,
             books,
@@ -188,7 +214,8 @@ impl Provider {
                 ledger: ledger.into(),
                 scheme,
                 presign_pool: 1,
-                ecdsa_engine: florin_node::custody::EcdsaEngine::Cggmp24,
+                ecdsa_engine: self.engine,
+                key_pool: self.key_pool,
                 peer_key: self.peer_key.clone(),
                 peers: self.peers.clone(),
                 operators: Vec::new(),
@@ -1002,7 +1029,8 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
                 ledger: format!("http://{}", node.addr),
                 scheme: PspScheme::Ed25519,
                 presign_pool: 1,
-                ecdsa_engine: florin_node::custody::EcdsaEngine::Cggmp24,
+                ecdsa_engine: EcdsaEngine::Cggmp24,
+                key_pool: 0,
                 peer_key: a.peer_key.clone(),
                 peers: a.peers.clone(),
                 operators: Vec::new(),
@@ -1047,4 +1075,81 @@ fn a_lost_confirmation_is_resolved_once_and_the_books_survive_a_restart() {
     );
     assert_eq!(a.balance("dora"), 4_000);
     assert_eq!(a.balance("fay"), 1_000);
+}
+
+/// DKLs23 accounts with keys made ahead: opening an account takes a pooled key (bound to the
+/// customer while pending, then committed), the pool refills, a restarted provider adopts the
+/// pool keys its nodes still hold, and payments within and across providers settle.
+#[test]
+fn dkls23_accounts_from_a_key_pool_pay_within_and_across_providers() {
+    let node = LedgerNode::start();
+    let ledger = format!("http://{}", node.addr);
+    let mut a = Provider::start_with("bank-a", PspScheme::P256, EcdsaEngine::Dkls23, 2, &ledger);
+    let mut b = Provider::start_with("bank-b", PspScheme::P256, EcdsaEngine::Dkls23, 0, &ledger);
+    a.add_peers(&[b.as_peer()]);
+    b.add_peers(&[a.as_peer()]);
+    let pool = |a: &Provider| a.psp.upgrade().map(|p| p.pool_ready()).unwrap_or(0);
+    let wait_pool = |a: &Provider, n: usize| {
+        let until = std::time::Instant::now() + Duration::from_secs(120);
+        while pool(a) < n {
+            assert!(std::time::Instant::now() < until, "the pool did not fill");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_pool(&a, 2);
+    // The pooled keys are pending at every node: they sign nothing.
+    let pending: Vec<String> = a.kmn.status()[0]
+        .pending
+        .iter()
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    assert!(a.kmn.ecdsa_signer(&pending[0], 0).is_err());
+
+    let alice = ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))));
+    assert!(alice["encumbrance"].as_str().unwrap().starts_with("p256:"));
+    assert_eq!(alice["presignatures_ready"], 0);
+    // Alice's key is one of the two made ahead, now committed and bound to her.
+    let committed: Vec<String> = a
+        .kmn
+        .status()
+        .iter()
+        .flat_map(|s| s.ecdsa.clone().map(|e| e.dkls23).unwrap_or_default())
+        .collect();
+    assert!(
+        pending.iter().any(|k| committed.contains(k)),
+        "{committed:?}"
+    );
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "bob"}))));
+    ok(b.call("POST", "/v1/psp/accounts", Some(json!({"name": "carol"}))));
+    wait_pool(&a, 2);
+
+    ok(a.call(
+        "POST",
+        "/v1/psp/accounts/alice/faucet",
+        Some(json!({"amount_cents": 10_000})),
+    ));
+    let r = ok(a.pay("alice", "bob", None, 1_000));
+    assert_eq!(r["route"], "same_provider");
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    let r = ok(a.pay("alice", "carol", Some(&b.url()), 500));
+    assert_eq!(r["notified"], true, "{r}");
+    assert_eq!(b.balance("carol"), 500);
+    assert_eq!(a.balance("alice"), 8_500);
+    assert_eq!(a.balance("bob"), 1_000);
+
+    // A restarted provider adopts the two pending pool keys instead of making new ones.
+    a.halt();
+    a.serve("bank-a", PspScheme::P256, &ledger);
+    wait_pool(&a, 2);
+    let pending_after: Vec<String> = a.kmn.status()[0]
+        .pending
+        .iter()
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    assert_eq!(pending_after.len(), 2, "{pending_after:?}");
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "dan"}))));
+    let r = ok(a.pay("bob", "dan", None, 300));
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    assert_eq!(a.balance("dan"), 300);
 }

@@ -45,9 +45,13 @@ pub enum PspCommand {
         /// `insecure-test`: CGGMP24 at a test level (seconds; demos and tests only).
         #[arg(long, default_value = "production")]
         ecdsa: String,
-        /// P-256: presignatures kept ready per account.
+        /// P-256: presignatures kept ready per account (CGGMP24 keys).
         #[arg(long, default_value_t = 2)]
         presign_pool: usize,
+        /// P-256: account keys made ahead in the background (pending at the nodes until an
+        /// account opens and takes one); 0 makes each key when its account opens.
+        #[arg(long, default_value_t = 2)]
+        key_pool: usize,
         /// Longest to wait for the network's ECDSA set-up at start, seconds.
         #[arg(long, default_value_t = 1800)]
         setup_wait: u64,
@@ -180,6 +184,7 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             scheme,
             ecdsa,
             presign_pool,
+            key_pool,
             setup_wait,
             tls,
             peers,
@@ -191,7 +196,7 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             listen,
             scheme,
             &ecdsa,
-            presign_pool,
+            (presign_pool, key_pool),
             setup_wait,
             &tls,
             trust,
@@ -371,7 +376,7 @@ fn serve(
     listen: SocketAddr,
     scheme: Option<String>,
     ecdsa: &str,
-    presign_pool: usize,
+    (presign_pool, key_pool): (usize, usize),
     setup_wait: u64,
     tls: &crate::tls_args::ServeTlsArgs,
     trust: &Trust,
@@ -509,6 +514,7 @@ fn serve(
             scheme,
             presign_pool,
             ecdsa_engine,
+            key_pool,
             peer_key: florin_node::load_or_create_key(
                 &peer_key.unwrap_or_else(|| data.join("peer.key")),
             )?,

@@ -1037,15 +1037,38 @@ fn bench_custody_quick_prints_the_contract() {
             .count();
         assert_eq!(r, 4, "{custody}: 2 user counts × 2 routes");
     }
-    // Through the payment-provider service with threshold ECDSA keys.
-    let psp: Vec<&Value> = results
-        .iter()
-        .filter(|r| r["name"] == "e2e_payments_per_s" && r["params"]["path"] == "psp")
-        .collect();
-    assert_eq!(psp.len(), 4, "psp: 2 user counts × 2 routes");
-    for r in psp {
-        assert_eq!(r["params"]["scheme"], "p256");
-        assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+    // Through the payment-provider service with threshold ECDSA keys, both engines: CGGMP24
+    // at the insecure test level, DKLs23 at production.
+    for (engine, level) in [("cggmp24", "insecure-test"), ("dkls23", "production")] {
+        let psp: Vec<&Value> = results
+            .iter()
+            .filter(|r| {
+                r["name"] == "ecdsa_e2e_payments_per_s"
+                    && r["params"]["path"] == "psp"
+                    && r["params"]["engine"] == engine
+            })
+            .collect();
+        assert_eq!(psp.len(), 4, "{engine}: 2 user counts × 2 routes");
+        for r in psp {
+            assert_eq!(r["params"]["scheme"], "p256");
+            assert_eq!(r["params"]["level"], level);
+            assert_eq!(r["params"]["signatures_per_payment"], 1);
+            assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        let errors = results
+            .iter()
+            .filter(|r| r["name"] == "e2e_error_rate" && r["params"]["engine"] == engine)
+            .count();
+        assert_eq!(errors, 4, "{engine}: an error rate per point");
+    }
+    for name in ["dkg_ms", "refresh_ms", "sign_ms"] {
+        assert!(
+            results.iter().any(|r| r["name"] == name
+                && r["params"]["scheme"] == "dkls23-p256"
+                && r["params"]["part"] == "compute"
+                && r["value"].as_f64().unwrap() > 0.0),
+            "dkls23 {name}"
+        );
     }
     assert!(find("frost_e2e_vs_seed_ratio", "route", "same_provider") > 0.0);
     assert!(find("threshold_vs_single_e2e_ratio", "route", "same_provider") > 0.0);

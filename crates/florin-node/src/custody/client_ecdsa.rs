@@ -239,13 +239,40 @@ impl Kmn {
             },
         };
         let key_id = key_id.as_str();
-        let done = self.ecdsa_run(fresh_session(), &parties, job)?;
-        let (identity, pk) = same_key(done.into_values().map(|d| match d {
-            EcdsaDone::Key(k) => Some(k),
-            _ => None,
-        }))?;
+        let (identity, pk) = self.ecdsa_keygen_uncommitted(key_id, job, &parties)?;
         self.commit_everywhere(key_id, &identity)?;
         Ok(pk)
+    }
+
+    /// A key made ahead (a key pool): generated with `engine` and left *pending* at every
+    /// node, where it signs nothing until [`Kmn::commit_pending`] commits it (after, say, a
+    /// customer is bound to it). Returns its public key.
+    pub fn ecdsa_keygen_pending(
+        &self,
+        key_id: &str,
+        engine: EcdsaEngine,
+    ) -> Result<P256PublicKey, KmnError> {
+        let parties = self.parties();
+        let (key, t) = (key_id.to_string(), self.t());
+        let job = match engine {
+            EcdsaEngine::Cggmp24 => EcdsaJob::Keygen { key_id: key, t },
+            EcdsaEngine::Dkls23 => EcdsaJob::DklsKeygen { key_id: key, t },
+        };
+        Ok(self.ecdsa_keygen_uncommitted(key_id, job, &parties)?.1)
+    }
+
+    fn ecdsa_keygen_uncommitted(
+        &self,
+        key_id: &str,
+        job: EcdsaJob,
+        parties: &[PartyId],
+    ) -> Result<(Vec<u8>, P256PublicKey), KmnError> {
+        self.refuse_if_committed(key_id)?;
+        let done = self.ecdsa_run(fresh_session(), parties, job)?;
+        same_key(done.into_values().map(|d| match d {
+            EcdsaDone::Key(k) => Some(k),
+            _ => None,
+        }))
     }
 
     /// Key import: splits `secret` (a P-256 scalar, big-endian) into one share per node,

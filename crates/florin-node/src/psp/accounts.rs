@@ -44,11 +44,30 @@ impl Psp {
         if self.books.account(name)?.is_some() {
             return Err(PspError::Exists(format!("account {name:?} exists")));
         }
-        let key_id = format!("acct-{name}");
+        // A key made ahead, when the pool has one; else one made now under the account's name.
+        let pooled = self.take_pooled();
+        let key_id = pooled.clone().unwrap_or_else(|| format!("acct-{name}"));
         let me = self.clone();
         let kid = key_id.clone();
         let cust = *customer;
         let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
+            if pooled.is_some() {
+                // Bound while it is pending (it signed nothing yet), then committed.
+                let claim = || -> Result<_, KmnError> {
+                    me.kmn.bind_customer(&kid, &cust)?;
+                    let held = me.kmn.commit_pending(&kid)?;
+                    florin_custody::ecdsa::identity_public_key(&held.public)
+                        .and_then(|pk| florin_crypto::p256::P256PublicKey::from_sec1(&pk).ok())
+                        .filter(|_| held.ecdsa)
+                        .ok_or_else(|| {
+                            KmnError::Protocol(florin_custody::CustodyError::malformed(
+                                "a pooled key's public key",
+                            ))
+                        })
+                };
+                let pk = claim().map_err(PspError::from)?;
+                return Ok((hex::encode(pk.0), Encumbrance::p256(&pk)));
+            }
             let make = || -> Result<_, KmnError> {
                 // Bound before the key exists; a key made before a crash keeps its binding (the
                 // nodes refuse another customer for it).

@@ -52,6 +52,10 @@ pub struct PspConfig {
     /// P-256 accounts: the threshold ECDSA engine of new accounts' keys (an account keeps the
     /// engine its key was made with).
     pub ecdsa_engine: crate::custody::EcdsaEngine,
+    /// P-256 accounts: keys made ahead in the background and kept *pending* at the nodes
+    /// (they sign nothing), so opening an account binds its customer to one and commits it
+    /// instead of running key generation on the request (0: none).
+    pub key_pool: usize,
     /// This provider's peer key: signs its `receive` calls to other providers.
     pub peer_key: SecretKey,
     /// The providers this one pays and takes `receive` calls from.

@@ -23,6 +23,7 @@ pub mod store;
 mod accounts;
 mod config;
 mod error;
+mod key_pool;
 mod links;
 mod pay;
 mod receive;
@@ -70,6 +71,8 @@ pub struct Psp {
     /// Acknowledgements being sent now (by txid): a payment and the background upkeep never
     /// send the same one at once, and a payment's receipt says truly whether its own went.
     notifying: Arc<Mutex<HashSet<[u8; 32]>>>,
+    /// P-256 keys made ahead, pending at every node (`pool-…`), oldest first.
+    key_pool: Mutex<std::collections::VecDeque<String>>,
 }
 
 /// A claim on sending one acknowledgement; let go when dropped.
@@ -110,7 +113,7 @@ impl Psp {
             check_peer(p)?;
         }
         let books = Books::open(&cfg.books)?;
-        Ok(Arc::new(Psp {
+        let psp = Arc::new(Psp {
             peers: RwLock::new(cfg.peers.clone()),
             replay: auth::Replay::default(),
             operators: crate::operator::OperatorGate::new(cfg.operators.clone()),
@@ -121,7 +124,10 @@ impl Psp {
             signers: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             notifying: Arc::default(),
-        }))
+            key_pool: Mutex::new(std::collections::VecDeque::new()),
+        });
+        psp.spawn_key_pool();
+        Ok(psp)
     }
 
     /// The configuration.

@@ -108,10 +108,13 @@ pub(super) fn handle(
             }
             // Any share of the name, committed, lost or pending (a key generation, refresh or
             // repair under way), fixes the binding: changing it then would let the binding be
-            // swapped between a repair and its commit.
+            // swapped between a repair and its commit. One exception: a pending ECDSA key
+            // with no binding yet may take its first one (a key made ahead for an account that
+            // opens later, which signs nothing until committed). ECDSA shares are never
+            // pending from a repair, and a binding, once made, still never changes.
             let committed = frost_has(inner, &key_id)
                 || ecdsa_has(inner, &key_id)
-                || share_of_name(inner, &key_id);
+                || share_of_name(inner, &key_id, inner.customers.bound(&key_id).is_some());
             inner
                 .customers
                 .bind(&key_id, PublicKey(customer), committed)?;
@@ -465,17 +468,16 @@ pub(super) fn frost_has(inner: &Inner, key_id: &str) -> bool {
 }
 
 /// Whether this node holds any other share of the name: a FROST key marked lost, a pending
-/// FROST share, a lost or pending ECDSA key.
-fn share_of_name(inner: &Inner, key_id: &str) -> bool {
+/// FROST share, a lost ECDSA key, or (when `ecdsa_pending` counts) a pending ECDSA key.
+fn share_of_name(inner: &Inner, key_id: &str, ecdsa_pending: bool) -> bool {
     let lost = inner.lost.read().map_or(true, |l| l.contains_key(key_id));
     let pending = inner
         .pending
         .lock()
         .map_or(true, |p| p.contains_key(key_id));
-    let ecdsa = inner
-        .ecdsa
-        .as_ref()
-        .is_some_and(|e| e.is_lost(key_id) || e.pending_keys().iter().any(|k| k.key_id == key_id));
+    let ecdsa = inner.ecdsa.as_ref().is_some_and(|e| {
+        e.is_lost(key_id) || (ecdsa_pending && e.pending_keys().iter().any(|k| k.key_id == key_id))
+    });
     lost || pending || ecdsa
 }
 
