@@ -438,7 +438,7 @@ fn dkls_points(rec: &mut Recorder, list: &[(u16, u16)], iters: usize) -> Result<
         let sessions = (1..=n)
             .map(|q| Ok((q, dkls::keygen_session(sid, q, n, t)?)))
             .collect::<Result<Vec<_>>>()?;
-        let out = run_local(sessions)?;
+        let out = dkls::run_rounds(sessions)?;
         let wall = st.elapsed();
         let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
         rec.add(
@@ -470,7 +470,7 @@ fn dkls_points(rec: &mut Recorder, list: &[(u16, u16)], iters: usize) -> Result<
             .iter()
             .map(|s| Ok((s.party(), dkls::refresh_session(sid, copy(s)?)?)))
             .collect::<Result<Vec<_>>>()?;
-        let out = run_local(sessions)?;
+        let out = dkls::run_rounds(sessions)?;
         let spent: Vec<Duration> = out.iter().map(|(_, d)| *d).collect();
         rec.add(
             "refresh_ms",
@@ -504,7 +504,7 @@ fn dkls_points(rec: &mut Recorder, list: &[(u16, u16)], iters: usize) -> Result<
                 })
                 .collect::<Result<Vec<_>>>()?;
             let st = Instant::now();
-            let out = run_local(sessions)?;
+            let out = dkls::run_rounds(sessions)?;
             walls.push(st.elapsed());
             let sig = out
                 .first()

@@ -21,9 +21,10 @@
 //!   leak the key. The node enforces that ban for good (`florin-node`).
 //! - *No presignatures*: the message is bound from the first round, so every signature is a
 //!   three-round run among t parties (still a few milliseconds of CPU).
-//! - Broadcasts here are the sender's signed envelope relayed to all; a sender that signs two
-//!   different broadcasts makes the parties end with different keys, which the commit step of
-//!   key creation catches (every node must report the same identity).
+//! - Broadcasts here are the sender's signed envelope relayed to all, with no echo round; a
+//!   sender that signs two different broadcasts makes the parties end with different sharings,
+//!   which the commit step catches (every node must report the same identity, which covers the
+//!   session, the chain code and every public share).
 //!
 //! The pieces:
 //! - [`keygen_session`]: distributed key generation of a t-of-n key (four message rounds: the
@@ -216,13 +217,16 @@ impl DklsShare {
         u16::from(self.party.parameters.share_count)
     }
 
-    /// What names this sharing: the public key, then a digest of every party's public share
-    /// and the sharing's session (both change at a refresh; the key does not). Equal at every
-    /// party of one sharing.
+    /// What names this sharing: the public key, then a digest of the sharing's session, its
+    /// chain code and every party's public share (the session and the shares change at a
+    /// refresh; the key does not). Equal at every party of one sharing.
     pub fn identity(&self) -> Vec<u8> {
         let mut h = Sha256::new();
         h.update(b"florin/custody/dkls23/sharing/v1");
         h.update(&self.party.session_id);
+        // The chain code binds every signing session: parties that ended a key generation with
+        // different ones (a sender that split its opening) get different identities.
+        h.update(self.party.derivation_data.chain_code);
         for i in 1..=self.party.parameters.share_count {
             if let Some(s) = PartyIndex::new(i)
                 .ok()
@@ -288,16 +292,15 @@ impl<R: Rounds> Driver<R::Out> for RoundDriver<R> {
                 m.from
             )));
         }
-        if !self.started {
-            return Err(CustodyError::OutOfOrder(
-                "a message before the start".into(),
-            ));
-        }
         let (bcast, direct) = self.rounds.kinds(self.round + 1);
         let (slot, wanted) = match m.to {
             None => (&mut self.inbox.broadcast, bcast),
             Some(_) => (&mut self.inbox.direct, direct),
         };
+        // The same message twice (a relay's repeat) is nothing; anything else is the sender's.
+        if slot.get(&m.from) == Some(&m.body) {
+            return Ok(());
+        }
         if !wanted || slot.contains_key(&m.from) {
             return Err(CustodyError::Misbehaved {
                 party: m.from,
@@ -316,29 +319,27 @@ impl<R: Rounds> Driver<R::Out> for RoundDriver<R> {
         if self.finished {
             return Err(CustodyError::OutOfOrder("session already finished".into()));
         }
+        // The first messages; first-round messages that came with the start are kept.
+        let mut out = Vec::new();
         if !self.started {
             self.started = true;
-            let out = self.rounds.start().inspect_err(|_| self.finished = true)?;
-            return Ok(Step { out, done: None });
+            out = self.rounds.start().inspect_err(|_| self.finished = true)?;
         }
         let (bcast, direct) = self.rounds.kinds(self.round + 1);
         let all = |m: &BTreeMap<PartyId, Vec<u8>>| self.others.iter().all(|p| m.contains_key(p));
         if (bcast && !all(&self.inbox.broadcast)) || (direct && !all(&self.inbox.direct)) {
-            return Ok(Step {
-                out: Vec::new(),
-                done: None,
-            });
+            return Ok(Step { out, done: None });
         }
         self.round += 1;
         let inbox = std::mem::take(&mut self.inbox);
         match self.rounds.advance(self.round, inbox) {
-            Ok(Ok(out)) => Ok(Step { out, done: None }),
+            Ok(Ok(more)) => {
+                out.extend(more);
+                Ok(Step { out, done: None })
+            }
             Ok(Err(o)) => {
                 self.finished = true;
-                Ok(Step {
-                    out: Vec::new(),
-                    done: Some(o),
-                })
+                Ok(Step { out, done: Some(o) })
             }
             Err(e) => {
                 self.finished = true;
@@ -782,8 +783,9 @@ pub fn keygen_session(
 /// same public key (a new [`DklsShare::identity`]) and new OT correlations. Shares from
 /// before and after do not sign together. Every party must use the same `session_id`, fresh.
 ///
-/// This is the library's fast refresh, which reuses the OT set-up; a share rebuilt by repair
-/// or split by a dealer needs a complete refresh, which is not built yet.
+/// This is the library's fast refresh, which re-randomizes the OT set-up instead of making it
+/// anew: a share rebuilt by repair cannot take it, and for a key a dealer split (or one whose
+/// party was banned) only a complete refresh, not built yet, replaces the OT set-up.
 pub fn refresh_session(
     session_id: [u8; 32],
     share: DklsShare,
@@ -1091,40 +1093,57 @@ pub fn add_key(share: &DklsShare, addend: &[u8; 32]) -> Result<DklsShare, Custod
     Ok(s)
 }
 
+/// Runs DKLs23 sessions of all parties in this process round by round, as the nodes' relay
+/// does: every party's messages of one round are delivered together in the next step (a
+/// session takes one round at a time). Returns each party's output and CPU time, in the order
+/// given.
+pub fn run_rounds<O>(
+    mut sessions: Vec<(PartyId, Session<O>)>,
+) -> Result<Vec<(O, std::time::Duration)>, CustodyError> {
+    let mut queue: Vec<WireMsg> = Vec::new();
+    for (_, s) in sessions.iter_mut() {
+        queue.extend(s.step(Vec::new())?.out);
+    }
+    let mut outs: BTreeMap<PartyId, O> = BTreeMap::new();
+    for _ in 0..16 {
+        if outs.len() == sessions.len() {
+            break;
+        }
+        let batch = std::mem::take(&mut queue);
+        for (me, s) in sessions.iter_mut() {
+            if outs.contains_key(me) {
+                continue;
+            }
+            let mine: Vec<WireMsg> = batch
+                .iter()
+                .filter(|m| m.from != *me && m.to.is_none_or(|t| t == *me))
+                .cloned()
+                .collect();
+            let st = s.step(mine)?;
+            queue.extend(st.out);
+            if let Some(o) = st.done {
+                outs.insert(*me, o);
+            }
+        }
+    }
+    sessions
+        .into_iter()
+        .map(|(p, s)| {
+            outs.remove(&p)
+                .map(|o| (o, s.busy))
+                .ok_or_else(|| CustodyError::Ecdsa(format!("party {p} did not finish")))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use p256::ecdsa::signature::Verifier;
 
     /// Runs sessions to the end, moving every message to its recipients.
-    fn run_all<O>(mut sessions: Vec<(PartyId, Session<O>)>) -> Result<Vec<O>, CustodyError> {
-        let mut queue: Vec<WireMsg> = Vec::new();
-        for (_, s) in sessions.iter_mut() {
-            queue.extend(s.step(Vec::new())?.out);
-        }
-        let mut outs: BTreeMap<PartyId, O> = BTreeMap::new();
-        for _ in 0..16 {
-            if outs.len() == sessions.len() {
-                break;
-            }
-            let batch = std::mem::take(&mut queue);
-            for (me, s) in sessions.iter_mut() {
-                if outs.contains_key(me) {
-                    continue;
-                }
-                let mine: Vec<WireMsg> = batch
-                    .iter()
-                    .filter(|m| m.from != *me && m.to.is_none_or(|t| t == *me))
-                    .cloned()
-                    .collect();
-                let st = s.step(mine)?;
-                queue.extend(st.out);
-                if let Some(o) = st.done {
-                    outs.insert(*me, o);
-                }
-            }
-        }
-        Ok(outs.into_values().collect())
+    fn run_all<O>(sessions: Vec<(PartyId, Session<O>)>) -> Result<Vec<O>, CustodyError> {
+        Ok(run_rounds(sessions)?.into_iter().map(|(o, _)| o).collect())
     }
 
     fn keygen(t: u16, n: u16) -> Vec<DklsShare> {
@@ -1185,6 +1204,34 @@ mod tests {
             assert!(verifies(&pk, b"txid", &sig), "{signers:?}");
             assert!(!verifies(&pk, b"other", &sig));
         }
+    }
+
+    #[test]
+    fn first_round_messages_that_arrive_with_the_start_are_kept_and_later_ones_refused() {
+        let shares = keygen(2, 3);
+        let sid = [2u8; 32];
+        let mut a = sign_session(sid, &[1, 2], copy(&shares[0]), b"m").unwrap();
+        let mut b = sign_session(sid, &[1, 2], copy(&shares[1]), b"m").unwrap();
+        let b1 = b.step(Vec::new()).unwrap().out;
+        // Party 1 is handed party 2's first message with its own start: it answers both.
+        let st = a.step(b1).unwrap();
+        assert_eq!(
+            st.out.len(),
+            2,
+            "its first message and its answer to round 1"
+        );
+        // A party one round ahead is not taken: rounds come one at a time.
+        let mut c = sign_session([3u8; 32], &[1, 2], copy(&shares[0]), b"m").unwrap();
+        let mut d = sign_session([3u8; 32], &[1, 2], copy(&shares[1]), b"m").unwrap();
+        let c1 = c.step(Vec::new()).unwrap().out;
+        let d1 = d.step(Vec::new()).unwrap().out;
+        let d2 = d.step(c1).unwrap().out;
+        let mut both = d1;
+        both.extend(d2);
+        assert!(matches!(
+            c.step(both),
+            Err(CustodyError::Misbehaved { party: 2, .. })
+        ));
     }
 
     #[test]

@@ -240,6 +240,27 @@ pub enum Request {
         /// public key, then a digest of every party's public share).
         public: Vec<u8>,
     },
+    /// Commits a DKLs23 refresh of `key_id` (only from an administrator key): the committed
+    /// sharing is replaced by the pending `identity` only with every node's attestation that
+    /// it holds that same pending sharing ([`EcdsaDone::Refreshed`]), so no coordinator can
+    /// leave the nodes on different sharings.
+    CommitRefresh {
+        /// The key's name.
+        key_id: String,
+        /// The new sharing's identity.
+        identity: Vec<u8>,
+        /// Every node's attestation, by party ([`refresh_attestation_digest`], signed with the
+        /// node's identity key).
+        attestations: Vec<(PartyId, Vec<u8>)>,
+    },
+}
+
+/// What a node signs when it has stored a refreshed sharing pending.
+pub fn refresh_attestation_digest(key_id: &str, identity: &[u8]) -> [u8; 32] {
+    florin_crypto::hash(
+        "florin/custody/dkls23/refresh-attestation/v1",
+        &[key_id.as_bytes(), identity],
+    )
 }
 
 /// The ECDSA protocol runs a coordinator can start.
@@ -327,6 +348,14 @@ pub enum EcdsaDone {
     Presig(Vec<u8>),
     /// The signature (`r ‖ s`, low-S).
     Signature(Vec<u8>),
+    /// A DKLs23 refresh's new share stored pending: its identity, and this node's signature
+    /// over [`refresh_attestation_digest`] that [`Request::CommitRefresh`] needs from every node.
+    Refreshed {
+        /// The new sharing's identity.
+        identity: Vec<u8>,
+        /// The node's signature (64 bytes).
+        attestation: Vec<u8>,
+    },
 }
 
 /// A node's ECDSA state, for status.

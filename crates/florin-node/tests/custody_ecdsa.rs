@@ -550,6 +550,48 @@ fn dkls23_keys_without_setup_sign_refresh_restart_import_export() -> R {
         )
         .collect();
     let secret = kmn.ecdsa_export("w")?;
+    // A refresh commits only with every node's signed attestation that it holds the new
+    // sharing: a plain commit, a missing attestation or a forged one is refused, so no
+    // coordinator can leave the nodes on different sharings.
+    let done = kmn.ecdsa_run(
+        rand::random(),
+        &[1, 2, 3],
+        EcdsaJob::DklsRefresh { key_id: "w".into() },
+    )?;
+    let mut atts = Vec::new();
+    let mut new_id = Vec::new();
+    for (p, d) in done {
+        let florin_custody::wire::EcdsaDone::Refreshed {
+            identity,
+            attestation,
+        } = d
+        else {
+            panic!("node {p}: {d:?}");
+        };
+        new_id = identity;
+        atts.push((p, attestation));
+    }
+    let plain = Request::Commit {
+        key_id: "w".into(),
+        public: new_id.clone(),
+    };
+    assert!(matches!(kmn.ask(1, plain)?, Response::Refused(_)));
+    let mut forged = atts.clone();
+    forged[2].1[0] ^= 1;
+    for bad in [atts[..2].to_vec(), forged] {
+        let req = Request::CommitRefresh {
+            key_id: "w".into(),
+            identity: new_id.clone(),
+            attestations: bad,
+        };
+        match kmn.ask(1, req)? {
+            Response::Refused(r) => assert!(r.message.contains("attestation"), "{}", r.message),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Still the old sharing everywhere: it signs.
+    let sig = signer.sign(b"before the refresh is committed")?;
+    assert!(verifies(&pk, b"before the refresh is committed", &sig));
     assert_eq!(kmn.ecdsa_refresh("w")?, pk);
     for p in 1..=3u16 {
         let Response::Exported(b) = kmn.ask(p, Request::EcdsaExport { key_id: "w".into() })? else {

@@ -43,8 +43,9 @@ pub enum PspCommand {
         /// seconds, milliseconds a signature; no identifiable abort). `production`: CGGMP24
         /// keys (identifiable abort; each node first spends minutes on its Paillier primes).
         /// `insecure-test`: CGGMP24 at a test level (seconds; demos and tests only).
-        #[arg(long, default_value = "production")]
-        ecdsa: String,
+        /// Kept after the first start (default `production`).
+        #[arg(long)]
+        ecdsa: Option<String>,
         /// P-256: presignatures kept ready per account (CGGMP24 keys).
         #[arg(long, default_value_t = 2)]
         presign_pool: usize,
@@ -171,6 +172,10 @@ pub enum PspCommand {
 struct Stored {
     name: String,
     scheme: String,
+    /// P-256: the `--ecdsa` setting its accounts' keys were made with (absent in books from
+    /// before it was stored: the first start that names it, or `production`, fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ecdsa: Option<String>,
 }
 
 /// Runs a `florin psp` command.
@@ -195,7 +200,7 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             ledger,
             listen,
             scheme,
-            &ecdsa,
+            ecdsa.as_deref(),
             (presign_pool, key_pool),
             setup_wait,
             &tls,
@@ -375,7 +380,7 @@ fn serve(
     ledger: String,
     listen: SocketAddr,
     scheme: Option<String>,
-    ecdsa: &str,
+    ecdsa: Option<&str>,
     (presign_pool, key_pool): (usize, usize),
     setup_wait: u64,
     tls: &crate::tls_args::ServeTlsArgs,
@@ -442,12 +447,32 @@ fn serve(
                     s.scheme
                 );
             }
-            s
+            match (&s.ecdsa, ecdsa) {
+                (Some(kept), Some(given)) if kept != given => bail!(
+                    "{} holds accounts made with --ecdsa {kept}; --ecdsa cannot change it",
+                    data.display()
+                ),
+                (None, _) if s.scheme == "p256" => {
+                    let e = ecdsa.unwrap_or("production");
+                    if EcdsaLevel::parse(e).is_none() {
+                        bail!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {e:?}");
+                    }
+                    let s = Stored {
+                        ecdsa: Some(e.to_string()),
+                        ..s
+                    };
+                    crate::util::write_atomic(&stored_path, &serde_json::to_vec_pretty(&s)?)?;
+                    s
+                }
+                _ => s,
+            }
         }
         None => {
+            let scheme = scheme.unwrap_or_else(|| "p256".into());
             let s = Stored {
                 name: name.unwrap_or_else(|| "psp".into()),
-                scheme: scheme.unwrap_or_else(|| "p256".into()),
+                ecdsa: (scheme == "p256").then(|| ecdsa.unwrap_or("production").to_string()),
+                scheme,
             };
             // Checked before anything is written, so a typo is not remembered.
             if !florin_node::psp::valid_account(&s.name) {
@@ -456,8 +481,12 @@ fn serve(
             if PspScheme::parse(&s.scheme).is_none() {
                 bail!("--scheme takes `p256` or `ed25519`, not {:?}", s.scheme);
             }
-            if s.scheme == "p256" && EcdsaLevel::parse(ecdsa).is_none() {
-                bail!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {ecdsa:?}");
+            if let Some(e) = s
+                .ecdsa
+                .as_deref()
+                .filter(|e| EcdsaLevel::parse(e).is_none())
+            {
+                bail!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {e:?}");
             }
             crate::util::write_atomic(&stored_path, &serde_json::to_vec_pretty(&s)?)?;
             s
@@ -470,9 +499,12 @@ fn serve(
         )
     })?;
     let level = match scheme {
-        PspScheme::P256 => Some(EcdsaLevel::parse(ecdsa).ok_or_else(|| {
-            anyhow!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {ecdsa:?}")
-        })?),
+        PspScheme::P256 => {
+            let e = stored.ecdsa.as_deref().unwrap_or("production");
+            Some(EcdsaLevel::parse(e).ok_or_else(|| {
+                anyhow!("--ecdsa takes `dkls23`, `production` or `insecure-test`, not {e:?}")
+            })?)
+        }
         PspScheme::Ed25519 => None,
     };
     let ecdsa_engine = match level {

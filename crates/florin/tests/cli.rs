@@ -1864,8 +1864,9 @@ impl Drop for PspProc {
 }
 
 /// Two payment providers as processes, each with its own key-management network (provider A:
-/// threshold ECDSA P-256; provider B: FROST Ed25519), on a devnet ledger: open, fund, pay
-/// within A, pay across to B, refusals, history, the books balance.
+/// threshold ECDSA P-256 with DKLs23, account keys made ahead; provider B: FROST Ed25519), on a
+/// devnet ledger: open, fund, pay within A, pay across to B, refusals, history, the books
+/// balance. (CGGMP24 accounts through the provider: `florin-node/tests/psp.rs`.)
 #[test]
 fn psp_processes_pay_within_and_across_providers() {
     let dir = tempfile::tempdir().unwrap();
@@ -1873,14 +1874,7 @@ fn psp_processes_pay_within_and_across_providers() {
     let (da, db) = (dir.path().join("psp-a"), dir.path().join("psp-b"));
     let _down_a = Down("custody", da.join("custody").to_str().unwrap().to_string());
     let _down_b = Down("custody", db.join("custody").to_str().unwrap().to_string());
-    let a_args = [
-        "--name",
-        "bank-a",
-        "--scheme",
-        "p256",
-        "--ecdsa",
-        "insecure-test",
-    ];
+    let a_args = ["--name", "bank-a", "--scheme", "p256", "--ecdsa", "dkls23"];
     let u = User::new(dir.path(), &net.url);
     // Providers know each other as peers (name, URL, peer key): A's key first, then B with
     // A as its peer (B only takes `receive` from A, so A's URL does not matter to it), then

@@ -281,8 +281,9 @@ impl Kmn {
         self.ecdsa_import_with(key_id, secret, EcdsaEngine::Cggmp24)
     }
 
-    /// [`Kmn::ecdsa_import`] as a key of `engine`. A DKLs23 import should be followed by a
-    /// refresh ([`Kmn::ecdsa_refresh`]): the dealer made every party's OT set-up too.
+    /// [`Kmn::ecdsa_import`] as a key of `engine`. After a DKLs23 import, refresh it
+    /// ([`Kmn::ecdsa_refresh`]: new shares). The dealer also made every pair's OT set-up, which
+    /// the fast refresh re-randomizes and only a complete refresh (not built yet) replaces.
     pub fn ecdsa_import_with(
         &self,
         key_id: &str,
@@ -437,16 +438,54 @@ impl Kmn {
                 key_id: key_id.into(),
             },
         )?;
-        let (identity, pk) = same_key(done.into_values().map(|d| match d {
-            EcdsaDone::Key(k) => Some(k),
-            _ => None,
-        }))?;
+        let mut attestations = Vec::with_capacity(done.len());
+        let mut identities = Vec::with_capacity(done.len());
+        for (p, d) in done {
+            let EcdsaDone::Refreshed {
+                identity,
+                attestation,
+            } = d
+            else {
+                return Err(unexpected(p));
+            };
+            identities.push(Some(identity));
+            attestations.push((p, attestation));
+        }
+        let (identity, pk) = same_key(identities.into_iter())?;
         if pk != before {
             return Err(KmnError::Protocol(CustodyError::Inconsistent(
                 "the refresh changed the public key".into(),
             )));
         }
-        self.commit_everywhere(key_id, &identity)?;
+        // Every node holds the new sharing pending and said so (signed); each node checks every
+        // attestation before it replaces its committed share.
+        let req = Request::CommitRefresh {
+            key_id: key_id.into(),
+            identity: identity.clone(),
+            attestations,
+        };
+        let mut errors = Vec::new();
+        for (p, r) in self.round(
+            self.parties()
+                .into_iter()
+                .map(|p| (p, req.clone()))
+                .collect(),
+            STEP_TIMEOUT,
+        ) {
+            match r {
+                Ok(Response::Key(k)) if k == identity => {}
+                Ok(Response::Refused(r)) => errors.push(format!("node {p}: {}", r.message)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => errors.push(format!("node {p}: {e}")),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(KmnError::Unavailable(format!(
+                "refresh of {key_id} made but not committed everywhere (the nodes keep it \
+                 pending): {}",
+                errors.join("; ")
+            )));
+        }
         Ok(pk)
     }
 

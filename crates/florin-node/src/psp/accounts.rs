@@ -45,14 +45,16 @@ impl Psp {
             return Err(PspError::Exists(format!("account {name:?} exists")));
         }
         // A key made ahead, when the pool has one; else one made now under the account's name.
-        let pooled = self.take_pooled();
+        let pooled = self.reserved_key(name).or_else(|| self.take_pooled());
         let key_id = pooled.clone().unwrap_or_else(|| format!("acct-{name}"));
         let me = self.clone();
         let kid = key_id.clone();
         let cust = *customer;
+        let name2 = name.to_string();
         let (public_key, enc) = tokio::task::spawn_blocking(move || -> Result<_, PspError> {
             if pooled.is_some() {
-                // Bound while it is pending (it signed nothing yet), then committed.
+                // Bound while it is pending (it signed nothing yet), then committed; both steps
+                // are safe to repeat, so a node that could not be reached gets two more chances.
                 let claim = || -> Result<_, KmnError> {
                     me.kmn.bind_customer(&kid, &cust)?;
                     let held = me.kmn.commit_pending(&kid)?;
@@ -65,7 +67,25 @@ impl Psp {
                             ))
                         })
                 };
-                let pk = claim().map_err(PspError::from)?;
+                let mut attempt = 0;
+                let pk = loop {
+                    attempt += 1;
+                    match claim() {
+                        Ok(pk) => break pk,
+                        Err(KmnError::Unavailable(_)) if attempt < 3 => {
+                            std::thread::sleep(std::time::Duration::from_millis(2_500))
+                        }
+                        Err(e) => {
+                            // Nodes out of reach: the key may be bound to this customer at
+                            // some of them already, so it stays reserved for this account's
+                            // retry. A refusal (another customer's binding) drops it.
+                            if matches!(e, KmnError::Unavailable(_)) {
+                                me.reserve_key(&name2, &kid);
+                            }
+                            return Err(PspError::from(e));
+                        }
+                    }
+                };
                 return Ok((hex::encode(pk.0), Encumbrance::p256(&pk)));
             }
             let make = || -> Result<_, KmnError> {

@@ -19,6 +19,8 @@ use crate::custody::KmnError;
 
 /// Prefix of a pooled key's name.
 const PREFIX: &str = "pool-";
+/// Pooled keys kept for the retry of an account opening that failed half-way.
+const MAX_RESERVED: usize = 256;
 
 impl Psp {
     /// Starts the background thread that keeps the key pool full (P-256 providers with a
@@ -43,11 +45,31 @@ impl Psp {
         self.key_pool.lock().ok()?.pop_front()
     }
 
-    /// Pool keys every node holds pending with one public key (after a restart).
-    fn adopt_pending(&self) -> Vec<String> {
+    /// The pooled key an earlier, failed opening of account `name` took (and may have bound
+    /// to its customer at some nodes), taken back out.
+    pub(super) fn reserved_key(&self, name: &str) -> Option<String> {
+        self.reserved.lock().ok()?.remove(name)
+    }
+
+    /// Keeps `key` for the retry of account `name`'s opening. At most [`MAX_RESERVED`] are
+    /// kept; beyond that the oldest reservation is forgotten (its key stays pending, unused).
+    pub(super) fn reserve_key(&self, name: &str, key: &str) {
+        if let Ok(mut r) = self.reserved.lock() {
+            if r.len() >= MAX_RESERVED {
+                if let Some(k) = r.keys().next().cloned() {
+                    r.remove(&k);
+                }
+            }
+            r.insert(name.to_string(), key.to_string());
+        }
+    }
+
+    /// Pool keys every node holds pending with one public key (after a restart); `None` while
+    /// a node does not answer.
+    fn adopt_pending(&self) -> Option<Vec<String>> {
         let states = self.kmn.status();
         if states.iter().any(|s| !s.up) {
-            return Vec::new();
+            return None;
         }
         let mut names: Vec<String> = states
             .first()
@@ -66,7 +88,7 @@ impl Psp {
                 .all(|s| s.pending.iter().find(|(n, _, _)| n == k) == first)
         });
         names.sort();
-        names
+        Some(names)
     }
 }
 
@@ -76,11 +98,20 @@ fn fill_loop(weak: Weak<Psp>) {
     loop {
         let Some(me) = weak.upgrade() else { return };
         if !adopted {
-            let found = me.adopt_pending();
-            if let Ok(mut p) = me.key_pool.lock() {
-                p.extend(found);
+            // Adopted once every node answers (a node down would hide its pending keys).
+            match me.adopt_pending() {
+                Some(found) => {
+                    if let Ok(mut p) = me.key_pool.lock() {
+                        p.extend(found);
+                    }
+                    adopted = true;
+                }
+                None => {
+                    drop(me);
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
             }
-            adopted = true;
         }
         if me.pool_ready() >= me.cfg.key_pool {
             drop(me);

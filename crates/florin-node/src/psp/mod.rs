@@ -73,6 +73,8 @@ pub struct Psp {
     notifying: Arc<Mutex<HashSet<[u8; 32]>>>,
     /// P-256 keys made ahead, pending at every node (`pool-…`), oldest first.
     key_pool: Mutex<std::collections::VecDeque<String>>,
+    /// Pooled keys taken by an account opening that failed half-way: account → key.
+    reserved: Mutex<HashMap<String, String>>,
 }
 
 /// A claim on sending one acknowledgement; let go when dropped.
@@ -125,6 +127,7 @@ impl Psp {
             locks: Mutex::new(HashMap::new()),
             notifying: Arc::default(),
             key_pool: Mutex::new(std::collections::VecDeque::new()),
+            reserved: Mutex::new(HashMap::new()),
         });
         psp.spawn_key_pool();
         Ok(psp)

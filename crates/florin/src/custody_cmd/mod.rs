@@ -156,8 +156,9 @@ pub enum CustodyCommand {
         /// `ed25519` or `p256`.
         #[arg(long, default_value = "ed25519")]
         scheme: String,
-        /// P-256 keys: `cggmp24` or `dkls23` (as for `keygen`). A DKLs23 import should be
-        /// followed by `refresh` (the dealer made every node's OT set-up too).
+        /// P-256 keys: `cggmp24` or `dkls23` (as for `keygen`). After a DKLs23 import, run
+        /// `refresh` (new shares; the dealer also made every pair's OT set-up, which only a
+        /// complete refresh, not built yet, would replace).
         #[arg(long)]
         engine: Option<String>,
         /// The network's directory.

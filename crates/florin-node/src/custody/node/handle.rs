@@ -391,6 +391,16 @@ pub(super) fn handle(
             }
             commit(inner, &key_id, &public)
         }
+        Request::CommitRefresh {
+            key_id,
+            identity,
+            attestations,
+        } => {
+            if !admin {
+                return Err(forbidden("committing a key"));
+            }
+            super::shares::commit_refresh(inner, &key_id, &identity, &attestations)
+        }
         req @ (Request::EcdsaStart { .. }
         | Request::EcdsaStep { .. }
         | Request::EcdsaPartial { .. }

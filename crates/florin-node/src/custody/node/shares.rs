@@ -97,18 +97,6 @@ pub(super) fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Respo
             record(inner, key_id, "frost")?;
             return Ok(answer);
         }
-        // A DKLs23 refresh replaces the committed sharing of the same public key.
-        Some(false)
-            if ecdsa.is_some()
-                && inner
-                    .ecdsa
-                    .as_ref()
-                    .map(|e| e.commit(key_id, public))
-                    .transpose()?
-                    == Some(true) =>
-        {
-            return Ok(answer);
-        }
         Some(false) => {
             return Err(CustodyError::BadParameters(format!(
                 "key {key_id} is committed as another key"
@@ -124,7 +112,7 @@ pub(super) fn commit(inner: &Inner, key_id: &str, public: &[u8]) -> Result<Respo
         return Ok(answer);
     }
     if let Some(e) = &inner.ecdsa {
-        if e.commit(key_id, public)? {
+        if e.commit(key_id, public, false)? {
             drop_frost_pending(inner, key_id);
             record(inner, key_id, "ecdsa")?;
             return Ok(answer);
@@ -219,4 +207,41 @@ pub(super) fn drop_frost_pending(inner: &Inner, key_id: &str) {
             let _ = std::fs::remove_file(share_paths(&inner.dir, key_id).1);
         }
     }
+}
+
+/// [`Request::CommitRefresh`](florin_custody::wire::Request::CommitRefresh): a DKLs23 refresh
+/// replaces the committed sharing only with every member's signed attestation that it holds
+/// the same new sharing pending.
+pub(super) fn commit_refresh(
+    inner: &Inner,
+    key_id: &str,
+    identity: &[u8],
+    attestations: &[(PartyId, Vec<u8>)],
+) -> Result<Response, CustodyError> {
+    let e = super::handle::ecdsa(inner)?;
+    let d = florin_custody::wire::refresh_attestation_digest(key_id, identity);
+    for (p, member) in &inner.members {
+        let ok = attestations.iter().any(|(q, sig)| {
+            q == p
+                && <[u8; 64]>::try_from(sig.as_slice()).is_ok_and(|s| {
+                    florin_crypto::verify(member, &d, &florin_crypto::Signature(s)).is_ok()
+                })
+        });
+        if !ok {
+            return Err(CustodyError::BadParameters(format!(
+                "refresh of {key_id}: no valid attestation from node {p} that it holds the new \
+                 sharing; every node's is needed"
+            )));
+        }
+    }
+    if e.committed_as(key_id, identity) == Some(true) {
+        return Ok(Response::Key(identity.to_vec()));
+    }
+    if e.commit(key_id, identity, true)? {
+        record(inner, key_id, "ecdsa")?;
+        return Ok(Response::Key(identity.to_vec()));
+    }
+    Err(CustodyError::BadParameters(format!(
+        "no pending refresh of {key_id} with this identity here"
+    )))
 }

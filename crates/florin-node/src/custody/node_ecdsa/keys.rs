@@ -72,15 +72,16 @@ impl EcdsaNode {
         &self,
         key_id: &str,
         identity: &[u8],
+        replace: bool,
     ) -> Result<bool, CustodyError> {
         let mut keys = self.keys.write().map_err(|_| lock_err())?;
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
         let Some(p) = pending.get(key_id).filter(|e| e.identity == identity) else {
             return Ok(false);
         };
-        // A committed key is replaced only by a refresh of it: the same public key.
+        // A committed key is replaced only by an attested refresh of it: the same public key.
         if let Some(c) = keys.get(key_id) {
-            if c.identity.get(..33) != p.identity.get(..33) || c.engine != p.engine {
+            if !replace || c.identity.get(..33) != p.identity.get(..33) || c.engine != p.engine {
                 return Ok(false);
             }
         }

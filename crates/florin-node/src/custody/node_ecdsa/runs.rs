@@ -19,6 +19,19 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// Whether `party` takes part.
+    pub(super) fn involves(&self, party: PartyId) -> bool {
+        self.parties.contains(&party)
+    }
+
+    /// Whether it is a DKLs23 run.
+    pub(super) fn is_dkls(&self) -> bool {
+        matches!(
+            self.job,
+            EcdsaJob::DklsKeygen { .. } | EcdsaJob::DklsSign { .. } | EcdsaJob::DklsRefresh { .. }
+        )
+    }
+
     fn idle_limit(&self) -> Duration {
         if self.job == EcdsaJob::Aux {
             AUX_IDLE
@@ -318,6 +331,10 @@ impl EcdsaNode {
             if run.step == u8::MAX {
                 return Err(CustodyError::OutOfOrder("run too long".into()));
             }
+            // A party banned since the run started: not one more message to it.
+            if run.is_dkls() {
+                self.check_not_banned(&run.parties)?;
+            }
             run.busy = true;
             run.last = Instant::now();
             (
@@ -450,7 +467,14 @@ impl EcdsaNode {
                 EcdsaDone::Key(self.store_key(key_id, &AnyShare::Dkls(share), false)?)
             }
             (Out::DklsKey(share), EcdsaJob::DklsRefresh { key_id }) => {
-                EcdsaDone::Key(self.store_key(key_id, &AnyShare::Dkls(share), true)?)
+                let id = self.store_key(key_id, &AnyShare::Dkls(share), true)?;
+                let d = florin_custody::wire::refresh_attestation_digest(key_id, &id);
+                let sig = florin_crypto::Signer::sign(identity, &d)
+                    .map_err(|e| CustodyError::Ecdsa(format!("attestation: {e}")))?;
+                EcdsaDone::Refreshed {
+                    identity: id,
+                    attestation: sig.0.to_vec(),
+                }
             }
             (Out::Presig(presig, public), EcdsaJob::Presign { key_id, .. }) => {
                 let k = self.key(key_id)?;

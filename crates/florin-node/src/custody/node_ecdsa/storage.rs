@@ -233,7 +233,16 @@ impl EcdsaNode {
                 }
             }
         }
-        pending.retain(|k, _| !keys.contains_key(k));
+        // A pending share of a committed name is kept only when it is a refresh of it (the same
+        // public key and engine) that waits for its commit; anything else is stale.
+        pending.retain(|k, p| {
+            keys.get(k).is_none_or(|c: &Arc<EcdsaKey>| {
+                c.engine == EcdsaEngine::Dkls23
+                    && c.engine == p.engine
+                    && c.identity.get(..33) == p.identity.get(..33)
+                    && c.identity != p.identity
+            })
+        });
         Ok(EcdsaNode {
             level,
             party,
@@ -403,18 +412,25 @@ impl EcdsaNode {
         if banned.contains(&party) || party == self.party {
             return Ok(());
         }
-        let mut next = banned.clone();
-        next.insert(party);
-        let text: String = next.iter().map(|p| format!("{p}\n")).collect();
-        let path = self.edir().join("banned");
-        write_private(&path, text.as_bytes())
-            .map_err(|e| CustodyError::Ecdsa(format!("cannot store {}: {e}", path.display())))?;
-        *banned = next;
+        // In memory at once, whatever happens to the file: runs with the party stop now.
+        banned.insert(party);
+        let text: String = banned.iter().map(|p| format!("{p}\n")).collect();
+        drop(banned);
+        if let Ok(mut runs) = self.runs.lock() {
+            runs.retain(|_, r| !r.involves(party) || !r.is_dkls());
+        }
         eprintln!(
             "custody node {}: party {party} banned from DKLs23 runs for good (failed an OT check)",
             self.party
         );
-        Ok(())
+        let path = self.edir().join("banned");
+        write_private(&path, text.as_bytes()).map_err(|e| {
+            CustodyError::Ecdsa(format!(
+                "party {party} is banned in memory, but {} could not be written ({e}): \
+                 a restart would forget the ban; fix the disk and ban it again",
+                path.display()
+            ))
+        })
     }
 }
 
