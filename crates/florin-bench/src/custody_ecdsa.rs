@@ -561,9 +561,18 @@ pub fn run(rec: &mut Recorder, quick: bool, full: bool) -> Result<()> {
     let dkls: &[(u16, u16)] = match (quick, full) {
         (true, _) => &[(2, 3)],
         (false, false) => &[(2, 3), (3, 5), (5, 8)],
-        (false, true) => &[(2, 3), (3, 5), (5, 8), (16, 26), (32, 52)],
+        // (32, 52) is left out: key generation grows with the square of n (48 s for all
+        // parties at (5, 8) here), so it would take about 35 minutes on this machine.
+        (false, true) => &[(2, 3), (3, 5), (5, 8), (16, 26)],
     };
-    dkls_points(rec, dkls, if quick { 20 } else { 100 }).context("ecdsa with DKLs23")?;
+    for &(t, n) in dkls {
+        let iters = match (quick, t) {
+            (true, _) => 20,
+            (false, t) if t >= 16 => 10,
+            _ => 100,
+        };
+        dkls_points(rec, &[(t, n)], iters).context("ecdsa with DKLs23")?;
+    }
     points::<InsecureTest>(rec, &[(2, 3)], None, if quick { 20 } else { 60 })
         .context("ecdsa at the insecure test level")?;
     if !quick {

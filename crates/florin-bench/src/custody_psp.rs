@@ -248,17 +248,8 @@ fn run_engine(rec: &mut Recorder, e: &EngineRun) -> Result<()> {
         }
         let mut ready = Vec::new();
         for i in 0..e.key_pool {
-            let name = format!("k{i}");
-            let key = SecretKey::generate(&mut rand::rngs::OsRng);
-            let st = Instant::now();
-            let _: AccountView = post_signed(
-                &mut ha,
-                "/v1/psp/accounts",
-                &json!({ "name": name, "customer_key": key.public_key().to_address() }),
-                &name,
-                &key,
-            )?;
-            ready.push(st.elapsed().as_micros() as u32);
+            let (_, _, took) = open_account(&mut ha, &format!("k{i}"))?;
+            ready.push(took);
         }
         ready.sort_unstable();
         rec.add(
@@ -283,20 +274,10 @@ fn run_engine(rec: &mut Recorder, e: &EngineRun) -> Result<()> {
             (true, format!("r{i}")),
         ] {
             let h = if at_b { &mut hb } else { &mut ha };
-            let opening = Instant::now();
-            let key = SecretKey::generate(&mut rand::rngs::OsRng);
-            let v: AccountView = post_signed(
-                h,
-                "/v1/psp/accounts",
-                &json!({ "name": name, "customer_key": key.public_key().to_address() }),
-                &name,
-                &key,
-            )?;
+            let (key, enc, took) = open_account(h, &name)?;
             if at_b {
-                at_b_opening.push(opening.elapsed().as_micros() as u32);
+                at_b_opening.push(took);
             }
-            let enc = Encumbrance::parse_text(&v.encumbrance)
-                .ok_or_else(|| anyhow!("account {name}: bad encumbrance"))?;
             accounts.insert(name, (key, enc));
         }
         let payer = format!("p{i}");
@@ -466,6 +447,24 @@ fn run_engine(rec: &mut Recorder, e: &EngineRun) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Opens account `name` with a fresh customer key: (the key, the account's encumbrance, µs
+/// the opening took).
+fn open_account(h: &mut Http, name: &str) -> Result<(SecretKey, Encumbrance, u32)> {
+    let key = SecretKey::generate(&mut rand::rngs::OsRng);
+    let st = Instant::now();
+    let v: AccountView = post_signed(
+        h,
+        "/v1/psp/accounts",
+        &json!({ "name": name, "customer_key": key.public_key().to_address() }),
+        name,
+        &key,
+    )?;
+    let took = st.elapsed().as_micros() as u32;
+    let enc = Encumbrance::parse_text(&v.encumbrance)
+        .ok_or_else(|| anyhow!("account {name}: bad encumbrance"))?;
+    Ok((key, enc, took))
 }
 
 /// `payers` pay as fast as their answers come for `secs`, each on its own connection. A

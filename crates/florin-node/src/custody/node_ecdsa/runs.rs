@@ -127,18 +127,7 @@ impl EcdsaNode {
                 (Spec::Aux { primes }, (1..=self.n).collect::<Vec<_>>())
             }
             EcdsaJob::Keygen { key_id, t } => {
-                if !crate::custody::node::valid_key_id(key_id) {
-                    return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
-                }
-                if frost_has || self.has_key(key_id) {
-                    return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
-                }
-                if *t < 2 || *t > self.n {
-                    return Err(CustodyError::BadParameters(format!(
-                        "threshold {t} of {}",
-                        self.n
-                    )));
-                }
+                self.check_new_key(key_id, *t, frost_has)?;
                 (Spec::Keygen { t: *t }, (1..=self.n).collect())
             }
             EcdsaJob::Presign { key_id, signers } => {
@@ -156,18 +145,7 @@ impl EcdsaNode {
                 (Spec::Sign(spec, message.clone()), parties)
             }
             EcdsaJob::DklsKeygen { key_id, t } => {
-                if !crate::custody::node::valid_key_id(key_id) {
-                    return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
-                }
-                if frost_has || self.has_key(key_id) {
-                    return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
-                }
-                if *t < 2 || *t > self.n {
-                    return Err(CustodyError::BadParameters(format!(
-                        "threshold {t} of {}",
-                        self.n
-                    )));
-                }
+                self.check_new_key(key_id, *t, frost_has)?;
                 let parties: Vec<PartyId> = (1..=self.n).collect();
                 self.check_not_banned(&parties)?;
                 (Spec::DklsKeygen { t: *t }, parties)
@@ -278,6 +256,23 @@ impl EcdsaNode {
         if let Some(r) = runs.get(session) {
             may(&r.job)?;
             runs.remove(session);
+        }
+        Ok(())
+    }
+
+    /// A new key's name and threshold: a valid name no key has, 2 ≤ t ≤ n.
+    fn check_new_key(&self, key_id: &str, t: u16, frost_has: bool) -> Result<(), CustodyError> {
+        if !crate::custody::node::valid_key_id(key_id) {
+            return Err(CustodyError::BadParameters(format!("key name {key_id:?}")));
+        }
+        if frost_has || self.has_key(key_id) {
+            return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
+        }
+        if t < 2 || t > self.n {
+            return Err(CustodyError::BadParameters(format!(
+                "threshold {t} of {}",
+                self.n
+            )));
         }
         Ok(())
     }
