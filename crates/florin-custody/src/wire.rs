@@ -253,6 +253,14 @@ pub enum Request {
         /// node's identity key).
         attestations: Vec<(PartyId, Vec<u8>)>,
     },
+    /// To finish a DKLs23 refresh that was committed at only some nodes (only from an
+    /// administrator key): the node attests the sharing of `key_id` it would end with, its
+    /// pending refresh if it holds one, else its committed sharing; the answer is
+    /// [`Response::Attested`].
+    AttestRefresh {
+        /// The key's name.
+        key_id: String,
+    },
 }
 
 /// What a node signs when it has stored a refreshed sharing pending.
@@ -469,6 +477,14 @@ pub enum Response {
     Share(Vec<u8>),
     /// To [`Request::Export`]: `KeyShare::to_bytes`.
     Exported(Vec<u8>),
+    /// To [`Request::AttestRefresh`]: the sharing and the node's signature over
+    /// [`refresh_attestation_digest`].
+    Attested {
+        /// The sharing's identity.
+        identity: Vec<u8>,
+        /// The node's signature (64 bytes).
+        attestation: Vec<u8>,
+    },
     /// To [`Request::RepairStart`] and [`Request::RepairSigma`]: sealed envelopes to relay.
     Repair(Vec<Envelope>),
     /// To [`Request::EcdsaStart`] and [`Request::EcdsaStep`]: envelopes to relay (broadcasts

@@ -592,6 +592,45 @@ fn dkls23_keys_without_setup_sign_refresh_restart_import_export() -> R {
     // Still the old sharing everywhere: it signs.
     let sig = signer.sign(b"before the refresh is committed")?;
     assert!(verifies(&pk, b"before the refresh is committed", &sig));
+    // A coordinator that stops after committing at node 1 only: nodes 2 and 3 still sign
+    // together on the old sharing, and finishing the refresh commits it everywhere.
+    let full = Request::CommitRefresh {
+        key_id: "w".into(),
+        identity: new_id.clone(),
+        attestations: atts.clone(),
+    };
+    assert!(matches!(kmn.ask(1, full)?, Response::Key(_)));
+    let old_pair = kmn.ecdsa_run(
+        rand::random(),
+        &[2, 3],
+        EcdsaJob::DklsSign {
+            key_id: "w".into(),
+            signers: vec![2, 3],
+            message: b"half committed".to_vec(),
+            authz: None,
+        },
+    )?;
+    assert_eq!(old_pair.len(), 2);
+    assert_eq!(kmn.ecdsa_finish_refresh("w")?, pk);
+    for p in 1..=3u16 {
+        let st = kmn.status();
+        let e = st[p as usize - 1].ecdsa.clone().expect("ecdsa state");
+        assert!(e.keys.iter().any(|k| k.0 == "w"));
+        assert!(st[p as usize - 1].pending.is_empty(), "party {p}");
+    }
+    let done = kmn.ecdsa_run(
+        rand::random(),
+        &[1, 3],
+        EcdsaJob::DklsSign {
+            key_id: "w".into(),
+            signers: vec![1, 3],
+            message: b"finished".to_vec(),
+            authz: None,
+        },
+    )?;
+    assert_eq!(done.len(), 2);
+    // Finishing again changes nothing.
+    assert_eq!(kmn.ecdsa_finish_refresh("w")?, pk);
     assert_eq!(kmn.ecdsa_refresh("w")?, pk);
     for p in 1..=3u16 {
         let Response::Exported(b) = kmn.ask(p, Request::EcdsaExport { key_id: "w".into() })? else {

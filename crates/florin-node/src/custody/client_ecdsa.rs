@@ -457,7 +457,60 @@ impl Kmn {
                 "the refresh changed the public key".into(),
             )));
         }
-        // Every node holds the new sharing pending and said so (signed); each node checks every
+        self.commit_refresh(key_id, identity, attestations)?;
+        Ok(pk)
+    }
+
+    /// Finishes a DKLs23 refresh of `key_id` that was committed at only some nodes (a
+    /// coordinator that stopped half-way): every node attests the sharing it would end with
+    /// (its pending refresh, else its committed sharing); when all n name the same one, it is
+    /// committed everywhere. Returns the public key.
+    pub fn ecdsa_finish_refresh(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        let reqs = self
+            .parties()
+            .into_iter()
+            .map(|p| {
+                (
+                    p,
+                    Request::AttestRefresh {
+                        key_id: key_id.into(),
+                    },
+                )
+            })
+            .collect();
+        let mut identities = Vec::new();
+        let mut attestations = Vec::new();
+        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
+            match r {
+                Ok(Response::Attested {
+                    identity,
+                    attestation,
+                }) => {
+                    identities.push(Some(identity));
+                    attestations.push((p, attestation));
+                }
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => {
+                    return Err(KmnError::Unavailable(format!(
+                        "finishing a refresh needs every node: {e}"
+                    )))
+                }
+            }
+        }
+        let (identity, pk) = same_key(identities.into_iter())?;
+        self.commit_refresh(key_id, identity, attestations)?;
+        Ok(pk)
+    }
+
+    /// Sends `CommitRefresh` with every node's attestation to every node.
+    fn commit_refresh(
+        &self,
+        key_id: &str,
+        identity: Vec<u8>,
+        attestations: Vec<(PartyId, Vec<u8>)>,
+    ) -> Result<(), KmnError> {
+        // Every node holds the new sharing and said so (signed); each node checks every
         // attestation before it replaces its committed share.
         let req = Request::CommitRefresh {
             key_id: key_id.into(),
@@ -482,11 +535,11 @@ impl Kmn {
         if !errors.is_empty() {
             return Err(KmnError::Unavailable(format!(
                 "refresh of {key_id} made but not committed everywhere (the nodes keep it \
-                 pending): {}",
+                 pending; `florin custody refresh {key_id} --finish` commits it): {}",
                 errors.join("; ")
             )));
         }
-        Ok(pk)
+        Ok(())
     }
 
     /// The engine of ECDSA key `key_id`, as at least t nodes report it.

@@ -232,6 +232,10 @@ pub enum CustodyCommand {
         /// Every FROST key the network holds.
         #[arg(long, conflicts_with = "keys")]
         all: bool,
+        /// DKLs23 keys: commit at every node a refresh that was committed at only some (its
+        /// coordinator stopped half-way), once every node attests the same new sharing.
+        #[arg(long, conflicts_with = "all")]
+        finish: bool,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -532,7 +536,12 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        CustodyCommand::Refresh { keys, all, data } => {
+        CustodyCommand::Refresh {
+            keys,
+            all,
+            finish,
+            data,
+        } => {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
             let keys = if all {
@@ -552,6 +561,16 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             }
             for key in &keys {
                 let started = Instant::now();
+                if finish {
+                    let pk = kmn
+                        .ecdsa_finish_refresh(key)
+                        .with_context(|| format!("finishing the refresh of {key}"))?;
+                    println!(
+                        "{key}  p256:{}  refresh committed everywhere",
+                        hex::encode(pk.0)
+                    );
+                    continue;
+                }
                 if is_ecdsa(&kmn, key) {
                     let pk = kmn
                         .ecdsa_refresh(key)

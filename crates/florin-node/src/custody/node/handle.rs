@@ -401,6 +401,19 @@ pub(super) fn handle(
             }
             super::shares::commit_refresh(inner, &key_id, &identity, &attestations)
         }
+        Request::AttestRefresh { key_id } => {
+            if !admin {
+                return Err(forbidden("attesting a refresh"));
+            }
+            let identity = ecdsa(inner)?.refresh_candidate(&key_id)?;
+            let d = florin_custody::wire::refresh_attestation_digest(&key_id, &identity);
+            let sig = florin_crypto::Signer::sign(&inner.identity, &d)
+                .map_err(|e| CustodyError::Ecdsa(format!("attestation: {e}")))?;
+            Ok(Response::Attested {
+                identity,
+                attestation: sig.0.to_vec(),
+            })
+        }
         req @ (Request::EcdsaStart { .. }
         | Request::EcdsaStep { .. }
         | Request::EcdsaPartial { .. }

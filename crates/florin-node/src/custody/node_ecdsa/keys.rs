@@ -56,6 +56,27 @@ impl EcdsaNode {
             .unwrap_or_default()
     }
 
+    /// The DKLs23 sharing of `key_id` this node would end a refresh with: its pending refresh
+    /// (the committed key's public key and engine) if it holds one, else the committed one.
+    pub(in crate::custody) fn refresh_candidate(
+        &self,
+        key_id: &str,
+    ) -> Result<Vec<u8>, CustodyError> {
+        let c = self.key(key_id)?;
+        if c.engine != EcdsaEngine::Dkls23 {
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id} is not a DKLs23 key"
+            )));
+        }
+        let pending = self.pending.lock().map_err(|_| lock_err())?;
+        Ok(match pending.get(key_id) {
+            Some(p) if p.engine == c.engine && p.identity.get(..33) == c.identity.get(..33) => {
+                p.identity.clone()
+            }
+            _ => c.identity.clone(),
+        })
+    }
+
     /// Whether a committed ECDSA key of this name is `identity`: `None` if there is no
     /// committed key of the name.
     pub(in crate::custody) fn committed_as(&self, key_id: &str, identity: &[u8]) -> Option<bool> {
