@@ -465,7 +465,9 @@ struct Dkg {
     own_chain2: Option<BroadcastDerivationPhase2to4>,
     own_open: Option<Open3>,
     commits: BTreeMap<PartyId, Commit2>,
-    zero2: Vec<Zero2>,
+    /// The zero-share commitments received in round 2, by kind (a run uses its own kind).
+    zero2_keygen: Vec<TransmitInitZeroSharePhase2to4>,
+    zero2_refresh: Vec<TransmitRefreshPhase2to4>,
 }
 
 impl Rounds for Dkg {
@@ -570,13 +572,16 @@ impl Rounds for Dkg {
                     self.commits.insert(*p, body(*p, b, "commitment")?);
                 }
                 for (p, b) in &inbox.direct {
-                    let z: Zero2 = body(*p, b, "zero-share commitment")?;
-                    let (s, rcv) = match &z {
-                        Zero2::Keygen(m) => (m.parties.sender, m.parties.receiver),
-                        Zero2::Refresh(m) => (m.parties.sender, m.parties.receiver),
-                    };
-                    check_route(*p, me, s, rcv)?;
-                    self.zero2.push(z);
+                    match body::<Zero2>(*p, b, "zero-share commitment")? {
+                        Zero2::Keygen(m) => {
+                            check_route(*p, me, m.parties.sender, m.parties.receiver)?;
+                            self.zero2_keygen.push(m);
+                        }
+                        Zero2::Refresh(m) => {
+                            check_route(*p, me, m.parties.sender, m.parties.receiver)?;
+                            self.zero2_refresh.push(m);
+                        }
+                    }
                 }
                 // Every commitment is in: now open ours.
                 let mut out = Vec::new();
@@ -684,7 +689,6 @@ impl Rounds for Dkg {
                         }
                     }
                 }
-                let zero2 = std::mem::take(&mut self.zero2);
                 let kept = std::mem::replace(
                     &mut self.kept,
                     Kept::Keygen(Box::new(DkgSession::new(
@@ -695,16 +699,15 @@ impl Rounds for Dkg {
                 );
                 let share = match kept {
                     Kept::Keygen(s) => {
-                        let zero2: Vec<_> = zero2
-                            .into_iter()
-                            .filter_map(|z| match z {
-                                Zero2::Keygen(m) => Some(m),
-                                Zero2::Refresh(_) => None,
-                            })
-                            .collect();
                         let (party, package) = s
                             .phase4(
-                                &proofs, &zero2, &zero3, &mul3, &chains2, &chains3, no_address,
+                                &proofs,
+                                &self.zero2_keygen,
+                                &zero3,
+                                &mul3,
+                                &chains2,
+                                &chains3,
+                                no_address,
                             )
                             .map_err(abort)?;
                         DklsShare {
@@ -721,15 +724,15 @@ impl Rounds for Dkg {
                             kept3,
                             ..
                         } = *r;
-                        let zero2: Vec<_> = zero2
-                            .into_iter()
-                            .filter_map(|z| match z {
-                                Zero2::Refresh(m) => Some(m),
-                                Zero2::Keygen(_) => None,
-                            })
-                            .collect();
                         let party = old
-                            .refresh_phase4(&sid, &correction, &proofs, &kept3, &zero2, &refresh3)
+                            .refresh_phase4(
+                                &sid,
+                                &correction,
+                                &proofs,
+                                &kept3,
+                                &self.zero2_refresh,
+                                &refresh3,
+                            )
                             .map_err(abort)?;
                         let package = package.refresh(&sid, &proofs).map_err(|r| {
                             CustodyError::Ecdsa(format!("dkls23: refreshed package: {r}"))
@@ -771,7 +774,8 @@ pub fn keygen_session(
         own_chain2: None,
         own_open: None,
         commits: BTreeMap::new(),
-        zero2: Vec::new(),
+        zero2_keygen: Vec::new(),
+        zero2_refresh: Vec::new(),
     };
     if me == 0 || me > n {
         return Err(CustodyError::BadParameters(format!("party {me} of {n}")));
@@ -809,7 +813,8 @@ pub fn refresh_session(
         own_chain2: None,
         own_open: None,
         commits: BTreeMap::new(),
-        zero2: Vec::new(),
+        zero2_keygen: Vec::new(),
+        zero2_refresh: Vec::new(),
     };
     Ok(rounds_session(dkg, me, &parties))
 }
