@@ -1818,9 +1818,15 @@ fn bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host() {
         let c = capacity("threshold_tier_capacity_payments_per_s", tier);
         assert!(c.as_f64().unwrap() > 0.0, "{ratio}");
     }
-    assert!(capacity("single_tier_capacity_payments_per_s", "kmn_nodes").is_null());
     let ledger = capacity("single_tier_capacity_payments_per_s", "ledger");
     assert!(ledger.as_f64().unwrap() > 0.0, "{ratio}");
+    // With single keys the nodes sign nothing: their tier is idle (null), or, when their
+    // background work (nonce refills) shows up in a short quick run, never the bottleneck.
+    let nodes = capacity("single_tier_capacity_payments_per_s", "kmn_nodes");
+    assert!(
+        nodes.is_null() || nodes.as_f64().unwrap() > ledger.as_f64().unwrap(),
+        "{ratio}"
+    );
     // Only the emulated-host part ran.
     assert!(!results.iter().any(|r| r["name"] == "dkg_ms"));
 }
