@@ -193,6 +193,18 @@ impl PspLinks for HttpLinks {
         Ok(u.unspent)
     }
 
+    async fn confirmation(
+        &self,
+        ledger: &str,
+        txid: &[u8; 32],
+    ) -> Result<florin_node::api::LedgerConfirmation, PspError> {
+        let path = format!("/v1/ledger/transactions/{}/confirmation", hex::encode(txid));
+        self.ledger_call(ledger, "the ledger", true, |base| {
+            self.http.get(url(base, &path))
+        })
+        .await
+    }
+
     async fn faucet(
         &self,
         ledger: &str,

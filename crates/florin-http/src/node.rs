@@ -143,6 +143,7 @@ async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
         faucet: a.config().faucet,
         max_faucet_cents: a.config().max_faucet_cents,
         faucet_needs_operator: a.faucet_needs_operator(),
+        issuer: st.ledger.as_ref().map(|l| l.issuer().to_address()),
     }))
 }
 
@@ -464,6 +465,15 @@ async fn tx_status(
         Some(s) => Ok(Json(LedgerTxStatus::of(&id, &s))),
         None => Err(HttpError(NotFound::Transaction(id).into())),
     }
+}
+
+async fn tx_confirmation(
+    State(st): State<AppState>,
+    Path(txid): Path<String>,
+) -> Result<Json<florin_node::api::LedgerConfirmation>, HttpError> {
+    let ledger = st.ledger()?;
+    let id = parse_hex32(&txid, "txid")?;
+    Ok(Json(blocking(move || ledger.confirmation(&id)).await?))
 }
 
 async fn unspent(
@@ -794,6 +804,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/v1/ledger/transactions/{txid}",
             limited(SMALL, get(tx_status)),
+        )
+        .route(
+            "/v1/ledger/transactions/{txid}/confirmation",
+            limited(SMALL, get(tx_confirmation)),
         )
         .route("/v1/ledger/unspent/{id}", limited(SMALL, get(unspent)))
         .route("/v1/ledger/supply", limited(SMALL, get(supply)))

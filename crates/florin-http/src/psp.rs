@@ -221,6 +221,17 @@ async fn history(
     }))
 }
 
+/// The proof of one of the account's cross-provider payments: asked by its customer (signed).
+async fn proof(
+    State(p): St,
+    Path((name, txid)): Path<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<florin_node::psp::proof::TransferProof>, PspHttpError> {
+    p.authenticate_customer(&name, &caller("GET", &uri, &headers, &[]))?;
+    Ok(Json(p.proof(&name, &txid)?))
+}
+
 /// The ledger's faucet funds an account: asked by its customer (signed).
 async fn fund(
     State(p): St,
@@ -283,6 +294,10 @@ pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
         .route(
             "/v1/psp/accounts/{name}/history",
             limited(SMALL, get(history)),
+        )
+        .route(
+            "/v1/psp/accounts/{name}/proofs/{txid}",
+            limited(SMALL, get(proof)),
         )
         .route("/v1/psp/accounts/{name}/faucet", limited(SMALL, post(fund)))
         .route("/v1/psp/pay", limited(SMALL, post(pay)))

@@ -252,6 +252,20 @@ impl PspClient {
         self.pay(&req, key).await
     }
 
+    /// `GET /v1/psp/accounts/{name}/proofs/{txid}`, signed by the customer's key: the proof
+    /// of one of the account's cross-provider payments (check it with
+    /// `TransferProof::verify`).
+    pub async fn proof(
+        &self,
+        name: &str,
+        txid: &str,
+        key: &SecretKey,
+    ) -> Result<florin_node::psp::proof::TransferProof, ClientError> {
+        let path = format!("/v1/psp/accounts/{name}/proofs/{txid}");
+        self.signed(reqwest::Method::GET, &path, Vec::new(), name, key)
+            .await
+    }
+
     /// `GET /v1/psp/accounts/{name}/history`, signed by the customer's key.
     pub async fn history(&self, name: &str, key: &SecretKey) -> Result<History, ClientError> {
         let path = format!("/v1/psp/accounts/{name}/history");

@@ -21,6 +21,7 @@ fn info() -> Info {
         faucet: false,
         max_faucet_cents: 0,
         faucet_needs_operator: true,
+        issuer: None,
     }
 }
 

@@ -26,6 +26,10 @@ pub struct Info {
     /// Whether the faucet needs an operator credential (on everywhere but the devnet).
     #[serde(default)]
     pub faucet_needs_operator: bool,
+    /// The ledger's issuer key (`eur1…`): it signs mints and the ledger's confirmations
+    /// (`GET /v1/ledger/transactions/{txid}/confirmation`). Absent where no ledger runs.
+    #[serde(default)]
+    pub issuer: Option<String>,
 }
 
 /// `POST /v1/faucet`: mint tokens straight to a wallet (devnet only).
@@ -217,6 +221,57 @@ pub struct SubmitBatch {
 pub struct SubmitBatchAnswer {
     /// Statuses.
     pub results: Vec<LedgerTxStatus>,
+}
+
+/// `GET /v1/ledger/transactions/{txid}/confirmation`: the ledger's signed word that a
+/// transaction is confirmed (committed and durable, never undone). The issuer's key signs
+/// `H("florin/ledger/confirmation/v1", txid ‖ at (8, LE))`; the transaction itself, which
+/// its holder keeps, says what it paid to whom (its txid binds every input and output).
+/// A payment provider keeps one for every cross-provider payment as its proof of payment
+/// (Filia's Verifier proof, `004_…` 4.1 step ⑥; see `florin_node::psp::proof`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LedgerConfirmation {
+    /// The txid (hex).
+    pub txid: String,
+    /// The issuer's key (`eur1…`) that signed.
+    pub issuer: String,
+    /// Unix seconds when the ledger signed.
+    pub at: u64,
+    /// Ed25519 signature (hex) over [`LedgerConfirmation::digest`].
+    pub signature: String,
+}
+
+/// Domain of [`LedgerConfirmation::digest`].
+pub const CONFIRMATION_DOMAIN: &str = "florin/ledger/confirmation/v1";
+
+impl LedgerConfirmation {
+    /// What the issuer signs.
+    pub fn digest(txid: &[u8; 32], at: u64) -> florin_crypto::Digest {
+        florin_crypto::hash(CONFIRMATION_DOMAIN, &[txid, &at.to_le_bytes()])
+    }
+
+    /// Checks the signature; the txid and the issuer's key it verifies under. It says
+    /// nothing about whether that key is the ledger's issuer: the caller compares it with
+    /// the one it trusts.
+    pub fn verify(&self) -> Result<([u8; 32], florin_crypto::PublicKey), String> {
+        let txid: [u8; 32] = hex::decode(&self.txid)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or("the confirmation's txid is not 32 bytes of hex")?;
+        let issuer = florin_crypto::PublicKey::parse(&self.issuer)
+            .map_err(|e| format!("the confirmation's issuer key: {e}"))?;
+        let sig = hex::decode(&self.signature)
+            .ok()
+            .and_then(|b| <[u8; 64]>::try_from(b).ok())
+            .ok_or("the confirmation's signature is not 64 bytes of hex")?;
+        florin_crypto::verify(
+            &issuer,
+            &Self::digest(&txid, self.at),
+            &florin_crypto::Signature(sig),
+        )
+        .map_err(|_| "the ledger's signature on the confirmation does not verify".to_string())?;
+        Ok((txid, issuer))
+    }
 }
 
 /// A ledger transaction's status.

@@ -196,6 +196,34 @@ impl Ledger {
         Ok(self.recent.lock().ok().and_then(|r| r.get(txid).cloned()))
     }
 
+    /// The ledger's signed confirmation of `txid`, which must be confirmed (else
+    /// `NotFound`, naming what it is). Signed by the issuer's key (see
+    /// [`crate::api::LedgerConfirmation`]); blocking when the issuer is a threshold key.
+    pub fn confirmation(&self, txid: &Digest) -> Result<crate::api::LedgerConfirmation, NodeError> {
+        match self.status(txid)? {
+            Some(TxStatus::Confirmed) => {}
+            Some(other) => {
+                return Err(crate::error::NotFound::Other(format!(
+                    "transaction {} is {}, not confirmed: there is no confirmation to sign",
+                    hex::encode(txid),
+                    other.name()
+                ))
+                .into())
+            }
+            None => return Err(crate::error::NotFound::Transaction(*txid).into()),
+        }
+        let at = florin_ledger::expiry::unix_now();
+        let sig = self
+            .issuer
+            .sign(&crate::api::LedgerConfirmation::digest(txid, at))?;
+        Ok(crate::api::LedgerConfirmation {
+            txid: hex::encode(txid),
+            issuer: self.issuer.public_key().to_address(),
+            at,
+            signature: hex::encode(sig.0),
+        })
+    }
+
     /// Whether a UHS id is unspent (read from the store: never stale).
     pub fn is_unspent(&self, id: &Digest) -> Result<bool, NodeError> {
         self.store.is_unspent(id).map_err(NodeError::from)

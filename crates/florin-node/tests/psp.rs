@@ -1153,3 +1153,167 @@ fn dkls23_accounts_from_a_key_pool_pay_within_and_across_providers() {
     assert!(node.unspent(r["payee_output"].as_str().unwrap()));
     assert_eq!(a.balance("dan"), 300);
 }
+
+/// Filia's non-repudiation (`004_…` 4.1 steps ③, ⑥, ⑧): a cross-provider payment leaves the
+/// paying provider a proof — the payee's provider's signed word on where to pay, the ledger's
+/// signed confirmation and the payee's provider's signed acknowledgement — that verifies
+/// offline; a forged or altered one does not, only the payer's customer may fetch it, and a
+/// payee's provider that signs with another key than the configured one is not paid.
+#[test]
+fn cross_provider_payments_leave_a_proof_that_verifies_offline_and_forgeries_fail() {
+    use florin_node::api::LedgerConfirmation;
+    use florin_node::psp::proof::TransferProof;
+    let node = LedgerNode::start();
+    let ledger = format!("http://{}", node.addr);
+    let mut a = Provider::start("bank-a", PspScheme::Ed25519, &ledger);
+    let mut b = Provider::start("bank-b", PspScheme::Ed25519, &ledger);
+    a.add_peers(&[b.as_peer()]);
+    b.add_peers(&[a.as_peer()]);
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))));
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "bob"}))));
+    ok(b.call("POST", "/v1/psp/accounts", Some(json!({"name": "carol"}))));
+    ok(a.call(
+        "POST",
+        "/v1/psp/accounts/alice/faucet",
+        Some(json!({"amount_cents": 10_000})),
+    ));
+    let issuer_addr = ok(http(node.addr, "GET", "/v1/info", None))["issuer"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let issuer = florin_crypto::PublicKey::parse(&issuer_addr).unwrap();
+    let b_key = b.peer_key.public_key();
+
+    // The payee's provider signs where to pay.
+    let view = ok(http(b.addr, "GET", "/v1/psp/payees/carol", None));
+    assert_eq!(view["offer"]["key"], b_key.to_address());
+
+    let r = ok(a.pay("alice", "carol", Some(&b.url()), 750));
+    assert_eq!(r["notified"], true, "{r}");
+    let txid = r["txid"].as_str().unwrap().to_string();
+    let path = format!("/v1/psp/accounts/alice/proofs/{txid}");
+    let fetched = ok(a.call("GET", &path, None));
+    let proof: TransferProof = serde_json::from_value(fetched).unwrap();
+    let check = proof.verify(Some(&issuer), Some(&b_key)).unwrap();
+    assert!(check.complete, "{check:?}");
+    assert_eq!(check.amount_cents, 750);
+    assert_eq!(check.payee_account, "carol");
+    assert_eq!(check.payer, "alice@bank-a");
+    assert_eq!(check.acknowledged.as_deref(), Some("credited"));
+    assert_eq!(check.ledger_issuer.as_deref(), Some(issuer_addr.as_str()));
+
+    // Forgeries and alterations, each refused with its reason.
+    let fails = |p: &TransferProof, why: &str| {
+        let e = p.verify(Some(&issuer), Some(&b_key)).unwrap_err();
+        assert!(e.0.contains(why), "{e} (wanted {why:?})");
+    };
+    let mut p = proof.clone();
+    p.amount_cents = 7_500;
+    fails(&p, "pays 750 cents");
+    let mallory = SecretKey::from_seed(&[66; 32]);
+    let mut p = proof.clone();
+    p.offer.encumbrance = Encumbrance::ed25519(&mallory.public_key()).to_text();
+    fails(&p, "asked for");
+    let mut p = proof.clone();
+    let c = p.confirmation.as_mut().unwrap();
+    c.at += 1;
+    fails(&p, "does not verify");
+    // A confirmation validly signed by a key that is not the ledger's issuer.
+    let mut p = proof.clone();
+    let tid: [u8; 32] = hex::decode(&txid).unwrap().try_into().unwrap();
+    p.confirmation = Some(LedgerConfirmation {
+        txid: txid.clone(),
+        issuer: mallory.public_key().to_address(),
+        at: 1,
+        signature: hex::encode(mallory.sign(&LedgerConfirmation::digest(&tid, 1)).0),
+    });
+    fails(&p, "not by the ledger's issuer");
+    assert!(p.verify(None, Some(&b_key)).is_ok(), "unpinned: reported");
+    // An offer re-signed by a stranger for the same encumbrance.
+    let mut p = proof.clone();
+    p.offer = florin_node::psp::proof::PayeeOffer::sign(
+        &mallory,
+        "bank-b",
+        "carol",
+        &proof.offer.encumbrance,
+        1,
+    );
+    fails(&p, "not by the payee's provider's key");
+    let mut p = proof.clone();
+    p.acknowledgement.as_mut().unwrap().results[0].outcome = "not_ours".into();
+    fails(&p, "does not verify");
+    let mut p = proof.clone();
+    p.txid = "00".repeat(32);
+    fails(&p, "the proof names");
+    // Another transaction of the ledger, confirmed too, does not stand in for this one.
+    let r2 = ok(a.pay("alice", "bob", None, 10));
+    let other = ok(http(
+        node.addr,
+        "GET",
+        &format!(
+            "/v1/ledger/transactions/{}/confirmation",
+            r2["txid"].as_str().unwrap()
+        ),
+        None,
+    ));
+    let mut p = proof.clone();
+    p.confirmation = Some(serde_json::from_value(other).unwrap());
+    fails(&p, "another transaction");
+
+    // Only the paying account's customer fetches it; same-provider payments have none.
+    refused(http(a.addr, "GET", &path, None), 401, "unauthorized");
+    let bob = customer("bob");
+    let (code, v) = http_as(a.addr, "GET", &path, None, Some(("alice", &bob)));
+    assert!(code == 401 || code == 403, "{code} {v}");
+    refused(
+        a.call("GET", &format!("/v1/psp/accounts/bob/proofs/{txid}"), None),
+        404,
+        "not_found",
+    );
+    refused(
+        a.call(
+            "GET",
+            &format!(
+                "/v1/psp/accounts/alice/proofs/{}",
+                r2["txid"].as_str().unwrap()
+            ),
+            None,
+        ),
+        404,
+        "not_found",
+    );
+    refused(
+        a.call("GET", "/v1/psp/accounts/alice/proofs/xyz", None),
+        400,
+        "bad_request",
+    );
+    // The ledger confirms only what it confirmed.
+    refused(
+        http(
+            node.addr,
+            "GET",
+            &format!("/v1/ledger/transactions/{}/confirmation", "11".repeat(32)),
+            None,
+        ),
+        404,
+        "not_found",
+    );
+
+    // A payee's provider whose answer is signed by another key than the configured one is
+    // not paid.
+    let mut wrong = b.as_peer();
+    wrong.id = "bank-b-wrong".into();
+    wrong.key = mallory.public_key().to_address();
+    a.add_peers(&[wrong]);
+    let before = a.balance("alice");
+    let (code, v) = a.pay("alice", "carol", Some("bank-b-wrong"), 5);
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not by its configured key"),
+        "{v}"
+    );
+    assert_eq!(a.balance("alice"), before);
+}

@@ -150,6 +150,12 @@ pub enum PspCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print and check, offline, the proof of a cross-provider payment: where the payee's
+    /// provider said to pay (signed by it), the ledger's signed confirmation of the
+    /// transaction, and the payee's provider's signed acknowledgement. Exit 0 when the proof
+    /// holds and is complete, 2 when it does not hold, 3 when it holds but still lacks the
+    /// confirmation or the acknowledgement (1: it could not be fetched or read).
+    Proof(ProofArgs),
     /// An account's payments, oldest first.
     History {
         /// The account.
@@ -165,6 +171,39 @@ pub enum PspCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `florin psp proof`: where the proof comes from and which keys it must be signed by.
+#[derive(clap::Args)]
+pub struct ProofArgs {
+    /// The payment's txid (as its receipt shows it); fetched from the paying provider.
+    txid: Option<String>,
+    /// The paying account (with TXID).
+    #[arg(long)]
+    account: Option<String>,
+    /// The customer's key file (default `./ACCOUNT.customer.key`).
+    #[arg(long)]
+    customer_key: Option<PathBuf>,
+    /// The paying provider's API (with TXID).
+    #[arg(long, env = "FLORIN_PSP", default_value = "https://127.0.0.1:7600")]
+    psp: String,
+    /// Check a proof saved before (`--out`) instead: offline, nothing is fetched.
+    #[arg(long, conflicts_with_all = ["txid", "account", "customer_key"])]
+    file: Option<PathBuf>,
+    /// Save the fetched proof (JSON) here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The ledger's issuer key (`eur1…`, as the ledger's `/v1/info` shows it): the
+    /// confirmation must be signed by it.
+    #[arg(long)]
+    issuer: Option<String>,
+    /// The payee's provider's peer key (`eur1…`): its offer and acknowledgement must be
+    /// signed by it.
+    #[arg(long)]
+    payee_key: Option<String>,
+    /// Print JSON (the proof and what the check found).
+    #[arg(long)]
+    json: bool,
 }
 
 /// What the data directory remembers from the first start.
@@ -345,6 +384,7 @@ pub fn run(cmd: PspCommand, trust: &Trust) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        PspCommand::Proof(args) => proof(args, trust),
         PspCommand::History {
             name,
             customer_key,
@@ -640,5 +680,94 @@ fn customer(name: &str, path: Option<PathBuf>) -> Result<florin_crypto::SecretKe
             "the customer key of {name} ({}; made by `florin psp open`)",
             path.display()
         )
+    })
+}
+
+fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
+    use florin_node::psp::proof::TransferProof;
+    let proof: TransferProof = match (&a.file, &a.txid) {
+        (Some(f), _) => {
+            let b = std::fs::read(f).with_context(|| format!("cannot read {}", f.display()))?;
+            serde_json::from_slice(&b)
+                .with_context(|| format!("{} is not a proof of payment", f.display()))?
+        }
+        (None, Some(txid)) => {
+            let account = a
+                .account
+                .clone()
+                .ok_or_else(|| anyhow!("fetching a proof needs --account (the paying account)"))?;
+            let key = customer(&account, a.customer_key.clone())?;
+            let c = Client::new(&a.psp, trust)?;
+            c.run(c.api.proof(&account, txid, &key))?
+        }
+        (None, None) => bail!("give a TXID (fetched from the provider) or --file PROOF"),
+    };
+    let pin = |k: &Option<String>, what: &str| -> Result<Option<florin_crypto::PublicKey>> {
+        k.as_deref()
+            .map(|s| florin_crypto::PublicKey::parse(s).map_err(|e| anyhow!("{what} {s:?}: {e}")))
+            .transpose()
+    };
+    let issuer = pin(&a.issuer, "--issuer")?;
+    let payee_key = pin(&a.payee_key, "--payee-key")?;
+    if let Some(out) = &a.out {
+        crate::util::write_atomic(out, &serde_json::to_vec_pretty(&proof)?)?;
+    }
+    let check = proof.verify(issuer.as_ref(), payee_key.as_ref());
+    if a.json {
+        print_json(&serde_json::json!({
+            "proof": proof,
+            "valid": check.is_ok(),
+            "error": check.as_ref().err().map(|e| e.to_string()),
+            "check": check.as_ref().ok(),
+        }));
+    }
+    let c = match check {
+        Ok(c) => c,
+        Err(e) => {
+            if !a.json {
+                eprintln!("florin: the proof of {} does NOT hold: {e}", proof.txid);
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if !a.json {
+        println!("payment      {}", c.txid);
+        println!("amount       €{}", format_cents(c.amount_cents));
+        println!("from         {}", c.payer);
+        println!(
+            "to           {} at provider {} (its key {})",
+            c.payee_account, c.payee_psp, c.payee_psp_key
+        );
+        println!("paid to      {}", c.encumbrance);
+        match (&c.ledger_issuer, c.confirmed_at) {
+            (Some(k), Some(at)) => println!(
+                "ledger       confirmed, signed by issuer {k}{} at {at}",
+                if issuer.is_some() {
+                    " (as pinned)"
+                } else {
+                    " (not pinned: compare with the ledger's /v1/info, or give --issuer)"
+                }
+            ),
+            _ => println!(
+                "ledger       NO confirmation yet (the provider fetches it in the background)"
+            ),
+        }
+        match &c.acknowledged {
+            Some(o) => println!("payee's provider  acknowledged ({o}), signed"),
+            None => println!("payee's provider  NOT acknowledged yet"),
+        }
+        println!(
+            "{}",
+            if c.complete {
+                "the proof holds and is complete"
+            } else {
+                "the proof holds so far but is not complete"
+            }
+        );
+    }
+    Ok(if c.complete {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
     })
 }

@@ -1926,6 +1926,52 @@ fn psp_processes_pay_within_and_across_providers() {
     ]);
     assert_eq!(r["route"], "cross_provider");
     assert_eq!(r["notified"], true);
+    // The proof of that payment, fetched by alice, saved, and checked offline against the
+    // ledger's issuer and B's peer key; an altered copy does not hold (exit 2).
+    let txid = r["txid"].as_str().unwrap();
+    let info = http_get(&net.url, "/v1/info");
+    let info: Value = serde_json::from_str(info.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let issuer = info["issuer"].as_str().unwrap().to_string();
+    let b_key = b_info["peer_key"].as_str().unwrap();
+    let proof_file = dir.path().join("proof.json");
+    let p = u.ok(&[
+        "psp",
+        "proof",
+        txid,
+        "--account",
+        "alice",
+        "--psp",
+        &a.url,
+        "--out",
+        proof_file.to_str().unwrap(),
+        "--issuer",
+        &issuer,
+        "--payee-key",
+        b_key,
+        "--json",
+    ]);
+    assert_eq!(p["valid"], true, "{p}");
+    assert_eq!(p["check"]["complete"], true, "{p}");
+    assert_eq!(p["check"]["amount_cents"], 250, "{p}");
+    let text = u.stdout(&[
+        "psp",
+        "proof",
+        "--file",
+        proof_file.to_str().unwrap(),
+        "--issuer",
+        &issuer,
+    ]);
+    assert!(text.contains("holds and is complete"), "{text}");
+    let mut altered: Value = serde_json::from_slice(&std::fs::read(&proof_file).unwrap()).unwrap();
+    altered["amount_cents"] = 25_000.into();
+    let bad_file = dir.path().join("altered.json");
+    std::fs::write(&bad_file, altered.to_string()).unwrap();
+    let out = u.run(&["psp", "proof", "--file", bad_file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does NOT hold"),
+        "{out:?}"
+    );
     // A URL that is not a configured peer is refused; without alice's key file nothing pays.
     let err = u.fails(&[
         "psp", "pay", "alice", "carol", "1", "--to-psp", &net.url, "--psp", &a.url,

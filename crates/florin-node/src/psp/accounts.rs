@@ -195,11 +195,44 @@ impl Psp {
             return self.peer_payee(&p, name).await;
         }
         let rec = self.record(name)?;
+        let offer = super::proof::PayeeOffer::sign(
+            &self.cfg.peer_key,
+            &self.cfg.name,
+            &rec.name,
+            &rec.encumbrance,
+            super::store::now(),
+        );
         Ok(PayeeView {
             name: rec.name,
             scheme: rec.scheme,
             encumbrance: rec.encumbrance,
+            offer: Some(offer),
         })
+    }
+
+    /// The proof of account `name`'s cross-provider payment `txid` (hex), checked before it
+    /// is given out (see [`super::proof`]). `NotFound` for another account's payment, one
+    /// that is not cross-provider, or one not settled yet.
+    pub fn proof(&self, name: &str, txid: &str) -> Result<super::proof::TransferProof, PspError> {
+        let rec = self.record(name)?;
+        let id: [u8; 32] = hex::decode(txid)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| PspError::BadRequest("a txid is 64 hex digits".into()))?;
+        let none = || {
+            PspError::NotFound(format!(
+                "no proof of a cross-provider payment {txid} from {name} (a payment within this \
+                 provider or to a ledger encumbrance has none; an unsettled one has none yet)"
+            ))
+        };
+        let proof = self.books.proof(&id)?.ok_or_else(none)?;
+        if proof.payer != format!("{}@{}", rec.name, self.cfg.name) {
+            return Err(none());
+        }
+        proof
+            .verify(None, None)
+            .map_err(|e| PspError::Storage(format!("stored proof of {txid}: {e}")))?;
+        Ok(proof)
     }
 
     /// Every account.

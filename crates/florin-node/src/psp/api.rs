@@ -55,6 +55,10 @@ pub struct PayeeView {
     pub scheme: String,
     /// Where payers pay it on the ledger (text form).
     pub encumbrance: String,
+    /// The same, signed by the provider's peer key: a paying provider keeps it in its proof
+    /// of payment (`florin_node::psp::proof`) and refuses to pay without it.
+    #[serde(default)]
+    pub offer: Option<super::proof::PayeeOffer>,
 }
 
 /// An account as the provider reports it.
@@ -160,7 +164,7 @@ pub struct Receive {
 }
 
 /// What happened to one output of a [`Receive`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Received {
     /// The output's UHS id (hex).
     pub id: String,
@@ -172,10 +176,14 @@ pub struct Received {
 }
 
 /// The answer to a [`Receive`], one entry per output in order.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ReceiveAnswer {
     /// Outcomes.
     pub results: Vec<Received>,
+    /// The answering provider's signature over the outcomes (its acknowledgement, which the
+    /// paying provider keeps in its proof of payment).
+    #[serde(default)]
+    pub signed: Option<super::proof::ReceiptAck>,
 }
 
 /// One line of an account's history.

@@ -20,6 +20,12 @@ pub trait PspLinks: Send + Sync {
     async fn submit(&self, ledger: &str, tx: &Transaction) -> Result<TxStatus, PspError>;
     /// Whether the output with UHS id `id` is unspent on the ledger at `ledger`.
     async fn is_unspent(&self, ledger: &str, id: &[u8; 32]) -> Result<bool, PspError>;
+    /// The ledger's signed confirmation of a confirmed transaction.
+    async fn confirmation(
+        &self,
+        ledger: &str,
+        txid: &[u8; 32],
+    ) -> Result<crate::api::LedgerConfirmation, PspError>;
     /// The ledger's faucet (devnet): mints to an encumbrance.
     async fn faucet(
         &self,

@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod proof;
 pub mod store;
 
 mod accounts;

@@ -71,7 +71,9 @@ impl Psp {
             Some(psp) => Some(self.peer(psp)?),
             None => None,
         };
-        // Where the money goes.
+        // Where the money goes (and, across providers, the payee's provider's signed word
+        // on it, kept as part of the proof of payment).
+        let mut offer = None;
         let (payee_enc, payee_account, payee_psp, route, counterparty) = match &to_peer {
             Some(peer) => {
                 let psp = &peer.url;
@@ -92,13 +94,16 @@ impl Psp {
                 // it here, never trusting another provider to credit it.
                 match self.books.owner(&enc)? {
                     Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
-                    None => (
-                        enc,
-                        None,
-                        Some(psp.clone()),
-                        "cross_provider",
-                        format!("{}@{}", req.to, peer.id),
-                    ),
+                    None => {
+                        offer = Some(check_offer(peer, &req.to, &v)?);
+                        (
+                            enc,
+                            None,
+                            Some(psp.clone()),
+                            "cross_provider",
+                            format!("{}@{}", req.to, peer.id),
+                        )
+                    }
                 }
             }
             None => match Encumbrance::parse_text(&req.to) {
@@ -192,6 +197,7 @@ impl Psp {
             amount_cents: req.amount_cents,
             tx: hex::encode(Transaction::Transfer(t.clone()).encode()),
             request_id: req.id.clone(),
+            offer,
         };
         self.books.put_pending(&txid, &pending)?;
         let st = match self.submit(&Transaction::Transfer(t.clone())).await {
@@ -222,7 +228,7 @@ impl Psp {
         // leaves it alone meanwhile (claimed before the notice is written).
         let claim = payee_psp.as_ref().and_then(|_| self.claim_notice(&txid));
         match &st {
-            TxStatus::Confirmed => self.books.apply(&txid, &pending)?,
+            TxStatus::Confirmed => self.books.apply(&txid, &pending, &self.cfg.name)?,
             TxStatus::StaticInvalid(e) | TxStatus::StateInvalid(e) | TxStatus::Expired(e) => {
                 self.drop_refused(Some(&txid), &rec.name, &t.inputs).await?;
                 return Err(PspError::Refused(format!(
@@ -245,10 +251,18 @@ impl Psp {
         // that saw an error would pay again).
         let mut notified = payee_psp.is_none();
         if claim.is_some() {
+            // The ledger's signed confirmation, for the proof (the upkeep fetches it later if
+            // the ledger cannot be asked now).
+            if let Err(e) = self.confirm_proof(&txid).await {
+                eprintln!(
+                    "psp: payment {}: no ledger confirmation yet ({e}); the upkeep asks again",
+                    hex::encode(txid)
+                );
+            }
             match self.books.notice(&txid) {
                 Ok(Some(n)) => match self.notify(&n).await {
-                    Ok(()) => {
-                        if let Err(e) = self.books.drop_notice(&txid) {
+                    Ok(ans) => {
+                        if let Err(e) = self.books.drop_notice(&txid, Some(&ans)) {
                             eprintln!("psp: {e}");
                         }
                         notified = true;
@@ -347,4 +361,39 @@ fn receipt_of(done: Settled, notified: bool) -> PayReceipt {
         sign_ms: 0.0,
         total_ms: 0.0,
     }
+}
+
+/// The payee's provider's signed word on where to pay `account`: signed by the peer's
+/// configured key, for that account, naming the encumbrance it answered with.
+fn check_offer(
+    peer: &super::PeerPsp,
+    account: &str,
+    v: &super::api::PayeeView,
+) -> Result<super::proof::PayeeOffer, PspError> {
+    let refused = |why: String| {
+        PspError::Refused(format!(
+            "the payee's provider {}: {why}; nothing was paid",
+            peer.id
+        ))
+    };
+    let offer = v
+        .offer
+        .clone()
+        .ok_or_else(|| refused("it did not sign where to pay (an older version?)".into()))?;
+    let key = offer.verify().map_err(|e| refused(e.to_string()))?;
+    let configured = florin_crypto::PublicKey::parse(&peer.key)
+        .map_err(|_| PspError::Storage(format!("peer {}: bad key", peer.id)))?;
+    if key != configured {
+        return Err(refused(format!(
+            "its answer is signed by {}, not by its configured key {}",
+            key.to_address(),
+            peer.key
+        )));
+    }
+    if offer.account != account || offer.encumbrance != v.encumbrance {
+        return Err(refused(
+            "its signed answer names another account or encumbrance".into(),
+        ));
+    }
+    Ok(offer)
 }

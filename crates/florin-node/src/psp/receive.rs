@@ -145,6 +145,12 @@ impl Psp {
                 outcome: outcome.into(),
             });
         }
-        Ok(ReceiveAnswer { results })
+        let signed = Some(super::proof::ReceiptAck::sign(
+            &self.cfg.peer_key,
+            &self.cfg.name,
+            super::store::now(),
+            &results,
+        ));
+        Ok(ReceiveAnswer { results, signed })
     }
 }

@@ -38,6 +38,10 @@ const SEEN: TableDefinition<&[u8], ()> = TableDefinition::new("psp_seen_v1");
 const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("psp_receipts_v1");
 /// "seq".
 const META: TableDefinition<&str, u64> = TableDefinition::new("psp_meta_v1");
+/// Proofs of cross-provider payments: txid → JSON of `proof::TransferProof`.
+const PROOFS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_proofs_v1");
+/// Proofs still without the ledger's confirmation (txids).
+const TO_CONFIRM: TableDefinition<&[u8], ()> = TableDefinition::new("psp_proofs_to_confirm_v1");
 
 /// A custodial account.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -98,6 +102,9 @@ pub struct PendingPayment {
     /// The client's payment id, if it gave one.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// Cross provider: the payee's provider's signed word on where to pay (for the proof).
+    #[serde(default)]
+    pub offer: Option<super::proof::PayeeOffer>,
 }
 
 /// What a client's payment id settled as (kept for good, so a retried request is answered
@@ -288,6 +295,8 @@ impl Books {
             tx.open_table(META)?;
             tx.open_table(SEEN)?;
             tx.open_table(RECEIPTS)?;
+            tx.open_table(PROOFS)?;
+            tx.open_table(TO_CONFIRM)?;
         }
         tx.commit()?;
         Ok(Books { db })
@@ -445,7 +454,14 @@ impl Books {
     /// Applies a confirmed payment: its inputs leave the payer, the change (output 1) returns
     /// to it, a local payee gets output 0, both histories get a line, a cross-provider payee
     /// is owed a notice; the pending record goes. One write transaction.
-    pub(crate) fn apply(&self, txid: &[u8; 32], p: &PendingPayment) -> Result<(), PspError> {
+    ///
+    /// A cross-provider payment also starts its proof (`psp`: this provider's name).
+    pub(crate) fn apply(
+        &self,
+        txid: &[u8; 32],
+        p: &PendingPayment,
+        psp: &str,
+    ) -> Result<(), PspError> {
         let t = p.transfer()?;
         let outs = t.output_utxos();
         let hex_txid = hex::encode(txid);
@@ -486,14 +502,31 @@ impl Books {
                     route: &p.route,
                 })?;
             }
-            if let Some(psp) = &p.payee_psp {
+            if let Some(peer) = &p.payee_psp {
                 let n = Notice {
-                    psp: psp.clone(),
+                    psp: peer.clone(),
                     from: p.from.clone(),
                     output: hex::encode(payee.encode()),
                 };
                 tx.open_table(NOTICES)?
                     .insert(txid.as_slice(), json(&n)?.as_slice())?;
+            }
+            if let Some(offer) = &p.offer {
+                let proof = super::proof::TransferProof {
+                    version: super::proof::PROOF_VERSION,
+                    txid: hex::encode(txid),
+                    tx: p.tx.clone(),
+                    output: 0,
+                    amount_cents: p.amount_cents,
+                    payer: format!("{}@{psp}", p.from),
+                    payee: p.counterparty.clone(),
+                    offer: offer.clone(),
+                    confirmation: None,
+                    acknowledgement: None,
+                };
+                tx.open_table(PROOFS)?
+                    .insert(txid.as_slice(), json(&proof)?.as_slice())?;
+                tx.open_table(TO_CONFIRM)?.insert(txid.as_slice(), ())?;
             }
             if let Some(id) = &p.request_id {
                 let done = Settled {
@@ -541,9 +574,90 @@ impl Books {
         v.map(|v| unjson(v.value())).transpose()
     }
 
-    pub(crate) fn drop_notice(&self, txid: &[u8; 32]) -> Result<(), PspError> {
+    /// Drops an owed acknowledgement; `ack`, the payee's provider's answer, goes into the
+    /// payment's proof in the same write.
+    pub(crate) fn drop_notice(
+        &self,
+        txid: &[u8; 32],
+        ack: Option<&super::api::ReceiveAnswer>,
+    ) -> Result<(), PspError> {
         let tx = begin(&self.db)?;
         tx.open_table(NOTICES)?.remove(txid.as_slice())?;
+        if let Some(ack) = ack {
+            let mut proofs = tx.open_table(PROOFS)?;
+            let current = proofs.get(txid.as_slice())?.map(|v| v.value().to_vec());
+            if let Some(b) = current {
+                let mut proof: super::proof::TransferProof = unjson(&b)?;
+                proof.acknowledgement = Some(ack.clone());
+                proofs.insert(txid.as_slice(), json(&proof)?.as_slice())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The proof of the cross-provider payment `txid`, if this provider made one.
+    pub(crate) fn proof(
+        &self,
+        txid: &[u8; 32],
+    ) -> Result<Option<super::proof::TransferProof>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(PROOFS)?;
+        let v = t.get(txid.as_slice())?;
+        v.map(|v| unjson(v.value())).transpose()
+    }
+
+    /// Whether `txid`'s proof still lacks the ledger's confirmation.
+    pub(crate) fn proof_needs_confirmation(&self, txid: &[u8; 32]) -> Result<bool, PspError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(TO_CONFIRM)?.get(txid.as_slice())?.is_some())
+    }
+
+    /// Up to `limit` txids whose proofs lack the ledger's confirmation.
+    pub(crate) fn proofs_to_confirm(&self, limit: usize) -> Result<Vec<[u8; 32]>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(TO_CONFIRM)?;
+        let mut out = Vec::new();
+        for item in t.iter()?.take(limit) {
+            let (k, _) = item?;
+            out.push(
+                k.value()
+                    .try_into()
+                    .map_err(|_| PspError::Storage("proof key".into()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Stops asking the ledger to confirm `txid` (it no longer can).
+    pub(crate) fn give_up_confirmation(&self, txid: &[u8; 32]) -> Result<(), PspError> {
+        let tx = begin(&self.db)?;
+        tx.open_table(TO_CONFIRM)?.remove(txid.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Puts the ledger's confirmation into `txid`'s proof.
+    pub(crate) fn set_confirmation(
+        &self,
+        txid: &[u8; 32],
+        c: &crate::api::LedgerConfirmation,
+    ) -> Result<(), PspError> {
+        let tx = begin(&self.db)?;
+        {
+            let mut proofs = tx.open_table(PROOFS)?;
+            let current = proofs.get(txid.as_slice())?.map(|v| v.value().to_vec());
+            let Some(b) = current else {
+                return Err(PspError::Storage(format!(
+                    "no proof of {} to confirm",
+                    hex::encode(txid)
+                )));
+            };
+            let mut proof: super::proof::TransferProof = unjson(&b)?;
+            proof.confirmation = Some(c.clone());
+            proofs.insert(txid.as_slice(), json(&proof)?.as_slice())?;
+            tx.open_table(TO_CONFIRM)?.remove(txid.as_slice())?;
+        }
         tx.commit()?;
         Ok(())
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use florin_ledger::{Transaction, Utxo};
 
-use super::api::Receive;
+use super::api::{Receive, ReceiveAnswer};
 use super::{store, Psp, PspError, RECEIVE_PATH};
 use crate::ledger::TxStatus;
 
@@ -18,7 +18,7 @@ impl Psp {
         for (txid, p) in self.books.pending(from)? {
             let t = p.transfer()?;
             match self.submit(&Transaction::Transfer(t.clone())).await {
-                Ok(TxStatus::Confirmed) => self.books.apply(&txid, &p)?,
+                Ok(TxStatus::Confirmed) => self.books.apply(&txid, &p, &self.cfg.name)?,
                 Ok(TxStatus::StaticInvalid(_) | TxStatus::StateInvalid(_)) => {
                     self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                 }
@@ -35,7 +35,7 @@ impl Psp {
                 }
                 Ok(TxStatus::Expired(_)) => {
                     if self.applied_before_expiry(&t).await? {
-                        self.books.apply(&txid, &p)?;
+                        self.books.apply(&txid, &p, &self.cfg.name)?;
                     } else {
                         self.drop_refused(Some(&txid), &p.from, &t.inputs).await?;
                     }
@@ -124,7 +124,7 @@ impl Psp {
                 continue;
             }
             match self.notify(&n).await {
-                Ok(()) => self.books.drop_notice(&txid)?,
+                Ok(ans) => self.books.drop_notice(&txid, Some(&ans))?,
                 // A refusal is final: asking again will not change the answer. The money is
                 // the payee's on the ledger; its provider can still be handed the output.
                 Err(
@@ -135,7 +135,7 @@ impl Psp {
                         n.psp,
                         hex::encode(txid)
                     );
-                    self.books.drop_notice(&txid)?;
+                    self.books.drop_notice(&txid, None)?;
                 }
                 Err(_) => left += 1,
             }
@@ -143,7 +143,9 @@ impl Psp {
         Ok(left)
     }
 
-    pub(super) async fn notify(&self, n: &store::Notice) -> Result<(), PspError> {
+    /// Hands the payee's provider its output; its answer (signed) when it credited it or
+    /// had before.
+    pub(super) async fn notify(&self, n: &store::Notice) -> Result<ReceiveAnswer, PspError> {
         let body = serde_json::to_vec(&Receive {
             outputs: vec![n.output.clone()],
             from: Some(format!("{}@{}", n.from, self.cfg.name)),
@@ -167,11 +169,66 @@ impl Psp {
             }
         };
         match ans.results.first().map(|r| r.outcome.as_str()) {
-            Some("credited") | Some("known") => Ok(()),
+            Some("credited") | Some("known") => Ok(ans),
             other => Err(PspError::Refused(format!(
                 "the payee's provider answered {other:?}"
             ))),
         }
+    }
+
+    /// Fetches the ledger's confirmation of a settled cross-provider payment into its proof
+    /// (nothing to do if it has one or is no such payment). The signature and the txid are
+    /// checked before it is kept.
+    pub(super) async fn confirm_proof(&self, txid: &[u8; 32]) -> Result<(), PspError> {
+        if !self.books.proof_needs_confirmation(txid)? {
+            return Ok(());
+        }
+        let c = self.links.confirmation(&self.cfg.ledger, txid).await?;
+        let (ctxid, _) = c
+            .verify()
+            .map_err(|e| PspError::Unreachable(format!("the ledger's confirmation: {e}")))?;
+        if ctxid != *txid {
+            return Err(PspError::Unreachable(
+                "the ledger confirmed another transaction".into(),
+            ));
+        }
+        self.books.set_confirmation(txid, &c)
+    }
+
+    /// Fetches the ledger's confirmations that proofs still lack (at most 256 a call);
+    /// returns how many are still missing.
+    pub async fn confirm_proofs(&self) -> Result<usize, PspError> {
+        let todo = self.books.proofs_to_confirm(256)?;
+        let mut left = 0;
+        for txid in todo {
+            let Err(e) = self.confirm_proof(&txid).await else {
+                continue;
+            };
+            // The ledger remembers a transfer's txid only until its expiry: past it, no
+            // confirmation can be had any more, and asking again is pointless.
+            let expires = self
+                .books
+                .proof(&txid)?
+                .and_then(|p| hex::decode(&p.tx).ok())
+                .and_then(|b| Transaction::decode(&b).ok())
+                .map(|t| match t {
+                    Transaction::Transfer(t) => t.expires,
+                    _ => 0,
+                });
+            let now = florin_ledger::expiry::unix_now();
+            if expires.is_none_or(|x| florin_ledger::expiry::expired_for_good(x, now)) {
+                eprintln!(
+                    "psp: payment {}: the ledger can no longer confirm it ({e}); its proof stays \
+                     without the ledger's confirmation",
+                    hex::encode(txid)
+                );
+                self.books.give_up_confirmation(&txid)?;
+            } else {
+                eprintln!("psp: ledger confirmation of {}: {e}", hex::encode(txid));
+                left += 1;
+            }
+        }
+        Ok(left)
     }
 
     /// Background work: resolve pending payments and send owed acknowledgements, every
@@ -201,6 +258,9 @@ impl Psp {
                         let Some(me) = weak2.upgrade() else { return };
                         if let Err(e) = me.notify_all().await {
                             eprintln!("psp: acknowledgements: {e}");
+                        }
+                        if let Err(e) = me.confirm_proofs().await {
+                            eprintln!("psp: ledger confirmations: {e}");
                         }
                     }
                     tokio::time::sleep(every).await;
