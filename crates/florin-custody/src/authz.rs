@@ -75,6 +75,15 @@ pub enum AuthzError {
     /// The node remembers as many live payment ids as it may; it signs again as they expire.
     #[error("too many live payment authorizations; retry later")]
     Busy,
+    /// The note key asked for (the key plus the tweak) encumbers no input of the transaction.
+    #[error("the note key to sign with encumbers no input of the transaction")]
+    NotAnInput,
+    /// Note keys (tweaks) asked of a key whose engine cannot sign with them.
+    #[error("note keys need a DKLs23 key; this key signs only as itself")]
+    NoNotes,
+    /// A tweak that is not a usable P-256 scalar.
+    #[error("a note tweak is not a usable P-256 scalar")]
+    BadTweak,
 }
 
 /// A customer's signed authorization of one payment.
@@ -234,11 +243,21 @@ impl PaymentAuth {
     /// Checks that `tx` pays what this authorizes: one output of exactly `amount_cents` to
     /// `payee`, every other output to `payer`.
     pub fn check_outputs(&self, tx: &Transfer) -> Result<(), AuthzError> {
+        self.check_outputs_with(tx, &[])
+    }
+
+    /// [`PaymentAuth::check_outputs`], where change may also go to `notes`: the payer's own
+    /// note keys (its key plus a tweak, see [`Authorization::change`]).
+    pub fn check_outputs_with(
+        &self,
+        tx: &Transfer,
+        notes: &[Encumbrance],
+    ) -> Result<(), AuthzError> {
         let mut paid = false;
         for (i, o) in tx.outputs.iter().enumerate() {
             if !paid && o.encumbrance == self.payee && o.value == self.amount_cents {
                 paid = true;
-            } else if o.encumbrance != self.payer {
+            } else if o.encumbrance != self.payer && !notes.contains(&o.encumbrance) {
                 return Err(AuthzError::ForeignOutput(i));
             }
         }
@@ -258,6 +277,17 @@ pub struct Authorization {
     pub tx: Vec<u8>,
     /// [`PaymentAuth::encode`].
     pub auth: Vec<u8>,
+    /// Filia's note keys (DKLs23 keys only): sign with the key plus this tweak (`t`, 32
+    /// bytes big-endian), the key of a note `P + t·G` that one of the transaction's inputs
+    /// must be encumbered by. `None`: the key itself.
+    #[serde(default)]
+    pub tweak: Option<[u8; 32]>,
+    /// Tweaks of the payer's change notes: an output that is not the payee's may pay the
+    /// key itself or `P + c·G` for one of these. Whoever picks `c` cannot pick a key it holds
+    /// (that would need the discrete logarithm of its key minus `P`), so change stays under
+    /// the account's threshold key and its customer.
+    #[serde(default)]
+    pub change: Vec<[u8; 32]>,
 }
 
 impl Authorization {
@@ -272,7 +302,71 @@ impl Authorization {
         Authorization {
             tx: Transaction::Transfer(bare).encode(),
             auth: auth.encode(),
+            tweak: None,
+            change: Vec::new(),
         }
+    }
+
+    /// The same authorization for signing as the note key `P + tweak·G`, with change going
+    /// to the note keys of `change` (see [`Authorization::tweak`]).
+    pub fn for_note(&self, tweak: Option<[u8; 32]>, change: Vec<[u8; 32]>) -> Authorization {
+        Authorization {
+            tweak,
+            change,
+            ..self.clone()
+        }
+    }
+
+    /// Whether it asks for note keys (a tweak or change notes).
+    pub fn uses_notes(&self) -> bool {
+        self.tweak.is_some() || !self.change.is_empty()
+    }
+
+    /// [`Authorization::check`] for a P-256 key `base` (SEC1 compressed) whose engine signs
+    /// with note keys: the payer is `base`'s encumbrance, the note key signed with
+    /// (`base + tweak·G`) must encumber an input, and change may go to `base` or its change
+    /// notes.
+    pub fn check_notes(
+        &self,
+        customer: &PublicKey,
+        base: &[u8; 33],
+        message: &[u8],
+        now: u64,
+    ) -> Result<(PaymentAuth, Digest), AuthzError> {
+        let key = florin_crypto::P256PublicKey(*base);
+        let payer = Encumbrance::p256(&key);
+        let auth = PaymentAuth::decode(&self.auth)?;
+        auth.verify(customer)?;
+        if auth.payer != payer {
+            return Err(AuthzError::WrongPayer);
+        }
+        let tx = match Transaction::decode(&self.tx) {
+            Ok(Transaction::Transfer(t)) => t,
+            _ => return Err(AuthzError::Malformed("transaction".into())),
+        };
+        let txid = tx.txid();
+        if message != txid.as_slice() {
+            return Err(AuthzError::DigestMismatch);
+        }
+        let note = |t: &[u8; 32]| -> Result<Encumbrance, AuthzError> {
+            let k = crate::dkls::tweak_public(base, t).map_err(|_| AuthzError::BadTweak)?;
+            Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(k)))
+        };
+        let signing = match &self.tweak {
+            Some(t) => note(t)?,
+            None => payer,
+        };
+        if !tx.inputs.iter().any(|u| u.encumbrance == signing) {
+            return Err(AuthzError::NotAnInput);
+        }
+        let notes = self
+            .change
+            .iter()
+            .map(note)
+            .collect::<Result<Vec<_>, _>>()?;
+        auth.check_outputs_with(&tx, &notes)?;
+        auth.check_time(now)?;
+        Ok((auth, txid))
     }
 
     /// Every check but the payment id's: for signing `message` with the key whose

@@ -1067,6 +1067,69 @@ pub fn export(shares: &[DklsShare]) -> Result<Zeroizing<[u8; 32]>, CustodyError>
     Ok(Zeroizing::new(x.to_repr().into()))
 }
 
+fn point(bytes: &[u8; 33], what: &str) -> Result<ProjectivePoint, CustodyError> {
+    let p: Option<AffinePoint> = AffinePoint::from_bytes(bytes.into()).into();
+    match p {
+        Some(p) if !bool::from(p.is_identity()) => Ok(ProjectivePoint::from(p)),
+        _ => Err(CustodyError::BadParameters(format!(
+            "{what}: not a P-256 point (SEC1 compressed)"
+        ))),
+    }
+}
+
+fn compressed_point(p: ProjectivePoint, what: &str) -> Result<[u8; 33], CustodyError> {
+    let a = p.to_affine();
+    if bool::from(a.is_identity()) {
+        return Err(CustodyError::BadParameters(format!(
+            "{what} is the point at infinity"
+        )));
+    }
+    Ok(compressed(&a))
+}
+
+/// The note key `base + tweak·G` (SEC1 compressed): the public side of [`add_key`], for
+/// whoever holds only public keys (a payment provider, a node checking an authorization).
+pub fn tweak_public(base: &[u8; 33], tweak: &[u8; 32]) -> Result<[u8; 33], CustodyError> {
+    let b = point(base, "the key")?;
+    let t = scalar(tweak, "the tweak")?;
+    compressed_point(b + ProjectivePoint::GENERATOR * *t, "the note key")
+}
+
+/// `R1 + R2` (SEC1 compressed): the key of a note that two parties' keys make together
+/// (Filia's remote transfer).
+pub fn add_public(a: &[u8; 33], b: &[u8; 33]) -> Result<[u8; 33], CustodyError> {
+    compressed_point(point(a, "R1")? + point(b, "R2")?, "R1 + R2")
+}
+
+/// `secret·G` (SEC1 compressed), for a non-zero scalar.
+pub fn public_of(secret: &[u8; 32]) -> Result<[u8; 33], CustodyError> {
+    let s = scalar(secret, "the secret")?;
+    compressed_point(ProjectivePoint::GENERATOR * *s, "the public key")
+}
+
+/// `a + b` mod the group order (32 bytes big-endian); an error if it is zero.
+pub fn add_scalars(a: &[u8; 32], b: &[u8; 32]) -> Result<Zeroizing<[u8; 32]>, CustodyError> {
+    let s = *scalar(a, "a")? + *scalar(b, "b")?;
+    if bool::from(s.is_zero()) {
+        return Err(CustodyError::BadParameters("the sum is zero".into()));
+    }
+    Ok(Zeroizing::new(s.to_repr().into()))
+}
+
+/// A fresh random non-zero P-256 scalar (32 bytes big-endian): a note's tweak, or Filia's
+/// `r2`.
+pub fn random_scalar() -> Zeroizing<[u8; 32]> {
+    // Uniform by rejection: 32 random bytes are a scalar below the group order but for a
+    // chance of about 2^-32.
+    let mut b = Zeroizing::new([0u8; 32]);
+    loop {
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, b.as_mut_slice());
+        if scalar(&b, "").is_ok() {
+            return b;
+        }
+    }
+}
+
 /// Key addition (R5): from this node's share of key `r1`, its share of `r1 + addend`. Every
 /// node applies the same `addend`; the OT set-up is kept (signing binds each run to the key's
 /// public key, so runs of the two keys never share a session).

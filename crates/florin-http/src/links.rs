@@ -205,6 +205,19 @@ impl PspLinks for HttpLinks {
         .await
     }
 
+    async fn ledger_issuer(&self, ledger: &str) -> Result<florin_crypto::PublicKey, PspError> {
+        let info: florin_node::api::Info = self
+            .ledger_call(ledger, "the ledger", true, |base| {
+                self.http.get(url(base, "/v1/info"))
+            })
+            .await?;
+        let k = info
+            .issuer
+            .ok_or_else(|| PspError::Unreachable("the ledger names no issuer key".into()))?;
+        florin_crypto::PublicKey::parse(&k)
+            .map_err(|e| PspError::Unreachable(format!("the ledger's issuer key: {e}")))
+    }
+
     async fn faucet(
         &self,
         ledger: &str,

@@ -547,3 +547,84 @@ fn dkls23_nodes_check_the_authorization_before_their_first_message() {
         .unwrap_err();
     assert_eq!(reason(err), AuthzError::Missing);
 }
+
+/// Filia's note keys: a DKLs23 key signs as `P + t·G` only for an input of the authorized
+/// transaction under that key, its change may go to the note keys the request names, and the
+/// signature verifies under the note key; a tweak for no input, change to an unnamed key, or
+/// notes asked of a FROST key are refused before any message.
+#[test]
+fn dkls23_keys_sign_as_their_note_keys_only_for_the_authorized_inputs() {
+    use florin_crypto::P256PublicKey;
+    use florin_custody::dkls::{random_scalar, tweak_public};
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(&dir.path().join("kmn"));
+    layout.create(2, &free_loopback_addrs(3).unwrap()).unwrap();
+    layout.set_ecdsa(Some(EcdsaLevel::Dkls23)).unwrap();
+    let _nodes = layout.start_in_process().unwrap();
+    let (net, me) = layout.load().unwrap();
+    let kmn = Kmn::new(&net, me).unwrap();
+    let customer = SecretKey::from_seed(&[2; 32]);
+    kmn.bind_customer("acct-nina", &customer.public_key())
+        .unwrap();
+    let pk = kmn
+        .ecdsa_keygen_with("acct-nina", florin_node::custody::EcdsaEngine::Dkls23)
+        .unwrap();
+    let payer = Encumbrance::p256(&pk);
+    let signer = kmn.ecdsa_signer("acct-nina", 0).unwrap();
+    let note = |t: &[u8; 32]| P256PublicKey(tweak_public(&pk.0, t).unwrap());
+    let (t_in, t_change) = (random_scalar(), random_scalar());
+    let note_in = Encumbrance::p256(&note(&t_in));
+    let note_change = Encumbrance::p256(&note(&t_change));
+    assert_ne!(note_in, payer);
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let auth = PaymentAuth::sign(&customer, payer, payee, 500, now() + 300, "note-1").unwrap();
+    // Spends a note under `t_in`, change to the note under `t_change`.
+    let mut t = transfer(note_in, payee, 500, 1_500, 1);
+    t.outputs[1].encumbrance = note_change;
+    let txid = t.txid();
+    let z = Authorization::new(&t, &auth).for_note(Some(*t_in), vec![*t_change]);
+    let sig = signer.sign_authorized(&txid, &z).unwrap();
+    p256::verify(&note(&t_in), &txid, &sig).unwrap();
+    assert!(
+        p256::verify(&pk, &txid, &sig).is_err(),
+        "it is the note key's signature, not the account key's"
+    );
+    // The account key itself signs no input of this transaction.
+    let plain = Authorization::new(&t, &auth).for_note(None, vec![*t_change]);
+    assert_eq!(
+        reason(signer.sign_authorized(&txid, &plain).unwrap_err()),
+        AuthzError::NotAnInput
+    );
+    // A tweak whose note is no input: refused.
+    let stray = Authorization::new(&t, &auth).for_note(Some(*random_scalar()), vec![*t_change]);
+    assert_eq!(
+        reason(signer.sign_authorized(&txid, &stray).unwrap_err()),
+        AuthzError::NotAnInput
+    );
+    // Change to a note key the request does not name: a foreign output.
+    let unnamed = Authorization::new(&t, &auth).for_note(Some(*t_in), vec![*random_scalar()]);
+    assert_eq!(
+        reason(signer.sign_authorized(&txid, &unnamed).unwrap_err()),
+        AuthzError::ForeignOutput(1)
+    );
+    // A tweak that is not a scalar.
+    let junk = Authorization::new(&t, &auth).for_note(Some([0xff; 32]), vec![*t_change]);
+    assert_eq!(
+        reason(signer.sign_authorized(&txid, &junk).unwrap_err()),
+        AuthzError::BadTweak
+    );
+    // FROST keys have no note keys.
+    let frost_customer = SecretKey::from_seed(&[5; 32]);
+    kmn.bind_customer("acct-otto", &frost_customer.public_key())
+        .unwrap();
+    let group = kmn.dkg("acct-otto").unwrap();
+    let fpayer = Encumbrance::ed25519(&group.public_key());
+    let fauth = PaymentAuth::sign(&frost_customer, fpayer, payee, 500, now() + 300, "f-1").unwrap();
+    let ft = transfer(fpayer, payee, 500, 1_500, 2);
+    let fz = Authorization::new(&ft, &fauth).for_note(Some(*t_in), Vec::new());
+    let fsigner = kmn.signer("acct-otto").unwrap();
+    assert_eq!(
+        reason(fsigner.sign_authorized(&ft.txid(), &fz).unwrap_err()),
+        AuthzError::NoNotes
+    );
+}

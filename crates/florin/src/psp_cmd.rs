@@ -153,8 +153,9 @@ pub enum PspCommand {
     /// Print and check, offline, the proof of a cross-provider payment: where the payee's
     /// provider said to pay (signed by it), the ledger's signed confirmation of the
     /// transaction, and the payee's provider's signed acknowledgement. Exit 0 when the proof
-    /// holds and is complete, 2 when it does not hold, 3 when it holds but still lacks the
-    /// confirmation or the acknowledgement (1: it could not be fetched or read).
+    /// holds, is complete and both keys were pinned (`--issuer`, `--payee-key`); 2 when it
+    /// does not hold; 3 when it holds but lacks the confirmation or the acknowledgement, or a
+    /// key was not pinned (1: it could not be fetched or read).
     Proof(ProofArgs),
     /// An account's payments, oldest first.
     History {
@@ -733,7 +734,7 @@ fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
     if !a.json {
         println!("payment      {}", c.txid);
         println!("amount       €{}", format_cents(c.amount_cents));
-        println!("from         {}", c.payer);
+        println!("from         {} (the paying provider's record)", c.payer);
         println!(
             "to           {} at provider {} (its key {})",
             c.payee_account, c.payee_psp, c.payee_psp_key
@@ -745,7 +746,7 @@ fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
                 if issuer.is_some() {
                     " (as pinned)"
                 } else {
-                    " (not pinned: compare with the ledger's /v1/info, or give --issuer)"
+                    " (NOT pinned: give --issuer, the ledger's /v1/info issuer)"
                 }
             ),
             _ => println!(
@@ -756,16 +757,25 @@ fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
             Some(o) => println!("payee's provider  acknowledged ({o}), signed"),
             None => println!("payee's provider  NOT acknowledged yet"),
         }
+        if payee_key.is_none() {
+            println!(
+                "payee's key  NOT pinned: give --payee-key, the peer key configured for {}",
+                c.payee_psp
+            );
+        }
         println!(
             "{}",
-            if c.complete {
-                "the proof holds and is complete"
-            } else {
-                "the proof holds so far but is not complete"
+            match (c.complete, c.pinned) {
+                (true, true) => "the proof holds and is complete",
+                (true, false) => {
+                    "the proof holds with the keys it names, which were not all pinned: \
+                     anyone can sign with keys of their own"
+                }
+                _ => "the proof holds so far but is not complete",
             }
         );
     }
-    Ok(if c.complete {
+    Ok(if c.complete && c.pinned {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(3)

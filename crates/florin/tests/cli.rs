@@ -1960,8 +1960,25 @@ fn psp_processes_pay_within_and_across_providers() {
         proof_file.to_str().unwrap(),
         "--issuer",
         &issuer,
+        "--payee-key",
+        b_key,
     ]);
     assert!(text.contains("holds and is complete"), "{text}");
+    // Unpinned, it holds only with the keys it names: not a proof yet (exit 3).
+    let out = u.run(&["psp", "proof", "--file", proof_file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    // Pinned to another ledger's key, it does not hold.
+    let out = u.run(&[
+        "psp",
+        "proof",
+        "--file",
+        proof_file.to_str().unwrap(),
+        "--issuer",
+        &a_key,
+        "--payee-key",
+        b_key,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let mut altered: Value = serde_json::from_slice(&std::fs::read(&proof_file).unwrap()).unwrap();
     altered["amount_cents"] = 25_000.into();
     let bad_file = dir.path().join("altered.json");

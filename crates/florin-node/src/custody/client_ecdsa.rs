@@ -773,6 +773,15 @@ impl EcdsaSigner {
         self.inner.sign(msg)
     }
 
+    /// The public key of the note `key + tweak·G` (DKLs23 keys sign as it, see
+    /// `Authorization::tweak`).
+    pub fn note_public(&self, tweak: &[u8; 32]) -> Result<P256PublicKey, KmnError> {
+        Ok(P256PublicKey(
+            florin_custody::dkls::tweak_public(&self.inner.public.0, tweak)
+                .map_err(KmnError::Protocol)?,
+        ))
+    }
+
     /// Signs the txid `msg` with a key bound to a customer: always from a presignature (one
     /// is made now if the pool is empty), each signer checking the transaction and the
     /// customer's authorization before it uses its half (`KmnError::Unauthorized` when it
@@ -1099,7 +1108,15 @@ impl SignerInner {
                     };
                     let b: [u8; 64] = b.try_into().map_err(|_| unexpected(p))?;
                     let sig = P256Signature(b);
-                    p256::verify(&self.public, msg, &sig).map_err(|e| {
+                    // A note key's signature verifies under the note key.
+                    let public = match authz.and_then(|a| a.tweak) {
+                        Some(t) => P256PublicKey(
+                            florin_custody::dkls::tweak_public(&self.public.0, &t)
+                                .map_err(KmnError::Protocol)?,
+                        ),
+                        None => self.public,
+                    };
+                    p256::verify(&public, msg, &sig).map_err(|e| {
                         KmnError::Protocol(CustodyError::Misbehaved {
                             party: p,
                             reason: format!("reported a signature that does not verify: {e}"),

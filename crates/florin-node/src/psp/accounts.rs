@@ -210,8 +210,8 @@ impl Psp {
         })
     }
 
-    /// The proof of account `name`'s cross-provider payment `txid` (hex), checked before it
-    /// is given out (see [`super::proof`]). `NotFound` for another account's payment, one
+    /// The proof of account `name`'s cross-provider payment `txid` (hex) (see
+    /// [`super::proof`]). `NotFound` for another account's payment, one
     /// that is not cross-provider, or one not settled yet.
     pub fn proof(&self, name: &str, txid: &str) -> Result<super::proof::TransferProof, PspError> {
         let rec = self.record(name)?;
@@ -229,9 +229,8 @@ impl Psp {
         if proof.payer != format!("{}@{}", rec.name, self.cfg.name) {
             return Err(none());
         }
-        proof
-            .verify(None, None)
-            .map_err(|e| PspError::Storage(format!("stored proof of {txid}: {e}")))?;
+        // Handed out as stored: the reader checks it (a part that does not hold is the
+        // reader's to see, not a reason to withhold the rest).
         Ok(proof)
     }
 

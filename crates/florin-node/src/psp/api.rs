@@ -145,6 +145,10 @@ pub struct PayReceipt {
     /// Whether this answers a repeated payment id (nothing was paid this time).
     #[serde(default)]
     pub repeated: bool,
+    /// Threshold signatures the payment took: one per key among its inputs (the account's
+    /// key and each note key spent; 0 for a repeated id).
+    #[serde(default)]
+    pub signatures: usize,
     /// Time spent on the threshold signature, milliseconds.
     pub sign_ms: f64,
     /// Time from the request to confirmation (and acknowledgement), milliseconds.

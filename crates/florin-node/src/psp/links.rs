@@ -26,6 +26,8 @@ pub trait PspLinks: Send + Sync {
         ledger: &str,
         txid: &[u8; 32],
     ) -> Result<crate::api::LedgerConfirmation, PspError>;
+    /// The ledger's issuer key (its `/v1/info`), which signs its confirmations.
+    async fn ledger_issuer(&self, ledger: &str) -> Result<florin_crypto::PublicKey, PspError>;
     /// The ledger's faucet (devnet): mints to an encumbrance.
     async fn faucet(
         &self,

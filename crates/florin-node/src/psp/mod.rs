@@ -76,6 +76,10 @@ pub struct Psp {
     key_pool: Mutex<std::collections::VecDeque<String>>,
     /// Pooled keys taken by an account opening that failed half-way: account → key.
     reserved: Mutex<HashMap<String, String>>,
+    /// The ledger's issuer key, once asked (its confirmations must be signed by it).
+    issuer: Mutex<Option<florin_crypto::PublicKey>>,
+    /// Where the background fetching of ledger confirmations goes on.
+    confirm_cursor: Mutex<Option<[u8; 32]>>,
 }
 
 /// A claim on sending one acknowledgement; let go when dropped.
@@ -129,6 +133,8 @@ impl Psp {
             notifying: Arc::default(),
             key_pool: Mutex::new(std::collections::VecDeque::new()),
             reserved: Mutex::new(HashMap::new()),
+            issuer: Mutex::new(None),
+            confirm_cursor: Mutex::new(None),
         });
         psp.spawn_key_pool();
         Ok(psp)

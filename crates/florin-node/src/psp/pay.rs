@@ -165,7 +165,15 @@ impl Psp {
             value: req.amount_cents,
             encumbrance: payee_enc,
         };
-        let draft = build::payment(&coins, vec![pay], rec.enc()?).map_err(|e| match e {
+        // Filia's note model (DKLs23 accounts): the change goes to a fresh note key of the
+        // account, `P + c·G` with a random `c`, never back to the account's key.
+        let notes = signer.uses_notes();
+        let change_tweak = notes.then(florin_custody::dkls::random_scalar);
+        let change_to = match &change_tweak {
+            Some(c) => self.note_enc(&rec, c)?,
+            None => rec.enc()?,
+        };
+        let draft = build::payment(&coins, vec![pay], change_to).map_err(|e| match e {
             build::BuildError::TooManyInputs { needed, max } => PspError::Refused(format!(
                 "the payment needs {needed} coins, a transaction takes at most {max}; pay less first"
             )),
@@ -174,14 +182,42 @@ impl Psp {
         let txid = draft.txid();
         // The nodes check the customer's authorization against this very transaction.
         let authz = Authorization::new(&draft.transfer, &auth);
+        // One signature over the txid per key among the inputs: the account's key, and each
+        // note key (the nodes sign as `P + t·G` for the note's tweak `t`).
+        let mut keys: Vec<(Encumbrance, Option<[u8; 32]>)> = Vec::new();
+        for u in &draft.transfer.inputs {
+            if keys.iter().any(|(e, _)| *e == u.encumbrance) {
+                continue;
+            }
+            let tweak = self.books.note_tweak(&u.encumbrance)?;
+            if tweak.is_some() && !notes {
+                return Err(PspError::Storage(format!(
+                    "account {} holds a note but its key has no note keys",
+                    rec.name
+                )));
+            }
+            keys.push((u.encumbrance, tweak));
+        }
+        let change: Vec<[u8; 32]> = change_tweak.iter().map(|c| **c).collect();
         let s0 = Instant::now();
         let sig_signer = signer.clone();
-        // One signature over the txid serves every input (all are the account's key); the
-        // builder checks it against each input's encumbrance.
+        let signatures = keys.len();
+        // The builder checks each witness against its input's encumbrance.
         let t = tokio::task::spawn_blocking(move || -> Result<Transfer, PspError> {
-            let w = sig_signer.witness_authorized(&txid, &authz)?;
+            let mut ws = Vec::with_capacity(keys.len());
+            for (enc, tweak) in &keys {
+                let a = authz.for_note(*tweak, change.clone());
+                ws.push((*enc, sig_signer.witness_authorized(&txid, &a)?));
+            }
+            let inputs = draft.transfer.inputs.clone();
             draft
-                .sign_with(|_, _| Ok(w))
+                .sign_with(|i, _| {
+                    let enc = inputs.get(i).map(|u| u.encumbrance);
+                    ws.iter()
+                        .find(|(e, _)| Some(*e) == enc)
+                        .map(|(_, w)| w.clone())
+                        .ok_or(build::BuildError::WrongSigner { index: i })
+                })
                 .map_err(|e| PspError::Refused(format!("cannot sign the payment: {e}")))
         })
         .await
@@ -198,6 +234,7 @@ impl Psp {
             tx: hex::encode(Transaction::Transfer(t.clone()).encode()),
             request_id: req.id.clone(),
             offer,
+            change_tweak: change_tweak.map(|c| hex::encode(*c)),
         };
         self.books.put_pending(&txid, &pending)?;
         let st = match self.submit(&Transaction::Transfer(t.clone())).await {
@@ -251,14 +288,6 @@ impl Psp {
         // that saw an error would pay again).
         let mut notified = payee_psp.is_none();
         if claim.is_some() {
-            // The ledger's signed confirmation, for the proof (the upkeep fetches it later if
-            // the ledger cannot be asked now).
-            if let Err(e) = self.confirm_proof(&txid).await {
-                eprintln!(
-                    "psp: payment {}: no ledger confirmation yet ({e}); the upkeep asks again",
-                    hex::encode(txid)
-                );
-            }
             match self.books.notice(&txid) {
                 Ok(Some(n)) => match self.notify(&n).await {
                     Ok(ans) => {
@@ -278,6 +307,22 @@ impl Psp {
             }
         }
         drop(claim);
+        if payee_psp.is_some() {
+            // The ledger's signed confirmation, for the proof: asked once here, briefly, so
+            // that the proof is whole when the receipt comes; the upkeep asks again while the
+            // ledger cannot be asked.
+            let asked =
+                tokio::time::timeout(std::time::Duration::from_secs(2), self.confirm_proof(&txid))
+                    .await;
+            if let Ok(Err(e)) | Err(e) =
+                asked.map_err(|_| PspError::Unreachable("the ledger: no answer in 2 s".into()))
+            {
+                eprintln!(
+                    "psp: payment {}: no ledger confirmation yet ({e}); the upkeep asks again",
+                    hex::encode(txid)
+                );
+            }
+        }
         Ok(PayReceipt {
             txid: hex::encode(txid),
             route: route.into(),
@@ -285,6 +330,7 @@ impl Psp {
             change_output: outs.get(1).map(|u| hex::encode(u.encode())),
             notified,
             repeated: false,
+            signatures,
             sign_ms,
             total_ms: start.elapsed().as_secs_f64() * 1e3,
         })
@@ -358,6 +404,7 @@ fn receipt_of(done: Settled, notified: bool) -> PayReceipt {
         change_output: done.change_output,
         notified,
         repeated: true,
+        signatures: 0,
         sign_ms: 0.0,
         total_ms: 0.0,
     }
@@ -396,4 +443,21 @@ fn check_offer(
         ));
     }
     Ok(offer)
+}
+
+impl Psp {
+    /// The encumbrance of the note key `P + tweak·G` of a P-256 account (`P` its key).
+    pub(super) fn note_enc(
+        &self,
+        rec: &super::store::AccountRecord,
+        tweak: &[u8; 32],
+    ) -> Result<Encumbrance, PspError> {
+        let base: [u8; 33] = hex::decode(&rec.public_key)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| PspError::Storage(format!("account {}: public key", rec.name)))?;
+        let k = florin_custody::dkls::tweak_public(&base, tweak)
+            .map_err(|e| PspError::Storage(format!("account {}: note key: {e}", rec.name)))?;
+        Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(k)))
+    }
 }

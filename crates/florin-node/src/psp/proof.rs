@@ -49,6 +49,16 @@ fn signature(hex_sig: &str, what: &str) -> Result<Signature, ProofError> {
         .ok_or_else(|| bad(format!("{what}: the signature is not 64 bytes of hex")))
 }
 
+/// Appends `b` with its length (4 bytes, LE) in front: fields of a signed digest can never
+/// be spliced into one another.
+fn field(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// The outcomes a provider may answer for one handed-over output.
+pub const OUTCOMES: [&str; 4] = ["credited", "known", "not_ours", "not_unspent"];
+
 fn key(s: &str, what: &str) -> Result<PublicKey, ProofError> {
     PublicKey::parse(s).map_err(|e| bad(format!("{what}: key {s:?}: {e}")))
 }
@@ -66,25 +76,19 @@ pub struct PayeeOffer {
     pub at: u64,
     /// The provider's peer key (`eur1…`).
     pub key: String,
-    /// Ed25519 (hex) over `H("florin/psp/payee-offer/v1", psp ‖ 0 ‖ account ‖ 0 ‖
-    /// encumbrance ‖ 0 ‖ at (8, LE))`.
+    /// Ed25519 (hex) over `H("florin/psp/payee-offer/v1", [psp] ‖ [account] ‖ [encumbrance] ‖
+    /// at (8, LE))`, where `[x]` is x's length (4 bytes, LE) then x.
     pub signature: String,
 }
 
 impl PayeeOffer {
     fn digest(psp: &str, account: &str, encumbrance: &str, at: u64) -> Digest {
-        hash(
-            OFFER_DOMAIN,
-            &[
-                psp.as_bytes(),
-                &[0],
-                account.as_bytes(),
-                &[0],
-                encumbrance.as_bytes(),
-                &[0],
-                &at.to_le_bytes(),
-            ],
-        )
+        let mut b = Vec::new();
+        field(&mut b, psp.as_bytes());
+        field(&mut b, account.as_bytes());
+        field(&mut b, encumbrance.as_bytes());
+        b.extend_from_slice(&at.to_le_bytes());
+        hash(OFFER_DOMAIN, &[&b])
     }
 
     /// Signs where `account` is paid.
@@ -129,27 +133,24 @@ pub struct ReceiptAck {
     pub at: u64,
     /// Its peer key (`eur1…`).
     pub key: String,
-    /// Ed25519 (hex) over `H("florin/psp/receive-answer/v1", psp ‖ 0 ‖ at (8, LE) ‖ for each
-    /// result: id ‖ 0 ‖ account ‖ 0 ‖ outcome ‖ 0)`.
+    /// Ed25519 (hex) over `H("florin/psp/receive-answer/v1", [psp] ‖ at (8, LE) ‖ count (4,
+    /// LE) ‖ for each result: [id] ‖ [account or empty] ‖ [outcome])`, where `[x]` is x's
+    /// length (4 bytes, LE) then x.
     pub signature: String,
 }
 
 impl ReceiptAck {
     fn digest(psp: &str, at: u64, results: &[Received]) -> Digest {
-        let mut parts: Vec<&[u8]> = vec![psp.as_bytes(), &[0]];
-        let at = at.to_le_bytes();
-        parts.push(&at);
+        let mut b = Vec::new();
+        field(&mut b, psp.as_bytes());
+        b.extend_from_slice(&at.to_le_bytes());
+        b.extend_from_slice(&(results.len() as u32).to_le_bytes());
         for r in results {
-            parts.extend_from_slice(&[
-                r.id.as_bytes(),
-                &[0],
-                r.account.as_deref().unwrap_or("").as_bytes(),
-                &[0],
-                r.outcome.as_bytes(),
-                &[0],
-            ]);
+            field(&mut b, r.id.as_bytes());
+            field(&mut b, r.account.as_deref().unwrap_or("").as_bytes());
+            field(&mut b, r.outcome.as_bytes());
         }
-        hash(ACK_DOMAIN, &parts)
+        hash(ACK_DOMAIN, &[&b])
     }
 
     /// Signs `results`.
@@ -163,14 +164,53 @@ impl ReceiptAck {
         }
     }
 
-    /// Checks the signature over `results`; the key it verifies under.
+    /// Checks the signature over `results` (each result well formed: a 64-hex id and a known
+    /// outcome); the key it verifies under.
     pub fn verify(&self, results: &[Received]) -> Result<PublicKey, ProofError> {
+        for r in results {
+            if r.id.len() != 64 || hex::decode(&r.id).is_err() {
+                return Err(bad(
+                    "the acknowledgement names an output id that is not 64 hex",
+                ));
+            }
+            if !OUTCOMES.contains(&r.outcome.as_str()) {
+                return Err(bad(format!(
+                    "the acknowledgement has an unknown outcome {:?}",
+                    r.outcome
+                )));
+            }
+        }
         let k = key(&self.key, "the acknowledgement")?;
         let sig = signature(&self.signature, "the acknowledgement")?;
         florin_crypto::verify(&k, &Self::digest(&self.psp, self.at, results), &sig).map_err(
             |_| bad("the payee's provider's signature on its acknowledgement does not verify"),
         )?;
         Ok(k)
+    }
+}
+
+/// Checks a payee's provider's answer to the hand-over of `output` (hex UTXO id): signed by
+/// `peer_key`, exactly one result, for that output. Its outcome.
+pub fn check_ack(
+    ans: &ReceiveAnswer,
+    peer_key: &PublicKey,
+    output: &str,
+) -> Result<String, ProofError> {
+    let signed = ans
+        .signed
+        .as_ref()
+        .ok_or_else(|| bad("the acknowledgement is not signed"))?;
+    let k = signed.verify(&ans.results)?;
+    if k != *peer_key {
+        return Err(bad(
+            "the acknowledgement is signed by another key than the payee's provider's",
+        ));
+    }
+    match ans.results.as_slice() {
+        [r] if r.id == output => Ok(r.outcome.clone()),
+        _ => Err(bad(
+            "the acknowledgement is not one answer for the payee's output",
+        )),
     }
 }
 
@@ -187,7 +227,8 @@ pub struct TransferProof {
     pub output: usize,
     /// Amount paid, in cents.
     pub amount_cents: u64,
-    /// The paying account, as `name@provider`.
+    /// The paying account, as `name@provider`: the paying provider's record (no one else
+    /// signs it).
     pub payer: String,
     /// The payee, as `account@peer` (the peer as the paying provider names it).
     pub payee: String,
@@ -226,6 +267,10 @@ pub struct ProofCheck {
     pub acknowledged: Option<String>,
     /// Confirmed by the ledger and acknowledged by the payee's provider.
     pub complete: bool,
+    /// Whether the ledger's and the payee's provider's keys were given to check against:
+    /// without both, a proof could be signed by anyone's keys, and proves nothing until the
+    /// reader compares the keys reported.
+    pub pinned: bool,
 }
 
 impl TransferProof {
@@ -316,29 +361,13 @@ impl TransferProof {
         }
         let mut acknowledged = None;
         if let Some(a) = &self.acknowledgement {
-            let signed = a
-                .signed
-                .as_ref()
-                .ok_or_else(|| bad("the acknowledgement is not signed"))?;
-            let k = signed.verify(&a.results)?;
-            if k != psp_key {
-                return Err(bad(
-                    "the acknowledgement is signed by another key than the payee's provider's offer",
-                ));
-            }
-            let id = hex::encode(out.id());
-            let r = a
-                .results
-                .iter()
-                .find(|r| r.id == id)
-                .ok_or_else(|| bad("the acknowledgement does not name the payee's output"))?;
-            if r.outcome != "credited" && r.outcome != "known" {
+            let outcome = check_ack(a, &psp_key, &hex::encode(out.id()))?;
+            if outcome != "credited" && outcome != "known" {
                 return Err(bad(format!(
-                    "the payee's provider answered {:?} for the output",
-                    r.outcome
+                    "the payee's provider answered {outcome:?} for the output"
                 )));
             }
-            acknowledged = Some(r.outcome.clone());
+            acknowledged = Some(outcome);
         }
         Ok(ProofCheck {
             txid: self.txid.clone(),
@@ -349,9 +378,100 @@ impl TransferProof {
             payee_psp_key: psp_key.to_address(),
             encumbrance: self.offer.encumbrance.clone(),
             complete: confirmed_at.is_some() && acknowledged.is_some(),
+            pinned: issuer.is_some() && payee_key.is_some(),
             ledger_issuer,
             confirmed_at,
             acknowledged,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn r(id: &str, account: Option<&str>, outcome: &str) -> Received {
+        Received {
+            id: id.into(),
+            account: account.map(str::to_string),
+            outcome: outcome.into(),
+        }
+    }
+
+    #[test]
+    fn an_acknowledgement_cannot_be_spliced_or_taken_for_another_output() {
+        let b = SecretKey::from_seed(&[7; 32]);
+        let (t, u) = ("aa".repeat(32), "bb".repeat(32));
+        // B answered: T not unspent, U known.
+        let results = vec![
+            r(&t, Some("carol"), "not_unspent"),
+            r(&u, Some("carol"), "known"),
+        ];
+        let ans = ReceiveAnswer {
+            signed: Some(ReceiptAck::sign(&b, "bank-b", 5, &results)),
+            results,
+        };
+        assert!(check_ack(&ans, &b.public_key(), &t).is_err(), "two answers");
+        // Rewritten as one answer whose account swallows the rest: the bytes differ now.
+        let spliced = ReceiveAnswer {
+            results: vec![r(
+                &t,
+                Some(&format!("carol\0not_unspent\0{u}\0carol")),
+                "known",
+            )],
+            signed: ans.signed.clone(),
+        };
+        assert!(check_ack(&spliced, &b.public_key(), &t).is_err());
+        // A good one, then each alteration.
+        let one = vec![r(&t, Some("carol"), "credited")];
+        let good = ReceiveAnswer {
+            signed: Some(ReceiptAck::sign(&b, "bank-b", 5, &one)),
+            results: one,
+        };
+        assert_eq!(check_ack(&good, &b.public_key(), &t).unwrap(), "credited");
+        assert!(
+            check_ack(&good, &b.public_key(), &u).is_err(),
+            "another output"
+        );
+        let stranger = SecretKey::from_seed(&[8; 32]).public_key();
+        assert!(check_ack(&good, &stranger, &t).is_err(), "another key");
+        let mut g = good.clone();
+        g.results[0].outcome = "known".into();
+        assert!(
+            check_ack(&g, &b.public_key(), &t).is_err(),
+            "outcome changed"
+        );
+        let mut g = good.clone();
+        g.signed = None;
+        assert!(check_ack(&g, &b.public_key(), &t).is_err(), "unsigned");
+        // Ill-formed results are refused even when signed.
+        let odd = vec![r("zz", None, "credited")];
+        let g = ReceiveAnswer {
+            signed: Some(ReceiptAck::sign(&b, "bank-b", 5, &odd)),
+            results: odd,
+        };
+        assert!(check_ack(&g, &b.public_key(), "zz").is_err());
+        let odd = vec![r(&t, None, "paid, honest")];
+        let g = ReceiveAnswer {
+            signed: Some(ReceiptAck::sign(&b, "bank-b", 5, &odd)),
+            results: odd,
+        };
+        assert!(check_ack(&g, &b.public_key(), &t).is_err());
+    }
+
+    #[test]
+    fn an_offer_binds_each_field_apart() {
+        let b = SecretKey::from_seed(&[7; 32]);
+        let o = PayeeOffer::sign(&b, "bank-b", "carol", "ed25519:00", 9);
+        assert_eq!(o.verify().unwrap(), b.public_key());
+        // Moving bytes from one field to the next changes what was signed.
+        let mut m = o.clone();
+        m.psp = "bank-bc".into();
+        m.account = "arol".into();
+        assert!(m.verify().is_err());
+        let mut m = o.clone();
+        m.at = 10;
+        assert!(m.verify().is_err());
     }
 }

@@ -40,6 +40,10 @@ const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("psp_receipt
 const META: TableDefinition<&str, u64> = TableDefinition::new("psp_meta_v1");
 /// Proofs of cross-provider payments: txid → JSON of `proof::TransferProof`.
 const PROOFS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_proofs_v1");
+/// Filia's note keys: an account's note encumbrance (scheme byte ‖ 32) → the tweak `t` of
+/// its key `P + t·G` (32 bytes), `P` the account's key. Coins under the account's key itself
+/// have no entry.
+const NOTE_KEYS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("psp_note_keys_v1");
 /// Proofs still without the ledger's confirmation (txids).
 const TO_CONFIRM: TableDefinition<&[u8], ()> = TableDefinition::new("psp_proofs_to_confirm_v1");
 
@@ -105,6 +109,11 @@ pub struct PendingPayment {
     /// Cross provider: the payee's provider's signed word on where to pay (for the proof).
     #[serde(default)]
     pub offer: Option<super::proof::PayeeOffer>,
+    /// The change's note tweak (hex), when the change goes to a fresh note key of the payer
+    /// (DKLs23 accounts): written here before the payment is sent, so a crash cannot lose
+    /// the key of the change.
+    #[serde(default)]
+    pub change_tweak: Option<String>,
 }
 
 /// What a client's payment id settled as (kept for good, so a retried request is answered
@@ -297,6 +306,7 @@ impl Books {
             tx.open_table(RECEIPTS)?;
             tx.open_table(PROOFS)?;
             tx.open_table(TO_CONFIRM)?;
+            tx.open_table(NOTE_KEYS)?;
         }
         tx.commit()?;
         Ok(Books { db })
@@ -335,6 +345,35 @@ impl Books {
         }
         tx.commit()?;
         Ok(true)
+    }
+
+    /// The note tweak of one of this provider's note encumbrances (`None`: no note, e.g.
+    /// an account's own key).
+    pub(crate) fn note_tweak(&self, enc: &Encumbrance) -> Result<Option<[u8; 32]>, PspError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(NOTE_KEYS)?;
+        let v = t.get(owner_key(enc).as_slice())?;
+        v.map(|v| <[u8; 32]>::try_from(v.value()).map_err(|_| PspError::Storage("note key".into())))
+            .transpose()
+    }
+
+    /// Registers a note key of `account` (its encumbrance and tweak), before a coin under it
+    /// is credited.
+    pub(crate) fn add_note_key(
+        &self,
+        account: &str,
+        enc: &Encumbrance,
+        tweak: &[u8; 32],
+    ) -> Result<(), PspError> {
+        let tx = begin(&self.db)?;
+        {
+            let k = owner_key(enc);
+            tx.open_table(NOTE_KEYS)?
+                .insert(k.as_slice(), tweak.as_slice())?;
+            tx.open_table(OWNERS)?.insert(k.as_slice(), account)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// The account an encumbrance belongs to.
@@ -478,6 +517,17 @@ impl Books {
             }
             if let Some(change) = outs.get(1) {
                 w.hold(&p.from, change)?;
+                if let Some(t) = &p.change_tweak {
+                    let tweak = hex::decode(t)
+                        .ok()
+                        .filter(|b| b.len() == 32)
+                        .ok_or_else(|| PspError::Storage("pending change tweak".into()))?;
+                    let k = owner_key(&change.encumbrance);
+                    tx.open_table(NOTE_KEYS)?
+                        .insert(k.as_slice(), tweak.as_slice())?;
+                    tx.open_table(OWNERS)?
+                        .insert(k.as_slice(), p.from.as_str())?;
+                }
             }
             let payee = outs
                 .first()
@@ -613,18 +663,41 @@ impl Books {
         Ok(r.open_table(TO_CONFIRM)?.get(txid.as_slice())?.is_some())
     }
 
-    /// Up to `limit` txids whose proofs lack the ledger's confirmation.
-    pub(crate) fn proofs_to_confirm(&self, limit: usize) -> Result<Vec<[u8; 32]>, PspError> {
+    /// Up to `limit` txids whose proofs lack the ledger's confirmation, the first after
+    /// `after` (wrapping round to the first).
+    pub(crate) fn proofs_to_confirm(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<Vec<[u8; 32]>, PspError> {
         let r = self.db.begin_read()?;
         let t = r.open_table(TO_CONFIRM)?;
-        let mut out = Vec::new();
-        for item in t.iter()?.take(limit) {
-            let (k, _) = item?;
-            out.push(
-                k.value()
+        let mut out: Vec<[u8; 32]> = Vec::new();
+        let take = |it: redb::Range<'_, &'static [u8], ()>,
+                    skip: Option<[u8; 32]>,
+                    out: &mut Vec<[u8; 32]>| {
+            for item in it {
+                if out.len() >= limit {
+                    break;
+                }
+                let (k, _) = item?;
+                let id: [u8; 32] = k
+                    .value()
                     .try_into()
-                    .map_err(|_| PspError::Storage("proof key".into()))?,
-            );
+                    .map_err(|_| PspError::Storage("proof key".into()))?;
+                if skip != Some(id) && !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+            Ok::<(), PspError>(())
+        };
+        match after {
+            // Those after the cursor, then from the start round to it.
+            Some(a) => {
+                take(t.range(a.as_slice()..)?, Some(a), &mut out)?;
+                take(t.range::<&[u8]>(..=a.as_slice())?, None, &mut out)?;
+            }
+            None => take(t.range::<&[u8]>(..)?, None, &mut out)?,
         }
         Ok(out)
     }
@@ -653,10 +726,17 @@ impl Books {
                     hex::encode(txid)
                 )));
             };
+            // Confirmed already (the payment and the upkeep both asked): the first stands.
+            if tx
+                .open_table(TO_CONFIRM)?
+                .remove(txid.as_slice())?
+                .is_none()
+            {
+                return Ok(());
+            }
             let mut proof: super::proof::TransferProof = unjson(&b)?;
             proof.confirmation = Some(c.clone());
             proofs.insert(txid.as_slice(), json(&proof)?.as_slice())?;
-            tx.open_table(TO_CONFIRM)?.remove(txid.as_slice())?;
         }
         tx.commit()?;
         Ok(())

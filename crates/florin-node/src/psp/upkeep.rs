@@ -168,10 +168,22 @@ impl Psp {
                 r => break r?,
             }
         };
-        match ans.results.first().map(|r| r.outcome.as_str()) {
-            Some("credited") | Some("known") => Ok(ans),
-            other => Err(PspError::Refused(format!(
+        // The answer goes into the proof: it must be the peer's signed word on this output.
+        let peer = self.peer(&n.psp)?;
+        let key = florin_crypto::PublicKey::parse(&peer.key)
+            .map_err(|_| PspError::Storage(format!("peer {}: bad key", peer.id)))?;
+        let id = hex::decode(&n.output)
+            .ok()
+            .and_then(|b| Utxo::decode(&b).ok())
+            .map(|u| hex::encode(u.id()))
+            .ok_or_else(|| PspError::Storage("notice output".into()))?;
+        match super::proof::check_ack(&ans, &key, &id) {
+            Ok(o) if o == "credited" || o == "known" => Ok(ans),
+            Ok(other) => Err(PspError::Refused(format!(
                 "the payee's provider answered {other:?}"
+            ))),
+            Err(e) => Err(PspError::Refused(format!(
+                "the payee's provider's acknowledgement does not hold: {e}"
             ))),
         }
     }
@@ -183,8 +195,9 @@ impl Psp {
         if !self.books.proof_needs_confirmation(txid)? {
             return Ok(());
         }
+        let issuer = self.ledger_issuer().await?;
         let c = self.links.confirmation(&self.cfg.ledger, txid).await?;
-        let (ctxid, _) = c
+        let (ctxid, key) = c
             .verify()
             .map_err(|e| PspError::Unreachable(format!("the ledger's confirmation: {e}")))?;
         if ctxid != *txid {
@@ -192,16 +205,47 @@ impl Psp {
                 "the ledger confirmed another transaction".into(),
             ));
         }
+        if key != issuer {
+            return Err(PspError::Unreachable(format!(
+                "the confirmation is signed by {}, not by the ledger's issuer {}",
+                key.to_address(),
+                issuer.to_address()
+            )));
+        }
         self.books.set_confirmation(txid, &c)
+    }
+
+    /// The ledger's issuer key, as its `/v1/info` says (asked once, then remembered).
+    async fn ledger_issuer(&self) -> Result<florin_crypto::PublicKey, PspError> {
+        if let Some(k) = self.issuer.lock().ok().and_then(|g| *g) {
+            return Ok(k);
+        }
+        let k = self.links.ledger_issuer(&self.cfg.ledger).await?;
+        if let Ok(mut g) = self.issuer.lock() {
+            *g = Some(k);
+        }
+        Ok(k)
     }
 
     /// Fetches the ledger's confirmations that proofs still lack (at most 256 a call);
     /// returns how many are still missing.
     pub async fn confirm_proofs(&self) -> Result<usize, PspError> {
-        let todo = self.books.proofs_to_confirm(256)?;
+        // Round robin from where the last call stopped, so no entry waits behind others.
+        let after = self.confirm_cursor.lock().ok().and_then(|g| *g);
+        let todo = self.books.proofs_to_confirm(after, 64)?;
+        if let Ok(mut g) = self.confirm_cursor.lock() {
+            *g = todo.last().copied();
+        }
         let mut left = 0;
         for txid in todo {
-            let Err(e) = self.confirm_proof(&txid).await else {
+            let r = tokio::time::timeout(Duration::from_secs(10), self.confirm_proof(&txid))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PspError::Unreachable(
+                        "the ledger: no answer in 10 s".into(),
+                    ))
+                });
+            let Err(e) = r else {
                 continue;
             };
             // The ledger remembers a transfer's txid only until its expiry: past it, no
@@ -240,6 +284,7 @@ impl Psp {
         // the resolution of payments.
         let weak = Arc::downgrade(self);
         let weak2 = weak.clone();
+        let weak3 = weak.clone();
         tokio::spawn(async move {
             let resolving = async move {
                 loop {
@@ -259,6 +304,15 @@ impl Psp {
                         if let Err(e) = me.notify_all().await {
                             eprintln!("psp: acknowledgements: {e}");
                         }
+                    }
+                    tokio::time::sleep(every).await;
+                }
+            };
+            // Confirmations apart too: a slow ledger does not hold up acknowledgements.
+            let confirming = async move {
+                loop {
+                    {
+                        let Some(me) = weak3.upgrade() else { return };
                         if let Err(e) = me.confirm_proofs().await {
                             eprintln!("psp: ledger confirmations: {e}");
                         }
@@ -266,7 +320,7 @@ impl Psp {
                     tokio::time::sleep(every).await;
                 }
             };
-            tokio::join!(resolving, notifying);
+            tokio::join!(resolving, notifying, confirming);
         })
     }
 }

@@ -187,13 +187,13 @@ impl Customers {
         }
     }
 
-    /// The check before a signature with `key_id` (whose encumbrance `payer` gives) over
+    /// The check before a signature with `key_id` (see [`PayerKey`]) (whose encumbrance `payer` gives) over
     /// `message`: nothing for a key without a customer; for a bound key, `authz` must pass
     /// every check, and its payment id is recorded (durably) for this transaction.
     pub(super) fn authorize(
         &self,
         key_id: &str,
-        payer: impl FnOnce() -> Result<Encumbrance, CustodyError>,
+        payer: impl FnOnce() -> Result<PayerKey, CustodyError>,
         message: &[u8],
         authz: Option<&Authorization>,
     ) -> Result<(), CustodyError> {
@@ -202,9 +202,13 @@ impl Customers {
         };
         let refuse = CustodyError::Unauthorized;
         let authz = authz.ok_or_else(|| refuse(AuthzError::Missing))?;
-        let payer = payer()?;
         let t = now();
-        let (auth, txid) = authz.check(&customer, &payer, message, t).map_err(refuse)?;
+        let (auth, txid) = match payer()? {
+            PayerKey::Plain(_) if authz.uses_notes() => Err(AuthzError::NoNotes),
+            PayerKey::Plain(payer) => authz.check(&customer, &payer, message, t),
+            PayerKey::Notes(base) => authz.check_notes(&customer, &base, message, t),
+        }
+        .map_err(refuse)?;
         let mut u = self
             .used
             .lock()
@@ -247,4 +251,13 @@ impl Customers {
         }
         Ok(())
     }
+}
+
+/// The key a signature is asked of, as [`Customers::authorize`] checks it.
+pub(super) enum PayerKey {
+    /// A key that signs only as itself: its encumbrance.
+    Plain(Encumbrance),
+    /// A DKLs23 P-256 key (SEC1 compressed), which also signs as its note keys (the key plus
+    /// a tweak, `Authorization::tweak`).
+    Notes([u8; 33]),
 }

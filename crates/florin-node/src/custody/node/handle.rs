@@ -1,6 +1,7 @@
 //! What a node does with one request: key generation, signing, refresh, repair, import,
 //! export, and the ECDSA requests.
 
+use super::customers::PayerKey;
 use super::*;
 use florin_custody::authz::{Authorization, AuthzError};
 use florin_ledger::Encumbrance;
@@ -540,7 +541,7 @@ pub(super) fn handle_ecdsa(
                 // Checked before this node's first message: a refusal leaks nothing.
                 inner.customers.authorize(
                     key_id,
-                    || ecdsa_payer(e, key_id),
+                    || Ok(PayerKey::Notes(e.public_key(key_id)?.0)),
                     message,
                     authz.as_ref(),
                 )?;
@@ -658,7 +659,11 @@ fn frost_sign(
     let package = SigningPackage::from_bytes(package)?;
     inner.customers.authorize(
         &key_id,
-        || Ok(Encumbrance::ed25519(&e.share.group().public_key())),
+        || {
+            Ok(PayerKey::Plain(Encumbrance::ed25519(
+                &e.share.group().public_key(),
+            )))
+        },
         package.message(),
         authz,
     )?;
@@ -674,8 +679,8 @@ fn frost_sign(
 }
 
 /// The encumbrance of an ECDSA key (what a customer's authorization names as the payer).
-fn ecdsa_payer(e: &EcdsaNode, key_id: &str) -> Result<Encumbrance, CustodyError> {
-    Ok(Encumbrance::p256(&e.public_key(key_id)?))
+fn ecdsa_payer(e: &EcdsaNode, key_id: &str) -> Result<PayerKey, CustodyError> {
+    Ok(PayerKey::Plain(Encumbrance::p256(&e.public_key(key_id)?)))
 }
 
 /// The refusal for a key whose share this node lost.

@@ -32,6 +32,8 @@ pub(super) enum Spec {
         share: Zeroizing<Vec<u8>>,
         signers: Vec<PartyId>,
         message: Vec<u8>,
+        /// Sign as the note key `key + tweak·G`.
+        tweak: Option<[u8; 32]>,
     },
     DklsRefresh {
         share: Zeroizing<Vec<u8>>,
@@ -92,12 +94,15 @@ impl<L: SecurityLevel> AnySession<L> {
                 share,
                 signers,
                 message,
-            } => AnySession::Sig(dkls::sign_session(
-                eid,
-                &signers,
-                dkls_share(&share)?,
-                &message,
-            )?),
+                tweak,
+            } => {
+                let share = dkls_share(&share)?;
+                let share = match tweak {
+                    Some(t) => dkls::add_key(&share, &t)?,
+                    None => share,
+                };
+                AnySession::Sig(dkls::sign_session(eid, &signers, share, &message)?)
+            }
             Spec::DklsRefresh { share } => {
                 AnySession::DklsKey(dkls::refresh_session(eid, dkls_share(&share)?)?)
             }

@@ -154,7 +154,7 @@ impl EcdsaNode {
                 key_id,
                 signers,
                 message,
-                ..
+                authz,
             } => {
                 let k = self.dkls_key(key_id)?;
                 let mut parties = signers.clone();
@@ -165,6 +165,9 @@ impl EcdsaNode {
                         share: k.core.clone(),
                         signers: signers.clone(),
                         message: message.clone(),
+                        // A note key (checked against the transaction with the rest of the
+                        // authorization before the run starts).
+                        tweak: authz.as_ref().and_then(|a| a.tweak),
                     },
                     parties,
                 )
