@@ -35,8 +35,9 @@ use florin_ledger::Encumbrance;
 use florin_node::custody::{
     free_loopback_addrs, EcdsaEngine, EcdsaLevel, Kmn, Layout, RunningNode,
 };
-use florin_node::psp::api::{AccountView, PayReceipt, PayRequest};
+use florin_node::psp::api::{AccountView, PayReceipt, PayRequest, TransferOffer};
 use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
+use florin_node::psp::proof::PayeeOffer;
 use florin_node::psp::{PaymentAuth, PeerPsp, Psp, PspConfig, PspScheme};
 use serde_json::json;
 
@@ -505,8 +506,26 @@ fn drive(
                     let t = Instant::now();
                     // The customer's side: the authorization and the signed request.
                     let id = format!("{tag}-{route}-{i}-{n}");
-                    let r: Result<PayReceipt> =
-                        PaymentAuth::sign(&key, payer_enc, payee_enc, 1, unix_now() + 300, &id)
+                    // Across providers, Filia's remote transfer: the payee's provider offers
+                    // where to pay (a joint key `R1 + R2` for note keys), then the payment.
+                    let start = |http: &mut Http| -> Result<(Encumbrance, Option<PayeeOffer>)> {
+                        if route != "cross_provider" {
+                            return Ok((payee_enc, None));
+                        }
+                        let t: TransferOffer = post_signed(
+                            http,
+                            "/v1/psp/transfers",
+                            &serde_json::json!({"from": from, "to": to, "to_psp": "bank-b",
+                                "amount_cents": 1}),
+                            &from,
+                            &key,
+                        )?;
+                        let enc = Encumbrance::parse_text(&t.encumbrance)
+                            .ok_or_else(|| anyhow!("bad transfer encumbrance"))?;
+                        Ok((enc, Some(t.offer)))
+                    };
+                    let r: Result<PayReceipt> = start(&mut http).and_then(|(to_enc, offer)| {
+                        PaymentAuth::sign(&key, payer_enc, to_enc, 1, unix_now() + 300, &id)
                             .map_err(|e| anyhow!(e))
                             .and_then(|auth| {
                                 let req = PayRequest {
@@ -517,12 +536,14 @@ fn drive(
                                     amount_cents: 1,
                                     id: Some(id),
                                     authorization: Some(hex::encode(auth.encode())),
+                                    offer,
                                 };
                                 serde_json::to_value(&req).map_err(|e| anyhow!(e))
                             })
                             .and_then(|body| {
                                 post_signed(&mut http, "/v1/psp/pay", &body, &from, &key)
-                            });
+                            })
+                    });
                     match r {
                         Ok(r) => {
                             mine.push(t.elapsed().as_micros() as u32);

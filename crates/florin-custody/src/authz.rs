@@ -501,8 +501,8 @@ mod tests {
         let at = 1 + 32 + 66; // the amount
         b[at] ^= 1;
         let z = Authorization {
-            tx: Authorization::new(&good, &a).tx,
             auth: b.clone(),
+            ..Authorization::new(&good, &a)
         };
         assert_eq!(
             z.check(&cust.public_key(), &payer, &txid, now).unwrap_err(),

@@ -237,6 +237,23 @@ impl PspLinks for HttpLinks {
         .await
     }
 
+    async fn peer_announce(
+        &self,
+        psp: &str,
+        body: Vec<u8>,
+        auth: String,
+    ) -> Result<florin_node::psp::proof::PayeeOffer, PspError> {
+        self.call(
+            self.http
+                .post(url(psp, florin_node::psp::ANNOUNCE_PATH))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .header(florin_node::psp::auth::AUTH_HEADER, auth)
+                .body(body),
+            "the payee's provider",
+        )
+        .await
+    }
+
     async fn peer_receive(
         &self,
         psp: &str,

@@ -29,8 +29,11 @@ use crate::node::{limited, validating};
 /// Body limits of the provider's routes, in bytes (over them: 413 `too_large`).
 pub mod limits {
     /// `POST /v1/psp/receive`: at most [`florin_node::psp::MAX_RECEIVE`] (256) UTXOs of 73
-    /// bytes, as hex, and the payer's provider.
-    pub const RECEIVE: usize = florin_node::psp::MAX_RECEIVE * (2 * 73 + 3) + 16 * 1024;
+    /// bytes, as hex, each with a key handed over, and the payer's provider.
+    pub const RECEIVE: usize = florin_node::psp::MAX_RECEIVE * (2 * 73 + 3 + HANDOVER) + 16 * 1024;
+    /// One key handed over with an output, in JSON: two 64-hex ids, an account name, a
+    /// 64-hex `r2` and the field names.
+    pub const HANDOVER: usize = 300;
     /// Every other route: a name, an amount, a payment's few fields.
     pub const SMALL: usize = 16 * 1024;
 }
@@ -256,6 +259,30 @@ async fn pay(
     Ok(Json(p.pay(req).await?))
 }
 
+/// Filia's ①–③ at the paying provider: its customer starts a transfer to another provider's
+/// customer (signed as `from`).
+async fn start_transfer(
+    State(p): St,
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<florin_node::psp::api::TransferOffer>, Refusal> {
+    let req: florin_node::psp::api::StartTransfer = json(&headers, &raw)?;
+    p.authenticate_customer(&req.from, &caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.start_transfer(req).await?))
+}
+
+/// Filia's ①–③ at the payee's provider: a peer announces a payment (peer-signed).
+async fn announce(
+    State(p): St,
+    uri: Uri,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> Result<Json<florin_node::psp::proof::PayeeOffer>, Refusal> {
+    let peer = p.authenticate_peer(&caller("POST", &uri, &headers, &raw))?;
+    Ok(Json(p.announce(json(&headers, &raw)?, &peer)?))
+}
+
 async fn receive(
     State(p): St,
     uri: Uri,
@@ -301,6 +328,11 @@ pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
         )
         .route("/v1/psp/accounts/{name}/faucet", limited(SMALL, post(fund)))
         .route("/v1/psp/pay", limited(SMALL, post(pay)))
+        .route("/v1/psp/transfers", limited(SMALL, post(start_transfer)))
+        .route(
+            florin_node::psp::ANNOUNCE_PATH,
+            limited(SMALL, post(announce)),
+        )
         .route(
             florin_node::psp::RECEIVE_PATH,
             limited(RECEIVE, post(receive)),

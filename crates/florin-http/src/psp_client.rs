@@ -7,7 +7,7 @@ use florin_crypto::SecretKey;
 use florin_ledger::Encumbrance;
 use florin_node::psp::api::{
     AccountList, AccountView, Fund, History, OpenAccount, PayReceipt, PayRequest, PayeeView,
-    PspInfo,
+    PspInfo, StartTransfer, TransferOffer,
 };
 use florin_node::psp::auth::{SignedRequest, AUTH_HEADER};
 use florin_node::psp::PaymentAuth;
@@ -225,9 +225,29 @@ impl PspClient {
         let payer = self.account(from, key).await?;
         let payer = Encumbrance::parse_text(&payer.encumbrance)
             .ok_or_else(|| ClientError::Authorize("the provider sent a bad encumbrance".into()))?;
+        // Across providers, Filia's remote transfer: the payee's provider offers where to
+        // pay (a joint key `R1 + R2` where its keys have note keys), through this provider.
+        let mut offer = None;
         let payee = match (to_psp, Encumbrance::parse_text(to)) {
             (None, Some(e)) => e,
-            _ => {
+            (Some(peer), _) => {
+                let t = self
+                    .start_transfer(
+                        &StartTransfer {
+                            from: from.into(),
+                            to: to.into(),
+                            to_psp: peer.into(),
+                            amount_cents,
+                        },
+                        key,
+                    )
+                    .await?;
+                offer = Some(t.offer);
+                Encumbrance::parse_text(&t.encumbrance).ok_or_else(|| {
+                    ClientError::Authorize("the provider sent a bad payee encumbrance".into())
+                })?
+            }
+            (None, None) => {
                 let v = self.payee(to, to_psp).await?;
                 Encumbrance::parse_text(&v.encumbrance).ok_or_else(|| {
                     ClientError::Authorize("the provider sent a bad payee encumbrance".into())
@@ -248,8 +268,27 @@ impl PspClient {
             amount_cents,
             id: Some(id.into()),
             authorization: Some(hex::encode(auth.encode())),
+            offer,
         };
         self.pay(&req, key).await
+    }
+
+    /// `POST /v1/psp/transfers`, signed by the customer's key as `req.from`: where to pay
+    /// another provider's customer (Filia's remote transfer).
+    pub async fn start_transfer(
+        &self,
+        req: &StartTransfer,
+        key: &SecretKey,
+    ) -> Result<TransferOffer, ClientError> {
+        let body = Self::to_json(req)?;
+        self.signed(
+            reqwest::Method::POST,
+            "/v1/psp/transfers",
+            body,
+            &req.from,
+            key,
+        )
+        .await
     }
 
     /// `GET /v1/psp/accounts/{name}/proofs/{txid}`, signed by the customer's key: the proof

@@ -1213,6 +1213,16 @@ fn cross_provider_payments_leave_a_proof_that_verifies_offline_and_forgeries_fai
     let mallory = SecretKey::from_seed(&[66; 32]);
     let mut p = proof.clone();
     p.offer.encumbrance = Encumbrance::ed25519(&mallory.public_key()).to_text();
+    fails(&p, "does not verify");
+    // A validly signed offer for another encumbrance than the output's.
+    let mut p = proof.clone();
+    p.offer = florin_node::psp::proof::PayeeOffer::sign(
+        &b.peer_key,
+        "bank-b",
+        "carol",
+        &Encumbrance::ed25519(&mallory.public_key()).to_text(),
+        1,
+    );
     fails(&p, "asked for");
     let mut p = proof.clone();
     let c = p.confirmation.as_mut().unwrap();
@@ -1371,4 +1381,175 @@ fn dkls23_accounts_keep_their_change_as_notes_under_keys_of_their_own() {
     assert!(r["signatures"].as_u64().unwrap() >= 2, "{r}");
     assert!(node.unspent(r["payee_output"].as_str().unwrap()));
     assert_eq!(a.balance("alice"), 1_000 - 300 + 50 + 250 - 990);
+}
+
+/// Filia's remote transfer (`004_…` 4.1, Fig. 1b) to a DKLs23 payee: the payee's provider
+/// offers a fresh note key `R1` of the payee's account, the payment goes to `R1 + R2`, `r2` is
+/// handed over with the output, and the payee's network then signs as `r1 + r2` — the payee
+/// spends it. The proof shows the joint key; a wrong `r2` credits nothing; a tampered offer or
+/// one for another account pays nothing.
+#[test]
+fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend() {
+    let node = LedgerNode::start();
+    let ledger = format!("http://{}", node.addr);
+    let mut a = Provider::start("bank-a", PspScheme::Ed25519, &ledger);
+    let mut b = Provider::start_with("bank-b", PspScheme::P256, EcdsaEngine::Dkls23, 0, &ledger);
+    a.add_peers(&[b.as_peer()]);
+    b.add_peers(&[a.as_peer()]);
+    ok(a.call("POST", "/v1/psp/accounts", Some(json!({"name": "alice"}))));
+    let carol = ok(b.call("POST", "/v1/psp/accounts", Some(json!({"name": "carol"}))));
+    ok(b.call("POST", "/v1/psp/accounts", Some(json!({"name": "erin"}))));
+    ok(a.call(
+        "POST",
+        "/v1/psp/accounts/alice/faucet",
+        Some(json!({"amount_cents": 5_000})),
+    ));
+    let alice = customer("alice");
+    let start = |amount: u64| {
+        ok(http_as(
+            a.addr,
+            "POST",
+            "/v1/psp/transfers",
+            Some(json!({"from": "alice", "to": "carol", "to_psp": "bank-b",
+                "amount_cents": amount})),
+            Some(("alice", &alice)),
+        ))
+    };
+    let t = start(700);
+    let offer = t["offer"].clone();
+    assert!(offer["r1"].is_string(), "{t}");
+    let joint = t["encumbrance"].as_str().unwrap().to_string();
+    assert_ne!(joint, carol["encumbrance"].as_str().unwrap());
+    assert_ne!(
+        joint,
+        offer["encumbrance"].as_str().unwrap(),
+        "R1 + R2, not R1"
+    );
+    let pay_with = |offer: &Value, to_enc: &str, amount: u64, id: &str| {
+        let payer = Encumbrance::parse_text(
+            ok(a.call("GET", "/v1/psp/accounts/alice", None))["encumbrance"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let auth = PaymentAuth::sign(
+            &alice,
+            payer,
+            Encumbrance::parse_text(to_enc).unwrap(),
+            amount,
+            unix_now() + 300,
+            id,
+        )
+        .unwrap();
+        http_as(
+            a.addr,
+            "POST",
+            "/v1/psp/pay",
+            Some(json!({"from": "alice", "to": "carol", "to_psp": "bank-b",
+                "amount_cents": amount, "id": id, "offer": offer,
+                "authorization": hex::encode(auth.encode())})),
+            Some(("alice", &alice)),
+        )
+    };
+    // A tampered offer, or one for another account, pays nothing.
+    let mut forged = offer.clone();
+    forged["amount_cents"] = 70_000.into();
+    let (code, v) = pay_with(&forged, &joint, 700, "t-forged");
+    assert_eq!(code, 422, "{v}");
+    let (code, v) = http_as(
+        a.addr,
+        "POST",
+        "/v1/psp/pay",
+        Some(
+            json!({"from": "alice", "to": "erin", "to_psp": "bank-b", "amount_cents": 700,
+            "id": "t-other", "offer": offer, "authorization": "00"}),
+        ),
+        Some(("alice", &alice)),
+    );
+    assert!(code == 400 || code == 422, "{code} {v}");
+    assert_eq!(a.balance("alice"), 5_000);
+
+    let r = ok(pay_with(&offer, &joint, 700, "t-1"));
+    assert_eq!(r["notified"], true, "{r}");
+    let out = Utxo::decode(&hex::decode(r["payee_output"].as_str().unwrap()).unwrap()).unwrap();
+    assert_eq!(out.encumbrance.to_text(), joint);
+    assert_eq!(b.balance("carol"), 700);
+    assert_eq!(a.balance("alice"), 4_300);
+
+    // The proof names the joint key and holds.
+    let issuer = florin_crypto::PublicKey::parse(
+        ok(http(node.addr, "GET", "/v1/info", None))["issuer"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let proof: florin_node::psp::proof::TransferProof = serde_json::from_value(ok(a.call(
+        "GET",
+        &format!(
+            "/v1/psp/accounts/alice/proofs/{}",
+            r["txid"].as_str().unwrap()
+        ),
+        None,
+    )))
+    .unwrap();
+    let check = proof
+        .verify(Some(&issuer), Some(&b.peer_key.public_key()))
+        .unwrap();
+    assert!(
+        check.joint_key && check.complete && check.pinned,
+        "{check:?}"
+    );
+    let mut p = proof.clone();
+    p.r2_public = None;
+    assert!(p.verify(None, None).is_err(), "a joint key needs R2");
+
+    // Carol spends the joint note: her network signs as r1 + r2.
+    let r = ok(b.pay("carol", "erin", None, 650));
+    assert_eq!(r["signatures"], 1, "{r}");
+    assert!(node.unspent(r["payee_output"].as_str().unwrap()));
+    assert!(!node.unspent(&hex::encode(out.encode())));
+    assert_eq!(b.balance("erin"), 650);
+    assert_eq!(b.balance("carol"), 50);
+
+    // A second transfer, handed over with a wrong r2 by a peer: not credited.
+    let t2 = start(5);
+    let r1 = hex::decode(t2["offer"]["r1"].as_str().unwrap()).unwrap();
+    let r2 = florin_custody::dkls::random_scalar();
+    let joint2 = florin_custody::dkls::add_public(
+        &r1.try_into().unwrap(),
+        &florin_custody::dkls::public_of(&r2).unwrap(),
+    )
+    .unwrap();
+    let fake = Utxo {
+        value: 5,
+        encumbrance: Encumbrance::p256(&florin_crypto::P256PublicKey(joint2)),
+        serial: [5; 32],
+    };
+    let handover = |r2: &[u8; 32]| {
+        json!({"outputs": [hex::encode(fake.encode())], "handover": [{
+            "id": hex::encode(fake.id()),
+            "transfer": t2["offer"]["transfer"],
+            "account": "carol",
+            "r2": hex::encode(r2),
+        }]})
+    };
+    let wrong = ok(b.call(
+        "POST",
+        "/v1/psp/receive",
+        Some(handover(&florin_custody::dkls::random_scalar())),
+    ));
+    assert_eq!(wrong["results"][0]["outcome"], "not_ours", "{wrong}");
+    // The right r2 makes it carol's key; this output is not on the ledger, so nothing is
+    // credited either.
+    let right = ok(b.call("POST", "/v1/psp/receive", Some(handover(&r2))));
+    assert_eq!(right["results"][0]["outcome"], "not_unspent", "{right}");
+    assert_eq!(b.balance("carol"), 50);
+    // A handover naming no output of the call is refused whole.
+    let mut stray = handover(&r2);
+    stray["handover"][0]["id"] = json!("00".repeat(32));
+    refused(
+        b.call("POST", "/v1/psp/receive", Some(stray)),
+        400,
+        "bad_request",
+    );
 }

@@ -125,6 +125,60 @@ pub struct PayRequest {
     /// payee's encumbrance. The key-management nodes check it before they sign. Required.
     #[serde(default)]
     pub authorization: Option<String>,
+    /// Filia's remote transfer: the payee's provider's offer from `POST /v1/psp/transfers`
+    /// (with `to_psp`). When it carries `r1`, the payment goes to the joint key `R1 + R2`
+    /// that the answer named, and `r2` is handed over with the output.
+    #[serde(default)]
+    pub offer: Option<super::proof::PayeeOffer>,
+}
+
+/// `POST /v1/psp/transfers` (customer-signed as `from`): announces a payment to another
+/// provider's customer (Filia's remote transfer, step ①) and answers where to pay it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StartTransfer {
+    /// The paying account.
+    pub from: String,
+    /// The payee's account at `to_psp`.
+    pub to: String,
+    /// The payee's provider: a configured peer's name or URL.
+    pub to_psp: String,
+    /// Amount in cents.
+    pub amount_cents: u64,
+}
+
+/// The answer to a [`StartTransfer`]: authorize a payment to `encumbrance`, then pay with
+/// `offer` in the [`PayRequest`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TransferOffer {
+    /// The payee's provider's signed offer.
+    pub offer: super::proof::PayeeOffer,
+    /// Where the payment goes: `R1 + R2`'s encumbrance for a joint key, else the offer's.
+    pub encumbrance: String,
+}
+
+/// `POST /v1/psp/announce` (peer-signed): a provider announces a payment to one of this
+/// provider's accounts; the answer is a signed offer, with a fresh note key `R1` of the
+/// account where the account's key has note keys.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Announce {
+    /// The payee's account.
+    pub account: String,
+    /// Amount in cents.
+    pub amount_cents: u64,
+}
+
+/// Filia's step ⑦: the paying provider hands over `r2`, so that the payee's provider's note
+/// key of output `id` becomes `r1 + r2`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Handover {
+    /// The output's UHS id (hex).
+    pub id: String,
+    /// The offer's transfer id.
+    pub transfer: String,
+    /// The payee's account.
+    pub account: String,
+    /// `r2` (hex, 32 bytes).
+    pub r2: String,
 }
 
 /// A settled payment.
@@ -165,6 +219,9 @@ pub struct Receive {
     /// Who sent them (free text, kept in the payee's history).
     #[serde(default)]
     pub from: Option<String>,
+    /// Keys handed over for outputs paid to joint keys `R1 + R2` (at most one per output).
+    #[serde(default)]
+    pub handover: Vec<Handover>,
 }
 
 /// What happened to one output of a [`Receive`].

@@ -36,6 +36,14 @@ pub trait PspLinks: Send + Sync {
     ) -> Result<LedgerFaucetAnswer, PspError>;
     /// Where to pay an account at the provider `psp` (a configured peer's URL).
     async fn peer_payee(&self, psp: &str, name: &str) -> Result<PayeeView, PspError>;
+    /// Announces a payment to the provider `psp` (`POST /v1/psp/announce`; `body` the JSON
+    /// of an `Announce`, `auth` its `florin-auth` header): its signed offer.
+    async fn peer_announce(
+        &self,
+        psp: &str,
+        body: Vec<u8>,
+        auth: String,
+    ) -> Result<super::proof::PayeeOffer, PspError>;
     /// Hands the provider `psp` outputs that pay its accounts: `body` is the JSON of a
     /// `Receive`, `auth` the `florin-auth` header signing it with this provider's peer key.
     async fn peer_receive(

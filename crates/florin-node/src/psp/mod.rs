@@ -29,6 +29,7 @@ mod links;
 mod pay;
 mod receive;
 mod signer;
+mod transfer;
 mod upkeep;
 
 pub use config::{check_payee, valid_account, PeerPsp, PspConfig, PspScheme};
@@ -36,6 +37,7 @@ pub use error::PspError;
 pub use florin_custody::authz::{AuthzError, PaymentAuth};
 pub use links::PspLinks;
 use signer::KeySigner;
+pub use transfer::ANNOUNCE_PATH;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};

@@ -74,7 +74,32 @@ impl Psp {
         // Where the money goes (and, across providers, the payee's provider's signed word
         // on it, kept as part of the proof of payment).
         let mut offer = None;
+        let mut r2: Option<zeroize::Zeroizing<[u8; 32]>> = None;
         let (payee_enc, payee_account, payee_psp, route, counterparty) = match &to_peer {
+            // Filia's remote transfer: an offer from `POST /v1/psp/transfers`.
+            Some(peer) if req.offer.is_some() => {
+                let o = req.offer.clone().unwrap_or_else(|| unreachable!());
+                check_offer(peer, &req.to, &o)?;
+                let (enc, secret) = self.offer_target(peer, &o)?;
+                check_payee(&enc).map_err(|e| {
+                    PspError::Refused(format!("the payee's provider sent an unusable key: {e}"))
+                })?;
+                if self.books.owner(&enc)?.is_some() {
+                    return Err(PspError::BadRequest(
+                        "the offer names one of this provider's own keys; pay the account here"
+                            .into(),
+                    ));
+                }
+                r2 = secret;
+                offer = Some(o);
+                (
+                    enc,
+                    None,
+                    Some(peer.url.clone()),
+                    "cross_provider",
+                    format!("{}@{}", req.to, peer.id),
+                )
+            }
             Some(peer) => {
                 let psp = &peer.url;
                 if !valid_account(&req.to) {
@@ -95,7 +120,22 @@ impl Psp {
                 match self.books.owner(&enc)? {
                     Some(a) => (enc, Some(a.clone()), None, "same_provider", a),
                     None => {
-                        offer = Some(check_offer(peer, &req.to, &v)?);
+                        let o = v.offer.clone().ok_or_else(|| {
+                            PspError::Refused(format!(
+                                "the payee's provider {}: it did not sign where to pay (an \
+                                 older version?); nothing was paid",
+                                peer.id
+                            ))
+                        })?;
+                        check_offer(peer, &req.to, &o)?;
+                        if o.encumbrance != v.encumbrance || o.r1.is_some() {
+                            return Err(PspError::Refused(format!(
+                                "the payee's provider {}: its signed answer names another \
+                                 encumbrance; nothing was paid",
+                                peer.id
+                            )));
+                        }
+                        offer = Some(o);
                         (
                             enc,
                             None,
@@ -215,7 +255,7 @@ impl Psp {
                     let enc = inputs.get(i).map(|u| u.encumbrance);
                     ws.iter()
                         .find(|(e, _)| Some(*e) == enc)
-                        .map(|(_, w)| w.clone())
+                        .map(|(_, w)| *w)
                         .ok_or(build::BuildError::WrongSigner { index: i })
                 })
                 .map_err(|e| PspError::Refused(format!("cannot sign the payment: {e}")))
@@ -235,6 +275,7 @@ impl Psp {
             request_id: req.id.clone(),
             offer,
             change_tweak: change_tweak.map(|c| hex::encode(*c)),
+            r2: r2.map(|k| hex::encode(*k)),
         };
         self.books.put_pending(&txid, &pending)?;
         let st = match self.submit(&Transaction::Transfer(t.clone())).await {
@@ -411,22 +452,18 @@ fn receipt_of(done: Settled, notified: bool) -> PayReceipt {
 }
 
 /// The payee's provider's signed word on where to pay `account`: signed by the peer's
-/// configured key, for that account, naming the encumbrance it answered with.
-fn check_offer(
+/// configured key, for that account.
+pub(super) fn check_offer(
     peer: &super::PeerPsp,
     account: &str,
-    v: &super::api::PayeeView,
-) -> Result<super::proof::PayeeOffer, PspError> {
+    offer: &super::proof::PayeeOffer,
+) -> Result<(), PspError> {
     let refused = |why: String| {
         PspError::Refused(format!(
             "the payee's provider {}: {why}; nothing was paid",
             peer.id
         ))
     };
-    let offer = v
-        .offer
-        .clone()
-        .ok_or_else(|| refused("it did not sign where to pay (an older version?)".into()))?;
     let key = offer.verify().map_err(|e| refused(e.to_string()))?;
     let configured = florin_crypto::PublicKey::parse(&peer.key)
         .map_err(|_| PspError::Storage(format!("peer {}: bad key", peer.id)))?;
@@ -437,12 +474,10 @@ fn check_offer(
             peer.key
         )));
     }
-    if offer.account != account || offer.encumbrance != v.encumbrance {
-        return Err(refused(
-            "its signed answer names another account or encumbrance".into(),
-        ));
+    if offer.account != account {
+        return Err(refused("its signed answer names another account".into()));
     }
-    Ok(offer)
+    Ok(())
 }
 
 impl Psp {
@@ -452,12 +487,8 @@ impl Psp {
         rec: &super::store::AccountRecord,
         tweak: &[u8; 32],
     ) -> Result<Encumbrance, PspError> {
-        let base: [u8; 33] = hex::decode(&rec.public_key)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| PspError::Storage(format!("account {}: public key", rec.name)))?;
-        let k = florin_custody::dkls::tweak_public(&base, tweak)
-            .map_err(|e| PspError::Storage(format!("account {}: note key: {e}", rec.name)))?;
-        Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(k)))
+        Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(
+            self.note_key(rec, tweak)?,
+        )))
     }
 }

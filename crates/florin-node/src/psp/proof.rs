@@ -29,6 +29,12 @@ use crate::api::LedgerConfirmation;
 pub const OFFER_DOMAIN: &str = "florin/psp/payee-offer/v1";
 /// Domain of [`ReceiptAck`]'s signature.
 pub const ACK_DOMAIN: &str = "florin/psp/receive-answer/v1";
+/// The scalar 1 (big-endian), to check that a point is a usable key.
+const ONE: [u8; 32] = {
+    let mut b = [0u8; 32];
+    b[31] = 1;
+    b
+};
 /// The [`TransferProof`] format this version writes and reads.
 pub const PROOF_VERSION: u32 = 1;
 
@@ -70,28 +76,44 @@ pub struct PayeeOffer {
     pub psp: String,
     /// The account.
     pub account: String,
-    /// Its encumbrance (text form).
+    /// Its encumbrance (text form): the account's key, or with `r1` the encumbrance of
+    /// `R1` itself.
     pub encumbrance: String,
     /// Unix seconds when signed.
     pub at: u64,
+    /// The amount announced (0 for a standing offer from `GET /v1/psp/payees/{name}`).
+    #[serde(default)]
+    pub amount_cents: u64,
+    /// Filia's `R1` (hex, SEC1 compressed): a fresh note key of the account, whose secret
+    /// `r1` the payee's key-management network holds in shares. The payment goes to
+    /// `R1 + R2`.
+    #[serde(default)]
+    pub r1: Option<String>,
+    /// The transfer's id, which the hand-over names.
+    #[serde(default)]
+    pub transfer: Option<String>,
     /// The provider's peer key (`eur1…`).
     pub key: String,
     /// Ed25519 (hex) over `H("florin/psp/payee-offer/v1", [psp] ‖ [account] ‖ [encumbrance] ‖
-    /// at (8, LE))`, where `[x]` is x's length (4 bytes, LE) then x.
+    /// at (8, LE) ‖ amount (8, LE) ‖ [r1 or empty] ‖ [transfer or empty])`, where `[x]` is x's
+    /// length (4 bytes, LE) then x.
     pub signature: String,
 }
 
 impl PayeeOffer {
-    fn digest(psp: &str, account: &str, encumbrance: &str, at: u64) -> Digest {
+    fn digest(&self) -> Digest {
         let mut b = Vec::new();
-        field(&mut b, psp.as_bytes());
-        field(&mut b, account.as_bytes());
-        field(&mut b, encumbrance.as_bytes());
-        b.extend_from_slice(&at.to_le_bytes());
+        field(&mut b, self.psp.as_bytes());
+        field(&mut b, self.account.as_bytes());
+        field(&mut b, self.encumbrance.as_bytes());
+        b.extend_from_slice(&self.at.to_le_bytes());
+        b.extend_from_slice(&self.amount_cents.to_le_bytes());
+        field(&mut b, self.r1.as_deref().unwrap_or("").as_bytes());
+        field(&mut b, self.transfer.as_deref().unwrap_or("").as_bytes());
         hash(OFFER_DOMAIN, &[&b])
     }
 
-    /// Signs where `account` is paid.
+    /// Signs where `account` is paid (a standing offer: its own key).
     pub fn sign(
         peer_key: &SecretKey,
         psp: &str,
@@ -99,28 +121,84 @@ impl PayeeOffer {
         encumbrance: &str,
         at: u64,
     ) -> PayeeOffer {
-        let sig = peer_key.sign(&Self::digest(psp, account, encumbrance, at));
-        PayeeOffer {
+        Self::sign_joint(peer_key, psp, account, encumbrance, at, 0, None)
+    }
+
+    /// Signs an offer; with `joint` = (`R1` hex, transfer id), Filia's joint key.
+    pub fn sign_joint(
+        peer_key: &SecretKey,
+        psp: &str,
+        account: &str,
+        encumbrance: &str,
+        at: u64,
+        amount_cents: u64,
+        joint: Option<(String, String)>,
+    ) -> PayeeOffer {
+        let (r1, transfer) = match joint {
+            Some((r, t)) => (Some(r), Some(t)),
+            None => (None, None),
+        };
+        let mut o = PayeeOffer {
             psp: psp.into(),
             account: account.into(),
             encumbrance: encumbrance.into(),
             at,
+            amount_cents,
+            r1,
+            transfer,
             key: peer_key.public_key().to_address(),
-            signature: hex::encode(sig.0),
-        }
+            signature: String::new(),
+        };
+        o.signature = hex::encode(peer_key.sign(&o.digest()).0);
+        o
     }
 
-    /// Checks the signature; the key it verifies under.
+    /// Checks the signature (and that `R1`, if any, is a key whose encumbrance the offer
+    /// names); the key it verifies under.
     pub fn verify(&self) -> Result<PublicKey, ProofError> {
         let k = key(&self.key, "the payee's provider's offer")?;
         let sig = signature(&self.signature, "the payee's provider's offer")?;
-        florin_crypto::verify(
-            &k,
-            &Self::digest(&self.psp, &self.account, &self.encumbrance, self.at),
-            &sig,
-        )
-        .map_err(|_| bad("the payee's provider's signature on where to pay does not verify"))?;
+        florin_crypto::verify(&k, &self.digest(), &sig)
+            .map_err(|_| bad("the payee's provider's signature on where to pay does not verify"))?;
+        if let Some(r1) = self.r1_key()? {
+            if Encumbrance::p256(&florin_crypto::P256PublicKey(r1)).to_text() != self.encumbrance {
+                return Err(bad("the offer's R1 is not the key of its encumbrance"));
+            }
+            if self.transfer.is_none() {
+                return Err(bad("the offer has R1 but no transfer id"));
+            }
+        }
         Ok(k)
+    }
+
+    /// `R1`, if the offer is for a joint key.
+    pub fn r1_key(&self) -> Result<Option<[u8; 33]>, ProofError> {
+        self.r1
+            .as_deref()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| <[u8; 33]>::try_from(b).ok())
+                    .filter(|k| florin_custody::dkls::tweak_public(k, &ONE).is_ok())
+                    .ok_or_else(|| bad("the offer's R1 is not a P-256 key"))
+            })
+            .transpose()
+    }
+
+    /// Where a payment under this offer goes: `R1 + R2` for a joint key (`r2_public` =
+    /// `R2`), else the offer's encumbrance.
+    pub fn target(&self, r2_public: Option<&[u8; 33]>) -> Result<Encumbrance, ProofError> {
+        match (self.r1_key()?, r2_public) {
+            (Some(r1), Some(r2)) => {
+                let k = florin_custody::dkls::add_public(&r1, r2)
+                    .map_err(|e| bad(format!("R1 + R2: {e}")))?;
+                Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(k)))
+            }
+            (Some(_), None) => Err(bad("a joint-key offer needs R2")),
+            (None, Some(_)) => Err(bad("R2 given for an offer without R1")),
+            (None, None) => Encumbrance::parse_text(&self.encumbrance)
+                .ok_or_else(|| bad("the offer's encumbrance is not one")),
+        }
     }
 }
 
@@ -234,6 +312,10 @@ pub struct TransferProof {
     pub payee: String,
     /// Where the payee's provider said to pay.
     pub offer: PayeeOffer,
+    /// Filia's `R2` (hex, SEC1 compressed) for a joint-key offer: the output pays
+    /// `R1 + R2`, and `r2` was handed over with it.
+    #[serde(default)]
+    pub r2_public: Option<String>,
     /// The ledger's confirmation; absent until fetched (the provider's upkeep fetches it).
     #[serde(default)]
     pub confirmation: Option<LedgerConfirmation>,
@@ -259,6 +341,8 @@ pub struct ProofCheck {
     pub payee_psp_key: String,
     /// The encumbrance paid.
     pub encumbrance: String,
+    /// Whether it is Filia's joint key `R1 + R2`.
+    pub joint_key: bool,
     /// The key that signed the ledger's confirmation, if there is one.
     pub ledger_issuer: Option<String>,
     /// When the ledger signed it.
@@ -311,17 +395,26 @@ impl TransferProof {
                 self.output, out.value, self.amount_cents
             )));
         }
-        let offered = Encumbrance::parse_text(&self.offer.encumbrance)
-            .ok_or_else(|| bad("the offer's encumbrance is not one"))?;
+        let psp_key = self.offer.verify()?;
+        let r2 = self
+            .r2_public
+            .as_deref()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| <[u8; 33]>::try_from(b).ok())
+                    .ok_or_else(|| bad("R2 is not 33 bytes of hex"))
+            })
+            .transpose()?;
+        let offered = self.offer.target(r2.as_ref())?;
         if out.encumbrance != offered {
             return Err(bad(format!(
                 "output {} pays {}, the payee's provider asked for {}",
                 self.output,
                 out.encumbrance.to_text(),
-                self.offer.encumbrance
+                offered.to_text()
             )));
         }
-        let psp_key = self.offer.verify()?;
         if let Some(k) = payee_key {
             if *k != psp_key {
                 return Err(bad(format!(
@@ -376,7 +469,8 @@ impl TransferProof {
             payee_account: self.offer.account.clone(),
             payee_psp: self.offer.psp.clone(),
             payee_psp_key: psp_key.to_address(),
-            encumbrance: self.offer.encumbrance.clone(),
+            encumbrance: offered.to_text(),
+            joint_key: r2.is_some(),
             complete: confirmed_at.is_some() && acknowledged.is_some(),
             pinned: issuer.is_some() && payee_key.is_some(),
             ledger_issuer,

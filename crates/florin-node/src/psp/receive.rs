@@ -94,6 +94,21 @@ impl Psp {
                     .ok_or_else(|| PspError::BadRequest(format!("output {i} is not a UTXO")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Keys handed over (Filia's ⑦): each names one output of this call, once.
+        if req.handover.len() > utxos.len() {
+            return Err(PspError::BadRequest(
+                "more keys handed over than outputs".into(),
+            ));
+        }
+        for (i, h) in req.handover.iter().enumerate() {
+            if !utxos.iter().any(|u| hex::encode(u.id()) == h.id)
+                || req.handover[..i].iter().any(|o| o.id == h.id)
+            {
+                return Err(PspError::BadRequest(format!(
+                    "handover {i} names no output of this call, or one named before"
+                )));
+            }
+        }
         let mut results = Vec::with_capacity(utxos.len());
         let mut asked = std::collections::HashSet::new();
         for u in utxos {
@@ -103,6 +118,12 @@ impl Psp {
                     "output {} is listed twice",
                     hex::encode(id)
                 )));
+            }
+            // A joint key `R1 + R2` becomes one of ours with its `r2` (if it makes the key).
+            if let Some(h) = req.handover.iter().find(|h| h.id == hex::encode(id)) {
+                if self.books.owner(&u.encumbrance)?.is_none() {
+                    self.take_handover(h, &u)?;
+                }
             }
             let Some(account) = self.books.owner(&u.encumbrance)? else {
                 results.push(Received {

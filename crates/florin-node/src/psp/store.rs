@@ -114,6 +114,10 @@ pub struct PendingPayment {
     /// the key of the change.
     #[serde(default)]
     pub change_tweak: Option<String>,
+    /// Filia's `r2` (hex) for a payment to a joint key `R1 + R2`: handed over with the
+    /// output once the payment is confirmed.
+    #[serde(default)]
+    pub r2: Option<String>,
 }
 
 /// What a client's payment id settled as (kept for good, so a retried request is answered
@@ -151,6 +155,9 @@ pub struct Notice {
     pub from: String,
     /// The payee's output (hex UTXO).
     pub output: String,
+    /// For a joint key: `r2` to hand over with it.
+    #[serde(default)]
+    pub handover: Option<super::api::Handover>,
 }
 
 fn owner_key(e: &Encumbrance) -> [u8; 33] {
@@ -552,11 +559,33 @@ impl Books {
                     route: &p.route,
                 })?;
             }
+            let handover = match (&p.offer, &p.r2) {
+                (Some(o), Some(r2)) => Some(super::api::Handover {
+                    id: hex::encode(payee.id()),
+                    transfer: o.transfer.clone().unwrap_or_default(),
+                    account: o.account.clone(),
+                    r2: r2.clone(),
+                }),
+                _ => None,
+            };
+            let r2_public = match &p.r2 {
+                Some(r2) => {
+                    let b: [u8; 32] = hex::decode(r2)
+                        .ok()
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or_else(|| PspError::Storage("pending r2".into()))?;
+                    Some(hex::encode(florin_custody::dkls::public_of(&b).map_err(
+                        |e| PspError::Storage(format!("pending r2: {e}")),
+                    )?))
+                }
+                None => None,
+            };
             if let Some(peer) = &p.payee_psp {
                 let n = Notice {
                     psp: peer.clone(),
                     from: p.from.clone(),
                     output: hex::encode(payee.encode()),
+                    handover,
                 };
                 tx.open_table(NOTICES)?
                     .insert(txid.as_slice(), json(&n)?.as_slice())?;
@@ -571,6 +600,7 @@ impl Books {
                     payer: format!("{}@{psp}", p.from),
                     payee: p.counterparty.clone(),
                     offer: offer.clone(),
+                    r2_public,
                     confirmation: None,
                     acknowledgement: None,
                 };

@@ -149,6 +149,7 @@ impl Psp {
         let body = serde_json::to_vec(&Receive {
             outputs: vec![n.output.clone()],
             from: Some(format!("{}@{}", n.from, self.cfg.name)),
+            handover: n.handover.iter().cloned().collect(),
         })
         .map_err(|e| PspError::Storage(e.to_string()))?;
         // Receiving is idempotent (an output already credited answers `known`), so a call
