@@ -247,7 +247,7 @@ impl PaymentAuth {
     }
 
     /// [`PaymentAuth::check_outputs`], where change may also go to `notes`: the payer's own
-    /// note keys (its key plus a tweak, see [`Authorization::change`]).
+    /// note keys (its key plus a tweak, see [`change_tweak`]).
     pub fn check_outputs_with(
         &self,
         tx: &Transfer,
@@ -282,12 +282,26 @@ pub struct Authorization {
     /// must be encumbered by. `None`: the key itself.
     #[serde(default)]
     pub tweak: Option<[u8; 32]>,
-    /// Tweaks of the payer's change notes: an output that is not the payee's may pay the
-    /// key itself or `P + c·G` for one of these. Whoever picks `c` cannot pick a key it holds
-    /// (that would need the discrete logarithm of its key minus `P`), so change stays under
-    /// the account's threshold key and its customer.
-    #[serde(default)]
-    pub change: Vec<[u8; 32]>,
+}
+
+/// Domain of [`change_tweak`].
+pub const CHANGE_NOTE_DOMAIN: &str = "florin/custody/change-note/v1";
+
+/// The tweak `c` of the change note of a payment from key `base` under authorization
+/// `auth`: `H("florin/custody/change-note/v1", base ‖ auth digest ‖ counter)`, the first
+/// counter that gives a P-256 scalar. Nodes, provider and customer all compute it from what
+/// they hold, so the change key `P + c·G` is never only in one party's books, and no one
+/// chooses it.
+pub fn change_tweak(base: &[u8; 33], auth: &PaymentAuth) -> [u8; 32] {
+    let d = auth.digest();
+    let mut c: u32 = 0;
+    loop {
+        let t = hash(CHANGE_NOTE_DOMAIN, &[base, &d, &c.to_le_bytes()]);
+        if crate::dkls::public_of(&t).is_ok() {
+            return t;
+        }
+        c = c.wrapping_add(1);
+    }
 }
 
 impl Authorization {
@@ -303,29 +317,27 @@ impl Authorization {
             tx: Transaction::Transfer(bare).encode(),
             auth: auth.encode(),
             tweak: None,
-            change: Vec::new(),
         }
     }
 
-    /// The same authorization for signing as the note key `P + tweak·G`, with change going
-    /// to the note keys of `change` (see [`Authorization::tweak`]).
-    pub fn for_note(&self, tweak: Option<[u8; 32]>, change: Vec<[u8; 32]>) -> Authorization {
+    /// The same authorization for signing as the note key `P + tweak·G` (see
+    /// [`Authorization::tweak`]).
+    pub fn for_note(&self, tweak: Option<[u8; 32]>) -> Authorization {
         Authorization {
             tweak,
-            change,
             ..self.clone()
         }
     }
 
-    /// Whether it asks for note keys (a tweak or change notes).
+    /// Whether it asks to sign as a note key.
     pub fn uses_notes(&self) -> bool {
-        self.tweak.is_some() || !self.change.is_empty()
+        self.tweak.is_some()
     }
 
     /// [`Authorization::check`] for a P-256 key `base` (SEC1 compressed) whose engine signs
     /// with note keys: the payer is `base`'s encumbrance, the note key signed with
-    /// (`base + tweak·G`) must encumber an input, and change may go to `base` or its change
-    /// notes.
+    /// (`base + tweak·G`) must encumber an input, and change may go to `base` or to the
+    /// payment's change note (`base + c·G`, [`change_tweak`]).
     pub fn check_notes(
         &self,
         customer: &PublicKey,
@@ -359,13 +371,9 @@ impl Authorization {
         if !tx.inputs.iter().any(|u| u.encumbrance == signing) {
             return Err(AuthzError::NotAnInput);
         }
-        let notes = self
-            .change
-            .iter()
-            .map(note)
-            .collect::<Result<Vec<_>, _>>()?;
-        auth.check_outputs_with(&tx, &notes)?;
         auth.check_time(now)?;
+        let notes = [note(&change_tweak(base, &auth))?];
+        auth.check_outputs_with(&tx, &notes)?;
         Ok((auth, txid))
     }
 

@@ -242,10 +242,26 @@ impl PspClient {
                         key,
                     )
                     .await?;
+                // Checked before the customer signs: the offer is the payee's provider's, and
+                // the key paid is its `R1` plus the `r2` this provider chose.
+                let bad = |e: String| ClientError::Authorize(format!("the transfer offer: {e}"));
+                t.offer.verify().map_err(|e| bad(e.to_string()))?;
+                let r2 =
+                    t.r2.as_deref()
+                        .map(florin_node::psp::proof::r2_public)
+                        .transpose()
+                        .map_err(|e| bad(e.to_string()))?;
+                let target = t
+                    .offer
+                    .target(r2.as_ref())
+                    .map_err(|e| bad(e.to_string()))?;
+                if target.to_text() != t.encumbrance || t.offer.account != to {
+                    return Err(bad(
+                        "it names another key or account than the payee's provider offered".into(),
+                    ));
+                }
                 offer = Some(t.offer);
-                Encumbrance::parse_text(&t.encumbrance).ok_or_else(|| {
-                    ClientError::Authorize("the provider sent a bad payee encumbrance".into())
-                })?
+                target
             }
             (None, None) => {
                 let v = self.payee(to, to_psp).await?;

@@ -286,6 +286,17 @@ fn ecdsa_nodes_check_the_authorization_before_using_a_presignature() {
         Ok(())
     });
 
+    // CGGMP24 keys sign from presignatures: no note keys (a tweak chosen after the
+    // presignature would be unsafe).
+    let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
+    let auth = PaymentAuth::sign(&customer, payer, payee, 500, now() + 300, "note-c").unwrap();
+    let t = transfer(payer, payee, 500, 1_500, 9);
+    let z = Authorization::new(&t, &auth).for_note(Some([1; 32]));
+    assert_eq!(
+        reason(signer.sign_authorized(&t.txid(), &z).unwrap_err()),
+        AuthzError::NoNotes
+    );
+
     // Interactive signing (no presignature) carries no authorization: refused for a bound
     // key.
     let signers = vec![1u16, 2];
@@ -572,17 +583,19 @@ fn dkls23_keys_sign_as_their_note_keys_only_for_the_authorized_inputs() {
     let payer = Encumbrance::p256(&pk);
     let signer = kmn.ecdsa_signer("acct-nina", 0).unwrap();
     let note = |t: &[u8; 32]| P256PublicKey(tweak_public(&pk.0, t).unwrap());
-    let (t_in, t_change) = (random_scalar(), random_scalar());
+    let t_in = random_scalar();
     let note_in = Encumbrance::p256(&note(&t_in));
-    let note_change = Encumbrance::p256(&note(&t_change));
     assert_ne!(note_in, payer);
     let payee = Encumbrance::ed25519(&SecretKey::from_seed(&[7; 32]).public_key());
     let auth = PaymentAuth::sign(&customer, payer, payee, 500, now() + 300, "note-1").unwrap();
-    // Spends a note under `t_in`, change to the note under `t_change`.
+    // The change note every party derives from the account key and the authorization.
+    let t_change = florin_custody::authz::change_tweak(&pk.0, &auth);
+    let note_change = Encumbrance::p256(&note(&t_change));
+    // Spends a note under `t_in`, change to the payment's change note.
     let mut t = transfer(note_in, payee, 500, 1_500, 1);
     t.outputs[1].encumbrance = note_change;
     let txid = t.txid();
-    let z = Authorization::new(&t, &auth).for_note(Some(*t_in), vec![*t_change]);
+    let z = Authorization::new(&t, &auth).for_note(Some(*t_in));
     let sig = signer.sign_authorized(&txid, &z).unwrap();
     p256::verify(&note(&t_in), &txid, &sig).unwrap();
     assert!(
@@ -590,25 +603,28 @@ fn dkls23_keys_sign_as_their_note_keys_only_for_the_authorized_inputs() {
         "it is the note key's signature, not the account key's"
     );
     // The account key itself signs no input of this transaction.
-    let plain = Authorization::new(&t, &auth).for_note(None, vec![*t_change]);
+    let plain = Authorization::new(&t, &auth).for_note(None);
     assert_eq!(
         reason(signer.sign_authorized(&txid, &plain).unwrap_err()),
         AuthzError::NotAnInput
     );
     // A tweak whose note is no input: refused.
-    let stray = Authorization::new(&t, &auth).for_note(Some(*random_scalar()), vec![*t_change]);
+    let stray = Authorization::new(&t, &auth).for_note(Some(*random_scalar()));
     assert_eq!(
         reason(signer.sign_authorized(&txid, &stray).unwrap_err()),
         AuthzError::NotAnInput
     );
-    // Change to a note key the request does not name: a foreign output.
-    let unnamed = Authorization::new(&t, &auth).for_note(Some(*t_in), vec![*random_scalar()]);
+    // Change to any other note key of the account (one the provider picked): a foreign
+    // output.
+    let mut other = t.clone();
+    other.outputs[1].encumbrance = Encumbrance::p256(&note(&random_scalar()));
+    let z2 = Authorization::new(&other, &auth).for_note(Some(*t_in));
     assert_eq!(
-        reason(signer.sign_authorized(&txid, &unnamed).unwrap_err()),
+        reason(signer.sign_authorized(&other.txid(), &z2).unwrap_err()),
         AuthzError::ForeignOutput(1)
     );
     // A tweak that is not a scalar.
-    let junk = Authorization::new(&t, &auth).for_note(Some([0xff; 32]), vec![*t_change]);
+    let junk = Authorization::new(&t, &auth).for_note(Some([0xff; 32]));
     assert_eq!(
         reason(signer.sign_authorized(&txid, &junk).unwrap_err()),
         AuthzError::BadTweak
@@ -621,10 +637,19 @@ fn dkls23_keys_sign_as_their_note_keys_only_for_the_authorized_inputs() {
     let fpayer = Encumbrance::ed25519(&group.public_key());
     let fauth = PaymentAuth::sign(&frost_customer, fpayer, payee, 500, now() + 300, "f-1").unwrap();
     let ft = transfer(fpayer, payee, 500, 1_500, 2);
-    let fz = Authorization::new(&ft, &fauth).for_note(Some(*t_in), Vec::new());
+    let fz = Authorization::new(&ft, &fauth).for_note(Some(*t_in));
     let fsigner = kmn.signer("acct-otto").unwrap();
     assert_eq!(
         reason(fsigner.sign_authorized(&ft.txid(), &fz).unwrap_err()),
         AuthzError::NoNotes
     );
+    // A key bound to no customer has no note keys.
+    kmn.ecdsa_keygen_with("plain", florin_node::custody::EcdsaEngine::Dkls23)
+        .unwrap();
+    let plain_signer = kmn.ecdsa_signer("plain", 0).unwrap();
+    let err = plain_signer
+        .sign_authorized(&txid, &z)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no note keys"), "{err}");
 }

@@ -1364,11 +1364,12 @@ fn dkls23_accounts_keep_their_change_as_notes_under_keys_of_their_own() {
     }
     assert_eq!(a.balance("alice"), 700);
     // Bob was paid at his account key; he pays back from it, his change a note too.
+    let bob_enc = ok(a.call("GET", "/v1/psp/accounts/bob", None))["encumbrance"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let r = ok(a.pay("bob", "alice", None, 50));
-    assert_ne!(
-        enc_of(r["change_output"].as_str().unwrap()),
-        enc_of(r["payee_output"].as_str().unwrap())
-    );
+    assert_ne!(enc_of(r["change_output"].as_str().unwrap()), bob_enc);
     // A note (700) and an account-key coin (250 from the faucet) together: two signatures.
     ok(a.call(
         "POST",
@@ -1456,17 +1457,43 @@ fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend()
     forged["amount_cents"] = 70_000.into();
     let (code, v) = pay_with(&forged, &joint, 700, "t-forged");
     assert_eq!(code, 422, "{v}");
+    // Carol's offer used to pay erin: refused on the offer's account.
+    let payer_enc = Encumbrance::parse_text(
+        ok(a.call("GET", "/v1/psp/accounts/alice", None))["encumbrance"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let auth = PaymentAuth::sign(
+        &alice,
+        payer_enc,
+        Encumbrance::parse_text(&joint).unwrap(),
+        700,
+        unix_now() + 300,
+        "t-other",
+    )
+    .unwrap();
     let (code, v) = http_as(
         a.addr,
         "POST",
         "/v1/psp/pay",
         Some(
             json!({"from": "alice", "to": "erin", "to_psp": "bank-b", "amount_cents": 700,
-            "id": "t-other", "offer": offer, "authorization": "00"}),
+            "id": "t-other", "offer": offer, "authorization": hex::encode(auth.encode())}),
         ),
         Some(("alice", &alice)),
     );
-    assert!(code == 400 || code == 422, "{code} {v}");
+    assert_eq!(code, 422, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("another account"),
+        "{v}"
+    );
+    // An offer for 700 paying 600.
+    let (code, v) = pay_with(&offer, &joint, 600, "t-less");
+    assert_eq!(code, 400, "{v}");
     assert_eq!(a.balance("alice"), 5_000);
 
     let r = ok(pay_with(&offer, &joint, 700, "t-1"));
@@ -1499,9 +1526,16 @@ fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend()
         check.joint_key && check.complete && check.pinned,
         "{check:?}"
     );
+    assert_eq!(t["r2"], json!(proof.r2), "the customer was shown r2");
     let mut p = proof.clone();
-    p.r2_public = None;
-    assert!(p.verify(None, None).is_err(), "a joint key needs R2");
+    p.r2 = None;
+    assert!(p.verify(None, None).is_err(), "a joint key needs r2");
+    let mut p = proof.clone();
+    p.r2 = Some(hex::encode(*florin_custody::dkls::random_scalar()));
+    assert!(
+        p.verify(None, None).is_err(),
+        "another r2 names another key"
+    );
 
     // Carol spends the joint note: her network signs as r1 + r2.
     let r = ok(b.pay("carol", "erin", None, 650));

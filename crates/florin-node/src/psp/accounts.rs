@@ -149,6 +149,8 @@ impl Psp {
             public_key,
             encumbrance: enc.to_text(),
             customer: Some(customer.to_address()),
+            engine: (self.cfg.scheme == super::PspScheme::P256)
+                .then(|| self.cfg.ecdsa_engine.name().to_string()),
         };
         if !self.books.add_account(&rec)? {
             return Err(PspError::Exists(format!("account {name:?} exists")));

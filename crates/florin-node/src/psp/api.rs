@@ -154,6 +154,10 @@ pub struct TransferOffer {
     pub offer: super::proof::PayeeOffer,
     /// Where the payment goes: `R1 + R2`'s encumbrance for a joint key, else the offer's.
     pub encumbrance: String,
+    /// For a joint key, `r2` (hex): the customer checks `encumbrance` is `R1 + r2·G` with
+    /// the offer's `R1`, signed by the payee's provider, before authorizing.
+    #[serde(default)]
+    pub r2: Option<String>,
 }
 
 /// `POST /v1/psp/announce` (peer-signed): a provider announces a payment to one of this

@@ -82,6 +82,9 @@ pub struct Psp {
     issuer: Mutex<Option<florin_crypto::PublicKey>>,
     /// Where the background fetching of ledger confirmations goes on.
     confirm_cursor: Mutex<Option<[u8; 32]>>,
+    /// Acknowledgements refused by the payee's provider that carry a hand-over: when to ask
+    /// again, and how many times they were asked.
+    notice_backoff: Mutex<HashMap<[u8; 32], (std::time::Instant, u32)>>,
 }
 
 /// A claim on sending one acknowledgement; let go when dropped.
@@ -137,6 +140,7 @@ impl Psp {
             reserved: Mutex::new(HashMap::new()),
             issuer: Mutex::new(None),
             confirm_cursor: Mutex::new(None),
+            notice_backoff: Mutex::new(HashMap::new()),
         });
         psp.spawn_key_pool();
         Ok(psp)

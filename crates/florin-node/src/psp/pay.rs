@@ -71,6 +71,11 @@ impl Psp {
             Some(psp) => Some(self.peer(psp)?),
             None => None,
         };
+        if req.offer.is_some() && to_peer.is_none() {
+            return Err(PspError::BadRequest(
+                "an offer comes with `to_psp`, the provider that made it".into(),
+            ));
+        }
         // Where the money goes (and, across providers, the payee's provider's signed word
         // on it, kept as part of the proof of payment).
         let mut offer = None;
@@ -80,6 +85,12 @@ impl Psp {
             Some(peer) if req.offer.is_some() => {
                 let o = req.offer.clone().unwrap_or_else(|| unreachable!());
                 check_offer(peer, &req.to, &o)?;
+                if o.r1.is_some() && o.amount_cents != req.amount_cents {
+                    return Err(PspError::BadRequest(format!(
+                        "the offer is for {} cents, the payment for {}",
+                        o.amount_cents, req.amount_cents
+                    )));
+                }
                 let (enc, secret) = self.offer_target(peer, &o)?;
                 check_payee(&enc).map_err(|e| {
                     PspError::Refused(format!("the payee's provider sent an unusable key: {e}"))
@@ -206,9 +217,16 @@ impl Psp {
             encumbrance: payee_enc,
         };
         // Filia's note model (DKLs23 accounts): the change goes to a fresh note key of the
-        // account, `P + c·G` with a random `c`, never back to the account's key.
+        // account, `P + c·G` with `c` derived from the account key and the customer's
+        // authorization (the nodes derive the same), never back to the account's key.
         let notes = signer.uses_notes();
-        let change_tweak = notes.then(florin_custody::dkls::random_scalar);
+        let change_tweak = match notes {
+            true => Some(florin_custody::authz::change_tweak(
+                &self.account_key(&rec)?,
+                &auth,
+            )),
+            false => None,
+        };
         let change_to = match &change_tweak {
             Some(c) => self.note_enc(&rec, c)?,
             None => rec.enc()?,
@@ -238,7 +256,6 @@ impl Psp {
             }
             keys.push((u.encumbrance, tweak));
         }
-        let change: Vec<[u8; 32]> = change_tweak.iter().map(|c| **c).collect();
         let s0 = Instant::now();
         let sig_signer = signer.clone();
         let signatures = keys.len();
@@ -246,7 +263,7 @@ impl Psp {
         let t = tokio::task::spawn_blocking(move || -> Result<Transfer, PspError> {
             let mut ws = Vec::with_capacity(keys.len());
             for (enc, tweak) in &keys {
-                let a = authz.for_note(*tweak, change.clone());
+                let a = authz.for_note(*tweak);
                 ws.push((*enc, sig_signer.witness_authorized(&txid, &a)?));
             }
             let inputs = draft.transfer.inputs.clone();
@@ -274,7 +291,7 @@ impl Psp {
             tx: hex::encode(Transaction::Transfer(t.clone()).encode()),
             request_id: req.id.clone(),
             offer,
-            change_tweak: change_tweak.map(|c| hex::encode(*c)),
+            change_tweak: change_tweak.map(hex::encode),
             r2: r2.map(|k| hex::encode(*k)),
         };
         self.books.put_pending(&txid, &pending)?;

@@ -267,6 +267,15 @@ impl ReceiptAck {
     }
 }
 
+/// `R2 = r2·G` (SEC1 compressed) for `r2` in hex.
+pub fn r2_public(r2_hex: &str) -> Result<[u8; 33], ProofError> {
+    hex::decode(r2_hex)
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .and_then(|s| florin_custody::dkls::public_of(&s).ok())
+        .ok_or_else(|| bad("r2 is not a P-256 scalar (32 bytes of hex)"))
+}
+
 /// Checks a payee's provider's answer to the hand-over of `output` (hex UTXO id): signed by
 /// `peer_key`, exactly one result, for that output. Its outcome.
 pub fn check_ack(
@@ -312,10 +321,12 @@ pub struct TransferProof {
     pub payee: String,
     /// Where the payee's provider said to pay.
     pub offer: PayeeOffer,
-    /// Filia's `R2` (hex, SEC1 compressed) for a joint-key offer: the output pays
-    /// `R1 + R2`, and `r2` was handed over with it.
+    /// Filia's `r2` (hex, 32 bytes) for a joint-key offer: the output pays `R1 + r2·G`, and
+    /// `r2` is handed over with it. Holding `r2` shows the paying provider chose it (no one
+    /// can name a key `R2` it cannot open to steer the output elsewhere); it opens nothing
+    /// by itself, since `r1` stays in the payee's network.
     #[serde(default)]
-    pub r2_public: Option<String>,
+    pub r2: Option<String>,
     /// The ledger's confirmation; absent until fetched (the provider's upkeep fetches it).
     #[serde(default)]
     pub confirmation: Option<LedgerConfirmation>,
@@ -396,16 +407,7 @@ impl TransferProof {
             )));
         }
         let psp_key = self.offer.verify()?;
-        let r2 = self
-            .r2_public
-            .as_deref()
-            .map(|h| {
-                hex::decode(h)
-                    .ok()
-                    .and_then(|b| <[u8; 33]>::try_from(b).ok())
-                    .ok_or_else(|| bad("R2 is not 33 bytes of hex"))
-            })
-            .transpose()?;
+        let r2 = self.r2.as_deref().map(r2_public).transpose()?;
         let offered = self.offer.target(r2.as_ref())?;
         if out.encumbrance != offered {
             return Err(bad(format!(
@@ -455,6 +457,11 @@ impl TransferProof {
         let mut acknowledged = None;
         if let Some(a) = &self.acknowledgement {
             let outcome = check_ack(a, &psp_key, &hex::encode(out.id()))?;
+            if a.results.first().and_then(|r| r.account.as_deref()) != Some(&self.offer.account) {
+                return Err(bad(
+                    "the acknowledgement credits another account than the offer's",
+                ));
+            }
             if outcome != "credited" && outcome != "known" {
                 return Err(bad(format!(
                     "the payee's provider answered {outcome:?} for the output"

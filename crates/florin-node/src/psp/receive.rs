@@ -119,13 +119,19 @@ impl Psp {
                     hex::encode(id)
                 )));
             }
-            // A joint key `R1 + R2` becomes one of ours with its `r2` (if it makes the key).
+            // A joint key `R1 + R2` is one of ours with its `r2` (if it makes the key); it is
+            // registered with the credit, once the ledger says the output is unspent.
+            let mut joint = None;
             if let Some(h) = req.handover.iter().find(|h| h.id == hex::encode(id)) {
                 if self.books.owner(&u.encumbrance)?.is_none() {
-                    self.take_handover(h, &u)?;
+                    joint = self.handover_key(h, &u)?;
                 }
             }
-            let Some(account) = self.books.owner(&u.encumbrance)? else {
+            let owner = match &joint {
+                Some((a, _)) => Some(a.clone()),
+                None => self.books.owner(&u.encumbrance)?,
+            };
+            let Some(account) = owner else {
                 results.push(Received {
                     id: hex::encode(id),
                     account: None,
@@ -142,9 +148,10 @@ impl Psp {
             } else if !self.is_unspent(&id).await? {
                 "not_unspent"
             } else {
-                let fresh = self.books.credit(
+                let fresh = self.books.credit_note(
                     &account,
                     std::slice::from_ref(&u),
+                    joint.as_ref().map(|(_, t)| &**t),
                     Line {
                         account: &account,
                         direction: "in",

@@ -64,6 +64,10 @@ pub struct AccountRecord {
     /// opened before customer keys have none and cannot pay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub customer: Option<String>,
+    /// P-256: the key's engine (`cggmp24` / `dkls23`); absent in books from before it was
+    /// kept (then the network is asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl AccountRecord {
@@ -364,25 +368,6 @@ impl Books {
             .transpose()
     }
 
-    /// Registers a note key of `account` (its encumbrance and tweak), before a coin under it
-    /// is credited.
-    pub(crate) fn add_note_key(
-        &self,
-        account: &str,
-        enc: &Encumbrance,
-        tweak: &[u8; 32],
-    ) -> Result<(), PspError> {
-        let tx = begin(&self.db)?;
-        {
-            let k = owner_key(enc);
-            tx.open_table(NOTE_KEYS)?
-                .insert(k.as_slice(), tweak.as_slice())?;
-            tx.open_table(OWNERS)?.insert(k.as_slice(), account)?;
-        }
-        tx.commit()?;
-        Ok(())
-    }
-
     /// The account an encumbrance belongs to.
     pub(crate) fn owner(&self, enc: &Encumbrance) -> Result<Option<String>, PspError> {
         let r = self.db.begin_read()?;
@@ -422,9 +407,30 @@ impl Books {
         coins: &[Utxo],
         line: Line<'_>,
     ) -> Result<Vec<bool>, PspError> {
+        self.credit_note(name, coins, None, line)
+    }
+
+    /// [`Books::credit`], registering first, in the same write, `note`: the tweak of the
+    /// coins' note key (a joint key `R1 + R2` handed over).
+    pub(crate) fn credit_note(
+        &self,
+        name: &str,
+        coins: &[Utxo],
+        note: Option<&[u8; 32]>,
+        line: Line<'_>,
+    ) -> Result<Vec<bool>, PspError> {
         let tx = begin(&self.db)?;
         let mut fresh = Vec::with_capacity(coins.len());
         {
+            if let Some(t) = note {
+                let mut keys = tx.open_table(NOTE_KEYS)?;
+                let mut owners = tx.open_table(OWNERS)?;
+                for u in coins {
+                    let k = owner_key(&u.encumbrance);
+                    keys.insert(k.as_slice(), t.as_slice())?;
+                    owners.insert(k.as_slice(), name)?;
+                }
+            }
             let mut w = Writer::open(&tx)?;
             let mut sum = 0u64;
             for u in coins {
@@ -568,18 +574,6 @@ impl Books {
                 }),
                 _ => None,
             };
-            let r2_public = match &p.r2 {
-                Some(r2) => {
-                    let b: [u8; 32] = hex::decode(r2)
-                        .ok()
-                        .and_then(|b| b.try_into().ok())
-                        .ok_or_else(|| PspError::Storage("pending r2".into()))?;
-                    Some(hex::encode(florin_custody::dkls::public_of(&b).map_err(
-                        |e| PspError::Storage(format!("pending r2: {e}")),
-                    )?))
-                }
-                None => None,
-            };
             if let Some(peer) = &p.payee_psp {
                 let n = Notice {
                     psp: peer.clone(),
@@ -600,7 +594,7 @@ impl Books {
                     payer: format!("{}@{psp}", p.from),
                     payee: p.counterparty.clone(),
                     offer: offer.clone(),
-                    r2_public,
+                    r2: p.r2.clone(),
                     confirmation: None,
                     acknowledgement: None,
                 };
@@ -804,6 +798,7 @@ mod tests {
                 public_key: hex::encode(key.0),
                 encumbrance: Encumbrance::ed25519(&key).to_text(),
                 customer: None,
+                engine: None,
             };
             assert!(books.add_account(&rec).unwrap());
         }

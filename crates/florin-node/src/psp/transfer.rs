@@ -55,9 +55,16 @@ impl Psp {
         unreachable!("a counter of 2^32 hashes finds a scalar")
     }
 
-    /// Whether an account's key has note keys (DKLs23 P-256 keys).
+    /// Whether an account's key has note keys (DKLs23 P-256 keys): its own engine, as its
+    /// record keeps it (older records: as the network reports it).
     fn has_notes(&self, rec: &AccountRecord) -> bool {
-        rec.scheme == "p256" && self.cfg.ecdsa_engine == EcdsaEngine::Dkls23
+        if rec.scheme != "p256" {
+            return false;
+        }
+        match &rec.engine {
+            Some(e) => e == EcdsaEngine::Dkls23.name(),
+            None => self.kmn.ecdsa_engine(&rec.key_id).ok() == Some(EcdsaEngine::Dkls23),
+        }
     }
 
     /// `τ1` of transfer `transfer` to `account`.
@@ -106,17 +113,21 @@ impl Psp {
         ))
     }
 
+    /// A P-256 account's key `P` (SEC1 compressed).
+    pub(super) fn account_key(&self, rec: &AccountRecord) -> Result<[u8; 33], PspError> {
+        hex::decode(&rec.public_key)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| PspError::Storage(format!("account {}: public key", rec.name)))
+    }
+
     /// `P + tweak·G` for a P-256 account.
     pub(super) fn note_key(
         &self,
         rec: &AccountRecord,
         tweak: &[u8; 32],
     ) -> Result<[u8; 33], PspError> {
-        let base: [u8; 33] = hex::decode(&rec.public_key)
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| PspError::Storage(format!("account {}: public key", rec.name)))?;
-        florin_custody::dkls::tweak_public(&base, tweak)
+        florin_custody::dkls::tweak_public(&self.account_key(rec)?, tweak)
             .map_err(|e| PspError::Storage(format!("account {}: note key: {e}", rec.name)))
     }
 
@@ -154,10 +165,11 @@ impl Psp {
                 peer.id
             )));
         }
-        let (enc, _) = self.offer_target(&peer, &offer)?;
+        let (enc, r2) = self.offer_target(&peer, &offer)?;
         Ok(TransferOffer {
             offer,
             encumbrance: enc.to_text(),
+            r2: r2.map(|r| hex::encode(*r)),
         })
     }
 
@@ -181,35 +193,32 @@ impl Psp {
         Ok((offer.target(Some(&r2_public)).map_err(bad)?, Some(r2)))
     }
 
-    /// The payee's side of ⑦: the note key of a handed-over output, registered for its
-    /// account if `r2` makes the output's key (`P + (τ1 + r2)·G`). `false`: it does not.
-    pub(super) fn take_handover(
+    /// The payee's side of ⑦: the account and note tweak (`τ1 + r2`) of a handed-over
+    /// output, if `r2` makes the output's key `P + (τ1 + r2)·G`. Registers nothing: the
+    /// caller does, with the credit, once the ledger says the output is unspent.
+    pub(super) fn handover_key(
         &self,
         h: &Handover,
         output: &florin_ledger::Utxo,
-    ) -> Result<bool, PspError> {
+    ) -> Result<Option<(String, Secret)>, PspError> {
         let Ok(rec) = self.record(&h.account) else {
-            return Ok(false);
+            return Ok(None);
         };
         if !self.has_notes(&rec) {
-            return Ok(false);
+            return Ok(None);
         }
         let Some(r2) = hex::decode(&h.r2)
             .ok()
             .and_then(|b| <[u8; 32]>::try_from(b).ok())
             .map(Zeroizing::new)
         else {
-            return Ok(false);
+            return Ok(None);
         };
         let t1 = self.r1_tweak(&rec.name, &h.transfer);
         let Ok(tweak) = florin_custody::dkls::add_scalars(&t1, &r2) else {
-            return Ok(false);
+            return Ok(None);
         };
         let enc = Encumbrance::p256(&P256PublicKey(self.note_key(&rec, &tweak)?));
-        if enc != output.encumbrance {
-            return Ok(false);
-        }
-        self.books.add_note_key(&rec.name, &enc, &tweak)?;
-        Ok(true)
+        Ok((enc == output.encumbrance).then_some((rec.name, tweak)))
     }
 }

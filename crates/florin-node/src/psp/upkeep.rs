@@ -113,7 +113,19 @@ impl Psp {
     /// Sends the acknowledgements owed to payees' providers; returns how many are still owed.
     pub async fn notify_all(&self) -> Result<usize, PspError> {
         let mut left = 0;
+        let now = std::time::Instant::now();
         for (txid, n) in self.books.notices()? {
+            // Waiting out its back-off after a refusal.
+            if self
+                .notice_backoff
+                .lock()
+                .ok()
+                .and_then(|b| b.get(&txid).map(|(next, _)| *next > now))
+                .unwrap_or(false)
+            {
+                left += 1;
+                continue;
+            }
             // A payment sending its own acknowledgement now: its result stands.
             let Some(_claim) = self.claim_notice(&txid) else {
                 left += 1;
@@ -124,7 +136,35 @@ impl Psp {
                 continue;
             }
             match self.notify(&n).await {
-                Ok(ans) => self.books.drop_notice(&txid, Some(&ans))?,
+                Ok(ans) => {
+                    self.books.drop_notice(&txid, Some(&ans))?;
+                    if let Ok(mut b) = self.notice_backoff.lock() {
+                        b.remove(&txid);
+                    }
+                }
+                // A hand-over (Filia's ⑦) is never given up: the notice holds the only
+                // `r2` besides the proof, and without it no one can spend the output. Asked
+                // again with a growing pause (2 s doubling, at most 10 minutes).
+                Err(e) if n.handover.is_some() => {
+                    let tries = self
+                        .notice_backoff
+                        .lock()
+                        .ok()
+                        .and_then(|b| b.get(&txid).map(|(_, k)| *k))
+                        .unwrap_or(0);
+                    let wait = Duration::from_secs((2u64 << tries.min(9)).min(600));
+                    eprintln!(
+                        "psp: {} did not take the key handed over with payment {} ({e}); asking \
+                         again in {} s",
+                        n.psp,
+                        hex::encode(txid),
+                        wait.as_secs()
+                    );
+                    if let Ok(mut b) = self.notice_backoff.lock() {
+                        b.insert(txid, (now + wait, tries + 1));
+                    }
+                    left += 1;
+                }
                 // A refusal is final: asking again will not change the answer. The money is
                 // the payee's on the ledger; its provider can still be handed the output.
                 Err(

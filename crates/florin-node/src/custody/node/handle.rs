@@ -538,6 +538,15 @@ pub(super) fn handle_ecdsa(
                 ..
             } = &job
             {
+                // Note keys are a customer key's notes: no one signs as a shifted key that no
+                // customer authorization covers.
+                if authz.as_ref().is_some_and(|a| a.uses_notes())
+                    && inner.customers.bound(key_id).is_none()
+                {
+                    return Err(CustodyError::BadParameters(format!(
+                        "key {key_id} is bound to no customer: it has no note keys"
+                    )));
+                }
                 // Checked before this node's first message: a refusal leaks nothing.
                 inner.customers.authorize(
                     key_id,
