@@ -583,6 +583,21 @@ pub struct Presignature {
     inner: cggmp24::signing::Presignature<Curve>,
 }
 
+impl Presignature {
+    /// Encoding, for a node that keeps its presignatures across restarts (sealed, and
+    /// deleted durably before it signs with one: see the node's storage).
+    pub fn to_bytes(&self) -> zeroize::Zeroizing<Vec<u8>> {
+        zeroize::Zeroizing::new(to_json(&self.inner))
+    }
+
+    /// Decodes [`Presignature::to_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, CustodyError> {
+        Ok(Presignature {
+            inner: from_json(bytes, "presignature")?,
+        })
+    }
+}
+
 /// The public half of a presignature, the same at every signer: what [`combine`] needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PresigPublic {

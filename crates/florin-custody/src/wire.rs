@@ -261,7 +261,17 @@ pub enum Request {
         /// The key's name.
         key_id: String,
     },
+    /// The CGGMP24 presignatures of `key_id` this node holds unused (it keeps them across
+    /// restarts): their sessions and public halves, for a coordinator that restarted to take
+    /// them back into its pool. Answered with [`Response::Presigs`].
+    EcdsaPresigs {
+        /// The key.
+        key_id: String,
+    },
 }
+
+/// A presignature a node holds unused: its session and `PresigPublic::to_bytes`.
+pub type HeldPresig = ([u8; 16], Vec<u8>);
 
 /// What a node signs when it has stored a refreshed sharing pending.
 pub fn refresh_attestation_digest(key_id: &str, identity: &[u8]) -> [u8; 32] {
@@ -502,6 +512,8 @@ pub enum Response {
     Aborted,
     /// The request was refused.
     Refused(Refusal),
+    /// To [`Request::EcdsaPresigs`]: (session, `PresigPublic::to_bytes`) of each.
+    Presigs(Vec<HeldPresig>),
 }
 
 /// Encodes a request or answer.

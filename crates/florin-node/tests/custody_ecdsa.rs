@@ -143,6 +143,18 @@ fn keygen_presign_sign_survive_a_node_and_fail_clearly_below_threshold() -> R {
     Ok(())
 }
 
+/// Waits until every node answers the coordinator again (after a restart).
+fn back(kmn: &Kmn) {
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while kmn.status().iter().any(|s| s.error.is_some()) || kmn.live_parties().len() < 3 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the nodes did not come back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn interactive_fallback_restart_import_export() -> R {
     let (_dir, layout, nodes, kmn) = network(2, 3)?;
@@ -259,17 +271,67 @@ fn interactive_fallback_restart_import_export() -> R {
         Err(KmnError::Refused { .. })
     ));
 
-    // Pool of one, then a restart of every node: its presignature is gone with the nodes'
-    // memory, and signing falls back to the interactive protocol.
+    // Pool of one, then a restart of every node: the nodes kept the presignature (sealed,
+    // on disk), and it still signs — once.
     let signer = kmn.ecdsa_signer("imported", 1)?;
     assert!(signer.wait_ready(1, Duration::from_secs(60)) >= 1);
     drop(nodes);
     std::thread::sleep(Duration::from_millis(200));
-    let _nodes = layout.start_in_process()?;
+    let nodes = layout.start_in_process()?;
+    back(&kmn);
     let sig = signer.sign(b"after restart")?;
     assert!(verifies(&pk, b"after restart", &sig));
     let st = signer.stats();
-    assert!(st.presigs_wasted >= 1 || st.interactive >= 1, "{st:?}");
+    assert_eq!(st.from_presig, 1, "{st:?}");
+    drop(signer);
+    // A restarted coordinator takes back what the nodes hold unused, and nothing used.
+    let coordinator = kmn.ecdsa_signer("imported", 2)?;
+    assert!(coordinator.wait_ready(2, Duration::from_secs(60)) >= 2);
+    drop(coordinator);
+    std::thread::sleep(Duration::from_millis(100));
+    let held: Vec<([u8; 16], Vec<u8>)> = match kmn.ask(
+        1,
+        Request::EcdsaPresigs {
+            key_id: "imported".into(),
+        },
+    )? {
+        Response::Presigs(v) => v,
+        other => panic!("{other:?}"),
+    };
+    let adopted = kmn.ecdsa_signer("imported", 2)?;
+    assert!(adopted.ready() >= 1, "nothing adopted");
+    // A presignature used at node 1 is gone from it for good, also after a restart: asked to
+    // sign with it again, the node refuses.
+    let used = held
+        .iter()
+        .find(|(_, p)| {
+            florin_custody::ecdsa::PresigPublic::from_bytes(p)
+                .map(|p| p.signers.contains(&1))
+                .unwrap_or(false)
+        })
+        .map(|(id, _)| *id)
+        .expect("a presignature with node 1");
+    let partial = |kmn: &Kmn| {
+        kmn.ask(
+            1,
+            Request::EcdsaPartial {
+                key_id: "imported".into(),
+                presig: used,
+                message: b"twice?".to_vec(),
+            },
+        )
+    };
+    assert!(matches!(partial(&kmn)?, Response::EcdsaPartial(_)));
+    drop(adopted);
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    back(&kmn);
+    assert!(
+        !matches!(partial(&kmn), Ok(Response::EcdsaPartial(_))),
+        "a used presignature signed again after a restart"
+    );
+    back(&kmn);
     // Shares and auxiliary information survived, the added key's too.
     for s in kmn.status() {
         let e = s.ecdsa.expect("ecdsa state");

@@ -612,7 +612,13 @@ impl Kmn {
     ) -> Result<EcdsaSigner, KmnError> {
         let public = self.ecdsa_public_key(key_id)?;
         let engine = self.ecdsa_engine(key_id)?;
-        Ok(EcdsaSigner::new(self.clone(), key_id, public, engine, pool))
+        let s = EcdsaSigner::new(self.clone(), key_id, public, engine, pool);
+        if engine == EcdsaEngine::Cggmp24 && pool > 0 {
+            // The nodes keep unused presignatures across restarts (theirs and this
+            // coordinator's): take them back into the pool.
+            s.inner.adopt();
+        }
+        Ok(s)
     }
 }
 
@@ -847,6 +853,45 @@ fn refill_loop(weak: Weak<SignerInner>) {
 }
 
 impl SignerInner {
+    /// Takes into the pool the presignatures the nodes still hold unused: each one that
+    /// every one of its signers reports, with the same public half. A presignature another
+    /// coordinator also took is used by whichever asks first; the other's partial is refused
+    /// (`stale`) and it moves on, since a node deletes one before it signs with it.
+    fn adopt(&self) {
+        let mut seen: BTreeMap<[u8; 16], (Vec<u8>, Vec<PartyId>)> = BTreeMap::new();
+        for p in self.kmn.live_parties() {
+            let Ok(Response::Presigs(list)) = self.kmn.ask(
+                p,
+                Request::EcdsaPresigs {
+                    key_id: self.key_id.clone(),
+                },
+            ) else {
+                continue;
+            };
+            for (id, public) in list {
+                let e = seen
+                    .entry(id)
+                    .or_insert_with(|| (public.clone(), Vec::new()));
+                if e.0 == public {
+                    e.1.push(p);
+                }
+            }
+        }
+        let Ok(mut pool) = self.pool.lock() else {
+            return;
+        };
+        for (id, (public, holders)) in seen {
+            let Ok(public) = PresigPublic::from_bytes(&public) else {
+                continue;
+            };
+            if public.signers.iter().all(|s| holders.contains(s))
+                && !pool.iter().any(|x| x.id == id)
+            {
+                pool.push_back(Pooled { id, public });
+            }
+        }
+    }
+
     /// t nodes not known to be down, rotating so the work spreads over all n.
     fn choose(&self) -> Result<Vec<PartyId>, KmnError> {
         let live = self.kmn.live_parties();

@@ -422,6 +422,7 @@ pub(super) fn handle(
         | Request::EcdsaAbort { .. }
         | Request::EcdsaImport { .. }
         | Request::EcdsaExport { .. }
+        | Request::EcdsaPresigs { .. }
         | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, rights, req),
     }
 }
@@ -611,6 +612,10 @@ pub(super) fn handle_ecdsa(
             Ok(Response::EcdsaPartial(
                 e.partial(&key_id, presig, &message)?,
             ))
+        }
+        Request::EcdsaPresigs { key_id } => {
+            rights.check_key(&key_id)?;
+            Ok(Response::Presigs(e.presigs(&key_id)?))
         }
         Request::EcdsaImport { key_id, share } => {
             if !admin {

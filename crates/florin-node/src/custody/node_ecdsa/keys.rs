@@ -274,12 +274,28 @@ impl EcdsaNode {
             }
             p
         };
-        let Some(p) = p else {
+        let Some((p, _)) = p else {
             let mut id = [0u8; 8];
             id.copy_from_slice(&presig[..8]);
             return Err(CustodyError::UnknownNonce(u64::from_le_bytes(id)));
         };
+        // Marked used for good (its file deleted durably) before its half leaves.
+        self.drop_presig(key_id, &presig)?;
         Ok(ecdsa::partial_sign(self.party, p, message).to_bytes())
+    }
+
+    /// The unused presignatures of `key_id`: sessions and public halves.
+    pub(in crate::custody) fn presigs(
+        &self,
+        key_id: &str,
+    ) -> Result<Vec<florin_custody::wire::HeldPresig>, CustodyError> {
+        let k = self.key(key_id)?;
+        let store = k.presigs.lock().map_err(|_| lock_err())?;
+        Ok(store
+            .order
+            .iter()
+            .filter_map(|s| store.map.get(s).map(|(_, public)| (*s, public.clone())))
+            .collect())
     }
 }
 

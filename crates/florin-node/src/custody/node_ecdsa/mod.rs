@@ -8,9 +8,12 @@
 //!   every ECDSA key reuses it.
 //! - **Key shares** (`shares/K.p256`) are sealed like FROST shares, fsynced before the node
 //!   reports the key.
-//! - **Presignatures** stay in this process's memory only: a presignature used twice reveals
-//!   the key, and a restart must not bring back one that already signed. A restart loses them;
-//!   the coordinator sees `stale` and makes new ones.
+//! - **Presignatures** are kept across restarts without ever being used twice (one used twice
+//!   reveals the key): each is sealed to `presigs/KEY/SESSION` (fsynced) before the node
+//!   reports it, and that file is deleted, and the deletion made durable (the directory
+//!   fsynced), before its partial signature is computed and sent. A crash at any point either
+//!   leaves the file, and then no partial of it ever left, or not, and then it is gone for
+//!   good. A restarted coordinator takes the unused ones back (`Request::EcdsaPresigs`).
 //!
 //! Each protocol run lives on its own thread (the library's state machine is not `Send`); the
 //! coordinator moves messages between nodes as signed envelopes, direct ones sealed to their
@@ -140,9 +143,12 @@ struct EcdsaKey {
     presigs: Mutex<PresigStore>,
 }
 
+/// A key's unused presignatures: this node's secret half and the public half, by session.
+/// Each is also in a sealed file (`presigs/KEY/SESSION`) from before it is offered until
+/// before its partial signature leaves (see `storage.rs`).
 #[derive(Default)]
 struct PresigStore {
-    map: HashMap<[u8; 16], Presignature>,
+    map: HashMap<[u8; 16], (Presignature, Vec<u8>)>,
     order: VecDeque<[u8; 16]>,
 }
 

@@ -476,16 +476,31 @@ impl EcdsaNode {
             }
             (Out::Presig(presig, public), EcdsaJob::Presign { key_id, .. }) => {
                 let k = self.key(key_id)?;
-                let mut store = k.presigs.lock().map_err(|_| lock_err())?;
-                if store.map.insert(session, *presig).is_none() {
-                    store.order.push_back(session);
-                }
-                while store.order.len() > MAX_PRESIGS {
-                    if let Some(old) = store.order.pop_front() {
-                        store.map.remove(&old);
+                let public = public.to_bytes();
+                // Kept durably before it is reported.
+                self.store_presig(key_id, &k, &session, &presig, &public)?;
+                let mut evicted = Vec::new();
+                {
+                    let mut store = k.presigs.lock().map_err(|_| lock_err())?;
+                    if store
+                        .map
+                        .insert(session, (*presig, public.clone()))
+                        .is_none()
+                    {
+                        store.order.push_back(session);
+                    }
+                    while store.order.len() > MAX_PRESIGS {
+                        if let Some(old) = store.order.pop_front() {
+                            store.map.remove(&old);
+                            evicted.push(old);
+                        }
                     }
                 }
-                EcdsaDone::Presig(public.to_bytes())
+                for old in evicted {
+                    // Unused: a file left behind only comes back unused.
+                    let _ = self.drop_presig(key_id, &old);
+                }
+                EcdsaDone::Presig(public)
             }
             (Out::Sig(sig), _) => EcdsaDone::Signature(sig.to_vec()),
             _ => {

@@ -42,6 +42,70 @@ pub(super) fn share_paths(dir: &Path, key_id: &str) -> (PathBuf, PathBuf) {
     )
 }
 
+/// The seal name of a presignature of `key_id`'s sharing `identity`: a file from another
+/// sharing of the name (or another node) does not open.
+fn presig_name(key_id: &str, party: PartyId, identity: &[u8]) -> String {
+    format!(
+        "florin/custody/ecdsa-presig/{key_id}/{party}/{}",
+        hex::encode(hash("florin/custody/ecdsa-presig-sharing/v1", &[identity]))
+    )
+}
+
+/// Where a key's presignatures are kept.
+fn presig_dir(dir: &Path, key_id: &str) -> PathBuf {
+    dir.join("presigs").join(key_id)
+}
+
+/// Opens the presignatures kept for a CGGMP24 key. One that does not open (damaged, or from
+/// an earlier sharing of the name) is never used: it is renamed `….unusable`, and said so.
+fn load_presigs(dir: &Path, key_id: &str, party: PartyId, kek: &[u8; 32], k: &EcdsaKey) {
+    let pdir = presig_dir(dir, key_id);
+    let Ok(rd) = std::fs::read_dir(&pdir) else {
+        return;
+    };
+    let Ok(mut store) = k.presigs.lock() else {
+        return;
+    };
+    for entry in rd.flatten() {
+        let path = entry.path();
+        let Some(session) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| hex::decode(n).ok())
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+        else {
+            continue;
+        };
+        let opened = read_sealed(kek, &presig_name(key_id, party, &k.identity), &path)
+            .ok()
+            .flatten()
+            .and_then(|plain| {
+                let n = u32::from_le_bytes(plain.get(..4)?.try_into().ok()?) as usize;
+                let public = plain.get(4..4 + n)?.to_vec();
+                PresigPublic::from_bytes(&public).ok()?;
+                let presig = Presignature::from_bytes(plain.get(4 + n..)?).ok()?;
+                Some((presig, public))
+            });
+        match opened {
+            Some(p) => {
+                if store.map.insert(session, p).is_none() {
+                    store.order.push_back(session);
+                }
+            }
+            None => {
+                let mut to = path.clone().into_os_string();
+                to.push(".unusable");
+                let moved = std::fs::rename(&path, &to);
+                eprintln!(
+                    "custody node {party}: presignature file {} does not open (damaged, or \
+                     from an earlier sharing); never used, renamed ({moved:?})",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
 fn aux_name(party: PartyId) -> String {
     format!("florin/custody/ecdsa-aux/{party}")
 }
@@ -226,6 +290,9 @@ impl EcdsaNode {
                     }
                 };
                 let entry = Arc::new(key_entry(&core));
+                if ext == "p256" && entry.engine == EcdsaEngine::Cggmp24 {
+                    load_presigs(dir, stem, party, kek, &entry);
+                }
                 if ext == "p256" {
                     keys.insert(stem.to_string(), entry);
                 } else {
@@ -263,6 +330,47 @@ impl EcdsaNode {
 
     fn edir(&self) -> PathBuf {
         self.dir.join("ecdsa")
+    }
+
+    /// Keeps a presignature (sealed, fsynced) before the node reports it.
+    pub(super) fn store_presig(
+        &self,
+        key_id: &str,
+        k: &EcdsaKey,
+        session: &[u8; 16],
+        presig: &Presignature,
+        public: &[u8],
+    ) -> Result<(), CustodyError> {
+        let pdir = presig_dir(&self.dir, key_id);
+        std::fs::create_dir_all(&pdir)
+            .map_err(|e| CustodyError::Ecdsa(format!("cannot create {}: {e}", pdir.display())))?;
+        let mut plain = Zeroizing::new(Vec::with_capacity(4 + public.len() + 4096));
+        plain.extend_from_slice(&(public.len() as u32).to_le_bytes());
+        plain.extend_from_slice(public);
+        plain.extend_from_slice(&presig.to_bytes());
+        write_sealed(
+            &self.kek,
+            &presig_name(key_id, self.party, &k.identity),
+            &pdir.join(hex::encode(session)),
+            &plain,
+        )
+    }
+
+    /// Deletes a presignature's file and makes the deletion durable: once this returns, no
+    /// restart brings the presignature back. Called before its partial signature is made.
+    pub(super) fn drop_presig(&self, key_id: &str, session: &[u8; 16]) -> Result<(), CustodyError> {
+        let path = presig_dir(&self.dir, key_id).join(hex::encode(session));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(CustodyError::Ecdsa(format!(
+                    "cannot delete {}: {e}",
+                    path.display()
+                )))
+            }
+        }
+        sync_dir(&path).map_err(|e| CustodyError::Ecdsa(format!("{e}")))
     }
 
     /// Starts generating primes in the background if the node has neither primes nor
