@@ -54,7 +54,7 @@ use dkls23_core::protocols::signing::{
     UniqueKeep1to2, UniqueKeep2to3,
 };
 use dkls23_core::protocols::{Abort, AbortKind, Parameters, PartyIndex, PublicKeyPackage};
-use p256_dkls::elliptic_curve::group::GroupEncoding;
+use p256_dkls::elliptic_curve::group::{Group as _, GroupEncoding};
 use p256_dkls::elliptic_curve::{Field, PrimeField};
 use p256_dkls::{AffinePoint, NistP256, ProjectivePoint, Scalar};
 use serde::de::DeserializeOwned;
@@ -179,7 +179,7 @@ impl DklsShare {
         if bool::from(p.pk.is_identity()) || *self.package.verifying_key() != p.pk {
             return Err(bad("the public key differs from the package's"));
         }
-        let mine = (ProjectivePoint::GENERATOR * p.poly_point).to_affine();
+        let mine = ProjectivePoint::mul_by_generator(&p.poly_point).to_affine();
         if !self.package.verify_share(p.party_index, &mine) {
             return Err(bad("the secret point is not this party's in the package"));
         }
@@ -1092,7 +1092,7 @@ fn compressed_point(p: ProjectivePoint, what: &str) -> Result<[u8; 33], CustodyE
 pub fn tweak_public(base: &[u8; 33], tweak: &[u8; 32]) -> Result<[u8; 33], CustodyError> {
     let b = point(base, "the key")?;
     let t = scalar(tweak, "the tweak")?;
-    compressed_point(b + ProjectivePoint::GENERATOR * *t, "the note key")
+    compressed_point(b + ProjectivePoint::mul_by_generator(&*t), "the note key")
 }
 
 /// `R1 + R2` (SEC1 compressed): the key of a note that two parties' keys make together
@@ -1104,7 +1104,7 @@ pub fn add_public(a: &[u8; 33], b: &[u8; 33]) -> Result<[u8; 33], CustodyError> 
 /// `secret·G` (SEC1 compressed), for a non-zero scalar.
 pub fn public_of(secret: &[u8; 32]) -> Result<[u8; 33], CustodyError> {
     let s = scalar(secret, "the secret")?;
-    compressed_point(ProjectivePoint::GENERATOR * *s, "the public key")
+    compressed_point(ProjectivePoint::mul_by_generator(&*s), "the public key")
 }
 
 /// `a + b` mod the group order (32 bytes big-endian); an error if it is zero.
@@ -1135,7 +1135,7 @@ pub fn random_scalar() -> Zeroizing<[u8; 32]> {
 /// public key, so runs of the two keys never share a session).
 pub fn add_key(share: &DklsShare, addend: &[u8; 32]) -> Result<DklsShare, CustodyError> {
     let a = scalar(addend, "the addend")?;
-    let shift = ProjectivePoint::GENERATOR * *a;
+    let shift = ProjectivePoint::mul_by_generator(&*a);
     let mut party = share.party.clone();
     party.poly_point += *a;
     party.pk = (ProjectivePoint::from(party.pk) + shift).to_affine();
@@ -1462,5 +1462,45 @@ mod tests {
             (1, sign_session(sid, &[1, 2], copy(&shares[0]), m1)?),
             (2, sign_session(sid, &[1, 2], copy(&shares[1]), m2)?),
         ])
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// `cargo test --release -p florin-custody --lib -- --ignored note_key_costs --nocapture`
+    #[test]
+    #[ignore]
+    fn note_key_costs() {
+        let secret = random_scalar();
+        let shares = import(&secret, 2, 3).unwrap();
+        let base = shares[0].public_key();
+        let t = random_scalar();
+        let n = 200;
+        let time = |what: &str, f: &mut dyn FnMut()| {
+            let s = std::time::Instant::now();
+            for _ in 0..n {
+                f();
+            }
+            eprintln!(
+                "{what}: {:.1} µs",
+                s.elapsed().as_secs_f64() * 1e6 / n as f64
+            );
+        };
+        time("tweak_public", &mut || {
+            tweak_public(&base, &t).unwrap();
+        });
+        time("public_of", &mut || {
+            public_of(&t).unwrap();
+        });
+        time("add_key", &mut || {
+            add_key(&shares[0], &t).unwrap();
+        });
+        let stored = shares[0].to_bytes();
+        time("from_bytes", &mut || {
+            DklsShare::from_bytes(&stored).unwrap();
+        });
     }
 }

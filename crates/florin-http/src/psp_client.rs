@@ -255,7 +255,10 @@ impl PspClient {
                     .offer
                     .target(r2.as_ref())
                     .map_err(|e| bad(e.to_string()))?;
-                if target.to_text() != t.encumbrance || t.offer.account != to {
+                if target.to_text() != t.encumbrance
+                    || t.offer.account != to
+                    || (t.offer.r1.is_some() && t.offer.amount_cents != amount_cents)
+                {
                     return Err(bad(
                         "it names another key or account than the payee's provider offered".into(),
                     ));

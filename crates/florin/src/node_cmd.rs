@@ -477,7 +477,9 @@ fn sha(b: &[u8]) -> String {
     hex::encode(florin_crypto::hash("florin/backup/file", &[b]))
 }
 
-/// Every regular file under `dir` (relative paths, sorted), without the lock and temporaries.
+/// Every regular file under `dir` (relative paths, sorted), without the lock, temporaries and
+/// custody nodes' presignatures (`presigs/`): a presignature restored after it signed would
+/// sign a second message, which reveals the key.
 fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
@@ -489,6 +491,9 @@ fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
             let name = rel.join(e.file_name());
             let t = e.file_type()?;
             let s = e.file_name().to_string_lossy().into_owned();
+            if t.is_dir() && s == "presigs" {
+                continue;
+            }
             if t.is_dir() {
                 stack.push(name);
             } else if t.is_file() && s != LOCK_FILE && !s.ends_with(".tmp") && !s.contains(".tmp.")

@@ -858,7 +858,9 @@ impl SignerInner {
     /// coordinator also took is used by whichever asks first; the other's partial is refused
     /// (`stale`) and it moves on, since a node deletes one before it signs with it.
     fn adopt(&self) {
-        let mut seen: BTreeMap<[u8; 16], (Vec<u8>, Vec<PartyId>)> = BTreeMap::new();
+        // By (session, public half): one node reporting another public half for a session
+        // neither blocks nor joins the others' reports.
+        let mut seen: BTreeMap<([u8; 16], Vec<u8>), Vec<PartyId>> = BTreeMap::new();
         for p in self.kmn.live_parties() {
             let Ok(Response::Presigs(list)) = self.kmn.ask(
                 p,
@@ -869,22 +871,23 @@ impl SignerInner {
                 continue;
             };
             for (id, public) in list {
-                let e = seen
-                    .entry(id)
-                    .or_insert_with(|| (public.clone(), Vec::new()));
-                if e.0 == public {
-                    e.1.push(p);
-                }
+                seen.entry((id, public)).or_default().push(p);
             }
         }
         let Ok(mut pool) = self.pool.lock() else {
             return;
         };
-        for (id, (public, holders)) in seen {
+        let (t, n) = (self.kmn.t() as usize, self.kmn.n());
+        for ((id, public), holders) in seen {
             let Ok(public) = PresigPublic::from_bytes(&public) else {
                 continue;
             };
-            if public.signers.iter().all(|s| holders.contains(s))
+            // Exactly t signers of this network, every one of them holding it.
+            if public.signers.len() == t
+                && public
+                    .signers
+                    .iter()
+                    .all(|s| (1..=n).contains(s) && holders.contains(s))
                 && !pool.iter().any(|x| x.id == id)
             {
                 pool.push_back(Pooled { id, public });

@@ -352,6 +352,9 @@ impl Psp {
                         if let Err(e) = self.books.drop_notice(&txid, Some(&ans)) {
                             eprintln!("psp: {e}");
                         }
+                        if let Ok(mut b) = self.notice_backoff.lock() {
+                            b.remove(&txid);
+                        }
                         notified = true;
                     }
                     Err(e) => eprintln!(

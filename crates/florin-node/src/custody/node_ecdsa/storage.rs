@@ -44,10 +44,11 @@ pub(super) fn share_paths(dir: &Path, key_id: &str) -> (PathBuf, PathBuf) {
 
 /// The seal name of a presignature of `key_id`'s sharing `identity`: a file from another
 /// sharing of the name (or another node) does not open.
-fn presig_name(key_id: &str, party: PartyId, identity: &[u8]) -> String {
+fn presig_name(key_id: &str, party: PartyId, identity: &[u8], session: &[u8; 16]) -> String {
     format!(
-        "florin/custody/ecdsa-presig/{key_id}/{party}/{}",
-        hex::encode(hash("florin/custody/ecdsa-presig-sharing/v1", &[identity]))
+        "florin/custody/ecdsa-presig/{key_id}/{party}/{}/{}",
+        hex::encode(hash("florin/custody/ecdsa-presig-sharing/v1", &[identity])),
+        hex::encode(session)
     )
 }
 
@@ -76,16 +77,30 @@ fn load_presigs(dir: &Path, key_id: &str, party: PartyId, kek: &[u8; 32], k: &Ec
         else {
             continue;
         };
-        let opened = read_sealed(kek, &presig_name(key_id, party, &k.identity), &path)
-            .ok()
-            .flatten()
-            .and_then(|plain| {
-                let n = u32::from_le_bytes(plain.get(..4)?.try_into().ok()?) as usize;
-                let public = plain.get(4..4 + n)?.to_vec();
-                PresigPublic::from_bytes(&public).ok()?;
-                let presig = Presignature::from_bytes(plain.get(4 + n..)?).ok()?;
-                Some((presig, public))
-            });
+        // The seal names the session too: a file copied or renamed to another run's name does
+        // not open (the same presignature under two names could sign twice).
+        let opened = match read_sealed(
+            kek,
+            &presig_name(key_id, party, &k.identity, &session),
+            &path,
+        ) {
+            Err(NodeError::Io(e)) => {
+                // Not damage: left alone, and not used this time.
+                eprintln!(
+                    "custody node {party}: presignature file {} cannot be read ({e}); not used",
+                    path.display()
+                );
+                continue;
+            }
+            r => r.ok().flatten(),
+        }
+        .and_then(|plain| {
+            let n = u32::from_le_bytes(plain.get(..4)?.try_into().ok()?) as usize;
+            let public = plain.get(4..4 + n)?.to_vec();
+            PresigPublic::from_bytes(&public).ok()?;
+            let presig = Presignature::from_bytes(plain.get(4 + n..)?).ok()?;
+            Some((presig, public))
+        });
         match opened {
             Some(p) => {
                 if store.map.insert(session, p).is_none() {
@@ -342,6 +357,7 @@ impl EcdsaNode {
         public: &[u8],
     ) -> Result<(), CustodyError> {
         let pdir = presig_dir(&self.dir, key_id);
+        let fresh = !pdir.exists();
         std::fs::create_dir_all(&pdir)
             .map_err(|e| CustodyError::Ecdsa(format!("cannot create {}: {e}", pdir.display())))?;
         let mut plain = Zeroizing::new(Vec::with_capacity(4 + public.len() + 4096));
@@ -350,10 +366,18 @@ impl EcdsaNode {
         plain.extend_from_slice(&presig.to_bytes());
         write_sealed(
             &self.kek,
-            &presig_name(key_id, self.party, &k.identity),
+            &presig_name(key_id, self.party, &k.identity, session),
             &pdir.join(hex::encode(session)),
             &plain,
-        )
+        )?;
+        if fresh {
+            // A new directory is durable in its parents too, as the file is in it.
+            sync_dir(&pdir).map_err(|e| CustodyError::Ecdsa(format!("{e}")))?;
+            if let Some(parent) = pdir.parent() {
+                sync_dir(parent).map_err(|e| CustodyError::Ecdsa(format!("{e}")))?;
+            }
+        }
+        Ok(())
     }
 
     /// Deletes a presignature's file and makes the deletion durable: once this returns, no
