@@ -21,7 +21,7 @@ pub const AUTH_HEADER: &str = "florin-auth";
 /// Most seconds between the caller's timestamp and the provider's clock.
 pub const MAX_SKEW_SECS: u64 = 300;
 /// Most request nonces remembered (each for 2 × [`MAX_SKEW_SECS`]).
-pub const MAX_NONCES: usize = 1 << 18;
+pub const MAX_NONCES: usize = 1 << 19;
 const DOMAIN: &str = "florin/psp/request/v1";
 
 /// A parsed `florin-auth` header.
@@ -117,9 +117,13 @@ pub struct CallerRequest<'a> {
     pub header: Option<&'a str>,
 }
 
-/// Most nonces remembered for one caller (an account or a peer) at once: one caller that
-/// signs requests as fast as it can fills its own memory, never the others'.
+/// Most nonces remembered for one account at once: one caller that signs requests as fast
+/// as it can fills its own memory, never the others'.
 pub const MAX_NONCES_PER_CALLER: usize = 16_384;
+/// Most nonces remembered for one configured peer provider: a busy peer makes two signed
+/// calls per payment (Filia's announcement and the hand-over), so this allows about 435 a
+/// second over the window (2 × [`MAX_SKEW_SECS`]).
+pub const MAX_NONCES_PER_PEER: usize = 1 << 17;
 /// Nonces a caller may always have remembered, even once the memory holds [`MAX_NONCES`]:
 /// callers that fill the memory together are refused beyond their share, light callers never.
 pub const FAIR_SHARE: usize = 256;
@@ -218,9 +222,13 @@ impl Replay {
             )
         };
         let caller = (kind, who.to_string());
-        if seen.held(&caller) >= MAX_NONCES_PER_CALLER {
+        let cap = match kind {
+            Caller::Account => MAX_NONCES_PER_CALLER,
+            Caller::Peer => MAX_NONCES_PER_PEER,
+        };
+        if seen.held(&caller) >= cap {
             seen.sweep_one(&caller, t);
-            if seen.held(&caller) >= MAX_NONCES_PER_CALLER {
+            if seen.held(&caller) >= cap {
                 return Err(full());
             }
         }

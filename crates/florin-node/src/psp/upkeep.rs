@@ -143,9 +143,12 @@ impl Psp {
                     }
                 }
                 // A hand-over (Filia's ⑦) is never given up: the notice holds the only
-                // `r2` besides the proof, and without it no one can spend the output. Asked
-                // again with a growing pause (2 s doubling, at most 10 minutes).
-                Err(e) if n.handover.is_some() => {
+                // `r2` besides the proof, and without it no one can spend the output. A
+                // refusal is asked again with a growing pause (2 s doubling, at most 10
+                // minutes); a peer out of reach or busy, at the next round as any notice.
+                Err(
+                    e @ (PspError::Refused(_) | PspError::NotFound(_) | PspError::BadRequest(_)),
+                ) if n.handover.is_some() => {
                     let tries = self
                         .notice_backoff
                         .lock()
