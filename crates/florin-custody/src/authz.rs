@@ -345,21 +345,8 @@ impl Authorization {
         message: &[u8],
         now: u64,
     ) -> Result<(PaymentAuth, Digest), AuthzError> {
-        let key = florin_crypto::P256PublicKey(*base);
-        let payer = Encumbrance::p256(&key);
-        let auth = PaymentAuth::decode(&self.auth)?;
-        auth.verify(customer)?;
-        if auth.payer != payer {
-            return Err(AuthzError::WrongPayer);
-        }
-        let tx = match Transaction::decode(&self.tx) {
-            Ok(Transaction::Transfer(t)) => t,
-            _ => return Err(AuthzError::Malformed("transaction".into())),
-        };
-        let txid = tx.txid();
-        if message != txid.as_slice() {
-            return Err(AuthzError::DigestMismatch);
-        }
+        let payer = Encumbrance::p256(&florin_crypto::P256PublicKey(*base));
+        let (auth, tx, txid) = self.open(customer, &payer, message)?;
         let note = |t: &[u8; 32]| -> Result<Encumbrance, AuthzError> {
             let k = crate::dkls::tweak_public(base, t).map_err(|_| AuthzError::BadTweak)?;
             Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(k)))
@@ -387,6 +374,20 @@ impl Authorization {
         message: &[u8],
         now: u64,
     ) -> Result<(PaymentAuth, Digest), AuthzError> {
+        let (auth, tx, txid) = self.open(customer, payer, message)?;
+        auth.check_outputs(&tx)?;
+        auth.check_time(now)?;
+        Ok((auth, txid))
+    }
+
+    /// The checks both [`Authorization::check`] and [`Authorization::check_notes`] start
+    /// with: the customer signed it, for `payer`, and `message` is the transaction's txid.
+    fn open(
+        &self,
+        customer: &PublicKey,
+        payer: &Encumbrance,
+        message: &[u8],
+    ) -> Result<(PaymentAuth, Transfer, Digest), AuthzError> {
         let auth = PaymentAuth::decode(&self.auth)?;
         auth.verify(customer)?;
         if auth.payer != *payer {
@@ -400,9 +401,7 @@ impl Authorization {
         if message != txid.as_slice() {
             return Err(AuthzError::DigestMismatch);
         }
-        auth.check_outputs(&tx)?;
-        auth.check_time(now)?;
-        Ok((auth, txid))
+        Ok((auth, tx, txid))
     }
 }
 
