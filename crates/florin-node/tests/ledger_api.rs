@@ -414,15 +414,17 @@ fn inputs_are_looked_up_before_signatures() {
         .iter()
         .map(|r| r["status"].as_str().unwrap())
         .collect();
+    // The first is looked up before anything of this batch commits: the store is idle, the
+    // hint answers, and no signature is verified. The last may reach a validator while the
+    // committer holds the store for the first group; the hint never waits, so it is then
+    // verified in full (`static_invalid` for its garbage signature). Either way it is refused.
     assert_eq!(
-        statuses,
-        [
-            "state_invalid",
-            "confirmed",
-            "confirmed",
-            "confirmed",
-            "state_invalid"
-        ],
+        statuses[..4],
+        ["state_invalid", "confirmed", "confirmed", "confirmed"],
+        "{ans}"
+    );
+    assert!(
+        ["state_invalid", "static_invalid"].contains(&statuses[4]),
         "{ans}"
     );
     assert_eq!(
