@@ -33,6 +33,13 @@
 //! - [`sign_session`]: the three rounds of signing by exactly t parties.
 //! - [`refresh_session`]: proactive refresh by all n parties: new shares of the same key,
 //!   new OT correlations; the old shares no longer combine with the new.
+//! - [`complete_refresh_session`]: the same, but the OT set-up of every pair is made anew
+//!   (a key generation whose polynomials have a zero constant term): after an import (the
+//!   dealer knew the old set-up), after a repair (the rebuilt share has none), or when a
+//!   party's OT state is in doubt.
+//! - [`repair_term`] and [`repair_assemble`]: t helpers rebuild a lost party's share without
+//!   anyone learning it; the rebuilt share is *hollow* (no OT state) and signs only after a
+//!   complete refresh by all n.
 //! - [`import`] (a trusted dealer splits an existing key, R5), [`export`] (t shares rebuild
 //!   it, R4) and [`add_key`] (shares of `r1` become shares of `r1 + r2`, R5).
 //!
@@ -42,13 +49,15 @@
 use std::collections::BTreeMap;
 
 use dkls23_core::protocols::dkg::{
-    BroadcastDerivationPhase2to4, BroadcastDerivationPhase3to4, ProofCommitment,
+    BroadcastDerivationPhase2to4, BroadcastDerivationPhase3to4, KeepInitMulPhase3to4,
+    KeepInitZeroSharePhase2to3, KeepInitZeroSharePhase3to4, ProofCommitment,
     TransmitInitMulPhase3to4, TransmitInitZeroSharePhase2to4, TransmitInitZeroSharePhase3to4,
 };
 use dkls23_core::protocols::dkg_session::DkgSession;
 use dkls23_core::protocols::refresh::{
     KeepRefreshPhase3to4, TransmitRefreshPhase2to4, TransmitRefreshPhase3to4,
 };
+use dkls23_core::protocols::repair::{self, RepairTerm};
 use dkls23_core::protocols::signing::{
     Broadcast3to4, KeepPhase1to2, KeepPhase2to3, SignData, TransmitPhase1to2, TransmitPhase2to3,
     UniqueKeep1to2, UniqueKeep2to3,
@@ -153,9 +162,9 @@ impl DklsShare {
         }))
     }
 
-    /// Decodes [`DklsShare::to_bytes`] and checks it is whole: the share's public point is its
-    /// party's in the package, the key is the package's, and there is OT state for every other
-    /// party.
+    /// Decodes [`DklsShare::to_bytes`] and checks it: the share's public point is its party's
+    /// in the package, the key is the package's, and there is OT state for every other party
+    /// (a whole share) or for none (a share rebuilt by repair: [`DklsShare::is_hollow`]).
     pub fn from_bytes(bytes: &[u8]) -> Result<DklsShare, CustodyError> {
         let f: ShareFile = decode(bytes, "DKLs23 share")?;
         let s = DklsShare {
@@ -183,6 +192,9 @@ impl DklsShare {
         if !self.package.verify_share(p.party_index, &mine) {
             return Err(bad("the secret point is not this party's in the package"));
         }
+        if self.is_hollow() {
+            return Ok(());
+        }
         for i in 1..=n {
             if i == p.party_index.as_u8() {
                 continue;
@@ -193,6 +205,22 @@ impl DklsShare {
             if !p.mul_senders.contains_key(&j) || !p.mul_receivers.contains_key(&j) {
                 return Err(bad("no multiplication state for a party"));
             }
+        }
+        Ok(())
+    }
+
+    /// Whether this share was rebuilt by repair and holds no OT state yet: it cannot sign, nor
+    /// take a fast refresh, until a complete refresh by all n parties.
+    pub fn is_hollow(&self) -> bool {
+        self.party.mul_senders.is_empty() && self.party.mul_receivers.is_empty()
+    }
+
+    fn refuse_hollow(&self, what: &str) -> Result<(), CustodyError> {
+        if self.is_hollow() {
+            return Err(CustodyError::BadParameters(format!(
+                "this DKLs23 share was rebuilt by repair and has no OT set-up: it cannot {what} \
+                 until a complete refresh by all parties"
+            )));
         }
         Ok(())
     }
@@ -443,6 +471,19 @@ enum Setup3 {
 enum Kept {
     Keygen(Box<DkgSession<NistP256>>),
     Refresh(Box<RefreshKept>),
+    Complete(Box<CompleteKept>),
+}
+
+/// A complete refresh: a key generation of a zero-constant polynomial, applied to the old
+/// share, with the zero-sharing seeds and OT set-up made anew (key generation's messages).
+struct CompleteKept {
+    old: Box<Party>,
+    package: Package,
+    sid: Vec<u8>,
+    correction: Zeroizing<Scalar>,
+    zero2: BTreeMap<PartyIndex, KeepInitZeroSharePhase2to3>,
+    zero3: BTreeMap<PartyIndex, KeepInitZeroSharePhase3to4>,
+    mul3: BTreeMap<PartyIndex, KeepInitMulPhase3to4<NistP256>>,
 }
 
 struct RefreshKept {
@@ -484,6 +525,7 @@ impl Rounds for Dkg {
         let fragments = match &self.kept {
             Kept::Keygen(s) => s.phase1(),
             Kept::Refresh(r) => r.old.refresh_phase1(),
+            Kept::Complete(c) => c.old.refresh_complete_phase1(),
         };
         if fragments.len() != usize::from(self.n) {
             return Err(CustodyError::Ecdsa("dkls23: fragment count".into()));
@@ -550,6 +592,20 @@ impl Rounds for Dkg {
                             transmit
                                 .into_iter()
                                 .map(|z| (z.parties.receiver, Zero2::Refresh(z)))
+                                .collect(),
+                        )
+                    }
+                    Kept::Complete(c) => {
+                        let (corr, proof, keep2, transmit) =
+                            c.old.refresh_complete_phase2(&c.sid, &fragments);
+                        c.correction = Zeroizing::new(corr);
+                        c.zero2 = keep2;
+                        (
+                            proof,
+                            None,
+                            transmit
+                                .into_iter()
+                                .map(|z| (z.parties.receiver, Zero2::Keygen(z)))
                                 .collect(),
                         )
                     }
@@ -627,6 +683,36 @@ impl Rounds for Dkg {
                         for m in std::mem::take(&mut r.openings) {
                             let to = PartyId::from(m.parties.receiver.as_u8());
                             out.push(direct(me, to, encode(&Setup3::Refresh(m))));
+                        }
+                    }
+                    Kept::Complete(c) => {
+                        let (zero_keep, zero, mul_keep, mul) =
+                            c.old.refresh_complete_phase3(&c.sid, &c.zero2);
+                        c.zero3 = zero_keep;
+                        c.mul3 = mul_keep;
+                        let open = Open3 {
+                            proof: own_proof,
+                            chain: None,
+                        };
+                        out.push(broadcast(me, encode(&open)));
+                        self.own_open = Some(open);
+                        let mut mul: BTreeMap<u8, _> = mul
+                            .into_iter()
+                            .map(|m| (m.parties.receiver.as_u8(), m))
+                            .collect();
+                        for z in zero {
+                            let to = z.parties.receiver.as_u8();
+                            let m = mul.remove(&to).ok_or_else(|| {
+                                CustodyError::Ecdsa("dkls23: multiplication setup".into())
+                            })?;
+                            out.push(direct(
+                                me,
+                                PartyId::from(to),
+                                encode(&Setup3::Keygen {
+                                    zero: z,
+                                    mul: Box::new(m),
+                                }),
+                            ));
                         }
                     }
                 }
@@ -742,6 +828,42 @@ impl Rounds for Dkg {
                             package,
                         }
                     }
+                    Kept::Complete(c) => {
+                        let CompleteKept {
+                            old,
+                            package,
+                            sid,
+                            correction,
+                            zero3: zero_kept,
+                            mul3: mul_kept,
+                            ..
+                        } = *c;
+                        let party = old
+                            .refresh_complete_phase4(
+                                &sid,
+                                &correction,
+                                &proofs,
+                                &zero_kept,
+                                &self.zero2_keygen,
+                                &zero3,
+                                &mul_kept,
+                                &mul3,
+                            )
+                            .map_err(abort)?;
+                        let package = package.refresh(&sid, &proofs).map_err(|r| {
+                            CustodyError::Ecdsa(format!("dkls23: refreshed package: {r}"))
+                        })?;
+                        let share = DklsShare {
+                            party: Box::new(party),
+                            package,
+                        };
+                        if share.is_hollow() {
+                            return Err(CustodyError::Ecdsa(
+                                "dkls23: a complete refresh left no OT set-up".into(),
+                            ));
+                        }
+                        share
+                    }
                 };
                 share.check()?;
                 Ok(Err(share))
@@ -788,12 +910,13 @@ pub fn keygen_session(
 /// before and after do not sign together. Every party must use the same `session_id`, fresh.
 ///
 /// This is the library's fast refresh, which re-randomizes the OT set-up instead of making it
-/// anew: a share rebuilt by repair cannot take it, and for a key a dealer split (or one whose
-/// party was banned) only a complete refresh, not built yet, replaces the OT set-up.
+/// anew: a share rebuilt by repair cannot take it, and for a key a dealer split only a
+/// [`complete_refresh_session`] replaces the OT set-up.
 pub fn refresh_session(
     session_id: [u8; 32],
     share: DklsShare,
 ) -> Result<Session<DklsShare>, CustodyError> {
+    share.refuse_hollow("take a fast refresh")?;
     let me = share.party();
     let n = share.n();
     let parties: Vec<PartyId> = (1..=n).collect();
@@ -817,6 +940,152 @@ pub fn refresh_session(
         zero2_refresh: Vec::new(),
     };
     Ok(rounds_session(dkg, me, &parties))
+}
+
+/// Complete refresh of `share`'s key by all n parties: new shares of the same public key, as
+/// [`refresh_session`] gives, but every pair's OT set-up and zero-sharing seeds are made anew,
+/// as at key generation (seconds rather than a fraction of one). The one refresh a share
+/// rebuilt by repair ([`DklsShare::is_hollow`]) can take, and the one to run after an import,
+/// whose dealer made the old OT set-up. Every party must use the same `session_id`, fresh.
+pub fn complete_refresh_session(
+    session_id: [u8; 32],
+    share: DklsShare,
+) -> Result<Session<DklsShare>, CustodyError> {
+    let me = share.party();
+    let n = share.n();
+    let parties: Vec<PartyId> = (1..=n).collect();
+    let dkg = Dkg {
+        me,
+        n,
+        kept: Kept::Complete(Box::new(CompleteKept {
+            old: share.party,
+            package: share.package,
+            sid: session_id.to_vec(),
+            correction: Zeroizing::new(Scalar::ZERO),
+            zero2: BTreeMap::new(),
+            zero3: BTreeMap::new(),
+            mul3: BTreeMap::new(),
+        })),
+        own_fragment: Zeroizing::new(Vec::new()),
+        own_proof: None,
+        own_chain2: None,
+        own_open: None,
+        commits: BTreeMap::new(),
+        zero2_keygen: Vec::new(),
+        zero2_refresh: Vec::new(),
+    };
+    Ok(rounds_session(dkg, me, &parties))
+}
+
+// ---------------------------------------------------------------------------------------
+// Share repair: t helpers rebuild a lost party's share (hollow until a complete refresh).
+// ---------------------------------------------------------------------------------------
+
+/// What a helper sends the target (sealed to it): its masked term and its view of the key's
+/// public package, which every helper must report alike.
+#[derive(Serialize, Deserialize)]
+struct RepairPart {
+    term: RepairTerm<NistP256>,
+    package: Package,
+}
+
+fn repair_error(e: repair::RepairError) -> CustodyError {
+    CustodyError::BadParameters(format!("dkls23 repair: {e}"))
+}
+
+fn helper_indices(helpers: &[PartyId]) -> Result<Vec<PartyIndex>, CustodyError> {
+    let mut sorted = helpers.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != helpers.len() {
+        return Err(CustodyError::BadParameters(format!(
+            "helpers {helpers:?}: a party named twice"
+        )));
+    }
+    sorted.into_iter().map(index).collect()
+}
+
+/// This helper's part of rebuilding party `target`'s lost share: its share times its Lagrange
+/// coefficient at `target` over `helpers` (at least t parties, `target` not among them), masked
+/// with a share of zero only the helpers together cancel. Send it to the target only (sealed):
+/// only the sum of every helper's part is the target's share. Every helper must use the same
+/// `helpers` and `repair_id` (fresh for the run).
+pub fn repair_term(
+    share: &DklsShare,
+    helpers: &[PartyId],
+    target: PartyId,
+    repair_id: &[u8],
+) -> Result<Zeroizing<Vec<u8>>, CustodyError> {
+    share.refuse_hollow("help a repair")?;
+    let hs = helper_indices(helpers)?;
+    if target == 0 || target > share.n() {
+        return Err(CustodyError::BadParameters(format!(
+            "target {target}: not a party of 1 to {}",
+            share.n()
+        )));
+    }
+    let term = share
+        .party
+        .repair_term(&hs, index(target)?, repair_id)
+        .map_err(repair_error)?;
+    Ok(Zeroizing::new(encode(&RepairPart {
+        term,
+        package: share.package.clone(),
+    })))
+}
+
+/// The target's side: adds every helper's part (`(helper, bytes)`, the helper as the sealed
+/// envelope authenticated it) into its share. Every helper must report the same public package
+/// and key; `expected` (the key's SEC1-compressed public key), when the target still knows it,
+/// must be that key. The result is checked against the target's public share in the package
+/// and is hollow: it signs only after [`complete_refresh_session`] by all n parties.
+pub fn repair_assemble<B: AsRef<[u8]>>(
+    target: PartyId,
+    parts: &[(PartyId, B)],
+    expected: Option<&[u8; 33]>,
+) -> Result<DklsShare, CustodyError> {
+    let mut package: Option<(Vec<u8>, Package)> = None;
+    let mut terms = Vec::with_capacity(parts.len());
+    for (from, bytes) in parts {
+        let part: RepairPart = body(*from, bytes.as_ref(), "repair term")?;
+        if PartyId::from(part.term.helper.as_u8()) != *from
+            || PartyId::from(part.term.target.as_u8()) != target
+        {
+            return Err(CustodyError::Misbehaved {
+                party: *from,
+                reason: "its repair term names another helper or target than it was sent as".into(),
+            });
+        }
+        let encoded = encode(&part.package);
+        match &package {
+            None => package = Some((encoded, part.package)),
+            Some((first, _)) if *first == encoded => {}
+            Some(_) => {
+                return Err(CustodyError::Inconsistent(
+                    "the repair helpers report different public packages for the key".into(),
+                ))
+            }
+        }
+        terms.push(part.term);
+    }
+    let Some((_, package)) = package else {
+        return Err(CustodyError::BadParameters("no repair terms".into()));
+    };
+    if let Some(pk) = expected {
+        if compressed(package.verifying_key()) != *pk {
+            return Err(CustodyError::Inconsistent(
+                "the repair helpers hold another key than this node knows".into(),
+            ));
+        }
+    }
+    let party = repair::repair_assemble(&package, index(target)?, &terms, no_address)
+        .map_err(repair_error)?;
+    let share = DklsShare {
+        party: Box::new(party),
+        package,
+    };
+    share.check()?;
+    Ok(share)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -941,6 +1210,7 @@ pub fn sign_session(
     share: DklsShare,
     message: &[u8],
 ) -> Result<Session<[u8; 64]>, CustodyError> {
+    share.refuse_hollow("sign")?;
     let me = share.party();
     let mut sorted = signers.to_vec();
     sorted.sort_unstable();
@@ -1134,6 +1404,7 @@ pub fn random_scalar() -> Zeroizing<[u8; 32]> {
 /// node applies the same `addend`; the OT set-up is kept (signing binds each run to the key's
 /// public key, so runs of the two keys never share a session).
 pub fn add_key(share: &DklsShare, addend: &[u8; 32]) -> Result<DklsShare, CustodyError> {
+    share.refuse_hollow("make another key")?;
     let a = scalar(addend, "the addend")?;
     let shift = ProjectivePoint::mul_by_generator(&*a);
     let mut party = share.party.clone();
@@ -1344,6 +1615,145 @@ mod tests {
             *export(&shares[..2]).unwrap(),
             *export(&fresh[1..]).unwrap()
         );
+    }
+
+    fn complete_refresh(shares: &[DklsShare], sid: [u8; 32]) -> Vec<DklsShare> {
+        run_all(
+            shares
+                .iter()
+                .map(|s| (s.party(), complete_refresh_session(sid, copy(s)).unwrap()))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn complete_refresh_makes_new_ot_and_keeps_the_key() {
+        // An imported key: the dealer made every pair's OT set-up; the complete refresh makes
+        // it anew, so what the dealer kept no longer matches.
+        let secret = p256::SecretKey::random(&mut rand::rngs::OsRng);
+        let bytes: [u8; 32] = secret.to_bytes().into();
+        let dealt = import(&bytes, 2, 3).unwrap();
+        let pk = dealt[0].public_key();
+        let fresh = complete_refresh(&dealt, [4u8; 32]);
+        assert!(fresh.iter().all(|s| s.public_key() == pk && !s.is_hollow()));
+        assert!(fresh.iter().all(|s| s.identity() == fresh[0].identity()));
+        assert_ne!(fresh[0].identity(), dealt[0].identity());
+        for (old, new) in dealt.iter().zip(&fresh) {
+            assert_ne!(
+                encode(&old.party.mul_senders),
+                encode(&new.party.mul_senders),
+                "new OT set-up"
+            );
+        }
+        for signers in [[1, 2], [1, 3], [2, 3]] {
+            let sig = sign(&fresh, &signers, b"after").unwrap();
+            assert!(verifies(&pk, b"after", &sig), "{signers:?}");
+        }
+        let mixed = vec![copy(&dealt[0]), copy(&fresh[1])];
+        assert!(sign(&mixed, &[1, 2], b"mixed").is_err());
+        assert_eq!(*export(&fresh[..2]).unwrap(), bytes);
+        // A fast refresh after it still works.
+        let again = run_all(
+            fresh
+                .iter()
+                .map(|s| (s.party(), refresh_session([5u8; 32], copy(s)).unwrap()))
+                .collect(),
+        )
+        .unwrap();
+        assert!(verifies(&pk, b"x", &sign(&again, &[2, 3], b"x").unwrap()));
+    }
+
+    #[test]
+    fn repair_rebuilds_a_lost_share_that_signs_after_a_complete_refresh() {
+        let shares = keygen(2, 3);
+        let pk = shares[0].public_key();
+        let rid = b"repair run 1";
+        // Party 3 lost its share; parties 1 and 2 help.
+        let parts: Vec<(PartyId, Vec<u8>)> = [1u16, 2]
+            .iter()
+            .map(|&h| {
+                let t = repair_term(&shares[usize::from(h) - 1], &[1, 2], 3, rid).unwrap();
+                (h, t.to_vec())
+            })
+            .collect();
+        let hollow = repair_assemble(3, &parts, Some(&pk)).unwrap();
+        assert!(hollow.is_hollow());
+        assert_eq!(hollow.public_key(), pk);
+        assert_eq!(hollow.party(), 3);
+        assert_eq!(hollow.party.poly_point, shares[2].party.poly_point);
+        // It survives storage, but cannot sign, take a fast refresh or help another repair.
+        let stored = DklsShare::from_bytes(&hollow.to_bytes()).unwrap();
+        assert!(stored.is_hollow());
+        let with_hollow = vec![copy(&shares[0]), copy(&hollow)];
+        assert!(matches!(
+            sign(&with_hollow, &[1, 3], b"m"),
+            Err(CustodyError::BadParameters(_))
+        ));
+        assert!(refresh_session([1u8; 32], copy(&hollow)).is_err());
+        assert!(repair_term(&hollow, &[1, 3], 2, rid).is_err());
+        // A complete refresh by all three makes it whole.
+        let group = vec![copy(&shares[0]), copy(&shares[1]), hollow];
+        let fresh = complete_refresh(&group, [6u8; 32]);
+        assert!(fresh.iter().all(|s| s.public_key() == pk && !s.is_hollow()));
+        for signers in [[1, 3], [2, 3], [1, 2]] {
+            let sig = sign(&fresh, &signers, b"repaired").unwrap();
+            assert!(verifies(&pk, b"repaired", &sig), "{signers:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_repair_terms_are_refused() {
+        let shares = keygen(2, 3);
+        let pk = shares[0].public_key();
+        let rid = b"rid";
+        let term = |h: u16, helpers: &[PartyId], target, rid: &[u8]| {
+            repair_term(&shares[usize::from(h) - 1], helpers, target, rid)
+                .unwrap()
+                .to_vec()
+        };
+        // Too few helpers, the target among them, a helper twice, an empty run id.
+        assert!(repair_term(&shares[0], &[1], 3, rid).is_err());
+        assert!(repair_term(&shares[0], &[1, 3], 3, rid).is_err());
+        assert!(repair_term(&shares[0], &[1, 1, 2], 3, rid).is_err());
+        assert!(repair_term(&shares[0], &[1, 2], 3, b"").is_err());
+        assert!(repair_term(&shares[0], &[1, 2], 9, rid).is_err());
+        // One part alone, or parts for different run ids, do not add up.
+        assert!(repair_assemble(3, &[(1, term(1, &[1, 2], 3, rid))], Some(&pk)).is_err());
+        let mismatched = [
+            (1, term(1, &[1, 2], 3, rid)),
+            (2, term(2, &[1, 2], 3, b"other")),
+        ];
+        assert!(repair_assemble(3, &mismatched, Some(&pk)).is_err());
+        // A part relayed as another helper's, or meant for another target.
+        let relabelled = [(1, term(1, &[1, 2], 3, rid)), (1, term(2, &[1, 2], 3, rid))];
+        assert!(matches!(
+            repair_assemble(3, &relabelled, Some(&pk)),
+            Err(CustodyError::Misbehaved { party: 1, .. })
+        ));
+        let other_target = [(1, term(1, &[1, 2], 3, rid)), (2, term(2, &[1, 2], 3, rid))];
+        assert!(repair_assemble(2, &other_target, None).is_err());
+        // Another key's helpers.
+        let other = keygen(2, 3);
+        let foreign = [
+            (1, repair_term(&other[0], &[1, 2], 3, rid).unwrap().to_vec()),
+            (2, repair_term(&other[1], &[1, 2], 3, rid).unwrap().to_vec()),
+        ];
+        assert!(matches!(
+            repair_assemble(3, &foreign, Some(&pk)),
+            Err(CustodyError::Inconsistent(_))
+        ));
+        // Helpers disagreeing on the package.
+        let split = [
+            (1, term(1, &[1, 2], 3, rid)),
+            (2, repair_term(&other[1], &[1, 2], 3, rid).unwrap().to_vec()),
+        ];
+        assert!(repair_assemble(3, &split, None).is_err());
+        // Garbage.
+        assert!(repair_assemble(3, &[(1, vec![1, 2, 3]), (2, vec![])], None).is_err());
+        assert!(repair_assemble::<Vec<u8>>(3, &[], None).is_err());
+        // The honest parts still work.
+        assert!(repair_assemble(3, &other_target, Some(&pk)).is_ok());
     }
 
     #[test]

@@ -261,6 +261,35 @@ pub enum Request {
         /// The key's name.
         key_id: String,
     },
+    /// DKLs23 share repair, at a helper (administrators only): its masked part of rebuilding
+    /// party `target`'s lost share of `key_id` ([`crate::dkls::repair_term`]), with the key's
+    /// customer binding, sealed to the target; answered with [`Response::Repair`] (one
+    /// envelope). Every helper must be sent the same `session` and `helpers`.
+    DklsRepairTerm {
+        /// The run: fresh and random.
+        session: [u8; 16],
+        /// The key.
+        key_id: String,
+        /// The helpers (at least t, this node among them, the target not).
+        helpers: Vec<PartyId>,
+        /// The party whose share is lost.
+        target: PartyId,
+    },
+    /// DKLs23 share repair, at the target (administrators only): every helper's sealed part.
+    /// The node rebuilds its share, checks it against its public share in the key's package
+    /// (which every helper must report alike), and stores it pending and *hollow*: it signs
+    /// only after a complete refresh by all n nodes ([`EcdsaJob::DklsRefreshComplete`]) is
+    /// committed. Answered with [`Response::Key`] (the sharing's identity).
+    DklsRepairFinish {
+        /// The run.
+        session: [u8; 16],
+        /// The key.
+        key_id: String,
+        /// The helpers, as every helper was told.
+        helpers: Vec<PartyId>,
+        /// One envelope per helper.
+        terms: Vec<Envelope>,
+    },
     /// The CGGMP24 presignatures of `key_id` this node holds unused (it keeps them across
     /// restarts): their sessions and public halves, for a coordinator that restarted to take
     /// them back into its pool. Answered with [`Response::Presigs`].
@@ -337,6 +366,13 @@ pub enum EcdsaJob {
         /// The key.
         key_id: String,
     },
+    /// DKLs23: complete refresh of `key_id` by all n nodes: as [`EcdsaJob::DklsRefresh`], but
+    /// every pair's OT set-up is made anew. The refresh after an import and after a repair
+    /// (a node whose share was rebuilt takes part with its hollow pending share).
+    DklsRefreshComplete {
+        /// The key.
+        key_id: String,
+    },
 }
 
 impl EcdsaJob {
@@ -349,7 +385,8 @@ impl EcdsaJob {
             | EcdsaJob::Sign { key_id, .. }
             | EcdsaJob::DklsKeygen { key_id, .. }
             | EcdsaJob::DklsSign { key_id, .. }
-            | EcdsaJob::DklsRefresh { key_id } => Some(key_id),
+            | EcdsaJob::DklsRefresh { key_id }
+            | EcdsaJob::DklsRefreshComplete { key_id } => Some(key_id),
         }
     }
 }

@@ -875,3 +875,179 @@ fn dkls23_a_party_that_fails_an_ot_check_is_banned_for_good() -> R {
     assert!(run(&kmn, vec![1, 2]).is_ok());
     Ok(())
 }
+
+/// DKLs23 share repair over real sockets: node 3's share file is damaged; nodes 1 and 2 send
+/// it masked terms sealed to it; its rebuilt share is hollow (no OT set-up), cannot be
+/// committed or sign, until the complete refresh by all three makes every share new. The
+/// damaged file is kept aside. A node that holds its share is never "repaired", a term set
+/// that does not match the helpers is refused, and a complete refresh also follows an import.
+#[test]
+fn dkls23_repair_rebuilds_a_lost_share_after_a_complete_refresh() -> R {
+    use florin_node::custody::EcdsaEngine;
+    let (_dir, layout, nodes, kmn) = dkls_network(2, 3)?;
+    let pk = kmn.ecdsa_keygen_with("w", EcdsaEngine::Dkls23)?;
+    let secret = kmn.ecdsa_export("w")?;
+    let sign_with = |kmn: &Kmn, signers: [u16; 2], msg: &[u8]| {
+        kmn.ecdsa_run(
+            rand::random(),
+            &signers,
+            EcdsaJob::DklsSign {
+                key_id: "w".into(),
+                signers: signers.to_vec(),
+                message: msg.to_vec(),
+                authz: None,
+            },
+        )
+    };
+    // Node 2 holds its share: the coordinator cannot have it "repaired" over it.
+    assert!(kmn.ecdsa_repair("w", 2).is_err());
+    assert_eq!(kmn.ecdsa_export("w")?, secret);
+    assert!(sign_with(&kmn, [1, 2], b"still whole").is_ok());
+
+    // Node 3's share file is damaged.
+    drop(nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let share3 = layout.node_dir(3).join("shares").join("w.p256");
+    let mut b = std::fs::read(&share3)?;
+    let m = b.len() / 2;
+    b[m] ^= 1;
+    std::fs::write(&share3, &b)?;
+    let _nodes = layout.start_in_process()?;
+    back(&kmn);
+    let err = sign_with(&kmn, [1, 3], b"lost").unwrap_err().to_string();
+    assert!(err.contains("florin custody repair w --party 3"), "{err}");
+
+    // By hand first: the terms, then the target's finish.
+    let session: [u8; 16] = rand::random();
+    let mut terms = Vec::new();
+    for p in [1u16, 2] {
+        let req = Request::DklsRepairTerm {
+            session,
+            key_id: "w".into(),
+            helpers: vec![1, 2],
+            target: 3,
+        };
+        match kmn.ask(p, req)? {
+            Response::Repair(envs) => terms.extend(envs),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A helper asked about itself, or with the target among the helpers: refused.
+    for (helpers, target) in [(vec![1u16, 2], 1u16), (vec![1, 3], 3)] {
+        let req = Request::DklsRepairTerm {
+            session,
+            key_id: "w".into(),
+            helpers,
+            target,
+        };
+        assert!(matches!(kmn.ask(1, req)?, Response::Refused(_)));
+    }
+    // Terms that do not match the helpers named, or only one of them: refused.
+    for (helpers, got) in [
+        (vec![1u16, 2], terms[..1].to_vec()),
+        (vec![1, 2, 3], terms.clone()),
+        (vec![2, 1, 1], terms[..1].to_vec()),
+    ] {
+        let req = Request::DklsRepairFinish {
+            session,
+            key_id: "w".into(),
+            helpers,
+            terms: got,
+        };
+        assert!(matches!(kmn.ask(3, req)?, Response::Refused(_)));
+    }
+    // Under another run id the seals do not open.
+    let other = Request::DklsRepairFinish {
+        session: rand::random(),
+        key_id: "w".into(),
+        helpers: vec![1, 2],
+        terms: terms.clone(),
+    };
+    assert!(matches!(kmn.ask(3, other)?, Response::Refused(_)));
+    let finish = Request::DklsRepairFinish {
+        session,
+        key_id: "w".into(),
+        helpers: vec![1, 2],
+        terms,
+    };
+    let Response::Key(identity) = kmn.ask(3, finish)? else {
+        panic!("no repaired share");
+    };
+    assert_eq!(identity[..33], pk.0[..]);
+    // Hollow: no plain commit, no signature, no fast refresh.
+    let commit = Request::Commit {
+        key_id: "w".into(),
+        public: identity.clone(),
+    };
+    match kmn.ask(3, commit)? {
+        Response::Refused(r) => assert!(r.message.contains("rebuilt by repair"), "{}", r.message),
+        other => panic!("{other:?}"),
+    }
+    assert!(sign_with(&kmn, [1, 3], b"hollow").is_err());
+    assert!(kmn.ecdsa_refresh("w").is_err());
+    // The complete refresh makes it whole; every node's share changes, the key does not.
+    let before: Vec<Vec<u8>> = (1..=2u16)
+        .map(
+            |p| match kmn.ask(p, Request::EcdsaExport { key_id: "w".into() }) {
+                Ok(Response::Exported(b)) => b,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    assert_eq!(kmn.ecdsa_refresh_complete("w")?, pk);
+    for (i, p) in (1..=2u16).enumerate() {
+        let Response::Exported(b) = kmn.ask(p, Request::EcdsaExport { key_id: "w".into() })? else {
+            panic!("no share");
+        };
+        assert_ne!(b, before[i], "party {p} kept its old share");
+    }
+    for signers in [[1, 3], [2, 3], [1, 2]] {
+        let done = sign_with(&kmn, signers, b"repaired")?;
+        assert_eq!(done.len(), 2, "{signers:?}");
+    }
+    assert_eq!(kmn.ecdsa_export("w")?, secret);
+    let aside = std::fs::read_dir(layout.node_dir(3).join("shares"))?
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("w.p256.damaged-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the damaged share is kept aside");
+    for s in kmn.status() {
+        assert!(s.pending.is_empty(), "party {}: {:?}", s.party, s.pending);
+    }
+
+    // The whole repair in one call, after node 1 loses its file outright. A key bound to a
+    // customer ("b") gets its binding back from the helpers too, though node 1 lost it.
+    let customer = florin_crypto::SecretKey::from_seed(&[8; 32]).public_key();
+    kmn.bind_customer("b", &customer)?;
+    kmn.ecdsa_keygen_with("b", EcdsaEngine::Dkls23)?;
+    let binding = |p: u16| layout.node_dir(p).join("customers").join("b.customer");
+    let kept = std::fs::read(binding(2))?;
+    drop(_nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::remove_file(layout.node_dir(1).join("shares").join("w.p256"))?;
+    std::fs::remove_file(layout.node_dir(1).join("shares").join("b.p256"))?;
+    std::fs::remove_file(binding(1))?;
+    let _nodes = layout.start_in_process()?;
+    back(&kmn);
+    assert_eq!(kmn.ecdsa_repair("b", 1)?, vec![2, 3]);
+    assert_eq!(std::fs::read(binding(1))?, kept);
+    assert_eq!(kmn.ecdsa_repair("w", 1)?, vec![2, 3]);
+    let sig = kmn.ecdsa_signer("w", 0)?.sign(b"after the second repair")?;
+    assert!(verifies(&pk, b"after the second repair", &sig));
+    assert!(sign_with(&kmn, [1, 2], b"node 1 again").is_ok());
+
+    // An imported key, then its complete refresh: the dealer's OT set-up is gone.
+    let mut s2 = [0u8; 32];
+    OsRng.fill_bytes(&mut s2);
+    s2[0] &= 0x7f;
+    let ipk = kmn.ecdsa_import_with("imp", &s2, EcdsaEngine::Dkls23)?;
+    assert_eq!(kmn.ecdsa_refresh_complete("imp")?, ipk);
+    assert_eq!(&kmn.ecdsa_export("imp")?[..], &s2[..]);
+    let sig = kmn.ecdsa_signer("imp", 0)?.sign(b"imported, refreshed")?;
+    assert!(verifies(&ipk, b"imported, refreshed", &sig));
+    Ok(())
+}

@@ -430,14 +430,110 @@ impl Kmn {
     /// shares of the same public key, committed everywhere once every node reports the same
     /// new sharing. Shares from before no longer sign with the new ones.
     pub fn ecdsa_refresh(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
-        let before = self.ecdsa_public_key(key_id)?;
-        let done = self.ecdsa_run(
-            fresh_session(),
-            &self.parties(),
+        self.dkls_refresh(
+            key_id,
             EcdsaJob::DklsRefresh {
                 key_id: key_id.into(),
             },
-        )?;
+        )
+    }
+
+    /// Complete refresh of DKLs23 key `key_id` by all n nodes (administrator only): as
+    /// [`Kmn::ecdsa_refresh`], but every pair of nodes makes its OT set-up anew (seconds, like
+    /// a key generation). Run it after a DKLs23 import (the dealer made the old set-up);
+    /// [`Kmn::ecdsa_repair`] runs it itself.
+    pub fn ecdsa_refresh_complete(&self, key_id: &str) -> Result<P256PublicKey, KmnError> {
+        self.dkls_refresh(
+            key_id,
+            EcdsaJob::DklsRefreshComplete {
+                key_id: key_id.into(),
+            },
+        )
+    }
+
+    /// DKLs23 share repair (administrator only): rebuilds node `target`'s lost share of
+    /// `key_id` (its disk lost or replaced, same identity) from t other nodes, without
+    /// rebuilding the key. Each helper sends the target a masked term sealed to it; the target
+    /// adds them, checks the sum against its public share and stores it *hollow* (no OT
+    /// set-up); then all n nodes run a complete refresh, which gives every node new shares
+    /// and the target its OT set-up, and commit it. Returns the helpers.
+    pub fn ecdsa_repair(&self, key_id: &str, target: PartyId) -> Result<Vec<PartyId>, KmnError> {
+        if !self.parties().contains(&target) {
+            return Err(KmnError::Config(format!("no node {target}")));
+        }
+        let pk = self.ecdsa_public_key(key_id)?;
+        let t = self.t() as usize;
+        let mut helpers: Vec<PartyId> = self
+            .status()
+            .into_iter()
+            .filter(|s| {
+                s.up && s.party != target
+                    && s.ecdsa
+                        .as_ref()
+                        .is_some_and(|e| e.dkls23.iter().any(|k| k == key_id))
+            })
+            .map(|s| s.party)
+            .take(t)
+            .collect();
+        helpers.sort_unstable();
+        if helpers.len() < t {
+            return Err(KmnError::Unavailable(format!(
+                "repair needs {t} nodes holding DKLs23 key {key_id} besides node {target}; {} \
+                 answer",
+                helpers.len()
+            )));
+        }
+        let session = fresh_session();
+        let mut terms = Vec::with_capacity(t);
+        let reqs = helpers
+            .iter()
+            .map(|&p| {
+                (
+                    p,
+                    Request::DklsRepairTerm {
+                        session,
+                        key_id: key_id.into(),
+                        helpers: helpers.clone(),
+                        target,
+                    },
+                )
+            })
+            .collect();
+        for (p, r) in self.round(reqs, STEP_TIMEOUT) {
+            match r {
+                Ok(Response::Repair(envs)) => {
+                    self.check_signed(p, &envs)?;
+                    terms.extend(envs);
+                }
+                Ok(Response::Refused(r)) => return Err(refused(p, r)),
+                Ok(_) => return Err(unexpected(p)),
+                Err(e) => return Err(KmnError::Unavailable(format!("repair: {e}"))),
+            }
+        }
+        let finish = Request::DklsRepairFinish {
+            session,
+            key_id: key_id.into(),
+            helpers: helpers.clone(),
+            terms,
+        };
+        match self.ask(target, finish)? {
+            Response::Key(id) if id.get(..33) == Some(&pk.0[..]) => {}
+            Response::Key(_) => {
+                return Err(KmnError::Protocol(CustodyError::Inconsistent(
+                    "the repaired share is of another key".into(),
+                )))
+            }
+            Response::Refused(r) => return Err(refused(target, r)),
+            _ => return Err(unexpected(target)),
+        }
+        self.ecdsa_refresh_complete(key_id)?;
+        Ok(helpers)
+    }
+
+    /// Runs a DKLs23 refresh job by all n nodes and commits it with every node's attestation.
+    fn dkls_refresh(&self, key_id: &str, job: EcdsaJob) -> Result<P256PublicKey, KmnError> {
+        let before = self.ecdsa_public_key(key_id)?;
+        let done = self.ecdsa_run(fresh_session(), &self.parties(), job)?;
         let mut attestations = Vec::with_capacity(done.len());
         let mut identities = Vec::with_capacity(done.len());
         for (p, d) in done {

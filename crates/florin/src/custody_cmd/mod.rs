@@ -193,8 +193,10 @@ pub enum CustodyCommand {
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
     },
-    /// Rebuild node P's lost share of a FROST key (its disk was lost; its identity key and
-    /// config are back) from t other nodes, without rebuilding the key anywhere.
+    /// Rebuild node P's lost share of a FROST or DKLs23 key (its disk was lost; its identity
+    /// key and config are back) from t other nodes, without rebuilding the key anywhere. A
+    /// DKLs23 repair ends with a complete refresh by all n nodes (every share changes; the
+    /// rebuilt one gets its OT set-up), so it needs every node up.
     Repair {
         /// The key's name.
         key: String,
@@ -236,6 +238,11 @@ pub enum CustodyCommand {
         /// coordinator stopped half-way), once every node attests the same new sharing.
         #[arg(long, conflicts_with = "all")]
         finish: bool,
+        /// DKLs23 keys: the complete refresh, which makes every pair's OT set-up anew
+        /// (seconds, like a key generation) instead of re-randomizing it. Run it after a
+        /// DKLs23 import, whose dealer made the old set-up.
+        #[arg(long, conflicts_with_all = ["all", "finish"])]
+        complete: bool,
         /// The network's directory.
         #[arg(long, default_value = "./florin-custody")]
         data: PathBuf,
@@ -507,6 +514,15 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Repair { key, party, data } => {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
+            if is_ecdsa(&kmn, &key) {
+                let helpers = kmn.ecdsa_repair(&key, party)?;
+                eprintln!(
+                    "repaired node {party}'s share of {key} with nodes {helpers:?}, then \
+                     refreshed it completely at all {} nodes",
+                    kmn.n()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             let helpers = kmn.repair(&key, party)?;
             eprintln!("repaired node {party}'s share of {key} with nodes {helpers:?}");
             Ok(ExitCode::SUCCESS)
@@ -540,6 +556,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             keys,
             all,
             finish,
+            complete,
             data,
         } => {
             let layout = existing(&data)?;
@@ -572,16 +589,23 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                     continue;
                 }
                 if is_ecdsa(&kmn, key) {
-                    let pk = kmn
-                        .ecdsa_refresh(key)
-                        .with_context(|| format!("refresh of {key}"))?;
+                    let pk = if complete {
+                        kmn.ecdsa_refresh_complete(key)
+                    } else {
+                        kmn.ecdsa_refresh(key)
+                    }
+                    .with_context(|| format!("refresh of {key}"))?;
                     println!("{key}  p256:{}  refreshed", hex::encode(pk.0));
                     eprintln!(
-                        "{key}: new DKLs23 shares at all {} nodes in {:.0} ms",
+                        "{key}: new DKLs23 shares{} at all {} nodes in {:.0} ms",
+                        if complete { " and OT set-up" } else { "" },
                         kmn.n(),
                         started.elapsed().as_secs_f64() * 1e3
                     );
                     continue;
+                }
+                if complete {
+                    bail!("{key}: --complete is for DKLs23 keys");
                 }
                 let g = kmn
                     .refresh(key)

@@ -77,11 +77,14 @@ impl Rights {
             {
                 Err(forbidden("key generation"))
             }
-            EcdsaJob::DklsRefresh { .. } if !self.admin => Err(forbidden("key refresh")),
+            EcdsaJob::DklsRefresh { .. } | EcdsaJob::DklsRefreshComplete { .. } if !self.admin => {
+                Err(forbidden("key refresh"))
+            }
             EcdsaJob::Aux
             | EcdsaJob::Keygen { .. }
             | EcdsaJob::DklsKeygen { .. }
-            | EcdsaJob::DklsRefresh { .. } => Ok(()),
+            | EcdsaJob::DklsRefresh { .. }
+            | EcdsaJob::DklsRefreshComplete { .. } => Ok(()),
             EcdsaJob::Presign { key_id, .. }
             | EcdsaJob::Sign { key_id, .. }
             | EcdsaJob::DklsSign { key_id, .. } => self.check_key(key_id),

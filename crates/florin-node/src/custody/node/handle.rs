@@ -386,6 +386,78 @@ pub(super) fn handle(
             }
             store(inner, share)
         }
+        Request::DklsRepairTerm {
+            session,
+            key_id,
+            helpers,
+            target,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            let term = ecdsa(inner)?.repair_term(&key_id, &session, &helpers, target)?;
+            // With the key's customer binding, as a FROST sigma carries it: the repaired node
+            // takes it from its helpers, never from the coordinator.
+            let mut payload = Zeroizing::new(Vec::with_capacity(33 + term.len()));
+            match inner.customers.bound(&key_id) {
+                Some(c) => {
+                    payload.push(1);
+                    payload.extend_from_slice(&c.0);
+                }
+                None => payload.push(0),
+            }
+            payload.extend_from_slice(&term);
+            Ok(Response::Repair(vec![sealed_to(
+                inner,
+                session,
+                DKLS_REPAIR_TERM,
+                target,
+                &payload,
+            )?]))
+        }
+        Request::DklsRepairFinish {
+            session,
+            key_id,
+            helpers,
+            terms,
+        } => {
+            if !admin {
+                return Err(forbidden("share repair"));
+            }
+            if !valid_key_id(&key_id) || frost_has(inner, &key_id) {
+                return Err(CustodyError::BadParameters(format!(
+                    "key {key_id:?}: not a DKLs23 key this node could hold"
+                )));
+            }
+            let e = ecdsa(inner)?;
+            let opened = open_secrets(inner, &session, DKLS_REPAIR_TERM, &terms)?;
+            let mut expected = helpers.clone();
+            expected.sort_unstable();
+            expected.dedup();
+            if expected.contains(&inner.party)
+                || opened.keys().copied().ne(expected.iter().copied())
+            {
+                return Err(CustodyError::OutOfOrder(format!(
+                    "repair of {key_id}: terms from {:?}, helpers {helpers:?} (the target is not \
+                     a helper)",
+                    opened.keys().collect::<Vec<_>>()
+                )));
+            }
+            let (binding, parts) = repair_binding(&key_id, opened)?;
+            let parts: Vec<(PartyId, Zeroizing<Vec<u8>>)> = parts.into_iter().collect();
+            let share = florin_custody::dkls::repair_assemble(inner.party, &parts, None)?;
+            if share.n() != inner.n {
+                return Err(CustodyError::BadParameters(format!(
+                    "repair of {key_id}: a key of {} parties, the network has {}",
+                    share.n(),
+                    inner.n
+                )));
+            }
+            if let Some(customer) = binding {
+                inner.customers.bind_missing(&key_id, customer)?;
+            }
+            Ok(Response::Key(e.store_repaired(&key_id, share)?))
+        }
         Request::Commit { key_id, public } => {
             if !admin {
                 return Err(forbidden("committing a key"));

@@ -170,6 +170,8 @@ fn next_target(target: usize, low_water: usize) -> usize {
 /// repair through a node from before is refused as out of order).
 const REPAIR_DELTA: u8 = 21;
 const REPAIR_SIGMA: u8 = 23;
+/// A DKLs23 repair term, with the helper's customer binding, sealed to the target.
+const DKLS_REPAIR_TERM: u8 = 25;
 
 /// A helper's share repair between its two steps.
 struct RepairRun {

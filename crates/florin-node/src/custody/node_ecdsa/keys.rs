@@ -57,11 +57,26 @@ impl EcdsaNode {
     }
 
     /// The DKLs23 sharing of `key_id` this node would end a refresh with: its pending refresh
-    /// (the committed key's public key and engine) if it holds one, else the committed one.
+    /// (the committed key's public key and engine) if it holds one, else the committed one. A
+    /// node whose share was repaired has no committed one: its pending complete refresh.
     pub(in crate::custody) fn refresh_candidate(
         &self,
         key_id: &str,
     ) -> Result<Vec<u8>, CustodyError> {
+        let committed = self
+            .keys
+            .read()
+            .map_err(|_| lock_err())?
+            .contains_key(key_id);
+        if !committed {
+            let pending = self.pending.lock().map_err(|_| lock_err())?;
+            if let Some(p) = pending
+                .get(key_id)
+                .filter(|p| p.engine == EcdsaEngine::Dkls23 && !p.hollow)
+            {
+                return Ok(p.identity.clone());
+            }
+        }
         let c = self.key(key_id)?;
         if c.engine != EcdsaEngine::Dkls23 {
             return Err(CustodyError::BadParameters(format!(
@@ -100,6 +115,12 @@ impl EcdsaNode {
         let Some(p) = pending.get(key_id).filter(|e| e.identity == identity) else {
             return Ok(false);
         };
+        if p.hollow {
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id}: this node's share was rebuilt by repair and has no OT set-up; \
+                 it is committed by the complete refresh that follows the repair"
+            )));
+        }
         // A committed key is replaced only by an attested refresh of it: the same public key.
         if let Some(c) = keys.get(key_id) {
             if !replace || c.identity.get(..33) != p.identity.get(..33) || c.engine != p.engine {
@@ -107,8 +128,18 @@ impl EcdsaNode {
             }
         }
         let (done, waiting) = share_paths(&self.dir, key_id);
+        let mut lost = self.lost.write().map_err(|_| lock_err())?;
+        if lost.contains_key(key_id) && done.exists() {
+            // A repaired share replaces a damaged one: the damaged file is kept aside.
+            let mut aside = done.file_name().unwrap_or_default().to_os_string();
+            aside.push(format!(".damaged-{}", crate::psp::store::now()));
+            std::fs::rename(&done, done.with_file_name(aside))
+                .map_err(|e| CustodyError::Ecdsa(format!("cannot move the damaged share: {e}")))?;
+        }
         std::fs::rename(&waiting, &done)
             .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
+        lost.remove(key_id);
+        drop(lost);
         if let Some(e) = pending.remove(key_id) {
             keys.insert(key_id.to_string(), e);
         }
@@ -119,6 +150,57 @@ impl EcdsaNode {
         sync_dir(&done)
             .map_err(|e| CustodyError::Ecdsa(format!("cannot commit the share: {e}")))?;
         Ok(true)
+    }
+
+    /// Stores party's share of DKLs23 key `key_id` rebuilt by repair: hollow, pending, until
+    /// the complete refresh that follows is committed. Refused where the node holds a committed
+    /// share of the name that opens (a repair is for a lost share, never a replacement).
+    pub(in crate::custody) fn store_repaired(
+        &self,
+        key_id: &str,
+        share: DklsShare,
+    ) -> Result<Vec<u8>, CustodyError> {
+        if self
+            .keys
+            .read()
+            .map_err(|_| lock_err())?
+            .contains_key(key_id)
+        {
+            return Err(CustodyError::BadParameters(format!(
+                "node {} holds its share of {key_id}: a repair rebuilds a lost share only",
+                self.party
+            )));
+        }
+        if !share.is_hollow() {
+            return Err(CustodyError::BadParameters(
+                "a repaired share comes without OT set-up".into(),
+            ));
+        }
+        self.store_key(key_id, &AnyShare::Dkls(Box::new(share)), false)
+    }
+
+    /// This helper's sealed-to-be part of rebuilding `target`'s lost share of DKLs23 key
+    /// `key_id` ([`dkls::repair_term`]), for repair run `session`.
+    pub(in crate::custody) fn repair_term(
+        &self,
+        key_id: &str,
+        session: &[u8; 16],
+        helpers: &[PartyId],
+        target: PartyId,
+    ) -> Result<Zeroizing<Vec<u8>>, CustodyError> {
+        let k = self.dkls_key(key_id)?;
+        let mut parties = helpers.to_vec();
+        parties.push(target);
+        self.check_not_banned(&parties)?;
+        let share = match AnyShare::from_stored(&k.core)? {
+            AnyShare::Dkls(d) => d,
+            AnyShare::Cggmp(_) => return Err(not_dkls(key_id)),
+        };
+        let repair_id = hash(
+            "florin/custody/dkls23/repair/v1",
+            &[session, key_id.as_bytes(), &target.to_be_bytes()],
+        );
+        dkls::repair_term(&share, helpers, target, &repair_id)
     }
 
     /// Forgets a pending key of this name (another scheme's key of the name was committed).
@@ -173,9 +255,10 @@ impl EcdsaNode {
     pub(super) fn key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
         if let Some(why) = self.lost.read().ok().and_then(|l| l.get(key_id).cloned()) {
             return Err(CustodyError::BadParameters(format!(
-                "node {} cannot use ECDSA key {key_id}: its share is {why}; ECDSA shares are not \
-                 rebuilt by repair yet — restore the file from a backup",
-                self.party
+                "node {p} cannot use ECDSA key {key_id}: its share is {why}; the node serves \
+                 nothing for this key until `florin custody repair {key_id} --party {p}` \
+                 restores it (a DKLs23 key; a CGGMP24 share comes back only from a backup)",
+                p = self.party
             )));
         }
         self.keys
@@ -300,6 +383,10 @@ impl EcdsaNode {
 }
 
 /// A CGGMP24 request (presignature, partial, interactive signing) for a DKLs23 key.
+pub(super) fn not_dkls(key_id: &str) -> CustodyError {
+    CustodyError::BadParameters(format!("key {key_id} is not a DKLs23 key"))
+}
+
 pub(super) fn not_cggmp(key_id: &str) -> CustodyError {
     CustodyError::BadParameters(format!(
         "key {key_id} is a DKLs23 key: it signs by a DKLs23 run, with no presignatures"

@@ -136,6 +136,9 @@ impl EcdsaEngine {
 
 struct EcdsaKey {
     engine: EcdsaEngine,
+    /// A DKLs23 share rebuilt by repair, without OT set-up: never committed, it only takes
+    /// part in the complete refresh that makes it whole.
+    hollow: bool,
     /// The stored share ([`AnyShare::to_stored`]).
     core: Zeroizing<Vec<u8>>,
     /// [`CoreShare::identity`]: what a `Commit` names and what key creation answers.
@@ -165,8 +168,9 @@ pub(super) struct EcdsaNode {
     keys: RwLock<HashMap<String, Arc<EcdsaKey>>>,
     /// Shares stored but not committed (`shares/NAME.p256-pending`); locked after `keys`.
     pending: Mutex<HashMap<String, Arc<EcdsaKey>>>,
-    /// Committed keys whose share file is missing or damaged: key → why. They sign nothing;
-    /// ECDSA shares are not rebuilt by repair yet.
+    /// Committed keys whose share file is missing or damaged: key → why. They sign nothing
+    /// until a DKLs23 repair and complete refresh give the node its share again (CGGMP24
+    /// shares are not repaired).
     lost: RwLock<HashMap<String, String>>,
     runs: Mutex<HashMap<[u8; 16], Run>>,
     seen: Mutex<Seen>,

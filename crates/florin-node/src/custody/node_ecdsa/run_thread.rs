@@ -37,6 +37,8 @@ pub(super) enum Spec {
     },
     DklsRefresh {
         share: Zeroizing<Vec<u8>>,
+        /// The complete refresh (new OT set-up), not the fast one.
+        complete: bool,
     },
 }
 
@@ -103,9 +105,14 @@ impl<L: SecurityLevel> AnySession<L> {
                 };
                 AnySession::Sig(dkls::sign_session(eid, &signers, share, &message)?)
             }
-            Spec::DklsRefresh { share } => {
-                AnySession::DklsKey(dkls::refresh_session(eid, dkls_share(&share)?)?)
-            }
+            Spec::DklsRefresh {
+                share,
+                complete: false,
+            } => AnySession::DklsKey(dkls::refresh_session(eid, dkls_share(&share)?)?),
+            Spec::DklsRefresh {
+                share,
+                complete: true,
+            } => AnySession::DklsKey(dkls::complete_refresh_session(eid, dkls_share(&share)?)?),
         })
     }
 

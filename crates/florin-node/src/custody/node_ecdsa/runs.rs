@@ -28,7 +28,10 @@ impl Run {
     pub(super) fn is_dkls(&self) -> bool {
         matches!(
             self.job,
-            EcdsaJob::DklsKeygen { .. } | EcdsaJob::DklsSign { .. } | EcdsaJob::DklsRefresh { .. }
+            EcdsaJob::DklsKeygen { .. }
+                | EcdsaJob::DklsSign { .. }
+                | EcdsaJob::DklsRefresh { .. }
+                | EcdsaJob::DklsRefreshComplete { .. }
         )
     }
 
@@ -179,6 +182,20 @@ impl EcdsaNode {
                 (
                     Spec::DklsRefresh {
                         share: k.core.clone(),
+                        complete: false,
+                    },
+                    parties,
+                )
+            }
+            EcdsaJob::DklsRefreshComplete { key_id } => {
+                // A node whose share was rebuilt by repair takes part with it (hollow, pending).
+                let k = self.complete_refresh_share(key_id)?;
+                let parties: Vec<PartyId> = (1..=self.n).collect();
+                self.check_not_banned(&parties)?;
+                (
+                    Spec::DklsRefresh {
+                        share: k.core.clone(),
+                        complete: true,
                     },
                     parties,
                 )
@@ -187,61 +204,66 @@ impl EcdsaNode {
         let eid = execution_id(&session, &job, self.n);
         let mut tag = [0u8; 16];
         tag.copy_from_slice(&eid[..16]);
-        let (tx, limit) =
-            {
-                let mut runs = self.runs.lock().map_err(|_| lock_err())?;
-                runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
-                if runs.len() >= MAX_RUNS {
-                    return Err(CustodyError::BadParameters(
-                        "too many ECDSA runs in progress".into(),
-                    ));
-                }
-                if let Some(c) = &client {
-                    let own = runs
-                        .values()
-                        .filter(|r| r.client.as_ref() == Some(c))
-                        .count();
-                    if own >= MAX_RUNS_PER_CLIENT {
-                        return Err(CustodyError::BadParameters(format!(
-                            "this client has {own} ECDSA runs in progress, the most one client \
+        let (tx, limit) = {
+            let mut runs = self.runs.lock().map_err(|_| lock_err())?;
+            runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
+            if runs.len() >= MAX_RUNS {
+                return Err(CustodyError::BadParameters(
+                    "too many ECDSA runs in progress".into(),
+                ));
+            }
+            if let Some(c) = &client {
+                let own = runs
+                    .values()
+                    .filter(|r| r.client.as_ref() == Some(c))
+                    .count();
+                if own >= MAX_RUNS_PER_CLIENT {
+                    return Err(CustodyError::BadParameters(format!(
+                        "this client has {own} ECDSA runs in progress, the most one client \
                          may have (finish or abort one)"
-                        )));
-                    }
+                    )));
                 }
-                // One auxiliary-information run, and one key generation per name, at a time.
-                if runs.values().any(|r| match (&r.job, &job) {
+            }
+            // One auxiliary-information run, and one key generation per name, at a time.
+            if runs.values().any(|r| match (&r.job, &job) {
                 (EcdsaJob::Aux, EcdsaJob::Aux) => true,
                 (EcdsaJob::Keygen { key_id: a, .. }, EcdsaJob::Keygen { key_id: b, .. })
-                | (EcdsaJob::DklsKeygen { key_id: a, .. }, EcdsaJob::DklsKeygen { key_id: b, .. })
-                | (EcdsaJob::DklsRefresh { key_id: a }, EcdsaJob::DklsRefresh { key_id: b }) => {
-                    a == b
-                }
+                | (
+                    EcdsaJob::DklsKeygen { key_id: a, .. },
+                    EcdsaJob::DklsKeygen { key_id: b, .. },
+                )
+                | (
+                    EcdsaJob::DklsRefresh { key_id: a }
+                    | EcdsaJob::DklsRefreshComplete { key_id: a },
+                    EcdsaJob::DklsRefresh { key_id: b }
+                    | EcdsaJob::DklsRefreshComplete { key_id: b },
+                ) => a == b,
                 _ => false,
             }) {
                 return Err(CustodyError::BadParameters(
                     "the same setup or key generation is already running".into(),
                 ));
             }
-                if !self.seen.lock().map_err(|_| lock_err())?.insert(session) {
-                    return Err(CustodyError::OutOfOrder(
-                        "this run id was used before (a run id is used once)".into(),
-                    ));
-                }
-                let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
-                let run = Run {
-                    tx: tx.clone(),
-                    tag,
-                    step: 0,
-                    busy: true,
-                    parties,
-                    job: job.clone(),
-                    last: Instant::now(),
-                    client,
-                };
-                let limit = run.step_limit();
-                runs.insert(session, run);
-                (tx, limit)
+            if !self.seen.lock().map_err(|_| lock_err())?.insert(session) {
+                return Err(CustodyError::OutOfOrder(
+                    "this run id was used before (a run id is used once)".into(),
+                ));
+            }
+            let tx = spawn_run(self.level, eid, self.party, self.n, spec)?;
+            let run = Run {
+                tx: tx.clone(),
+                tag,
+                step: 0,
+                busy: true,
+                parties,
+                job: job.clone(),
+                last: Instant::now(),
+                client,
             };
+            let limit = run.step_limit();
+            runs.insert(session, run);
+            (tx, limit)
+        };
         let r = self.drive(&tx, Vec::new(), limit);
         self.idle(&session, 0);
         self.after_step(session, tag, 0, &job, r, identity, members)
@@ -280,8 +302,27 @@ impl EcdsaNode {
         Ok(())
     }
 
+    /// The share a complete refresh of `key_id` starts from: the committed one, or where this
+    /// node's committed share is lost (or it never had the key, its disk replaced), the hollow
+    /// share a repair left pending.
+    fn complete_refresh_share(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+        let has = self
+            .keys
+            .read()
+            .map_err(|_| lock_err())?
+            .contains_key(key_id);
+        if has {
+            return self.dkls_key(key_id);
+        }
+        let pending = self.pending.lock().map_err(|_| lock_err())?;
+        match pending.get(key_id) {
+            Some(p) if p.hollow => Ok(p.clone()),
+            _ => self.dkls_key(key_id),
+        }
+    }
+
     /// A committed DKLs23 key.
-    fn dkls_key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
+    pub(super) fn dkls_key(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
         let k = self.key(key_id)?;
         if k.engine != EcdsaEngine::Dkls23 {
             return Err(CustodyError::BadParameters(format!(
@@ -464,7 +505,10 @@ impl EcdsaNode {
             (Out::DklsKey(share), EcdsaJob::DklsKeygen { key_id, .. }) => {
                 EcdsaDone::Key(self.store_key(key_id, &AnyShare::Dkls(share), false)?)
             }
-            (Out::DklsKey(share), EcdsaJob::DklsRefresh { key_id }) => {
+            (
+                Out::DklsKey(share),
+                EcdsaJob::DklsRefresh { key_id } | EcdsaJob::DklsRefreshComplete { key_id },
+            ) => {
                 let id = self.store_key(key_id, &AnyShare::Dkls(share), true)?;
                 let d = florin_custody::wire::refresh_attestation_digest(key_id, &id);
                 let sig = florin_crypto::Signer::sign(identity, &d)

@@ -187,6 +187,11 @@ impl AnyShare {
         }
     }
 
+    /// Whether it is a DKLs23 share rebuilt by repair that has no OT set-up yet.
+    pub fn is_hollow(&self) -> bool {
+        matches!(self, AnyShare::Dkls(d) if d.is_hollow())
+    }
+
     /// The sharing's identity: the SEC1-compressed public key, then a digest of the sharing.
     pub fn identity(&self) -> Vec<u8> {
         match self {
@@ -198,6 +203,7 @@ impl AnyShare {
 
 fn key_entry(share: &AnyShare) -> EcdsaKey {
     EcdsaKey {
+        hollow: share.is_hollow(),
         engine: share.engine(),
         core: share.to_stored(),
         identity: share.identity(),
@@ -494,12 +500,20 @@ impl EcdsaNode {
             if !(refresh && same_key) {
                 return Err(CustodyError::BadParameters(format!("key {key_id} exists")));
             }
-        } else if refresh {
-            return Err(CustodyError::BadParameters(format!(
-                "no ECDSA key {key_id}"
-            )));
         }
         let mut pending = self.pending.lock().map_err(|_| lock_err())?;
+        if refresh && !keys.contains_key(key_id) {
+            // Only a share rebuilt by repair (hollow, pending, this key) is refreshed without
+            // a committed one.
+            let repaired = pending.get(key_id).is_some_and(|p| {
+                p.hollow && p.engine == share.engine() && p.identity.get(..33) == identity.get(..33)
+            });
+            if !repaired {
+                return Err(CustodyError::BadParameters(format!(
+                    "no ECDSA key {key_id}"
+                )));
+            }
+        }
         if let Some(e) = pending.get(key_id) {
             if e.core[..] == bytes[..] {
                 return Ok(e.identity.clone());
