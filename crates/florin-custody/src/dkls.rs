@@ -35,8 +35,8 @@
 //!   new OT correlations; the old shares no longer combine with the new.
 //! - [`complete_refresh_session`]: the same, but the OT set-up of every pair is made anew
 //!   (a key generation whose polynomials have a zero constant term): after an import (the
-//!   dealer knew the old set-up), after a repair (the rebuilt share has none), or when a
-//!   party's OT state is in doubt.
+//!   dealer knew the old set-up) and after a repair (the rebuilt share has none). It runs with
+//!   every party, so it is no way back after a ban: a banned party's keys need new keys.
 //! - [`repair_term`] and [`repair_assemble`]: t helpers rebuild a lost party's share without
 //!   anyone learning it; the rebuilt share is *hollow* (no OT state) and signs only after a
 //!   complete refresh by all n.
@@ -1643,7 +1643,7 @@ mod tests {
             assert_ne!(
                 encode(&old.party.mul_senders),
                 encode(&new.party.mul_senders),
-                "new OT set-up"
+                "the OT state changes (made anew: the complete refresh runs the OT set-up of a key generation)"
             );
         }
         for signers in [[1, 2], [1, 3], [2, 3]] {

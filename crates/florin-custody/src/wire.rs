@@ -261,6 +261,13 @@ pub enum Request {
         /// The key's name.
         key_id: String,
     },
+    /// The CGGMP24 presignatures of `key_id` this node holds unused (it keeps them across
+    /// restarts): their sessions and public halves, for a coordinator that restarted to take
+    /// them back into its pool. Answered with [`Response::Presigs`].
+    EcdsaPresigs {
+        /// The key.
+        key_id: String,
+    },
     /// DKLs23 share repair, at a helper (administrators only): its masked part of rebuilding
     /// party `target`'s lost share of `key_id` ([`crate::dkls::repair_term`]), with the key's
     /// customer binding, sealed to the target; answered with [`Response::Repair`] (one
@@ -289,13 +296,6 @@ pub enum Request {
         helpers: Vec<PartyId>,
         /// One envelope per helper.
         terms: Vec<Envelope>,
-    },
-    /// The CGGMP24 presignatures of `key_id` this node holds unused (it keeps them across
-    /// restarts): their sessions and public halves, for a coordinator that restarted to take
-    /// them back into its pool. Answered with [`Response::Presigs`].
-    EcdsaPresigs {
-        /// The key.
-        key_id: String,
     },
 }
 

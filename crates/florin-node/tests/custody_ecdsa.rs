@@ -899,8 +899,16 @@ fn dkls23_repair_rebuilds_a_lost_share_after_a_complete_refresh() -> R {
             },
         )
     };
-    // Node 2 holds its share: the coordinator cannot have it "repaired" over it.
-    assert!(kmn.ecdsa_repair("w", 2).is_err());
+    // Node 2 holds its share: the coordinator cannot have it "repaired" over it, and node 2
+    // writes nothing (no pending share, no customer binding).
+    let err = kmn.ecdsa_repair("w", 2).unwrap_err().to_string();
+    assert!(err.contains("holds its share"), "{err}");
+    assert!(kmn.status()[1].pending.is_empty());
+    assert!(!layout
+        .node_dir(2)
+        .join("customers")
+        .join("w.customer")
+        .exists());
     assert_eq!(kmn.ecdsa_export("w")?, secret);
     assert!(sign_with(&kmn, [1, 2], b"still whole").is_ok());
 
@@ -974,7 +982,8 @@ fn dkls23_repair_rebuilds_a_lost_share_after_a_complete_refresh() -> R {
         panic!("no repaired share");
     };
     assert_eq!(identity[..33], pk.0[..]);
-    // Hollow: no plain commit, no signature, no fast refresh.
+    // Hollow: never committed by a plain commit; node 3 still serves nothing for the key
+    // (no signature, no fast refresh), and the hollow share survives a restart.
     let commit = Request::Commit {
         key_id: "w".into(),
         public: identity.clone(),
@@ -983,8 +992,15 @@ fn dkls23_repair_rebuilds_a_lost_share_after_a_complete_refresh() -> R {
         Response::Refused(r) => assert!(r.message.contains("rebuilt by repair"), "{}", r.message),
         other => panic!("{other:?}"),
     }
-    assert!(sign_with(&kmn, [1, 3], b"hollow").is_err());
-    assert!(kmn.ecdsa_refresh("w").is_err());
+    let err = sign_with(&kmn, [1, 3], b"hollow").unwrap_err().to_string();
+    assert!(err.contains("cannot use ECDSA key w"), "{err}");
+    let err = kmn.ecdsa_refresh("w").unwrap_err().to_string();
+    assert!(err.contains("cannot use ECDSA key w"), "{err}");
+    drop(_nodes);
+    std::thread::sleep(Duration::from_millis(200));
+    let _nodes = layout.start_in_process()?;
+    back(&kmn);
+    assert!(kmn.status()[2].pending.iter().any(|k| k.0 == "w"));
     // The complete refresh makes it whole; every node's share changes, the key does not.
     let before: Vec<Vec<u8>> = (1..=2u16)
         .map(
@@ -994,7 +1010,26 @@ fn dkls23_repair_rebuilds_a_lost_share_after_a_complete_refresh() -> R {
             },
         )
         .collect();
-    assert_eq!(kmn.ecdsa_refresh_complete("w")?, pk);
+    // The complete refresh, by hand: node 3's new share is refused a plain commit (it has no
+    // committed share to be checked against), and the attested commit takes it.
+    let done = kmn.ecdsa_run(
+        rand::random(),
+        &[1, 2, 3],
+        EcdsaJob::DklsRefreshComplete { key_id: "w".into() },
+    )?;
+    let new_id = match &done[&1] {
+        florin_custody::wire::EcdsaDone::Refreshed { identity, .. } => identity.clone(),
+        other => panic!("{other:?}"),
+    };
+    let plain = Request::Commit {
+        key_id: "w".into(),
+        public: new_id.clone(),
+    };
+    match kmn.ask(3, plain)? {
+        Response::Refused(r) => assert!(r.message.contains("attestation"), "{}", r.message),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(kmn.ecdsa_finish_refresh("w")?, pk);
     for (i, p) in (1..=2u16).enumerate() {
         let Response::Exported(b) = kmn.ask(p, Request::EcdsaExport { key_id: "w".into() })? else {
             panic!("no share");

@@ -430,6 +430,14 @@ pub(super) fn handle(
                 )));
             }
             let e = ecdsa(inner)?;
+            // Before anything is written (the binding included): a repair never touches a
+            // node that holds its share.
+            if e.has_key(&key_id) {
+                return Err(CustodyError::BadParameters(format!(
+                    "node {} holds its share of {key_id}: a repair rebuilds a lost share only",
+                    inner.party
+                )));
+            }
             let opened = open_secrets(inner, &session, DKLS_REPAIR_TERM, &terms)?;
             let mut expected = helpers.clone();
             expected.sort_unstable();
@@ -499,8 +507,8 @@ pub(super) fn handle(
     }
 }
 
-/// Splits the helpers' repair payloads (a binding tag, the customer key when bound, the sigma)
-/// into the key's customer binding and the sigmas. Fails closed: a helper that states a
+/// Splits the helpers' repair payloads (a binding tag, the customer key when bound, then the
+/// FROST sigma or the DKLs23 term) into the key's customer binding and the rest. Fails closed: a helper that states a
 /// binding is believed over one that states none (a node that lost its `customers/` says
 /// "unbound"), and two helpers naming different customers stop the repair.
 #[allow(clippy::type_complexity)]
@@ -521,7 +529,7 @@ fn repair_binding(
             }
             _ => {
                 return Err(CustodyError::BadParameters(format!(
-                    "repair of {key_id}: malformed sigma from party {p}"
+                    "repair of {key_id}: malformed repair payload from party {p}"
                 )))
             }
         };

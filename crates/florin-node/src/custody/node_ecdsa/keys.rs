@@ -72,7 +72,7 @@ impl EcdsaNode {
             let pending = self.pending.lock().map_err(|_| lock_err())?;
             if let Some(p) = pending
                 .get(key_id)
-                .filter(|p| p.engine == EcdsaEngine::Dkls23 && !p.hollow)
+                .filter(|p| p.engine == EcdsaEngine::Dkls23 && p.refreshed && !p.hollow)
             {
                 return Ok(p.identity.clone());
             }
@@ -121,6 +121,12 @@ impl EcdsaNode {
                  it is committed by the complete refresh that follows the repair"
             )));
         }
+        if p.refreshed && !replace {
+            return Err(CustodyError::BadParameters(format!(
+                "key {key_id}: this node's pending share was made by a refresh; it is committed \
+                 only with every node's attestation (`florin custody refresh {key_id} --finish`)"
+            )));
+        }
         // A committed key is replaced only by an attested refresh of it: the same public key.
         if let Some(c) = keys.get(key_id) {
             if !replace || c.identity.get(..33) != p.identity.get(..33) || c.engine != p.engine {
@@ -130,7 +136,8 @@ impl EcdsaNode {
         let (done, waiting) = share_paths(&self.dir, key_id);
         let mut lost = self.lost.write().map_err(|_| lock_err())?;
         if lost.contains_key(key_id) && done.exists() {
-            // A repaired share replaces a damaged one: the damaged file is kept aside.
+            // A share committed over a damaged one (a repaired and refreshed share, or a new
+            // key of the name): the damaged file is kept aside, never deleted.
             let mut aside = done.file_name().unwrap_or_default().to_os_string();
             aside.push(format!(".damaged-{}", crate::psp::store::now()));
             std::fs::rename(&done, done.with_file_name(aside))

@@ -139,6 +139,9 @@ struct EcdsaKey {
     /// A DKLs23 share rebuilt by repair, without OT set-up: never committed, it only takes
     /// part in the complete refresh that makes it whole.
     hollow: bool,
+    /// Stored by a DKLs23 refresh (the file's marker): pending with no committed share of the
+    /// name (a repaired node's), it is committed only with every node's attestation.
+    refreshed: bool,
     /// The stored share ([`AnyShare::to_stored`]).
     core: Zeroizing<Vec<u8>>,
     /// [`CoreShare::identity`]: what a `Commit` names and what key creation answers.

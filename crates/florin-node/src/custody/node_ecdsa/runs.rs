@@ -306,18 +306,19 @@ impl EcdsaNode {
     /// node's committed share is lost (or it never had the key, its disk replaced), the hollow
     /// share a repair left pending.
     fn complete_refresh_share(&self, key_id: &str) -> Result<Arc<EcdsaKey>, CustodyError> {
-        let has = self
-            .keys
-            .read()
-            .map_err(|_| lock_err())?
-            .contains_key(key_id);
-        if has {
-            return self.dkls_key(key_id);
-        }
-        let pending = self.pending.lock().map_err(|_| lock_err())?;
-        match pending.get(key_id) {
-            Some(p) if p.hollow => Ok(p.clone()),
-            _ => self.dkls_key(key_id),
+        // `keys` before `pending`, as everywhere; neither is held when `dkls_key` locks again.
+        let hollow = {
+            let keys = self.keys.read().map_err(|_| lock_err())?;
+            if keys.contains_key(key_id) {
+                None
+            } else {
+                let pending = self.pending.lock().map_err(|_| lock_err())?;
+                pending.get(key_id).filter(|p| p.hollow).cloned()
+            }
+        };
+        match hollow {
+            Some(p) => Ok(p),
+            None => self.dkls_key(key_id),
         }
     }
 

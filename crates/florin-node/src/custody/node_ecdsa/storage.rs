@@ -131,6 +131,10 @@ fn primes_name(party: PartyId) -> String {
 
 /// What starts a stored DKLs23 share (a CGGMP24 share is JSON and starts with `{`).
 const DKLS_MAGIC: &[u8] = b"florin/dkls23-share/v1\n";
+/// What starts a DKLs23 share a refresh made (pending, and once committed): a node that holds
+/// such a share pending with no committed one (a share repaired, then refreshed) commits it
+/// only with every node's attestation (`CommitRefresh`), never by a plain `Commit`.
+const DKLS_REFRESH_MAGIC: &[u8] = b"florin/dkls23-refresh/v1\n";
 
 /// A node's share of an ECDSA key, of either engine.
 pub enum AnyShare {
@@ -143,12 +147,22 @@ pub enum AnyShare {
 impl AnyShare {
     /// The bytes stored (sealed) and exported: a DKLs23 share carries a marker.
     pub fn to_stored(&self) -> Zeroizing<Vec<u8>> {
+        self.to_stored_as(false)
+    }
+
+    /// [`AnyShare::to_stored`], a DKLs23 share marked as made by a refresh when `refreshed`.
+    fn to_stored_as(&self, refreshed: bool) -> Zeroizing<Vec<u8>> {
         match self {
             AnyShare::Cggmp(c) => Zeroizing::new(c.to_bytes()),
             AnyShare::Dkls(d) => {
+                let magic = if refreshed {
+                    DKLS_REFRESH_MAGIC
+                } else {
+                    DKLS_MAGIC
+                };
                 let b = d.to_bytes();
-                let mut out = Zeroizing::new(Vec::with_capacity(DKLS_MAGIC.len() + b.len()));
-                out.extend_from_slice(DKLS_MAGIC);
+                let mut out = Zeroizing::new(Vec::with_capacity(magic.len() + b.len()));
+                out.extend_from_slice(magic);
                 out.extend_from_slice(&b);
                 out
             }
@@ -157,7 +171,10 @@ impl AnyShare {
 
     /// Decodes [`AnyShare::to_stored`].
     pub fn from_stored(b: &[u8]) -> Result<AnyShare, CustodyError> {
-        match b.strip_prefix(DKLS_MAGIC) {
+        match b
+            .strip_prefix(DKLS_MAGIC)
+            .or_else(|| b.strip_prefix(DKLS_REFRESH_MAGIC))
+        {
             Some(rest) => Ok(AnyShare::Dkls(Box::new(DklsShare::from_bytes(rest)?))),
             None => Ok(AnyShare::Cggmp(CoreShare::from_bytes(b)?)),
         }
@@ -201,11 +218,13 @@ impl AnyShare {
     }
 }
 
-fn key_entry(share: &AnyShare) -> EcdsaKey {
+/// The entry of a share stored as `core` ([`AnyShare::to_stored`] or a refresh's).
+fn key_entry(share: &AnyShare, core: Zeroizing<Vec<u8>>) -> EcdsaKey {
     EcdsaKey {
         hollow: share.is_hollow(),
+        refreshed: core.starts_with(DKLS_REFRESH_MAGIC),
         engine: share.engine(),
-        core: share.to_stored(),
+        core,
         identity: share.identity(),
         presigs: Mutex::new(PresigStore::default()),
     }
@@ -288,8 +307,15 @@ impl EcdsaNode {
                                     core.n(),
                                     path.display()
                                 ))
+                            } else if ext == "p256" && core.is_hollow() {
+                                // Never committed by this code: a file put there by hand.
+                                Err(format!(
+                                    "a share rebuilt by repair and never refreshed, which \
+                                     cannot sign ({})",
+                                    path.display()
+                                ))
                             } else {
-                                Ok(core)
+                                Ok((core, plain))
                             }
                         }),
                     Ok(None) => continue,
@@ -299,7 +325,7 @@ impl EcdsaNode {
                     )),
                     Err(e) => return Err(e),
                 };
-                let core = match opened {
+                let (core, plain) = match opened {
                     Ok(c) => c,
                     Err(why) if ext == "p256" => {
                         lost.insert(stem.to_string(), why);
@@ -310,7 +336,7 @@ impl EcdsaNode {
                         continue;
                     }
                 };
-                let entry = Arc::new(key_entry(&core));
+                let entry = Arc::new(key_entry(&core, plain));
                 if ext == "p256" && entry.engine == EcdsaEngine::Cggmp24 {
                     load_presigs(dir, stem, party, kek, &entry);
                 }
@@ -490,7 +516,7 @@ impl EcdsaNode {
             return Err(dkls_only());
         }
         let keys = self.keys.write().map_err(|_| lock_err())?;
-        let bytes = share.to_stored();
+        let bytes = share.to_stored_as(refresh);
         let identity = share.identity();
         if let Some(e) = keys.get(key_id) {
             if e.core[..] == bytes[..] {
@@ -525,7 +551,7 @@ impl EcdsaNode {
             &share_paths(&self.dir, key_id).1,
             &bytes,
         )?;
-        let entry = key_entry(share);
+        let entry = key_entry(share, bytes);
         pending.insert(key_id.to_string(), Arc::new(entry));
         drop(pending);
         drop(keys);
