@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signature, Signer};
+use florin_crypto::{LocalSigner, SecretKey, Signature, Signer};
 use florin_custody::frost::{self, KeyShare, NoncePool, SigningPackage};
 use florin_ledger::{Draft, Encumbrance, Mint, Output, Transaction, Utxo};
 use florin_node::custody::{free_loopback_addrs, Kmn, Layout, RunningNode};
@@ -465,8 +465,42 @@ impl Http {
 
 /// A custodial customer: its key (threshold or single), its current coin and its provider's
 /// connection to the ledger (kept from one run to the next).
+/// A customer's key: Ed25519 (single, or FROST through the provider's network) or P-256
+/// (single, or DKLs23 through the provider's network).
+#[derive(Clone)]
+pub(super) enum PayKey {
+    Ed25519(Arc<dyn Signer>),
+    P256(Arc<dyn florin_crypto::p256::P256Signer>),
+}
+
+impl PayKey {
+    /// What its coins are locked to.
+    pub(super) fn encumbrance(&self) -> Encumbrance {
+        match self {
+            PayKey::Ed25519(k) => Encumbrance::ed25519(&k.public_key()),
+            PayKey::P256(k) => Encumbrance::p256(&k.public_key()),
+        }
+    }
+
+    /// Signs a one-input transfer.
+    fn sign(&self, d: Draft) -> Result<florin_ledger::Transfer> {
+        Ok(match self {
+            PayKey::Ed25519(k) => d.sign(&[k.as_ref()])?,
+            PayKey::P256(k) => {
+                let pk = k.public_key();
+                d.sign_with(|_, txid| {
+                    let sig = k
+                        .sign(txid)
+                        .map_err(|e| florin_ledger::BuildError::Signing(e.to_string()))?;
+                    Ok(florin_ledger::Witness::p256(pk, sig))
+                })?
+            }
+        })
+    }
+}
+
 pub(super) struct Customer {
-    pub(super) key: Arc<dyn Signer>,
+    pub(super) key: PayKey,
     pub(super) coin: Utxo,
     pub(super) http: Option<Http>,
 }
@@ -489,7 +523,7 @@ struct Providers {
 pub(super) const COIN: u64 = 1_000_000;
 
 /// A mint of one [`COIN`] to each of `keys`, signed by `issuer`.
-pub(super) fn coin_mint(issuer: &dyn Signer, keys: &[PublicKey]) -> Result<Mint> {
+pub(super) fn coin_mint(issuer: &dyn Signer, keys: &[Encumbrance]) -> Result<Mint> {
     let mut nonce = [0u8; 32];
     rand::RngCore::fill_bytes(&mut OsRng, &mut nonce);
     let mut mint = Mint {
@@ -499,7 +533,7 @@ pub(super) fn coin_mint(issuer: &dyn Signer, keys: &[PublicKey]) -> Result<Mint>
             .iter()
             .map(|k| Output {
                 value: COIN,
-                encumbrance: Encumbrance::ed25519(k),
+                encumbrance: *k,
             })
             .collect(),
         issuer_signature: Signature([0; 64]),
@@ -508,7 +542,7 @@ pub(super) fn coin_mint(issuer: &dyn Signer, keys: &[PublicKey]) -> Result<Mint>
     Ok(mint)
 }
 
-fn mint_coins(node: &Node, keys: &[PublicKey]) -> Result<Vec<Utxo>> {
+fn mint_coins(node: &Node, keys: &[Encumbrance]) -> Result<Vec<Utxo>> {
     let mut out = Vec::with_capacity(keys.len());
     for chunk in keys.chunks(1000) {
         let mint = coin_mint(node.issuer.as_ref(), chunk)?;
@@ -532,7 +566,7 @@ fn providers(
     threshold: bool,
     tag: &str,
 ) -> Result<Providers> {
-    let mut keys: Vec<Arc<dyn Signer>> = Vec::with_capacity(users);
+    let mut keys: Vec<PayKey> = Vec::with_capacity(users);
     let payee = |provider: usize, name: String| -> Result<Encumbrance> {
         let pk = if threshold {
             kmns[provider].dkg(&name)?.public_key()
@@ -545,7 +579,7 @@ fn providers(
     let mut cross_payee = Vec::with_capacity(users);
     for u in 0..users {
         let provider = u % 2;
-        let key: Arc<dyn Signer> = if threshold {
+        let key = PayKey::Ed25519(if threshold {
             let name = format!("{tag}-payer-{u}");
             let g = kmns[provider].dkg(&name)?;
             Arc::new(florin_node::custody::ThresholdSigner::new(
@@ -554,13 +588,13 @@ fn providers(
             ))
         } else {
             Arc::new(LocalSigner::new(SecretKey::generate(&mut OsRng)))
-        };
+        });
         keys.push(key);
         same_payee.push(payee(provider, format!("{tag}-same-{u}"))?);
         cross_payee.push(payee(1 - provider, format!("{tag}-cross-{u}"))?);
     }
-    let pks: Vec<PublicKey> = keys.iter().map(|k| k.public_key()).collect();
-    let coins = mint_coins(node, &pks)?;
+    let encs: Vec<Encumbrance> = keys.iter().map(|k| k.encumbrance()).collect();
+    let coins = mint_coins(node, &encs)?;
     Ok(Providers {
         payers: keys
             .into_iter()
@@ -592,7 +626,7 @@ pub(super) fn pay(http: &mut Http, c: &mut Customer, to: &Encumbrance, route: Ro
             encumbrance: c.coin.encumbrance,
         },
     ];
-    let t = Draft::new(vec![c.coin], outputs)?.sign(&[c.key.as_ref()])?;
+    let t = c.key.sign(Draft::new(vec![c.coin], outputs)?)?;
     let outs = t.output_utxos();
     let body = http.call(
         "POST",

@@ -5,10 +5,14 @@
 //! - the ledger: `florin devnet` (TLS, rate limits off: the providers are its only clients);
 //! - two payment providers, each a process running its customers' payments (this binary's
 //!   hidden `--loadgen` mode, [`provider`]);
-//! - each provider's 2-of-3 key-management network: three `florin custody node` processes.
+//! - each provider's 2-of-3 key-management network: three `florin custody node` processes
+//!   (FROST for Ed25519 keys, DKLs23 for P-256 keys).
 //!
-//! The reference, single keys held by the provider, runs first on the same provider hosts;
-//! each kind gets a fresh ledger on the ledger host. Nothing else runs on the hosts' shares:
+//! Each scheme runs twice: single keys held by the provider first (the reference), then
+//! threshold keys, on the same hosts; each kind gets a fresh ledger on the ledger host. The
+//! P-256 customers' keys are made by key addition (R5: the provider's one DKLs23 key plus a
+//! fresh scalar per customer, as a pre-generated pool would hand them out), so that 2 × 300
+//! key generations do not take the hosts' shares for an hour; a signature costs the same. Nothing else runs on the hosts' shares:
 //! keys, mints and coordination happen before the clock starts, and this process only reads
 //! each host's CPU time (`cpuacct`) around each point. `threshold_vs_single_e2e_ratio` is the
 //! single-key throughput over the threshold throughput, each the best over the user counts.
@@ -22,15 +26,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
+use florin_crypto::p256::P256SecretKey;
+use florin_crypto::{LocalSigner, SecretKey};
 use florin_ledger::{Encumbrance, Transaction};
-use florin_node::custody::{Kmn, Layout};
+use florin_node::custody::{EcdsaEngine, EcdsaLevel, Kmn, Layout};
 use florin_node::hosts::{HostNet, HostNetGuard};
 use rand::rngs::OsRng;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::custody::{coin_mint, doc_rate, drive_payers, pay, seed, Customer, Http, Route};
+use super::custody::{coin_mint, doc_rate, drive_payers, pay, seed, Customer, Http, PayKey, Route};
 use super::ledger_e2e::percentile;
 use super::line_child::LineChild;
 use super::{Recorder, Reference};
@@ -56,13 +61,15 @@ struct ProviderConfig {
     /// Threshold custody: the provider's key-management network (its layout directory, with
     /// the coordinator's key). `None`: single keys held by the provider.
     kmn: Option<PathBuf>,
+    /// The customers' keys: Ed25519 (FROST with a network) or P-256 (DKLs23 with one).
+    p256: bool,
     /// Customers who pay, and as many who are paid.
     payers: usize,
     /// Prefix of the key names made in the network.
     tag: String,
 }
 
-/// What a provider says first: its payers' and payees' keys.
+/// What a provider says first: its payers' and payees' keys (encumbrances, text form).
 #[derive(Serialize, Deserialize)]
 struct ProviderKeys {
     payers: Vec<String>,
@@ -116,7 +123,9 @@ pub(super) fn provider(path: &Path) -> Result<ExitCode> {
         Some(dir) => {
             let (net, me) = Layout::new(dir).load()?;
             let kmn = Kmn::new(&net, me)?;
-            wait_for_nonces(&kmn)?;
+            if !cfg.p256 {
+                wait_for_nonces(&kmn)?;
+            }
             Some(kmn)
         }
         None => None,
@@ -129,11 +138,11 @@ pub(super) fn provider(path: &Path) -> Result<ExitCode> {
     let said = ProviderKeys {
         payers: payer_keys
             .iter()
-            .map(|k| k.public_key().to_address())
+            .map(|k| k.encumbrance().to_text())
             .collect(),
         payees: payee_keys
             .iter()
-            .map(|k| k.public_key().to_address())
+            .map(|k| k.encumbrance().to_text())
             .collect(),
         keygen_s,
     };
@@ -167,7 +176,7 @@ pub(super) fn provider(path: &Path) -> Result<ExitCode> {
         .iter()
         .map(|key| {
             let coin = *coins
-                .get(&Encumbrance::ed25519(&key.public_key()))
+                .get(&key.encumbrance())
                 .ok_or_else(|| anyhow!("no coin for a payer"))?;
             Ok(Mutex::new(Customer {
                 key: key.clone(),
@@ -178,7 +187,7 @@ pub(super) fn provider(path: &Path) -> Result<ExitCode> {
         .collect::<Result<_>>()?;
     let parse = |v: &[String]| -> Result<Vec<Encumbrance>> {
         v.iter()
-            .map(|a| Ok(Encumbrance::ed25519(&PublicKey::parse(a)?)))
+            .map(|a| Encumbrance::parse_text(a).ok_or_else(|| anyhow!("a key {a:?}")))
             .collect()
     };
     let own_payees = parse(&said.payees)?;
@@ -285,15 +294,27 @@ fn wait_for_nonces(kmn: &Kmn) -> Result<()> {
     }
 }
 
-/// The provider's payers' keys, then its payees' keys: by distributed key generation in its
-/// network (four at a time), or single keys.
-fn make_keys(kmn: Option<&Arc<Kmn>>, cfg: &ProviderConfig) -> Result<Vec<Arc<dyn Signer>>> {
+/// The provider's payers' keys, then its payees' keys: single keys; FROST keys by distributed
+/// key generation in its network (four at a time); or DKLs23 keys by key addition from one
+/// DKLs23 key of the provider's.
+fn make_keys(kmn: Option<&Arc<Kmn>>, cfg: &ProviderConfig) -> Result<Vec<PayKey>> {
     let total = 2 * cfg.payers;
     let Some(kmn) = kmn else {
         return Ok((0..total)
-            .map(|_| Arc::new(LocalSigner::new(SecretKey::generate(&mut OsRng))) as Arc<dyn Signer>)
+            .map(|_| {
+                if cfg.p256 {
+                    PayKey::P256(Arc::new(P256SecretKey::generate(&mut OsRng)))
+                } else {
+                    PayKey::Ed25519(Arc::new(LocalSigner::new(SecretKey::generate(&mut OsRng))))
+                }
+            })
             .collect());
     };
+    let base = format!("{}-base", cfg.tag);
+    if cfg.p256 {
+        kmn.ecdsa_keygen_with(&base, EcdsaEngine::Dkls23)
+            .with_context(|| format!("making key {base}"))?;
+    }
     let name = |i: usize| {
         if i < cfg.payers {
             format!("{}-payer-{i}", cfg.tag)
@@ -301,7 +322,7 @@ fn make_keys(kmn: Option<&Arc<Kmn>>, cfg: &ProviderConfig) -> Result<Vec<Arc<dyn
             format!("{}-payee-{}", cfg.tag, i - cfg.payers)
         }
     };
-    let made: Mutex<Vec<Option<Arc<dyn Signer>>>> = Mutex::new(vec![None; total]);
+    let made: Mutex<Vec<Option<PayKey>>> = Mutex::new(vec![None; total]);
     let next = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| -> Result<()> {
         let workers: Vec<_> = (0..4)
@@ -312,12 +333,25 @@ fn make_keys(kmn: Option<&Arc<Kmn>>, cfg: &ProviderConfig) -> Result<Vec<Arc<dyn
                         if i >= total {
                             return Ok(());
                         }
-                        let g = kmn
-                            .dkg(&name(i))
-                            .with_context(|| format!("making key {}", name(i)))?;
-                        let signer: Arc<dyn Signer> =
-                            Arc::new(florin_node::custody::ThresholdSigner::new(kmn.clone(), g));
-                        made.lock().map_err(|_| anyhow!("lock"))?[i] = Some(signer);
+                        let key = if cfg.p256 {
+                            let mut r2 = [0u8; 32];
+                            rand::RngCore::fill_bytes(&mut OsRng, &mut r2);
+                            // Below the group order: a scalar.
+                            r2[0] &= 0x7f;
+                            let pk = kmn
+                                .ecdsa_add_key(&name(i), &base, &r2)
+                                .with_context(|| format!("making key {}", name(i)))?;
+                            PayKey::P256(Arc::new(kmn.dkls_signer(&name(i), pk)))
+                        } else {
+                            let g = kmn
+                                .dkg(&name(i))
+                                .with_context(|| format!("making key {}", name(i)))?;
+                            PayKey::Ed25519(Arc::new(florin_node::custody::ThresholdSigner::new(
+                                kmn.clone(),
+                                g,
+                            )))
+                        };
+                        made.lock().map_err(|_| anyhow!("lock"))?[i] = Some(key);
                     }
                 })
             })
@@ -389,6 +423,8 @@ fn deploy(exe: &Path, share: f64) -> Result<Deployment> {
     for (p, addrs) in kmn_addrs.iter().enumerate() {
         let layout = Layout::new(&dir.path().join(format!("kmn-{p}")));
         layout.create(KMN_T, addrs)?;
+        // DKLs23 for the P-256 customers' keys (no set-up); FROST as always.
+        layout.set_ecdsa(Some(EcdsaLevel::Dkls23))?;
         for i in 1..=KMN_N {
             let log = std::fs::File::create(dir.path().join(format!("kmn-{p}-{i}.log")))?;
             net.0
@@ -474,11 +510,11 @@ fn mint(l: &Ledger, keys: &[String]) -> Result<Vec<String>> {
     let mut http = Http::connect_tls(l.addr, l.tls.clone())?;
     let mut out = Vec::new();
     for chunk in keys.chunks(200) {
-        let pks = chunk
+        let encs = chunk
             .iter()
-            .map(|k| Ok(PublicKey::parse(k)?))
+            .map(|k| Encumbrance::parse_text(k).ok_or_else(|| anyhow!("a key {k:?}")))
             .collect::<Result<Vec<_>>>()?;
-        let m = coin_mint(&l.issuer, &pks)?;
+        let m = coin_mint(&l.issuer, &encs)?;
         let tx = Transaction::Mint(m).encode();
         let body = http.call("POST", "/v1/ledger/transactions", &tx)?;
         let st: florin_node::api::LedgerTxStatus = serde_json::from_slice(&body)?;
@@ -497,9 +533,14 @@ fn start_providers(
     ledger: &Ledger,
     exe: &Path,
     threshold: bool,
+    p256: bool,
     payers: usize,
 ) -> Result<(Vec<LineChild>, f64)> {
-    let kind = if threshold { "threshold" } else { "single" };
+    let kind = format!(
+        "{}-{}",
+        if threshold { "threshold" } else { "single" },
+        if p256 { "p256" } else { "ed25519" }
+    );
     let mut procs = Vec::new();
     for p in 0..PROVIDERS {
         let pdir = d.dir.path().join(format!("provider-{p}-{kind}"));
@@ -509,8 +550,9 @@ fn start_providers(
             ledger: ledger.addr,
             ca: ledger.ca.clone(),
             kmn: threshold.then(|| d.dir.path().join(format!("kmn-{p}"))),
+            p256,
             payers,
-            tag: format!("p{p}"),
+            tag: format!("p{p}-{}", if p256 { "ec" } else { "ed" }),
         };
         let path = pdir.join("provider.json");
         std::fs::write(&path, serde_json::to_vec(&cfg)?)?;
@@ -730,11 +772,12 @@ pub(super) fn run(rec: &mut Recorder, quick: bool, host_cpu: Option<f64>) -> Res
     }
 }
 
-/// The best rate of each kind (threshold?, same provider?) with its tiers' CPU per payment.
-type Best = BTreeMap<(bool, bool), (f64, [f64; 3])>;
+/// The best rate of each kind (P-256?, threshold?, same provider?) with its tiers' CPU per
+/// payment.
+type Best = BTreeMap<(bool, bool, bool), (f64, [f64; 3])>;
 
-/// Every point: single keys first, then threshold keys, each kind with a fresh ledger and its
-/// own provider processes on the same hosts.
+/// Every point: for Ed25519 then P-256, single keys first, then threshold keys (FROST,
+/// DKLs23), each kind with a fresh ledger and its own provider processes on the same hosts.
 fn measure(
     rec: &mut Recorder,
     d: &Deployment,
@@ -746,14 +789,27 @@ fn measure(
     let hosts = d.net.0.hosts.len();
     let most = users.iter().copied().max().unwrap_or(2);
     let mut best = Best::new();
-    for threshold in [false, true] {
+    for (p256, threshold) in [(false, false), (false, true), (true, false), (true, true)] {
         let custody = if threshold { "threshold" } else { "single" };
-        let ledger = start_ledger(d, exe, custody)?;
-        let (mut procs, keygen_s) = start_providers(d, &ledger, exe, threshold, most / PROVIDERS)?;
+        let scheme = if p256 { "p256" } else { "ed25519" };
+        let engine = match (threshold, p256) {
+            (false, _) => "single",
+            (true, false) => "frost",
+            (true, true) => "dkls23",
+        };
+        let ledger = start_ledger(d, exe, &format!("{custody}-{scheme}"))?;
+        let (mut procs, keygen_s) =
+            start_providers(d, &ledger, exe, threshold, p256, most / PROVIDERS)?;
         if threshold {
             eprintln!(
-                "  {} custodial keys made by DKG on the hosts in {keygen_s:.1} s (both providers at once)",
-                2 * most
+                "  {} custodial {engine} keys made on the hosts in {keygen_s:.1} s (both providers \
+                 at once{})",
+                2 * most,
+                if p256 {
+                    "; one key generation each, then key addition"
+                } else {
+                    "; distributed key generation"
+                }
             );
         }
         // Warm-up, not recorded: every payer pays for one point's time, so that each key's
@@ -767,9 +823,11 @@ fn measure(
                 } else {
                     "cross_provider"
                 };
+                // The document's rates are for its ECDSA wallets (P-256) and stand beside both.
                 let doc = doc_rate(threshold, route);
                 let params = json!({
-                    "placement": "emulated_hosts", "custody": custody, "route": rname,
+                    "placement": "emulated_hosts", "custody": custody, "scheme": scheme,
+                    "engine": engine, "route": rname,
                     "users": u, "payments": r.done, "host_cpu_cores": share, "hosts": hosts,
                     "window_s": secs,
                     "cpu_us_per_payment": {
@@ -794,12 +852,13 @@ fn measure(
                         name,
                         percentile(&r.latencies_us, p),
                         "ms",
-                        json!({ "placement": "emulated_hosts", "custody": custody, "route": rname, "users": u }),
+                        json!({ "placement": "emulated_hosts", "custody": custody, "scheme": scheme,
+                                "engine": engine, "route": rname, "users": u }),
                         None,
                         None,
                     );
                 }
-                let k = (threshold, route == Route::Same);
+                let k = (p256, threshold, route == Route::Same);
                 let b = best.entry(k).or_insert((0.0, [0.0; 3]));
                 if r.per_s > b.0 {
                     *b = (r.per_s, r.tier_cpu_us);
@@ -812,17 +871,8 @@ fn measure(
     Ok(best)
 }
 
-/// The ratio and the document's comparisons, from the best of each kind.
+/// The ratios and the document's comparisons, from the best of each kind, for each scheme.
 fn report(rec: &mut Recorder, best: &Best, share: f64, hosts: usize) -> Result<()> {
-    let get = |k: (bool, bool)| -> Result<(f64, [f64; 3])> {
-        best.get(&k)
-            .copied()
-            .filter(|(rate, _)| *rate > 0.0)
-            .ok_or_else(|| anyhow!("no payment was made in one of the runs"))
-    };
-    let (thr, thr_cpu) = get((true, true))?;
-    let (single, single_cpu) = get((false, true))?;
-    let (thr_x, _) = get((true, false))?;
     // What each tier could carry at its hosts' shares, from the CPU it spent per payment: the
     // lowest is the bottleneck the throughput meets. A tier that took no part (the nodes
     // with single keys: under 10 µs per payment) has none.
@@ -842,38 +892,62 @@ fn report(rec: &mut Recorder, best: &Best, share: f64, hosts: usize) -> Result<(
             })
             .collect::<serde_json::Map<_, _>>()
     };
-    rec.add(
-        "threshold_vs_single_e2e_ratio",
-        single / thr,
-        "ratio",
-        json!({
-            "placement": "emulated_hosts", "route": "same_provider", "threshold": thr,
-            "single": single, "host_cpu_cores": share, "hosts": hosts,
-            "threshold_tier_capacity_payments_per_s": capacity(thr_cpu),
-            "single_tier_capacity_payments_per_s": capacity(single_cpu),
-            "note": "best over user counts; every party on a host of its own; target ≤ 2",
-        }),
-        None,
-        Some(Reference {
-            value: single,
-            source: "single-key custodial payments on the same hosts, same run".into(),
-        }),
-    );
-    rec.add(
-        "frost_e2e_vs_seed_ratio",
-        thr / 10.7,
-        "ratio",
-        json!({"placement": "emulated_hosts", "route": "same_provider", "florin": thr}),
-        seed(10.7, "UC1 threshold throughput; target ≥ 100×"),
-        None,
-    );
-    rec.add(
-        "frost_e2e_vs_seed_ratio",
-        thr_x / 1.2,
-        "ratio",
-        json!({"placement": "emulated_hosts", "route": "cross_provider", "florin": thr_x}),
-        seed(1.2, "UC2 threshold throughput"),
-        None,
-    );
+    for p256 in [false, true] {
+        let get = |k: (bool, bool)| -> Result<(f64, [f64; 3])> {
+            best.get(&(p256, k.0, k.1))
+                .copied()
+                .filter(|(rate, _)| *rate > 0.0)
+                .ok_or_else(|| anyhow!("no payment was made in one of the runs"))
+        };
+        let (thr, thr_cpu) = get((true, true))?;
+        let (single, single_cpu) = get((false, true))?;
+        let (thr_x, _) = get((true, false))?;
+        let (scheme, engine, single_key) = if p256 {
+            ("p256", "dkls23", "single P-256 keys")
+        } else {
+            ("ed25519", "frost", "single Ed25519 keys")
+        };
+        rec.add(
+            "threshold_vs_single_e2e_ratio",
+            single / thr,
+            "ratio",
+            json!({
+                "placement": "emulated_hosts", "route": "same_provider", "scheme": scheme,
+                "engine": engine, "threshold": thr, "single": single,
+                "host_cpu_cores": share, "hosts": hosts,
+                "threshold_tier_capacity_payments_per_s": capacity(thr_cpu),
+                "single_tier_capacity_payments_per_s": capacity(single_cpu),
+                "note": "best over user counts; every party on a host of its own; target ≤ 2",
+            }),
+            None,
+            Some(Reference {
+                value: single,
+                source: format!("custodial payments with {single_key} on the same hosts, same run"),
+            }),
+        );
+        let name = if p256 {
+            "ecdsa_e2e_vs_seed_ratio"
+        } else {
+            "frost_e2e_vs_seed_ratio"
+        };
+        rec.add(
+            name,
+            thr / 10.7,
+            "ratio",
+            json!({"placement": "emulated_hosts", "route": "same_provider", "florin": thr,
+                   "engine": engine}),
+            seed(10.7, "UC1 threshold throughput; target ≥ 100×"),
+            None,
+        );
+        rec.add(
+            name,
+            thr_x / 1.2,
+            "ratio",
+            json!({"placement": "emulated_hosts", "route": "cross_provider", "florin": thr_x,
+                   "engine": engine}),
+            seed(1.2, "UC2 threshold throughput"),
+            None,
+        );
+    }
     Ok(())
 }

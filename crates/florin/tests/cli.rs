@@ -1759,9 +1759,10 @@ fn bench_soak_on_emulated_hosts_reads_every_process_apart() {
 }
 
 /// `florin bench custody --emulate-hosts`: the ledger, two payment providers and their two
-/// 2-of-3 key-management networks, each process on its own emulated host. Threshold and
-/// single-key payments both run; the threshold run spends CPU on the key-management hosts and
-/// the single-key run none there, and the ratio is the single-key rate over the threshold one.
+/// 2-of-3 key-management networks, each process on its own emulated host. Single-key and
+/// threshold payments run for each scheme (Ed25519 with FROST, P-256 with DKLs23); the
+/// threshold runs spend CPU on the key-management hosts and the single-key runs none there,
+/// and each scheme's ratio is its single-key rate over its threshold one.
 #[test]
 fn bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host() {
     if !hosts_or_skip("bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host") {
@@ -1769,64 +1770,76 @@ fn bench_custody_on_emulated_hosts_puts_every_party_on_its_own_host() {
     }
     let (v, _) = bench_json("custody", &["--emulate-hosts"]);
     let results = v["results"].as_array().unwrap();
-    let rate = |custody: &str, route: &str| {
-        results
-            .iter()
-            .find(|r| {
-                r["name"] == "e2e_payments_per_s"
-                    && r["params"]["custody"] == custody
-                    && r["params"]["route"] == route
-            })
-            .unwrap_or_else(|| panic!("no {custody} {route} rate in {v}"))
-    };
-    for custody in ["single", "threshold"] {
-        for route in ["same_provider", "cross_provider"] {
-            let r = rate(custody, route);
-            assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
-            assert_eq!(r["params"]["placement"], "emulated_hosts");
-            assert_eq!(r["params"]["hosts"], 9);
-            let cpu = &r["params"]["cpu_us_per_payment"];
-            assert!(cpu["ledger"].as_f64().unwrap() > 0.0, "{r}");
-            assert!(cpu["providers"].as_f64().unwrap() > 0.0, "{r}");
-            assert!(r["params"]["requests_sent_again"].as_u64().is_some(), "{r}");
-            assert!(r["params"]["kmn_hosts_settled"].is_boolean(), "{r}");
-            let kmn = cpu["kmn_nodes"].as_f64().unwrap();
-            if custody == "threshold" {
-                // Two nodes' signature shares per payment, at least.
-                assert!(kmn > 50.0, "{r}");
-            } else {
-                assert!(
-                    kmn < 50.0,
-                    "the single-key run used the key-management hosts: {r}"
-                );
+    for (scheme, engine) in [("ed25519", "frost"), ("p256", "dkls23")] {
+        let rate = |custody: &str, route: &str| {
+            results
+                .iter()
+                .find(|r| {
+                    r["name"] == "e2e_payments_per_s"
+                        && r["params"]["custody"] == custody
+                        && r["params"]["scheme"] == scheme
+                        && r["params"]["route"] == route
+                })
+                .unwrap_or_else(|| panic!("no {scheme} {custody} {route} rate in {v}"))
+        };
+        for custody in ["single", "threshold"] {
+            for route in ["same_provider", "cross_provider"] {
+                let r = rate(custody, route);
+                assert!(r["value"].as_f64().unwrap() > 0.0, "{r}");
+                assert_eq!(r["params"]["placement"], "emulated_hosts");
+                assert_eq!(r["params"]["hosts"], 9);
+                let want = if custody == "threshold" {
+                    engine
+                } else {
+                    "single"
+                };
+                assert_eq!(r["params"]["engine"], want, "{r}");
+                let cpu = &r["params"]["cpu_us_per_payment"];
+                assert!(cpu["ledger"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(cpu["providers"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["params"]["requests_sent_again"].as_u64().is_some(), "{r}");
+                assert!(r["params"]["kmn_hosts_settled"].is_boolean(), "{r}");
+                let kmn = cpu["kmn_nodes"].as_f64().unwrap();
+                if custody == "threshold" {
+                    // Two nodes' signature shares per payment, at least.
+                    assert!(kmn > 50.0, "{r}");
+                } else {
+                    assert!(
+                        kmn < 50.0,
+                        "the single-key run used the key-management hosts: {r}"
+                    );
+                }
             }
         }
+        let ratio = results
+            .iter()
+            .find(|r| {
+                r["name"] == "threshold_vs_single_e2e_ratio" && r["params"]["scheme"] == scheme
+            })
+            .unwrap_or_else(|| panic!("no {scheme} ratio in {v}"));
+        assert_eq!(ratio["params"]["engine"], engine);
+        let (thr, single) = (
+            ratio["params"]["threshold"].as_f64().unwrap(),
+            ratio["params"]["single"].as_f64().unwrap(),
+        );
+        let value = ratio["value"].as_f64().unwrap();
+        assert!((value - single / thr).abs() < 1e-9, "{ratio}");
+        // Each tier's capacity at its share; the nodes take no part in single-key payments.
+        let capacity = |kind: &str, tier: &str| ratio["params"][kind][tier].clone();
+        for tier in ["providers", "kmn_nodes", "ledger"] {
+            let c = capacity("threshold_tier_capacity_payments_per_s", tier);
+            assert!(c.as_f64().unwrap() > 0.0, "{ratio}");
+        }
+        let ledger = capacity("single_tier_capacity_payments_per_s", "ledger");
+        assert!(ledger.as_f64().unwrap() > 0.0, "{ratio}");
+        // With single keys the nodes sign nothing: their tier is idle (null), or, when their
+        // background work (nonce refills) shows up in a short quick run, never the bottleneck.
+        let nodes = capacity("single_tier_capacity_payments_per_s", "kmn_nodes");
+        assert!(
+            nodes.is_null() || nodes.as_f64().unwrap() > ledger.as_f64().unwrap(),
+            "{ratio}"
+        );
     }
-    let ratio = results
-        .iter()
-        .find(|r| r["name"] == "threshold_vs_single_e2e_ratio")
-        .unwrap();
-    let (thr, single) = (
-        ratio["params"]["threshold"].as_f64().unwrap(),
-        ratio["params"]["single"].as_f64().unwrap(),
-    );
-    let value = ratio["value"].as_f64().unwrap();
-    assert!((value - single / thr).abs() < 1e-9, "{ratio}");
-    // Each tier's capacity at its share; the nodes take no part in single-key payments.
-    let capacity = |kind: &str, tier: &str| ratio["params"][kind][tier].clone();
-    for tier in ["providers", "kmn_nodes", "ledger"] {
-        let c = capacity("threshold_tier_capacity_payments_per_s", tier);
-        assert!(c.as_f64().unwrap() > 0.0, "{ratio}");
-    }
-    let ledger = capacity("single_tier_capacity_payments_per_s", "ledger");
-    assert!(ledger.as_f64().unwrap() > 0.0, "{ratio}");
-    // With single keys the nodes sign nothing: their tier is idle (null), or, when their
-    // background work (nonce refills) shows up in a short quick run, never the bottleneck.
-    let nodes = capacity("single_tier_capacity_payments_per_s", "kmn_nodes");
-    assert!(
-        nodes.is_null() || nodes.as_f64().unwrap() > ledger.as_f64().unwrap(),
-        "{ratio}"
-    );
     // Only the emulated-host part ran.
     assert!(!results.iter().any(|r| r["name"] == "dkg_ms"));
 }

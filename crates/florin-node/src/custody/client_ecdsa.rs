@@ -90,6 +90,8 @@ impl Kmn {
         job: EcdsaJob,
         relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
     ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        // No node sees more of this client's runs at once than it takes.
+        let _slot = self.runs.enter(STEP_TIMEOUT)?;
         let r = self.relay_run(session, parties, job, relay);
         if r.is_err() {
             // Free the run at every node now rather than when it idles out.
@@ -715,6 +717,15 @@ impl Kmn {
             s.inner.adopt();
         }
         Ok(s)
+    }
+}
+
+impl Kmn {
+    /// A DKLs23 signer for `key_id` whose public key the caller already holds (it made the
+    /// key, e.g. with [`Kmn::ecdsa_add_key`]): no lookup round at the nodes. A wrong `public`
+    /// only makes the signatures fail to verify; the nodes sign with the key they hold.
+    pub fn dkls_signer(self: &Arc<Self>, key_id: &str, public: P256PublicKey) -> EcdsaSigner {
+        EcdsaSigner::new(self.clone(), key_id, public, EcdsaEngine::Dkls23, 0)
     }
 }
 

@@ -105,6 +105,58 @@ pub enum KmnError {
 pub struct Kmn {
     t: u16,
     links: Vec<Link>,
+    /// ECDSA runs of this client in progress (see [`RunGate`]).
+    pub(super) runs: RunGate,
+}
+
+/// At most [`super::MAX_RUNS_PER_CLIENT`] ECDSA runs of one client at once: a node refuses
+/// more from one client (a busy signal, not a fault), so a client with more signatures to make
+/// (a provider with hundreds of customers paying) queues them here instead of being refused
+/// and taking the nodes for down.
+pub(super) struct RunGate {
+    busy: Mutex<usize>,
+    free: std::sync::Condvar,
+}
+
+/// A run's place at the gate, given back when dropped.
+pub(super) struct RunSlot<'a>(&'a RunGate);
+
+impl RunGate {
+    fn new() -> RunGate {
+        RunGate {
+            busy: Mutex::new(0),
+            free: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Waits up to `wait` for a place.
+    pub(super) fn enter(&self, wait: Duration) -> Result<RunSlot<'_>, KmnError> {
+        let lock = || KmnError::Unavailable("lock".into());
+        let deadline = Instant::now() + wait;
+        let mut busy = self.busy.lock().map_err(|_| lock())?;
+        while *busy >= super::MAX_RUNS_PER_CLIENT {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(KmnError::Unavailable(format!(
+                    "{} ECDSA runs of this client in progress for {wait:?}: the nodes are \
+                     overloaded",
+                    *busy
+                )));
+            }
+            busy = self.free.wait_timeout(busy, left).map_err(|_| lock())?.0;
+        }
+        *busy += 1;
+        Ok(RunSlot(self))
+    }
+}
+
+impl Drop for RunSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut busy) = self.0.busy.lock() {
+            *busy = busy.saturating_sub(1);
+        }
+        self.0.free.notify_one();
+    }
 }
 
 /// One node as `status` saw it.
@@ -171,7 +223,11 @@ impl Kmn {
                 links.len()
             )));
         }
-        Ok(Arc::new(Kmn { t: net.t, links }))
+        Ok(Arc::new(Kmn {
+            t: net.t,
+            links,
+            runs: RunGate::new(),
+        }))
     }
 
     /// Nodes in the network.
