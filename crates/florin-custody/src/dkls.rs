@@ -467,6 +467,35 @@ enum Setup3 {
     Refresh(TransmitRefreshPhase3to4),
 }
 
+/// Round 3 of a key generation or complete refresh: each party's zero-share opening and
+/// multiplication set-up, paired into one direct message per recipient.
+fn setup_messages(
+    me: PartyId,
+    zero: Vec<TransmitInitZeroSharePhase3to4>,
+    mul: Vec<TransmitInitMulPhase3to4<NistP256>>,
+) -> Result<Vec<WireMsg>, CustodyError> {
+    let mut mul: BTreeMap<u8, _> = mul
+        .into_iter()
+        .map(|m| (m.parties.receiver.as_u8(), m))
+        .collect();
+    let mut out = Vec::with_capacity(zero.len());
+    for z in zero {
+        let to = z.parties.receiver.as_u8();
+        let m = mul
+            .remove(&to)
+            .ok_or_else(|| CustodyError::Ecdsa("dkls23: multiplication setup".into()))?;
+        out.push(direct(
+            me,
+            PartyId::from(to),
+            encode(&Setup3::Keygen {
+                zero: z,
+                mul: Box::new(m),
+            }),
+        ));
+    }
+    Ok(out)
+}
+
 /// Round-2 state of a key generation or refresh, kept for round 3 and the end.
 enum Kept {
     Keygen(Box<DkgSession<NistP256>>),
@@ -509,6 +538,23 @@ struct Dkg {
     /// The zero-share commitments received in round 2, by kind (a run uses its own kind).
     zero2_keygen: Vec<TransmitInitZeroSharePhase2to4>,
     zero2_refresh: Vec<TransmitRefreshPhase2to4>,
+}
+
+impl Dkg {
+    fn new(me: PartyId, n: u16, kept: Kept) -> Dkg {
+        Dkg {
+            me,
+            n,
+            kept,
+            own_fragment: Zeroizing::new(Vec::new()),
+            own_proof: None,
+            own_chain2: None,
+            own_open: None,
+            commits: BTreeMap::new(),
+            zero2_keygen: Vec::new(),
+            zero2_refresh: Vec::new(),
+        }
+    }
 }
 
 impl Rounds for Dkg {
@@ -654,24 +700,7 @@ impl Rounds for Dkg {
                         };
                         out.push(broadcast(me, encode(&open)));
                         self.own_open = Some(open);
-                        let mut mul: BTreeMap<u8, _> = mul
-                            .into_iter()
-                            .map(|m| (m.parties.receiver.as_u8(), m))
-                            .collect();
-                        for z in zero {
-                            let to = z.parties.receiver.as_u8();
-                            let m = mul.remove(&to).ok_or_else(|| {
-                                CustodyError::Ecdsa("dkls23: multiplication setup".into())
-                            })?;
-                            out.push(direct(
-                                me,
-                                PartyId::from(to),
-                                encode(&Setup3::Keygen {
-                                    zero: z,
-                                    mul: Box::new(m),
-                                }),
-                            ));
-                        }
+                        out.extend(setup_messages(me, zero, mul)?);
                     }
                     Kept::Refresh(r) => {
                         let open = Open3 {
@@ -696,24 +725,7 @@ impl Rounds for Dkg {
                         };
                         out.push(broadcast(me, encode(&open)));
                         self.own_open = Some(open);
-                        let mut mul: BTreeMap<u8, _> = mul
-                            .into_iter()
-                            .map(|m| (m.parties.receiver.as_u8(), m))
-                            .collect();
-                        for z in zero {
-                            let to = z.parties.receiver.as_u8();
-                            let m = mul.remove(&to).ok_or_else(|| {
-                                CustodyError::Ecdsa("dkls23: multiplication setup".into())
-                            })?;
-                            out.push(direct(
-                                me,
-                                PartyId::from(to),
-                                encode(&Setup3::Keygen {
-                                    zero: z,
-                                    mul: Box::new(m),
-                                }),
-                            ));
-                        }
+                        out.extend(setup_messages(me, zero, mul)?);
                     }
                 }
                 Ok(Ok(out))
@@ -883,22 +895,15 @@ pub fn keygen_session(
 ) -> Result<Session<DklsShare>, CustodyError> {
     let params = parameters(t, n)?;
     let parties: Vec<PartyId> = (1..=n).collect();
-    let dkg = Dkg {
+    let dkg = Dkg::new(
         me,
         n,
-        kept: Kept::Keygen(Box::new(DkgSession::new(
+        Kept::Keygen(Box::new(DkgSession::new(
             params,
             index(me)?,
             session_id.to_vec(),
         ))),
-        own_fragment: Zeroizing::new(Vec::new()),
-        own_proof: None,
-        own_chain2: None,
-        own_open: None,
-        commits: BTreeMap::new(),
-        zero2_keygen: Vec::new(),
-        zero2_refresh: Vec::new(),
-    };
+    );
     if me == 0 || me > n {
         return Err(CustodyError::BadParameters(format!("party {me} of {n}")));
     }
@@ -920,10 +925,10 @@ pub fn refresh_session(
     let me = share.party();
     let n = share.n();
     let parties: Vec<PartyId> = (1..=n).collect();
-    let dkg = Dkg {
+    let dkg = Dkg::new(
         me,
         n,
-        kept: Kept::Refresh(Box::new(RefreshKept {
+        Kept::Refresh(Box::new(RefreshKept {
             old: share.party,
             package: share.package,
             sid: session_id.to_vec(),
@@ -931,14 +936,7 @@ pub fn refresh_session(
             kept3: BTreeMap::new(),
             openings: Vec::new(),
         })),
-        own_fragment: Zeroizing::new(Vec::new()),
-        own_proof: None,
-        own_chain2: None,
-        own_open: None,
-        commits: BTreeMap::new(),
-        zero2_keygen: Vec::new(),
-        zero2_refresh: Vec::new(),
-    };
+    );
     Ok(rounds_session(dkg, me, &parties))
 }
 
@@ -954,10 +952,10 @@ pub fn complete_refresh_session(
     let me = share.party();
     let n = share.n();
     let parties: Vec<PartyId> = (1..=n).collect();
-    let dkg = Dkg {
+    let dkg = Dkg::new(
         me,
         n,
-        kept: Kept::Complete(Box::new(CompleteKept {
+        Kept::Complete(Box::new(CompleteKept {
             old: share.party,
             package: share.package,
             sid: session_id.to_vec(),
@@ -966,14 +964,7 @@ pub fn complete_refresh_session(
             zero3: BTreeMap::new(),
             mul3: BTreeMap::new(),
         })),
-        own_fragment: Zeroizing::new(Vec::new()),
-        own_proof: None,
-        own_chain2: None,
-        own_open: None,
-        commits: BTreeMap::new(),
-        zero2_keygen: Vec::new(),
-        zero2_refresh: Vec::new(),
-    };
+    );
     Ok(rounds_session(dkg, me, &parties))
 }
 

@@ -343,15 +343,7 @@ pub(super) fn handle(
             // The key's customer binding goes with the sigma, sealed and signed by this helper:
             // the repaired node takes it from its t helpers, so that no coordinator can hand it
             // a bound key without its binding (it would then sign without the customer).
-            let mut payload = Zeroizing::new(Vec::with_capacity(33 + sigma.len()));
-            match inner.customers.bound(&run.key_id) {
-                Some(c) => {
-                    payload.push(1);
-                    payload.extend_from_slice(&c.0);
-                }
-                None => payload.push(0),
-            }
-            payload.extend_from_slice(&sigma);
+            let payload = with_binding(inner, &run.key_id, &sigma);
             Ok(Response::Repair(vec![sealed_to(
                 inner,
                 session,
@@ -398,15 +390,7 @@ pub(super) fn handle(
             let term = ecdsa(inner)?.repair_term(&key_id, &session, &helpers, target)?;
             // With the key's customer binding, as a FROST sigma carries it: the repaired node
             // takes it from its helpers, never from the coordinator.
-            let mut payload = Zeroizing::new(Vec::with_capacity(33 + term.len()));
-            match inner.customers.bound(&key_id) {
-                Some(c) => {
-                    payload.push(1);
-                    payload.extend_from_slice(&c.0);
-                }
-                None => payload.push(0),
-            }
-            payload.extend_from_slice(&term);
+            let payload = with_binding(inner, &key_id, &term);
             Ok(Response::Repair(vec![sealed_to(
                 inner,
                 session,
@@ -505,6 +489,21 @@ pub(super) fn handle(
         | Request::EcdsaPresigs { .. }
         | Request::EcdsaAddKey { .. }) => handle_ecdsa(inner, rights, req),
     }
+}
+
+/// A repair payload: the key's customer binding at this helper (a tag, then the customer key
+/// when bound), then `body` (a FROST sigma or a DKLs23 term). [`repair_binding`] splits it.
+fn with_binding(inner: &Inner, key_id: &str, body: &[u8]) -> Zeroizing<Vec<u8>> {
+    let mut payload = Zeroizing::new(Vec::with_capacity(33 + body.len()));
+    match inner.customers.bound(key_id) {
+        Some(c) => {
+            payload.push(1);
+            payload.extend_from_slice(&c.0);
+        }
+        None => payload.push(0),
+    }
+    payload.extend_from_slice(body);
+    payload
 }
 
 /// Splits the helpers' repair payloads (a binding tag, the customer key when bound, then the
