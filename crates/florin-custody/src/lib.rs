@@ -119,6 +119,10 @@ pub enum CustodyError {
         /// The check it failed.
         reason: String,
     },
+    /// The node is at its limit of runs in progress (for everyone, or for this client): not a
+    /// fault; ask again when a run has ended, or ask other nodes.
+    #[error("busy: {0}")]
+    Busy(String),
     /// A signature with a customer-bound key without that customer's valid authorization
     /// (see [`authz`]): refused before the node's share is computed.
     #[error("unauthorized: {0}")]

@@ -467,6 +467,10 @@ pub struct Refusal {
     /// The request needed a customer's authorization that was missing or did not hold.
     #[serde(default)]
     pub unauthorized: Option<AuthzError>,
+    /// The node is at its limit of runs in progress ([`CustodyError::Busy`]): not a fault of
+    /// the node, which a client must not take for down.
+    #[serde(default)]
+    pub busy: bool,
 }
 
 impl From<&CustodyError> for Refusal {
@@ -485,6 +489,7 @@ impl From<&CustodyError> for Refusal {
                 CustodyError::Unauthorized(a) => Some(a.clone()),
                 _ => None,
             },
+            busy: matches!(e, CustodyError::Busy(_)),
         }
     }
 }

@@ -32,7 +32,7 @@ use rand::RngCore;
 use serde::Serialize;
 use zeroize::Zeroizing;
 
-use super::client::{refused, unexpected, Kmn, KmnError};
+use super::client::{refused, unexpected, Kmn, KmnError, Priority};
 use super::{AnyShare, EcdsaEngine};
 
 /// Presignatures a signer keeps ready by default.
@@ -90,8 +90,30 @@ impl Kmn {
         job: EcdsaJob,
         relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
     ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        self.ecdsa_run_as(session, parties, job, relay, Priority::Foreground)
+    }
+
+    /// [`Kmn::ecdsa_run`] for work made ahead (pools): it takes at most half of each node's
+    /// places for this client and fails at once (`Unavailable`) rather than wait for one.
+    pub(crate) fn ecdsa_run_background(
+        &self,
+        session: [u8; 16],
+        parties: &[PartyId],
+        job: EcdsaJob,
+    ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
+        self.ecdsa_run_as(session, parties, job, &mut |_, _| {}, Priority::Background)
+    }
+
+    fn ecdsa_run_as(
+        &self,
+        session: [u8; 16],
+        parties: &[PartyId],
+        job: EcdsaJob,
+        relay: &mut dyn FnMut(usize, &mut Vec<Envelope>),
+        priority: Priority,
+    ) -> Result<BTreeMap<PartyId, EcdsaDone>, KmnError> {
         // No node sees more of this client's runs at once than it takes.
-        let _slot = self.runs.enter(STEP_TIMEOUT)?;
+        let _slot = self.runs.enter(parties, STEP_TIMEOUT, priority)?;
         let r = self.relay_run(session, parties, job, relay);
         if r.is_err() {
             // Free the run at every node now rather than when it idles out.
@@ -241,7 +263,8 @@ impl Kmn {
             },
         };
         let key_id = key_id.as_str();
-        let (identity, pk) = self.ecdsa_keygen_uncommitted(key_id, job, &parties)?;
+        let (identity, pk) =
+            self.ecdsa_keygen_uncommitted(key_id, job, &parties, Priority::Foreground)?;
         self.commit_everywhere(key_id, &identity)?;
         Ok(pk)
     }
@@ -260,7 +283,10 @@ impl Kmn {
             EcdsaEngine::Cggmp24 => EcdsaJob::Keygen { key_id: key, t },
             EcdsaEngine::Dkls23 => EcdsaJob::DklsKeygen { key_id: key, t },
         };
-        Ok(self.ecdsa_keygen_uncommitted(key_id, job, &parties)?.1)
+        // A pool's key, made ahead: it gives way to signatures someone waits for.
+        Ok(self
+            .ecdsa_keygen_uncommitted(key_id, job, &parties, Priority::Background)?
+            .1)
     }
 
     fn ecdsa_keygen_uncommitted(
@@ -268,9 +294,10 @@ impl Kmn {
         key_id: &str,
         job: EcdsaJob,
         parties: &[PartyId],
+        priority: Priority,
     ) -> Result<(Vec<u8>, P256PublicKey), KmnError> {
         self.refuse_if_committed(key_id)?;
-        let done = self.ecdsa_run(fresh_session(), parties, job)?;
+        let done = self.ecdsa_run_as(fresh_session(), parties, job, &mut |_, _| {}, priority)?;
         same_key(done.into_values().map(|d| match d {
             EcdsaDone::Key(k) => Some(k),
             _ => None,
@@ -722,8 +749,10 @@ impl Kmn {
 
 impl Kmn {
     /// A DKLs23 signer for `key_id` whose public key the caller already holds (it made the
-    /// key, e.g. with [`Kmn::ecdsa_add_key`]): no lookup round at the nodes. A wrong `public`
-    /// only makes the signatures fail to verify; the nodes sign with the key they hold.
+    /// key, e.g. with [`Kmn::ecdsa_add_key`]): no lookup round at the nodes. The caller must
+    /// pass the key's true public key and a DKLs23 key: with a wrong one every signature is
+    /// refused as not verifying, blaming an honest node, and a CGGMP24 key's runs are refused
+    /// (use [`Kmn::ecdsa_signer`] when unsure).
     pub fn dkls_signer(self: &Arc<Self>, key_id: &str, public: P256PublicKey) -> EcdsaSigner {
         EcdsaSigner::new(self.clone(), key_id, public, EcdsaEngine::Dkls23, 0)
     }
@@ -878,7 +907,7 @@ impl EcdsaSigner {
     /// Makes one presignature now (what the background refill does), with t nodes that
     /// answer.
     pub fn presign(&self) -> Result<(), KmnError> {
-        self.inner.presign_one()
+        self.inner.presign_one(false)
     }
 
     /// Signs `msg` (ECDSA-P256-SHA256, low-S).
@@ -938,7 +967,7 @@ fn refill_loop(weak: Weak<SignerInner>) {
             thread::sleep(Duration::from_millis(20));
             continue;
         }
-        match s.presign_one() {
+        match s.presign_one(true) {
             Ok(()) => failures = 0,
             Err(e) => {
                 failures = (failures + 1).min(5);
@@ -1019,17 +1048,20 @@ impl SignerInner {
         Ok(set)
     }
 
-    fn presign_one(&self) -> Result<(), KmnError> {
+    /// One presignature into the pool: `background` for the refill loop (it gives way to
+    /// signatures someone waits for), foreground when a signature needs it now.
+    fn presign_one(&self, background: bool) -> Result<(), KmnError> {
         let signers = self.choose()?;
         let session = fresh_session();
-        let done = self.kmn.ecdsa_run(
-            session,
-            &signers,
-            EcdsaJob::Presign {
-                key_id: self.key_id.clone(),
-                signers: signers.clone(),
-            },
-        )?;
+        let job = EcdsaJob::Presign {
+            key_id: self.key_id.clone(),
+            signers: signers.clone(),
+        };
+        let done = if background {
+            self.kmn.ecdsa_run_background(session, &signers, job)?
+        } else {
+            self.kmn.ecdsa_run(session, &signers, job)?
+        };
         let mut public: Option<Vec<u8>> = None;
         for (p, d) in done {
             let EcdsaDone::Presig(b) = d else {
@@ -1123,7 +1155,7 @@ impl SignerInner {
             let p = match self.take() {
                 Some(p) => p,
                 None => {
-                    if let Err(e) = self.presign_one() {
+                    if let Err(e) = self.presign_one(false) {
                         last = Some(e);
                         continue;
                     }

@@ -109,53 +109,104 @@ pub struct Kmn {
     pub(super) runs: RunGate,
 }
 
-/// At most [`super::MAX_RUNS_PER_CLIENT`] ECDSA runs of one client at once: a node refuses
-/// more from one client (a busy signal, not a fault), so a client with more signatures to make
-/// (a provider with hundreds of customers paying) queues them here instead of being refused
-/// and taking the nodes for down.
+/// Each node takes at most [`super::MAX_RUNS_PER_CLIENT`] ECDSA runs of one client at once
+/// (and 64 in all) and refuses more as busy: not a fault. The client keeps to that quota per
+/// node itself, so that a provider with more signatures to make (hundreds of customers paying)
+/// queues them here instead of being refused. Runs are counted per node: a node that hangs
+/// holds only its own places, and runs among the other nodes go on. Background work (pools
+/// filled ahead) takes at most half of a node's places and never waits for one.
 pub(super) struct RunGate {
-    busy: Mutex<usize>,
+    busy: Mutex<HashMap<PartyId, usize>>,
     free: std::sync::Condvar,
 }
 
-/// A run's place at the gate, given back when dropped.
-pub(super) struct RunSlot<'a>(&'a RunGate);
+/// Whether a run is asked for now or made ahead.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Priority {
+    /// Someone waits for it: it waits for places.
+    Foreground,
+    /// A pool made ahead: at most half the places, and no waiting.
+    Background,
+}
+
+/// A run's places at the gate, given back when dropped.
+pub(super) struct RunSlot<'a> {
+    gate: &'a RunGate,
+    parties: Vec<PartyId>,
+}
 
 impl RunGate {
     fn new() -> RunGate {
         RunGate {
-            busy: Mutex::new(0),
+            busy: Mutex::new(HashMap::new()),
             free: std::sync::Condvar::new(),
         }
     }
 
-    /// Waits up to `wait` for a place.
-    pub(super) fn enter(&self, wait: Duration) -> Result<RunSlot<'_>, KmnError> {
-        let lock = || KmnError::Unavailable("lock".into());
+    /// A place at every one of `parties`, waiting up to `wait` for them (foreground work).
+    pub(super) fn enter(
+        &self,
+        parties: &[PartyId],
+        wait: Duration,
+        priority: Priority,
+    ) -> Result<RunSlot<'_>, KmnError> {
+        let limit = match priority {
+            Priority::Foreground => super::MAX_RUNS_PER_CLIENT,
+            Priority::Background => super::MAX_RUNS_PER_CLIENT / 2,
+        };
         let deadline = Instant::now() + wait;
-        let mut busy = self.busy.lock().map_err(|_| lock())?;
-        while *busy >= super::MAX_RUNS_PER_CLIENT {
+        let mut busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            let full = parties
+                .iter()
+                .find(|p| busy.get(p).copied().unwrap_or(0) >= limit);
+            let Some(&full) = full else { break };
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if priority == Priority::Background || left.is_zero() {
                 return Err(KmnError::Unavailable(format!(
-                    "{} ECDSA runs of this client in progress for {wait:?}: the nodes are \
-                     overloaded",
-                    *busy
+                    "node {full} has {} of this client's ECDSA runs in progress{}",
+                    busy.get(&full).copied().unwrap_or(0),
+                    if priority == Priority::Background {
+                        " (background work waits for a quieter time)"
+                    } else {
+                        ", and none ended in time"
+                    }
                 )));
             }
-            busy = self.free.wait_timeout(busy, left).map_err(|_| lock())?.0;
+            busy = self
+                .free
+                .wait_timeout(busy, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
-        *busy += 1;
-        Ok(RunSlot(self))
+        for p in parties {
+            *busy.entry(*p).or_insert(0) += 1;
+        }
+        Ok(RunSlot {
+            gate: self,
+            parties: parties.to_vec(),
+        })
     }
 }
 
 impl Drop for RunSlot<'_> {
     fn drop(&mut self) {
-        if let Ok(mut busy) = self.0.busy.lock() {
-            *busy = busy.saturating_sub(1);
+        let mut busy = self
+            .gate
+            .busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for p in &self.parties {
+            if let Some(n) = busy.get_mut(p) {
+                *n = n.saturating_sub(1);
+            }
         }
-        self.0.free.notify_one();
+        drop(busy);
+        // Runs waiting on other nodes may now fit: every waiter looks again.
+        self.gate.free.notify_all();
     }
 }
 
@@ -193,6 +244,10 @@ pub(super) fn public_part(identity: &[u8]) -> &[u8] {
 pub(super) fn refused(party: PartyId, r: wire::Refusal) -> KmnError {
     if let Some(reason) = r.unauthorized {
         return KmnError::Unauthorized { party, reason };
+    }
+    if r.busy {
+        // Not a fault: the caller tries again or asks other nodes, without suspecting this one.
+        return KmnError::Unavailable(format!("node {party}: {}", r.message));
     }
     KmnError::Refused {
         party,
@@ -823,5 +878,65 @@ impl Kmn {
     pub fn signer(self: &Arc<Self>, key_id: &str) -> Result<ThresholdSigner, KmnError> {
         let group = self.group(key_id)?;
         Ok(ThresholdSigner::new(self.clone(), group))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const MAX: usize = super::super::MAX_RUNS_PER_CLIENT;
+
+    #[test]
+    fn the_run_gate_counts_per_node_and_background_gives_way() {
+        let gate = RunGate::new();
+        let short = Duration::from_millis(50);
+        // Node 1 full with foreground runs.
+        let held: Vec<RunSlot> = (0..MAX)
+            .map(|_| gate.enter(&[1], short, Priority::Foreground).unwrap())
+            .collect();
+        // Runs among the other nodes go on; one that needs node 1 waits, then gives up.
+        let other = gate.enter(&[2, 3], short, Priority::Foreground).unwrap();
+        let t0 = Instant::now();
+        let err = gate
+            .enter(&[1, 2], short, Priority::Foreground)
+            .err()
+            .expect("node 1 is full");
+        assert!(t0.elapsed() >= short);
+        assert!(err.to_string().contains("node 1"), "{err}");
+        // Background work takes at most half a node's places and never waits.
+        let bg: Vec<RunSlot> = (0..MAX / 2 - 1)
+            .map(|_| gate.enter(&[3], short, Priority::Background).unwrap())
+            .collect();
+        let t0 = Instant::now();
+        assert!(gate
+            .enter(&[3], Duration::from_secs(10), Priority::Background)
+            .is_err());
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        // Foreground work still gets node 3's other half.
+        let fg3 = gate.enter(&[3], short, Priority::Foreground).unwrap();
+        drop((bg, fg3, other));
+        // A run waiting for node 1 gets in when one of its runs ends.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                gate.enter(&[1, 2], Duration::from_secs(10), Priority::Foreground)
+                    .map(|_| ())
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            let mut held = held;
+            held.pop();
+            waiter.join().unwrap().unwrap();
+        });
+        assert!(gate.busy.lock().unwrap().values().all(|&n| n == 0));
+    }
+
+    #[test]
+    fn a_busy_node_is_not_a_refusing_node() {
+        let busy = wire::Refusal::from(&CustodyError::Busy("64 runs".into()));
+        assert!(busy.busy);
+        assert!(matches!(refused(2, busy), KmnError::Unavailable(_)));
+        let other = wire::Refusal::from(&CustodyError::BadParameters("no".into()));
+        assert!(matches!(refused(2, other), KmnError::Refused { .. }));
     }
 }

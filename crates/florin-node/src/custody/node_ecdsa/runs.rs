@@ -208,9 +208,10 @@ impl EcdsaNode {
             let mut runs = self.runs.lock().map_err(|_| lock_err())?;
             runs.retain(|_, r| r.busy || r.last.elapsed() < r.idle_limit());
             if runs.len() >= MAX_RUNS {
-                return Err(CustodyError::BadParameters(
-                    "too many ECDSA runs in progress".into(),
-                ));
+                return Err(CustodyError::Busy(format!(
+                    "{} ECDSA runs in progress, the most this node takes",
+                    runs.len()
+                )));
             }
             if let Some(c) = &client {
                 let own = runs
@@ -218,7 +219,7 @@ impl EcdsaNode {
                     .filter(|r| r.client.as_ref() == Some(c))
                     .count();
                 if own >= MAX_RUNS_PER_CLIENT {
-                    return Err(CustodyError::BadParameters(format!(
+                    return Err(CustodyError::Busy(format!(
                         "this client has {own} ECDSA runs in progress, the most one client \
                          may have (finish or abort one)"
                     )));
