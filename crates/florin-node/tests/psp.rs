@@ -1426,7 +1426,8 @@ fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend()
         offer["encumbrance"].as_str().unwrap(),
         "R1 + R2, not R1"
     );
-    let pay_with = |offer: &Value, to_enc: &str, amount: u64, id: &str| {
+    // Alice pays account `to` at bank-b through `offer`, authorizing `to_enc`.
+    let pay_to = |to: &str, offer: &Value, to_enc: &str, amount: u64, id: &str| {
         let payer = Encumbrance::parse_text(
             ok(a.call("GET", "/v1/psp/accounts/alice", None))["encumbrance"]
                 .as_str()
@@ -1446,11 +1447,14 @@ fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend()
             a.addr,
             "POST",
             "/v1/psp/pay",
-            Some(json!({"from": "alice", "to": "carol", "to_psp": "bank-b",
+            Some(json!({"from": "alice", "to": to, "to_psp": "bank-b",
                 "amount_cents": amount, "id": id, "offer": offer,
                 "authorization": hex::encode(auth.encode())})),
             Some(("alice", &alice)),
         )
+    };
+    let pay_with = |offer: &Value, to_enc: &str, amount: u64, id: &str| {
+        pay_to("carol", offer, to_enc, amount, id)
     };
     // A tampered offer, or one for another account, pays nothing.
     let mut forged = offer.clone();
@@ -1458,31 +1462,7 @@ fn a_remote_transfer_pays_a_joint_key_r1_plus_r2_that_only_the_payee_can_spend()
     let (code, v) = pay_with(&forged, &joint, 700, "t-forged");
     assert_eq!(code, 422, "{v}");
     // Carol's offer used to pay erin: refused on the offer's account.
-    let payer_enc = Encumbrance::parse_text(
-        ok(a.call("GET", "/v1/psp/accounts/alice", None))["encumbrance"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    let auth = PaymentAuth::sign(
-        &alice,
-        payer_enc,
-        Encumbrance::parse_text(&joint).unwrap(),
-        700,
-        unix_now() + 300,
-        "t-other",
-    )
-    .unwrap();
-    let (code, v) = http_as(
-        a.addr,
-        "POST",
-        "/v1/psp/pay",
-        Some(
-            json!({"from": "alice", "to": "erin", "to_psp": "bank-b", "amount_cents": 700,
-            "id": "t-other", "offer": offer, "authorization": hex::encode(auth.encode())}),
-        ),
-        Some(("alice", &alice)),
-    );
+    let (code, v) = pay_to("erin", &offer, &joint, 700, "t-other");
     assert_eq!(code, 422, "{v}");
     assert!(
         v["error"]["message"]
