@@ -86,7 +86,7 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
         &node_exe,
         SocketAddr::V4(SocketAddrV4::new(iso.host_ip, 7400)),
     )?;
-    eprintln!(
+    tracing::info!(
         "node at {} (pid {}), attacker from {} in netns {} with {} of a core",
         node.url,
         node.pid,
@@ -122,7 +122,7 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
         wall_l += t0.elapsed().as_secs_f64();
         attacker.command("stop")?;
         attack_s += t.elapsed().as_secs_f64();
-        eprintln!(
+        tracing::info!(
             "round {}/{}: unloaded p99 {:.1} ms, loaded p99 {:.1} ms",
             round + 1,
             sizes.rounds,
@@ -234,8 +234,8 @@ pub(super) fn run(rec: &mut Recorder, scale: Scale, quick: bool) -> Result<()> {
         None,
     );
     if hwm > MEMORY_BOUND_MIB {
-        eprintln!(
-            "warning: the node's peak memory {hwm:.0} MiB is over the {MEMORY_BOUND_MIB} MiB bound"
+        tracing::warn!(
+            "the node's peak memory {hwm:.0} MiB is over the {MEMORY_BOUND_MIB} MiB bound"
         );
     }
     Ok(())

@@ -154,7 +154,7 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
     };
     let pre = preload_txs(2 * n_tx);
     let work = workload(n_tx, 0);
-    eprintln!(
+    tracing::info!(
         "workload: {n_tx} 2-in/2-out transfers over {} preloaded ids, {CLIENTS} clients, batches of {BATCH}",
         2 * n_tx
     );
@@ -272,7 +272,7 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         }
     }
     if let Some(r) = r3_one {
-        eprintln!(
+        tracing::info!(
             "one pass: shards=1 replicas=3 at {:.2} of the single-node engine (the target \
              ratio is measured next, in pairs)",
             r / single
@@ -341,7 +341,7 @@ fn paired_ratio(
             let c = cluster_run()?;
             (single_run()?, c)
         };
-        eprintln!(
+        tracing::info!(
             "  pair {}: single {:.0}/s, cluster {:.0}/s, ratio {:.3}",
             k + 1,
             s,
@@ -525,7 +525,7 @@ fn failover(rec: &mut Recorder, rt: &tokio::runtime::Runtime, quick: bool) -> Re
         0 => began.elapsed().as_secs_f64(),
         at => {
             let at = at as f64 / 1e6;
-            eprintln!("  the workload's ids ran out at {at:.1} s: measured up to there");
+            tracing::info!("  the workload's ids ran out at {at:.1} s: measured up to there");
             at
         }
     };

@@ -460,7 +460,7 @@ fn run_load_with(
             .sum()
     });
     if results.iter().any(|r| r.ran_out) {
-        eprintln!("  note: a load generator used all its preloaded ids before the time was up");
+        tracing::info!("  note: a load generator used all its preloaded ids before the time was up");
     }
     Ok(Load {
         rate: results
@@ -604,7 +604,7 @@ fn scaling(
     } else {
         (10.0, 400)
     };
-    eprintln!(
+    tracing::info!(
         "emulated hosts: {share:.3} core(s) each ({cores} cores / {fit_hosts} hosts at {FIT_SHARDS} shards); \
          replication {REPLICAS}; coordinator groups = shards = load generators; \
          {CLIENTS} clients x {BATCH} transactions per generator; {secs} s per run"
@@ -745,7 +745,7 @@ fn failures_vs_throughput(
     } else {
         (10.0, 800, 2)
     };
-    eprintln!(
+    tracing::info!(
         "Fig. 6: replication {sizes:?}, one shard and one coordinator group, {share:.3} core(s) \
          per host ({cores} cores / {} hosts at replication {largest}); {secs} s per run, \
          {passes} pass(es)",
@@ -774,7 +774,7 @@ fn failures_vs_throughput(
                 .and_then(|_| run_load(&d, exe, chunks, secs));
             d.stop();
             let l = measured?;
-            eprintln!(
+            tracing::info!(
                 "  pass {}, replication {r} (f = {}): {:.0} transactions/s",
                 pass + 1,
                 (r - 1) / 2,
@@ -910,7 +910,7 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
                 .map(|(t, _)| (t.duration_since(*lost).as_secs_f64() * 10.0).round() / 10.0);
             per_group.insert(format!("{role}-{g}"), json!(after));
         }
-        eprintln!(
+        tracing::info!(
             "  centre {} lost: new leaders after (s): {per_group:?}",
             k + 1
         );
@@ -1106,7 +1106,7 @@ fn replication_vs_single(
             let c = one(false)?;
             (one(true)?, c)
         };
-        eprintln!(
+        tracing::info!(
             "  pair {}: single {s:.0}/s, cluster {c:.0}/s, ratio {:.3}",
             k + 1,
             c / s
@@ -1202,7 +1202,7 @@ fn sentinels_e2e_at(
     // (the checks alone run at about 37 K/s per core here): no generator runs out.
     // Capped for machines with many cores (a generator that runs out says so).
     let per_gen = ((share * secs * 60_000.0) as usize).clamp(2 * E2E_BATCH, 250_000);
-    eprintln!(
+    tracing::info!(
         "end to end: {shards} shard group(s) and {shards} coordinator group(s) x {REPLICAS}, \
          {sentinels} sentinels, {sentinels} load generators: {hosts} emulated hosts of {share:.3} core(s); \
          {per_gen} signed transfers per generator, {E2E_BATCH} per request, {secs} s"
@@ -1417,7 +1417,7 @@ fn sentinel_load(
     };
     let t = Instant::now();
     let w = signed_workload(&issuer, &mut mint, per_gen * addrs.len(), 0, 0, 7)?;
-    eprintln!(
+    tracing::info!(
         "  minted and signed {} transfers in {:.1} s",
         w.txs.len(),
         t.elapsed().as_secs_f64()
@@ -1490,7 +1490,7 @@ pub(super) fn soak_on_hosts(rec: &mut Recorder, quick: bool) -> Result<()> {
     let ttl = ttl.max(super::soak::TTL_SECS);
     let hosts = 2 * REPLICAS + 1;
     let share = cores as f64 / hosts as f64;
-    eprintln!(
+    tracing::info!(
         "soak on emulated hosts: 1 shard and 1 coordinator group x {REPLICAS}, 1 load generator: \
          {hosts} hosts of {share:.3} core(s); {slots} coins, transfers valid {ttl} s; readings after {marks:?}"
     );
@@ -1645,7 +1645,7 @@ fn soak_readings(
                 })
                 .max()
                 .unwrap_or(0);
-            eprintln!(
+            tracing::info!(
                 "  after {n} transactions: {} (shard remembers {remembered} txids)",
                 per.iter()
                     .map(|(p, r)| format!("{p} {r:.0} MiB"))

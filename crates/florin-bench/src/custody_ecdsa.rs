@@ -61,7 +61,7 @@ fn primes<L: Level>(n: u16, cache: Option<&PathBuf>) -> Result<(Vec<Primes<L>>, 
                 out.push(Primes::<L>::from_bytes(&bytes)?);
                 continue;
             }
-            eprintln!(
+            tracing::info!(
                 "generating {} primes for party {} (minutes at production level)",
                 L::NAME,
                 p + 1

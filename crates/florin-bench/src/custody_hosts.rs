@@ -618,7 +618,7 @@ fn settle(d: &Deployment, prefix: &str, within: Duration) -> bool {
             return true;
         }
         if Instant::now() > deadline {
-            eprintln!(
+            tracing::info!(
                 "  note: a {prefix}* host was still busy after {within:?} ({:.0} % of its share)",
                 busiest * 100.0
             );
@@ -749,7 +749,7 @@ pub(super) fn run(rec: &mut Recorder, quick: bool, host_cpu: Option<f64>) -> Res
     let share = host_cpu.unwrap_or(cores as f64 / hosts as f64);
     let users: &[usize] = if quick { &[100] } else { &[20, 100, 300] };
     let secs = if quick { 2.0 } else { 5.0 };
-    eprintln!(
+    tracing::info!(
         "custodial payments on emulated hosts: the ledger, {PROVIDERS} providers and \
          {PROVIDERS} x {KMN_N} key-management nodes ({KMN_T}-of-{KMN_N}): {hosts} hosts of \
          {share:.3} core(s); {users:?} users, {secs} s per point"
@@ -801,7 +801,7 @@ fn measure(
         let (mut procs, keygen_s) =
             start_providers(d, &ledger, exe, threshold, p256, most / PROVIDERS)?;
         if threshold {
-            eprintln!(
+            tracing::info!(
                 "  {} custodial {engine} keys made on the hosts in {keygen_s:.1} s (both providers \
                  at once{})",
                 2 * most,

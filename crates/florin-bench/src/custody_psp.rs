@@ -222,7 +222,7 @@ fn run_engine(rec: &mut Recorder, e: &EngineRun) -> Result<()> {
     let b = provider(&rt, "bank-b", &ledger, e, 0)?;
     a.psp.set_peers(vec![b.peer.clone()])?;
     b.psp.set_peers(vec![a.peer.clone()])?;
-    eprintln!(
+    tracing::info!(
         "  two providers with {} ECDSA networks ready in {:.1} s",
         e.engine.name(),
         st.elapsed().as_secs_f64()
@@ -295,7 +295,7 @@ fn run_engine(rec: &mut Recorder, e: &EngineRun) -> Result<()> {
         )?;
     }
     let opened = st.elapsed().as_secs_f64();
-    eprintln!(
+    tracing::info!(
         "  {} accounts opened in {opened:.1} s ({:.0} ms a key)",
         3 * most,
         opened * 1e3 / (3 * most) as f64

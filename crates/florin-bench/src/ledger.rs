@@ -101,7 +101,7 @@ pub fn run(
     });
     let pre = preload_txs(preload);
     let work = workload(n_tx, 0);
-    eprintln!("preloaded ids: {preload}; measured transactions per store: {n_tx} (2-in/2-out, batches of 1,000)");
+    tracing::info!("preloaded ids: {preload}; measured transactions per store: {n_tx} (2-in/2-out, batches of 1,000)");
 
     // In memory.
     let mem = MemoryStore::new();
@@ -139,7 +139,7 @@ pub fn run(
 
     // PostgreSQL, the same workload, 4 client threads.
     match postgres {
-        None => eprintln!("PostgreSQL store skipped: pass --postgres URL or set FLORIN_BENCH_PG (scripts/pg-test-server.sh starts one)"),
+        None => tracing::info!("PostgreSQL store skipped: pass --postgres URL or set FLORIN_BENCH_PG (scripts/pg-test-server.sh starts one)"),
         Some(url) => {
             let schema = format!("florin_bench_{}", std::process::id());
             let tls = postgres_ca
@@ -228,7 +228,7 @@ fn integrity_overhead(
     );
     let r = median(&mut ratios);
     let (w, wo) = (median(&mut with), median(&mut without));
-    eprintln!("integrity overhead: {pairs} pairs, ratio median {r:.3} (min {lo:.3}, max {hi:.3}); with {w:.0}/s, without {wo:.0}/s");
+    tracing::info!("integrity overhead: {pairs} pairs, ratio median {r:.3} (min {lo:.3}, max {hi:.3}); with {w:.0}/s, without {wo:.0}/s");
     rec.add(
         "integrity_overhead_ratio",
         r,

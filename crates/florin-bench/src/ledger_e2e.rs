@@ -367,7 +367,7 @@ pub(super) fn drive_until(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    eprintln!("sending {} transactions: {}", txs.len(), api.describe());
+    tracing::info!("sending {} transactions: {}", txs.len(), api.describe());
     let requests = Arc::new(api.requests(txs));
     let next = Arc::new(AtomicUsize::new(0));
     rt.block_on(async move {
@@ -545,7 +545,7 @@ pub fn run(
         (40_000, 10_000, 128)
     };
     let node = Node::start(preload).context("starting the benchmark node")?;
-    eprintln!(
+    tracing::info!(
         "node on http://{} with {preloaded} preloaded ids; {clients} clients",
         node.addr
     );
@@ -637,7 +637,7 @@ pub fn run(
             let t = one(true)?;
             (one(false)?, t)
         };
-        eprintln!("pair {k}: plain {p:.0} tx/s, TLS {t:.0} tx/s");
+        tracing::info!("pair {k}: plain {p:.0} tx/s, TLS {t:.0} tx/s");
         plain_tps.push(p);
         tls_tps.push(t);
         ratios.push(t / p);

@@ -156,7 +156,7 @@ impl Recorder {
         seed: Option<Reference>,
         baseline: Option<Reference>,
     ) {
-        eprintln!(
+        tracing::info!(
             "[{:>6.1}s] {name} {params} = {value:.1} {unit}",
             self.started.elapsed().as_secs_f64()
         );
@@ -199,8 +199,8 @@ fn machine() -> Value {
 /// Runs a suite.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if cfg!(debug_assertions) {
-        eprintln!(
-            "warning: this is a debug build; benchmark figures are meaningful only with --release"
+        tracing::warn!(
+            "this is a debug build; benchmark figures are meaningful only with --release"
         );
     }
     match (args.suite, args.loadgen.as_deref()) {

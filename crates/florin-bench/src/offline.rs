@@ -259,7 +259,7 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
             Some(rs[1])
         }
         Err(e) => {
-            eprintln!("warning: {e}; libsodium results omitted");
+            tracing::warn!("{e}; libsodium results omitted");
             None
         }
     };

@@ -159,7 +159,7 @@ pub(super) fn soak(
             if n >= marks[next] {
                 let (rss, remembered) = read(n);
                 readings.push((n, rss, remembered));
-                eprintln!(
+                tracing::info!(
                     "soak: {n} transactions, {rss:.0} MiB resident, {remembered} txids remembered ({:.0} tx/s)",
                     n as f64 / t.elapsed().as_secs_f64()
                 );
@@ -272,7 +272,7 @@ pub fn run(
         return Ok(());
     };
     let (marks, slots, ttl) = shape(quick)?;
-    eprintln!(
+    tracing::info!(
         "soak ({engine}): {slots} coins moved by one-in, one-out transfers valid {ttl} s, {CLIENTS} clients, batches of {BATCH}; readings after {marks:?} transactions"
     );
     match engine {

@@ -219,7 +219,7 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         v.sort_by(|a, b| a.total_cmp(b));
         Ok(v[1])
     };
-    eprintln!(
+    tracing::info!(
         "{} MB per layer, loopback, default socket buffers",
         total >> 20
     );

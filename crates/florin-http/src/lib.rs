@@ -13,6 +13,7 @@ mod connect;
 pub mod edge;
 pub mod links;
 pub mod node;
+pub mod observe;
 pub mod psp;
 pub mod psp_client;
 pub mod server;

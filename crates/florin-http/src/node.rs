@@ -124,7 +124,9 @@ where
     F: FnOnce() -> Result<T, NodeError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(f)
+    // The request's span (its request id) follows the work onto the blocking thread.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(f))
         .await
         .map_err(|e| NodeError::task("worker", e))?
 }
@@ -133,6 +135,23 @@ async fn health() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
     })
+}
+
+/// Ready when the authority's books and the ledger's store answer (for a cluster's sentinel,
+/// when the shards' quorums and the replicated authority do).
+async fn ready(State(st): State<AppState>) -> Response {
+    use crate::observe::check;
+    let mut checks = Vec::new();
+    if let Some(a) = st.authority.clone() {
+        checks.push((
+            "authority",
+            check(blocking(move || a.minted().map(|_| ()))).await,
+        ));
+    }
+    if let Some(l) = st.ledger.clone() {
+        checks.push(("ledger", check(blocking(move || l.supply().map(|_| ()))).await));
+    }
+    crate::observe::readiness(checks)
 }
 
 async fn info(State(st): State<AppState>) -> Result<Json<Info>, HttpError> {
@@ -789,6 +808,8 @@ pub fn router(state: AppState) -> Router {
     let limiter = Limiter::new(state.limits);
     Router::new()
         .route("/v1/health", limited(SMALL, get(health)))
+        .route("/v1/ready", limited(SMALL, get(ready)))
+        .route("/metrics", limited(SMALL, get(crate::observe::metrics)))
         .route("/v1/info", limited(SMALL, get(info)))
         .route("/v1/deposit", validating(&limiter, DEPOSIT, post(deposit)))
         .route("/v1/fraud", limited(SMALL, get(fraud)))

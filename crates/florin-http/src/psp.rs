@@ -134,6 +134,12 @@ async fn health() -> Json<Health> {
     })
 }
 
+/// Ready when the provider's books answer.
+async fn ready(State(p): St) -> axum::response::Response {
+    let books = crate::observe::check(async move { p.info().map(|_| ()) }).await;
+    crate::observe::readiness(vec![("books", books)])
+}
+
 async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
     Ok(Json(p.info()?))
 }
@@ -311,6 +317,8 @@ pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
     let limiter = Limiter::new(limits);
     Router::new()
         .route("/v1/health", limited(SMALL, get(health)))
+        .route("/v1/ready", limited(SMALL, get(ready)))
+        .route("/metrics", limited(SMALL, get(crate::observe::metrics)))
         .route("/v1/psp/info", limited(SMALL, get(info)))
         .route(
             "/v1/psp/accounts",

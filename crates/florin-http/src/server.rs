@@ -350,6 +350,17 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<S
     }
 }
 
+/// Counts a connection refused before any request, and says so at debug level.
+fn refused(reason: &'static str) {
+    tracing::debug!(reason, "connection refused");
+    florin_obs::metrics::global()
+        .http_connections_refused
+        .get_or_create(&florin_obs::metrics::ReasonLabels {
+            reason: reason.to_string(),
+        })
+        .inc();
+}
+
 /// Serves `router` on `listener` with `options` until `shutdown` resolves, then drains.
 pub async fn serve_router(
     listener: TcpListener,
@@ -357,6 +368,8 @@ pub async fn serve_router(
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Outermost: every answer, the edge's refusals included, is logged and counted.
+    let router = router.layer(axum::middleware::from_fn(crate::observe::observe));
     let permits = Arc::new(Semaphore::new(options.max_connections.max(1)));
     let per_address = Arc::new(PerAddress::new(&options));
     let parking = Parking::new(&options);
@@ -391,10 +404,12 @@ pub async fn serve_router(
         };
         // Over a cap: parked, or closed at once.
         let Some(slot) = per_address.admit(peer.ip()) else {
+            refused("per_address");
             parking.refuse(stream);
             continue;
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
+            refused("capacity");
             parking.refuse(stream);
             continue;
         };

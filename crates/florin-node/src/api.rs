@@ -12,6 +12,16 @@ pub struct Health {
     pub status: String,
 }
 
+/// `GET /v1/ready`: whether the process can do its work now (its storage answers, its quorum is
+/// reachable), apart from `GET /v1/health`, which says only that it runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Readiness {
+    /// `ready` or `not_ready`.
+    pub status: String,
+    /// Each check's result: `ok`, or why it failed.
+    pub checks: std::collections::BTreeMap<String, String>,
+}
+
 /// `GET /v1/info`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Info {

@@ -576,7 +576,7 @@ impl HostNetGuard {
 impl Drop for HostNetGuard {
     fn drop(&mut self) {
         for e in self.0.remove() {
-            eprintln!("warning: cleaning up emulated hosts: {e}");
+            tracing::warn!("cleaning up emulated hosts: {e}");
         }
         if let Ok(mut live) = LIVE.lock() {
             live.retain(|t| *t != self.0.tag);
@@ -613,7 +613,7 @@ pub fn remove_on_signal() {
             let tags = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
             for tag in tags {
                 for e in sweep(Some(&tag)) {
-                    eprintln!("warning: cleaning up emulated hosts: {e}");
+                    tracing::warn!("cleaning up emulated hosts: {e}");
                 }
             }
             std::process::exit(130);

@@ -467,7 +467,7 @@ fn decide(
         Ok(o) => o,
         Err(e) => {
             // Nothing is acknowledged; submitters get an error and may retry.
-            eprintln!("swap engine: store failed: {e}");
+            tracing::warn!("swap engine: store failed: {e}");
             return Vec::new();
         }
     };

@@ -579,7 +579,7 @@ impl RegistryMachine {
 }
 
 fn fatal(what: &str, e: &NodeError) -> ! {
-    eprintln!(
+    tracing::error!(
         "FATAL florin authority replica: {what}: {e}; stopping (the log is re-applied on restart)"
     );
     std::process::exit(74)

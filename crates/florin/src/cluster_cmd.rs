@@ -34,6 +34,13 @@ pub struct NodeArgs {
     command: Option<crate::node_cmd::NodeCommand>,
 }
 
+impl NodeArgs {
+    /// Whether this runs a cluster process (rather than a data-directory command).
+    pub fn runs_a_process(&self) -> bool {
+        self.command.is_none()
+    }
+}
+
 /// `florin cluster …`.
 #[derive(Subcommand)]
 pub enum ClusterCommand {
@@ -682,7 +689,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 // A creation that failed part-way left its hosts: removed before a new start.
                 if let Some(old) = hosts_of(&data)? {
                     for e in old.remove() {
-                        eprintln!("warning: {e}");
+                        tracing::warn!("{e}");
                     }
                     std::fs::remove_file(data.join(HOSTS_FILE))?;
                 }
@@ -699,9 +706,9 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 };
                 create(&data, &shape)?;
             } else {
-                eprintln!("using the existing cluster in {}", data.display());
+                tracing::info!("using the existing cluster in {}", data.display());
                 if emulate_hosts != hosts_of(&data)?.is_some() {
-                    eprintln!("note: --emulate-hosts is chosen when a cluster is created; this one keeps its placement");
+                    tracing::info!("note: --emulate-hosts is chosen when a cluster is created; this one keeps its placement");
                 }
             }
             let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
@@ -732,7 +739,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             };
-            eprintln!(
+            tracing::info!(
                 "started {started} process(es): {} shard group(s), {} coordinator group(s), {} replica(s) each",
                 spec.shards.len(),
                 spec.coordinators.len(),
@@ -743,7 +750,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 .join(crate::tls_args::TLS_DIR)
                 .join(florin_http::tls::CA_CERT_FILE);
             if st.api.starts_with("https://") {
-                eprintln!(
+                tracing::info!(
                     "tls  CA {} (clients: --ca-cert or FLORIN_CA_CERT)",
                     ca.display()
                 );
@@ -798,7 +805,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             florin_node::hosts::check_supported()?;
             let errors = florin_node::hosts::sweep(None);
             for e in &errors {
-                eprintln!("error: {e}");
+                tracing::error!("{e}");
             }
             if !errors.is_empty() {
                 bail!("some emulated hosts could not be removed (above)");
@@ -837,7 +844,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             if let Some(h) = hosts {
                 let errors = h.remove();
                 for e in &errors {
-                    eprintln!("error: {e}");
+                    tracing::error!("{e}");
                 }
                 if !errors.is_empty() {
                     bail!("some emulated hosts could not be removed (above)");
@@ -935,13 +942,13 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
                 .with_context(|| format!("cannot listen on {bind}"))?;
             let member =
                 start_member(&spec, cfg.role, cfg.group, cfg.id, &cfg.data, me, listener).await?;
-            eprintln!(
+            tracing::info!(
                 "florin node: {:?} {}/{} on {addr}",
                 cfg.role, cfg.group, cfg.id
             );
             crate::devnet::shutdown_signal().await;
             member.stop().await;
-            eprintln!("florin node stopped");
+            tracing::info!("florin node stopped");
             Ok(ExitCode::SUCCESS)
         }),
         Role::Sentinel => run_sentinel(&cfg, &spec, me, rt),
@@ -963,10 +970,10 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
             )
             .with_context(|| format!("cannot open the engine in {}", dir.display()))?;
             let server = florin_node::cluster::engine::serve(&spec, me, Arc::new(store), listener)?;
-            eprintln!("florin node: engine on {addr}");
+            tracing::info!("florin node: engine on {addr}");
             crate::devnet::shutdown_signal().await;
             server.stop();
-            eprintln!("florin node stopped");
+            tracing::info!("florin node stopped");
             Ok(ExitCode::SUCCESS)
         }),
     }
@@ -1019,7 +1026,7 @@ fn run_sentinel(
             })
             .collect::<Result<_>>()?;
         if cfg.faucet && config.operators.is_empty() {
-            eprintln!("note: the faucet is on but no operator is configured: nobody can use it");
+            tracing::info!("note: the faucet is on but no operator is configured: nobody can use it");
         }
         let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&key)?));
         let address = signer.public_key().to_address();
@@ -1049,13 +1056,13 @@ fn run_sentinel(
         None
     };
     if let Some(l) = &cfg.limits {
-        eprintln!(
+        tracing::info!(
             "florin sentinel {}: API rate limits from node.toml: {l:?}",
             cfg.group
         );
         if l.per_ip_per_sec == 0 || l.per_ip_tx_per_sec == 0 {
-            eprintln!(
-                "warning: florin sentinel {}: per-address rate limits are off ([limits] in node.toml): \
+            tracing::warn!(
+                "florin sentinel {}: per-address rate limits are off ([limits] in node.toml): \
                  run it only behind a load balancer that limits each client",
                 cfg.group
             );
@@ -1076,7 +1083,7 @@ fn run_sentinel(
         false,
     )?;
     if let Some(c) = &cfg.connections {
-        eprintln!(
+        tracing::info!(
             "florin sentinel {}: API connection limits from node.toml: {c:?}",
             cfg.group
         );
@@ -1087,7 +1094,7 @@ fn run_sentinel(
         };
         served.options.new_connections_per_ip_per_sec = c.new_per_ip_per_sec;
         if c.per_ip == 0 || c.per_ip > c.max {
-            eprintln!(
+            tracing::info!(
                 "note: florin sentinel {}: one address may hold up to all {} connections \
                  ([connections] max)",
                 cfg.group, c.max
@@ -1106,7 +1113,7 @@ fn run_sentinel(
                 let dir = cfg.data.join("authority-raft");
                 let r = florin_node::cluster::authority::start_replica(spec, a, &dir, me, l)
                     .await?;
-                eprintln!("florin sentinel {}: authority replica on {addr}", cfg.group);
+                tracing::info!("florin sentinel {}: authority replica on {addr}", cfg.group);
                 Some(Arc::new(r))
             }
             _ => None,
@@ -1125,13 +1132,13 @@ fn run_sentinel(
             })
             .await?;
             if let Err(e) = baseline {
-                eprintln!("note: the audit's issuance baseline is not set yet ({e}); it is set at the next start");
+                tracing::info!("note: the audit's issuance baseline is not set yet ({e}); it is set at the next start");
             }
             for intent in a.pending_credits()? {
                 florin_node::settle_credit(a, &ledger, intent).await?;
             }
         }
-        eprintln!(
+        tracing::info!(
             "florin sentinel {} on {}://{http} ({} shard(s), {} coordinator group(s))",
             cfg.group,
             served.scheme,
@@ -1196,7 +1203,7 @@ async fn replica_duties(
                 continue;
             }
             if let Err(e) = florin_node::settle_credit(&a, &ledger, intent).await {
-                eprintln!("note: a credit in flight is not settled yet: {e}");
+                tracing::info!("note: a credit in flight is not settled yet: {e}");
             }
         }
     }

@@ -141,14 +141,14 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
             let (kmn, started) =
                 crate::custody_cmd::ensure_up(&custody, 2, 3, 0, &keys, true, None)?;
             if started > 0 {
-                eprintln!(
+                tracing::info!(
                     "  started {started} key-management node(s) in {}",
                     custody.dir().display()
                 );
             }
             for (k, s) in &keys {
                 if s.is_some() {
-                    eprintln!(
+                    tracing::info!(
                         "  note: {k}.key was imported into the network; the file can be removed"
                     );
                 }
@@ -281,12 +281,12 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
                 let (dir, a, st) = (args.data.clone(), authority.clone(), store.clone());
                 Some(tokio::spawn(async move {
                     if let Err(e) = crate::node_cmd::serve_admin(l, dir, a, st).await {
-                        eprintln!("note: the admin socket stopped ({e:#}); `florin node backup` needs this devnet stopped");
+                        tracing::warn!("the admin socket stopped ({e:#}); `florin node backup` needs this devnet stopped");
                     }
                 }))
             }
             Err(e) => {
-                eprintln!("note: no admin socket ({e:#}); `florin node backup` needs this devnet stopped");
+                tracing::warn!("no admin socket ({e:#}); `florin node backup` needs this devnet stopped");
                 None
             }
         };
@@ -294,28 +294,33 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         for intent in authority.pending_credits()? {
             florin_node::settle_credit(&authority, &ledger, intent).await?;
         }
-        eprintln!("florin devnet");
-        eprintln!("  authority  {}", authority.public_key().to_address());
-        eprintln!("  issuer     {}", ledger.issuer().to_address());
-        if args.custody == Custody::Threshold {
-            eprintln!(
-                "  custody    2-of-3 key-management network in {}",
+        // One line for the set-up: a terminal reads it, a log pipeline gets its fields.
+        let custody = if args.custody == Custody::Threshold {
+            format!(
+                "2-of-3 key-management network in {}",
                 args.data.join("custody").display()
-            );
-        }
-        eprintln!(
-            "  operator   {} ({})",
-            operator.to_address(),
-            operator_file.display()
-        );
-        eprintln!("  data       {}", args.data.display());
-        if let Some(ca) = &served.ca_cert {
-            eprintln!(
-                "  tls        CA {}{} (clients: --ca-cert or FLORIN_CA_CERT)",
+            )
+        } else {
+            "local keys".to_string()
+        };
+        let tls = match &served.ca_cert {
+            Some(ca) => format!(
+                "CA {}{} (clients: --ca-cert or FLORIN_CA_CERT)",
                 ca.display(),
                 if served.ca_created { ", made now" } else { "" }
-            );
-        }
+            ),
+            None => "off (plain HTTP)".to_string(),
+        };
+        tracing::info!(
+            authority = %authority.public_key().to_address(),
+            issuer = %ledger.issuer().to_address(),
+            custody = %custody,
+            operator = %operator.to_address(),
+            operator_key = %operator_file.display(),
+            data = %args.data.display(),
+            tls = %tls,
+            "florin devnet"
+        );
         println!("listening on {}://{addr}", served.scheme);
         let options = args.rate.connections(served.options);
         serve_with(listener, state, options, shutdown_signal()).await?;
@@ -323,7 +328,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
             a.abort();
         }
         let _ = std::fs::remove_dir_all(args.data.join(crate::node_cmd::ADMIN_DIR));
-        eprintln!("florin devnet stopped");
+        tracing::info!("florin devnet stopped");
         Ok(ExitCode::SUCCESS)
     })
 }

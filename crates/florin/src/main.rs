@@ -32,8 +32,46 @@ struct Cli {
     /// the system's roots, e.g. a devnet's `DATA/tls/ca.pem`.
     #[arg(long, global = true, env = "FLORIN_CA_CERT", value_name = "FILE")]
     ca_cert: Option<PathBuf>,
+    /// How log lines on standard error look: `auto` (human, coloured on a terminal), `human`, or
+    /// `json` (one object per line). `RUST_LOG` filters them (e.g. `warn`,
+    /// `info,florin::access=off`).
+    #[arg(
+        long,
+        global = true,
+        env = "FLORIN_LOG_FORMAT",
+        value_name = "FORMAT",
+        default_value = "auto"
+    )]
+    log_format: florin_obs::log::Format,
     #[command(subcommand)]
     command: Command,
+}
+
+impl Command {
+    /// Servers log time, level and request ids; commands print plain lines.
+    fn log_style(&self) -> florin_obs::log::Style {
+        use florin_obs::log::Style;
+        match self {
+            Command::Devnet(_) => Style::Server,
+            Command::Node(a) if a.runs_a_process() => Style::Server,
+            Command::Psp {
+                command: psp_cmd::PspCommand::Serve { .. },
+            }
+            | Command::Custody {
+                command: custody_cmd::CustodyCommand::Node { .. },
+            } => Style::Server,
+            _ => Style::Command,
+        }
+    }
+
+    /// Added to the default log filter: a benchmark's in-process nodes answer thousands of
+    /// requests, whose access lines would drown its progress.
+    fn log_directives(&self) -> &'static str {
+        match self {
+            Command::Bench(_) => "florin::access=warn",
+            _ => "",
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -105,6 +143,16 @@ fn main() -> ExitCode {
     // Every command takes `--json`; a failing one then also prints the API's error envelope.
     let json = std::env::args().skip(1).any(|a| a == "--json");
     let cli = Cli::parse();
+    // The children `cluster up` and `custody up` start log as their parent does.
+    std::env::set_var("FLORIN_LOG_FORMAT", cli.log_format.to_string());
+    if let Err(e) = florin_obs::log::init(
+        cli.log_format,
+        cli.command.log_style(),
+        cli.command.log_directives(),
+    ) {
+        tracing::error!("{e}");
+        return ExitCode::FAILURE;
+    }
     util::set_operator_key(cli.operator_key);
     let trust = util::Trust::new(cli.ca_cert);
     let result = match cli.command {

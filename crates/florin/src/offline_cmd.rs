@@ -549,7 +549,7 @@ fn pay_peer(
         confirm_unnamed_peer(addr, &payee, cents)?;
     }
     let mut ch = PeerChannel(ch);
-    let r = florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| eprintln!("{n}"))?;
+    let r = florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| tracing::info!("{n}"))?;
     if json {
         let refused: Vec<_> = r
             .refused
@@ -760,7 +760,7 @@ fn accept_loop(
         let stream = match stream {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("refused a connection: {e}");
+                tracing::info!("refused a connection: {e}");
                 // A failing accept (e.g. out of file handles) must not spin.
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
@@ -820,7 +820,7 @@ fn serve_connection(
         Ok(c) => c,
         Err(e) => {
             if !shared.stop.load(Ordering::SeqCst) {
-                eprintln!("refused a connection: {e}");
+                tracing::info!("refused a connection: {e}");
             }
             return;
         }
@@ -833,7 +833,7 @@ fn serve_connection(
         }
         if open.len() >= MAX_SESSIONS {
             drop(open);
-            eprintln!("closed a connection from {from}: {MAX_SESSIONS} payers are served already");
+            tracing::info!("closed a connection from {from}: {MAX_SESSIONS} payers are served already");
             return;
         }
         if let Ok(c) = ch.try_clone_stream() {
@@ -867,7 +867,7 @@ fn serve_connection(
                 }
             }
             PayeeEvent::Refused { from, reason } => {
-                eprintln!("refused a payment from {from}: {reason}")
+                tracing::info!("refused a payment from {from}: {reason}")
             }
             _ => {}
         },
@@ -876,11 +876,11 @@ fn serve_connection(
     match served {
         Ok(served) => {
             if !matches!(served.end, SessionEnd::Closed) {
-                eprintln!("connection from {from} ended: {}", served.end);
+                tracing::info!("connection from {from} ended: {}", served.end);
             }
         }
         Err(e) => {
-            eprintln!("connection from {from} ended: {e}");
+            tracing::info!("connection from {from} ended: {e}");
             locked(&shared.failed).get_or_insert_with(|| {
                 anyhow::Error::new(e).context("the wallet could not be loaded or saved")
             });

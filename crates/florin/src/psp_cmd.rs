@@ -555,7 +555,7 @@ fn serve(
     let layout = crate::custody_cmd::layout_at(&data.join("custody"))?;
     let (kmn, started) = crate::custody_cmd::ensure_up(&layout, 2, 3, 0, &[], true, level)?;
     if started > 0 {
-        eprintln!(
+        tracing::info!(
             "  started {started} key-management node(s) in {}",
             layout.dir().display()
         );
@@ -563,21 +563,21 @@ fn serve(
     if scheme == PspScheme::P256 && ecdsa_engine == florin_node::custody::EcdsaEngine::Cggmp24 {
         let st = Instant::now();
         if level == Some(EcdsaLevel::Production) {
-            eprintln!(
+            tracing::info!(
                 "  ECDSA set-up: waiting for every node's Paillier primes (minutes on a fresh \
                  network), then the auxiliary information…"
             );
         }
         kmn.ecdsa_setup(Duration::from_secs(setup_wait))
             .context("ECDSA set-up of the provider's network")?;
-        eprintln!("  ECDSA ready ({:.1} s)", st.elapsed().as_secs_f64());
+        tracing::info!("  ECDSA ready ({:.1} s)", st.elapsed().as_secs_f64());
     }
     // The provider's operator key (lists every account; `florin psp balance` without a name).
     let operator_file = data.join(crate::devnet::OPERATOR_KEY_FILE);
     let operator_new = !operator_file.exists();
     let operator = florin_node::load_or_create_key(&operator_file)?;
     if operator_new {
-        eprintln!("  created the operator key {}", operator_file.display());
+        tracing::info!("  created the operator key {}", operator_file.display());
     }
     let psp = Psp::open(
         PspConfig {
@@ -612,26 +612,26 @@ fn serve(
             addr,
             true,
         )?;
-        eprintln!("florin psp {}", stored.name);
-        eprintln!(
+        tracing::info!("florin psp {}", stored.name);
+        tracing::info!(
             "  keys       {} in a {}-of-{} network ({})",
             scheme.name(),
             kmn.t(),
             kmn.n(),
             layout.dir().display()
         );
-        eprintln!("  ledger     {ledger}");
+        tracing::info!("  ledger     {ledger}");
         let info = psp.info()?;
-        eprintln!("  peer key   {}", info.peer_key);
-        eprintln!("  peers      {}", info.peers.join(", "));
-        eprintln!(
+        tracing::info!("  peer key   {}", info.peer_key);
+        tracing::info!("  peers      {}", info.peers.join(", "));
+        tracing::info!(
             "  operator   {} ({})",
             operator.public_key().to_address(),
             operator_file.display()
         );
-        eprintln!("  data       {}", data.display());
+        tracing::info!("  data       {}", data.display());
         if let Some(ca) = &served.ca_cert {
-            eprintln!("  tls        CA {}", ca.display());
+            tracing::info!("  tls        CA {}", ca.display());
         }
         println!("listening on {}://{addr}", served.scheme);
         florin_http::psp::serve_with(
@@ -641,7 +641,7 @@ fn serve(
             crate::devnet::shutdown_signal(),
         )
         .await?;
-        eprintln!("florin psp stopped");
+        tracing::info!("florin psp stopped");
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -726,7 +726,7 @@ fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
         Ok(c) => c,
         Err(e) => {
             if !a.json {
-                eprintln!("florin: the proof of {} does NOT hold: {e}", proof.txid);
+                tracing::info!("florin: the proof of {} does NOT hold: {e}", proof.txid);
             }
             return Ok(ExitCode::from(2));
         }

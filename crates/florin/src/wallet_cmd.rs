@@ -343,7 +343,7 @@ fn flows<'a>(store: &'a FileStore, client: &'a NodeClient, json: bool) -> Flows<
                 println!("{d}");
             }
         }
-        other => eprintln!("{other}"),
+        other => tracing::info!("{other}"),
     })
 }
 

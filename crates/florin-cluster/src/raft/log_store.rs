@@ -169,7 +169,7 @@ impl LogStore {
             None => None,
         };
         if found.torn_bytes > 0 {
-            eprintln!(
+            tracing::warn!(
                 "florin raft: {}: cut {} bytes of an append torn by a crash (never acknowledged)",
                 dir.display(),
                 found.torn_bytes

@@ -213,7 +213,7 @@ fn alert(
     if !seen.insert((dtx, shard)) {
         return;
     }
-    eprintln!("ALERT florin coordinator group {group}: {why}");
+    tracing::error!("ALERT florin coordinator group {group}: {why}");
     if let Ok(mut a) = alerts.lock() {
         a.0 += 1;
         a.1 = Some(why);
@@ -363,7 +363,7 @@ async fn engine_loop(
                     EngineMsg::Input(ep, Input::Reply { dtx, shard, reply: ShardReply::Refused(why) })
                         if ep == epoch =>
                     {
-                        eprintln!("florin coordinator: shard {shard} refused batch {dtx:032x}: {why}");
+                        tracing::warn!("florin coordinator: shard {shard} refused batch {dtx:032x}: {why}");
                         // A refused one-phase batch fails its submitters; a refused two-phase
                         // command is resent.
                         if let Some(e) = engine.as_mut() {
@@ -378,7 +378,7 @@ async fn engine_loop(
                     EngineMsg::Input(ep, Input::Reply { shard, reply: ShardReply::Deposed(newer), .. })
                         if ep == epoch =>
                     {
-                        eprintln!(
+                        tracing::warn!(
                             "florin coordinator: shard {shard} has seen term {newer} of this group, \
                              this leader's is {term}: stepping down"
                         );

@@ -131,7 +131,7 @@ fn fill_loop(weak: Weak<Psp>) {
             Err(e) => {
                 failures = (failures + 1).min(6);
                 if !matches!(e, KmnError::Unavailable(_)) || failures == 1 {
-                    eprintln!("psp: making a pool key: {e}");
+                    tracing::warn!("psp: making a pool key: {e}");
                 }
                 drop(me);
                 // 0.2 s doubling to 12.8 s while nodes are down or refuse.

@@ -350,21 +350,21 @@ impl Psp {
                 Ok(Some(n)) => match self.notify(&n).await {
                     Ok(ans) => {
                         if let Err(e) = self.books.drop_notice(&txid, Some(&ans)) {
-                            eprintln!("psp: {e}");
+                            tracing::warn!("psp: {e}");
                         }
                         if let Ok(mut b) = self.notice_backoff.lock() {
                             b.remove(&txid);
                         }
                         notified = true;
                     }
-                    Err(e) => eprintln!(
+                    Err(e) => tracing::warn!(
                         "psp: payment {}: {} not told yet ({e}); the upkeep tries again",
                         hex::encode(txid),
                         n.psp
                     ),
                 },
                 Ok(None) => {}
-                Err(e) => eprintln!("psp: {e}"),
+                Err(e) => tracing::warn!("psp: {e}"),
             }
         }
         drop(claim);
@@ -378,7 +378,7 @@ impl Psp {
             if let Ok(Err(e)) | Err(e) =
                 asked.map_err(|_| PspError::Unreachable("the ledger: no answer in 2 s".into()))
             {
-                eprintln!(
+                tracing::warn!(
                     "psp: payment {}: no ledger confirmation yet ({e}); the upkeep asks again",
                     hex::encode(txid)
                 );

@@ -69,7 +69,7 @@ impl Psp {
             match self.resolve(Some(&a)).await {
                 Ok(n) => left += n,
                 Err(e) => {
-                    eprintln!("psp: resolving {a}'s payments: {e}");
+                    tracing::warn!("psp: resolving {a}'s payments: {e}");
                     left += 1;
                 }
             }
@@ -156,7 +156,7 @@ impl Psp {
                         .and_then(|b| b.get(&txid).map(|(_, k)| *k))
                         .unwrap_or(0);
                     let wait = Duration::from_secs((2u64 << tries.min(9)).min(600));
-                    eprintln!(
+                    tracing::warn!(
                         "psp: {} did not take the key handed over with payment {} ({e}); asking \
                          again in {} s",
                         n.psp,
@@ -173,7 +173,7 @@ impl Psp {
                 Err(
                     e @ (PspError::Refused(_) | PspError::NotFound(_) | PspError::BadRequest(_)),
                 ) => {
-                    eprintln!(
+                    tracing::warn!(
                         "psp: {} refused payment {} ({e}); not asking again",
                         n.psp,
                         hex::encode(txid)
@@ -305,14 +305,14 @@ impl Psp {
                 });
             let now = florin_ledger::expiry::unix_now();
             if expires.is_none_or(|x| florin_ledger::expiry::expired_for_good(x, now)) {
-                eprintln!(
+                tracing::warn!(
                     "psp: payment {}: the ledger can no longer confirm it ({e}); its proof stays \
                      without the ledger's confirmation",
                     hex::encode(txid)
                 );
                 self.books.give_up_confirmation(&txid)?;
             } else {
-                eprintln!("psp: ledger confirmation of {}: {e}", hex::encode(txid));
+                tracing::warn!("psp: ledger confirmation of {}: {e}", hex::encode(txid));
                 left += 1;
             }
         }
@@ -335,7 +335,7 @@ impl Psp {
                     {
                         let Some(me) = weak.upgrade() else { return };
                         if let Err(e) = me.resolve_idle().await {
-                            eprintln!("psp: resolving payments: {e}");
+                            tracing::warn!("psp: resolving payments: {e}");
                         }
                     }
                     tokio::time::sleep(every).await;
@@ -346,7 +346,7 @@ impl Psp {
                     {
                         let Some(me) = weak2.upgrade() else { return };
                         if let Err(e) = me.notify_all().await {
-                            eprintln!("psp: acknowledgements: {e}");
+                            tracing::warn!("psp: acknowledgements: {e}");
                         }
                     }
                     tokio::time::sleep(every).await;
@@ -358,7 +358,7 @@ impl Psp {
                     {
                         let Some(me) = weak3.upgrade() else { return };
                         if let Err(e) = me.confirm_proofs().await {
-                            eprintln!("psp: ledger confirmations: {e}");
+                            tracing::warn!("psp: ledger confirmations: {e}");
                         }
                     }
                     tokio::time::sleep(every).await;

@@ -52,11 +52,11 @@ pub(super) fn sign_p256(
     } else {
         println!("{}", hex::encode(sig.0));
         match presign_ms {
-            Some(p) => eprintln!(
+            Some(p) => tracing::info!(
                 "verifies under p256:{}: {valid} (presignature {p:.1} ms, then signing {ms:.1} ms)",
                 hex::encode(pk.0)
             ),
-            None => eprintln!(
+            None => tracing::info!(
                 "verifies under p256:{}: {valid} (interactive, {ms:.1} ms)",
                 hex::encode(pk.0)
             ),

@@ -305,15 +305,15 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             match level {
                 Some(EcdsaLevel::InsecureTest) => {
                     kmn.ecdsa_setup(Duration::from_secs(300))?;
-                    eprintln!("ECDSA ready (insecure-test level: never for keys that hold value)");
+                    tracing::info!("ECDSA ready (insecure-test level: never for keys that hold value)");
                 }
-                Some(EcdsaLevel::Production) => eprintln!(
+                Some(EcdsaLevel::Production) => tracing::info!(
                     "ECDSA: each node generates its Paillier primes in the background (about 5 \
                      minutes of CPU per node); then run `florin custody ecdsa-setup --data {}`",
                     data.display()
                 ),
                 Some(EcdsaLevel::Dkls23) => {
-                    eprintln!("ECDSA ready: DKLs23 keys (no set-up; CGGMP24 refused)")
+                    tracing::info!("ECDSA ready: DKLs23 keys (no set-up; CGGMP24 refused)")
                 }
                 None => {}
             }
@@ -324,9 +324,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
             let st = Instant::now();
-            eprintln!("waiting for every node's primes, then making the auxiliary information…");
+            tracing::info!("waiting for every node's primes, then making the auxiliary information…");
             kmn.ecdsa_setup(Duration::from_secs(wait))?;
-            eprintln!(
+            tracing::info!(
                 "ECDSA auxiliary information ready on all {} nodes ({:.1} s)",
                 kmn.n(),
                 st.elapsed().as_secs_f64()
@@ -357,7 +357,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Down { data } => {
             let layout = existing(&data)?;
             let stopped = down(&layout)?;
-            eprintln!("stopped {stopped} node(s)");
+            tracing::info!("stopped {stopped} node(s)");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Kill { party, data } => {
@@ -365,7 +365,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let pid =
                 node_pid(&layout, party).ok_or_else(|| anyhow!("node {party} is not running"))?;
             signal(pid, "KILL")?;
-            eprintln!("killed node {party} (pid {pid})");
+            tracing::info!("killed node {party} (pid {pid})");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Keygen {
@@ -437,7 +437,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 );
             } else {
                 println!("{}", hex::encode(sig.0));
-                eprintln!(
+                tracing::info!(
                     "verifies under {}: {valid} ({ms:.1} ms)",
                     signer.public_key().to_address()
                 );
@@ -461,7 +461,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 let secret = read_p256_secret(&from)?;
                 let pk = open(&layout)?.ecdsa_import_with(&key, &secret, engine)?;
                 println!("{key}  p256:{}", hex::encode(pk.0));
-                eprintln!(
+                tracing::info!(
                     "imported: every node holds a share; {} can now be removed from this machine",
                     from.display()
                 );
@@ -473,7 +473,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let seed = read_seed(&from)?;
             let g = open(&layout)?.import_seed(&key, &seed)?;
             println!("{key}  {}", g.public_key().to_address());
-            eprintln!(
+            tracing::info!(
                 "imported: every node holds a share; {} can now be removed from this machine",
                 from.display()
             );
@@ -489,7 +489,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let r2 = read_p256_secret(&addend)?;
             let pk = open(&layout)?.ecdsa_add_key(&key, &from, &r2)?;
             println!("{key}  p256:{}", hex::encode(pk.0));
-            eprintln!(
+            tracing::info!(
                 "added: every node holds a share of {from} + the key in {}; that key alone no \
                  longer signs for {key}",
                 addend.display()
@@ -508,7 +508,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 let g = florin_custody::frost::GroupKey::from_bytes(&held.public)?;
                 println!("{key}  {}", g.public_key().to_address());
             }
-            eprintln!("committed at all {} nodes", kmn.n());
+            tracing::info!("committed at all {} nodes", kmn.n());
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Repair { key, party, data } => {
@@ -516,7 +516,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let kmn = open(&layout)?;
             if is_ecdsa(&kmn, &key) {
                 let helpers = kmn.ecdsa_repair(&key, party)?;
-                eprintln!(
+                tracing::info!(
                     "repaired node {party}'s share of {key} with nodes {helpers:?}, then \
                      refreshed it completely at all {} nodes",
                     kmn.n()
@@ -524,7 +524,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let helpers = kmn.repair(&key, party)?;
-            eprintln!("repaired node {party}'s share of {key} with nodes {helpers:?}");
+            tracing::info!("repaired node {party}'s share of {key} with nodes {helpers:?}");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::ReplaceNode { party, force, data } => {
@@ -544,7 +544,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             }
             let key = layout.replace_identity(party)?;
             println!("node {party}  {}", key.to_address());
-            eprintln!(
+            tracing::info!(
                 "node {party} has a new identity in every config. Restart the network \
                  (`florin custody down`, then `up`, or the devnet): node {party}'s FROST shares \
                  are rebuilt from the others when it starts. ECDSA shares and auxiliary \
@@ -596,7 +596,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                     }
                     .with_context(|| format!("refresh of {key}"))?;
                     println!("{key}  p256:{}  refreshed", hex::encode(pk.0));
-                    eprintln!(
+                    tracing::info!(
                         "{key}: new DKLs23 shares{} at all {} nodes in {:.0} ms",
                         if complete { " and OT set-up" } else { "" },
                         kmn.n(),
@@ -611,7 +611,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                     .refresh(key)
                     .with_context(|| format!("refresh of {key}"))?;
                 println!("{key}  {}  refreshed", g.public_key().to_address());
-                eprintln!(
+                tracing::info!(
                     "{key}: new shares at all {} nodes in {:.0} ms; the old ones are erased",
                     kmn.n(),
                     started.elapsed().as_secs_f64() * 1e3
@@ -631,7 +631,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             }
             let every = patterns.iter().any(|p| p == "*");
             layout.grant(&client, (!every).then_some(patterns.as_slice()))?;
-            eprintln!(
+            tracing::info!(
                 "granted {client}: {}; running nodes apply it within a second",
                 if every {
                     "every key".to_string()
@@ -644,7 +644,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
         CustodyCommand::Revoke { client, data } => {
             let layout = existing(&data)?;
             layout.revoke(&client)?;
-            eprintln!("revoked {client}; running nodes drop it within a second");
+            tracing::info!("revoked {client}; running nodes drop it within a second");
             Ok(ExitCode::SUCCESS)
         }
         CustodyCommand::Export { key, data } => {
@@ -656,7 +656,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                     .map_err(|e| anyhow!("{e}"))?
                     .public_key();
                 println!("{P256_PREFIX}{}", hex::encode(&secret[..]));
-                eprintln!(
+                tracing::info!(
                     "P-256 secret key of {key} (p256:{}); it signs alone: guard it",
                     hex::encode(pk.0)
                 );
@@ -665,7 +665,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let scalar = kmn.export(&key)?;
             let pk = florin_custody::frost::scalar_public_key(&scalar)?;
             println!("{SCALAR_PREFIX}{}", hex::encode(&scalar[..]));
-            eprintln!(
+            tracing::info!(
                 "signing scalar of {key} ({}); it signs alone: guard it",
                 pk.to_address()
             );

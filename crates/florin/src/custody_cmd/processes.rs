@@ -195,7 +195,7 @@ pub fn ensure_up(
         if before != Some(level) {
             layout.set_ecdsa(Some(level))?;
             if !fresh {
-                eprintln!(
+                tracing::info!(
                     "note: ECDSA set to {} in every node.json; running nodes take it when restarted \
                      (`florin custody down`, then `up`)",
                     level.name()
@@ -205,7 +205,7 @@ pub fn ensure_up(
     }
     let kmn = open(layout)?;
     if kmn.t() != t || kmn.n() != n {
-        eprintln!(
+        tracing::info!(
             "note: {} holds a {}-of-{} network; using it as it is",
             layout.dir().display(),
             kmn.t(),
@@ -302,10 +302,10 @@ pub fn ensure_up(
                     };
                     for p in lost {
                         kmn.repair(key, p).map_err(|e| cannot(&e))?;
-                        eprintln!("key {key}: rebuilt node {p}'s lost share from the others");
+                        tracing::info!("key {key}: rebuilt node {p}'s lost share from the others");
                     }
                     kmn.commit_pending(key).map_err(|e| cannot(&e))?;
-                    eprintln!("key {key}: held by every node again");
+                    tracing::info!("key {key}: held by every node again");
                 }
                 if let Some(h) = holders.first() {
                     if let Some(seed) = seed {
@@ -324,7 +324,7 @@ pub fn ensure_up(
                     Some(seed) => kmn.import_seed(key, seed)?,
                     None => kmn.dkg(key)?,
                 };
-                eprintln!(
+                tracing::info!(
                     "key {key}: {} ({} of {}, {})",
                     g.public_key().to_address(),
                     g.threshold(),

@@ -246,7 +246,7 @@ impl Customers {
         if u.lines > 2 * u.live.len() + 1024 {
             u.live.retain(|_, (_, exp)| *exp > t);
             if let Err(e) = self.rewrite(&mut u) {
-                eprintln!("custody node: compacting the payment log: {e}");
+                tracing::warn!("custody node: compacting the payment log: {e}");
             }
         }
         Ok(())

@@ -408,7 +408,7 @@ impl CustodyNode {
                 }
                 Err(why) => {
                     // Not committed: it signs nothing, and the next key creation replaces it.
-                    eprintln!("custody node {}: pending share ignored: {why}", cfg.party);
+                    tracing::warn!("custody node {}: pending share ignored: {why}", cfg.party);
                     continue;
                 }
             };
@@ -464,7 +464,7 @@ impl CustodyNode {
             }
         }
         for (k, why) in &lost {
-            eprintln!(
+            tracing::warn!(
                 "custody node {}: key {k} is not served: its share is {why}; run `florin custody \
                  repair {k} --party {}`",
                 cfg.party, cfg.party
@@ -592,7 +592,7 @@ impl RunningNode {
                         Ok(cfg)
                     });
                     match applied {
-                        Ok(cfg) => eprintln!(
+                        Ok(cfg) => tracing::info!(
                             "custody node {}: access reloaded from {} ({} clients, {} admins, \
                              {} grants)",
                             inner.party,
@@ -601,7 +601,7 @@ impl RunningNode {
                             cfg.admins.len(),
                             cfg.grants.len()
                         ),
-                        Err(e) => eprintln!(
+                        Err(e) => tracing::warn!(
                             "custody node {}: {} not applied, access unchanged: {e}",
                             inner.party,
                             path.display()
@@ -675,7 +675,7 @@ pub fn run_node(cfg: &CustodyNodeConfig, config_path: Option<&Path>) -> Result<(
         addr: cfg.listen,
         source: e,
     })?;
-    eprintln!(
+    tracing::info!(
         "custody node {} listening on {} as {}",
         cfg.party,
         cfg.listen,

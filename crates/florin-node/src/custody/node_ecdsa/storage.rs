@@ -86,7 +86,7 @@ fn load_presigs(dir: &Path, key_id: &str, party: PartyId, kek: &[u8; 32], k: &Ec
         ) {
             Err(NodeError::Io(e)) => {
                 // Not damage: left alone, and not used this time.
-                eprintln!(
+                tracing::warn!(
                     "custody node {party}: presignature file {} cannot be read ({e}); not used",
                     path.display()
                 );
@@ -111,7 +111,7 @@ fn load_presigs(dir: &Path, key_id: &str, party: PartyId, kek: &[u8; 32], k: &Ec
                 let mut to = path.clone().into_os_string();
                 to.push(".unusable");
                 let moved = std::fs::rename(&path, &to);
-                eprintln!(
+                tracing::warn!(
                     "custody node {party}: presignature file {} does not open (damaged, or \
                      from an earlier sharing); never used, renamed ({moved:?})",
                     path.display()
@@ -332,7 +332,7 @@ impl EcdsaNode {
                         continue;
                     }
                     Err(why) => {
-                        eprintln!("custody node {party}: pending ECDSA share ignored: {why}");
+                        tracing::warn!("custody node {party}: pending ECDSA share ignored: {why}");
                         continue;
                     }
                 };
@@ -460,7 +460,7 @@ impl EcdsaNode {
                             *p = Some(bytes);
                         }
                     }
-                    Err(e) => eprintln!("custody node {}: {e}", me.party),
+                    Err(e) => tracing::warn!("custody node {}: {e}", me.party),
                 }
                 me.generating.store(false, Ordering::SeqCst);
             });
@@ -591,7 +591,7 @@ impl EcdsaNode {
         if let Ok(mut runs) = self.runs.lock() {
             runs.retain(|_, r| !r.involves(party) || !r.is_dkls());
         }
-        eprintln!(
+        tracing::warn!(
             "custody node {}: party {party} banned from DKLs23 runs for good (failed an OT check)",
             self.party
         );

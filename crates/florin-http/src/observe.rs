@@ -1,0 +1,137 @@
+//! What every HTTP listener of Florin logs and counts: the outermost layer of every router
+//! [`crate::server::serve_router`] serves.
+//!
+//! Each request gets a request id (the caller's `x-request-id` when it is a valid one, else a
+//! fresh one; see [`florin_obs::request_id`]), answered in `x-request-id` and carried in an
+//! `http` span (`request_id`, `method`, `route`) that the handler's work — its blocking part
+//! included — runs in, so every line it logs names the request. When the answer is ready, one
+//! line (target `florin::access`) gives its status and latency, and the request is counted in
+//! `florin_http_requests_total` and `florin_http_request_duration_seconds`.
+//!
+//! Labels are bounded: the route is the router's template (`unmatched` for no route) and the
+//! method one of the standard ones (`other` for the rest), never what the caller wrote.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+use florin_obs::request_id;
+use tracing::Instrument;
+
+/// The request id of the request being handled (in its extensions), for handlers that call on.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub Arc<str>);
+
+/// The method as a bounded label.
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
+
+/// Middleware: request id, span, access line and request metrics (see the module's text).
+pub async fn observe(mut req: Request, next: Next) -> Response {
+    if !florin_obs::enabled() {
+        return next.run(req).await;
+    }
+    let start = Instant::now();
+    let given = req
+        .headers()
+        .get(request_id::HEADER)
+        .and_then(|v| v.to_str().ok());
+    let id = request_id::accept(given);
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = method_label(req.method());
+    let span = tracing::info_span!("http", request_id = %id, method, route = %route);
+    req.extensions_mut().insert(RequestId(Arc::from(id.as_str())));
+    let mut resp = next.run(req).instrument(span.clone()).await;
+    let took = start.elapsed();
+    let status = resp.status().as_u16();
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(request_id::HEADER, v);
+    }
+    span.in_scope(|| {
+        tracing::info!(
+            target: "florin::access",
+            status,
+            latency_ms = took.as_secs_f64() * 1e3,
+            "request"
+        )
+    });
+    florin_obs::metrics::global().http_request(&route, method, status, took);
+    resp
+}
+
+/// `GET /metrics`: the process's metrics as OpenMetrics text.
+pub async fn metrics() -> Response {
+    use axum::response::IntoResponse;
+    // Scrape hooks may read files or ask a replica for its state: off the async threads.
+    let text = tokio::task::spawn_blocking(|| florin_obs::metrics::global().encode())
+        .await
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            florin_obs::metrics::CONTENT_TYPE,
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// How long a readiness check may take before it counts as failed.
+pub const READY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Runs one readiness check with [`READY_CHECK_TIMEOUT`].
+pub async fn check<E: std::fmt::Display>(
+    fut: impl std::future::Future<Output = Result<(), E>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(READY_CHECK_TIMEOUT, fut).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {} s",
+            READY_CHECK_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// The answer of `GET /v1/ready`: 200 `{"status":"ready","checks":{…:"ok"}}` when every check
+/// passed, else 503 with `"status":"not_ready"` and each failed check's reason.
+pub fn readiness(checks: Vec<(&'static str, Result<(), String>)>) -> Response {
+    use axum::response::IntoResponse;
+    let ready = checks.iter().all(|(_, r)| r.is_ok());
+    let checks = checks
+        .into_iter()
+        .map(|(name, r)| {
+            (
+                name.to_string(),
+                r.err().unwrap_or_else(|| "ok".to_string()),
+            )
+        })
+        .collect();
+    let status = if ready {
+        axum::http::StatusCode::OK
+    } else {
+        axum::http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = florin_node::api::Readiness {
+        status: if ready { "ready" } else { "not_ready" }.to_string(),
+        checks,
+    };
+    (status, axum::Json(body)).into_response()
+}
