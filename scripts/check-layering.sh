@@ -24,6 +24,7 @@ forbid florin-wallet 'postgres|redb|axum|hyper|reqwest|openraft' \
   "a wallet links no database driver and no HTTP stack (connectors are implemented outside)"
 forbid florin-node 'axum|hyper|reqwest' "services take typed values; HTTP lives in florin-http"
 forbid florin-store "axum|hyper|reqwest" "stores are storage only (the PostgreSQL driver brings its own tokio)"
+forbid florin-obs "$io" "observability is a library of counters and log set-up; the HTTP surface serves it"
 
 # The fuzz targets crate may use everything; nothing may use it.
 users=$(cargo tree --locked --offline -q -e normal,build,dev -i florin-fuzz-targets --prefix none \

@@ -460,7 +460,9 @@ fn run_load_with(
             .sum()
     });
     if results.iter().any(|r| r.ran_out) {
-        tracing::info!("  note: a load generator used all its preloaded ids before the time was up");
+        tracing::info!(
+            "  note: a load generator used all its preloaded ids before the time was up"
+        );
     }
     Ok(Load {
         rate: results

@@ -1,5 +1,10 @@
 //! Raft replication tests over an in-memory transport.
-#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+#![allow(
+    clippy::print_stderr,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;

@@ -149,7 +149,10 @@ async fn ready(State(st): State<AppState>) -> Response {
         ));
     }
     if let Some(l) = st.ledger.clone() {
-        checks.push(("ledger", check(blocking(move || l.supply().map(|_| ()))).await));
+        checks.push((
+            "ledger",
+            check(blocking(move || l.supply().map(|_| ()))).await,
+        ));
     }
     crate::observe::readiness(checks)
 }

@@ -57,7 +57,8 @@ pub async fn observe(mut req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = method_label(req.method());
     let span = tracing::info_span!("http", request_id = %id, method, route = %route);
-    req.extensions_mut().insert(RequestId(Arc::from(id.as_str())));
+    req.extensions_mut()
+        .insert(RequestId(Arc::from(id.as_str())));
     let mut resp = next.run(req).instrument(span.clone()).await;
     let took = start.elapsed();
     let status = resp.status().as_u16();

@@ -294,5 +294,8 @@ pub fn full_audit(authority: &Authority, ledger: &Ledger) -> Result<Audit, NodeE
         audit.balanced = false;
     }
     audit.problems = problems;
+    let m = florin_obs::metrics::global();
+    m.audit_runs.inc();
+    m.audit_balanced.set(i64::from(audit.balanced));
     Ok(audit)
 }

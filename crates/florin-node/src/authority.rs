@@ -402,7 +402,9 @@ impl Authority {
         denominations: &[Denomination],
         handshake: Handshake,
     ) -> Result<Vec<Token>, NodeError> {
-        self.transact(|tx| self.mint_in(tx, recipient, denominations, handshake))
+        let tokens = self.transact(|tx| self.mint_in(tx, recipient, denominations, handshake))?;
+        florin_obs::metrics::global().token_event("minted", tokens.len() as u64);
+        Ok(tokens)
     }
 
     /// Mints inside an open write transaction (so minting commits with whatever else the
@@ -611,7 +613,7 @@ impl Authority {
         decoded: &[Result<Token, String>],
     ) -> Result<Vec<DepositReport>, NodeError> {
         self.deposit_mode(depositor, decoded, SettleMode::Reanchor)
-            .map(|(r, _)| r)
+            .map(|(r, _)| count_deposits(r))
     }
 
     /// Deposits tokens whose value is credited on the ledger: clean tokens leave circulation
@@ -628,6 +630,7 @@ impl Authority {
         check_depositor(depositor)?;
         self.check_deposit_size(tokens.len())?;
         self.deposit_mode(depositor, tokens, SettleMode::Redeem)
+            .map(|(r, intent)| (count_deposits(r), intent))
     }
 
     fn deposit_mode(
@@ -1306,6 +1309,22 @@ fn append_log(tx: &RegTx, action: &str, entry: &AdminEntry) -> Result<(), NodeEr
     let bytes = serde_json::to_vec(&rec).map_err(IoError::Json)?;
     log.insert(seq, bytes.as_slice())?;
     Ok(())
+}
+
+/// Counts a deposit's outcomes in the metrics: clean tokens deposited (re-anchored or credited)
+/// and double spends proved.
+fn count_deposits(reports: Vec<DepositReport>) -> Vec<DepositReport> {
+    let m = florin_obs::metrics::global();
+    let count = |what: &str| reports.iter().filter(|r| r.outcome == what).count() as u64;
+    let (reanchored, credited, frauds) = (
+        count("reanchored"),
+        count("credited"),
+        count("double_spend"),
+    );
+    m.token_event("deposited", reanchored + credited);
+    m.token_event("reanchored", reanchored);
+    m.fraud_proofs.inc_by(frauds);
+    reports
 }
 
 fn report(serial: String, value_cents: u64, outcome: &str, token: Option<&Token>) -> DepositReport {

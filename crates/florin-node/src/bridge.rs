@@ -345,7 +345,10 @@ impl Authority {
             return Err(WithdrawalRefused::NotToReserve.into());
         }
         let id = out.id();
-        self.transact(|wtx| {
+        // Tokens made now (not a repeat's stored ones), for the metrics.
+        let minted = std::cell::Cell::new(0u64);
+        let tokens = self.transact(|wtx| {
+            minted.set(0);
             // Again inside the transaction (the checks above may have read a lagging replica).
             Self::check_not_revoked_in(wtx, &recipient, "recipient")?;
             if let Some(WithdrawAuth {
@@ -379,8 +382,11 @@ impl Authority {
                 wtx.open_table(RESERVE)?
                     .insert(id.as_slice(), out.encode().as_slice())?;
             }
+            minted.set(tokens.len() as u64);
             Ok(tokens)
-        })
+        })?;
+        florin_obs::metrics::global().token_event("minted", minted.get());
+        Ok(tokens)
     }
 
     /// The authority's side of the audit: (reserve cents, tokens outstanding cents). Reserve

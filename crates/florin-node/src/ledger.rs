@@ -184,6 +184,7 @@ impl Ledger {
                 Err(answer) => out.push(answer),
             }
         }
+        count_outcomes(&out);
         Ok(out)
     }
 
@@ -434,6 +435,26 @@ fn committer(
     }
 }
 
+/// Counts decided transactions in the metrics: submitted, confirmed, refused by status.
+fn count_outcomes(out: &[(Digest, TxStatus)]) {
+    if !florin_obs::enabled() {
+        return;
+    }
+    let m = florin_obs::metrics::global();
+    m.tx_submitted.inc_by(out.len() as u64);
+    let confirmed = out
+        .iter()
+        .filter(|(_, s)| matches!(s, TxStatus::Confirmed))
+        .count();
+    m.tx_confirmed.inc_by(confirmed as u64);
+    for (_, s) in out
+        .iter()
+        .filter(|(_, s)| !matches!(s, TxStatus::Confirmed))
+    {
+        m.transactions("refused", s.name(), 1);
+    }
+}
+
 /// Records the statuses of transactions not confirmed, for status queries.
 fn remember(recent: &Mutex<HashMap<Digest, TxStatus>>, decided: Vec<(Digest, TxStatus)>) {
     if decided.is_empty() {
@@ -463,8 +484,17 @@ fn decide(
                 .filter_map(|v| v.as_ref().and_then(|v| v.as_ref().ok()).cloned())
         })
         .collect();
+    let started = std::time::Instant::now();
     let outcomes = match store.swap(&valid) {
-        Ok(o) => o,
+        Ok(o) => {
+            if florin_obs::enabled() {
+                let m = florin_obs::metrics::global();
+                m.swap_batch_size.observe(valid.len() as f64);
+                m.swap_commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            o
+        }
         Err(e) => {
             // Nothing is acknowledged; submitters get an error and may retry.
             tracing::warn!("swap engine: store failed: {e}");

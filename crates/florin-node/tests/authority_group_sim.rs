@@ -6,7 +6,7 @@
 //! registry, a write computed on a stale replica is never applied, acknowledged writes are
 //! all there, and a token is answered with one successor however many replicas are asked.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

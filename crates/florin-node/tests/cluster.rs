@@ -1,7 +1,7 @@
 //! The sharded engine as real Raft groups on loopback sockets and disks, in one process: it
 //! passes the same store suite as every single-node store, and survives leader kills with no
 //! acknowledged transaction lost.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -51,7 +51,9 @@ impl FromStr for Format {
             "auto" => Ok(Format::Auto),
             "human" | "text" => Ok(Format::Human),
             "json" => Ok(Format::Json),
-            other => Err(format!("unknown log format {other:?} (auto, human or json)")),
+            other => Err(format!(
+                "unknown log format {other:?} (auto, human or json)"
+            )),
         }
     }
 }
@@ -246,7 +248,11 @@ mod tests {
             assert!(first.contains(needle), "{needle} in {first}");
         }
         // A message with a quote and a newline stays one valid line.
-        assert!(lines[1].contains("quote \\\" and\\nnewline"), "{}", lines[1]);
+        assert!(
+            lines[1].contains("quote \\\" and\\nnewline"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]

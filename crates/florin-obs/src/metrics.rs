@@ -141,6 +141,10 @@ pub struct Metrics {
     pub http_connections_refused: Family<ReasonLabels, Counter>,
     /// `florin_ledger_transactions_total{outcome,reason}`.
     pub ledger_transactions: Family<TxLabels, Counter>,
+    /// `florin_ledger_transactions_total{outcome="submitted"}` (a handle kept: counted often).
+    pub tx_submitted: Counter,
+    /// `florin_ledger_transactions_total{outcome="confirmed"}`.
+    pub tx_confirmed: Counter,
     /// `florin_swap_batch_size`: transactions per group commit.
     pub swap_batch_size: Histogram,
     /// `florin_swap_commit_seconds`: one group commit, store write and sync included.
@@ -188,6 +192,8 @@ impl Metrics {
             http_duration: Family::new_with_constructor(SecondsBuckets),
             http_connections_refused: Family::default(),
             ledger_transactions: Family::default(),
+            tx_submitted: Counter::default(),
+            tx_confirmed: Counter::default(),
             swap_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             swap_commit_seconds: seconds_histogram(),
             store_bytes: Family::default(),
@@ -212,12 +218,13 @@ impl Metrics {
         for event in ["minted", "deposited", "reanchored"] {
             let _ = m.tokens.get_or_create(&EventLabels { event });
         }
-        for outcome in ["submitted", "confirmed"] {
-            let _ = m.ledger_transactions.get_or_create(&TxLabels {
+        let tx = |outcome| {
+            m.ledger_transactions.get_or_create_owned(&TxLabels {
                 outcome,
                 reason: String::new(),
-            });
-        }
+            })
+        };
+        let (tx_submitted, tx_confirmed) = (tx("submitted"), tx("confirmed"));
         let r = &mut registry;
         r.register(
             "florin_http_requests",
@@ -254,7 +261,11 @@ impl Metrics {
             "Bytes in a store's write-ahead log and snapshot",
             m.store_bytes.clone(),
         );
-        r.register("florin_raft_term", "A Raft group's current term", m.raft_term.clone());
+        r.register(
+            "florin_raft_term",
+            "A Raft group's current term",
+            m.raft_term.clone(),
+        );
         r.register(
             "florin_raft_leader",
             "The node id of a Raft group's leader (-1: none known)",
@@ -320,7 +331,12 @@ impl Metrics {
             "Supply audits run",
             m.audit_runs.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry,
+            tx_submitted,
+            tx_confirmed,
+            ..m
+        }
     }
 
     /// Runs `hook` before every encoding (to refresh values read from elsewhere).
@@ -424,7 +440,10 @@ mod tests {
             "florin_fraud_proofs",
             "florin_audit_balanced",
         ] {
-            assert!(text.contains(&format!("# TYPE {name} ")), "{name} in {text}");
+            assert!(
+                text.contains(&format!("# TYPE {name} ")),
+                "{name} in {text}"
+            );
         }
         assert_eq!(sample(&text, "florin_audit_balanced"), Some(-1.0));
         assert!(text.ends_with("# EOF\n"));

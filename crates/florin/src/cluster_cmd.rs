@@ -944,7 +944,9 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
                 start_member(&spec, cfg.role, cfg.group, cfg.id, &cfg.data, me, listener).await?;
             tracing::info!(
                 "florin node: {:?} {}/{} on {addr}",
-                cfg.role, cfg.group, cfg.id
+                cfg.role,
+                cfg.group,
+                cfg.id
             );
             crate::devnet::shutdown_signal().await;
             member.stop().await;
@@ -1026,7 +1028,9 @@ fn run_sentinel(
             })
             .collect::<Result<_>>()?;
         if cfg.faucet && config.operators.is_empty() {
-            tracing::info!("note: the faucet is on but no operator is configured: nobody can use it");
+            tracing::info!(
+                "note: the faucet is on but no operator is configured: nobody can use it"
+            );
         }
         let signer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&key)?));
         let address = signer.public_key().to_address();
@@ -1097,7 +1101,8 @@ fn run_sentinel(
             tracing::info!(
                 "note: florin sentinel {}: one address may hold up to all {} connections \
                  ([connections] max)",
-                cfg.group, c.max
+                cfg.group,
+                c.max
             );
         }
     }

@@ -41,6 +41,41 @@ pub struct DevnetArgs {
     /// Rate limits of the HTTP API (429 `rate_limited` over them; loopback included).
     #[command(flatten)]
     rate: RateArgs,
+    /// Run the supply audit every SECS seconds, for the `florin_audit_balanced` metric and a
+    /// warning in the log when the books do not balance (0: only when asked, `GET /v1/audit`).
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    audit_every: u64,
+}
+
+/// Audits the books every `every`, so that `florin_audit_balanced` says how they stand; a
+/// failed or unbalanced audit is logged as a warning.
+pub fn spawn_audits(
+    every: std::time::Duration,
+    authority: Arc<florin_node::Authority>,
+    ledger: Arc<Ledger>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    if every.is_zero() {
+        return None;
+    }
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let (a, l) = (authority.clone(), ledger.clone());
+            match tokio::task::spawn_blocking(move || florin_node::audit::full_audit(&a, &l)).await
+            {
+                Ok(Ok(audit)) if !audit.balanced => tracing::warn!(
+                    problems = audit.problems.len(),
+                    "the supply audit does not balance: {}",
+                    audit.problems.join("; ")
+                ),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!("the supply audit failed: {e}"),
+                Err(e) => tracing::warn!("the supply audit stopped: {e}"),
+            }
+        }
+    }))
 }
 
 /// Rate limits of a node's HTTP API (`docs/api.md#rate-limits`); 0 turns one off.
@@ -294,6 +329,11 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         for intent in authority.pending_credits()? {
             florin_node::settle_credit(&authority, &ledger, intent).await?;
         }
+        let audits = spawn_audits(
+            std::time::Duration::from_secs(args.audit_every),
+            authority.clone(),
+            ledger.clone(),
+        );
         // One line for the set-up: a terminal reads it, a log pipeline gets its fields.
         let custody = if args.custody == Custody::Threshold {
             format!(
@@ -325,6 +365,9 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         let options = args.rate.connections(served.options);
         serve_with(listener, state, options, shutdown_signal()).await?;
         if let Some(a) = admin {
+            a.abort();
+        }
+        if let Some(a) = audits {
             a.abort();
         }
         let _ = std::fs::remove_dir_all(args.data.join(crate::node_cmd::ADMIN_DIR));

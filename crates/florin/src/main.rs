@@ -138,6 +138,13 @@ fn quiet_on_broken_pipe() {
     }));
 }
 
+/// The one line a failed command ends with, `error: …` on standard error whatever the log
+/// format (scripts and tests read it; logging may not be set up when it is said).
+#[allow(clippy::print_stderr)]
+fn say_error(msg: &str) {
+    eprintln!("error: {msg}");
+}
+
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
     // Every command takes `--json`; a failing one then also prints the API's error envelope.
@@ -150,7 +157,7 @@ fn main() -> ExitCode {
         cli.command.log_style(),
         cli.command.log_directives(),
     ) {
-        tracing::error!("{e}");
+        say_error(&e.to_string());
         return ExitCode::FAILURE;
     }
     util::set_operator_key(cli.operator_key);
@@ -177,7 +184,7 @@ fn main() -> ExitCode {
                     " (the server's certificate is not trusted: give its CA with --ca-cert FILE or FLORIN_CA_CERT, e.g. a devnet's DATA/tls/ca.pem)",
                 );
             }
-            eprintln!("error: {msg}");
+            say_error(&msg);
             if json && !util::has_printed_json() {
                 // The same envelope the node and the providers answer with, on standard output
                 // (unless the command printed its JSON result already).

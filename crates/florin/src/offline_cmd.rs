@@ -394,6 +394,7 @@ fn resolve(peer: &str, wait: Duration) -> Result<(SocketAddr, Option<PublicKey>)
 
 /// With only HOST:PORT, whoever answers there proves its own key: a person at a terminal
 /// confirms it; a script must name the key.
+#[allow(clippy::print_stderr)] // a question to the person at the terminal, not a log line
 fn confirm_unnamed_peer(addr: SocketAddr, key: &PublicKey, cents: u64) -> Result<()> {
     if !std::io::stdin().is_terminal() {
         bail!(
@@ -413,6 +414,7 @@ fn confirm_unnamed_peer(addr: SocketAddr, key: &PublicKey, cents: u64) -> Result
     Ok(())
 }
 
+#[allow(clippy::print_stderr)] // a bar redrawn in place on a terminal, not a log line
 fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
     let show = std::io::stderr().is_terminal();
     let mut last = 0usize;
@@ -549,7 +551,8 @@ fn pay_peer(
         confirm_unnamed_peer(addr, &payee, cents)?;
     }
     let mut ch = PeerChannel(ch);
-    let r = florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| tracing::info!("{n}"))?;
+    let r =
+        florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| tracing::info!("{n}"))?;
     if json {
         let refused: Vec<_> = r
             .refused
@@ -833,7 +836,9 @@ fn serve_connection(
         }
         if open.len() >= MAX_SESSIONS {
             drop(open);
-            tracing::info!("closed a connection from {from}: {MAX_SESSIONS} payers are served already");
+            tracing::info!(
+                "closed a connection from {from}: {MAX_SESSIONS} payers are served already"
+            );
             return;
         }
         if let Ok(c) = ch.try_clone_stream() {

@@ -1,7 +1,7 @@
 //! The `florin` CLI as a user runs it: a real devnet process on loopback, wallet files, payment
 //! files, deposits, fraud proofs, and a `kill -9` in the middle.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

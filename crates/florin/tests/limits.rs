@@ -2,7 +2,7 @@
 //! 413 without the node's memory growing, rate limits trigger (429, the envelope,
 //! `Retry-After`) and recover, and a failing command under `--json` prints the envelope.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! deletes, splices) and runs each result through the target. An input that panics is written
 //! to `fuzz/artifacts/TARGET/mutate-crash-<n>` and the program exits 1. libFuzzer
 //! (`scripts/fuzz.sh`) finds far more; this is a quick smoke check.
+#![allow(clippy::print_stderr)] // a command-line tool for fuzzing: its output is for a person
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! Writes the seed inputs of every fuzz target: `florin-fuzz-seed DIR` creates
 //! `DIR/<target>/seed-<n>` (existing files are overwritten, nothing else is touched).
+#![allow(clippy::print_stderr)] // a command-line tool for fuzzing: its output is for a person
 
 use std::path::PathBuf;
 use std::process::ExitCode;

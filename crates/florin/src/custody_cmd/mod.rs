@@ -305,7 +305,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             match level {
                 Some(EcdsaLevel::InsecureTest) => {
                     kmn.ecdsa_setup(Duration::from_secs(300))?;
-                    tracing::info!("ECDSA ready (insecure-test level: never for keys that hold value)");
+                    tracing::info!(
+                        "ECDSA ready (insecure-test level: never for keys that hold value)"
+                    );
                 }
                 Some(EcdsaLevel::Production) => tracing::info!(
                     "ECDSA: each node generates its Paillier primes in the background (about 5 \
@@ -324,7 +326,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let layout = existing(&data)?;
             let kmn = open(&layout)?;
             let st = Instant::now();
-            tracing::info!("waiting for every node's primes, then making the auxiliary information…");
+            tracing::info!(
+                "waiting for every node's primes, then making the auxiliary information…"
+            );
             kmn.ecdsa_setup(Duration::from_secs(wait))?;
             tracing::info!(
                 "ECDSA auxiliary information ready on all {} nodes ({:.1} s)",

@@ -467,7 +467,8 @@ impl CustodyNode {
             tracing::warn!(
                 "custody node {}: key {k} is not served: its share is {why}; run `florin custody \
                  repair {k} --party {}`",
-                cfg.party, cfg.party
+                cfg.party,
+                cfg.party
             );
         }
         let access = Access::from_config(cfg)?;
