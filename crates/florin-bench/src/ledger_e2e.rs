@@ -69,8 +69,19 @@ impl Node {
             // A load generator from one address: no rate limits.
             limits: florin_http::RateLimits::off(),
         };
+        // The node logs as a production node would: JSON lines, one per request, to a file
+        // (`--log-format json 2>FILE`). Its threads stay alive for the whole run, so that the
+        // CPU they spend can be read per thread (see `node_cpu_ns`).
+        let log = std::fs::File::create(dir.path().join("node.log"))?;
+        let dispatch = florin_obs::log::json_dispatch(log);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
+            .thread_keep_alive(std::time::Duration::from_secs(24 * 3600))
+            .on_thread_start(move || {
+                // The guard would restore the process's logging when dropped: it lives as
+                // long as the thread.
+                std::mem::forget(tracing::dispatcher::set_default(&dispatch));
+            })
             .build()?;
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let addr = listener.local_addr()?;
@@ -679,6 +690,8 @@ pub fn run(
         }),
     );
 
+    observability_overhead(rec, &node, quick, clients, batch)?;
+
     // 4. Hamilton Fig. 7: vary double spends and large transactions, 0-30 %.
     let points = [(0, 0), (10, 0), (20, 0), (30, 0), (0, 10), (0, 20), (0, 30)];
     for (k, (ds, large)) in points.into_iter().enumerate() {
@@ -702,6 +715,125 @@ pub fn run(
             }),
             None,
             None,
+        );
+    }
+    Ok(())
+}
+
+/// CPU time spent so far by every thread of this process but the calling one (the load
+/// generator runs on the calling thread: what is left is the node's), in nanoseconds, from
+/// `/proc/self/task/*/schedstat`. The node's threads do not exit during a run (its runtime keeps
+/// idle threads; the ledger's are long-lived), so nothing is lost between two readings.
+fn node_cpu_ns() -> Result<u64> {
+    let read = |p: &std::path::Path| -> Result<u64> {
+        let s = std::fs::read_to_string(p)?;
+        s.split_whitespace()
+            .next()
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| anyhow!("unexpected {}", p.display()))
+    };
+    let me = std::fs::read_link("/proc/thread-self")?;
+    let me = me
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| anyhow!("unexpected /proc/thread-self"))?
+        .to_string();
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let entry = entry?;
+        if entry.file_name().to_str() == Some(me.as_str()) {
+            continue;
+        }
+        // A thread that ended between listing and reading adds nothing.
+        if let Ok(ns) = read(&entry.path().join("schedstat")) {
+            total += ns;
+        }
+    }
+    Ok(total)
+}
+
+/// The node's CPU per transaction with request logging (JSON lines to a file) and metrics on,
+/// against off (`florin_obs::set_enabled(false)`: the access layer and the counters step
+/// aside), as the median of interleaved pairs (the order alternating), one transaction per
+/// request and batched: `observability_cpu_overhead_ratio`.
+fn observability_overhead(
+    rec: &mut Recorder,
+    node: &Node,
+    quick: bool,
+    clients: usize,
+    batch: usize,
+) -> Result<()> {
+    let pairs = if quick { 5 } else { 7 };
+    for (api, clients, per_run, target) in [
+        (
+            Api::Single,
+            clients,
+            if quick { 1_500 } else { 8_000 },
+            1.10,
+        ),
+        (
+            Api::Batch(batch),
+            (clients / 8).max(4),
+            if quick { 3_000 } else { 20_000 },
+            1.05,
+        ),
+    ] {
+        let mut ratios = Vec::with_capacity(pairs);
+        let (mut on_us, mut off_us) = (Vec::new(), Vec::new());
+        for k in 0..pairs {
+            let one = |on: bool| -> Result<f64> {
+                let w = workload(node, per_run, 0, 0, 300 + 2 * k as u64 + on as u64)?;
+                florin_obs::set_enabled(on);
+                let before = node_cpu_ns()?;
+                let r = drive(node.plain(), &w.txs, api, clients);
+                let after = node_cpu_ns()?;
+                florin_obs::set_enabled(true);
+                check(&r?, &w)?;
+                Ok((after.saturating_sub(before)) as f64 / 1e3 / w.txs.len() as f64)
+            };
+            let (on, off) = if k % 2 == 0 {
+                let on = one(true)?;
+                (on, one(false)?)
+            } else {
+                let off = one(false)?;
+                (one(true)?, off)
+            };
+            tracing::info!(
+                "observability pair {k} ({}): on {on:.1} µs/tx, off {off:.1} µs/tx",
+                api.describe()
+            );
+            on_us.push(on);
+            off_us.push(off);
+            ratios.push(on / off);
+        }
+        let (lo, hi) = (
+            ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            ratios.iter().copied().fold(0.0, f64::max),
+        );
+        let per_request = match api {
+            Api::Single => 1,
+            Api::Batch(b) => b,
+        };
+        rec.add(
+            "observability_cpu_overhead_ratio",
+            median(&mut ratios),
+            "ratio",
+            json!({
+                "api": if per_request == 1 { "single" } else { "batch" },
+                "tx_per_request": per_request, "clients": clients, "pairs": pairs,
+                "transactions_per_run": per_run, "min": lo, "max": hi,
+                "on_cpu_us_per_tx": median(&mut on_us), "off_cpu_us_per_tx": median(&mut off_us),
+                "on": "request id, span and one JSON access line per request (to a file), request and ledger metrics",
+                "off": "florin_obs::set_enabled(false): the access layer and the counters step aside",
+                "cpu": "node threads only (the load generator's thread excluded), /proc/self/task/*/schedstat",
+                "target": format!("<= {target}"),
+            }),
+            None,
+            Some(Reference {
+                value: 1.0,
+                source: "the same node with logging and metrics off, interleaved in the same run"
+                    .into(),
+            }),
         );
     }
     Ok(())

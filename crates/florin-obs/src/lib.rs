@@ -10,6 +10,8 @@
 //! This crate does no I/O of its own beyond writing log lines: services take it as a dependency
 //! without pulling a runtime or an HTTP stack.
 
+pub mod buffered;
+mod json;
 pub mod log;
 pub mod metrics;
 pub mod request_id;

@@ -116,7 +116,12 @@ pub fn filter(extra: &str) -> Result<EnvFilter, InitError> {
 }
 
 /// A boxed layer over the plain registry.
-type Boxed = Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync + 'static>;
+/// The filter sits in front of the registry as a global filter: a span or event it turns away
+/// costs nothing further, and no per-layer filter state is kept per span.
+type Filtered = tracing_subscriber::layer::Layered<EnvFilter, tracing_subscriber::Registry>;
+
+/// A boxed formatting layer over the filtered registry.
+type Boxed = Box<dyn Layer<Filtered> + Send + Sync + 'static>;
 
 /// The formatting layer for `format` and `style`, writing to `writer`.
 fn layer<W>(format: Format, style: Style, writer: W, ansi: bool) -> Boxed
@@ -126,10 +131,8 @@ where
     let base = tracing_subscriber::fmt::layer().with_writer(writer);
     match (format, style) {
         (Format::Json, _) => base
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+            .event_format(crate::json::JsonLine)
+            .fmt_fields(crate::json::SpanMembers)
             .boxed(),
         (_, Style::Command) => base.event_format(CommandFormat).with_ansi(false).boxed(),
         (_, Style::Server) => base.with_ansi(ansi).with_target(true).boxed(),
@@ -141,23 +144,35 @@ where
 pub fn init(format: Format, style: Style, extra: &str) -> Result<(), InitError> {
     let filter = filter(extra)?;
     let ansi = format == Format::Auto && std::io::stderr().is_terminal();
-    let layer = layer(format, style, std::io::stderr, ansi).with_filter(filter);
+    let layer = match style {
+        // A server's lines are gathered and written in batches (warnings at once).
+        Style::Server => {
+            let out = crate::buffered::STDERR
+                .get_or_init(|| crate::buffered::Buffered::new(std::io::stderr()))
+                .clone();
+            layer(format, style, out, ansi)
+        }
+        // A command's lines go out as they are said, in step with its standard output.
+        Style::Command => layer(format, style, std::io::stderr, ansi),
+    };
     tracing_subscriber::registry()
+        .with(filter)
         .with(layer)
         .try_init()
         .map_err(|_| InitError::AlreadySet)
 }
 
-/// A JSON subscriber writing to `writer` at `info`, to install as a thread's default (the
-/// observability-overhead benchmark gives its node's threads one that writes to a file, as an
-/// operator's `--log-format json 2>file` would).
-pub fn json_dispatch<W>(writer: W) -> tracing::Dispatch
-where
-    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
-{
+pub use crate::buffered::flush;
+
+/// A server's JSON subscriber writing to `out` at `info`, as [`init`] sets up for
+/// `--log-format json` (lines gathered, see [`crate::buffered`]), to install as a thread's
+/// default: the observability-overhead benchmark gives its node's threads one that writes to a
+/// file, as an operator's `--log-format json 2>FILE` would.
+pub fn json_dispatch(out: impl std::io::Write + Send + 'static) -> tracing::Dispatch {
     let filter = EnvFilter::new(DEFAULT_DIRECTIVES);
-    let layer = layer(Format::Json, Style::Server, writer, false).with_filter(filter);
-    tracing::Dispatch::new(tracing_subscriber::registry().with(layer))
+    let writer = crate::buffered::Buffered::new(out);
+    let layer = layer(Format::Json, Style::Server, writer, false);
+    tracing::Dispatch::new(tracing_subscriber::registry().with(filter).with(layer))
 }
 
 /// A command's human lines: the message and its fields, prefixed by `warning: ` or `error: ` for
@@ -258,9 +273,12 @@ mod tests {
     #[test]
     fn command_lines_are_plain_text() {
         let buf = Buf::default();
-        let layer = layer(Format::Human, Style::Command, buf.clone(), false)
-            .with_filter(EnvFilter::new("info"));
-        let d = tracing::Dispatch::new(tracing_subscriber::registry().with(layer));
+        let layer = layer(Format::Human, Style::Command, buf.clone(), false);
+        let d = tracing::Dispatch::new(
+            tracing_subscriber::registry()
+                .with(EnvFilter::new("info"))
+                .with(layer),
+        );
         tracing::dispatcher::with_default(&d, || {
             tracing::info!("cluster up: 3 groups");
             tracing::warn!("disk nearly full");

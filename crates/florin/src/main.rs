@@ -160,6 +160,13 @@ fn main() -> ExitCode {
         say_error(&e.to_string());
         return ExitCode::FAILURE;
     }
+    let code = run(cli, json);
+    // A server's last info lines are still gathered: out before the process ends.
+    florin_obs::log::flush();
+    code
+}
+
+fn run(cli: Cli, json: bool) -> ExitCode {
     util::set_operator_key(cli.operator_key);
     let trust = util::Trust::new(cli.ca_cert);
     let result = match cli.command {

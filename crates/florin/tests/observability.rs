@@ -235,7 +235,8 @@ fn the_scraped_counters_equal_what_happened_and_every_log_line_is_json_with_its_
 
     // Every line of the log is one JSON object; each request's line names its route, status,
     // latency and request id, and there is one per request.
-    std::thread::sleep(Duration::from_millis(200));
+    // Info lines are written in batches, at the latest every 200 ms.
+    std::thread::sleep(Duration::from_millis(700));
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<Value> = text
         .lines()
