@@ -94,6 +94,20 @@ pub async fn metrics() -> Response {
         .into_response()
 }
 
+/// The routes of a process without an API (a shard, coordinator or engine replica):
+/// `/metrics` and `/v1/health`.
+pub fn metrics_router() -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new().route("/metrics", get(metrics)).route(
+        "/v1/health",
+        get(|| async {
+            axum::Json(florin_node::api::Health {
+                status: "ok".into(),
+            })
+        }),
+    )
+}
+
 /// How long a readiness check may take before it counts as failed.
 pub const READY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 

@@ -18,6 +18,7 @@ pub mod hosts;
 mod keyfile;
 pub mod ledger;
 pub mod manifest;
+pub mod obs;
 pub mod operator;
 pub mod psp;
 pub mod redb_open;

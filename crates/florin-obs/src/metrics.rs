@@ -66,18 +66,22 @@ pub struct FileLabels {
     pub kind: &'static str,
 }
 
-/// A Raft group's labels.
+/// A Raft replica's labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupLabels {
-    /// The group's name (`shard-0`, `coordinator`, `authority`, …).
+    /// The group's name (`shard-0`, `coordinator-0`, `authority`).
     pub group: String,
+    /// The replica's node id within the group.
+    pub replica: String,
 }
 
-/// A follower's labels within a Raft group.
+/// A follower's labels within a Raft group, seen from the leader.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FollowerLabels {
     /// The group's name.
     pub group: String,
+    /// The leader's node id (the replica that reports).
+    pub replica: String,
     /// The follower's node id.
     pub follower: String,
 }
@@ -459,6 +463,7 @@ mod tests {
         m.on_scrape(move || {
             g.get_or_create(&GroupLabels {
                 group: "shard-0".into(),
+                replica: "1".into(),
             })
             .set(7);
         });
@@ -479,7 +484,7 @@ mod tests {
             Some(2.0)
         );
         assert_eq!(
-            sample(&text, "florin_raft_term{group=\"shard-0\"}"),
+            sample(&text, "florin_raft_term{group=\"shard-0\",replica=\"1\"}"),
             Some(7.0)
         );
         assert_eq!(

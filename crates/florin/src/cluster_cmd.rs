@@ -217,8 +217,9 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     let mut place = match shape.emulate_hosts {
         None => {
             // Each sentinel's authority replica needs a port too (the first sentinel's HTTP
-            // port is the one asked for).
-            let n = (shards + coordinators) * replicas + 2 * sentinels - 1;
+            // port is the one asked for); each shard and coordinator replica one for its
+            // metrics.
+            let n = 2 * (shards + coordinators) * replicas + 2 * sentinels - 1;
             Placement::Loopback(florin_node::custody::free_loopback_addrs(n)?.into_iter())
         }
         Some(share) => {
@@ -313,7 +314,9 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     };
     for (role, g, id, key) in keys {
         let mut cfg = NodeConfig::member(role, g, id);
-        cfg.host = place.host(&deploy::host_name(role, g, id));
+        let name = deploy::host_name(role, g, id);
+        cfg.host = place.host(&name);
+        cfg.metrics = Some(place.second_addr(&name, deploy::HOST_METRICS_PORT)?);
         deploy::write_node(&deploy::member_dir(data, role, g, id), &cfg, &key)?;
     }
     for (i, key) in sentinel_keys.iter().enumerate() {
@@ -902,6 +905,28 @@ fn find_member(st: &ClusterState, target: &str) -> Result<MemberState> {
         .ok_or_else(|| anyhow!("no member {target} (or no leader to pick)"))
 }
 
+/// Serves `/metrics` (and `/v1/health`) in plain HTTP on `addr`, for a process without an API
+/// (a shard, coordinator or engine replica); the task ends with the runtime.
+async fn serve_metrics(addr: Option<SocketAddr>) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    tracing::info!("metrics on http://{addr}/metrics");
+    Ok(Some(tokio::spawn(async move {
+        let router = florin_http::observe::metrics_router();
+        let options = florin_http::ServeOptions::default();
+        if let Err(e) =
+            florin_http::server::serve_router(listener, router, options, std::future::pending())
+                .await
+        {
+            tracing::warn!("the metrics listener stopped: {e}");
+        }
+    })))
+}
+
 /// Runs `florin node --config FILE` until SIGTERM or Ctrl-C.
 pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
     let config = match (args.command, args.config) {
@@ -942,6 +967,7 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
                 .with_context(|| format!("cannot listen on {bind}"))?;
             let member =
                 start_member(&spec, cfg.role, cfg.group, cfg.id, &cfg.data, me, listener).await?;
+            let _metrics = serve_metrics(cfg.metrics).await?;
             tracing::info!(
                 "florin node: {:?} {}/{} on {addr}",
                 cfg.role,
@@ -972,6 +998,7 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
             )
             .with_context(|| format!("cannot open the engine in {}", dir.display()))?;
             let server = florin_node::cluster::engine::serve(&spec, me, Arc::new(store), listener)?;
+            let _metrics = serve_metrics(cfg.metrics).await?;
             tracing::info!("florin node: engine on {addr}");
             crate::devnet::shutdown_signal().await;
             server.stop();

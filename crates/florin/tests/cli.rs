@@ -493,6 +493,17 @@ fn bench_ledger_quick_prints_the_contract() {
         })
     };
     assert!(mix(0, 0) && mix(30, 0) && mix(0, 30));
+    // What logging and metrics cost, both ways of submitting (the quick scale's figure is
+    // noisy: only its presence and sense are checked here; the target is the benchmark's).
+    for api in ["single", "batch"] {
+        let r = results
+            .iter()
+            .find(|r| r["name"] == "observability_cpu_overhead_ratio" && r["params"]["api"] == api)
+            .unwrap_or_else(|| panic!("observability_cpu_overhead_ratio {api} missing"));
+        assert!(r["value"].as_f64().unwrap() > 0.0);
+        assert!(r["params"]["on_cpu_us_per_tx"].as_f64().unwrap() > 0.0);
+        assert!(r["params"]["pairs"].as_u64().unwrap() >= 5);
+    }
     // Without a PostgreSQL URL the PostgreSQL store is skipped, and says so.
     assert!(stderr.contains("PostgreSQL store skipped"));
 }
@@ -1143,6 +1154,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     assert_eq!(st["api"], u.node.as_str(), "{st}");
     assert_eq!(st["healthy"], true, "{st}");
     assert_eq!(st["members"].as_array().unwrap().len(), 10, "{st}");
+    raft_metrics_show_one_leader_per_group(&data, &url);
 
     let names = ["p0", "p1", "p2", "p3"];
     let operator_key = data.join("operator.key");
@@ -1247,6 +1259,71 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
         "no money created or lost ({failures} failed payments)"
     );
     assert_eq!(u.ok(&["audit", "--json"])["balanced"], true);
+}
+
+/// Every shard and coordinator replica serves `/metrics` at the address its `node.toml` names:
+/// each group has exactly one replica that says it leads, all agree on the term and the
+/// leader, and the leader reports each follower's lag; the sentinel's API serves the
+/// authority group's and its requests'.
+fn raft_metrics_show_one_leader_per_group(data: &Path, api: &str) {
+    let value = |text: &str, name: &str| -> Option<f64> {
+        text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+            let (n, v) = l.rsplit_once(' ')?;
+            (n == name).then(|| v.parse().unwrap())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (role, dir, groups) in [("shard", "shard", 2), ("coordinator", "coord", 1)] {
+        for g in 0..groups {
+            loop {
+                let mut leaders = Vec::new();
+                let mut terms = Vec::new();
+                let mut lags = 0;
+                for id in 1..=3 {
+                    let toml =
+                        std::fs::read_to_string(data.join(format!("{dir}-{g}-{id}/node.toml")))
+                            .unwrap();
+                    let addr = toml
+                        .lines()
+                        .find_map(|l| l.strip_prefix("metrics = \""))
+                        .map(|a| a.trim_end_matches('"').to_string())
+                        .unwrap_or_else(|| panic!("no metrics address in {toml}"));
+                    let text = http_get(&addr, "/metrics");
+                    let labels = format!("{{group=\"{role}-{g}\",replica=\"{id}\"}}");
+                    if value(&text, &format!("florin_raft_is_leader{labels}")) == Some(1.0) {
+                        leaders.push(id);
+                        lags = text
+                            .lines()
+                            .filter(|l| l.starts_with("florin_raft_follower_lag{"))
+                            .count();
+                    }
+                    terms.push(value(&text, &format!("florin_raft_term{labels}")));
+                }
+                if leaders.len() == 1 && terms.windows(2).all(|w| w[0] == w[1]) && lags == 2 {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{role} {g}: leaders {leaders:?}, terms {terms:?}, lags {lags}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    let text = http_get(api, "/metrics");
+    let text = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert!(
+        text.contains("florin_raft_term{group=\"authority\",replica=\"1\"}"),
+        "{text}"
+    );
+    // The first scrape is counted once answered: the second shows it.
+    let text = http_get(api, "/metrics");
+    assert!(
+        text.contains(
+            "florin_http_requests_total{route=\"/metrics\",method=\"GET\",status=\"200\"}"
+        ),
+        "{text}"
+    );
 }
 
 /// The token authority replicated on three sentinels (`cluster up --sentinels 3`): a wallet

@@ -47,7 +47,7 @@ mod tests;
 mod transport;
 
 use error::StoreError;
-pub use replica::{RaftError, RaftOptions, Replica, ReplicaStatus};
+pub use replica::{Progress, RaftError, RaftOptions, Replica, ReplicaStatus};
 pub use state_machine::Machine;
 pub use transport::{
     encode_vote_request, reencode_reply, reencode_rpc, RaftTransport, TransportError,

@@ -142,6 +142,47 @@ pub struct ReplicaStatus {
     pub purged: Option<u64>,
 }
 
+/// What a replica knows of its group's replication, for metrics (not on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The replica's status.
+    pub status: ReplicaStatus,
+    /// On the leader: the last log index each member is known to hold (`None`: nothing yet).
+    pub matched: Option<BTreeMap<NodeId, Option<u64>>>,
+    /// The number of voting members.
+    pub voters: usize,
+}
+
+impl Progress {
+    /// The commit index: on the leader, the highest index a majority of the voters holds; on
+    /// another replica, the last index it applied (it knows no more of the commit point).
+    pub fn commit_index(&self) -> Option<u64> {
+        let Some(matched) = &self.matched else {
+            return self.status.last_applied;
+        };
+        let mut held: Vec<Option<u64>> = matched.values().copied().collect();
+        if !matched.contains_key(&self.status.id) {
+            held.push(self.status.last_log_index);
+        }
+        let voters = self.voters.max(held.len());
+        held.resize(voters, None);
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        held.get(voters / 2).copied().flatten()
+    }
+
+    /// On the leader: how many entries each other member lacks.
+    pub fn follower_lag(&self) -> Vec<(NodeId, u64)> {
+        let (Some(matched), Some(last)) = (&self.matched, self.status.last_log_index) else {
+            return Vec::new();
+        };
+        matched
+            .iter()
+            .filter(|(id, _)| **id != self.status.id)
+            .map(|(id, m)| (*id, m.map_or(last + 1, |m| last.saturating_sub(m))))
+            .collect()
+    }
+}
+
 /// One member of a Raft group, replicating the machine `M`.
 pub struct Replica<M: Machine> {
     id: NodeId,
@@ -421,6 +462,20 @@ impl<M: Machine> Replica<M> {
         }
     }
 
+    /// Its status with what it knows of the others' progress (for metrics).
+    pub fn progress(&self) -> Progress {
+        let m = self.raft.metrics().borrow().clone();
+        Progress {
+            status: self.status(),
+            matched: m.replication.as_ref().map(|r| {
+                r.iter()
+                    .map(|(id, log)| (*id, log.as_ref().map(|l| l.index)))
+                    .collect()
+            }),
+            voters: m.membership_config.membership().voter_ids().count(),
+        }
+    }
+
     /// openraft's metrics; the receiver changes whenever state, term or leadership changes, so a
     /// service can react when it becomes leader.
     pub fn metrics(&self) -> tokio::sync::watch::Receiver<RaftMetrics<NodeId, BasicNode>> {
@@ -471,5 +526,63 @@ impl<M: Machine> Replica<M> {
             .shutdown()
             .await
             .map_err(|e| RaftError::Fatal(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(
+        id: NodeId,
+        last: Option<u64>,
+        matched: Option<&[(NodeId, Option<u64>)]>,
+    ) -> Progress {
+        Progress {
+            status: ReplicaStatus {
+                id,
+                state: if matched.is_some() {
+                    "leader"
+                } else {
+                    "follower"
+                }
+                .into(),
+                leader: Some(1),
+                term: 3,
+                last_log_index: last,
+                last_applied: Some(7),
+                snapshot: None,
+                purged: None,
+            },
+            matched: matched.map(|m| m.iter().copied().collect()),
+            voters: 5,
+        }
+    }
+
+    #[test]
+    fn the_commit_index_is_what_a_majority_holds() {
+        // Leader 1 at 20; followers at 20, 15, 9 and one that has nothing yet.
+        let p = progress(
+            1,
+            Some(20),
+            Some(&[
+                (1, Some(20)),
+                (2, Some(20)),
+                (3, Some(15)),
+                (4, Some(9)),
+                (5, None),
+            ]),
+        );
+        assert_eq!(p.commit_index(), Some(15));
+        let mut lag = p.follower_lag();
+        lag.sort_unstable();
+        assert_eq!(lag, vec![(2, 0), (3, 5), (4, 11), (5, 21)]);
+        // The leader's own entry missing from the map counts with its last log index.
+        let p = progress(1, Some(20), Some(&[(2, Some(12)), (3, Some(4))]));
+        assert_eq!(p.commit_index(), Some(4), "5 voters: 3 must hold it");
+        // A follower knows only what it applied.
+        let p = progress(2, Some(20), None);
+        assert_eq!(p.commit_index(), Some(7));
+        assert!(p.follower_lag().is_empty());
     }
 }

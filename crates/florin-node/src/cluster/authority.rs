@@ -226,6 +226,7 @@ pub async fn start_replica(
             .await
             .map_err(|e| NodeError::from(StorageError::from(e)))?,
     );
+    crate::obs::export_raft("authority".into(), id, &replica);
     let svc = Arc::new(AuthorityService {
         replica: replica.clone(),
         members: members.clone(),

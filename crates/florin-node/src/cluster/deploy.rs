@@ -24,6 +24,9 @@ use crate::hosts::HostNet;
 /// address, so they can all use the same port, as on real machines).
 pub const HOST_RPC_PORT: u16 = 7000;
 
+/// The port a shard, coordinator or engine replica serves `/metrics` on, on an emulated host.
+pub const HOST_METRICS_PORT: u16 = 9100;
+
 /// One process's configuration (`node.toml`). Relative paths are relative to the file. A key
 /// it does not know is refused, not ignored: a misspelt setting would otherwise quietly keep
 /// its default.
@@ -51,6 +54,10 @@ pub struct NodeConfig {
     /// The emulated host the process runs on (`cluster up --emulate-hosts`).
     #[serde(default)]
     pub host: Option<String>,
+    /// Shards, coordinators and engines: where to serve `/metrics` (plain HTTP; sentinels
+    /// serve it on their API).
+    #[serde(default)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Sentinels: the HTTP API address to listen on.
     #[serde(default)]
     pub http: Option<std::net::SocketAddr>,
@@ -110,6 +117,7 @@ impl NodeConfig {
             listen: None,
             host: None,
             http: None,
+            metrics: None,
             public_url: None,
             authority: false,
             issuer_key: None,

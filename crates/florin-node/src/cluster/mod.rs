@@ -452,6 +452,7 @@ pub async fn start_member(
                 .await
                 .map_err(raft_err)?,
             );
+            crate::obs::export_raft(format!("shard-{group}"), id, &replica);
             let svc = Arc::new(ShardService {
                 map: spec.map()?,
                 shard: group,
@@ -481,6 +482,7 @@ pub async fn start_member(
                 .await
                 .map_err(raft_err)?,
             );
+            crate::obs::export_raft(format!("coordinator-{group}"), id, &replica);
             let cfg = CoordinatorConfig {
                 max_batch: spec.max_batch,
                 max_inflight: spec.max_inflight,
