@@ -62,7 +62,7 @@ pub struct TxLabels {
 pub struct FileLabels {
     /// Which store (`ledger`, `authority`, `raft`, …).
     pub store: String,
-    /// `wal` or `snapshot`.
+    /// `wal`, `snapshot` or `db`.
     pub kind: &'static str,
 }
 
@@ -110,9 +110,9 @@ pub struct SchemeLabels {
 /// A payment's route and outcome at a provider.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PaymentLabels {
-    /// `same_provider`, `cross_provider` or `ledger`.
+    /// `same_provider`, `cross_provider` or `ledger`; `refused` when no payment was made.
     pub route: &'static str,
-    /// `ok` or the refusal's code.
+    /// `ok`, `repeated` (a retry answered with the earlier receipt) or the refusal's code.
     pub outcome: String,
 }
 

@@ -968,6 +968,11 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
             let member =
                 start_member(&spec, cfg.role, cfg.group, cfg.id, &cfg.data, me, listener).await?;
             let _metrics = serve_metrics(cfg.metrics).await?;
+            florin_node::obs::export_store_files(
+                &format!("{:?}-{}/{}", cfg.role, cfg.group, cfg.id).to_lowercase(),
+                cfg.data.clone(),
+                Some("log"),
+            );
             tracing::info!(
                 "florin node: {:?} {}/{} on {addr}",
                 cfg.role,

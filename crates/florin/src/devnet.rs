@@ -287,6 +287,8 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         }
     }
     let store = Arc::new(store);
+    florin_node::obs::export_store_files("ledger", args.data.join("ledger"), None);
+    florin_node::obs::export_store_files("authority", args.data.clone(), None);
     let ledger = Ledger::start(store.clone(), issuer);
     authority.ensure_issuance_baseline(ledger.supply()?.minted_cents)?;
     let state = AppState {

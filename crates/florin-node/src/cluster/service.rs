@@ -426,6 +426,9 @@ async fn engine_loop(
                     if let Ok(mut l) = load.lock() {
                         *l = (e.queued() as u64, e.in_flight() as u64);
                     }
+                    florin_obs::metrics::global()
+                        .twopc_in_flight
+                        .set(i64::try_from(e.in_flight()).unwrap_or(i64::MAX));
                 }
             }
         }
@@ -494,6 +497,8 @@ fn step_down(
     epoch: &mut u64,
 ) {
     if let Some(mut e) = engine.take() {
+        // A replica that does not lead has nothing in flight.
+        florin_obs::metrics::global().twopc_in_flight.set(0);
         for t in e.abandon() {
             if let Some(w) = waiters.remove(&t) {
                 let _ = w.send(Err(Failed::Retry(

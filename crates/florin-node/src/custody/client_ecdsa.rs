@@ -862,6 +862,9 @@ impl EcdsaSigner {
             wasted: AtomicU64::new(0),
             last_error: Mutex::new(None),
         });
+        crate::obs::count_presignatures(Arc::downgrade(&inner), |i: &SignerInner| {
+            i.pool.lock().map(|p| p.len()).unwrap_or(0)
+        });
         if target > 0 {
             let weak = Arc::downgrade(&inner);
             let _ = thread::Builder::new()
@@ -912,7 +915,7 @@ impl EcdsaSigner {
 
     /// Signs `msg` (ECDSA-P256-SHA256, low-S).
     pub fn sign_msg(&self, msg: &[u8]) -> Result<P256Signature, KmnError> {
-        self.inner.sign(msg)
+        crate::obs::time_signature(self.inner.engine.name(), || self.inner.sign(msg))
     }
 
     /// The public key of the note `key + tweak·G` (DKLs23 keys sign as it, see
@@ -933,7 +936,9 @@ impl EcdsaSigner {
         msg: &[u8],
         authz: &florin_custody::authz::Authorization,
     ) -> Result<P256Signature, KmnError> {
-        self.inner.sign_authorized(msg, authz)
+        crate::obs::time_signature(self.inner.engine.name(), || {
+            self.inner.sign_authorized(msg, authz)
+        })
     }
 }
 

@@ -143,6 +143,17 @@ impl Psp {
             notice_backoff: Mutex::new(HashMap::new()),
         });
         psp.spawn_key_pool();
+        let weak = Arc::downgrade(&psp);
+        florin_obs::metrics::global().on_scrape(move || {
+            if let Some(p) = weak.upgrade() {
+                florin_obs::metrics::global()
+                    .custody_pool_depth
+                    .get_or_create(&florin_obs::metrics::PoolLabels {
+                        pool: "psp_keys".into(),
+                    })
+                    .set(i64::try_from(p.pool_ready()).unwrap_or(i64::MAX));
+            }
+        });
         Ok(psp)
     }
 

@@ -19,6 +19,24 @@ impl Psp {
     /// authorization of exactly this payment, checked here and again by every
     /// key-management node before it signs.
     pub async fn pay(self: &Arc<Self>, req: PayRequest) -> Result<PayReceipt, PspError> {
+        let answer = self.pay_inner(req).await;
+        // Counted by route when it was made, by the refusal's code when not.
+        let (route, outcome) = match &answer {
+            Ok(r) if r.repeated => (route_label(&r.route), "repeated"),
+            Ok(r) => (route_label(&r.route), "ok"),
+            Err(e) => ("refused", e.code()),
+        };
+        florin_obs::metrics::global()
+            .psp_payments
+            .get_or_create(&florin_obs::metrics::PaymentLabels {
+                route,
+                outcome: outcome.to_string(),
+            })
+            .inc();
+        answer
+    }
+
+    async fn pay_inner(self: &Arc<Self>, req: PayRequest) -> Result<PayReceipt, PspError> {
         let start = Instant::now();
         if req.amount_cents == 0 {
             return Err(PspError::BadRequest("amount must be positive".into()));
@@ -510,5 +528,15 @@ impl Psp {
         Ok(Encumbrance::p256(&florin_crypto::P256PublicKey(
             self.note_key(rec, tweak)?,
         )))
+    }
+}
+
+/// A receipt's route as a bounded label.
+fn route_label(route: &str) -> &'static str {
+    match route {
+        "same_provider" => "same_provider",
+        "cross_provider" => "cross_provider",
+        "ledger" => "ledger",
+        _ => "other",
     }
 }

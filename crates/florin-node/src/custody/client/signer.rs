@@ -111,7 +111,7 @@ impl ThresholdSigner {
 
     /// Signs `msg`: see the module documentation for what happens when nodes fail.
     pub fn sign_msg(&self, msg: &[u8]) -> Result<Signature, KmnError> {
-        self.sign_inner(msg, None)
+        crate::obs::time_signature("frost", || self.sign_inner(msg, None))
     }
 
     /// Signs the txid `msg` with a key bound to a customer, sending each node the
@@ -122,7 +122,7 @@ impl ThresholdSigner {
         msg: &[u8],
         authz: &florin_custody::authz::Authorization,
     ) -> Result<Signature, KmnError> {
-        self.sign_inner(msg, Some(authz))
+        crate::obs::time_signature("frost", || self.sign_inner(msg, Some(authz)))
     }
 
     fn sign_inner(
