@@ -81,7 +81,10 @@ pub fn export_raft<M: Machine>(group: String, id: NodeId, replica: &Arc<Replica<
 
 /// Runs a threshold signature and records how long it took under `scheme` (`frost`,
 /// `cggmp24`, `dkls23`) when it succeeded.
-pub fn time_signature<T, E>(scheme: &'static str, sign: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
+pub fn time_signature<T, E>(
+    scheme: &'static str,
+    sign: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     let start = Instant::now();
     let r = sign();
     if r.is_ok() && florin_obs::enabled() {

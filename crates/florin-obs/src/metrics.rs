@@ -116,8 +116,69 @@ pub struct PaymentLabels {
     pub outcome: String,
 }
 
+/// What a family is, for the names its samples take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `NAME_total`.
+    Counter,
+    /// `NAME`.
+    Gauge,
+    /// `NAME_bucket`, `NAME_sum`, `NAME_count`.
+    Histogram,
+}
+
+impl Kind {
+    /// The names of a family's samples.
+    pub fn samples(self, name: &str) -> Vec<String> {
+        match self {
+            Kind::Counter => vec![format!("{name}_total")],
+            Kind::Gauge => vec![name.to_string()],
+            Kind::Histogram => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{name}{s}"))
+                .collect(),
+        }
+    }
+}
+
+/// A metric type with its [`Kind`].
+trait Kinded: prometheus_client::registry::Metric {
+    const KIND: Kind;
+}
+
+impl Kinded for Counter {
+    const KIND: Kind = Kind::Counter;
+}
+impl Kinded for Gauge {
+    const KIND: Kind = Kind::Gauge;
+}
+impl Kinded for Histogram {
+    const KIND: Kind = Kind::Histogram;
+}
+impl<S, M, C> Kinded for Family<S, M, C>
+where
+    S: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+    M: Kinded + prometheus_client::metrics::TypedMetric,
+    C: MetricConstructor<M> + Clone + Send + Sync + std::fmt::Debug + 'static,
+{
+    const KIND: Kind = M::KIND;
+}
+
+/// Registers families and remembers their names and kinds.
+struct Registrar<'a> {
+    registry: &'a mut Registry,
+    names: &'a mut Vec<(&'static str, Kind)>,
+}
+
+impl Registrar<'_> {
+    fn add<M: Kinded>(&mut self, name: &'static str, help: &str, metric: M) {
+        self.names.push((name, M::KIND));
+        self.registry.register(name, help, metric);
+    }
+}
+
 /// Histograms of seconds, 50 µs to about 50 s.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SecondsBuckets;
 
 impl MetricConstructor<Histogram> for SecondsBuckets {
@@ -136,6 +197,7 @@ type Hook = Box<dyn Fn() + Send + Sync>;
 /// provider's at zero).
 pub struct Metrics {
     registry: Registry,
+    names: Vec<(&'static str, Kind)>,
     hooks: Mutex<Vec<Hook>>,
     /// `florin_http_requests_total{route,method,status}`.
     pub http_requests: Family<HttpLabels, Counter>,
@@ -191,6 +253,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
             registry: Registry::default(),
+            names: Vec::new(),
             hooks: Mutex::new(Vec::new()),
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(SecondsBuckets),
@@ -229,118 +292,129 @@ impl Metrics {
             })
         };
         let (tx_submitted, tx_confirmed) = (tx("submitted"), tx("confirmed"));
-        let r = &mut registry;
-        r.register(
+        let mut names = Vec::new();
+        let mut r = Registrar {
+            registry: &mut registry,
+            names: &mut names,
+        };
+        r.add(
             "florin_http_requests",
             "HTTP requests answered, by route template, method and status",
             m.http_requests.clone(),
         );
-        r.register(
+        r.add(
             "florin_http_request_duration_seconds",
             "HTTP request latency, from the request's head to its answer",
             m.http_duration.clone(),
         );
-        r.register(
+        r.add(
             "florin_http_connections_refused",
             "Connections closed before any request (limits, handshakes)",
             m.http_connections_refused.clone(),
         );
-        r.register(
+        r.add(
             "florin_ledger_transactions",
             "Ledger transactions: submitted, confirmed, refused (by error code)",
             m.ledger_transactions.clone(),
         );
-        r.register(
+        r.add(
             "florin_swap_batch_size",
             "Transactions per group commit of the swap engine",
             m.swap_batch_size.clone(),
         );
-        r.register(
+        r.add(
             "florin_swap_commit_seconds",
             "One group commit of the swap engine, store write and sync included",
             m.swap_commit_seconds.clone(),
         );
-        r.register(
+        r.add(
             "florin_store_bytes",
             "Bytes in a store's write-ahead log and snapshot",
             m.store_bytes.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_term",
             "A Raft group's current term",
             m.raft_term.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_leader",
             "The node id of a Raft group's leader (-1: none known)",
             m.raft_leader.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_is_leader",
             "1 on the replica that leads its Raft group",
             m.raft_is_leader.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_commit_index",
             "A Raft group's committed log index, as this replica knows it",
             m.raft_commit_index.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_applied_index",
             "The last log index this replica applied",
             m.raft_applied_index.clone(),
         );
-        r.register(
+        r.add(
             "florin_raft_follower_lag",
             "Log entries a follower lacks, seen from the leader",
             m.raft_follower_lag.clone(),
         );
-        r.register(
+        r.add(
             "florin_2pc_batches_in_flight",
             "Two-phase commit batches a coordinator has open",
             m.twopc_in_flight.clone(),
         );
-        r.register(
+        r.add(
             "florin_tokens",
             "Tokens minted (withdrawn), deposited, re-anchored",
             m.tokens.clone(),
         );
-        r.register(
+        r.add(
             "florin_fraud_proofs",
             "Double spends of offline cash proved",
             m.fraud_proofs.clone(),
         );
-        r.register(
+        r.add(
             "florin_custody_pool_depth",
             "Ready nonces, presignatures or keys in a custody pool",
             m.custody_pool_depth.clone(),
         );
-        r.register(
+        r.add(
             "florin_custody_sign_seconds",
             "A threshold signature, request to signature, by scheme",
             m.custody_sign_seconds.clone(),
         );
-        r.register(
+        r.add(
             "florin_psp_payments",
             "Payments a provider made, by route and outcome",
             m.psp_payments.clone(),
         );
-        r.register(
+        r.add(
             "florin_audit_balanced",
             "1 when the last supply audit balanced, 0 when not, -1 before the first",
             m.audit_balanced.clone(),
         );
-        r.register(
+        r.add(
             "florin_audit_runs",
             "Supply audits run",
             m.audit_runs.clone(),
         );
         Metrics {
             registry,
+            names,
             tx_submitted,
             tx_confirmed,
             ..m
         }
+    }
+
+    /// Every family's name and kind (a family with labels shows in a scrape only once it has
+    /// a sample: this list is the whole set, for dashboards and tests).
+    pub fn families(&self) -> &[(&'static str, Kind)] {
+        &self.names
     }
 
     /// Runs `hook` before every encoding (to refresh values read from elsewhere).
