@@ -71,7 +71,7 @@ impl HttpLinks {
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<T, PspError> {
-        let resp = req
+        let resp = crate::observe::with_request_id(req)
             .send()
             .await
             .map_err(|e| PspError::Unreachable(format!("{what}: {e}")))?;
@@ -103,7 +103,7 @@ impl HttpLinks {
             let i = (first + k) % n;
             let base = bases[i];
             let more = k + 1 < n;
-            match req(base).send().await {
+            match crate::observe::with_request_id(req(base)).send().await {
                 Err(e) if more && (e.is_connect() || read) => {
                     last = Some(PspError::Unreachable(format!("{what} at {base}: {e}")));
                 }

@@ -25,6 +25,26 @@ use tracing::Instrument;
 #[derive(Clone, Debug)]
 pub struct RequestId(pub Arc<str>);
 
+tokio::task_local! {
+    /// The id of the request the current task answers.
+    static CURRENT: Arc<str>;
+}
+
+/// The id of the request this task is answering, if any: the calls a handler makes to other
+/// Florin services (a provider's to the ledger and to other providers) send it on in
+/// `x-request-id`, so one payment is one id in every process's log.
+pub fn current_request_id() -> Option<Arc<str>> {
+    CURRENT.try_with(Arc::clone).ok()
+}
+
+/// `req` with the current request id, when there is one.
+pub fn with_request_id(req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match current_request_id() {
+        Some(id) => req.header(request_id::HEADER, &*id),
+        None => req,
+    }
+}
+
 /// The method as a bounded label.
 fn method_label(m: &Method) -> &'static str {
     match *m {
@@ -57,9 +77,11 @@ pub async fn observe(mut req: Request, next: Next) -> Response {
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = method_label(req.method());
     let span = tracing::info_span!("http", request_id = %id, method, route = %route);
-    req.extensions_mut()
-        .insert(RequestId(Arc::from(id.as_str())));
-    let mut resp = next.run(req).instrument(span.clone()).await;
+    let shared: Arc<str> = Arc::from(id.as_str());
+    req.extensions_mut().insert(RequestId(shared.clone()));
+    let mut resp = CURRENT
+        .scope(shared, next.run(req).instrument(span.clone()))
+        .await;
     let took = start.elapsed();
     let status = resp.status().as_u16();
     if let Ok(v) = HeaderValue::from_str(&id) {

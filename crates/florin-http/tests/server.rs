@@ -30,6 +30,15 @@ fn app() -> Router {
         )
         .route("/big", get(|| async { vec![7u8; 64 << 20] }))
         .route(
+            "/id",
+            get(|| async {
+                florin_http::observe::current_request_id()
+                    .map(|id| id.to_string())
+                    .unwrap_or_default()
+            }),
+        )
+        .route("/item/{n}", get(|| async { "item" }))
+        .route(
             "/slow",
             get(|| async {
                 tokio::time::sleep(Duration::from_millis(800)).await;
@@ -115,6 +124,72 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
             Err(_) => return true,
         }
     }
+}
+
+/// A raw request with `head` (the request line and headers, CRLF-separated, no final blank
+/// line): the whole answer.
+fn raw(addr: SocketAddr, head: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{head}\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn every_request_gets_an_id_handlers_can_send_on_and_is_counted_by_route_template() {
+    let server = Server::start(ServeOptions::default());
+    // A valid id is kept, answered, and what the handler's task sees.
+    let a = raw(
+        server.addr,
+        "GET /id HTTP/1.0\r\nx-request-id: pay-42.retry_1",
+    );
+    assert!(
+        a.to_ascii_lowercase()
+            .contains("x-request-id: pay-42.retry_1"),
+        "{a}"
+    );
+    assert!(a.ends_with("pay-42.retry_1"), "{a}");
+    // Hostile ids are replaced by a fresh one, which the handler sees too.
+    for bad in ["has space", "quote\"", &"x".repeat(65), "semi;colon"] {
+        let a = raw(
+            server.addr,
+            &format!("GET /id HTTP/1.0\r\nx-request-id: {bad}"),
+        );
+        let body = a.split("\r\n\r\n").nth(1).unwrap();
+        assert_eq!(body.len(), 16, "{a}");
+        assert!(!a.contains(bad));
+        assert!(a.contains(&format!("x-request-id: {body}")), "{a}");
+    }
+    // Counted under the route's template, never the path asked; odd methods as `other`.
+    let before = florin_obs::metrics::global().encode();
+    for n in 0..3 {
+        raw(server.addr, &format!("GET /item/{n} HTTP/1.0"));
+    }
+    raw(server.addr, "FROB /item/9 HTTP/1.0");
+    raw(server.addr, "GET /no/such/thing HTTP/1.0");
+    let after = florin_obs::metrics::global().encode();
+    let delta = |name: &str| {
+        florin_obs::metrics::sample(&after, name).unwrap_or(0.0)
+            - florin_obs::metrics::sample(&before, name).unwrap_or(0.0)
+    };
+    assert_eq!(
+        delta("florin_http_requests_total{route=\"/item/{n}\",method=\"GET\",status=\"200\"}"),
+        3.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta("florin_http_requests_total{route=\"/item/{n}\",method=\"other\",status=\"405\"}"),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta("florin_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"404\"}"),
+        1.0,
+        "{after}"
+    );
+    assert!(!after.contains("/item/0") && !after.contains("/no/such"));
 }
 
 #[test]
