@@ -728,6 +728,9 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 }
             }
             let deadline = Instant::now() + Duration::from_secs(60);
+            let wait = crate::progress::spinner(format!(
+                "started {started} process(es); waiting for every group to elect its leader"
+            ));
             let st = loop {
                 let st = state(&data)?;
                 if st.healthy {
@@ -742,6 +745,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             };
+            drop(wait);
             tracing::info!(
                 "started {started} process(es): {} shard group(s), {} coordinator group(s), {} replica(s) each",
                 spec.shards.len(),

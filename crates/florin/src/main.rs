@@ -7,6 +7,7 @@ mod devnet;
 mod fraud_cmd;
 mod node_cmd;
 mod offline_cmd;
+mod progress;
 mod psp_cmd;
 mod tls_args;
 mod util;
@@ -149,6 +150,7 @@ fn main() -> ExitCode {
     quiet_on_broken_pipe();
     // Every command takes `--json`; a failing one then also prints the API's error envelope.
     let json = std::env::args().skip(1).any(|a| a == "--json");
+    progress::set_quiet(json);
     let cli = Cli::parse();
     // The children `cluster up` and `custody up` start log as their parent does.
     std::env::set_var("FLORIN_LOG_FORMAT", cli.log_format.to_string());

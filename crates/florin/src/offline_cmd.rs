@@ -414,25 +414,15 @@ fn confirm_unnamed_peer(addr: SocketAddr, key: &PublicKey, cents: u64) -> Result
     Ok(())
 }
 
-#[allow(clippy::print_stderr)] // a bar redrawn in place on a terminal, not a log line
+/// A bar while `label`'s bytes move (see [`crate::progress::bytes`]).
 fn progress_bar(label: &'static str) -> impl FnMut(usize, usize) {
-    let show = std::io::stderr().is_terminal();
-    let mut last = 0usize;
+    let mut bar: Option<Option<indicatif::ProgressBar>> = None;
     move |done, total| {
-        if !show || total < (1 << 20) {
-            return;
-        }
-        let pct = done * 100 / total.max(1);
-        if pct != last || done == total {
-            last = pct;
-            let bar = "#".repeat(pct / 4);
-            eprint!(
-                "\r{label} [{bar:<25}] {pct:>3}% {:.1}/{:.1} MB",
-                done as f64 / 1e6,
-                total as f64 / 1e6
-            );
-            if done == total {
-                eprintln!();
+        let pb = bar.get_or_insert_with(|| crate::progress::bytes(label, total as u64));
+        if let Some(pb) = pb {
+            pb.set_position(done as u64);
+            if done >= total {
+                pb.finish();
             }
         }
     }

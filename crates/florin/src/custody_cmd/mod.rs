@@ -329,7 +329,9 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             tracing::info!(
                 "waiting for every node's primes, then making the auxiliary information…"
             );
+            let spin = crate::progress::spinner("primes and auxiliary information");
             kmn.ecdsa_setup(Duration::from_secs(wait))?;
+            drop(spin);
             tracing::info!(
                 "ECDSA auxiliary information ready on all {} nodes ({:.1} s)",
                 kmn.n(),
