@@ -88,12 +88,14 @@ pub async fn observe(mut req: Request, next: Next) -> Response {
         resp.headers_mut().insert(request_id::HEADER, v);
     }
     span.in_scope(|| {
-        tracing::info!(
-            target: "florin::access",
-            status,
-            latency_ms = took.as_secs_f64() * 1e3,
-            "request"
-        )
+        let latency_ms = took.as_secs_f64() * 1e3;
+        // A flood the rate limits turn away costs a line only at debug level (it is counted
+        // in the metrics all the same): refusing it stays cheap and the log stays readable.
+        if status == 429 {
+            tracing::debug!(target: "florin::access", status, latency_ms, "request");
+        } else {
+            tracing::info!(target: "florin::access", status, latency_ms, "request");
+        }
     });
     florin_obs::metrics::global().http_request(&route, method, status, took);
     resp
@@ -103,17 +105,21 @@ pub async fn observe(mut req: Request, next: Next) -> Response {
 pub async fn metrics() -> Response {
     use axum::response::IntoResponse;
     // Scrape hooks may read files or ask a replica for its state: off the async threads.
-    let text = tokio::task::spawn_blocking(|| florin_obs::metrics::global().encode())
-        .await
-        .unwrap_or_default();
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            florin_obs::metrics::CONTENT_TYPE,
-        )],
-        text,
-    )
-        .into_response()
+    match tokio::task::spawn_blocking(|| florin_obs::metrics::global().encode()).await {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                florin_obs::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => crate::edge::envelope(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("encoding the metrics failed: {e}"),
+        ),
+    }
 }
 
 /// The routes of a process without an API (a shard, coordinator or engine replica):
@@ -147,9 +153,62 @@ pub async fn check<E: std::fmt::Display>(
     }
 }
 
+/// How long a readiness answer is reused: a load balancer polling every process often costs
+/// each one probe a second at most.
+pub const READY_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
+type Checks = Vec<(&'static str, Result<(), String>)>;
+
+/// The last readiness of each service in this process (by the address of its state), and
+/// whether a probe of it is running.
+struct ReadyState {
+    last: Option<(std::time::Instant, Checks)>,
+    probing: bool,
+}
+
+/// `GET /v1/ready` for the service identified by `key`: runs `probe` at most once per
+/// [`READY_CACHE`] and never twice at once — while a probe runs, others get the last answer
+/// (or `not_ready`, `"probe": "running"`, before the first).
+pub async fn cached_readiness(
+    key: usize,
+    probe: impl std::future::Future<Output = Checks>,
+) -> Response {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static STATES: OnceLock<Mutex<HashMap<usize, ReadyState>>> = OnceLock::new();
+    let states = STATES.get_or_init(|| Mutex::new(HashMap::new()));
+    let reuse = {
+        let mut map = states.lock().unwrap_or_else(|p| p.into_inner());
+        let st = map.entry(key).or_insert(ReadyState {
+            last: None,
+            probing: false,
+        });
+        match &st.last {
+            Some((at, checks)) if at.elapsed() < READY_CACHE || st.probing => Some(checks.clone()),
+            None if st.probing => Some(vec![("probe", Err("running".to_string()))]),
+            _ => {
+                st.probing = true;
+                None
+            }
+        }
+    };
+    if let Some(checks) = reuse {
+        return readiness(checks);
+    }
+    let checks = probe.await;
+    {
+        let mut map = states.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = map.get_mut(&key) {
+            st.last = Some((std::time::Instant::now(), checks.clone()));
+            st.probing = false;
+        }
+    }
+    readiness(checks)
+}
+
 /// The answer of `GET /v1/ready`: 200 `{"status":"ready","checks":{…:"ok"}}` when every check
 /// passed, else 503 with `"status":"not_ready"` and each failed check's reason.
-pub fn readiness(checks: Vec<(&'static str, Result<(), String>)>) -> Response {
+pub fn readiness(checks: Checks) -> Response {
     use axum::response::IntoResponse;
     let ready = checks.iter().all(|(_, r)| r.is_ok());
     let checks = checks

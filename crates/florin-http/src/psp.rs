@@ -134,10 +134,20 @@ async fn health() -> Json<Health> {
     })
 }
 
-/// Ready when the provider's books answer.
+/// Ready when the provider's books answer. Probed off the async threads, at most once a second
+/// (`observe::cached_readiness`).
 async fn ready(State(p): St) -> axum::response::Response {
-    let books = crate::observe::check(async move { p.info().map(|_| ()) }).await;
-    crate::observe::readiness(vec![("books", books)])
+    let key = Arc::as_ptr(&p) as usize;
+    crate::observe::cached_readiness(key, async move {
+        let books = crate::observe::check(async move {
+            tokio::task::spawn_blocking(move || p.info().map(|_| ()).map_err(|e| e.to_string()))
+                .await
+                .map_err(|e| e.to_string())?
+        })
+        .await;
+        vec![("books", books)]
+    })
+    .await
 }
 
 async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {

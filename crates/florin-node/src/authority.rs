@@ -666,7 +666,10 @@ impl Authority {
 
         let mut rng = StdRng::from_rng(OsRng).map_err(IoError::from)?;
         let detected_at = now();
-        self.transact(|tx| {
+        // Fraud proofs recorded now (a proof already on file is reported again, not counted).
+        let new_proofs = std::cell::Cell::new(0u64);
+        let out = self.transact(|tx| {
+            new_proofs.set(0);
             Self::check_not_revoked_in(tx, &depositor, "depositor")?;
             let mut reports = Vec::with_capacity(decoded.len());
             let mut credited = 0u64;
@@ -736,6 +739,7 @@ impl Authority {
                                     let mut v = detected_at.to_le_bytes().to_vec();
                                     v.extend_from_slice(&proof.encode());
                                     fraud.insert(id.as_slice(), v.as_slice())?;
+                                    new_proofs.set(new_proofs.get() + 1);
                                     detected_at
                                 }
                             };
@@ -766,7 +770,11 @@ impl Authority {
                 }
             }
             Ok((reports, intent))
-        })
+        })?;
+        florin_obs::metrics::global()
+            .fraud_proofs
+            .inc_by(new_proofs.get());
+        Ok(out)
     }
 
     /// Steps 1–3a of a deposit for each token: the authority's precheck, then whether the
@@ -1311,19 +1319,14 @@ fn append_log(tx: &RegTx, action: &str, entry: &AdminEntry) -> Result<(), NodeEr
     Ok(())
 }
 
-/// Counts a deposit's outcomes in the metrics: clean tokens deposited (re-anchored or credited)
-/// and double spends proved.
+/// Counts a deposit's clean tokens in the metrics (re-anchored or credited; a repeat is not
+/// counted again).
 fn count_deposits(reports: Vec<DepositReport>) -> Vec<DepositReport> {
     let m = florin_obs::metrics::global();
     let count = |what: &str| reports.iter().filter(|r| r.outcome == what).count() as u64;
-    let (reanchored, credited, frauds) = (
-        count("reanchored"),
-        count("credited"),
-        count("double_spend"),
-    );
+    let (reanchored, credited) = (count("reanchored"), count("credited"));
     m.token_event("deposited", reanchored + credited);
     m.token_event("reanchored", reanchored);
-    m.fraud_proofs.inc_by(frauds);
     reports
 }
 

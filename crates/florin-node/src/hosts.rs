@@ -616,6 +616,7 @@ pub fn remove_on_signal() {
                     tracing::warn!("cleaning up emulated hosts: {e}");
                 }
             }
+            florin_obs::log::flush();
             std::process::exit(130);
         });
     });

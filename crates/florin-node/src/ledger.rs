@@ -147,6 +147,11 @@ impl Ledger {
     ) -> Result<Vec<(Digest, TxStatus)>, NodeError> {
         let mut waits = Vec::with_capacity(txs.len());
         let now = florin_ledger::expiry::unix_now();
+        if florin_obs::enabled() {
+            florin_obs::metrics::global()
+                .tx_submitted
+                .inc_by(txs.len() as u64);
+        }
         {
             let jobs = self
                 .jobs
@@ -159,11 +164,15 @@ impl Ledger {
                 // here (the store would answer the same).
                 match florin_ledger::expiry::check(tx.expires(), now) {
                     Err(e @ ExpiryError::TooFarAhead { .. }) => {
-                        waits.push(Err((tx.txid(), TxStatus::Expired(e.to_string()))));
+                        let status = TxStatus::Expired(e.to_string());
+                        count_decided(0, 0, &[&status]);
+                        waits.push(Err((tx.txid(), status)));
                         continue;
                     }
                     Err(e) if !matches!(tx, Transaction::Mint(_)) => {
-                        waits.push(Err((tx.txid(), TxStatus::Expired(e.to_string()))));
+                        let status = TxStatus::Expired(e.to_string());
+                        count_decided(0, 0, &[&status]);
+                        waits.push(Err((tx.txid(), status)));
                         continue;
                     }
                     _ => {}
@@ -184,7 +193,6 @@ impl Ledger {
                 Err(answer) => out.push(answer),
             }
         }
-        count_outcomes(&out);
         Ok(out)
     }
 
@@ -413,6 +421,7 @@ fn committer(
                     .iter()
                     .map(|j| (j.tx.txid(), TxStatus::StateInvalid(MISSING_INPUT.into())))
                     .collect();
+                count_decided(0, 0, &statuses.iter().map(|(_, s)| s).collect::<Vec<_>>());
                 remember(&recent, statuses);
                 for job in gone {
                     let txid = job.tx.txid();
@@ -435,22 +444,17 @@ fn committer(
     }
 }
 
-/// Counts decided transactions in the metrics: submitted, confirmed, refused by status.
-fn count_outcomes(out: &[(Digest, TxStatus)]) {
+/// Counts transactions the engine decided, in the metrics (counted where they are decided, so a
+/// submitter that went away does not take its transactions out of the count): `confirmed`
+/// (applied now), `repeated` (applied before: a resubmission), `refused` by status.
+fn count_decided(confirmed: u64, repeated: u64, refused: &[&TxStatus]) {
     if !florin_obs::enabled() {
         return;
     }
     let m = florin_obs::metrics::global();
-    m.tx_submitted.inc_by(out.len() as u64);
-    let confirmed = out
-        .iter()
-        .filter(|(_, s)| matches!(s, TxStatus::Confirmed))
-        .count();
-    m.tx_confirmed.inc_by(confirmed as u64);
-    for (_, s) in out
-        .iter()
-        .filter(|(_, s)| !matches!(s, TxStatus::Confirmed))
-    {
+    m.tx_confirmed.inc_by(confirmed);
+    m.transactions("repeated", "", repeated);
+    for s in refused {
         m.transactions("refused", s.name(), 1);
     }
 }
@@ -509,6 +513,7 @@ fn decide(
     // the swap: an input may be made by a deferred transaction of this group, so they wait
     // with the deferred ones when there are any.
     let mut missing = Vec::new();
+    let (mut fresh, mut repeated) = (0u64, 0u64);
     for (jobs, verdicts) in batch {
         for (job, verdict) in jobs.into_iter().zip(verdicts) {
             let (txid, status) = match verdict {
@@ -520,7 +525,12 @@ fn decide(
                 Some(Ok(c)) => (
                     c.txid,
                     match outcomes.next() {
-                        Some(SwapOutcome::Confirmed) | Some(SwapOutcome::AlreadyApplied) => {
+                        Some(SwapOutcome::Confirmed) => {
+                            fresh += 1;
+                            TxStatus::Confirmed
+                        }
+                        Some(SwapOutcome::AlreadyApplied) => {
+                            repeated += 1;
                             TxStatus::Confirmed
                         }
                         Some(SwapOutcome::MissingInput) => {
@@ -547,6 +557,11 @@ fn decide(
     } else {
         deferred.extend(missing.into_iter().map(|(job, _)| job));
     }
+    count_decided(
+        fresh,
+        repeated,
+        &decided.iter().map(|(_, s)| s).collect::<Vec<_>>(),
+    );
     // Recorded before anyone is answered: a status asked right after an answer finds it.
     remember(recent, decided);
     for (reply, txid, status) in answers {

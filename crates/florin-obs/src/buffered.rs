@@ -6,8 +6,11 @@
 //! [`FLUSH_EVERY`] (a thread flushes), and when the process ends normally ([`flush`]). A
 //! warning or an error is written at once, with everything before it, so the order holds and
 //! what needs attention is never waiting. A process killed outright loses at most the last
-//! [`FLUSH_EVERY`] of info lines; nothing is ever dropped otherwise, and the buffer never grows
-//! past its capacity (a full buffer is written by the thread that filled it).
+//! [`FLUSH_EVERY`] of info lines (a panic and `florin`'s own exits flush first); nothing else is
+//! dropped unless standard error itself refuses the write, and the buffer never grows past its
+//! capacity (a full buffer is written by the thread that filled it). The writes happen under
+//! the buffer's lock: a reader of standard error that stops reading holds up the threads that
+//! log, as it would with one write per line.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -28,7 +31,9 @@ struct Shared {
 
 impl Shared {
     fn flush(&self) {
-        if let Ok(mut s) = self.state.lock() {
+        // A thread that panicked while writing leaves the lines as they were: go on with them.
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        {
             let (buf, out) = &mut *s;
             if !buf.is_empty() {
                 // A log that cannot be written has nowhere to say so: the lines are dropped.
@@ -80,11 +85,7 @@ pub struct Line<'a> {
 
 impl Write for Line<'_> {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        let mut s = self
-            .shared
-            .state
-            .lock()
-            .map_err(|_| std::io::Error::other("log buffer poisoned"))?;
+        let mut s = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let (buf, out) = &mut *s;
         if buf.len() + b.len() > CAPACITY && !buf.is_empty() {
             out.write_all(buf)?;

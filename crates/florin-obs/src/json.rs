@@ -13,6 +13,7 @@ use std::fmt::{self, Write as _};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
+use tracing_log::NormalizeEvent;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
@@ -69,12 +70,22 @@ struct Members<'a, W: fmt::Write> {
 impl<W: fmt::Write> Members<'_, W> {
     fn key(&mut self, field: &Field) -> fmt::Result {
         self.w.write_char(',')?;
-        string(self.w, field.name())?;
+        let name = field.name();
+        // A field named like one of the line's own members (openraft logs a `target` field)
+        // is renamed: a line never has a key twice.
+        if matches!(name, "timestamp" | "level" | "target" | "span") {
+            self.w.write_str("\"field.")?;
+            self.w.write_str(name)?;
+            return self.w.write_str("\":");
+        }
+        // Records from the `log` crate carry their metadata as `log.*` fields: the line's own
+        // members say it already.
+        string(self.w, name)?;
         self.w.write_char(':')
     }
 
     fn put(&mut self, field: &Field, f: impl FnOnce(&mut W) -> fmt::Result) {
-        if self.result.is_ok() {
+        if self.result.is_ok() && !field.name().starts_with("log.") {
             self.result = self.key(field).and_then(|()| f(self.w));
         }
     }
@@ -151,7 +162,9 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let meta = event.metadata();
+        // A record from the `log` crate (rustls, reqwest) under its own target and level.
+        let normalized = event.normalized_metadata();
+        let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
         writer.write_str("{\"timestamp\":\"")?;
         SystemTime.format_time(&mut writer)?;
         write!(writer, "\",\"level\":\"{}\",\"target\":", meta.level())?;

@@ -248,9 +248,16 @@ mod tests {
             tracing::info!(target: ACCESS_TARGET, status = 200u16, "request");
             tracing::debug!("not at info");
             tracing::warn!("quote \" and\nnewline");
+            // openraft names a field `target`: renamed, never a second key.
+            tracing::warn!(target = "peer-3", level = 9u8, "vote refused");
         });
         let lines = lines(&buf);
-        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let third = &lines[2];
+        assert_eq!(third.matches("\"target\":").count(), 1, "{third}");
+        assert_eq!(third.matches("\"level\":").count(), 1, "{third}");
+        assert!(third.contains("\"field.target\":\"peer-3\""), "{third}");
+        assert!(third.contains("\"field.level\":9"), "{third}");
         let first = &lines[0];
         for needle in [
             "\"level\":\"INFO\"",

@@ -915,9 +915,14 @@ async fn serve_metrics(addr: Option<SocketAddr>) -> Result<Option<tokio::task::J
     let Some(addr) = addr else {
         return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    // Metrics are not worth a replica: one that cannot listen for them serves without.
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("cannot listen on {addr} for metrics ({e}); serving without them");
+            return Ok(None);
+        }
+    };
     tracing::info!("metrics on http://{addr}/metrics");
     Ok(Some(tokio::spawn(async move {
         let router = florin_http::observe::metrics_router();

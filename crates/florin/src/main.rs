@@ -135,6 +135,8 @@ fn quiet_on_broken_pipe() {
         if msg.starts_with("failed printing to std") && msg.contains("Broken pipe") {
             std::process::exit(141);
         }
+        // The lines before a crash are the ones that explain it.
+        florin_obs::log::flush();
         default(info);
     }));
 }
@@ -143,6 +145,8 @@ fn quiet_on_broken_pipe() {
 /// format (scripts and tests read it; logging may not be set up when it is said).
 #[allow(clippy::print_stderr)]
 fn say_error(msg: &str) {
+    // After what was logged before it.
+    florin_obs::log::flush();
     eprintln!("error: {msg}");
 }
 

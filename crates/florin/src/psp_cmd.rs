@@ -726,7 +726,7 @@ fn proof(a: ProofArgs, trust: &Trust) -> Result<ExitCode> {
         Ok(c) => c,
         Err(e) => {
             if !a.json {
-                tracing::info!("florin: the proof of {} does NOT hold: {e}", proof.txid);
+                tracing::error!("the proof of {} does NOT hold: {e}", proof.txid);
             }
             return Ok(ExitCode::from(2));
         }

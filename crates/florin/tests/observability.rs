@@ -265,13 +265,18 @@ fn the_scraped_counters_equal_what_happened_and_every_log_line_is_json_with_its_
         .iter()
         .filter(|l| l["span"]["route"] == "/v1/ledger/transactions")
         .count() as f64;
-    assert!(
-        submits
-            >= value(
+    let counted: f64 = [200, 400, 409, 422]
+        .iter()
+        .map(|status| {
+            value(
                 &s5,
-                "florin_http_requests_total{route=\"/v1/ledger/transactions\",method=\"POST\",status=\"200\"}"
+                &format!(
+                    "florin_http_requests_total{{route=\"/v1/ledger/transactions\",method=\"POST\",status=\"{status}\"}}"
+                ),
             )
-    );
+        })
+        .sum();
+    assert_eq!(submits, counted, "one line per counted request");
 }
 
 #[test]
@@ -279,13 +284,47 @@ fn rust_log_filters_and_a_bad_filter_or_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("quiet.log");
     {
-        // At `warn`, neither the banner nor the request lines are written.
-        let net = Net::start(dir.path(), &log, &[("RUST_LOG", "warn")], &[]);
+        // At `warn`, neither the banner nor the request lines are written, even when the
+        // server stops cleanly and writes out what it gathered.
+        let mut net = Net::start(dir.path(), &log, &[("RUST_LOG", "warn")], &[]);
         let info = http_get(&net.url, "/v1/info");
         assert!(info.contains("authority"));
-        std::thread::sleep(Duration::from_millis(200));
+        let term = Command::new("kill")
+            .args(["-TERM", &net.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while net.child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the devnet did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "");
+    // Without a filter the same stop writes the gathered lines: the banner, the request line.
+    let log = dir.path().join("loud.log");
+    {
+        let mut net = Net::start(dir.path(), &log, &[], &[]);
+        http_get(&net.url, "/v1/info");
+        Command::new("kill")
+            .args(["-TERM", &net.child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while net.child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the devnet did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("\"route\":\"/v1/info\""), "{text}");
+    assert!(text.contains("florin devnet stopped"), "{text}");
 
     let out = Command::new(BIN)
         .args(["--log-format", "json", "devnet", "--plain-http"])

@@ -142,6 +142,27 @@ pub struct ReplicaStatus {
     pub purged: Option<u64>,
 }
 
+/// A replica's status from one snapshot of openraft's metrics.
+fn status_of(id: NodeId, m: &RaftMetrics<NodeId, BasicNode>) -> ReplicaStatus {
+    let state = match m.state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    };
+    ReplicaStatus {
+        id,
+        state: state.into(),
+        leader: m.current_leader,
+        term: m.current_term,
+        last_log_index: m.last_log_index,
+        last_applied: m.last_applied.index(),
+        snapshot: m.snapshot.index(),
+        purged: m.purged.index(),
+    }
+}
+
 /// What a replica knows of its group's replication, for metrics (not on the wire).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
@@ -149,8 +170,8 @@ pub struct Progress {
     pub status: ReplicaStatus,
     /// On the leader: the last log index each member is known to hold (`None`: nothing yet).
     pub matched: Option<BTreeMap<NodeId, Option<u64>>>,
-    /// The number of voting members.
-    pub voters: usize,
+    /// The voting members (learners, which openraft also replicates to, do not count).
+    pub voters: std::collections::BTreeSet<NodeId>,
 }
 
 impl Progress {
@@ -160,14 +181,21 @@ impl Progress {
         let Some(matched) = &self.matched else {
             return self.status.last_applied;
         };
-        let mut held: Vec<Option<u64>> = matched.values().copied().collect();
-        if !matched.contains_key(&self.status.id) {
-            held.push(self.status.last_log_index);
+        // What each voter holds: the leader its own log, a voter not in the map nothing yet.
+        let mut held: Vec<Option<u64>> = self
+            .voters
+            .iter()
+            .map(|v| match matched.get(v) {
+                _ if *v == self.status.id => self.status.last_log_index,
+                Some(m) => *m,
+                None => None,
+            })
+            .collect();
+        if held.is_empty() {
+            return None;
         }
-        let voters = self.voters.max(held.len());
-        held.resize(voters, None);
         held.sort_unstable_by(|a, b| b.cmp(a));
-        held.get(voters / 2).copied().flatten()
+        held.get(held.len() / 2).copied().flatten()
     }
 
     /// On the leader: how many entries each other member lacks.
@@ -442,37 +470,21 @@ impl<M: Machine> Replica<M> {
 
     /// Where this replica stands.
     pub fn status(&self) -> ReplicaStatus {
-        let m = self.raft.metrics().borrow().clone();
-        let state = match m.state {
-            ServerState::Leader => "leader",
-            ServerState::Follower => "follower",
-            ServerState::Candidate => "candidate",
-            ServerState::Learner => "learner",
-            ServerState::Shutdown => "shutdown",
-        };
-        ReplicaStatus {
-            id: self.id,
-            state: state.into(),
-            leader: m.current_leader,
-            term: m.current_term,
-            last_log_index: m.last_log_index,
-            last_applied: m.last_applied.index(),
-            snapshot: m.snapshot.index(),
-            purged: m.purged.index(),
-        }
+        status_of(self.id, &self.raft.metrics().borrow())
     }
 
     /// Its status with what it knows of the others' progress (for metrics).
     pub fn progress(&self) -> Progress {
+        // One snapshot of openraft's metrics for all of it.
         let m = self.raft.metrics().borrow().clone();
         Progress {
-            status: self.status(),
+            status: status_of(self.id, &m),
             matched: m.replication.as_ref().map(|r| {
                 r.iter()
                     .map(|(id, log)| (*id, log.as_ref().map(|l| l.index)))
                     .collect()
             }),
-            voters: m.membership_config.membership().voter_ids().count(),
+            voters: m.membership_config.membership().voter_ids().collect(),
         }
     }
 
@@ -555,7 +567,7 @@ mod tests {
                 purged: None,
             },
             matched: matched.map(|m| m.iter().copied().collect()),
-            voters: 5,
+            voters: (1..=5).collect(),
         }
     }
 

@@ -662,7 +662,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
                     .map_err(|e| anyhow!("{e}"))?
                     .public_key();
                 println!("{P256_PREFIX}{}", hex::encode(&secret[..]));
-                tracing::info!(
+                tracing::warn!(
                     "P-256 secret key of {key} (p256:{}); it signs alone: guard it",
                     hex::encode(pk.0)
                 );
@@ -671,7 +671,7 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             let scalar = kmn.export(&key)?;
             let pk = florin_custody::frost::scalar_public_key(&scalar)?;
             println!("{SCALAR_PREFIX}{}", hex::encode(&scalar[..]));
-            tracing::info!(
+            tracing::warn!(
                 "signing scalar of {key} ({}); it signs alone: guard it",
                 pk.to_address()
             );

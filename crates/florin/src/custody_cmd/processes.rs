@@ -40,6 +40,7 @@ pub(super) fn watch_parent() {
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_millis(250));
             if std::os::unix::process::parent_id() != parent {
+                florin_obs::log::flush();
                 std::process::exit(0);
             }
         });
