@@ -43,6 +43,23 @@ impl Net {
         Net { child, url }
     }
 
+    /// Stops the devnet with SIGTERM (a clean stop: it writes what it gathered) and waits.
+    fn terminate(mut self) {
+        let term = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the devnet did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn metrics(&self) -> String {
         let answer = http_get(&self.url, "/metrics");
         let (head, body) = answer.split_once("\r\n\r\n").unwrap();
@@ -286,41 +303,18 @@ fn rust_log_filters_and_a_bad_filter_or_format_is_refused() {
     {
         // At `warn`, neither the banner nor the request lines are written, even when the
         // server stops cleanly and writes out what it gathered.
-        let mut net = Net::start(dir.path(), &log, &[("RUST_LOG", "warn")], &[]);
+        let net = Net::start(dir.path(), &log, &[("RUST_LOG", "warn")], &[]);
         let info = http_get(&net.url, "/v1/info");
         assert!(info.contains("authority"));
-        let term = Command::new("kill")
-            .args(["-TERM", &net.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(term.success());
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while net.child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "the devnet did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        net.terminate();
     }
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "");
     // Without a filter the same stop writes the gathered lines: the banner, the request line.
     let log = dir.path().join("loud.log");
     {
-        let mut net = Net::start(dir.path(), &log, &[], &[]);
+        let net = Net::start(dir.path(), &log, &[], &[]);
         http_get(&net.url, "/v1/info");
-        Command::new("kill")
-            .args(["-TERM", &net.child.id().to_string()])
-            .status()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while net.child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "the devnet did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        net.terminate();
     }
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("\"route\":\"/v1/info\""), "{text}");
