@@ -171,7 +171,7 @@ struct ReadyState {
 /// (or `not_ready`, `"probe": "running"`, before the first).
 pub async fn cached_readiness(
     key: usize,
-    probe: impl std::future::Future<Output = Checks>,
+    probe: impl std::future::Future<Output = Checks> + Send + 'static,
 ) -> Response {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
@@ -195,15 +195,27 @@ pub async fn cached_readiness(
     if let Some(checks) = reuse {
         return readiness(checks);
     }
-    let checks = probe.await;
-    {
+    // The probe runs as its own task: a caller that hangs up (a load balancer's short
+    // timeout) does not stop it, so it always records its answer and clears `probing`.
+    let task = tokio::spawn(async move {
+        let checks = probe.await;
         let mut map = states.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = map.get_mut(&key) {
             st.last = Some((std::time::Instant::now(), checks.clone()));
             st.probing = false;
         }
+        checks
+    });
+    match task.await {
+        Ok(checks) => readiness(checks),
+        Err(e) => {
+            let mut map = states.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(st) = map.get_mut(&key) {
+                st.probing = false;
+            }
+            readiness(vec![("probe", Err(format!("the probe failed: {e}")))])
+        }
     }
-    readiness(checks)
 }
 
 /// The answer of `GET /v1/ready`: 200 `{"status":"ready","checks":{…:"ok"}}` when every check

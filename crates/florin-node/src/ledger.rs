@@ -455,7 +455,12 @@ fn count_decided(confirmed: u64, repeated: u64, refused: &[&TxStatus]) {
     m.tx_confirmed.inc_by(confirmed);
     m.transactions("repeated", "", repeated);
     for s in refused {
-        m.transactions("refused", s.name(), 1);
+        // Undecided (the store answered fewer outcomes than it was given): not a refusal.
+        if matches!(s, TxStatus::Pending) {
+            m.transactions("pending", "", 1);
+        } else {
+            m.transactions("refused", s.name(), 1);
+        }
     }
 }
 
@@ -502,6 +507,9 @@ fn decide(
         Err(e) => {
             // Nothing is acknowledged; submitters get an error and may retry.
             tracing::warn!("swap engine: store failed: {e}");
+            if florin_obs::enabled() {
+                florin_obs::metrics::global().transactions("failed", "store", n as u64);
+            }
             return Vec::new();
         }
     };
