@@ -14,6 +14,8 @@ need=()
 ldconfig -p 2>/dev/null | grep -q 'libsodium\.so' || need+=(libsodium23)
 # `ip` (iproute2): emulated hosts (network namespaces) for the cluster test on emulated hosts.
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# Python with venv: schemathesis (from PyPI) checks the API contract (scripts/api-contract.sh).
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3 python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     log "installing ${need[*]}"
@@ -68,6 +70,9 @@ if [ "$status" -ne 0 ]; then
   grep -E -A4 "panicked at" /tmp/florin-test.log | cut -c1-400 | head -120 || true
   exit "$status"
 fi
+log "API contract: schemathesis against a devnet (scripts/api-contract.sh)"
+scripts/api-contract.sh 90
+
 if [ -s "$fuzz_summary" ]; then
   echo "fuzz corpora: replayed ($(tail -1 "$fuzz_summary" | sed 's/^fuzz replay: //'); per target in $fuzz_summary)"
 else

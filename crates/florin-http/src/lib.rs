@@ -1,7 +1,8 @@
 //! Florin's HTTP/JSON surface: the node's axum router ([`node`]), the payment provider's
 //! ([`psp`]), the reqwest links a provider uses to reach the ledger and other providers
 //! ([`links`]), a typed client for the provider's API ([`psp_client`]), the one server loop
-//! every listener runs ([`server`]) and TLS material and trust ([`tls`]).
+//! every listener runs ([`server`]), TLS material and trust ([`tls`]) and the API contract
+//! generated from the handlers ([`openapi`]).
 //!
 //! The services live in `florin-node` and know nothing of HTTP (that crate depends on no
 //! axum, hyper or reqwest). The rule here, as in cdk's `cdk-axum`: a handler only **parses**
@@ -14,6 +15,7 @@ pub mod edge;
 pub mod links;
 pub mod node;
 pub mod observe;
+pub mod openapi;
 pub mod psp;
 pub mod psp_client;
 pub mod server;

@@ -102,6 +102,10 @@ pub async fn observe(mut req: Request, next: Next) -> Response {
 }
 
 /// `GET /metrics`: the process's metrics as OpenMetrics text.
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    summary = "The process's metrics (Prometheus / OpenMetrics text)",
+    responses((status = 200, description = "Every metric family (`docs/operations.md`).",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String)))]
 pub async fn metrics() -> Response {
     use axum::response::IntoResponse;
     // Scrape hooks may read files or ask a replica for its state: off the async threads.

@@ -8,7 +8,6 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -128,6 +127,9 @@ fn caller<'a>(
     }
 }
 
+#[utoipa::path(get, path = "/v1/health", tag = "health",
+    summary = "Liveness: the process runs",
+    responses((status = 200, description = "It runs.", body = Health)))]
 async fn health() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
@@ -136,6 +138,11 @@ async fn health() -> Json<Health> {
 
 /// Ready when the provider's books answer. Probed off the async threads, at most once a second
 /// (`observe::cached_readiness`).
+#[utoipa::path(get, path = "/v1/ready", tag = "health",
+    summary = "Readiness: the provider's books answer",
+    responses(
+        (status = 200, description = "Ready: every check is `ok`.", body = florin_node::api::Readiness),
+        (status = 503, description = "Not ready: the failed checks say why.", body = florin_node::api::Readiness)))]
 async fn ready(State(p): St) -> axum::response::Response {
     let key = Arc::as_ptr(&p) as usize;
     crate::observe::cached_readiness(key, async move {
@@ -150,6 +157,9 @@ async fn ready(State(p): St) -> axum::response::Response {
     .await
 }
 
+#[utoipa::path(get, path = "/v1/psp/info", tag = "provider",
+    summary = "The provider's name, key scheme, ledger and peers",
+    responses((status = 200, description = "The provider.", body = PspInfo)))]
 async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
     Ok(Json(p.info()?))
 }
@@ -160,6 +170,11 @@ async fn info(State(p): St) -> Result<Json<PspInfo>, PspHttpError> {
 /// and two a second after that.
 pub const OPEN_ACCOUNT_WORK: usize = 1_024;
 
+#[utoipa::path(post, path = "/v1/psp/accounts", tag = "accounts",
+    summary = "Open an account (signed by the new customer's key)",
+    request_body = OpenAccount, security(("customer" = [])),
+    responses((status = 200, description = "The account, with its custodial key.", body = AccountView),
+        (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 409, description = "Taken, or not enough funds.", body = ApiError)))]
 async fn open(
     State(p): St,
     work: Work,
@@ -180,6 +195,10 @@ async fn open(
 }
 
 /// Every account: the provider's operator only (`Authorization: Florin-Operator …`).
+#[utoipa::path(get, path = "/v1/psp/accounts", tag = "accounts",
+    summary = "Every account (the provider's operator)",
+    security(("operator" = [])),
+    responses((status = 200, description = "The accounts.", body = AccountList), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError)))]
 async fn list(
     State(p): St,
     uri: Uri,
@@ -198,6 +217,10 @@ async fn list(
     }))
 }
 
+#[utoipa::path(get, path = "/v1/psp/accounts/{name}", tag = "accounts",
+    summary = "An account's balance and key (its customer, signed)",
+    params(("name" = String, Path, description = "The account's name.")), security(("customer" = [])),
+    responses((status = 200, description = "The account.", body = AccountView), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError)))]
 async fn account(
     State(p): St,
     Path(name): Path<String>,
@@ -213,6 +236,11 @@ struct PeerQuery {
     peer: Option<String>,
 }
 
+#[utoipa::path(get, path = "/v1/psp/payees/{name}", tag = "accounts",
+    summary = "Where an account is paid (public)",
+    params(("name" = String, Path, description = "The account's name."),
+        ("peer" = Option<String>, Query, description = "The paying provider, for a cross-provider payment.")),
+    responses((status = 200, description = "The payee.", body = PayeeView), (status = 502, description = "The peer did not answer.", body = ApiError)))]
 async fn payee(
     State(p): St,
     Path(name): Path<String>,
@@ -226,6 +254,11 @@ struct Limit {
     limit: Option<usize>,
 }
 
+#[utoipa::path(get, path = "/v1/psp/accounts/{name}/history", tag = "accounts",
+    summary = "An account's payments, newest first (its customer, signed)",
+    params(("name" = String, Path, description = "The account's name."),
+        ("limit" = Option<u64>, Query, description = "At most this many entries (default and most 1,000).")), security(("customer" = [])),
+    responses((status = 200, description = "The history.", body = History), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError)))]
 async fn history(
     State(p): St,
     Path(name): Path<String>,
@@ -241,6 +274,11 @@ async fn history(
 }
 
 /// The proof of one of the account's cross-provider payments: asked by its customer (signed).
+#[utoipa::path(get, path = "/v1/psp/accounts/{name}/proofs/{txid}", tag = "accounts",
+    summary = "The proof of one of the account's cross-provider payments (its customer, signed)",
+    params(("name" = String, Path, description = "The account's name."),
+        ("txid" = String, Path, description = "The payment's txid: 64 hex digits.")), security(("customer" = [])),
+    responses((status = 200, description = "The proof.", body = florin_node::psp::proof::TransferProof), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError)))]
 async fn proof(
     State(p): St,
     Path((name, txid)): Path<(String, String)>,
@@ -252,6 +290,11 @@ async fn proof(
 }
 
 /// The ledger's faucet funds an account: asked by its customer (signed).
+#[utoipa::path(post, path = "/v1/psp/accounts/{name}/faucet", tag = "accounts",
+    summary = "Fund an account from the ledger's faucet (devnet; its customer, signed)",
+    params(("name" = String, Path, description = "The account's name.")),
+    request_body = Fund, security(("customer" = [])),
+    responses((status = 200, description = "The account after.", body = AccountView), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError), (status = 502, description = "A peer provider or the ledger did not answer.", body = ApiError)))]
 async fn fund(
     State(p): St,
     Path(name): Path<String>,
@@ -264,6 +307,10 @@ async fn fund(
     Ok(Json(p.fund(&name, req.amount_cents).await?))
 }
 
+#[utoipa::path(post, path = "/v1/psp/pay", tag = "payments",
+    summary = "Pay from an account (its customer, signed)",
+    request_body = PayRequest, security(("customer" = [])),
+    responses((status = 200, description = "The receipt.", body = PayReceipt), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 409, description = "Taken, or not enough funds.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError), (status = 502, description = "A peer provider or the ledger did not answer.", body = ApiError)))]
 async fn pay(
     State(p): St,
     uri: Uri,
@@ -277,6 +324,10 @@ async fn pay(
 
 /// Filia's ①–③ at the paying provider: its customer starts a transfer to another provider's
 /// customer (signed as `from`).
+#[utoipa::path(post, path = "/v1/psp/transfers", tag = "payments",
+    summary = "Start a transfer to another provider's customer (its customer, signed)",
+    request_body = florin_node::psp::api::StartTransfer, security(("customer" = [])),
+    responses((status = 200, description = "The payee provider's offer.", body = florin_node::psp::api::TransferOffer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 409, description = "Taken, or not enough funds.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError), (status = 502, description = "A peer provider or the ledger did not answer.", body = ApiError)))]
 async fn start_transfer(
     State(p): St,
     uri: Uri,
@@ -289,6 +340,10 @@ async fn start_transfer(
 }
 
 /// Filia's ①–③ at the payee's provider: a peer announces a payment (peer-signed).
+#[utoipa::path(post, path = "/v1/psp/announce", tag = "peers",
+    summary = "A peer provider announces a payment to one of this provider's customers (peer-signed)",
+    request_body = florin_node::psp::api::Announce, security(("customer" = [])),
+    responses((status = 200, description = "Where to pay, signed.", body = florin_node::psp::proof::PayeeOffer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError)))]
 async fn announce(
     State(p): St,
     uri: Uri,
@@ -299,6 +354,10 @@ async fn announce(
     Ok(Json(p.announce(json(&headers, &raw)?, &peer)?))
 }
 
+#[utoipa::path(post, path = "/v1/psp/receive", tag = "peers",
+    summary = "A peer provider hands over outputs it paid to this provider's customers (peer-signed)",
+    request_body = florin_node::psp::api::Receive, security(("customer" = [])),
+    responses((status = 200, description = "What was taken.", body = ReceiveAnswer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError)))]
 async fn receive(
     State(p): St,
     uri: Uri,
@@ -315,6 +374,41 @@ async fn no_route() -> Response {
     EdgeError::new(StatusCode::NOT_FOUND, "not_found", "no such route").into_response()
 }
 
+/// The provider's routes and their OpenAPI document, built from the same list, before the
+/// state and the outer layers.
+fn api(limiter: &Arc<Limiter>) -> (Router<Arc<Psp>>, utoipa::openapi::OpenApi) {
+    use crate::openapi::wrap;
+    use limits::*;
+    use utoipa_axum::routes;
+    let small = |r| limited(SMALL, r);
+    let (router, doc) = utoipa_axum::router::OpenApiRouter::<Arc<Psp>>::new()
+        .routes(wrap(routes!(health), small))
+        .routes(wrap(routes!(ready), small))
+        .routes(wrap(routes!(crate::observe::metrics), small))
+        .routes(wrap(routes!(info), small))
+        .routes(wrap(routes!(open), |r| validating(limiter, SMALL, r)))
+        .routes(wrap(routes!(list), small))
+        .routes(wrap(routes!(account), small))
+        .routes(wrap(routes!(payee), small))
+        .routes(wrap(routes!(history), small))
+        .routes(wrap(routes!(proof), small))
+        .routes(wrap(routes!(fund), small))
+        .routes(wrap(routes!(pay), small))
+        .routes(wrap(routes!(start_transfer), small))
+        .routes(wrap(routes!(announce), small))
+        .routes(wrap(routes!(receive), |r| limited(RECEIVE, r)))
+        .split_for_parts();
+    (
+        router,
+        crate::openapi::finish(doc, crate::openapi::Api::Psp),
+    )
+}
+
+/// A provider's OpenAPI 3.1 document (served at `/openapi.json`; `docs/openapi-psp.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api(&Limiter::new(RateLimits::default())).1
+}
+
 /// The provider's routes, with the default rate limits.
 pub fn router(psp: Arc<Psp>) -> Router {
     router_with_limits(psp, RateLimits::default())
@@ -323,38 +417,12 @@ pub fn router(psp: Arc<Psp>) -> Router {
 /// The provider's routes: each with its body limit ([`limits`]), every request counted
 /// against its client address (`limits`), every error in the JSON envelope.
 pub fn router_with_limits(psp: Arc<Psp>, limits: RateLimits) -> Router {
-    use limits::*;
     let limiter = Limiter::new(limits);
-    Router::new()
-        .route("/v1/health", limited(SMALL, get(health)))
-        .route("/v1/ready", limited(SMALL, get(ready)))
-        .route("/metrics", limited(SMALL, get(crate::observe::metrics)))
-        .route("/v1/psp/info", limited(SMALL, get(info)))
-        .route(
-            "/v1/psp/accounts",
-            validating(&limiter, SMALL, post(open)).merge(limited(SMALL, get(list))),
-        )
-        .route("/v1/psp/accounts/{name}", limited(SMALL, get(account)))
-        .route("/v1/psp/payees/{name}", limited(SMALL, get(payee)))
-        .route(
-            "/v1/psp/accounts/{name}/history",
-            limited(SMALL, get(history)),
-        )
-        .route(
-            "/v1/psp/accounts/{name}/proofs/{txid}",
-            limited(SMALL, get(proof)),
-        )
-        .route("/v1/psp/accounts/{name}/faucet", limited(SMALL, post(fund)))
-        .route("/v1/psp/pay", limited(SMALL, post(pay)))
-        .route("/v1/psp/transfers", limited(SMALL, post(start_transfer)))
-        .route(
-            florin_node::psp::ANNOUNCE_PATH,
-            limited(SMALL, post(announce)),
-        )
-        .route(
-            florin_node::psp::RECEIVE_PATH,
-            limited(RECEIVE, post(receive)),
-        )
+    let (mut router, doc) = api(&limiter);
+    for (path, route) in crate::openapi::routes(&doc) {
+        router = router.route(path, limited(limits::SMALL, route));
+    }
+    router
         .fallback(no_route)
         .layer(DefaultBodyLimit::disable())
         .layer(from_fn_with_state(limiter, edge::limit_rate))

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/health`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Health {
     /// "ok".
     pub status: String,
@@ -14,7 +14,7 @@ pub struct Health {
 
 /// `GET /v1/ready`: whether the process can do its work now (its storage answers, its quorum is
 /// reachable), apart from `GET /v1/health`, which says only that it runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Readiness {
     /// `ready` or `not_ready`.
     pub status: String,
@@ -23,7 +23,7 @@ pub struct Readiness {
 }
 
 /// `GET /v1/info`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Info {
     /// The authority's address.
     pub authority: String,
@@ -43,7 +43,7 @@ pub struct Info {
 }
 
 /// `POST /v1/faucet`: mint tokens straight to a wallet (devnet only).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FaucetRequest {
     /// The recipient's address.
     pub recipient: String,
@@ -54,14 +54,14 @@ pub struct FaucetRequest {
 }
 
 /// Tokens issued.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FaucetResponse {
     /// Tokens (hex).
     pub tokens: Vec<String>,
 }
 
 /// `POST /v1/deposit`: tokens signed over to the authority.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DepositRequest {
     /// The depositor's address (each token's penultimate recipient).
     pub depositor: String,
@@ -74,7 +74,7 @@ pub struct DepositRequest {
 }
 
 /// A ledger credit for a deposit: the depositor's new output.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreditInfo {
     /// The credit transaction (hex txid).
     pub txid: String,
@@ -85,7 +85,7 @@ pub struct CreditInfo {
 }
 
 /// `POST /v1/withdraw`: tokens against a confirmed payment to the reserve.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WithdrawRequest {
     /// The ledger transfer paying the reserve (hex).
     pub tx: String,
@@ -94,6 +94,7 @@ pub struct WithdrawRequest {
     /// The tokens' first recipient (address).
     pub recipient: String,
     /// The recipient's handshake (64 hex).
+    #[schema(pattern = "^[0-9a-fA-F]{64}$")]
     pub handshake: String,
     /// The key that authorizes the withdrawal: the key of one of the transfer's inputs (64 hex
     /// for Ed25519; 66 hex, SEC1 compressed, for P-256).
@@ -108,7 +109,7 @@ pub struct WithdrawRequest {
 pub use florin_ledger::withdraw::{withdraw_message, WITHDRAW_AUTH_DOMAIN};
 
 /// A detected double spend.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct FraudInfo {
     /// The proof's id (hex).
     pub id: String,
@@ -125,7 +126,7 @@ pub struct FraudInfo {
 }
 
 /// The outcome of one deposited token.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DepositReport {
     /// Serial (hex).
     pub serial: String,
@@ -147,7 +148,7 @@ pub struct DepositReport {
 }
 
 /// `POST /v1/deposit` response.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DepositResponse {
     /// One report per token, in request order.
     pub results: Vec<DepositReport>,
@@ -157,7 +158,7 @@ pub struct DepositResponse {
 }
 
 /// `GET /v1/tokens/{serial}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TokenInfo {
     /// Serial (hex).
     pub serial: String,
@@ -175,14 +176,14 @@ pub struct TokenInfo {
 
 /// Error body of every non-2xx answer, on every route of the node and of a provider:
 /// `{"error": {"code": "...", "message": "..."}}` (codes and statuses in `docs/api.md`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ApiError {
     /// The code and the message.
     pub error: ApiErrorBody,
 }
 
 /// The inside of [`ApiError`].
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ApiErrorBody {
     /// Stable code (`bad_request`, `not_found`, `too_large`, `rate_limited`, ...).
     pub code: String,
@@ -213,21 +214,21 @@ impl ApiError {
 }
 
 /// `POST /v1/ledger/transactions`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SubmitTx {
     /// The transaction (hex of its canonical encoding).
     pub tx: String,
 }
 
 /// `POST /v1/ledger/batch` (JSON form).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SubmitBatch {
     /// The transactions (hex of their canonical encodings), at most 4,096.
     pub txs: Vec<String>,
 }
 
 /// The answer to a batch: one status per transaction, in the order given.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SubmitBatchAnswer {
     /// Statuses.
     pub results: Vec<LedgerTxStatus>,
@@ -239,7 +240,7 @@ pub struct SubmitBatchAnswer {
 /// its holder keeps, says what it paid to whom (its txid binds every input and output).
 /// A payment provider keeps one for every cross-provider payment as its proof of payment
 /// (Filia's Verifier proof, `004_…` 4.1 step ⑥; see `florin_node::psp::proof`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct LedgerConfirmation {
     /// The txid (hex).
     pub txid: String,
@@ -285,7 +286,7 @@ impl LedgerConfirmation {
 }
 
 /// A ledger transaction's status.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerTxStatus {
     /// The txid (hex).
     pub txid: String,
@@ -321,7 +322,7 @@ impl LedgerTxStatus {
 }
 
 /// `GET /v1/ledger/unspent/{id}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unspent {
     /// The UHS id (hex).
     pub id: String,
@@ -330,7 +331,7 @@ pub struct Unspent {
 }
 
 /// `POST /v1/ledger/faucet` (devnet only).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerFaucet {
     /// The owner: a wallet address, or an encumbrance's text form (`p256:<64 hex>` or
     /// `ed25519:<64 hex>`).
@@ -340,7 +341,7 @@ pub struct LedgerFaucet {
 }
 
 /// The minted outputs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LedgerFaucetAnswer {
     /// The mint's txid (hex).
     pub txid: String,
@@ -349,7 +350,7 @@ pub struct LedgerFaucetAnswer {
 }
 
 /// `POST /v1/mailbox`: leave a sealed message (the payment handoff).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MailboxPut {
     /// The recipient's address.
     pub to: String,
@@ -358,7 +359,7 @@ pub struct MailboxPut {
 }
 
 /// One mailbox message.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MailboxMessage {
     /// Sequence number within the recipient's mailbox (from 1).
     pub seq: u64,
@@ -367,14 +368,14 @@ pub struct MailboxMessage {
 }
 
 /// `GET /v1/mailbox/{address}?after=N`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MailboxList {
     /// Messages after `after`, oldest first (at most 1,000).
     pub messages: Vec<MailboxMessage>,
 }
 
 /// `POST /v1/admin/blacklist` (operator): take a token out of circulation.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AdminBlacklist {
     /// The token's serial (16 hex digits).
     pub serial: String,
@@ -385,7 +386,7 @@ pub struct AdminBlacklist {
 
 /// `POST /v1/admin/revoke` and `/v1/admin/unrevoke` (operator): a wallet key that may no
 /// longer deposit or withdraw, or may again.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AdminRevoke {
     /// The key (an `eur1…` address or 64 hex digits).
     pub key: String,
@@ -395,7 +396,7 @@ pub struct AdminRevoke {
 }
 
 /// One blacklisted token or revoked key, with who decided it, when and why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct AdminEntry {
     /// The token's serial (hex) or the key's address.
     pub subject: String,
@@ -408,7 +409,7 @@ pub struct AdminEntry {
 }
 
 /// One operator action in the audit trail (`GET /v1/admin/log`), oldest first.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct AdminLogEntry {
     /// Its place in the trail (from 1).
     pub seq: u64,

@@ -108,7 +108,7 @@ impl CreditIntent {
 }
 
 /// The supply audit.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Audit {
     /// Cents the issuer minted on the ledger.
     pub minted_cents: u64,

@@ -413,6 +413,13 @@ fn same_and_cross_provider_payments_settle_on_the_ledger_and_bad_input_is_refuse
     let info = ok(a.call("GET", "/v1/psp/info", None));
     assert_eq!((info["t"].as_u64(), info["n"].as_u64()), (Some(2), Some(3)));
     assert_eq!(info["accounts"], 2);
+    // The provider serves its API contract, the one committed as docs/openapi-psp.json.
+    let served = ok(a.call("GET", "/openapi.json", None));
+    assert_eq!(
+        served,
+        serde_json::to_value(florin_http::psp::openapi()).unwrap()
+    );
+    assert!(served["paths"]["/v1/psp/pay"]["post"].is_object());
 
     // Funding from the ledger's faucet, to a P-256 encumbrance.
     ok(a.call(

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/psp/info`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PspInfo {
     /// The provider's name.
     pub name: String,
@@ -34,7 +34,7 @@ pub struct PspInfo {
 
 /// `POST /v1/psp/accounts`: open a custodial account (its key is made by distributed key
 /// generation in the provider's key-management network).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OpenAccount {
     /// The account's name: 1–48 of `a-z 0-9 - _`.
     pub name: String,
@@ -47,7 +47,7 @@ pub struct OpenAccount {
 
 /// `GET /v1/psp/payees/{name}` (public; `?peer=ID` asks that configured peer): where to pay an
 /// account.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PayeeView {
     /// Name.
     pub name: String,
@@ -62,7 +62,7 @@ pub struct PayeeView {
 }
 
 /// An account as the provider reports it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AccountView {
     /// Name.
     pub name: String,
@@ -87,7 +87,7 @@ pub struct AccountView {
 }
 
 /// `GET /v1/psp/accounts`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AccountList {
     /// Every account, by name.
     pub accounts: Vec<AccountView>,
@@ -95,14 +95,14 @@ pub struct AccountList {
 
 /// `POST /v1/psp/accounts/{name}/faucet` (devnet ledgers only): the ledger's faucet mints to
 /// the account.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Fund {
     /// Amount in cents.
     pub amount_cents: u64,
 }
 
 /// `POST /v1/psp/pay`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PayRequest {
     /// The paying account.
     pub from: String,
@@ -134,7 +134,7 @@ pub struct PayRequest {
 
 /// `POST /v1/psp/transfers` (customer-signed as `from`): announces a payment to another
 /// provider's customer (Filia's remote transfer, step ①) and answers where to pay it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StartTransfer {
     /// The paying account.
     pub from: String,
@@ -148,7 +148,7 @@ pub struct StartTransfer {
 
 /// The answer to a [`StartTransfer`]: authorize a payment to `encumbrance`, then pay with
 /// `offer` in the [`PayRequest`].
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TransferOffer {
     /// The payee's provider's signed offer.
     pub offer: super::proof::PayeeOffer,
@@ -163,7 +163,7 @@ pub struct TransferOffer {
 /// `POST /v1/psp/announce` (peer-signed): a provider announces a payment to one of this
 /// provider's accounts; the answer is a signed offer, with a fresh note key `R1` of the
 /// account where the account's key has note keys.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Announce {
     /// The payee's account.
     pub account: String,
@@ -173,7 +173,7 @@ pub struct Announce {
 
 /// Filia's step ⑦: the paying provider hands over `r2`, so that the payee's provider's note
 /// key of output `id` becomes `r1 + r2`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Handover {
     /// The output's UHS id (hex).
     pub id: String,
@@ -186,7 +186,7 @@ pub struct Handover {
 }
 
 /// A settled payment.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PayReceipt {
     /// The ledger transaction (hex txid).
     pub txid: String,
@@ -216,7 +216,7 @@ pub struct PayReceipt {
 /// `POST /v1/psp/receive`: another provider (or anyone) tells this one about ledger outputs
 /// that pay its customers. Each is checked unspent on the ledger before it is credited, so the
 /// caller needs no trust.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Receive {
     /// The outputs (hex of each UTXO), at most 256.
     pub outputs: Vec<String>,
@@ -229,7 +229,7 @@ pub struct Receive {
 }
 
 /// What happened to one output of a [`Receive`].
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Received {
     /// The output's UHS id (hex).
     pub id: String,
@@ -241,7 +241,7 @@ pub struct Received {
 }
 
 /// The answer to a [`Receive`], one entry per output in order.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ReceiveAnswer {
     /// Outcomes.
     pub results: Vec<Received>,
@@ -252,7 +252,7 @@ pub struct ReceiveAnswer {
 }
 
 /// One line of an account's history.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct HistoryEntry {
     /// Sequence number (per provider, increasing).
     pub seq: u64,
@@ -271,7 +271,7 @@ pub struct HistoryEntry {
 }
 
 /// `GET /v1/psp/accounts/{name}/history`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct History {
     /// Oldest first (at most the last 1,000).
     pub entries: Vec<HistoryEntry>,

@@ -70,7 +70,7 @@ fn key(s: &str, what: &str) -> Result<PublicKey, ProofError> {
 }
 
 /// The payee's provider's signed word on where one of its accounts is paid.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct PayeeOffer {
     /// The payee's provider's own name.
     pub psp: String,
@@ -203,7 +203,7 @@ impl PayeeOffer {
 }
 
 /// A provider's signature on its answer to a hand-over (`POST /v1/psp/receive`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ReceiptAck {
     /// The answering provider's own name.
     pub psp: String,
@@ -302,7 +302,7 @@ pub fn check_ack(
 }
 
 /// Everything a paying provider keeps about one cross-provider payment.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct TransferProof {
     /// [`PROOF_VERSION`].
     pub version: u32,
@@ -336,7 +336,7 @@ pub struct TransferProof {
 }
 
 /// What a proof shows once checked.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct ProofCheck {
     /// The txid (hex).
     pub txid: String,
