@@ -16,6 +16,10 @@ ldconfig -p 2>/dev/null | grep -q 'libsodium\.so' || need+=(libsodium23)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 # Python with venv: schemathesis (from PyPI) checks the API contract (scripts/api-contract.sh).
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3 python3-venv)
+# A real browser for the console's tests (scripts/browser-test.sh): Debian's Chromium, driven
+# by playwright-core from npm.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     log "installing ${need[*]}"
@@ -72,6 +76,9 @@ if [ "$status" -ne 0 ]; then
 fi
 log "API contract: schemathesis against a devnet (scripts/api-contract.sh)"
 scripts/api-contract.sh 90
+
+log "browser tests: the console and the API view in Chromium (scripts/browser-test.sh)"
+scripts/browser-test.sh
 
 if [ -s "$fuzz_summary" ]; then
   echo "fuzz corpora: replayed ($(tail -1 "$fuzz_summary" | sed 's/^fuzz replay: //'); per target in $fuzz_summary)"

@@ -117,7 +117,7 @@ function operationView(path, method, op) {
   body.append(t);
   const d = el('details', { class: 'op', 'data-route': (method + ' ' + path + ' ' + (op.summary || '')).toLowerCase() },
     el('summary', {}, el('span', { class: 'method ' + method }, method), el('span', { class: 'path' }, path),
-      el('span', { class: 'summary' }, op.summary || ''), secured ? el('span', { class: 'lock' }, '🔒') : null),
+      el('span', { class: 'summary' }, op.summary || ''), secured ? el('span', { class: 'lock' }, '[' + op.security.flatMap((x) => Object.keys(x)).join(', ') + ']') : null),
     body);
   d.id = op.operationId || (method + path);
   return d;

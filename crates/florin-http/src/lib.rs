@@ -11,6 +11,7 @@
 
 pub mod client;
 mod connect;
+pub mod console;
 pub mod edge;
 pub mod links;
 pub mod node;

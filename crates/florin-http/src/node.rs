@@ -573,6 +573,17 @@ async fn unspent(
     Ok(Json(Unspent { id, unspent }))
 }
 
+#[utoipa::path(get, path = "/v1/ledger/recent", tag = "ledger",
+    summary = "The last transactions this node decided (at most 256), newest first",
+    responses((status = 200, description = "What was submitted here and its answer.", body = florin_node::api::RecentTxs)))]
+async fn recent(
+    State(st): State<AppState>,
+) -> Result<Json<florin_node::api::RecentTxs>, HttpError> {
+    Ok(Json(florin_node::api::RecentTxs {
+        transactions: st.ledger()?.recent_decided(),
+    }))
+}
+
 #[utoipa::path(get, path = "/v1/ledger/supply", tag = "ledger",
     summary = "The ledger's own books: minted, redeemed, unspent",
     responses((status = 200, description = "The supply.", body = SupplyDoc)))]
@@ -945,6 +956,7 @@ fn api(limiter: &Arc<Limiter>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(wrap(routes!(tx_confirmation), small))
         .routes(wrap(routes!(unspent), small))
         .routes(wrap(routes!(supply), small))
+        .routes(wrap(routes!(recent), small))
         .routes(wrap(routes!(ledger_faucet), small))
         .routes(wrap(routes!(withdraw), |r| {
             validating(limiter, WITHDRAW, r)
@@ -975,7 +987,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(state: AppState) -> Router {
     let limiter = Limiter::new(state.limits);
     let (mut router, doc) = api(&limiter);
-    for (path, route) in crate::openapi::routes(&doc) {
+    for (path, route) in crate::openapi::routes(&doc)
+        .into_iter()
+        .chain(crate::console::routes())
+    {
         router = router.route(path, limited(limits::SMALL, route));
     }
     router

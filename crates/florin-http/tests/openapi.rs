@@ -153,7 +153,7 @@ async fn get(
 }
 
 #[tokio::test]
-async fn node_serves_its_document_and_the_browsable_view() {
+async fn node_serves_its_document_the_browsable_view_and_the_console() {
     let router = || {
         florin_http::router(florin_http::AppState {
             authority: None,
@@ -171,6 +171,9 @@ async fn node_serves_its_document_and_the_browsable_view() {
         ("/docs", "text/html"),
         ("/docs/docs.js", "text/javascript"),
         ("/docs/docs.css", "text/css"),
+        ("/console", "text/html"),
+        ("/console/console.js", "text/javascript"),
+        ("/console/console.css", "text/css"),
     ] {
         let (status, headers, body) = get(router(), path).await;
         assert_eq!(status, 200, "{path}");
@@ -181,9 +184,18 @@ async fn node_serves_its_document_and_the_browsable_view() {
         assert_eq!(headers["x-content-type-options"], "nosniff");
         assert!(!body.is_empty());
     }
-    // The page loads only its own script and style, from this node.
-    let (_, _, page) = get(router(), "/docs").await;
-    let page = String::from_utf8(page).expect("utf-8");
-    assert!(page.contains("src=\"/docs/docs.js\"") && page.contains("href=\"/docs/docs.css\""));
-    assert!(!page.contains("http://") && !page.contains("https://"));
+    // Each page loads only its own script and style, from this node.
+    for (page, js, css) in [
+        ("/docs", "/docs/docs.js", "/docs/docs.css"),
+        ("/console", "/console/console.js", "/console/console.css"),
+    ] {
+        let (_, _, html) = get(router(), page).await;
+        let html = String::from_utf8(html).expect("utf-8");
+        assert!(html.contains(&format!("src=\"{js}\"")), "{page}");
+        assert!(html.contains(&format!("href=\"{css}\"")), "{page}");
+        assert!(
+            !html.contains("http://") && !html.contains("https://"),
+            "{page}"
+        );
+    }
 }

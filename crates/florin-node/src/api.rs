@@ -321,6 +321,26 @@ impl LedgerTxStatus {
     }
 }
 
+/// One transaction this node decided (`GET /v1/ledger/recent`).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RecentTx {
+    /// The txid (hex).
+    pub txid: String,
+    /// Its status when decided, as [`LedgerTxStatus::status`].
+    pub status: String,
+    /// Why it is invalid.
+    pub error: Option<String>,
+    /// When it was decided (unix seconds).
+    pub at: u64,
+}
+
+/// `GET /v1/ledger/recent`: the last transactions this node decided, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RecentTxs {
+    /// At most 256.
+    pub transactions: Vec<RecentTx>,
+}
+
 /// `GET /v1/ledger/unspent/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unspent {

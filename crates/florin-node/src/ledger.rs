@@ -85,7 +85,12 @@ pub struct Ledger {
     /// Submissions not yet taken by a validator.
     queued: Arc<AtomicUsize>,
     recent: Arc<Mutex<HashMap<Digest, TxStatus>>>,
+    /// The last [`RECENT_DECIDED`] transactions this node decided, oldest first (the console).
+    decided: Mutex<std::collections::VecDeque<crate::api::RecentTx>>,
 }
+
+/// How many decided transactions [`Ledger::recent_decided`] keeps.
+pub const RECENT_DECIDED: usize = 256;
 
 impl Ledger {
     /// Starts the engine over `store`, with `issuer` as the minting key.
@@ -121,7 +126,36 @@ impl Ledger {
             jobs: Mutex::new(tx),
             queued,
             recent,
+            decided: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_DECIDED)),
         })
+    }
+
+    /// The last transactions this node decided (at most [`RECENT_DECIDED`]), newest first:
+    /// what was submitted here and its answer, for the console.
+    pub fn recent_decided(&self) -> Vec<crate::api::RecentTx> {
+        self.decided
+            .lock()
+            .map(|d| d.iter().rev().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn remember_decided(&self, answers: &[(Digest, TxStatus)]) {
+        let at = florin_ledger::expiry::unix_now();
+        let Ok(mut d) = self.decided.lock() else {
+            return;
+        };
+        let skip = answers.len().saturating_sub(RECENT_DECIDED);
+        for (txid, status) in &answers[skip..] {
+            if d.len() == RECENT_DECIDED {
+                d.pop_front();
+            }
+            d.push_back(crate::api::RecentTx {
+                txid: hex::encode(txid),
+                status: status.name().into(),
+                error: status.error().map(str::to_string),
+                at,
+            });
+        }
     }
 
     /// The issuer's key.
@@ -193,6 +227,7 @@ impl Ledger {
                 Err(answer) => out.push(answer),
             }
         }
+        self.remember_decided(&out);
         Ok(out)
     }
 

@@ -105,3 +105,48 @@ fn a_link_verified_in_full_waits_for_the_deferred_link_that_makes_its_input() {
         );
     });
 }
+
+/// What the console lists as recent transactions: each decided submission, newest first, a
+/// refusal with its reason, and never more than `RECENT_DECIDED`, however many are submitted.
+#[test]
+fn recent_decisions_are_newest_first_and_bounded() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let issuer = Arc::new(LocalSigner::new(SecretKey::from_seed(&[7; 32])));
+    let (alice, bob) = (
+        LocalSigner::new(SecretKey::from_seed(&[1; 32])),
+        LocalSigner::new(SecretKey::from_seed(&[2; 32])),
+    );
+    let ledger = Ledger::start(Arc::new(MemoryStore::new()), issuer);
+    assert!(ledger.recent_decided().is_empty());
+    let (mint, coins) = ledger
+        .build_mint(Encumbrance::ed25519(&alice.public_key()), 100)
+        .unwrap();
+    let (paid, _) = pay(coins[0], &alice, &bob);
+    // The same coin again, to another payee: refused, as spent.
+    let (again, _) = pay(coins[0], &alice, &alice);
+    rt.block_on(async {
+        ledger.submit(mint.clone()).await.unwrap();
+        ledger.submit(paid.clone()).await.unwrap();
+        ledger.submit(again.clone()).await.unwrap();
+    });
+    let recent = ledger.recent_decided();
+    assert_eq!(recent.len(), 3);
+    assert_eq!(recent[0].txid, hex::encode(again.txid()));
+    assert_eq!(recent[0].status, "state_invalid");
+    assert!(recent[0].error.is_some());
+    assert_eq!(recent[1].txid, hex::encode(paid.txid()));
+    assert_eq!(recent[1].status, "confirmed");
+    assert_eq!(recent[2].txid, hex::encode(mint.txid()));
+
+    // Many more (resubmissions of the same, answered from the store) keep the log bounded.
+    let many = florin_node::ledger::RECENT_DECIDED + 40;
+    rt.block_on(async {
+        ledger.submit_many(vec![paid.clone(); many]).await.unwrap();
+    });
+    let recent = ledger.recent_decided();
+    assert_eq!(recent.len(), florin_node::ledger::RECENT_DECIDED);
+    assert!(recent.iter().all(|r| r.txid == hex::encode(paid.txid())));
+}
