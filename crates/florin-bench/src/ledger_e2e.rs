@@ -68,6 +68,7 @@ impl Node {
             ledger: Some(ledger.clone()),
             // A load generator from one address: no rate limits.
             limits: florin_http::RateLimits::off(),
+            cluster: None,
         };
         // The node logs as a production node would: JSON lines, one per request, to a file
         // (`--log-format json 2>FILE`). Its threads stay alive for the whole run, so that the

@@ -294,7 +294,9 @@ function renderMetrics(samples) {
     ['fraud proofs', count('florin_fraud_proofs_total')],
   ].map(([k, v]) => el('tr', {}, el('td', {}, k), el('td', { class: 'mono', 'data-counter': k }, v))));
 
-  // Raft groups this process takes part in (a replica's own metrics).
+  // Raft groups this process takes part in (a replica's own metrics), unless the node is a
+  // cluster sentinel that shows them all (/v1/cluster).
+  if (clusterStatus) return renderPools(samples);
   const groups = new Map();
   for (const s of samples) {
     if (!s.name.startsWith('florin_raft_') || !s.labels.group) continue;
@@ -314,12 +316,41 @@ function renderMetrics(samples) {
       el('td', {}, el('span', { class: 'badge ' + (g.leader >= 0 ? 'ok' : 'bad') }, g.leader >= 0 ? 'led' : 'no leader')))));
   $('groups-note').textContent = groups.size ? '' : 'This process runs no replicated group (a devnet, or a sentinel whose groups run in other processes: `florin cluster status`).';
 
+  renderPools(samples);
+}
+
+function renderPools(samples) {
   const pools = samples.filter((s) => s.name === 'florin_custody_pool_depth');
   rows($('pools'), ['pool', 'ready'], pools.map((s) => el('tr', {}, el('td', {}, s.labels.pool), el('td', { class: 'mono' }, s.value))));
   $('pools-note').textContent = pools.length ? '' : 'No threshold custody behind this node (local keys).';
 }
 
 // ---- the node's answers -----------------------------------------------------------------
+
+let clusterStatus = null;
+// Asked once; a node that is not a cluster sentinel (404) is not asked again.
+let isSentinel = true;
+
+async function refreshCluster() {
+  if (!isSentinel) return;
+  const { status, body } = await getJson('/v1/cluster');
+  if (status === 404) { isSentinel = false; clusterStatus = null; return; }
+  if (status !== 200) return;
+  clusterStatus = body;
+  const items = [];
+  for (const g of body.groups) {
+    for (const m of g.members) {
+      items.push(el('tr', { 'data-group': g.role + '-' + g.group, 'data-state': m.state || 'down' },
+        el('td', {}, g.role + ' ' + g.group), el('td', {}, String(m.id)), el('td', { class: 'mono' }, m.addr),
+        el('td', {}, m.up ? m.state : 'down'), el('td', {}, g.leader === null ? 'none' : String(g.leader)),
+        el('td', {}, m.term ?? '—'), el('td', {}, m.last_applied ?? '—'), el('td', {}, m.lag ?? '—'),
+        el('td', {}, el('span', { class: 'badge ' + (g.healthy ? 'ok' : 'bad') }, g.healthy ? 'healthy' : 'unhealthy'))));
+    }
+  }
+  rows($('groups'), ['group', 'replica', 'host address', 'state', 'leader', 'term', 'applied', 'lag', 'group health'], items);
+  $('groups-note').textContent = body.groups.length + ' groups, ' + (body.healthy ? 'all healthy' : 'NOT all healthy') + ' (asked over the cluster\'s RPC by this sentinel).';
+  $('groups-note').className = body.healthy ? 'muted' : 'failed';
+}
 
 let info = null;
 const verified = new Map();
@@ -417,6 +448,7 @@ let rounds = 0;
 // fifth.
 async function loop() {
   const slow = rounds % 3 === 0;
+  await tick(refreshCluster);
   await Promise.all([tick(refreshMetrics), tick(refreshReady), tick(refreshRecent),
     slow ? tick(refreshAudit) : null, slow ? tick(refreshFraud) : null]);
   if (operator && rounds % 5 === 0) await tick(refreshOperator);

@@ -37,6 +37,8 @@ pub struct AppState {
     pub ledger: Option<Arc<Ledger>>,
     /// Rate limits per client address and per key (`RateLimits::default()` unless configured).
     pub limits: RateLimits,
+    /// A cluster sentinel's view of its cluster's groups (`GET /v1/cluster`); `None` elsewhere.
+    pub cluster: Option<Arc<florin_node::cluster::status::ClusterView>>,
 }
 
 impl AppState {
@@ -584,6 +586,20 @@ async fn recent(
     }))
 }
 
+#[utoipa::path(get, path = "/v1/cluster", tag = "ledger",
+    summary = "A cluster sentinel's view of its Raft groups: leaders, terms, each replica's lag",
+    responses((status = 200, description = "Every group (asked at most every 2 s).", body = florin_node::api::ClusterStatus)))]
+async fn cluster(
+    State(st): State<AppState>,
+) -> Result<Json<florin_node::api::ClusterStatus>, HttpError> {
+    let view = st.cluster.clone().ok_or_else(|| {
+        NodeError::NotFound(NotFound::Other(
+            "this node is not a cluster sentinel: it has no groups to show".into(),
+        ))
+    })?;
+    Ok(Json(blocking(move || Ok(view.status())).await?))
+}
+
 #[utoipa::path(get, path = "/v1/ledger/supply", tag = "ledger",
     summary = "The ledger's own books: minted, redeemed, unspent",
     responses((status = 200, description = "The supply.", body = SupplyDoc)))]
@@ -957,6 +973,7 @@ fn api(limiter: &Arc<Limiter>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(wrap(routes!(unspent), small))
         .routes(wrap(routes!(supply), small))
         .routes(wrap(routes!(recent), small))
+        .routes(wrap(routes!(cluster), small))
         .routes(wrap(routes!(ledger_faucet), small))
         .routes(wrap(routes!(withdraw), |r| {
             validating(limiter, WITHDRAW, r)

@@ -35,6 +35,7 @@ fn bare(limits: RateLimits) -> Router {
         authority: None,
         ledger: None,
         limits,
+        cluster: None,
     })
 }
 
@@ -49,6 +50,7 @@ fn with_authority(dir: &std::path::Path, limits: RateLimits) -> Router {
         authority: Some(Arc::new(a)),
         ledger: None,
         limits,
+        cluster: None,
     })
 }
 

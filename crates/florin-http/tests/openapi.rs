@@ -159,6 +159,7 @@ async fn node_serves_its_document_the_browsable_view_and_the_console() {
             authority: None,
             ledger: None,
             limits: florin_http::RateLimits::default(),
+            cluster: None,
         })
     };
     let (status, headers, body) = get(router(), "/openapi.json").await;

@@ -341,6 +341,55 @@ pub struct RecentTxs {
     pub transactions: Vec<RecentTx>,
 }
 
+/// `GET /v1/cluster`: a sentinel's view of its cluster's Raft groups.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ClusterStatus {
+    /// Whether every group is healthy.
+    pub healthy: bool,
+    /// The shard groups, the coordinator groups, then the authority group.
+    pub groups: Vec<GroupStatus>,
+}
+
+/// One Raft group.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GroupStatus {
+    /// `shard`, `coordinator` or `authority`.
+    pub role: String,
+    /// Its index among the groups of its role.
+    pub group: u16,
+    /// The replica its members agree leads (none while they do not).
+    pub leader: Option<u64>,
+    /// The highest term a replica reported.
+    pub term: Option<u64>,
+    /// One agreed leader, every replica that answers following it, a majority answering.
+    pub healthy: bool,
+    /// Its replicas.
+    pub members: Vec<MemberStatus>,
+}
+
+/// One replica of a group, as it answered (`up: false` when it did not).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MemberStatus {
+    /// Its Raft id.
+    pub id: u64,
+    /// Where it listens for the cluster's RPC (on emulated hosts, its host's address).
+    pub addr: String,
+    /// Whether it answered.
+    pub up: bool,
+    /// `leader`, `follower`, `candidate`, `learner` or `shutdown`.
+    pub state: Option<String>,
+    /// The leader it knows of.
+    pub leader: Option<u64>,
+    /// Its term.
+    pub term: Option<u64>,
+    /// Its last log index.
+    pub last_log_index: Option<u64>,
+    /// The last index it applied.
+    pub last_applied: Option<u64>,
+    /// How far its applied index is behind the leader's log.
+    pub lag: Option<u64>,
+}
+
 /// `GET /v1/ledger/unspent/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unspent {

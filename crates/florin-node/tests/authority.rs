@@ -191,6 +191,7 @@ fn http_api_answers_bad_input_with_4xx() {
         authority: Some(Arc::new(a)),
         ledger: None,
         limits: florin_http::RateLimits::default(),
+        cluster: None,
     };
     let server = rt.spawn(florin_http::serve(listener, state, async {
         let _ = rx.await;

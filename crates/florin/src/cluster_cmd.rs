@@ -1117,6 +1117,10 @@ fn run_sentinel(
         authority: authority.clone(),
         ledger: Some(ledger.clone()),
         limits: cfg.limits.unwrap_or_default(),
+        cluster: Some(florin_node::cluster::status::ClusterView::new(
+            spec.clone(),
+            me.clone(),
+        )),
     };
     // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
     // loopback for a config without `tls_dir`.

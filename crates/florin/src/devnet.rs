@@ -295,6 +295,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         authority: Some(authority.clone()),
         ledger: Some(ledger.clone()),
         limits: args.rate.limits(),
+        cluster: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -14,6 +14,7 @@ pub mod deploy;
 pub mod engine;
 pub mod rpc;
 pub mod service;
+pub mod status;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::TcpListener;

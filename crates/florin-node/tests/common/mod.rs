@@ -101,6 +101,7 @@ impl LedgerNode {
             authority: Some(authority.clone()),
             ledger: Some(ledger),
             limits: florin_http::RateLimits::default(),
+            cluster: None,
         };
         let server = rt.spawn(florin_http::serve(listener, state, async {
             let _ = rx.await;

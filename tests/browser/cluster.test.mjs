@@ -1,0 +1,111 @@
+// The console on a small cluster's sentinel, in a real browser: every Raft group with its
+// replicas (state, leader, term, lag, host address), the audit and a payment; then a replica is
+// killed for real and the console shows it down while its group stays healthy.
+// Run by scripts/browser-test.sh (FLORIN_BIN, OUT_DIR, PLAYWRIGHT_CORE, CHROMIUM set there).
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, mkdirSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const BIN = process.env.FLORIN_BIN;
+const OUT = process.env.OUT_DIR;
+mkdirSync(OUT, { recursive: true });
+
+const dir = mkdtempSync(join(tmpdir(), 'florin-cluster-console-'));
+const data = join(dir, 'cluster');
+let url;
+let browser;
+let page;
+let up = false;
+const problems = [];
+
+function florin(...args) {
+  const out = execFileSync(BIN, args, {
+    cwd: dir,
+    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem'), FLORIN_OPERATOR_KEY: join(data, 'operator.key') },
+    encoding: 'utf8',
+    timeout: 120_000,
+  });
+  try { return JSON.parse(out); } catch (_) { return out; }
+}
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+  });
+}
+
+before(async () => {
+  const port = await freePort();
+  url = 'https://127.0.0.1:' + port;
+  florin('cluster', 'up', '--data', data, '--shards', '1', '--replicas', '3', '--coordinators', '1',
+    '--sentinels', '1', '--api', '127.0.0.1:' + port, '--faucet');
+  up = true;
+  browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ['--no-sandbox'] });
+  const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 1300 } });
+  page = await context.newPage();
+  page.on('pageerror', (e) => problems.push('page error: ' + e.message));
+  page.on('response', (r) => { if (r.status() >= 500) problems.push(r.status() + ' ' + r.url()); });
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  if (up) { try { florin('cluster', 'down', '--data', data); } catch (e) { console.error(String(e)); } }
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const groupRows = () => page.$$eval('#groups tr[data-group]', (rs) => rs.map((r) => ({
+  group: r.dataset.group, state: r.dataset.state, id: r.children[1].textContent, text: r.textContent,
+})));
+
+test('a sentinel\'s console shows every group, each with one leader, and a payment', async () => {
+  await page.goto(url + '/console');
+  // Shard 0, coordinator 0 (three replicas each) and the authority group (the sentinel).
+  await page.waitForFunction(() => document.querySelectorAll('#groups tr[data-group]').length === 7, null, { timeout: 30_000 });
+  await page.waitForFunction(() => document.getElementById('groups-note').textContent.includes('all healthy'), null, { timeout: 30_000 });
+  const rows = await groupRows();
+  for (const g of ['shard-0', 'coordinator-0']) {
+    const members = rows.filter((r) => r.group === g);
+    assert.equal(members.length, 3, g);
+    assert.equal(members.filter((m) => m.state === 'leader').length, 1, g + ': one leader');
+    assert.ok(members.every((m) => /127\.0\.0\.1:\d+/.test(m.text)), g + ': host addresses shown');
+  }
+  assert.equal(rows.filter((r) => r.group === 'authority-0').length, 1);
+
+  // Money moves through the cluster and the console sees it.
+  florin('wallet', '--wallet', 'a', '--json', 'new');
+  florin('wallet', '--wallet', 'b', '--json', 'new');
+  florin('wallet', '--wallet', 'a', '--json', 'faucet', '3');
+  const b = florin('wallet', '--wallet', 'b', '--json', 'address').address;
+  const paid = florin('wallet', '--wallet', 'a', '--json', 'pay', b, '1');
+  assert.equal(paid.status, 'confirmed');
+  await page.waitForFunction((txid) => document.getElementById('recent').textContent.includes(txid), paid.txid, { timeout: 15_000 });
+  await page.waitForFunction(() => document.getElementById('balanced').textContent === 'balanced', null, { timeout: 15_000 });
+  await page.screenshot({ path: join(OUT, 'cluster-console.png'), fullPage: true });
+});
+
+test('a replica killed for real shows down; its group keeps a leader and stays healthy', async () => {
+  const rows = await groupRows();
+  const follower = rows.find((r) => r.group === 'shard-0' && r.state === 'follower');
+  assert.ok(follower, 'a follower of shard 0');
+  const id = follower.id;
+  florin('cluster', 'kill', 'shard/0/' + id, '--data', data);
+  await page.waitForFunction((i) => [...document.querySelectorAll('#groups tr[data-group="shard-0"]')]
+    .some((r) => r.dataset.state === 'down' && r.children[1].textContent === i), id, { timeout: 20_000 });
+  const after = await groupRows();
+  const shard = after.filter((r) => r.group === 'shard-0');
+  assert.equal(shard.filter((m) => m.state === 'leader').length, 1);
+  assert.match(shard[0].text, /healthy/);
+  assert.doesNotMatch(shard[0].text, /unhealthy/);
+  await page.screenshot({ path: join(OUT, 'cluster-console-replica-down.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+});
