@@ -910,8 +910,10 @@ fn find_member(st: &ClusterState, target: &str) -> Result<MemberState> {
 }
 
 /// Serves `/metrics` (and `/v1/health`) in plain HTTP on `addr`, for a process without an API
-/// (a shard, coordinator or engine replica); the task ends with the runtime.
-async fn serve_metrics(addr: Option<SocketAddr>) -> Result<Option<tokio::task::JoinHandle<()>>> {
+/// (a shard, coordinator or engine replica, a custody node); the task ends with the runtime.
+pub(crate) async fn serve_metrics(
+    addr: Option<SocketAddr>,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
     let Some(addr) = addr else {
         return Ok(None);
     };

@@ -928,6 +928,29 @@ fn custody_ecdsa_keygen_sign_export_import() {
     ]);
     let pk = key["public_key"].as_str().unwrap().to_string();
     assert_eq!(pk.len(), 66);
+    // Each node serves its own metrics: its pools, the ECDSA key just made among its keys.
+    for party in 1..=3 {
+        let cfg: Value = serde_json::from_slice(
+            &std::fs::read(kmn.join(format!("node-{party}/node.json"))).unwrap(),
+        )
+        .unwrap();
+        let addr = cfg["metrics"]
+            .as_str()
+            .expect("custody up assigns a metrics address");
+        let text = http_get(addr, "/metrics");
+        let depth = |what: &str| -> f64 {
+            let name = format!("florin_custody_pool_depth{{pool=\"party{party}-{what}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(name.as_str()))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        assert!(depth("nonces") > 0.0, "party {party}: FROST nonces ready");
+        assert!(depth("keys") >= 1.0, "party {party}: the ECDSA key");
+        assert!(depth("presignatures") >= 0.0);
+    }
     for extra in [&[][..], &["--presigned"][..]] {
         let mut a = vec!["custody", "sign", "w1", "c0ffee", "--data", &k, "--json"];
         a.extend_from_slice(extra);

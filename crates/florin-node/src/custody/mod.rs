@@ -107,8 +107,18 @@ impl Layout {
             });
         }
         let me = coordinator.public_key().to_address();
-        for m in &members {
+        // Each node's metrics listener: a loopback port of its own when the network is on
+        // loopback (none otherwise: the operator chooses where metrics are served).
+        let metrics: Vec<Option<SocketAddr>> = if addrs.iter().all(|a| a.ip().is_loopback()) {
+            let mut free = free_loopback_addrs(2 * n)?;
+            free.retain(|a| !addrs.iter().any(|m| m.port() == a.port()));
+            (0..n).map(|i| free.get(i).copied()).collect()
+        } else {
+            vec![None; n]
+        };
+        for (m, metrics) in members.iter().zip(metrics) {
             let cfg = CustodyNodeConfig {
+                metrics,
                 party: m.party,
                 listen: m.addr,
                 dir: self.node_dir(m.party),

@@ -347,6 +347,19 @@ pub fn run(cmd: CustodyCommand) -> Result<ExitCode> {
             if exit_with_parent {
                 watch_parent();
             }
+            // `/metrics` on its own small runtime beside the node's threads.
+            let _metrics = match cfg.metrics {
+                Some(addr) => {
+                    let rt = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .thread_name("florin-metrics")
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(crate::cluster_cmd::serve_metrics(Some(addr)))?;
+                    Some(rt)
+                }
+                None => None,
+            };
             florin_node::custody::node::run_node(&cfg, Some(&config))?;
             Ok(ExitCode::SUCCESS)
         }

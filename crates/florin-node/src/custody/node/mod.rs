@@ -118,6 +118,10 @@ pub struct CustodyNodeConfig {
     /// absent: a production node spends minutes of CPU on its Paillier primes first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ecdsa: Option<EcdsaLevel>,
+    /// Where `florin custody node` serves `/metrics` and `/v1/health` (plain HTTP; `custody
+    /// up` assigns a loopback port). None: no metrics listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<SocketAddr>,
 }
 
 impl CustodyNodeConfig {
@@ -225,6 +229,45 @@ struct Inner {
 /// A key-management node.
 pub struct CustodyNode {
     inner: Arc<Inner>,
+}
+
+/// Reports this node's pools at every scrape of the process's metrics, as
+/// `florin_custody_pool_depth{pool="party<P>-<what>"}`: FROST nonces ready, keys held (FROST
+/// and ECDSA), ECDSA presignatures held. One label set per party (a process holds a few at
+/// most); the hook ends with the node.
+fn export_pools(inner: &Arc<Inner>) {
+    let weak = Arc::downgrade(inner);
+    let party = inner.party;
+    florin_obs::metrics::global().on_scrape(move || {
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        if inner.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let nonces = inner.nonces.pool.lock().map(|p| p.ready()).unwrap_or(0);
+        let frost_keys = inner.keys.read().map(|k| k.len()).unwrap_or(0);
+        let (ecdsa_keys, presignatures) = inner
+            .ecdsa
+            .as_ref()
+            .map(|e| {
+                let st = e.status();
+                (st.keys.len(), st.keys.iter().map(|k| k.2).sum::<u64>())
+            })
+            .unwrap_or((0, 0));
+        let m = florin_obs::metrics::global();
+        for (what, n) in [
+            ("nonces", nonces as u64),
+            ("keys", (frost_keys + ecdsa_keys) as u64),
+            ("presignatures", presignatures),
+        ] {
+            m.custody_pool_depth
+                .get_or_create(&florin_obs::metrics::PoolLabels {
+                    pool: format!("party{party}-{what}"),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    });
 }
 
 /// A node serving in background threads (tests, benchmarks, `devnet` in one process).
@@ -517,6 +560,7 @@ impl CustodyNode {
     pub fn start(self, listener: TcpListener) -> Result<RunningNode, NodeError> {
         let addr = listener.local_addr().map_err(crate::error::IoError::from)?;
         let inner = self.inner;
+        export_pools(&inner);
         if let Some(e) = &inner.ecdsa {
             e.ensure_primes();
         }
