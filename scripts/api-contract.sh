@@ -22,7 +22,8 @@ if [ ! -x "$venv/bin/st" ] || ! "$venv/bin/st" --version 2>/dev/null | grep -q "
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$version"
 fi
-[ -x "$target/debug/florin" ] || cargo build -q --locked -p florin
+# Up to date with the tree (a no-op after `cargo test`, which builds it for its tests).
+cargo build -q --locked -p florin
 
 rm -rf "$out"
 mkdir -p "$out"
@@ -30,7 +31,7 @@ data=$(mktemp -d)
 port_file=$out/devnet.out
 # Plain HTTP on loopback, rate limits off: the client sends thousands of requests a minute and
 # must see the API's answers, not 429s.
-"$target/debug/florin" devnet --data "$data" --listen 127.0.0.1:0 --plain-http \
+RUST_LOG=info "$target/debug/florin" devnet --data "$data" --listen 127.0.0.1:0 --plain-http \
   --rate-per-ip 0 --rate-burst-ip 0 --rate-per-key 0 --rate-burst-key 0 \
   --tx-rate-per-ip 0 --tx-burst-ip 0 --new-conns-per-ip 0 --audit-every 0 \
   >"$port_file" 2>"$out/devnet.log" &

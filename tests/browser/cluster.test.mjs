@@ -88,6 +88,9 @@ test('a sentinel\'s console shows every group, each with one leader, and a payme
   const b = florin('wallet', '--wallet', 'b', '--json', 'address').address;
   const paid = florin('wallet', '--wallet', 'a', '--json', 'pay', b, '1');
   assert.equal(paid.status, 'confirmed');
+  // Recent transactions are an operator's view: the cluster's operator key, signed in the page.
+  await page.setInputFiles('#opkey', join(data, 'operator.key'));
+  await page.waitForFunction(() => document.getElementById('opwho').textContent.startsWith('signing as eur1'));
   await page.waitForFunction((txid) => document.getElementById('recent').textContent.includes(txid), paid.txid, { timeout: 15_000 });
   await page.waitForFunction(() => document.getElementById('balanced').textContent === 'balanced', null, { timeout: 15_000 });
   await page.screenshot({ path: join(OUT, 'cluster-console.png'), fullPage: true });

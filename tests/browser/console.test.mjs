@@ -49,6 +49,8 @@ async function api(path) {
 
 let page;
 const requests = [];
+// Every request in full (URL, headers, body): the operator key must appear in none.
+const sent = [];
 const problems = [];
 
 before(async () => {
@@ -82,7 +84,10 @@ before(async () => {
   browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ['--no-sandbox'] });
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 1400 } });
   page = await context.newPage();
-  page.on('request', (r) => requests.push(r.url()));
+  page.on('request', (r) => {
+    requests.push(r.url());
+    sent.push(r.url() + ' ' + JSON.stringify(r.headers()) + ' ' + (r.postData() || ''));
+  });
   page.on('pageerror', (e) => problems.push('page error: ' + e.message));
   // The browser logs every 4xx as a console error; the tests cause some (a credential-less
   // operator call, a refused key) and check them. What must not happen: a script error, a
@@ -99,7 +104,12 @@ before(async () => {
 
 after(async () => {
   if (browser) await browser.close();
-  if (devnet) { devnet.kill('SIGTERM'); await new Promise((r) => devnet.once('exit', r)); }
+  if (devnet && devnet.exitCode === null && devnet.signalCode === null) {
+    const exited = new Promise((r) => devnet.once('exit', r));
+    devnet.kill('SIGTERM');
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 10_000))]);
+    if (devnet.exitCode === null && devnet.signalCode === null) devnet.kill('SIGKILL');
+  }
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -138,28 +148,36 @@ test('the console shows the audit, the charts and the fraud proof, and verifies 
     const hex = p.proof;
     const i = hex.length - 20;
     const flipped = hex.slice(0, i) + ((parseInt(hex[i], 16) ^ 1).toString(16)) + hex.slice(i + 1);
-    try { await verifyFraudProof(flipped, null); return 'accepted'; } catch (e) { return e.message; }
+    try { await verifyFraudProof(flipped, info.authority); return 'accepted'; } catch (e) { return e.message; }
   }, fraud[0]);
   assert.match(tampered, /does not verify/);
   const wrongAuthority = await page.evaluate(async (p) => {
     try { await verifyFraudProof(p.proof, 'eur1someoneelse'); return 'accepted'; } catch (e) { return e.message; }
   }, fraud[0]);
   assert.match(wrongAuthority, /another authority/);
+  // Without the authority's key nothing is called valid; Florin's signature rule holds:
+  // small-order and non-canonical points, a non-canonical s, are refused before the equation.
+  const checks = await page.evaluate(async (p) => {
+    const out = [];
+    try { await verifyFraudProof(p.proof, null); out.push('accepted'); } catch (e) { out.push(e.message); }
+    for (const [what, hex] of [
+      ['identity', '0100000000000000000000000000000000000000000000000000000000000000'],
+      ['order 8', 'c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa'],
+      ['y = p', 'edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f'],
+    ]) {
+      try { checkPoint(hexToBytes(hex), what); out.push('accepted'); } catch (e) { out.push(e.message); }
+    }
+    const sig = new Uint8Array(64).fill(0xff);
+    sig.set(hexToBytes('5866666666666666666666666666666666666666666666666666666666666666'), 0);
+    try { await verifySignature(hexToBytes('d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a'), new Uint8Array(32), sig, 'x'); out.push('accepted'); } catch (e) { out.push(e.message); }
+    return out;
+  }, fraud[0]);
+  assert.match(checks[0], /authority's key is not known/);
+  assert.match(checks[1], /small order/);
+  assert.match(checks[2], /small order/);
+  assert.match(checks[3], /not a canonical point/);
+  assert.match(checks[4], /s is not canonical/);
   await page.screenshot({ path: join(OUT, 'console.png'), fullPage: true });
-});
-
-test('a payment shows up: counters, recent transactions, and the books stay balanced', async () => {
-  const confirmedBefore = Number(await page.textContent('[data-counter="transactions confirmed"]'));
-  const bob = wallet('bob', 'address').address;
-  const paid = wallet('alice', 'pay', bob, '0.02');
-  assert.equal(paid.status, 'confirmed');
-  await page.waitForFunction((n) => Number(document.querySelector('[data-counter="transactions confirmed"]').textContent) > n,
-    confirmedBefore, { timeout: 15_000 });
-  await page.waitForFunction((txid) => document.getElementById('recent').textContent.includes(txid), paid.txid, { timeout: 15_000 });
-  const row = await page.getAttribute(`#recent tr:has-text("${paid.txid}")`, 'data-status');
-  assert.equal(row, 'confirmed');
-  await page.waitForFunction(() => document.getElementById('balanced').textContent === 'balanced');
-  await page.screenshot({ path: join(OUT, 'console-after-payment.png'), fullPage: true });
 });
 
 test('an operator blacklists the double-spent token from the page, signing in the browser', async () => {
@@ -185,8 +203,24 @@ test('an operator blacklists the double-spent token from the page, signing in th
   assert.doesNotMatch(await page.textContent('#revoked'), /eur1notakey/);
   // The key never left the page: no request carried it.
   const seed = readFileSync(join(data, 'operator.key'), 'utf8').trim();
-  assert.ok(requests.every((u) => !u.includes(seed)));
+  assert.ok(sent.length > 0 && sent.every((r) => !r.includes(seed)));
   await page.screenshot({ path: join(OUT, 'console-operator.png'), fullPage: true });
+});
+
+test("a payment shows up: counters, the operator's recent transactions, and the books stay balanced", async () => {
+  const confirmedBefore = Number(await page.textContent('[data-counter="transactions confirmed"]'));
+  const bob = wallet('bob', 'address').address;
+  const paid = wallet('alice', 'pay', bob, '0.02');
+  assert.equal(paid.status, 'confirmed');
+  await page.waitForFunction((n) => Number(document.querySelector('[data-counter="transactions confirmed"]').textContent) > n,
+    confirmedBefore, { timeout: 15_000 });
+  // Recent transactions are an operator's view (the key was loaded above): refreshed on demand.
+  await page.click('#oprefresh');
+  await page.waitForFunction((txid) => document.getElementById('recent').textContent.includes(txid), paid.txid, { timeout: 15_000 });
+  const row = await page.getAttribute(`#recent tr:has-text("${paid.txid}")`, 'data-status');
+  assert.equal(row, 'confirmed');
+  await page.waitForFunction(() => document.getElementById('balanced').textContent === 'balanced');
+  await page.screenshot({ path: join(OUT, 'console-after-payment.png'), fullPage: true });
 });
 
 test('the API view renders every operation of the contract', async () => {

@@ -103,21 +103,75 @@ function address(key) {
 
 // ---- fraud proofs, checked here -----------------------------------------------------------
 
+// Florin's signature rule (florin_crypto::verify) before WebCrypto's Ed25519: the key and R
+// canonical (y < p) and not of small order, s below the group order. WebCrypto then checks the
+// equation (cofactorless, where Florin's is cofactored: the two differ only for points with a
+// torsion component, which the checks above do not all exclude; such a proof is one an honest
+// wallet never signs, and the node's own check, `florin fraud verify`, is the reference).
+const SMALL_ORDER = new Set([
+  '0100000000000000000000000000000000000000000000000000000000000000',
+  '0100000000000000000000000000000000000000000000000000000000000080',
+  'ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f',
+  'ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff',
+  '0000000000000000000000000000000000000000000000000000000000000000',
+  '0000000000000000000000000000000000000000000000000000000000000080',
+  '26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05',
+  '26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85',
+  'c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a',
+  'c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa',
+]);
+const P = (1n << 255n) - 19n;
+const L = (1n << 252n) + 27742317777372353535851937790883648493n;
+
+function le(bytes) {
+  let v = 0n;
+  for (let i = bytes.length - 1; i >= 0; i--) v = (v << 8n) | BigInt(bytes[i]);
+  return v;
+}
+
+function checkPoint(bytes, what) {
+  const y = bytes.slice();
+  y[31] &= 0x7f;
+  if (le(y) >= P) throw new Error(what + ' is not a canonical point encoding');
+  if (SMALL_ORDER.has(bytesToHex(bytes))) throw new Error(what + ' has small order');
+}
+
+async function verifySignature(key, msg, sig, where) {
+  try {
+    checkPoint(key, 'the signing key');
+    checkPoint(sig.slice(0, 32), 'the signature\'s R');
+    if (le(sig.slice(32)) >= L) throw new Error('the signature\'s s is not canonical');
+  } catch (e) {
+    throw new Error(where + ': ' + e.message);
+  }
+  let ok = false;
+  try {
+    const k = await crypto.subtle.importKey('raw', key, { name: 'Ed25519' }, false, ['verify']);
+    ok = await crypto.subtle.verify({ name: 'Ed25519' }, k, sig, msg);
+  } catch (_) {
+    ok = false;
+  }
+  if (!ok) throw new Error(where + ': the signature does not verify');
+}
+
 // Decodes a fraud proof (florin_token::FraudProof::encode) and checks it as
-// FraudProof::verify does: the shape, the conflict, and every signature (the anchor's by the
-// authority, each link's by the previous holder). Returns the culprit's address.
-async function verifyFraudProof(hex, expectedAuthority) {
+// FraudProof::verify does, against `authority` (the node's key, required): the shape, the
+// conflict, and every signature (the anchor's by the authority, each link's by the previous
+// holder). Returns the proof's id, serial, value byte and culprit, recomputed from its bytes.
+async function verifyFraudProof(hex, authority) {
+  if (!authority) throw new Error('the authority\'s key is not known: nothing to check the proof against');
   const b = hexToBytes(hex);
-  const need = (n) => { if (b.length < n) throw new Error('truncated proof'); };
-  need(1 + 8 + 1 + 32 + 64 + 4);
+  if (b.length < 110) throw new Error('truncated proof');
   if (b[0] !== 1) throw new Error('unknown proof version ' + b[0]);
   const serial = b.slice(1, 9);
   const value = b[9];
-  const authority = b.slice(10, 42);
+  if (value < 1 || value > 15) throw new Error('unknown denomination byte ' + value);
+  const auth = b.slice(10, 42);
   const nonce = b.slice(42, 106);
   const np = b[106] | (b[107] << 8);
   const nb = b[108] | (b[109] << 8);
   if (b.length !== 110 + (np + 2 * nb) * 128) throw new Error('proof length does not match its counts');
+  if (address(auth) !== authority) throw new Error('the proof is for another authority: ' + address(auth));
   const link = (i) => {
     const o = 110 + i * 128;
     return { recipient: b.slice(o, o + 32), handshake: b.slice(o + 32, o + 64), proof: b.slice(o + 64, o + 128) };
@@ -126,9 +180,6 @@ async function verifyFraudProof(hex, expectedAuthority) {
   for (let i = 0; i < np; i++) prefix.push(link(i));
   for (let i = 0; i < nb; i++) a.push(link(np + i));
   for (let i = 0; i < nb; i++) c.push(link(np + nb + i));
-  if (expectedAuthority && address(authority) !== expectedAuthority) {
-    throw new Error('the proof is for another authority: ' + address(authority));
-  }
   if (np === 0) throw new Error('empty prefix');
   if (nb === 0) throw new Error('empty branches');
   const same = (x, y) => bytesToHex(x.recipient) === bytesToHex(y.recipient) && bytesToHex(x.handshake) === bytesToHex(y.handshake);
@@ -140,19 +191,15 @@ async function verifyFraudProof(hex, expectedAuthority) {
       if (name === 'branch b' && i < np) continue;
       const l = chain[i];
       const msg = i === 0
-        ? await florinHash('florin/token/anchor/v1', new Uint8Array([1]), serial, new Uint8Array([value]), authority, nonce, l.recipient, l.handshake)
+        ? await florinHash('florin/token/anchor/v1', new Uint8Array([1]), serial, new Uint8Array([value]), auth, nonce, l.recipient, l.handshake)
         : await florinHash('florin/token/link/v1', serial, chain[i - 1].proof, l.recipient, l.handshake);
-      const signer = i === 0 ? authority : chain[i - 1].recipient;
-      const key = await crypto.subtle.importKey('raw', signer, { name: 'Ed25519' }, false, ['verify']);
-      const ok = await crypto.subtle.verify({ name: 'Ed25519' }, key, l.proof, msg);
-      if (!ok) {
-        const where = i < np ? 'prefix link ' + i : name + ' link ' + (i - np);
-        throw new Error(where + ': the signature does not verify');
-      }
+      const signer = i === 0 ? auth : chain[i - 1].recipient;
+      await verifySignature(signer, msg, l.proof, i < np ? 'prefix link ' + i : name + ' link ' + (i - np));
     }
   }
   const culprit = nb >= 2 ? a[nb - 2].recipient : prefix[np - 1].recipient;
-  return { culprit: address(culprit), serial: bytesToHex(serial) };
+  const id = bytesToHex(await florinHash('florin/fraud-proof/id/v1', b));
+  return { id, culprit: address(culprit), serial: bytesToHex(serial), value };
 }
 
 // ---- metrics ----------------------------------------------------------------------------
@@ -355,6 +402,16 @@ async function refreshCluster() {
 let info = null;
 const verified = new Map();
 
+async function loadInfo() {
+  const r = await getJson('/v1/info');
+  if (r.status === 200) {
+    info = r.body;
+    $('node').textContent = 'authority ' + info.authority + (info.issuer ? ' · issuer ' + info.issuer : '') + ' · v' + info.version;
+  } else {
+    $('node').textContent = 'a sentinel without a token authority';
+  }
+}
+
 async function refreshAudit() {
   const { status, body } = await getJson('/v1/audit');
   const box = $('audit');
@@ -392,18 +449,25 @@ async function refreshFraud() {
   rows($('fraud'), ['detected', 'serial', 'value', 'culprit (signed twice)', 'offline check'], body.map((p) => {
     const cell = el('td', { class: 'check' });
     const show = () => {
-      const v = verified.get(p.id);
+      const v = verified.get(p.proof);
       if (!v) {
         const b = el('button', { 'data-proof': p.id }, 'Verify');
         b.addEventListener('click', async () => {
+          // The verdict is about this row: the proof's own id, serial and culprit must be the
+          // ones the row shows, and it is remembered under the id the proof hashes to.
+          let verdict;
           try {
+            if (!info) await loadInfo();
             const r = await verifyFraudProof(p.proof, info && info.authority);
-            verified.set(p.id, r.culprit === p.culprit
-              ? { ok: true, text: '✔ valid: ' + r.culprit.slice(0, 16) + '… signed two payments of token ' + r.serial }
-              : { ok: false, text: '✘ the proof names ' + r.culprit + ', the node says ' + p.culprit });
+            const mismatch = [['id', r.id, p.id], ['serial', r.serial, p.serial], ['culprit', r.culprit, p.culprit]]
+              .find(([, mine, theirs]) => mine !== theirs);
+            verdict = mismatch
+              ? { ok: false, text: '✘ the proof\'s ' + mismatch[0] + ' is ' + mismatch[1] + ', the node says ' + mismatch[2] }
+              : { ok: true, text: '✔ valid: ' + r.culprit.slice(0, 16) + '… signed two payments of token ' + r.serial };
           } catch (e) {
-            verified.set(p.id, { ok: false, text: '✘ ' + e.message });
+            verdict = { ok: false, text: '✘ ' + e.message };
           }
+          verified.set(p.proof, verdict);
           show();
         });
         cell.replaceChildren(b);
@@ -417,15 +481,19 @@ async function refreshFraud() {
   }));
 }
 
-async function refreshRecent() {
-  const { status, body } = await getJson('/v1/ledger/recent');
-  if (status !== 200) { $('tx-summary').textContent = 'No ledger here.'; return; }
+// The transactions this node decided: an operator's view (`/v1/ledger/recent` needs the
+// credential: the list tells who paid when).
+function renderRecent(status, body) {
+  if (status !== 200) {
+    $('tx-summary').textContent = status === 404 ? 'No ledger here.' : 'Refused: ' + ((body && body.error && body.error.message) || status);
+    return;
+  }
   const txs = body.transactions || [];
   const by = {};
   for (const t of txs) by[t.status] = (by[t.status] || 0) + 1;
-  $('tx-summary').textContent = txs.length
+  $('tx-summary').textContent = (txs.length
     ? 'The last ' + txs.length + ' decided here: ' + Object.entries(by).map(([k, v]) => v + ' ' + k).join(', ')
-    : 'No transaction decided here yet.';
+    : 'No transaction decided here yet.') + ' (as of ' + new Date().toLocaleTimeString() + ')';
   rows($('recent'), ['when', 'txid', 'status', 'why'], txs.slice(0, 50).map((t) => el('tr', { 'data-status': t.status },
     el('td', {}, new Date(t.at * 1000).toLocaleTimeString()), el('td', { class: 'mono' }, t.txid),
     el('td', {}, el('span', { class: 'badge ' + (t.status === 'confirmed' ? 'ok' : t.status === 'pending' ? '' : 'bad') }, t.status)),
@@ -443,15 +511,15 @@ async function tick(what) {
 
 let rounds = 0;
 
-// Metrics, readiness and recent transactions every round; the audit (which reads the whole
-// books) and the fraud list every third; the operator's lists (each a signed request) every
-// fifth.
+// Metrics and readiness every round; the audit (which reads the whole books) and the fraud
+// list every third; the operator's views (each a signed request, which a replicated node
+// records) every eighth while the page is in view, and on demand.
 async function loop() {
   const slow = rounds % 3 === 0;
   await tick(refreshCluster);
-  await Promise.all([tick(refreshMetrics), tick(refreshReady), tick(refreshRecent),
+  await Promise.all([tick(refreshMetrics), tick(refreshReady),
     slow ? tick(refreshAudit) : null, slow ? tick(refreshFraud) : null]);
-  if (operator && rounds % 5 === 0) await tick(refreshOperator);
+  if (operator && rounds % 8 === 0 && document.visibilityState === 'visible') await tick(refreshOperator);
   rounds += 1;
   $('updated').textContent = 'updated ' + new Date().toLocaleTimeString();
   document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
@@ -474,10 +542,18 @@ async function loadOperatorKey(file) {
   // PKCS#8 wrapping of an Ed25519 seed (RFC 8410), to learn the public key once, then kept
   // only as a key the page cannot export.
   const pkcs8 = concat(hexToBytes('302e020100300506032b657004220420'), seed);
-  const tmp = await crypto.subtle.importKey('pkcs8', pkcs8, { name: 'Ed25519' }, true, ['sign']);
-  const jwk = await crypto.subtle.exportKey('jwk', tmp);
-  const key = await crypto.subtle.importKey('jwk', { kty: 'OKP', crv: 'Ed25519', d: jwk.d, x: jwk.x }, { name: 'Ed25519' }, false, ['sign']);
   seed.fill(0);
+  let jwk;
+  try {
+    const tmp = await crypto.subtle.importKey('pkcs8', pkcs8, { name: 'Ed25519' }, true, ['sign']);
+    jwk = await crypto.subtle.exportKey('jwk', tmp);
+  } finally {
+    pkcs8.fill(0);
+  }
+  const key = await crypto.subtle.importKey('jwk', { kty: 'OKP', crv: 'Ed25519', d: jwk.d, x: jwk.x }, { name: 'Ed25519' }, false, ['sign']);
+  // What JavaScript lets a page clear (strings, such as the file's text and `jwk.d`, cannot
+  // be; they are dropped here and collected).
+  jwk.d = '';
   return { key, public: unb64url(jwk.x) };
 }
 
@@ -504,14 +580,18 @@ function entryRows(table, list, withAction) {
 }
 
 async function refreshOperator() {
-  const [bl, rv, log] = [await operatorFetch('GET', '/v1/admin/blacklist'), await operatorFetch('GET', '/v1/admin/revoked'), await operatorFetch('GET', '/v1/admin/log')];
+  const bl = await operatorFetch('GET', '/v1/admin/blacklist');
   if (bl.status !== 200) {
     $('opwho').textContent = 'refused: ' + ((bl.body && bl.body.error && bl.body.error.message) || bl.status);
     return;
   }
+  const rv = await operatorFetch('GET', '/v1/admin/revoked');
+  const log = await operatorFetch('GET', '/v1/admin/log');
+  const recent = await operatorFetch('GET', '/v1/ledger/recent');
   entryRows($('blacklist'), bl.body, false);
   entryRows($('revoked'), rv.body, false);
   entryRows($('adminlog'), log.body, true);
+  renderRecent(recent.status, recent.body);
 }
 
 async function operatorAction(method, path, body) {
@@ -538,6 +618,7 @@ function setupOperator() {
       $('opwho').textContent = 'not an operator key: ' + e.message;
     }
   });
+  $('oprefresh').addEventListener('click', () => tick(refreshOperator));
   $('blacklist-form').addEventListener('submit', (ev) => {
     ev.preventDefault();
     const f = new FormData(ev.target);
@@ -556,12 +637,6 @@ function setupOperator() {
 
 document.addEventListener('DOMContentLoaded', async () => {
   setupOperator();
-  const r = await getJson('/v1/info').catch(() => ({ status: 0 }));
-  if (r.status === 200) {
-    info = r.body;
-    $('node').textContent = 'authority ' + info.authority + (info.issuer ? ' · issuer ' + info.issuer : '') + ' · v' + info.version;
-  } else {
-    $('node').textContent = 'a sentinel without a token authority';
-  }
+  await tick(loadInfo);
   loop();
 });

@@ -575,11 +575,15 @@ async fn unspent(
     Ok(Json(Unspent { id, unspent }))
 }
 
-#[utoipa::path(get, path = "/v1/ledger/recent", tag = "ledger",
-    summary = "The last transactions this node decided (at most 256), newest first",
-    responses((status = 200, description = "What was submitted here and its answer.", body = florin_node::api::RecentTxs)))]
+#[utoipa::path(get, path = "/v1/ledger/recent", tag = "admin",
+    summary = "The last transactions this node decided (at most 256), newest first (operators: the list tells who paid when)",
+    security(("operator" = [])),
+    responses((status = 200, description = "What was submitted here and its answer.", body = florin_node::api::RecentTxs),
+        (status = 401, description = "No operator credential, or a malformed one.", body = ApiError),
+        (status = 403, description = "The credential is refused.", body = ApiError)))]
 async fn recent(
     State(st): State<AppState>,
+    _op: Operator,
 ) -> Result<Json<florin_node::api::RecentTxs>, HttpError> {
     Ok(Json(florin_node::api::RecentTxs {
         transactions: st.ledger()?.recent_decided(),
@@ -914,7 +918,8 @@ async fn admin_log(
 }
 
 /// The operator routes (each needs an operator credential: 401 without, 403 refused).
-pub const ADMIN_ROUTES: [(&str, &str); 6] = [
+pub const ADMIN_ROUTES: [(&str, &str); 7] = [
+    ("GET", "/v1/ledger/recent"),
     ("POST", "/v1/admin/blacklist"),
     ("GET", "/v1/admin/blacklist"),
     ("POST", "/v1/admin/revoke"),

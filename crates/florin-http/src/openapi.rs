@@ -88,8 +88,16 @@ pub fn finish(mut doc: OpenApi, api: Api) -> OpenApi {
             "customer".into(),
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
                 florin_node::psp::auth::AUTH_HEADER,
-                "The customer's (or peer provider's) signature over the method, the path and \
-                 query, the body, the time and a nonce (`florin psp` makes it).",
+                "The customer's signature over the method, the path and query, the body, the \
+                 time and a nonce (`florin psp` makes it).",
+            ))),
+        );
+        components.security_schemes.insert(
+            "peer".into(),
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                florin_node::psp::auth::AUTH_HEADER,
+                "A peer provider's signature (a key in this provider's peer list) over the \
+                 method, the path and query, the body, the time and a nonce.",
             ))),
         );
     }

@@ -342,7 +342,7 @@ async fn start_transfer(
 /// Filia's ①–③ at the payee's provider: a peer announces a payment (peer-signed).
 #[utoipa::path(post, path = "/v1/psp/announce", tag = "peers",
     summary = "A peer provider announces a payment to one of this provider's customers (peer-signed)",
-    request_body = florin_node::psp::api::Announce, security(("customer" = [])),
+    request_body = florin_node::psp::api::Announce, security(("peer" = [])),
     responses((status = 200, description = "Where to pay, signed.", body = florin_node::psp::proof::PayeeOffer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError)))]
 async fn announce(
     State(p): St,
@@ -356,8 +356,8 @@ async fn announce(
 
 #[utoipa::path(post, path = "/v1/psp/receive", tag = "peers",
     summary = "A peer provider hands over outputs it paid to this provider's customers (peer-signed)",
-    request_body = florin_node::psp::api::Receive, security(("customer" = [])),
-    responses((status = 200, description = "What was taken.", body = ReceiveAnswer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError)))]
+    request_body = florin_node::psp::api::Receive, security(("peer" = [])),
+    responses((status = 200, description = "What was taken.", body = ReceiveAnswer), (status = 401, description = "No signature, or one that does not verify.", body = ApiError), (status = 403, description = "The signer may not do this.", body = ApiError), (status = 422, description = "The payment was refused (ledger or peer).", body = ApiError), (status = 502, description = "The ledger did not answer.", body = ApiError)))]
 async fn receive(
     State(p): St,
     uri: Uri,

@@ -130,8 +130,9 @@ impl Ledger {
         })
     }
 
-    /// The last transactions this node decided (at most [`RECENT_DECIDED`]), newest first:
-    /// what was submitted here and its answer, for the console.
+    /// The last answers this node gave to submissions (at most [`RECENT_DECIDED`]), newest
+    /// first: each transaction and its status when answered (`pending` when the store gave
+    /// no outcome in time), for the operators' console.
     pub fn recent_decided(&self) -> Vec<crate::api::RecentTx> {
         self.decided
             .lock()
@@ -141,21 +142,28 @@ impl Ledger {
 
     fn remember_decided(&self, answers: &[(Digest, TxStatus)]) {
         let at = florin_ledger::expiry::unix_now();
-        let Ok(mut d) = self.decided.lock() else {
-            return;
-        };
         let skip = answers.len().saturating_sub(RECENT_DECIDED);
-        for (txid, status) in &answers[skip..] {
-            if d.len() == RECENT_DECIDED {
-                d.pop_front();
-            }
-            d.push_back(crate::api::RecentTx {
+        // Built before the lock: the submit path holds it only to move entries.
+        let fresh: Vec<crate::api::RecentTx> = answers[skip..]
+            .iter()
+            .map(|(txid, status)| crate::api::RecentTx {
                 txid: hex::encode(txid),
                 status: status.name().into(),
                 error: status.error().map(str::to_string),
                 at,
-            });
-        }
+            })
+            .collect();
+        let evicted: Vec<crate::api::RecentTx> = {
+            let Ok(mut d) = self.decided.lock() else {
+                return;
+            };
+            let over = (d.len() + fresh.len()).saturating_sub(RECENT_DECIDED);
+            let n = over.min(d.len());
+            let evicted = d.drain(..n).collect();
+            d.extend(fresh);
+            evicted
+        };
+        drop(evicted);
     }
 
     /// The issuer's key.

@@ -107,6 +107,7 @@ fn every_privileged_route_needs_a_valid_fresh_operator_credential() {
         ("GET", "/v1/admin/revoked", String::new()),
         ("POST", "/v1/admin/unrevoke", revoke_body),
         ("GET", "/v1/admin/log", String::new()),
+        ("GET", "/v1/ledger/recent", String::new()),
     ];
     // Every route of the router's operator list is among them.
     for (m, p) in florin_http::node::ADMIN_ROUTES {

@@ -108,6 +108,16 @@ pub enum Notice {
         /// The payee's reason.
         reason: String,
     },
+    /// A long flow (a withdrawal, a sync) entered a step (for a progress display).
+    Step(&'static str),
+    /// The current step's work: `done` of `total` (coins checked with the ledger, mailbox
+    /// messages opened, withdrawals collected).
+    Progress {
+        /// Done so far.
+        done: u64,
+        /// In all (known so far).
+        total: u64,
+    },
 }
 
 impl fmt::Display for Notice {
@@ -128,6 +138,8 @@ impl fmt::Display for Notice {
                 "the payee refused an earlier payment of €{}: {reason}",
                 format_cents(*cents)
             ),
+            Notice::Step(step) => f.write_str(step),
+            Notice::Progress { done, total } => write!(f, "{done} of {total}"),
         }
     }
 }
@@ -467,6 +479,7 @@ impl<'a, C: Connector> Flows<'a, C> {
         for d in earlier.dropped {
             (self.notify)(&Notice::HandoffDropped(d));
         }
+        (self.notify)(&Notice::Step("paying the reserve on the ledger"));
         let tx = self.build_paying(w, reserve, cents, "withdraw").await?;
         self.save(w)?;
         let settled = self.settle(w, &tx).await?;
@@ -584,18 +597,27 @@ impl<'a, C: Connector> Flows<'a, C> {
     /// cents) removed.
     pub async fn reconcile(&self, w: &mut Wallet) -> Result<(usize, u64), FlowError> {
         let mut spent = Vec::new();
-        for u in w.held_utxos() {
+        let held = w.held_utxos();
+        let aside = w.set_aside_utxos();
+        let total = (held.len() + aside.len()) as u64;
+        (self.notify)(&Notice::Step("checking coins with the ledger"));
+        let mut done = 0;
+        for u in held {
             if !self.connector.unspent(&u.id()).await? {
                 spent.push(u.id());
             }
+            done += 1;
+            (self.notify)(&Notice::Progress { done, total });
         }
         // Set aside, never deleted: outputs a node called spent that it holds unspent again
         // (a ledger restored, a wrong node) come back.
         let mut back = Vec::new();
-        for u in w.set_aside_utxos() {
+        for u in aside {
             if self.connector.unspent(&u.id()).await? {
                 back.push(u.id());
             }
+            done += 1;
+            (self.notify)(&Notice::Progress { done, total });
         }
         let (count, cents) = w.restore_unspent(&back);
         if count > 0 {
@@ -666,7 +688,16 @@ impl<'a, C: Connector> Flows<'a, C> {
     ) -> Result<(u64, Vec<String>), FlowError> {
         let mut got = 0;
         let mut errors = Vec::new();
-        for a in w.awaiting_tokens().to_vec() {
+        let awaiting = w.awaiting_tokens().to_vec();
+        if !awaiting.is_empty() {
+            (self.notify)(&Notice::Step("collecting and checking the tokens"));
+        }
+        let total = awaiting.len() as u64;
+        for (done, a) in awaiting.into_iter().enumerate() {
+            (self.notify)(&Notice::Progress {
+                done: done as u64,
+                total,
+            });
             let Some(auth) = w.withdraw_authorization(&a) else {
                 errors.push(format!(
                     "€{}: no input of its payment is this wallet's, so it cannot sign for the tokens",
@@ -710,6 +741,8 @@ impl<'a, C: Connector> Flows<'a, C> {
         let handoffs = self.deliver(w).await?;
         let (withdrawn, withdraw_errors) = self.collect_withdrawals(w).await?;
         let mut received = 0;
+        (self.notify)(&Notice::Step("collecting payments from the mailbox"));
+        let (mut opened, mut seen) = (0, 0);
         loop {
             let list = self
                 .connector
@@ -718,7 +751,13 @@ impl<'a, C: Connector> Flows<'a, C> {
             if list.is_empty() {
                 break;
             }
+            seen += list.len() as u64;
             for m in list {
+                opened += 1;
+                (self.notify)(&Notice::Progress {
+                    done: opened,
+                    total: seen,
+                });
                 // A message that does not open or parse is someone else's noise: skip it.
                 let utxos = w
                     .open_sealed(&m.message)

@@ -332,8 +332,12 @@ async fn an_unreachable_node_leaves_the_payment_in_flight_for_sync() {
     let (mut alice, store) = wallet(&dir, "alice.json", &node);
     let (mut bob, bob_store) = wallet(&dir, "bob.json", &node);
     let notices = RefCell::new(Vec::new());
-    let a = Flows::new(&store, &node)
-        .with_notices(|n: &Notice| notices.borrow_mut().push(n.to_string()));
+    let steps = RefCell::new(Vec::new());
+    let a = Flows::new(&store, &node).with_notices(|n: &Notice| match n {
+        // Progress for a display: which step, how far.
+        Notice::Step(_) | Notice::Progress { .. } => steps.borrow_mut().push(n.to_string()),
+        _ => notices.borrow_mut().push(n.to_string()),
+    });
     a.faucet(&mut alice, 500).await.unwrap();
 
     node.ledger.borrow_mut().down = true;
@@ -360,6 +364,23 @@ async fn an_unreachable_node_leaves_the_payment_in_flight_for_sync() {
     // The first submission never reached the node; sync's is the one it saw.
     assert_eq!(node.ledger.borrow().submitted, 1);
     assert!(notices.borrow().is_empty());
+    // Sync told its steps, and counted its coins to the end.
+    let steps = steps.borrow().clone();
+    assert!(
+        steps.contains(&"collecting payments from the mailbox".to_string()),
+        "{steps:?}"
+    );
+    let at = steps
+        .iter()
+        .position(|s| s == "checking coins with the ledger")
+        .expect("the coin check");
+    let held = alice.held_utxos().len();
+    assert_eq!(
+        steps.last(),
+        Some(&format!("{held} of {held}")),
+        "{steps:?}"
+    );
+    assert!(at < steps.len() - 1);
 
     let b = Flows::new(&bob_store, &node);
     assert_eq!(b.sync(&mut bob).await.unwrap().received, 200);

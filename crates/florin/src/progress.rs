@@ -63,3 +63,52 @@ pub fn bytes(label: &'static str, total: u64) -> Option<ProgressBar> {
     pb.set_message(label);
     Some(pb)
 }
+
+/// The steps of a long wallet flow (a withdrawal, a sync): a spinner naming the step, turning
+/// into a bar while the step counts its work (coins checked with the ledger, mailbox messages
+/// opened). Cleared when the last clone is dropped; nothing at all when not [`shown`].
+#[derive(Clone)]
+pub struct Steps(Option<ProgressBar>);
+
+/// Steps shown on standard error (or nothing; see the module's text).
+pub fn steps() -> Steps {
+    if !shown() {
+        return Steps(None);
+    }
+    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+        .with_finish(indicatif::ProgressFinish::AndClear);
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+        pb.set_style(style);
+    }
+    pb.enable_steady_tick(Duration::from_millis(120));
+    Steps(Some(pb))
+}
+
+impl Steps {
+    /// A new step: its name, and no count yet.
+    pub fn step(&self, name: &'static str) {
+        if let Some(pb) = &self.0 {
+            if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+                pb.set_style(style);
+            }
+            pb.set_length(0);
+            pb.set_position(0);
+            pb.set_message(name);
+        }
+    }
+
+    /// The current step's count: `done` of `total`.
+    pub fn progress(&self, done: u64, total: u64) {
+        if let Some(pb) = &self.0 {
+            if pb.length() == Some(0) && total > 0 {
+                if let Ok(style) =
+                    ProgressStyle::with_template("{msg} [{bar:25}] {pos}/{len} {elapsed}")
+                {
+                    pb.set_style(style.progress_chars("#>-"));
+                }
+            }
+            pb.set_length(total);
+            pb.set_position(done);
+        }
+    }
+}

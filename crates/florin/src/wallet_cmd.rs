@@ -336,13 +336,18 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
 
 /// The wallet's flows over the node at `client`; their notices printed as they happen
 /// (dropped handoffs on stdout in text mode, like [`tell`]; the rest on stderr).
+/// A long flow's steps and counts drive a progress display on a terminal
+/// ([`crate::progress::steps`]), never log lines.
 fn flows<'a>(store: &'a FileStore, client: &'a NodeClient, json: bool) -> Flows<'a, NodeClient> {
+    let steps = crate::progress::steps();
     Flows::new(store, client).with_notices(move |n| match n {
         Notice::HandoffDropped(d) => {
             if !json {
                 println!("{d}");
             }
         }
+        Notice::Step(name) => steps.step(name),
+        Notice::Progress { done, total } => steps.progress(*done, *total),
         other => tracing::info!("{other}"),
     })
 }
