@@ -5,18 +5,11 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createRequire } from 'node:module';
-
-const require = createRequire(import.meta.url);
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
-const BIN = process.env.FLORIN_BIN;
-const OUT = process.env.OUT_DIR;
-mkdirSync(OUT, { recursive: true });
+import { OUT, florinAt, openPage } from './helpers.mjs';
 
 const dir = mkdtempSync(join(tmpdir(), 'florin-cluster-console-'));
 const data = join(dir, 'cluster');
@@ -26,15 +19,8 @@ let page;
 let up = false;
 const problems = [];
 
-function florin(...args) {
-  const out = execFileSync(BIN, args, {
-    cwd: dir,
-    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem'), FLORIN_OPERATOR_KEY: join(data, 'operator.key') },
-    encoding: 'utf8',
-    timeout: 120_000,
-  });
-  try { return JSON.parse(out); } catch (_) { return out; }
-}
+const florin = (...args) => florinAt(dir, url, join(data, 'tls', 'ca.pem'),
+  { FLORIN_OPERATOR_KEY: join(data, 'operator.key') }, ...args);
 
 async function freePort() {
   return new Promise((resolve, reject) => {
@@ -50,11 +36,7 @@ before(async () => {
   florin('cluster', 'up', '--data', data, '--shards', '1', '--replicas', '3', '--coordinators', '1',
     '--sentinels', '1', '--api', '127.0.0.1:' + port, '--faucet');
   up = true;
-  browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ['--no-sandbox'] });
-  const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 1300 } });
-  page = await context.newPage();
-  page.on('pageerror', (e) => problems.push('page error: ' + e.message));
-  page.on('response', (r) => { if (r.status() >= 500) problems.push(r.status() + ' ' + r.url()); });
+  ({ browser, page } = await openPage(problems));
 });
 
 after(async () => {

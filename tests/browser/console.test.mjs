@@ -6,17 +6,10 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, copyFileSync, readFileSync, rmSync, mkdirSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createRequire } from 'node:module';
-
-const require = createRequire(import.meta.url);
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
-const BIN = process.env.FLORIN_BIN;
-const OUT = process.env.OUT_DIR;
-mkdirSync(OUT, { recursive: true });
+import { chromium, OUT, florinAt, startDevnet, stop } from './helpers.mjs';
 
 const dir = mkdtempSync(join(tmpdir(), 'florin-console-'));
 const data = join(dir, 'devnet');
@@ -24,15 +17,7 @@ let devnet;
 let url;
 let browser;
 
-function florin(...args) {
-  const out = execFileSync(BIN, args, {
-    cwd: dir,
-    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem') },
-    encoding: 'utf8',
-    timeout: 60_000,
-  });
-  try { return JSON.parse(out); } catch (_) { return out; }
-}
+const florin = (...args) => florinAt(dir, url, join(data, 'tls', 'ca.pem'), {}, ...args);
 const wallet = (name, ...args) => florin('wallet', '--wallet', name, '--json', ...args);
 
 function offlinePay(payer, payee, amount, tag) {
@@ -54,20 +39,7 @@ const sent = [];
 const problems = [];
 
 before(async () => {
-  devnet = spawn(BIN, ['devnet', '--data', data, '--listen', '127.0.0.1:0', '--audit-every', '2',
-    '--rate-per-ip', '0', '--rate-burst-ip', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  let stderr = '';
-  devnet.stderr.on('data', (d) => { stderr += d; });
-  url = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('devnet did not start: ' + stderr)), 60_000);
-    devnet.stdout.on('data', (d) => {
-      out += d;
-      const m = /listening on (https:\/\/[0-9.:]+)/.exec(out);
-      if (m) { clearTimeout(timer); resolve(m[1]); }
-    });
-    devnet.on('exit', (c) => reject(new Error('devnet exited ' + c + ': ' + stderr)));
-  });
+  ({ proc: devnet, url } = await startDevnet(data, ['--audit-every', '2']));
 
   // A real double spend: a copied wallet pays its one token twice, offline; both payees
   // deposit, and the second deposit proves the fraud.
@@ -97,19 +69,15 @@ before(async () => {
   });
   page.on('response', (r) => {
     const path = new URL(r.url()).pathname;
-    // A devnet answers the console's one probe of /v1/cluster with 404 (not a sentinel).
-    if (r.status() >= 500 || (r.status() === 404 && !['/favicon.ico', '/v1/cluster'].includes(path))) problems.push(r.status() + ' ' + r.url());
+    // A devnet answers the console's one probe of /v1/cluster with 404 (not a sentinel), and
+    // of /v1/custody (its keys are local).
+    if (r.status() >= 500 || (r.status() === 404 && !['/favicon.ico', '/v1/cluster', '/v1/custody'].includes(path))) problems.push(r.status() + ' ' + r.url());
   });
 });
 
 after(async () => {
   if (browser) await browser.close();
-  if (devnet && devnet.exitCode === null && devnet.signalCode === null) {
-    const exited = new Promise((r) => devnet.once('exit', r));
-    devnet.kill('SIGTERM');
-    await Promise.race([exited, new Promise((r) => setTimeout(r, 10_000))]);
-    if (devnet.exitCode === null && devnet.signalCode === null) devnet.kill('SIGKILL');
-  }
+  await stop(devnet);
   rmSync(dir, { recursive: true, force: true });
 });
 

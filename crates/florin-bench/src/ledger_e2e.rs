@@ -69,6 +69,7 @@ impl Node {
             // A load generator from one address: no rate limits.
             limits: florin_http::RateLimits::off(),
             cluster: None,
+            custody: None,
         };
         // The node logs as a production node would: JSON lines, one per request, to a file
         // (`--log-format json 2>FILE`). Its threads stay alive for the whole run, so that the

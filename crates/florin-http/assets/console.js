@@ -369,10 +369,30 @@ function renderMetrics(samples) {
 function renderPools(samples) {
   const pools = samples.filter((s) => s.name === 'florin_custody_pool_depth');
   rows($('pools'), ['pool', 'ready'], pools.map((s) => el('tr', {}, el('td', {}, s.labels.pool), el('td', { class: 'mono' }, s.value))));
-  $('pools-note').textContent = pools.length ? '' : 'No threshold custody behind this node (local keys).';
+  $('pools-note').textContent = pools.length ? 'This process\'s own pools.' : (hasCustody ? '' : 'No threshold custody behind this node (local keys).');
 }
 
 // ---- the node's answers -----------------------------------------------------------------
+
+let custodyStatus = null;
+// Asked once; a node whose keys are local (404) is not asked again.
+let hasCustody = true;
+
+async function refreshCustody() {
+  if (!hasCustody) return;
+  const { status, body } = await getJson('/v1/custody');
+  if (status === 404) { hasCustody = false; return; }
+  if (status !== 200) return;
+  custodyStatus = body;
+  rows($('custody-nodes'), ['node', 'address', 'state', 'keys', 'nonces ready', 'presignatures'],
+    body.nodes.map((n) => el('tr', { 'data-party': String(n.party), 'data-up': String(n.up) },
+      el('td', {}, String(n.party)), el('td', { class: 'mono' }, n.addr),
+      el('td', {}, el('span', { class: 'badge ' + (n.up ? 'ok' : 'bad') }, n.up ? 'up' : 'down'), n.error ? ' ' + n.error : ''),
+      el('td', {}, n.keys), el('td', {}, n.nonces_ready), el('td', {}, n.presignatures))));
+  const up = body.nodes.filter((n) => n.up).length;
+  $('custody-note').textContent = up + ' of ' + body.n + ' nodes up; ' + body.t + ' sign: ' + (body.healthy ? 'the node can sign' : 'NOT enough nodes to sign');
+  $('custody-note').className = body.healthy ? 'muted' : 'failed';
+}
 
 let clusterStatus = null;
 // Asked once; a node that is not a cluster sentinel (404) is not asked again.
@@ -517,6 +537,7 @@ let rounds = 0;
 async function loop() {
   const slow = rounds % 3 === 0;
   await tick(refreshCluster);
+  await tick(refreshCustody);
   await Promise.all([tick(refreshMetrics), tick(refreshReady),
     slow ? tick(refreshAudit) : null, slow ? tick(refreshFraud) : null]);
   if (operator && rounds % 8 === 0 && document.visibilityState === 'visible') await tick(refreshOperator);

@@ -39,6 +39,9 @@ pub struct AppState {
     pub limits: RateLimits,
     /// A cluster sentinel's view of its cluster's groups (`GET /v1/cluster`); `None` elsewhere.
     pub cluster: Option<Arc<florin_node::cluster::status::ClusterView>>,
+    /// The key-management network the node signs through (`GET /v1/custody`); `None` when its
+    /// keys are local.
+    pub custody: Option<Arc<florin_node::custody::view::CustodyView>>,
 }
 
 impl AppState {
@@ -604,6 +607,20 @@ async fn cluster(
     Ok(Json(blocking(move || Ok(view.status())).await?))
 }
 
+#[utoipa::path(get, path = "/v1/custody", tag = "health",
+    summary = "The key-management network this node signs through: each node up, its keys and pools",
+    responses((status = 200, description = "Every custody node (asked at most every 2 s).", body = florin_node::api::CustodyStatus)))]
+async fn custody(
+    State(st): State<AppState>,
+) -> Result<Json<florin_node::api::CustodyStatus>, HttpError> {
+    let view = st.custody.clone().ok_or_else(|| {
+        NodeError::NotFound(NotFound::Other(
+            "this node's keys are local: no key-management network to show".into(),
+        ))
+    })?;
+    Ok(Json(blocking(move || Ok(view.status())).await?))
+}
+
 #[utoipa::path(get, path = "/v1/ledger/supply", tag = "ledger",
     summary = "The ledger's own books: minted, redeemed, unspent",
     responses((status = 200, description = "The supply.", body = SupplyDoc)))]
@@ -979,6 +996,7 @@ fn api(limiter: &Arc<Limiter>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(wrap(routes!(supply), small))
         .routes(wrap(routes!(recent), small))
         .routes(wrap(routes!(cluster), small))
+        .routes(wrap(routes!(custody), small))
         .routes(wrap(routes!(ledger_faucet), small))
         .routes(wrap(routes!(withdraw), |r| {
             validating(limiter, WITHDRAW, r)

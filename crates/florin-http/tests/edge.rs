@@ -36,6 +36,7 @@ fn bare(limits: RateLimits) -> Router {
         ledger: None,
         limits,
         cluster: None,
+        custody: None,
     })
 }
 
@@ -51,6 +52,7 @@ fn with_authority(dir: &std::path::Path, limits: RateLimits) -> Router {
         ledger: None,
         limits,
         cluster: None,
+        custody: None,
     })
 }
 

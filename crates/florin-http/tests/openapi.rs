@@ -160,6 +160,7 @@ async fn node_serves_its_document_the_browsable_view_and_the_console() {
             ledger: None,
             limits: florin_http::RateLimits::default(),
             cluster: None,
+            custody: None,
         })
     };
     let (status, headers, body) = get(router(), "/openapi.json").await;

@@ -390,6 +390,38 @@ pub struct MemberStatus {
     pub lag: Option<u64>,
 }
 
+/// `GET /v1/custody`: the key-management network a node signs through.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CustodyStatus {
+    /// Shares needed to sign.
+    pub t: u16,
+    /// Nodes in the network.
+    pub n: u16,
+    /// Whether at least `t` nodes answer (the node can sign).
+    pub healthy: bool,
+    /// Every node.
+    pub nodes: Vec<CustodyNodeStatus>,
+}
+
+/// One custody node, as it answered.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CustodyNodeStatus {
+    /// Its party number.
+    pub party: u16,
+    /// Where it listens.
+    pub addr: String,
+    /// Whether it answered.
+    pub up: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// Keys it holds (FROST and ECDSA).
+    pub keys: u64,
+    /// FROST nonces it has ready.
+    pub nonces_ready: u64,
+    /// ECDSA presignatures it holds.
+    pub presignatures: u64,
+}
+
 /// `GET /v1/ledger/unspent/{id}`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unspent {

@@ -192,6 +192,7 @@ fn http_api_answers_bad_input_with_4xx() {
         ledger: None,
         limits: florin_http::RateLimits::default(),
         cluster: None,
+        custody: None,
     };
     let server = rt.spawn(florin_http::serve(listener, state, async {
         let _ = rx.await;

@@ -1123,6 +1123,7 @@ fn run_sentinel(
             spec.clone(),
             me.clone(),
         )),
+        custody: None,
     };
     // TLS from the cluster's CA (made by `cluster up`; never made here), or plain HTTP on
     // loopback for a config without `tls_dir`.

@@ -142,8 +142,15 @@ pub enum Custody {
     Threshold,
 }
 
-/// The authority's and the issuer's signers.
-fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
+/// The authority's and the issuer's signers, and the key-management network behind them when
+/// the keys are shared.
+type Signers = (
+    Arc<dyn Signer>,
+    Arc<dyn Signer>,
+    Option<Arc<florin_node::custody::Kmn>>,
+);
+
+fn signers(args: &DevnetArgs) -> Result<Signers> {
     let custody = crate::custody_cmd::layout_at(&args.data.join("custody"))?;
     let authority_key = args.data.join("authority.key");
     let issuer_key = args.data.join("issuer.key");
@@ -158,6 +165,7 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
             Ok((
                 Arc::new(LocalSigner::new(load_or_create_key(&authority_key)?)),
                 Arc::new(LocalSigner::new(load_or_create_key(&issuer_key)?)),
+                None,
             ))
         }
         Custody::Threshold => {
@@ -191,6 +199,7 @@ fn signers(args: &DevnetArgs) -> Result<(Arc<dyn Signer>, Arc<dyn Signer>)> {
             Ok((
                 Arc::new(kmn.signer("authority")?),
                 Arc::new(kmn.signer("issuer")?),
+                Some(kmn),
             ))
         }
     }
@@ -244,7 +253,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         // the next start instead of being refused for the files it had not made yet.
         Manifest::provisional("devnet", required_files(args.custody)).save(&args.data)?;
     }
-    let (signer, issuer) = signers(&args)?;
+    let (signer, issuer, kmn) = signers(&args)?;
     if let DirState::Known(m) = &dir_state {
         m.verify_key("authority", &signer.public_key().to_address(), &args.data)?;
         m.verify_key("issuer", &issuer.public_key().to_address(), &args.data)?;
@@ -296,6 +305,7 @@ pub fn run(args: DevnetArgs) -> Result<ExitCode> {
         ledger: Some(ledger.clone()),
         limits: args.rate.limits(),
         cluster: None,
+        custody: kmn.map(florin_node::custody::view::CustodyView::new),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

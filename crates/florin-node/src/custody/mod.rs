@@ -8,6 +8,7 @@ mod commit;
 mod manifest;
 pub mod node;
 mod node_ecdsa;
+pub mod view;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -102,6 +102,7 @@ impl LedgerNode {
             ledger: Some(ledger),
             limits: florin_http::RateLimits::default(),
             cluster: None,
+            custody: None,
         };
         let server = rt.spawn(florin_http::serve(listener, state, async {
             let _ = rx.await;
