@@ -132,17 +132,35 @@ pub struct BenchResult {
     pub baseline: Option<Reference>,
 }
 
-/// Collects results and reports progress on stderr.
+/// Collects results and reports progress on stderr: a line per result, and on a terminal (not
+/// under `--json`) a spinner with the suite's time and the results so far.
 pub struct Recorder {
     results: Vec<BenchResult>,
     started: Instant,
+    spinner: Option<indicatif::ProgressBar>,
 }
 
 impl Recorder {
-    fn new() -> Self {
+    fn new(suite: &str, json: bool) -> Self {
+        use std::io::IsTerminal;
+        let spinner = (!json && std::io::stderr().is_terminal()).then(|| {
+            let pb = indicatif::ProgressBar::with_draw_target(
+                None,
+                indicatif::ProgressDrawTarget::stderr(),
+            )
+            .with_finish(indicatif::ProgressFinish::AndClear);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+            {
+                pb.set_style(style);
+            }
+            pb.set_message(format!("florin bench {suite}: measuring"));
+            pb.enable_steady_tick(std::time::Duration::from_millis(120));
+            pb
+        });
         Recorder {
             results: Vec::new(),
             started: Instant::now(),
+            spinner,
         }
     }
 
@@ -156,10 +174,23 @@ impl Recorder {
         seed: Option<Reference>,
         baseline: Option<Reference>,
     ) {
-        tracing::info!(
-            "[{:>6.1}s] {name} {params} = {value:.1} {unit}",
-            self.started.elapsed().as_secs_f64()
-        );
+        let line = || {
+            tracing::info!(
+                "[{:>6.1}s] {name} {params} = {value:.1} {unit}",
+                self.started.elapsed().as_secs_f64()
+            )
+        };
+        match &self.spinner {
+            // The line above the spinner, not through it.
+            Some(pb) => {
+                pb.suspend(line);
+                pb.set_message(format!(
+                    "{} result(s) so far; measuring after {name}",
+                    self.results.len() + 1
+                ));
+            }
+            None => line(),
+        }
         self.results.push(BenchResult {
             name: name.into(),
             value,
@@ -225,7 +256,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if args.only.is_some() && !matches!(args.suite, Suite::Cluster) {
         anyhow::bail!("--only names a part of `florin bench cluster --emulate-hosts`");
     }
-    let mut rec = Recorder::new();
+    let name = args
+        .suite
+        .to_possible_value()
+        .map(|v| v.get_name().to_string())
+        .unwrap_or_default();
+    let mut rec = Recorder::new(&name, args.json);
     let suite = match args.suite {
         Suite::Offline => {
             offline::run(&mut rec, scale)?;
