@@ -31,7 +31,7 @@ export CHROMIUM=$chromium
 status=0
 # Files, not the directory (newer Node takes a directory argument as a module); a test that
 # hangs fails after 5 minutes instead of holding CI.
-node --test --test-reporter=spec --test-timeout=300000 tests/browser/*.test.mjs 2>&1 \
+node --test --test-reporter=spec --test-timeout=300000 --test-force-exit tests/browser/*.test.mjs 2>&1 \
   | tee "$dir/log.txt" || status=$?
 passed=$(sed -n 's/^ℹ pass \([0-9]*\)/\1/p' "$dir/log.txt" | tail -1)
 failed=$(sed -n 's/^ℹ fail \([0-9]*\)/\1/p' "$dir/log.txt" | tail -1)

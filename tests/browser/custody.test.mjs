@@ -33,6 +33,9 @@ after(async () => {
 
 test('the console shows the key-management network and a node lost for real', async () => {
   await page.goto(devnet.url + '/console');
+  // An operator's view (it shows the nodes' addresses).
+  await page.setInputFiles('#opkey', join(data, 'operator.key'));
+  await page.waitForFunction(() => document.getElementById('opwho').textContent.startsWith('signing as eur1'));
   await page.waitForFunction(() => document.querySelectorAll('#custody-nodes tr[data-party]').length === 3, null, { timeout: 30_000 });
   await page.waitForFunction(() => document.querySelectorAll('#custody-nodes tr[data-up="true"]').length === 3, null, { timeout: 30_000 });
   assert.match(await page.textContent('#custody-note'), /3 of 3 nodes up; 2 sign: the node can sign/);

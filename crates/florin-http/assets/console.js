@@ -151,7 +151,7 @@ async function verifySignature(key, msg, sig, where) {
   } catch (_) {
     ok = false;
   }
-  if (!ok) throw new Error(where + ': the signature does not verify');
+  if (!ok) throw new Error(where + ': the signature does not verify here (`florin fraud verify FILE` is the reference)');
 }
 
 // Decodes a fraud proof (florin_token::FraudProof::encode) and checks it as
@@ -361,7 +361,8 @@ function renderMetrics(samples) {
       el('td', {}, g.leader === undefined || g.leader < 0 ? 'none' : String(g.leader)), el('td', {}, g.term ?? '—'),
       el('td', {}, g.commit ?? '—'), el('td', {}, g.applied ?? '—'), el('td', {}, g.lag),
       el('td', {}, el('span', { class: 'badge ' + (g.leader >= 0 ? 'ok' : 'bad') }, g.leader >= 0 ? 'led' : 'no leader')))));
-  $('groups-note').textContent = groups.size ? '' : 'This process runs no replicated group (a devnet, or a sentinel whose groups run in other processes: `florin cluster status`).';
+  const hint = operator ? '' : ' On a cluster\'s sentinel, load the operator key (below) to see every group.';
+  $('groups-note').textContent = (groups.size ? 'The groups this process is a replica of (from its metrics).' : 'This process runs no replicated group.') + hint;
 
   renderPools(samples);
 }
@@ -380,8 +381,12 @@ let hasCustody = true;
 
 async function refreshCustody() {
   if (!hasCustody) return;
-  const { status, body } = await getJson('/v1/custody');
-  if (status === 404) { hasCustody = false; return; }
+  if (!operator) {
+    if (!custodyStatus) $('custody-note').textContent = 'Load the operator key (below) to see the key-management network, if this node signs through one.';
+    return;
+  }
+  const { status, body } = await operatorFetch('GET', '/v1/custody');
+  if (status === 404) { hasCustody = false; $('custody-note').textContent = ''; return; }
   if (status !== 200) return;
   custodyStatus = body;
   rows($('custody-nodes'), ['node', 'address', 'state', 'keys', 'nonces ready', 'presignatures'],
@@ -398,10 +403,13 @@ let clusterStatus = null;
 // Asked once; a node that is not a cluster sentinel (404) is not asked again.
 let isSentinel = true;
 
+// The cluster's groups and the custody network are operators' views (they show the internal
+// addresses): asked with the operator's credential once a key is loaded.
 async function refreshCluster() {
   if (!isSentinel) return;
-  const { status, body } = await getJson('/v1/cluster');
-  if (status === 404) { isSentinel = false; clusterStatus = null; return; }
+  if (!operator) return;
+  const { status, body } = await operatorFetch('GET', '/v1/cluster');
+  if (status === 404) { isSentinel = false; clusterStatus = null; $('groups-note').textContent = ''; return; }
   if (status !== 200) return;
   clusterStatus = body;
   const items = [];
@@ -532,12 +540,15 @@ async function tick(what) {
 let rounds = 0;
 
 // Metrics and readiness every round; the audit (which reads the whole books) and the fraud
-// list every third; the operator's views (each a signed request, which a replicated node
-// records) every eighth while the page is in view, and on demand.
+// list every third; with an operator key, the groups and the custody network every second
+// round and the operator's lists every eighth, while the page is in view (each a signed
+// request, which a replicated node records), and on demand.
 async function loop() {
   const slow = rounds % 3 === 0;
-  await tick(refreshCluster);
-  await tick(refreshCustody);
+  if (rounds % 2 === 0 && document.visibilityState === 'visible') {
+    await tick(refreshCluster);
+    await tick(refreshCustody);
+  }
   await Promise.all([tick(refreshMetrics), tick(refreshReady),
     slow ? tick(refreshAudit) : null, slow ? tick(refreshFraud) : null]);
   if (operator && rounds % 8 === 0 && document.visibilityState === 'visible') await tick(refreshOperator);
@@ -610,8 +621,8 @@ async function refreshOperator() {
   const log = await operatorFetch('GET', '/v1/admin/log');
   const recent = await operatorFetch('GET', '/v1/ledger/recent');
   entryRows($('blacklist'), bl.body, false);
-  entryRows($('revoked'), rv.body, false);
-  entryRows($('adminlog'), log.body, true);
+  if (rv.status === 200) entryRows($('revoked'), rv.body, false);
+  if (log.status === 200) entryRows($('adminlog'), log.body, true);
   renderRecent(recent.status, recent.body);
 }
 
@@ -634,6 +645,8 @@ function setupOperator() {
       $('opwho').textContent = 'signing as ' + address(operator.public);
       $('opforms').hidden = false;
       await tick(refreshOperator);
+      await tick(refreshCluster);
+      await tick(refreshCustody);
     } catch (e) {
       operator = null;
       $('opwho').textContent = 'not an operator key: ' + e.message;

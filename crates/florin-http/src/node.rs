@@ -594,10 +594,14 @@ async fn recent(
 }
 
 #[utoipa::path(get, path = "/v1/cluster", tag = "ledger",
-    summary = "A cluster sentinel's view of its Raft groups: leaders, terms, each replica's lag",
-    responses((status = 200, description = "Every group (asked at most every 2 s).", body = florin_node::api::ClusterStatus)))]
+    summary = "A cluster sentinel's view of its Raft groups: leaders, terms, each replica's address and lag (operators)",
+    security(("operator" = [])),
+    responses((status = 200, description = "Every group (asked at most every 2 s).", body = florin_node::api::ClusterStatus),
+        (status = 401, description = "No operator credential, or a malformed one.", body = ApiError),
+        (status = 403, description = "The credential is refused.", body = ApiError)))]
 async fn cluster(
     State(st): State<AppState>,
+    _op: Operator,
 ) -> Result<Json<florin_node::api::ClusterStatus>, HttpError> {
     let view = st.cluster.clone().ok_or_else(|| {
         NodeError::NotFound(NotFound::Other(
@@ -608,10 +612,14 @@ async fn cluster(
 }
 
 #[utoipa::path(get, path = "/v1/custody", tag = "health",
-    summary = "The key-management network this node signs through: each node up, its keys and pools",
-    responses((status = 200, description = "Every custody node (asked at most every 2 s).", body = florin_node::api::CustodyStatus)))]
+    summary = "The key-management network this node signs through: each node up, its address, keys and pools (operators)",
+    security(("operator" = [])),
+    responses((status = 200, description = "Every custody node (asked at most every 2 s).", body = florin_node::api::CustodyStatus),
+        (status = 401, description = "No operator credential, or a malformed one.", body = ApiError),
+        (status = 403, description = "The credential is refused.", body = ApiError)))]
 async fn custody(
     State(st): State<AppState>,
+    _op: Operator,
 ) -> Result<Json<florin_node::api::CustodyStatus>, HttpError> {
     let view = st.custody.clone().ok_or_else(|| {
         NodeError::NotFound(NotFound::Other(
@@ -935,8 +943,10 @@ async fn admin_log(
 }
 
 /// The operator routes (each needs an operator credential: 401 without, 403 refused).
-pub const ADMIN_ROUTES: [(&str, &str); 7] = [
+pub const ADMIN_ROUTES: [(&str, &str); 9] = [
     ("GET", "/v1/ledger/recent"),
+    ("GET", "/v1/cluster"),
+    ("GET", "/v1/custody"),
     ("POST", "/v1/admin/blacklist"),
     ("GET", "/v1/admin/blacklist"),
     ("POST", "/v1/admin/revoke"),

@@ -23,6 +23,7 @@ pub mod operator;
 pub mod psp;
 pub mod redb_open;
 pub mod registry;
+pub mod snapshot;
 mod store;
 
 pub use authority::{

@@ -726,6 +726,9 @@ impl<'a, C: Connector> Flows<'a, C> {
                 Err(e) => errors.push(format!("€{}: {e}", format_cents(a.cents))),
             }
         }
+        if total > 0 {
+            (self.notify)(&Notice::Progress { done: total, total });
+        }
         Ok((got, errors))
     }
 

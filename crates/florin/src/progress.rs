@@ -66,28 +66,35 @@ pub fn bytes(label: &'static str, total: u64) -> Option<ProgressBar> {
 
 /// The steps of a long wallet flow (a withdrawal, a sync): a spinner naming the step, turning
 /// into a bar while the step counts its work (coins checked with the ledger, mailbox messages
-/// opened). Cleared when the last clone is dropped; nothing at all when not [`shown`].
+/// opened). Drawn from the first step on, cleared by [`Steps::clear`] (before the command prints
+/// its result) or when the last clone is dropped; nothing at all when not [`shown`].
 #[derive(Clone)]
-pub struct Steps(Option<ProgressBar>);
+pub struct Steps(Option<std::sync::Arc<std::sync::OnceLock<ProgressBar>>>);
 
 /// Steps shown on standard error (or nothing; see the module's text).
 pub fn steps() -> Steps {
-    if !shown() {
-        return Steps(None);
-    }
-    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
-        .with_finish(indicatif::ProgressFinish::AndClear);
-    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
-        pb.set_style(style);
-    }
-    pb.enable_steady_tick(Duration::from_millis(120));
-    Steps(Some(pb))
+    Steps(shown().then(Default::default))
 }
 
 impl Steps {
+    /// Nothing drawn, whatever is told.
+    pub fn none() -> Steps {
+        Steps(None)
+    }
+
+    fn bar(&self) -> Option<&ProgressBar> {
+        let cell = self.0.as_ref()?;
+        Some(cell.get_or_init(|| {
+            let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+                .with_finish(indicatif::ProgressFinish::AndClear);
+            pb.enable_steady_tick(Duration::from_millis(120));
+            pb
+        }))
+    }
+
     /// A new step: its name, and no count yet.
     pub fn step(&self, name: &'static str) {
-        if let Some(pb) = &self.0 {
+        if let Some(pb) = self.bar() {
             if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
                 pb.set_style(style);
             }
@@ -99,7 +106,7 @@ impl Steps {
 
     /// The current step's count: `done` of `total`.
     pub fn progress(&self, done: u64, total: u64) {
-        if let Some(pb) = &self.0 {
+        if let Some(pb) = self.bar() {
             if pb.length() == Some(0) && total > 0 {
                 if let Ok(style) =
                     ProgressStyle::with_template("{msg} [{bar:25}] {pos}/{len} {elapsed}")
@@ -109,6 +116,13 @@ impl Steps {
             }
             pb.set_length(total);
             pb.set_position(done);
+        }
+    }
+
+    /// Clears what was drawn (the command is about to print).
+    pub fn clear(&self) {
+        if let Some(pb) = self.0.as_ref().and_then(|c| c.get()) {
+            pb.finish_and_clear();
         }
     }
 }

@@ -254,8 +254,11 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
             let mut w = store.load()?;
             ensure_authority(&mut w, &args.node, trust)?;
             let client = trust.node(&args.node)?;
-            let flows = flows(&store, &client, json);
-            let r = runtime()?.block_on(flows.sync(&mut w))?;
+            let steps = crate::progress::steps();
+            let flows = flows_with(&store, &client, json, steps.clone());
+            let r = runtime()?.block_on(flows.sync(&mut w));
+            steps.clear();
+            let r = r?;
             if json {
                 print_json(&json!({
                     "received_cents": r.received,
@@ -295,8 +298,11 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
             let mut w = store.load()?;
             ensure_authority(&mut w, &args.node, trust)?;
             let client = trust.node(&args.node)?;
-            let flows = flows(&store, &client, json);
-            let r = runtime()?.block_on(flows.withdraw(&mut w, cents))?;
+            let steps = crate::progress::steps();
+            let flows = flows_with(&store, &client, json, steps.clone());
+            let r = runtime()?.block_on(flows.withdraw(&mut w, cents));
+            steps.clear();
+            let r = r?;
             if json {
                 print_json(&json!({
                     "withdrawn_cents": r.received_cents,
@@ -336,10 +342,19 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
 
 /// The wallet's flows over the node at `client`; their notices printed as they happen
 /// (dropped handoffs on stdout in text mode, like [`tell`]; the rest on stderr).
-/// A long flow's steps and counts drive a progress display on a terminal
-/// ([`crate::progress::steps`]), never log lines.
 fn flows<'a>(store: &'a FileStore, client: &'a NodeClient, json: bool) -> Flows<'a, NodeClient> {
-    let steps = crate::progress::steps();
+    flows_with(store, client, json, crate::progress::Steps::none())
+}
+
+/// [`flows`] whose steps and counts drive `steps`, a progress display on a terminal, never log
+/// lines (a withdrawal, a sync: [`crate::progress::steps`]); the caller clears it before it
+/// prints.
+fn flows_with<'a>(
+    store: &'a FileStore,
+    client: &'a NodeClient,
+    json: bool,
+    steps: crate::progress::Steps,
+) -> Flows<'a, NodeClient> {
     Flows::new(store, client).with_notices(move |n| match n {
         Notice::HandoffDropped(d) => {
             if !json {

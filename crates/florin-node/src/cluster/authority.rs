@@ -232,11 +232,13 @@ pub async fn start_replica(
         members: members.clone(),
         applied: applied.clone(),
     });
-    // The group's members, and observers for status.
+    // The group's members, and for status the observers and the cluster's clients (a sentinel
+    // outside the group shows it on its console); the service answers them nothing else.
     let allowed: HashSet<PublicKey> = members
         .iter()
         .copied()
         .chain(spec.observers.iter().filter_map(|k| key_of(k).ok()))
+        .chain(spec.clients.iter().filter_map(|k| key_of(k).ok()))
         .collect();
     let server = Server::start(
         listener,

@@ -1,70 +1,87 @@
 //! What a sentinel sees of its cluster: every Raft group's replicas and their state, asked over
-//! the cluster's RPC (`Request::Status`) in parallel, at most once every two seconds however
-//! often it is asked (`GET /v1/cluster`, the console's groups).
+//! the cluster's RPC (`Request::Status`) in parallel, by one caller at a time and at most once
+//! every two seconds however often it is asked ([`Snapshot`]: nobody waits while it asks), over
+//! links kept from one round to the next (`GET /v1/cluster`, the console's groups).
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use florin_crypto::{LocalSigner, PublicKey};
 
 use super::rpc::{Peer, Request, Response};
-use super::{ClusterSpec, GroupSpec};
+use super::ClusterSpec;
 use crate::api::{ClusterStatus, GroupStatus, MemberStatus};
+use crate::snapshot::Snapshot;
 
 /// How long an answer is reused.
 const FRESH_FOR: Duration = Duration::from_secs(2);
 /// How long one replica may take to answer.
 const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// One replica to ask: its id, address, and a link pinned to its key (`None`: a key the spec
+/// names that does not parse; it shows as down).
+struct Replica {
+    id: u64,
+    addr: String,
+    peer: Option<Peer>,
+}
+
 /// A sentinel's view of its cluster's groups.
 pub struct ClusterView {
-    spec: ClusterSpec,
-    me: Arc<LocalSigner>,
-    last: Mutex<Option<(Instant, ClusterStatus)>>,
+    groups: Vec<(&'static str, u16, Vec<Replica>)>,
+    last: Snapshot<ClusterStatus>,
 }
 
 impl ClusterView {
-    /// A view of `spec`'s groups, asked as `me` (a key the spec lets read: a sentinel's).
+    /// A view of `spec`'s groups, asked as `me` (a key the spec lets ask: a sentinel's).
     pub fn new(spec: ClusterSpec, me: Arc<LocalSigner>) -> Arc<ClusterView> {
+        let replicas = |g: &super::GroupSpec| -> Vec<Replica> {
+            g.members
+                .iter()
+                .map(|m| Replica {
+                    id: m.id,
+                    addr: m.addr.clone(),
+                    peer: PublicKey::parse(&m.key)
+                        .ok()
+                        .map(|k| Peer::new(m.addr.clone(), k, me.clone(), ASK_TIMEOUT)),
+                })
+                .collect()
+        };
+        let mut groups = Vec::new();
+        for (i, g) in spec.shards.iter().enumerate() {
+            groups.push(("shard", i as u16, replicas(g)));
+        }
+        for (i, g) in spec.coordinators.iter().enumerate() {
+            groups.push(("coordinator", i as u16, replicas(g)));
+        }
+        if let Some(g) = &spec.authority {
+            groups.push(("authority", 0, replicas(g)));
+        }
         Arc::new(ClusterView {
-            spec,
-            me,
-            last: Mutex::new(None),
+            groups,
+            last: Snapshot::new(FRESH_FOR),
         })
     }
 
-    /// Every group's state (blocking: it asks each replica, at most [`ASK_TIMEOUT`] each, all
-    /// at once). A replica that does not answer is `up: false`; a group is healthy when its
-    /// replicas agree on one leader that answers.
+    /// Every group's state (blocking when this caller asks: each replica at most
+    /// [`ASK_TIMEOUT`] to answer, all at once). A replica that does not answer is `up: false`;
+    /// a group is healthy when its replicas agree on one leader that answers, a majority
+    /// answering. Before the first answer, while another caller is asking: no groups, not
+    /// healthy.
     pub fn status(&self) -> ClusterStatus {
-        let mut last = match self.last.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
-        if let Some((at, st)) = last.as_ref() {
-            if at.elapsed() < FRESH_FOR {
-                return st.clone();
-            }
-        }
-        let mut groups: Vec<(&str, u16, &GroupSpec)> = Vec::new();
-        for (i, g) in self.spec.shards.iter().enumerate() {
-            groups.push(("shard", i as u16, g));
-        }
-        for (i, g) in self.spec.coordinators.iter().enumerate() {
-            groups.push(("coordinator", i as u16, g));
-        }
-        if let Some(g) = &self.spec.authority {
-            groups.push(("authority", 0, g));
-        }
+        self.last.get(|| self.ask_all()).unwrap_or(ClusterStatus {
+            healthy: false,
+            groups: Vec::new(),
+        })
+    }
+
+    fn ask_all(&self) -> ClusterStatus {
         let groups: Vec<GroupStatus> = std::thread::scope(|s| {
-            let asks: Vec<_> = groups
+            let asks: Vec<_> = self
+                .groups
                 .iter()
-                .map(|(role, index, g)| {
-                    let members: Vec<_> = g
-                        .members
-                        .iter()
-                        .map(|m| s.spawn(move || self.ask(m.id, &m.addr, &m.key)))
-                        .collect();
+                .map(|(role, index, members)| {
+                    let members: Vec<_> = members.iter().map(|m| s.spawn(move || ask(m))).collect();
                     (role, index, members)
                 })
                 .collect();
@@ -75,40 +92,34 @@ impl ClusterView {
                 })
                 .collect()
         });
-        let status = ClusterStatus {
+        ClusterStatus {
             healthy: groups.iter().all(|g| g.healthy),
             groups,
-        };
-        *last = Some((Instant::now(), status.clone()));
-        status
-    }
-
-    fn ask(&self, id: u64, addr: &str, key: &str) -> MemberStatus {
-        let mut member = MemberStatus {
-            id,
-            addr: addr.to_string(),
-            up: false,
-            state: None,
-            leader: None,
-            term: None,
-            last_log_index: None,
-            last_applied: None,
-            lag: None,
-        };
-        let Ok(key) = PublicKey::parse(key) else {
-            return member;
-        };
-        let peer = Peer::new(addr.to_string(), key, self.me.clone(), ASK_TIMEOUT);
-        if let Ok(Response::Status(s)) = peer.call(&Request::Status) {
-            member.up = true;
-            member.state = Some(s.raft.state);
-            member.leader = s.raft.leader;
-            member.term = Some(s.raft.term);
-            member.last_log_index = s.raft.last_log_index;
-            member.last_applied = s.raft.last_applied;
         }
-        member
     }
+}
+
+fn ask(m: &Replica) -> MemberStatus {
+    let mut member = MemberStatus {
+        id: m.id,
+        addr: m.addr.clone(),
+        up: false,
+        state: None,
+        leader: None,
+        term: None,
+        last_log_index: None,
+        last_applied: None,
+        lag: None,
+    };
+    if let Some(Ok(Response::Status(s))) = m.peer.as_ref().map(|p| p.call(&Request::Status)) {
+        member.up = true;
+        member.state = Some(s.raft.state);
+        member.leader = s.raft.leader;
+        member.term = Some(s.raft.term);
+        member.last_log_index = s.raft.last_log_index;
+        member.last_applied = s.raft.last_applied;
+    }
+    member
 }
 
 /// A group's state from its replicas' answers: the leader they agree on, the highest term,

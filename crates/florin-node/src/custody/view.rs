@@ -1,12 +1,13 @@
 //! What a node that signs through a key-management network sees of it: each custody node up or
-//! not, its keys and pools (`GET /v1/custody`, the console's custody view). Asked at most once
-//! every two seconds however often it is asked.
+//! not, its keys and pools (`GET /v1/custody`, the console's custody view). Asked by one caller
+//! at a time and at most once every two seconds however often it is asked ([`Snapshot`]).
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::Kmn;
 use crate::api::{CustodyNodeStatus, CustodyStatus};
+use crate::snapshot::Snapshot;
 
 /// How long an answer is reused.
 const FRESH_FOR: Duration = Duration::from_secs(2);
@@ -14,7 +15,7 @@ const FRESH_FOR: Duration = Duration::from_secs(2);
 /// A view of one key-management network.
 pub struct CustodyView {
     kmn: Arc<Kmn>,
-    last: Mutex<Option<(Instant, CustodyStatus)>>,
+    last: Snapshot<CustodyStatus>,
 }
 
 impl CustodyView {
@@ -22,22 +23,23 @@ impl CustodyView {
     pub fn new(kmn: Arc<Kmn>) -> Arc<CustodyView> {
         Arc::new(CustodyView {
             kmn,
-            last: Mutex::new(None),
+            last: Snapshot::new(FRESH_FOR),
         })
     }
 
-    /// Every node's state (blocking: one status round, bounded by the client's timeout).
-    /// Healthy while at least the threshold of nodes answer.
+    /// Every node's state (blocking when this caller asks: one status round, bounded by the
+    /// client's timeout). Healthy while at least the threshold of nodes answer. Before the
+    /// first answer, while another caller is asking: no nodes, not healthy.
     pub fn status(&self) -> CustodyStatus {
-        let mut last = match self.last.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
-        if let Some((at, st)) = last.as_ref() {
-            if at.elapsed() < FRESH_FOR {
-                return st.clone();
-            }
-        }
+        self.last.get(|| self.ask()).unwrap_or(CustodyStatus {
+            t: self.kmn.t(),
+            n: self.kmn.n(),
+            healthy: false,
+            nodes: Vec::new(),
+        })
+    }
+
+    fn ask(&self) -> CustodyStatus {
         let nodes: Vec<CustodyNodeStatus> = self
             .kmn
             .status()
@@ -56,13 +58,11 @@ impl CustodyView {
             })
             .collect();
         let up = nodes.iter().filter(|n| n.up).count();
-        let status = CustodyStatus {
+        CustodyStatus {
             t: self.kmn.t(),
             n: self.kmn.n(),
             healthy: up >= self.kmn.t() as usize,
             nodes,
-        };
-        *last = Some((Instant::now(), status.clone()));
-        status
+        }
     }
 }

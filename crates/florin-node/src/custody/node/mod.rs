@@ -238,13 +238,23 @@ pub struct CustodyNode {
 fn export_pools(inner: &Arc<Inner>) {
     let weak = Arc::downgrade(inner);
     let party = inner.party;
+    let labels = move |what: &str| florin_obs::metrics::PoolLabels {
+        pool: format!("party{party}-{what}"),
+    };
+    const POOLS: [&str; 3] = ["nonces", "keys", "presignatures"];
     florin_obs::metrics::global().on_scrape(move || {
-        let Some(inner) = weak.upgrade() else {
+        let m = florin_obs::metrics::global();
+        let live = weak
+            .upgrade()
+            .filter(|i| !i.stop.load(std::sync::atomic::Ordering::Relaxed));
+        let Some(inner) = live else {
+            // A stopped node reports nothing (not its last values). The hook itself stays,
+            // a few bytes, in a process that starts many nodes (tests, benchmarks).
+            for what in POOLS {
+                m.custody_pool_depth.remove(&labels(what));
+            }
             return;
         };
-        if inner.stop.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
         let nonces = inner.nonces.pool.lock().map(|p| p.ready()).unwrap_or(0);
         let frost_keys = inner.keys.read().map(|k| k.len()).unwrap_or(0);
         let (ecdsa_keys, presignatures) = inner
@@ -255,16 +265,13 @@ fn export_pools(inner: &Arc<Inner>) {
                 (st.keys.len(), st.keys.iter().map(|k| k.2).sum::<u64>())
             })
             .unwrap_or((0, 0));
-        let m = florin_obs::metrics::global();
-        for (what, n) in [
-            ("nonces", nonces as u64),
-            ("keys", (frost_keys + ecdsa_keys) as u64),
-            ("presignatures", presignatures),
-        ] {
+        for (what, n) in POOLS.into_iter().zip([
+            nonces as u64,
+            (frost_keys + ecdsa_keys) as u64,
+            presignatures,
+        ]) {
             m.custody_pool_depth
-                .get_or_create(&florin_obs::metrics::PoolLabels {
-                    pool: format!("party{party}-{what}"),
-                })
+                .get_or_create(&labels(what))
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     });
