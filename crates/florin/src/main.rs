@@ -110,6 +110,19 @@ enum Command {
     Admin(admin_cmd::AdminArgs),
     /// Run a benchmark suite (see docs/benchmarks.md).
     Bench(florin_bench::BenchArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on standard
+    /// output, e.g. `florin completions bash > /etc/bash_completion.d/florin`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the manual pages (`florin.1` and one per command, `florin-wallet-pay.1`, ...)
+    /// into a directory, e.g. `florin man --out /usr/local/share/man/man1`.
+    Man {
+        /// Where to write them (created if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
     /// Check the books: minted − redeemed = ledger money + tokens outstanding.
     Audit {
         /// The node's API.
@@ -186,6 +199,8 @@ fn run(cli: Cli, json: bool) -> ExitCode {
         Command::Node(a) => cluster_cmd::run_node(a),
         Command::Cluster { command } => cluster_cmd::run(command),
         Command::Audit { node, json } => audit(&node, &trust, json),
+        Command::Completions { shell } => completions(shell),
+        Command::Man { out } => man_pages(&out),
     };
     match result {
         Ok(code) => code,
@@ -207,6 +222,54 @@ fn run(cli: Cli, json: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints `shell`'s completion script (built in memory: a reader that stops early, `| head`,
+/// ends the command quietly as for every other output).
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "florin", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::from(141)),
+        other => {
+            other?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Writes `florin.1` and a page per command and subcommand (`florin-cluster-up.1`) into `dir`.
+fn man_pages(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    // After `build`, each subcommand's display name is its path (`florin-cluster-up`) and its
+    // binary name what a user types (`florin cluster up`).
+    fn write(cmd: &clap::Command, dir: &std::path::Path, n: &mut usize) -> anyhow::Result<()> {
+        let name = cmd.get_display_name().unwrap_or(cmd.get_name());
+        let path = dir.join(format!("{name}.1"));
+        let mut file = std::fs::File::create(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        clap_mangen::Man::new(cmd.clone())
+            .render(&mut file)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        *n += 1;
+        // `help` (clap's own subcommand) gets no pages: `--help` is on every page.
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            write(sub, dir, n)?;
+        }
+        Ok(())
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let mut n = 0;
+    write(&cmd, dir, &mut n)?;
+    println!("wrote {n} manual pages in {}", dir.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The stable code of a failed command: the server's when a node or a provider refused

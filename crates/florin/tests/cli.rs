@@ -2430,3 +2430,57 @@ fn deposit_with_every_token_refused_exits_non_zero() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nothing was deposited"), "{err}");
 }
+
+/// `florin completions SHELL` and `florin man --out DIR`, generated from the commands
+/// themselves: a bash script bash accepts, naming every command; a page per command and
+/// subcommand naming it as typed; a directory that cannot be written is one error line.
+#[test]
+fn completions_and_manual_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let u = User::new(dir.path(), "http://127.0.0.1:9");
+    let bash = u.stdout(&["completions", "bash"]);
+    for word in [
+        "_florin",
+        "wallet",
+        "cluster",
+        "custody",
+        "withdraw",
+        "--ca-cert",
+    ] {
+        assert!(bash.contains(word), "no {word} in the bash completions");
+    }
+    std::fs::write(dir.path().join("florin.bash"), &bash).unwrap();
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(dir.path().join("florin.bash"))
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "bash rejects the script: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    for shell in ["zsh", "fish"] {
+        assert!(!u.stdout(&["completions", shell]).is_empty(), "{shell}");
+    }
+    // An unknown shell is a usage error (clap's, exit 2), naming the shells there are.
+    let out = u.run(&["completions", "tcsh-of-the-future"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bash, elvish, fish"));
+
+    let out = u.stdout(&["man", "--out", "man1"]);
+    assert!(out.starts_with("wrote "), "{out}");
+    let page = std::fs::read_to_string(dir.path().join("man1/florin.1")).unwrap();
+    assert!(page.contains(".TH florin 1"), "{page}");
+    let pay = std::fs::read_to_string(dir.path().join("man1/florin-wallet-pay.1")).unwrap();
+    assert!(pay.contains("florin wallet pay"), "{pay}");
+    assert!(pay.contains(".SH OPTIONS"));
+    assert!(dir.path().join("man1/florin-cluster-up.1").exists());
+    assert!(
+        !dir.path().join("man1/florin-help.1").exists(),
+        "no pages for clap's help"
+    );
+    std::fs::write(dir.path().join("a-file"), b"x").unwrap();
+    let err = u.fails(&["man", "--out", "a-file/man1"]);
+    assert!(err.contains("a-file"), "{err}");
+}
