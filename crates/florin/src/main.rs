@@ -168,7 +168,10 @@ fn main() -> ExitCode {
     // Every command takes `--json`; a failing one then also prints the API's error envelope.
     let json = std::env::args().skip(1).any(|a| a == "--json");
     progress::set_quiet(json);
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e, json),
+    };
     // The children `cluster up` and `custody up` start log as their parent does.
     std::env::set_var("FLORIN_LOG_FORMAT", cli.log_format.to_string());
     if let Err(e) = florin_obs::log::init(
@@ -222,6 +225,35 @@ fn run(cli: Cli, json: bool) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refused (or `--help`, `--version`): clap's own text as usual, and under
+/// `--json` also the error envelope every failed command prints, with code `usage`.
+fn usage_error(e: clap::Error, json: bool) -> ExitCode {
+    use clap::error::ErrorKind;
+    let informational = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if json && !informational {
+        // Clap's first paragraph on one line, without its `error: ` prefix.
+        let text = e.render().to_string();
+        let msg = text
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+        let envelope = florin_node::api::ApiError::new("usage", msg);
+        println!("{}", serde_json::to_string(&envelope).unwrap_or_default());
+    }
+    // Prints to stderr (stdout for help and version) and gives clap's exit code (2, or 0).
+    let code = e.exit_code();
+    let _ = e.print();
+    ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
 
 /// Prints `shell`'s completion script (built in memory: a reader that stops early, `| head`,

@@ -2484,3 +2484,25 @@ fn completions_and_manual_pages() {
     let err = u.fails(&["man", "--out", "a-file/man1"]);
     assert!(err.contains("a-file"), "{err}");
 }
+
+/// A command line the CLI refuses is a usage error (exit 2, clap's text on standard error);
+/// under `--json` it also prints the error envelope every failed command prints, code `usage`.
+#[test]
+fn usage_errors_under_json_print_the_envelope() {
+    let dir = tempfile::tempdir().unwrap();
+    let u = User::new(dir.path(), "http://127.0.0.1:9");
+    let out = u.run(&["wallet", "--wallet", "w", "--json", "pay"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["code"], "usage");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("<ADDRESS>") && !msg.contains('\n'), "{msg}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Usage: florin wallet pay"));
+    // Without --json: nothing on standard output. Help is no error, with or without.
+    let out = u.run(&["wallet", "--wallet", "w", "pay"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    let out = u.run(&["wallet", "--json", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("\"error\""));
+}
