@@ -74,7 +74,7 @@ fi
 # A server error would have failed the run above; the devnet's log says so too.
 if grep -q '"status":5\|status=5[0-9][0-9]' "$out/devnet.log"; then
   echo "api contract: the devnet answered 5xx (see $out/devnet.log):"
-  grep 'status=5[0-9][0-9]' "$out/devnet.log" | head -5
+  grep -E '"status":5|status=5[0-9][0-9]' "$out/devnet.log" | head -5
   exit 1
 fi
 echo "api contract: schemathesis sent ${cases:-?} generated requests to the devnet, all conforming, no server error (${seconds} s; $out)"

@@ -50,8 +50,9 @@ export async function stop(proc) {
   if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
 }
 
-/// A browser page that trusts the node's own CA-signed certificate, recording script errors
-/// and server errors in `problems`.
+/// A browser page for a node over TLS (its devnet CA is not in Chromium's store, so the context
+/// accepts its certificate: `ignoreHTTPSErrors`), recording script errors and server errors in
+/// `problems`.
 export async function openPage(problems) {
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM, args: ['--no-sandbox'] });
   const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1280, height: 1300 } });

@@ -144,7 +144,12 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
 ) -> Vec<(&'static str, MethodRouter<S>)> {
     let json: axum::body::Bytes = match doc.to_pretty_json() {
         Ok(s) => s.into(),
-        Err(e) => format!("{{\"error\":{{\"code\":\"internal\",\"message\":\"{e}\"}}}}").into(),
+        Err(e) => serde_json::to_string(&florin_node::api::ApiError::new(
+            "internal",
+            format!("the API document could not be written: {e}"),
+        ))
+        .unwrap_or_default()
+        .into(),
     };
     vec![
         (
