@@ -43,7 +43,7 @@ def main():
         addrs = []
         for i in range(64):
             out = subprocess.check_output(
-                [a.florin, "wallet", "--wallet", os.path.join(d, f"w{i}"), "--json", "new"]
+                [a.florin, "wallet", "--wallet", os.path.join(d, f"w{i}"), "--json", "new", "--no-passphrase"]
             )
             addrs.append(json.loads(out)["address"])
     ctx = ssl.create_default_context(cafile=ca) if ca else None

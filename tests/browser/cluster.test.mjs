@@ -78,8 +78,8 @@ test('a sentinel\'s console shows every group, each with one leader, and a payme
   assert.equal(rows.filter((r) => r.group === 'authority-0').length, 1);
 
   // Money moves through the cluster and the console sees it.
-  florin('wallet', '--wallet', 'a', '--json', 'new');
-  florin('wallet', '--wallet', 'b', '--json', 'new');
+  florin('wallet', '--wallet', 'a', '--json', 'new', '--no-passphrase');
+  florin('wallet', '--wallet', 'b', '--json', 'new', '--no-passphrase');
   florin('wallet', '--wallet', 'a', '--json', 'faucet', '3');
   const b = florin('wallet', '--wallet', 'b', '--json', 'address').address;
   const paid = florin('wallet', '--wallet', 'a', '--json', 'pay', b, '1');

@@ -43,7 +43,7 @@ before(async () => {
 
   // A real double spend: a copied wallet pays its one token twice, offline; both payees
   // deposit, and the second deposit proves the fraud.
-  for (const w of ['payer', 'alice', 'bob']) wallet(w, 'new');
+  for (const w of ['payer', 'alice', 'bob']) wallet(w, 'new', '--no-passphrase');
   wallet('payer', 'faucet', '0.05');
   wallet('payer', 'withdraw', '0.05');
   copyFileSync(join(dir, 'payer'), join(dir, 'payer-copy'));

@@ -49,7 +49,7 @@ test('the console shows the key-management network and a node lost for real', as
   assert.match(await page.textContent('#custody-note'), /2 of 3 nodes up; 2 sign: the node can sign/);
 
   // Two of three still sign: money is minted and withdrawn.
-  florin('wallet', '--wallet', 'w', '--json', 'new');
+  florin('wallet', '--wallet', 'w', '--json', 'new', '--no-passphrase');
   florin('wallet', '--wallet', 'w', '--json', 'faucet', '2');
   const w = florin('wallet', '--wallet', 'w', '--json', 'withdraw', '1');
   assert.equal(w.withdrawn_cents, 100);

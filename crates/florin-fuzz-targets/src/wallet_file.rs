@@ -5,7 +5,10 @@
 //! wallet with a key, an authority and offline tokens) is changed by fuzzer-chosen edits
 //! (overwrite, insert, delete, truncate); a file that differs from the original in any byte
 //! must be refused with a typed error (`Damaged` or `Corrupt`) and never load: the checksum
-//! covers every byte, and a damaged checksum line must not pass for an old file.
+//! covers every byte, and a damaged checksum line must not pass for an old file. The second
+//! bit of the first byte picks, for the mutated mode, the same wallet encrypted under a
+//! passphrase (format 2): a change anywhere, in the envelope or the sealed wallet, must be
+//! refused as damage before any key derivation, never read as a wrong passphrase.
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -20,10 +23,17 @@ use crate::Input;
 struct Fixture {
     path: PathBuf,
     valid: Vec<u8>,
+    encrypted: Vec<u8>,
 }
+
+const PASSPHRASE: &str = "fuzz";
 
 /// A wallet holding offline tokens, as its file.
 pub fn sample_wallet_file() -> Vec<u8> {
+    saved(&sample_wallet(), "sample.json")
+}
+
+fn sample_wallet() -> Wallet {
     let mut rng = StdRng::seed_from_u64(5);
     let authority = LocalSigner::new(SecretKey::from_seed(&[31; 32]));
     let mut w = Wallet::generate(&mut rng, Some(authority.public_key()));
@@ -46,14 +56,29 @@ pub fn sample_wallet_file() -> Vec<u8> {
         })
         .collect();
     let _ = w.accept_issued(tokens, &handshake, &mut rng);
-    saved(&w, "sample.json")
+    w
 }
 
 /// `wallet` as `FileStore::save` writes it, through a file called `name` in the fixture's
 /// directory.
 fn saved(w: &Wallet, name: &str) -> Vec<u8> {
+    saved_with(w, name, None)
+}
+
+/// The sample wallet encrypted under [`PASSPHRASE`].
+fn sample_encrypted_file() -> Vec<u8> {
+    saved_with(&sample_wallet(), "sample-encrypted.json", Some(PASSPHRASE))
+}
+
+fn saved_with(w: &Wallet, name: &str, passphrase: Option<&str>) -> Vec<u8> {
     let path = fixture_dir().join(name);
-    if let Err(e) = FileStore::new(&path).save(w) {
+    let store = FileStore::new(&path);
+    if let Some(p) = passphrase {
+        if let Err(e) = store.encrypt_with(p) {
+            panic!("cannot derive a file key: {e}");
+        }
+    }
+    if let Err(e) = store.save(w) {
         panic!("cannot save a wallet: {e}");
     }
     match std::fs::read(&path) {
@@ -92,15 +117,29 @@ fn fixture() -> &'static Fixture {
     F.get_or_init(|| Fixture {
         path: fixture_dir().join("wallet.json"),
         valid: sample_wallet_file(),
+        encrypted: sample_encrypted_file(),
     })
 }
 
 fn load(bytes: &[u8]) -> Result<Wallet, StoreError> {
+    load_with(bytes, false)
+}
+
+/// Loads `bytes` as the wallet file; with `passphrase`, the store can open an encrypted file
+/// (raw inputs get none: a file may ask for up to 1 GiB of KDF memory).
+fn load_with(bytes: &[u8], passphrase: bool) -> Result<Wallet, StoreError> {
     let f = fixture();
     if let Err(e) = std::fs::write(&f.path, bytes) {
         panic!("cannot write the test file: {e}");
     }
-    FileStore::new(&f.path).load()
+    let store = FileStore::new(&f.path);
+    if passphrase {
+        let source: florin_wallet::PassphraseSource =
+            std::sync::Arc::new(|| Ok(zeroize::Zeroizing::new(PASSPHRASE.to_string())));
+        store.with_passphrase(source).load()
+    } else {
+        store.load()
+    }
 }
 
 /// The target.
@@ -109,7 +148,8 @@ pub fn wallet_file(data: &[u8]) {
     static TURN: Mutex<()> = Mutex::new(());
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let mut input = Input::new(data);
-    if input.u8() & 1 == 0 {
+    let mode = input.u8();
+    if mode & 1 == 0 {
         if let Ok(w) = load(input.rest()) {
             let once = saved(&w, "once.json");
             match load(&once) {
@@ -123,7 +163,9 @@ pub fn wallet_file(data: &[u8]) {
         return;
     }
     let f = fixture();
-    let mut file = f.valid.clone();
+    let encrypted = mode & 2 != 0;
+    let original = if encrypted { &f.encrypted } else { &f.valid };
+    let mut file = original.clone();
     let edits = 1 + input.below(4);
     for _ in 0..edits {
         let op = input.u8() % 4;
@@ -138,15 +180,15 @@ pub fn wallet_file(data: &[u8]) {
             _ => file.truncate(at),
         }
     }
-    match load(&file) {
-        Ok(_) if file == f.valid => {}
+    match load_with(&file, encrypted) {
+        Ok(_) if file == *original => {}
         Ok(_) => panic!(
             "a damaged wallet file loaded ({} bytes, first difference at byte {:?})",
             file.len(),
-            file.iter().zip(&f.valid).position(|(a, b)| a != b)
+            file.iter().zip(original).position(|(a, b)| a != b)
         ),
         Err(StoreError::Damaged { .. } | StoreError::Corrupt { .. }) => {
-            assert!(file != f.valid, "the valid wallet file was refused");
+            assert!(file != *original, "the valid wallet file was refused");
         }
         Err(e) => panic!("a damaged wallet file got an untyped refusal: {e}"),
     }

@@ -17,7 +17,7 @@ use florin_token::amount::format_cents;
 use rand::rngs::OsRng;
 
 use crate::connector::{error_chain, Connector, ConnectorError, TxVerdict, Withdrawal};
-use crate::online::{decode_handoff, HandoffFate};
+use crate::online::{decode_handoff, decode_note, HandoffFate};
 use crate::store::{StoreError, WalletStore};
 use crate::wallet::{DepositResult, Wallet, WalletError};
 
@@ -108,6 +108,9 @@ pub enum Notice {
         /// The payee's reason.
         reason: String,
     },
+    /// The wallet's restore notes (the record that lets its backup words find its outputs)
+    /// could not be left now; the next command tries again.
+    NotesPending(String),
     /// A long flow (a withdrawal, a sync) entered a step (for a progress display).
     Step(&'static str),
     /// The current step's work: `done` of `total` (coins checked with the ledger, mailbox
@@ -133,6 +136,11 @@ impl fmt::Display for Notice {
                 format_cents(*cents)
             ),
             Notice::HandoffDropped(d) => d.fmt(f),
+            Notice::NotesPending(why) => write!(
+                f,
+                "restore notes not left yet ({why}): until the next command leaves them, a \
+                 restore from the backup words would not find the newest outputs"
+            ),
             Notice::EarlierPaymentRefused { cents, reason } => write!(
                 f,
                 "the payee refused an earlier payment of €{}: {reason}",
@@ -426,6 +434,7 @@ impl<'a, C: Connector> Flows<'a, C> {
     pub async fn faucet(&self, w: &mut Wallet, cents: u64) -> Result<Fauceted, FlowError> {
         let utxos = self.connector.faucet(&w.public_key(), cents).await?;
         let received = w.receive_utxos(&utxos);
+        w.record("faucet", received, None, "confirmed", None);
         self.save(w)?;
         let handoffs = self.deliver(w).await?;
         Ok(Fauceted {
@@ -676,7 +685,54 @@ impl<'a, C: Connector> Flows<'a, C> {
                 }
             }
         }
+        self.leave_notes(w).await?;
         Ok(out)
+    }
+
+    /// Leaves a restore note in the wallet's own mailbox for the held outputs that have none
+    /// or an old one ([`Wallet::notes_due`]): sealed to the wallet's key, it lets the backup
+    /// words alone find them again ([`Flows::restore`]). A note that cannot be left now is
+    /// reported as [`Notice::NotesPending`] and tried again by the next command; only saving
+    /// can fail.
+    pub async fn leave_notes(&self, w: &mut Wallet) -> Result<(), FlowError> {
+        let now = (self.clock)();
+        let due = w.notes_due(now);
+        if due.is_empty() {
+            return Ok(());
+        }
+        let sealed = match w.seal_note(&due, &mut OsRng) {
+            Ok(s) => s,
+            Err(why) => {
+                (self.notify)(&Notice::NotesPending(why));
+                return Ok(());
+            }
+        };
+        match self.connector.mailbox_put(&w.public_key(), &sealed).await {
+            Ok(_) => {
+                w.mark_noted(&due, now);
+                self.save(w)
+            }
+            Err(e) => {
+                (self.notify)(&Notice::NotesPending(error_chain(&e)));
+                Ok(())
+            }
+        }
+    }
+
+    /// Finds a restored wallet's ledger funds: a [`Flows::sync`] from the start of its mailbox.
+    /// The mailbox holds the payments handed off to the wallet's address and the restore notes
+    /// the wallet left for every output it held (its change included); each output found is
+    /// checked unspent on the ledger before it counts.
+    ///
+    /// What cannot come back: tokens held offline (bearer data that existed only in the lost
+    /// file), withdrawals whose tokens had not arrived, a transaction in flight, and outputs
+    /// whose last note is older than the mailbox's retention (a wallet that syncs at least every
+    /// [`crate::online::NOTE_REFRESH_SECS`] always has a fresh one).
+    pub async fn restore(&self, w: &mut Wallet) -> Result<SyncReport, FlowError> {
+        (self.notify)(&Notice::Step(
+            "finding this wallet's outputs from its backup words",
+        ));
+        self.sync(w).await
     }
 
     /// Collects the tokens of withdrawals paid on the ledger, each request signed by the key
@@ -762,23 +818,35 @@ impl<'a, C: Connector> Flows<'a, C> {
                     total: seen,
                 });
                 // A message that does not open or parse is someone else's noise: skip it.
-                let utxos = w
-                    .open_sealed(&m.message)
-                    .and_then(|plain| decode_handoff(&plain))
-                    .unwrap_or_default();
+                let plain = w.open_sealed(&m.message).unwrap_or_default();
+                let entries = match decode_note(&plain) {
+                    Some(noted) => {
+                        w.observe_note_keys(&noted);
+                        noted
+                    }
+                    None => decode_handoff(&plain)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|u| (None, u))
+                        .collect(),
+                };
                 let mut live = Vec::new();
-                for u in utxos {
-                    if self.connector.unspent(&u.id()).await? {
-                        live.push(u);
+                for (k, u) in entries {
+                    if !w.holds(&u) && self.connector.unspent(&u.id()).await? {
+                        live.push((k, u));
                     }
                 }
-                received += w.receive_utxos(&live);
+                received += w.receive_noted(&live);
                 w.set_mailbox_cursor(m.seq);
                 self.save(w)?;
             }
         }
+        if received > 0 {
+            w.record("receive", received, None, "confirmed", None);
+        }
         let r = self.reconcile(w).await?;
         self.save(w)?;
+        self.leave_notes(w).await?;
         removed = (removed.0 + r.0, removed.1 + r.1);
         Ok(SyncReport {
             received,
@@ -821,6 +889,17 @@ impl<'a, C: Connector> Flows<'a, C> {
         let Some(result) = result else {
             return Ok(Deposited::Nothing);
         };
+        let (cents, status) = if result.credited_cents > 0 {
+            (result.credited_cents, "credited".to_string())
+        } else if result.still_pending > 0 {
+            (0, "pending".to_string())
+        } else if result.reanchored > 0 {
+            (0, format!("reanchored {} tokens", result.reanchored))
+        } else {
+            (0, "refused".to_string())
+        };
+        w.record("deposit", cents, None, &status, None);
+        self.save(w)?;
         let credit = credited;
         let mut sync_error = None;
         if credit {

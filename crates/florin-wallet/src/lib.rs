@@ -11,6 +11,7 @@
 //! the offline exchange over a device channel (the payer's [`peer::pay_peer`], the payee's
 //! per-connection [`peer::serve_payer`]) live in [`peer`], over channel traits likewise.
 
+pub mod backup;
 pub mod connector;
 pub mod flows;
 pub mod online;
@@ -22,9 +23,11 @@ mod wallet;
 pub use connector::{Connector, ConnectorError};
 pub use flows::{FlowError, Flows, Notice};
 pub use select::select_exact;
-pub use store::{FileStore, LockingStore, StoreError, WalletLock, WalletStore};
+pub use store::{
+    FileStore, Kdf, LockingStore, PassphraseSource, StoreError, WalletLock, WalletStore,
+};
 pub use wallet::{
-    Balance, DenominationCount, DepositItem, DepositResult, PendingDeposit, TokenState, Wallet,
-    WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS, MAX_DEPOSIT_PER_REQUEST,
-    MAX_HOPS_LIMIT,
+    Balance, DenominationCount, DepositItem, DepositResult, HistoryEntry, PendingDeposit,
+    TokenState, Wallet, WalletError, DEFAULT_MAX_HOPS, DEFAULT_MAX_OFFLINE_CENTS,
+    MAX_DEPOSIT_PER_REQUEST, MAX_HOPS_LIMIT,
 };

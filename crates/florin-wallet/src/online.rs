@@ -42,6 +42,10 @@ pub struct OwnedUtxo {
     pub utxo: String,
     /// The derived key index; `None` for the wallet's main key (its address).
     pub key: Option<u64>,
+    /// When a restore note for it was last left in the wallet's own mailbox (Unix seconds);
+    /// `None` while it has none ([`Wallet::notes_due`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noted: Option<u64>,
 }
 
 /// A ledger transaction built and saved but not yet known to be confirmed. Retried (the
@@ -106,6 +110,48 @@ pub struct OnlinePurse {
 
 /// How many outputs [`OnlinePurse::spent_elsewhere`] keeps.
 pub const MAX_SPENT_ELSEWHERE: usize = 4096;
+
+/// Version byte of a restore note: a message a wallet seals to itself with the preimages of
+/// outputs it holds and the index of the key each is locked to.
+pub const NOTE_VERSION: u8 = 2;
+/// Most outputs in one restore note (a note stays well under the mailbox's message limit).
+pub const NOTE_MAX_OUTPUTS: usize = 500;
+/// How often a held output's restore note is left again, so that one is always in the mailbox
+/// within its retention (30 days by default): a wallet that syncs within this period never
+/// has an output without a note.
+pub const NOTE_REFRESH_SECS: u64 = 7 * 24 * 3600;
+const MAIN_KEY: u64 = u64::MAX;
+const NOTE_ENTRY: usize = 8 + 73;
+
+/// Encodes a restore note: (key index, output) pairs, `None` for the wallet's main key.
+pub fn encode_note(entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
+    let mut out = vec![NOTE_VERSION];
+    out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
+    for (k, u) in entries {
+        out.extend_from_slice(&k.unwrap_or(MAIN_KEY).to_le_bytes());
+        out.extend_from_slice(&u.encode());
+    }
+    out
+}
+
+/// Decodes a restore note; `None` if malformed.
+pub fn decode_note(b: &[u8]) -> Option<Vec<(Option<u64>, Utxo)>> {
+    if b.len() < 3 || b[0] != NOTE_VERSION {
+        return None;
+    }
+    let n = u16::from_le_bytes([b[1], b[2]]) as usize;
+    let body = &b[3..];
+    if body.len() != n * NOTE_ENTRY {
+        return None;
+    }
+    body.chunks(NOTE_ENTRY)
+        .map(|c| {
+            let k = u64::from_le_bytes(c[..8].try_into().ok()?);
+            let u = Utxo::decode(&c[8..]).ok()?;
+            Some(((k != MAIN_KEY).then_some(k), u))
+        })
+        .collect()
+}
 
 /// Encodes a handoff message: the preimages of outputs for the payee.
 pub fn encode_handoff(utxos: &[Utxo]) -> Vec<u8> {
@@ -221,10 +267,98 @@ impl Wallet {
             if u.encumbrance != me || self.online.utxos.iter().any(|o| o.utxo == h) {
                 continue;
             }
-            self.online.utxos.push(OwnedUtxo { utxo: h, key: None });
+            self.online.utxos.push(OwnedUtxo {
+                utxo: h,
+                key: None,
+                noted: None,
+            });
             added += u.value;
         }
         added
+    }
+
+    /// Adds outputs from this wallet's own restore notes: each must be locked to the key the
+    /// note names (checked by deriving it), and be held not yet. The caller checks they are
+    /// unspent. Returns the value added.
+    pub fn receive_noted(&mut self, entries: &[(Option<u64>, Utxo)]) -> u64 {
+        let mut added = 0;
+        for (k, u) in entries {
+            if !self.is_own(*k, u) {
+                continue;
+            }
+            let h = hex::encode(u.encode());
+            if self.online.utxos.iter().any(|o| o.utxo == h) {
+                continue;
+            }
+            self.online.utxos.push(OwnedUtxo {
+                utxo: h,
+                key: *k,
+                noted: None,
+            });
+            added += u.value;
+        }
+        added
+    }
+
+    /// Whether the wallet holds `u` already.
+    pub fn holds(&self, u: &Utxo) -> bool {
+        let h = hex::encode(u.encode());
+        self.online.utxos.iter().any(|o| o.utxo == h)
+    }
+
+    /// Whether `u` is locked to this wallet's key `k`.
+    fn is_own(&self, k: Option<u64>, u: &Utxo) -> bool {
+        u.encumbrance == Encumbrance::ed25519(&self.ledger_signer(k).public_key())
+    }
+
+    /// Moves the next derived key past every index this wallet's notes name (spent outputs
+    /// included), so a restored wallet never derives a used key again.
+    pub fn observe_note_keys(&mut self, entries: &[(Option<u64>, Utxo)]) {
+        for (k, u) in entries {
+            if let Some(i) = k {
+                if *i >= self.online.next_key && *i < u64::MAX / 2 && self.is_own(*k, u) {
+                    self.online.next_key = i + 1;
+                }
+            }
+        }
+    }
+
+    /// Held outputs whose restore note is missing or older than [`NOTE_REFRESH_SECS`] (at
+    /// most [`NOTE_MAX_OUTPUTS`]), with their key indices.
+    pub fn notes_due(&self, now: u64) -> Vec<(Option<u64>, Utxo)> {
+        self.online
+            .utxos
+            .iter()
+            .filter(|o| {
+                o.noted
+                    .is_none_or(|t| now.saturating_sub(t) >= NOTE_REFRESH_SECS)
+            })
+            .filter_map(|o| decode_utxo(&o.utxo).map(|u| (o.key, u)))
+            .take(NOTE_MAX_OUTPUTS)
+            .collect()
+    }
+
+    /// Records that a note for these outputs was left at `now`.
+    pub fn mark_noted(&mut self, entries: &[(Option<u64>, Utxo)], now: u64) {
+        let noted: Vec<String> = entries
+            .iter()
+            .map(|(_, u)| hex::encode(u.encode()))
+            .collect();
+        for o in &mut self.online.utxos {
+            if noted.contains(&o.utxo) {
+                o.noted = Some(now);
+            }
+        }
+    }
+
+    /// Seals a restore note to this wallet's own key.
+    pub fn seal_note<R: rand::RngCore + rand::CryptoRng>(
+        &self,
+        entries: &[(Option<u64>, Utxo)],
+        rng: &mut R,
+    ) -> Result<Vec<u8>, String> {
+        florin_crypto::sealed::seal(&self.public_key(), &encode_note(entries), rng)
+            .map_err(|e| format!("sealing a restore note failed ({e})"))
     }
 
     /// Builds and signs a payment of `amount_cents` to `payee` (largest UTXOs first, change to
@@ -265,6 +399,7 @@ impl Wallet {
         let change = has_change.then(|| OwnedUtxo {
             utxo: hex::encode(created[1].encode()),
             key: Some(idx),
+            noted: None,
         });
         let spent: Vec<&str> = chosen.iter().map(|o| o.utxo.as_str()).collect();
         self.online
@@ -320,6 +455,7 @@ impl Wallet {
             change: Some(OwnedUtxo {
                 utxo: hex::encode(created[0].encode()),
                 key: Some(idx),
+                noted: None,
             }),
             handoff: None,
             purpose: "consolidate".into(),
@@ -338,6 +474,19 @@ impl Wallet {
     /// otherwise the inputs come back (the ledger changed nothing). Returns the pending record.
     pub fn settle_pending(&mut self, confirmed: bool) -> Option<PendingTx> {
         let p = self.online.pending.take()?;
+        if p.purpose != "consolidate" {
+            let (to, cents) = p
+                .handoff
+                .as_ref()
+                .and_then(|(k, u)| decode_utxo(u).map(|u| (*k, u.value)))
+                .map_or((None, 0), |(k, v)| (Some(k), v));
+            let txid = hex::decode(&p.tx)
+                .ok()
+                .and_then(|b| Transaction::decode(&b).ok())
+                .map(|t| hex::encode(t.txid()));
+            let status = if confirmed { "confirmed" } else { "refused" };
+            self.record(&p.purpose, cents, to, status, txid);
+        }
         if confirmed {
             if let Some(c) = &p.change {
                 self.online.utxos.push(c.clone());

@@ -167,6 +167,28 @@ struct SentPayment {
     refused: Option<String>,
 }
 
+/// Most entries the wallet's history keeps (the oldest go first).
+pub const MAX_HISTORY: usize = 1_000;
+
+/// One line of the wallet's history: what moved, when, with whom, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// When (Unix seconds).
+    pub at: u64,
+    /// `faucet`, `pay`, `receive`, `withdraw`, `deposit`, `offline_pay` or `offline_receive`.
+    pub kind: String,
+    /// The amount in cents.
+    pub cents: u64,
+    /// The other side's address, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counterparty: Option<PublicKey>,
+    /// How it ended: `confirmed`, `refused`, `signed`, `accepted`, `credited`, ….
+    pub status: String,
+    /// The transaction id or the request's handshake (hex), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+}
+
 /// Most payment requests open at once.
 pub const MAX_OPEN_REQUESTS: usize = 1_000;
 
@@ -205,6 +227,15 @@ pub struct PendingDeposit {
 struct WalletFile {
     format: u32,
     secret_key: String,
+    /// The backup words (absent in wallets made before backups).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backup_words: Option<String>,
+    /// Where `florin wallet export` moved this wallet (it then refuses to spend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    moved_to: Option<String>,
+    /// What moved, newest last (at most [`MAX_HISTORY`]).
+    #[serde(default, skip_serializing_if = "std::collections::VecDeque::is_empty")]
+    history: std::collections::VecDeque<HistoryEntry>,
     public_key: PublicKey,
     authority: Option<PublicKey>,
     max_hops: usize,
@@ -317,6 +348,10 @@ impl DepositResult {
 /// A wallet in memory.
 pub struct Wallet {
     signer: LocalSigner,
+    /// The backup words the keys derive from (`None` for wallets made before backups).
+    words: Option<crate::backup::Words>,
+    moved_to: Option<String>,
+    history: std::collections::VecDeque<HistoryEntry>,
     authority: Option<PublicKey>,
     /// Most offline hops accepted.
     pub max_hops: usize,
@@ -356,10 +391,19 @@ fn counts(tokens: &[&Token]) -> (Vec<DenominationCount>, u64) {
 }
 
 impl Wallet {
-    /// A new wallet with a fresh key.
+    /// A new wallet with fresh backup words (its keys all derive from them).
     pub fn generate<R: RngCore + CryptoRng>(rng: &mut R, authority: Option<PublicKey>) -> Wallet {
+        Wallet::from_words(crate::backup::Words::generate(rng), authority)
+    }
+
+    /// The wallet whose keys derive from `words`: a new wallet, or the keys of a lost one
+    /// (its funds are then found by [`crate::flows::Flows::restore`]).
+    pub fn from_words(words: crate::backup::Words, authority: Option<PublicKey>) -> Wallet {
         Wallet {
-            signer: LocalSigner::new(SecretKey::generate(rng)),
+            signer: LocalSigner::new(words.master_key()),
+            words: Some(words),
+            moved_to: None,
+            history: Default::default(),
             authority,
             max_hops: DEFAULT_MAX_HOPS,
             max_offline_cents: DEFAULT_MAX_OFFLINE_CENTS,
@@ -371,6 +415,50 @@ impl Wallet {
             pending: None,
             online: Default::default(),
         }
+    }
+
+    /// The wallet's history, oldest first.
+    pub fn history(&self) -> impl DoubleEndedIterator<Item = &HistoryEntry> {
+        self.history.iter()
+    }
+
+    /// Adds a line to the history, now.
+    pub fn record(
+        &mut self,
+        kind: &str,
+        cents: u64,
+        counterparty: Option<PublicKey>,
+        status: &str,
+        reference: Option<String>,
+    ) {
+        if self.history.len() >= MAX_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(HistoryEntry {
+            at: florin_ledger::expiry::unix_now(),
+            kind: kind.into(),
+            cents,
+            counterparty,
+            status: status.into(),
+            reference,
+        });
+    }
+
+    /// Where an export moved this wallet, if it did ([`crate::StoreError::Moved`]).
+    pub fn moved_to(&self) -> Option<&str> {
+        self.moved_to.as_deref()
+    }
+
+    /// Marks the wallet moved to `to` (an export), or back here (`None`: an import).
+    pub fn set_moved_to(&mut self, to: Option<String>) {
+        self.moved_to = to;
+    }
+
+    /// The backup words this wallet's keys derive from; `None` for a wallet created before
+    /// backup words existed (its key is random: back up the file, or move the funds to a new
+    /// wallet).
+    pub fn backup_words(&self) -> Option<&crate::backup::Words> {
+        self.words.as_ref()
     }
 
     /// The wallet's key.
@@ -667,6 +755,13 @@ impl Wallet {
             delivered: false,
             refused: None,
         });
+        self.record(
+            "offline_pay",
+            payment.amount_cents(),
+            Some(req.payee),
+            "signed",
+            Some(hex::encode(req.handshake)),
+        );
         Ok(payment)
     }
 
@@ -705,10 +800,11 @@ impl Wallet {
         }
         self.requests.remove(ri);
         self.received.push(ReceivedPayment {
-            handshake: hs,
+            handshake: hs.clone(),
             digest: payment_digest(payment),
             amount_cents: got,
         });
+        self.record("offline_receive", got, None, "accepted", Some(hs));
         Ok(got)
     }
 
@@ -979,6 +1075,9 @@ impl Wallet {
         let file = WalletFile {
             format: FILE_FORMAT,
             secret_key: self.signer.secret().to_hex(),
+            backup_words: self.words.as_ref().map(|w| w.phrase().to_string()),
+            moved_to: self.moved_to.clone(),
+            history: self.history.clone(),
             public_key: self.public_key(),
             authority: self.authority,
             max_hops: self.max_hops,
@@ -1011,6 +1110,17 @@ impl Wallet {
         if secret.public_key() != f.public_key {
             return Err("secret key does not match public key".into());
         }
+        let words = match f.backup_words.as_deref() {
+            None => None,
+            Some(text) => {
+                let w =
+                    crate::backup::Words::parse(text).map_err(|e| format!("backup words: {e}"))?;
+                if w.master_key().public_key() != f.public_key {
+                    return Err("the backup words do not derive this wallet's key".into());
+                }
+                Some(w)
+            }
+        };
         let mut tokens = Vec::with_capacity(f.tokens.len());
         for h in f.tokens {
             let bytes = hex::decode(&h.token).map_err(|e| e.to_string())?;
@@ -1025,6 +1135,9 @@ impl Wallet {
         }
         Ok(Wallet {
             signer: LocalSigner::new(secret),
+            words,
+            moved_to: f.moved_to,
+            history: f.history,
             authority: f.authority,
             max_hops: f.max_hops,
             max_offline_cents: f.max_offline_cents,

@@ -7,11 +7,13 @@ mod devnet;
 mod fraud_cmd;
 mod node_cmd;
 mod offline_cmd;
+mod passphrase;
 mod progress;
 mod psp_cmd;
 mod tls_args;
 mod util;
 mod wallet_cmd;
+mod wallet_serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -166,9 +168,18 @@ fn say_error(msg: &str) {
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
     // Every command takes `--json`; a failing one then also prints the API's error envelope.
-    let json = std::env::args().skip(1).any(|a| a == "--json");
+    // Read from the parsed command line (an argument *value* spelled `--json` does not count);
+    // only a line that does not parse is judged by its raw words.
+    let matches = match <Cli as clap::CommandFactory>::command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            let json = std::env::args().skip(1).any(|a| a == "--json");
+            return usage_error(e, json);
+        }
+    };
+    let json = json_flag(&matches);
     progress::set_quiet(json);
-    let cli = match Cli::try_parse() {
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e, json),
     };
@@ -186,6 +197,16 @@ fn main() -> ExitCode {
     // A server's last info lines are still gathered: out before the process ends.
     florin_obs::log::flush();
     code
+}
+
+/// Whether `--json` was given to the command or any of its subcommands.
+fn json_flag(m: &clap::ArgMatches) -> bool {
+    m.try_get_one::<bool>("json")
+        .ok()
+        .flatten()
+        .copied()
+        .unwrap_or(false)
+        || m.subcommand().is_some_and(|(_, sub)| json_flag(sub))
 }
 
 fn run(cli: Cli, json: bool) -> ExitCode {
@@ -325,6 +346,31 @@ fn error_code(e: &anyhow::Error) -> String {
         }
         if let Some(c) = cause.downcast_ref::<florin_wallet::ConnectorError>() {
             return connector_code(c);
+        }
+        if let Some(s) = cause.downcast_ref::<florin_wallet::StoreError>() {
+            use florin_wallet::StoreError as S;
+            let code = match s {
+                S::WrongPassphrase { .. } => "wrong_passphrase",
+                S::Locked { .. } => "passphrase_needed",
+                S::Moved { .. } => "wallet_moved",
+                S::Damaged { .. } | S::Corrupt { .. } => "wallet_damaged",
+                S::Exists(_) => "exists",
+                S::NotFound(_) => "not_found",
+                _ => continue,
+            };
+            return code.into();
+        }
+        if cause
+            .downcast_ref::<florin_wallet::backup::BackupError>()
+            .is_some()
+        {
+            return "bad_backup_words".into();
+        }
+        if cause
+            .downcast_ref::<wallet_serve::UnknownOperation>()
+            .is_some()
+        {
+            return "unknown_operation".into();
         }
         // A flow's node error is transparent: its source skips the connector error itself.
         if let Some(f) = cause.downcast_ref::<florin_wallet::FlowError>() {

@@ -113,3 +113,12 @@ impl Trust {
         )?)
     }
 }
+
+/// A warning the user must read even in `--json` mode (stdout stays the JSON), on standard
+/// error whatever the log settings: the care backup words need, what a restore cannot bring
+/// back.
+#[allow(clippy::print_stderr)]
+pub fn warn_user(msg: &str) {
+    florin_obs::log::flush();
+    eprintln!("warning: {msg}");
+}

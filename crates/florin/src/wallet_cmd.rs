@@ -36,8 +36,13 @@ pub struct WalletArgs {
 
 #[derive(Subcommand)]
 enum WalletCommand {
-    /// Create a wallet with a fresh key.
+    /// Create a wallet: fresh backup words (printed once), every key derived from them, the
+    /// file encrypted under a passphrase (FLORIN_WALLET_PASSPHRASE, or asked on a terminal).
     New {
+        /// Write the file unencrypted (tests and demos only: anyone who can read the file can
+        /// spend the money).
+        #[arg(long)]
+        no_passphrase: bool,
         /// The authority to trust (address); fetched from the node when omitted.
         #[arg(long)]
         authority: Option<String>,
@@ -48,6 +53,52 @@ enum WalletCommand {
         #[arg(long)]
         max_offline: Option<String>,
     },
+    /// Rebuild a lost wallet from its backup words: its keys, then its ledger funds (the
+    /// payments and restore notes in its mailbox, each checked unspent on the ledger). Offline
+    /// tokens cannot be restored: they were bearer data in the lost file.
+    Restore {
+        /// Read the words from this file (scripts); without it they are asked on the terminal.
+        /// Never on the command line.
+        #[arg(long)]
+        mnemonic_file: Option<PathBuf>,
+        /// Write the file unencrypted (tests and demos only).
+        #[arg(long)]
+        no_passphrase: bool,
+        /// The authority to trust (address); fetched from the node when omitted.
+        #[arg(long)]
+        authority: Option<String>,
+    },
+    /// Print the wallet's backup words (handle with care: they are the wallet).
+    Backup,
+    /// Move the wallet to another file (another machine): the copy keeps the passphrase, and
+    /// this file then refuses to spend, so the two never spend the same money.
+    Export {
+        /// The file to write (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Take in a wallet moved by `export` (into `--wallet`); the exported file then refuses
+    /// to spend. Also takes back a wallet this file had moved away.
+    Import {
+        /// The exported file.
+        file: PathBuf,
+    },
+    /// Change the file's passphrase (the new one from FLORIN_WALLET_NEW_PASSPHRASE or the
+    /// terminal), or remove it with --no-passphrase.
+    Passphrase {
+        /// Store the file unencrypted from now on.
+        #[arg(long)]
+        no_passphrase: bool,
+    },
+    /// Serve the wallet as a page on loopback (keys stay in this process): balances, pay,
+    /// request and pay by QR code (upload or camera), withdraw, deposit, history, backup words.
+    Serve {
+        /// Where to listen (loopback only; port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:7480")]
+        listen: std::net::SocketAddr,
+    },
+    /// Print the wallet's history: what moved, when, with whom, and how it ended.
+    History,
     /// Print the wallet's address.
     Address,
     /// Show verified and offline money, by denomination.
@@ -92,24 +143,32 @@ enum WalletCommand {
 
 /// Runs a wallet command.
 pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
-    let store = FileStore::new(&args.wallet);
+    let store =
+        FileStore::new(&args.wallet).with_passphrase(crate::passphrase::source(&args.wallet));
     let json = args.json;
     // One command at a time per wallet: two concurrent payments must never spend the same
     // tokens. Held until the command ends.
     let _lock = match &args.command {
         WalletCommand::Offline { command } if crate::offline_cmd::locks_itself(command) => None,
+        // Takes the lock per request, so commands can run beside the page.
+        WalletCommand::Serve { .. } => None,
         _ => Some(store.lock()?),
     };
     match args.command {
         WalletCommand::New {
+            no_passphrase,
             authority,
             max_hops,
             max_offline,
         } => {
+            if args.wallet.exists() {
+                return Err(florin_wallet::StoreError::Exists(args.wallet.clone()).into());
+            }
             let authority = match authority {
                 Some(a) => Some(PublicKey::parse(&a).context("--authority")?),
                 None => fetch_authority(&args.node, trust).ok(),
             };
+            let encrypted = choose_sealing(&store, &args.wallet, no_passphrase)?;
             let mut w = Wallet::generate(&mut OsRng, authority);
             if let Some(h) = max_hops {
                 if h > florin_wallet::MAX_HOPS_LIMIT {
@@ -121,26 +180,226 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
                 w.max_offline_cents = parse_euros(&m)?;
             }
             store.create(&w)?;
+            let words = w
+                .backup_words()
+                .map(|b| b.phrase().to_string())
+                .unwrap_or_default();
             let out = json!({
                 "wallet": args.wallet.display().to_string(),
                 "address": w.public_key().to_address(),
                 "authority": w.authority().map(|a| a.to_address()),
+                "encrypted": encrypted,
+                "backup_words": words,
+                "warning": BACKUP_WARNING,
             });
             if json {
                 print_json(&out);
             } else {
                 println!("created {} for {}", args.wallet.display(), w.public_key());
+                if !encrypted {
+                    println!("the file is NOT encrypted (--no-passphrase): anyone who can read it can spend");
+                }
                 if w.authority().is_none() {
                     println!("no node reachable: the authority will be fetched on first use");
+                }
+                crate::util::warn_user(BACKUP_WARNING);
+                println!("backup words: {words}");
+            }
+        }
+        WalletCommand::Restore {
+            mnemonic_file,
+            no_passphrase,
+            authority,
+        } => {
+            if args.wallet.exists() {
+                return Err(florin_wallet::StoreError::Exists(args.wallet.clone()).into());
+            }
+            let words = crate::passphrase::read_words(mnemonic_file.as_deref())?;
+            let authority = match authority {
+                Some(a) => Some(PublicKey::parse(&a).context("--authority")?),
+                None => fetch_authority(&args.node, trust).ok(),
+            };
+            let encrypted = choose_sealing(&store, &args.wallet, no_passphrase)?;
+            let mut w = Wallet::from_words(words, authority);
+            store.create(&w)?;
+            let found = restore_funds(&store, &mut w, &args.node, trust, json);
+            let (found, reason) = match found {
+                Ok(r) => (Some(r), None),
+                Err(e) => (None, Some(format!("{e:#}"))),
+            };
+            let b = w.balance();
+            if json {
+                print_json(&json!({
+                    "wallet": args.wallet.display().to_string(),
+                    "address": w.public_key().to_address(),
+                    "encrypted": encrypted,
+                    "found_cents": found.as_ref().map(|r| r.received),
+                    "online_cents": b.online_cents,
+                    "ledger_searched": found.is_some(),
+                    "not_restorable": NOT_RESTORABLE,
+                }));
+            } else {
+                println!(
+                    "restored the keys of {} into {}",
+                    w.public_key(),
+                    args.wallet.display()
+                );
+                if let Some(r) = &found {
+                    println!(
+                        "found €{} on the ledger (€{} online in all)",
+                        format_cents(r.received),
+                        format_cents(b.online_cents)
+                    );
+                }
+                crate::util::warn_user(&format!("not restorable from words: {NOT_RESTORABLE}"));
+            }
+            if let Some(reason) = reason {
+                bail!(
+                    "the keys are restored in {}, but the ledger funds could not be searched: \
+                     {reason}; `florin wallet sync` searches again",
+                    args.wallet.display()
+                );
+            }
+        }
+        WalletCommand::Backup => {
+            let w = store.load()?;
+            let Some(words) = w.backup_words() else {
+                bail!(
+                    "this wallet was created before backup words existed: its key is random. \
+                     Keep a copy of the file (`florin wallet export`), or create a new wallet \
+                     and pay its funds there"
+                );
+            };
+            if json {
+                print_json(&json!({ "backup_words": words.phrase(), "warning": BACKUP_WARNING }));
+            } else {
+                crate::util::warn_user(BACKUP_WARNING);
+                println!("{}", words.phrase());
+            }
+        }
+        WalletCommand::Export { out } => {
+            let mut w = store.load()?;
+            let dest = FileStore::new(&out);
+            if store.is_encrypted() {
+                dest.seal_like(&store);
+            } else {
+                dest.write_plain();
+            }
+            dest.create(&w)?;
+            let to = std::path::absolute(&out).unwrap_or(out.clone());
+            w.set_moved_to(Some(to.display().to_string()));
+            store.save(&w)?;
+            if json {
+                print_json(&json!({
+                    "exported": to.display().to_string(),
+                    "address": w.public_key().to_address(),
+                    "encrypted": store.is_encrypted(),
+                }));
+            } else {
+                println!(
+                    "moved the wallet {} to {}; {} now refuses to spend (take it back with \
+                     `florin wallet import`)",
+                    w.public_key(),
+                    to.display(),
+                    args.wallet.display()
+                );
+            }
+        }
+        WalletCommand::Import { file } => {
+            let src = FileStore::new(&file).with_passphrase(crate::passphrase::source(&file));
+            let _src_lock = src.lock()?;
+            let mut w = src.load()?;
+            if args.wallet.exists() {
+                let here = FileStore::new(&args.wallet)
+                    .with_passphrase(crate::passphrase::source(&args.wallet))
+                    .reading_moved()
+                    .load()?;
+                if here.public_key() != w.public_key() || here.moved_to().is_none() {
+                    bail!(
+                        "{} holds another wallet, or one still in use; import into a new file \
+                         (--wallet)",
+                        args.wallet.display()
+                    );
+                }
+            }
+            store.seal_like(&src);
+            w.set_moved_to(None);
+            store.save(&w)?;
+            let to = std::path::absolute(&args.wallet).unwrap_or(args.wallet.clone());
+            w.set_moved_to(Some(to.display().to_string()));
+            src.save(&w)?;
+            w.set_moved_to(None);
+            if json {
+                print_json(&json!({
+                    "imported": file.display().to_string(),
+                    "wallet": args.wallet.display().to_string(),
+                    "address": w.public_key().to_address(),
+                    "total_cents": w.balance().total_cents,
+                }));
+            } else {
+                println!(
+                    "imported {} into {} (€{}); {} now refuses to spend",
+                    w.public_key(),
+                    args.wallet.display(),
+                    format_cents(w.balance().total_cents),
+                    file.display()
+                );
+            }
+        }
+        WalletCommand::Passphrase { no_passphrase } => {
+            let w = store.load()?;
+            if no_passphrase {
+                store.write_plain();
+            } else {
+                let new = new_passphrase_for_change(&args.wallet)?;
+                store.encrypt_with(&new)?;
+            }
+            store.save(&w)?;
+            if json {
+                print_json(&json!({ "encrypted": store.is_encrypted() }));
+            } else if store.is_encrypted() {
+                println!(
+                    "{} is encrypted under the new passphrase",
+                    args.wallet.display()
+                );
+            } else {
+                println!("{} is now stored unencrypted", args.wallet.display());
+            }
+        }
+        WalletCommand::Serve { listen } => {
+            return crate::wallet_serve::run(
+                store,
+                args.wallet.clone(),
+                args.node.clone(),
+                trust.clone(),
+                listen,
+                json,
+            );
+        }
+        WalletCommand::History => {
+            let w = store.load()?;
+            if json {
+                print_json(&json!({ "history": w.history().collect::<Vec<_>>() }));
+            } else {
+                for h in w.history() {
+                    println!(
+                        "{}  {:<15} €{:>10}  {:<10} {}",
+                        h.at,
+                        h.kind,
+                        format_cents(h.cents),
+                        h.status,
+                        h.counterparty.map(|c| c.to_address()).unwrap_or_default()
+                    );
                 }
             }
         }
         WalletCommand::Address => {
-            let w = store.load()?;
+            // Readable without the passphrase: an encrypted file names its (public) address.
+            let address = store.address()?;
             if json {
-                print_json(&json!({ "address": w.public_key().to_address() }));
+                print_json(&json!({ "address": address.to_address() }));
             } else {
-                println!("{}", w.public_key());
+                println!("{address}");
             }
         }
         WalletCommand::Balance => {
@@ -340,6 +599,68 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Said when backup words are shown.
+const BACKUP_WARNING: &str = "Write these 12 backup words down and keep them offline: anyone \
+     who has them can spend this wallet's ledger funds, and with them alone you can restore \
+     those funds (`florin wallet restore`). They are not shown again unless you ask \
+     (`florin wallet backup`).";
+
+/// What a restore from words cannot bring back.
+const NOT_RESTORABLE: &str = "tokens held offline (bearer data: only the lost file had them), \
+     withdrawals whose tokens had not arrived, a payment in flight, and outputs whose last \
+     restore note outlived the mailbox's retention";
+
+/// Encrypts new files under a passphrase from the environment or the terminal; plain only
+/// when asked (`--no-passphrase`). Returns whether the file will be encrypted.
+fn choose_sealing(store: &FileStore, path: &std::path::Path, no_passphrase: bool) -> Result<bool> {
+    if no_passphrase {
+        store.write_plain();
+        return Ok(false);
+    }
+    match crate::passphrase::new_passphrase(path)? {
+        Some(p) => {
+            store.encrypt_with(&p)?;
+            Ok(true)
+        }
+        None => bail!(
+            "refusing to write an unencrypted wallet: set {}, run on a terminal to be asked \
+             for a passphrase, or pass --no-passphrase (tests and demos)",
+            crate::passphrase::ENV
+        ),
+    }
+}
+
+/// The new passphrase of `wallet passphrase`: `FLORIN_WALLET_NEW_PASSPHRASE`, else asked.
+fn new_passphrase_for_change(path: &std::path::Path) -> Result<zeroize::Zeroizing<String>> {
+    if let Some(p) = std::env::var("FLORIN_WALLET_NEW_PASSPHRASE")
+        .ok()
+        .filter(|p| !p.is_empty())
+    {
+        return Ok(zeroize::Zeroizing::new(p));
+    }
+    // Not from FLORIN_WALLET_PASSPHRASE: that one opened the file (the old passphrase).
+    crate::passphrase::ask_new(path)?.ok_or_else(|| {
+        anyhow::anyhow!("no new passphrase: set FLORIN_WALLET_NEW_PASSPHRASE or run on a terminal")
+    })
+}
+
+/// Searches the ledger for a restored wallet's funds.
+fn restore_funds(
+    store: &FileStore,
+    w: &mut Wallet,
+    node: &str,
+    trust: &Trust,
+    json: bool,
+) -> Result<florin_wallet::flows::SyncReport> {
+    ensure_authority(w, node, trust)?;
+    let client = trust.node(node)?;
+    let steps = crate::progress::steps();
+    let flows = flows_with(store, &client, json, steps.clone());
+    let r = runtime()?.block_on(flows.restore(w));
+    steps.clear();
+    Ok(r?)
+}
+
 /// The wallet's flows over the node at `client`; their notices printed as they happen
 /// (dropped handoffs on stdout in text mode, like [`tell`]; the rest on stderr).
 fn flows<'a>(store: &'a FileStore, client: &'a NodeClient, json: bool) -> Flows<'a, NodeClient> {
@@ -363,6 +684,7 @@ fn flows_with<'a>(
         }
         Notice::Step(name) => steps.step(name),
         Notice::Progress { done, total } => steps.progress(*done, *total),
+        Notice::NotesPending(_) => tracing::warn!("{n}"),
         other => tracing::info!("{other}"),
     })
 }
@@ -488,7 +810,7 @@ fn fetch_authority(node: &str, trust: &Trust) -> Result<PublicKey> {
 }
 
 /// Learns the authority from the node on first use; afterwards insists it stays the same.
-fn ensure_authority(w: &mut Wallet, node: &str, trust: &Trust) -> Result<()> {
+pub(crate) fn ensure_authority(w: &mut Wallet, node: &str, trust: &Trust) -> Result<()> {
     let client = trust.node(node)?;
     match runtime()?.block_on(florin_wallet::flows::ensure_authority(w, &client)) {
         Err(FlowError::AuthorityMismatch {

@@ -101,7 +101,7 @@ fn operator_blacklists_and_revokes_and_deposits_are_refused_with_the_reason() {
         node: net.url.clone(),
     };
     for w in ["payer", "alice", "bob"] {
-        u.wallet(w, &["new"]);
+        u.wallet(w, &["new", "--no-passphrase"]);
     }
     // The devnet's faucet needs no credential.
     u.wallet("payer", &["faucet", "10"]);
@@ -324,7 +324,7 @@ fn cluster_faucet_is_off_by_default_and_operator_only_when_on() {
         dir: dir.path().to_path_buf(),
         node: url.clone(),
     };
-    u.wallet("w", &["new"]);
+    u.wallet("w", &["new", "--no-passphrase"]);
     // Off by default: even the operator gets none.
     let err = u.fails(&[
         "wallet",

@@ -183,7 +183,7 @@ fn setup(wallets: &[&str]) -> (tempfile::TempDir, Devnet, User) {
     let net = Devnet::start(&dir.path().join("data"));
     let u = User::new(dir.path(), &net.url);
     for w in wallets {
-        let v = u.wallet(w, &["new"]);
+        let v = u.wallet(w, &["new", "--no-passphrase"]);
         assert!(v["address"].as_str().unwrap().starts_with("eur1"));
     }
     (dir, net, u)
@@ -199,7 +199,7 @@ fn a_closed_standard_output_ends_quietly() {
         let mut child = Command::new(BIN)
             .args(["wallet", "--node", "http://127.0.0.1:1", "--wallet"])
             .arg(&w)
-            .arg("new")
+            .args(["new", "--no-passphrase"])
             .env("RUST_BACKTRACE", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -252,7 +252,7 @@ fn faucet_five_offline_hops_then_deposit() {
         (Some(500), Some(0))
     );
     // The re-anchored tokens are spendable again.
-    u.wallet("w6", &["new"]);
+    u.wallet("w6", &["new", "--no-passphrase"]);
     u.pay("w5", "w6", "5", "again");
     assert_eq!(u.total("w6"), 500);
     let fraud = u.ok(&["fraud", "list", "--json"]);
@@ -327,7 +327,7 @@ fn replayed_payment_and_bad_input_are_refused() {
     u.fails(&["wallet", "--wallet", "a", "faucet", "1.234"]);
     u.fails(&["wallet", "--wallet", "a", "faucet", "-1"]);
     u.fails(&["wallet", "--wallet", "missing", "balance"]);
-    u.fails(&["wallet", "--wallet", "a", "new"]);
+    u.fails(&["wallet", "--wallet", "a", "new", "--no-passphrase"]);
     // Exact change impossible is explained (a single 5-cent token cannot pay 3 cents).
     u.tokens("c", "0.05");
     u.wallet("b", &["offline", "request", "0.03", "--out", "three.req"]);
@@ -671,7 +671,7 @@ fn threshold_custody_devnet_faucet_pay_withdraw_deposit() {
     let keys = st["nodes"][0]["keys"].as_array().unwrap();
     let authority_pk = keys.iter().find(|k| k[0] == "authority").unwrap()[1].clone();
     for w in ["alice", "bob", "carol"] {
-        u.wallet(w, &["new"]);
+        u.wallet(w, &["new", "--no-passphrase"]);
     }
     // The authority the wallets see is the threshold key.
     let info = net.get("/v1/info");
@@ -1183,7 +1183,7 @@ fn cluster_processes_survive_leader_kill_9_under_wallet_load() {
     let operator_key = data.join("operator.key");
     let operator_key = operator_key.to_str().unwrap();
     for n in names {
-        u.wallet(n, &["new"]);
+        u.wallet(n, &["new", "--no-passphrase"]);
         u.wallet(n, &["faucet", "100", "--operator-key", operator_key]);
     }
     let load = PayLoad::start(&u, &names, 300, false);
@@ -1428,7 +1428,7 @@ fn cluster_authority_replicas_keep_tokens_deposits_and_fraud_proofs_through_sent
     let operator_key = data.join("operator.key");
     let operator_key = operator_key.to_str().unwrap();
     for n in ["payer", "alice", "bob", "p0", "p1"] {
-        u.wallet(n, &["new"]);
+        u.wallet(n, &["new", "--no-passphrase"]);
     }
     u.wallet("payer", &["faucet", "20", "--operator-key", operator_key]);
     let w = u.wallet("payer", &["withdraw", "20"]);
@@ -1592,7 +1592,7 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
     let operator_key = data.join("operator.key");
     let operator_key = operator_key.to_str().unwrap();
     for n in names {
-        first.wallet(n, &["new"]);
+        first.wallet(n, &["new", "--no-passphrase"]);
         first.wallet(n, &["faucet", "100", "--operator-key", operator_key]);
     }
     let load = PayLoad::start(&second, &names, 200, false);
@@ -2505,4 +2505,13 @@ fn usage_errors_under_json_print_the_envelope() {
     let out = u.run(&["wallet", "--json", "--help"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("\"error\""));
+    // An argument *value* spelled `--json` is a value, not the flag: a text error, no JSON.
+    let out = u.run(&["wallet", "--wallet=--json", "balance"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no wallet at --json"));
 }

@@ -107,7 +107,7 @@ fn damaged_files_are_refused_and_lost_history_is_audited() {
 
     // History part one: a faucet payment. Then a crash.
     let d = Devnet::start(&data);
-    wallet(home, &d.url, "a.json", &["new"]);
+    wallet(home, &d.url, "a.json", &["new", "--no-passphrase"]);
     wallet(home, &d.url, "a.json", &["faucet", "50"]);
     d.crash();
     let early = home.join("early");
@@ -327,8 +327,8 @@ fn a_wallet_with_more_coins_than_one_transaction_takes_pays_everything() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path();
     let d = Devnet::start(&home.join("data"));
-    wallet(home, &d.url, "a.json", &["new"]);
-    wallet(home, &d.url, "b.json", &["new"]);
+    wallet(home, &d.url, "a.json", &["new", "--no-passphrase"]);
+    wallet(home, &d.url, "b.json", &["new", "--no-passphrase"]);
     // €3.88 is minted as 8 outputs (one per denomination): 130 × 8 = 1,040 coins.
     for _ in 0..130 {
         wallet(home, &d.url, "a.json", &["faucet", "3.88"]);

@@ -213,7 +213,7 @@ fn a_failing_command_prints_the_envelope_under_json() {
         a.extend_from_slice(args);
         florin(dir.path(), &net.url, &a)
     };
-    assert!(w(&["new"]).status.success());
+    assert!(w(&["new", "--no-passphrase"]).status.success());
     // Over the faucet's limit: the node refuses (400), the command fails with its envelope.
     let out = w(&["faucet", "20000"]);
     assert!(!out.status.success());

@@ -121,7 +121,7 @@ fn the_scraped_counters_equal_what_happened_and_every_log_line_is_json_with_its_
     let d = dir.path();
     let w = |name: &str, args: &[&str]| wallet(d, &net.url, name, args);
     for name in ["payer", "alice", "bob"] {
-        w(name, &["new"]);
+        w(name, &["new", "--no-passphrase"]);
     }
     let bob = w("bob", &["address"])["address"]
         .as_str()

@@ -38,8 +38,8 @@ fn a_wallet_pays_over_https_end_to_end() {
     let ca = data.join("tls").join("ca.pem");
     assert!(ca.exists());
     // FLORIN_CA_CERT (set by `florin`) trusts the devnet.
-    wallet(home, &net.url, "alice.json", &["new"]);
-    wallet(home, &net.url, "bob.json", &["new"]);
+    wallet(home, &net.url, "alice.json", &["new", "--no-passphrase"]);
+    wallet(home, &net.url, "bob.json", &["new", "--no-passphrase"]);
     let f = wallet(home, &net.url, "alice.json", &["faucet", "20"]);
     assert_eq!(f["received_cents"], 2000, "{f}");
     let bob = wallet(home, &net.url, "bob.json", &["address"])["address"]
@@ -166,7 +166,7 @@ fn the_ca_is_reused_on_restart_and_a_damaged_one_is_refused() {
     let net = Devnet::start(&data);
     let ca = data.join("tls").join("ca.pem");
     let pem = std::fs::read(&ca).unwrap();
-    wallet(home, &net.url, "a.json", &["new"]);
+    wallet(home, &net.url, "a.json", &["new", "--no-passphrase"]);
     net.kill();
     // Restarted: the same CA, and a client holding the old ca.pem still trusts it.
     let net = Devnet::start(&data);
