@@ -24,6 +24,7 @@ let pageUrl;
 let browser;
 let page;
 const problems = [];
+const confirmed = [];
 
 const florin = (env, ...args) => florinAt(dir, url, join(data, 'tls', 'ca.pem'), env, ...args);
 const web = (...args) => florin({ FLORIN_WALLET_PASSPHRASE: PASS }, 'wallet', '--wallet', 'web.json', '--json', ...args);
@@ -96,6 +97,11 @@ before(async () => {
   page = await context.newPage();
   page.on('pageerror', (e) => problems.push('page error: ' + e.message));
   page.on('response', (r) => { if (r.status() >= 500) problems.push(r.status() + ' ' + r.url()); });
+  // Paying a request asks the user first (amount and payee): the test reads and accepts.
+  page.on('dialog', (d) => {
+    confirmed.push(d.message());
+    d.accept();
+  });
   page.on('request', (r) => {
     const u = new URL(r.url());
     if (u.origin !== new URL(pageUrl).origin && !u.protocol.startsWith('data')) problems.push('request elsewhere: ' + r.url());
@@ -138,6 +144,7 @@ test('the web wallet funds, pays, requests and pays by QR, withdraws and deposit
   bob('offline', 'request', '3', '--qr', 'bob-req.png');
   await page.setInputFiles('#payreq-file', join(dir, 'bob-req.png'));
   await mustClick('payreq');
+  assert.ok(confirmed.some((m) => m.includes('€3.00') && m.includes(bobAddress)), confirmed.join(' | '));
   const payImages = await saveQr('payment-qr', 'to-bob');
   const accepted = bob('offline', 'accept', '--qr', ...payImages);
   assert.equal(accepted.accepted_cents, 300, JSON.stringify(accepted));

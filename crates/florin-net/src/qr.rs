@@ -276,10 +276,16 @@ pub fn read_image(bytes: &[u8]) -> Result<Vec<Part>, QrError> {
             .read_info(Cursor::new(bytes))
             .map_err(|e| QrError::Image(e.to_string()))?;
         let mut parts = Vec::new();
+        let mut frames = 0usize;
         while let Some(f) = dec
             .read_next_frame()
             .map_err(|e| QrError::Image(e.to_string()))?
         {
+            // Frames that do not scan are bounded too: no image makes this decode for long.
+            frames += 1;
+            if frames > 4 * MAX_PARTS {
+                return Err(QrError::TooLarge(bytes.len()));
+            }
             let (w, h) = (f.width as usize, f.height as usize);
             let luma: Vec<u8> = f.buffer.chunks(4).map(|p| p[1]).collect();
             // A frame that does not scan is skipped; missing parts are named when joining.

@@ -78,12 +78,9 @@ impl Words {
 
     /// Parses words typed or read from a file: any whitespace between them, any case.
     pub fn parse(text: &str) -> Result<Words, BackupError> {
-        let normal = Zeroizing::new(
-            text.split_whitespace()
-                .map(str::to_lowercase)
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        let lower: Zeroizing<Vec<String>> =
+            Zeroizing::new(text.split_whitespace().map(str::to_lowercase).collect());
+        let normal = Zeroizing::new(lower.join(" "));
         let count = normal.split(' ').filter(|w| !w.is_empty()).count();
         if count != WORD_COUNT {
             return Err(BackupError::WordCount(count));

@@ -273,6 +273,10 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// Most restore notes one command leaves (each with up to
+/// [`crate::online::NOTE_MAX_OUTPUTS`] outputs).
+const NOTES_PER_COMMAND: usize = 20;
+
 /// What happened to the handoffs owed to payees.
 #[derive(Debug, Clone, Default)]
 pub struct Handoffs {
@@ -460,6 +464,8 @@ impl<'a, C: Connector> Flows<'a, C> {
         self.save(w)?;
         let settled = self.settle(w, &tx).await?;
         if !settled.confirmed() {
+            // Coins back from a refusal (or a consolidation's output) still get their notes.
+            self.leave_notes(w).await?;
             return Ok(Paid {
                 tx,
                 settled,
@@ -492,6 +498,8 @@ impl<'a, C: Connector> Flows<'a, C> {
         let tx = self.build_paying(w, reserve, cents, "withdraw").await?;
         self.save(w)?;
         let settled = self.settle(w, &tx).await?;
+        // The change (if any) gets its restore note whatever the verdict.
+        self.leave_notes(w).await?;
         settled.check("payment to the reserve", w)?;
         let txhex = hex::encode(tx.encode());
         let (received_cents, errors) = self.collect_withdrawals(w).await?;
@@ -696,27 +704,32 @@ impl<'a, C: Connector> Flows<'a, C> {
     /// can fail.
     pub async fn leave_notes(&self, w: &mut Wallet) -> Result<(), FlowError> {
         let now = (self.clock)();
-        let due = w.notes_due(now);
-        if due.is_empty() {
-            return Ok(());
-        }
-        let sealed = match w.seal_note(&due, &mut OsRng) {
-            Ok(s) => s,
-            Err(why) => {
-                (self.notify)(&Notice::NotesPending(why));
+        // Each note holds at most NOTE_MAX_OUTPUTS outputs: a wallet with more leaves several
+        // (bounded per command; the rest go with the next one).
+        for _ in 0..NOTES_PER_COMMAND {
+            let due = w.notes_due(now);
+            if due.is_empty() {
                 return Ok(());
             }
-        };
-        match self.connector.mailbox_put(&w.public_key(), &sealed).await {
-            Ok(_) => {
-                w.mark_noted(&due, now);
-                self.save(w)
-            }
-            Err(e) => {
-                (self.notify)(&Notice::NotesPending(error_chain(&e)));
-                Ok(())
+            let sealed = match w.seal_note(&due, &mut OsRng) {
+                Ok(s) => s,
+                Err(why) => {
+                    (self.notify)(&Notice::NotesPending(why));
+                    return Ok(());
+                }
+            };
+            match self.connector.mailbox_put(&w.public_key(), &sealed).await {
+                Ok(_) => {
+                    w.mark_noted(&due, now);
+                    self.save(w)?;
+                }
+                Err(e) => {
+                    (self.notify)(&Notice::NotesPending(error_chain(&e)));
+                    return Ok(());
+                }
             }
         }
+        Ok(())
     }
 
     /// Finds a restored wallet's ledger funds: a [`Flows::sync`] from the start of its mailbox.
@@ -732,7 +745,7 @@ impl<'a, C: Connector> Flows<'a, C> {
         (self.notify)(&Notice::Step(
             "finding this wallet's outputs from its backup words",
         ));
-        self.sync(w).await
+        self.sync_from_mailbox(w, true).await
     }
 
     /// Collects the tokens of withdrawals paid on the ledger, each request signed by the key
@@ -793,6 +806,17 @@ impl<'a, C: Connector> Flows<'a, C> {
     /// ledger: those it no longer holds unspent are removed, so a copied or restored wallet
     /// converges to the truth.
     pub async fn sync(&self, w: &mut Wallet) -> Result<SyncReport, FlowError> {
+        self.sync_from_mailbox(w, false).await
+    }
+
+    /// [`Flows::sync`]; `restoring` also takes outputs from the wallet's own restore notes (a
+    /// wallet that has its file knows its outputs: an ordinary sync only learns from the notes
+    /// which key indices are used).
+    async fn sync_from_mailbox(
+        &self,
+        w: &mut Wallet,
+        restoring: bool,
+    ) -> Result<SyncReport, FlowError> {
         let mut removed = (0, 0);
         if let Some(s) = self.settle_in_flight(w).await? {
             removed = s.removed;
@@ -819,10 +843,14 @@ impl<'a, C: Connector> Flows<'a, C> {
                 });
                 // A message that does not open or parse is someone else's noise: skip it.
                 let plain = w.open_sealed(&m.message).unwrap_or_default();
-                let entries = match decode_note(&plain) {
+                let entries = match decode_note(&w.note_key(), &plain) {
                     Some(noted) => {
                         w.observe_note_keys(&noted);
-                        noted
+                        if restoring {
+                            noted
+                        } else {
+                            Vec::new()
+                        }
                     }
                     None => decode_handoff(&plain)
                         .unwrap_or_default()
@@ -832,7 +860,13 @@ impl<'a, C: Connector> Flows<'a, C> {
                 };
                 let mut live = Vec::new();
                 for (k, u) in entries {
-                    if !w.holds(&u) && self.connector.unspent(&u.id()).await? {
+                    // Only outputs locked to this wallet's keys and not known yet cost a
+                    // question to the ledger.
+                    if w.is_own(k, &u)
+                        && !w.holds(&u)
+                        && !live.iter().any(|(_, l): &(Option<u64>, Utxo)| l == &u)
+                        && self.connector.unspent(&u.id()).await?
+                    {
                         live.push((k, u));
                     }
                 }

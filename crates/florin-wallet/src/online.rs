@@ -123,9 +123,11 @@ pub const NOTE_REFRESH_SECS: u64 = 7 * 24 * 3600;
 const MAIN_KEY: u64 = u64::MAX;
 const NOTE_ENTRY: usize = 8 + 73;
 
-/// Encodes a restore note: (key index, output) pairs, `None` for the wallet's main key.
-pub fn encode_note(entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
-    let mut out = vec![NOTE_VERSION];
+/// A restore note's entries: (key index, output), `None` for the wallet's main key.
+pub type NoteEntries = Vec<(Option<u64>, Utxo)>;
+
+fn note_body(entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + entries.len() * NOTE_ENTRY);
     out.extend_from_slice(&(entries.len() as u16).to_le_bytes());
     for (k, u) in entries {
         out.extend_from_slice(&k.unwrap_or(MAIN_KEY).to_le_bytes());
@@ -134,17 +136,45 @@ pub fn encode_note(entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
     out
 }
 
-/// Decodes a restore note; `None` if malformed.
-pub fn decode_note(b: &[u8]) -> Option<Vec<(Option<u64>, Utxo)>> {
-    if b.len() < 3 || b[0] != NOTE_VERSION {
+fn note_tag(key: &[u8; 32], body: &[u8]) -> [u8; 32] {
+    use hmac::Mac;
+    let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(key) else {
+        // HMAC takes keys of any length.
+        return [0; 32];
+    };
+    mac.update(body);
+    mac.finalize().into_bytes().into()
+}
+
+/// Encodes a restore note, authenticated under `key` (HMAC-SHA-256 with a key only the
+/// wallet's words derive: anyone can seal a message to the wallet's address, but only the
+/// wallet can write a note it will act on).
+pub fn encode_note(key: &[u8; 32], entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
+    let body = note_body(entries);
+    let mut out = vec![NOTE_VERSION];
+    out.extend_from_slice(&note_tag(key, &body));
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Decodes a restore note; `None` if it is not a note, is malformed, lists more than
+/// [`NOTE_MAX_OUTPUTS`] outputs, or was not written with `key`.
+pub fn decode_note(key: &[u8; 32], b: &[u8]) -> Option<NoteEntries> {
+    let (&version, rest) = b.split_first()?;
+    if version != NOTE_VERSION || rest.len() < 34 {
         return None;
     }
-    let n = u16::from_le_bytes([b[1], b[2]]) as usize;
-    let body = &b[3..];
-    if body.len() != n * NOTE_ENTRY {
+    let (tag, body) = rest.split_at(32);
+    let n = u16::from_le_bytes([body[0], body[1]]) as usize;
+    if n > NOTE_MAX_OUTPUTS || body.len() != 2 + n * NOTE_ENTRY {
         return None;
     }
-    body.chunks(NOTE_ENTRY)
+    let want = note_tag(key, body);
+    if want.iter().zip(tag).fold(0u8, |a, (x, y)| a | (x ^ y)) != 0 {
+        return None;
+    }
+    body[2..]
+        .chunks(NOTE_ENTRY)
         .map(|c| {
             let k = u64::from_le_bytes(c[..8].try_into().ok()?);
             let u = Utxo::decode(&c[8..]).ok()?;
@@ -263,10 +293,10 @@ impl Wallet {
         let me = Encumbrance::ed25519(&self.public_key());
         let mut added = 0;
         for u in utxos {
-            let h = hex::encode(u.encode());
-            if u.encumbrance != me || self.online.utxos.iter().any(|o| o.utxo == h) {
+            if u.encumbrance != me || self.holds(u) {
                 continue;
             }
+            let h = hex::encode(u.encode());
             self.online.utxos.push(OwnedUtxo {
                 utxo: h,
                 key: None,
@@ -283,13 +313,10 @@ impl Wallet {
     pub fn receive_noted(&mut self, entries: &[(Option<u64>, Utxo)]) -> u64 {
         let mut added = 0;
         for (k, u) in entries {
-            if !self.is_own(*k, u) {
+            if !self.is_own(*k, u) || self.holds(u) {
                 continue;
             }
             let h = hex::encode(u.encode());
-            if self.online.utxos.iter().any(|o| o.utxo == h) {
-                continue;
-            }
             self.online.utxos.push(OwnedUtxo {
                 utxo: h,
                 key: *k,
@@ -300,14 +327,39 @@ impl Wallet {
         added
     }
 
-    /// Whether the wallet holds `u` already.
+    /// Whether the wallet knows `u` already: held, an input or the change of the transaction
+    /// in flight, or set aside as spent elsewhere (checked again by every sync). An output it
+    /// knows is never added a second time.
     pub fn holds(&self, u: &Utxo) -> bool {
         let h = hex::encode(u.encode());
-        self.online.utxos.iter().any(|o| o.utxo == h)
+        let pending = self
+            .online
+            .pending
+            .iter()
+            .flat_map(|p| p.inputs.iter().chain(p.change.iter()));
+        self.online
+            .utxos
+            .iter()
+            .chain(pending)
+            .chain(self.online.spent_elsewhere.iter())
+            .any(|o| o.utxo == h)
+    }
+
+    /// The key restore notes are authenticated with (derived from the wallet's key).
+    pub fn note_key(&self) -> zeroize::Zeroizing<[u8; 32]> {
+        let k = self.signer().secret().derive("florin/wallet/notes", 0);
+        let hexed = zeroize::Zeroizing::new(k.to_hex());
+        let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+        if let Ok(b) = hex::decode(hexed.as_str()).map(zeroize::Zeroizing::new) {
+            if let Ok(a) = <[u8; 32]>::try_from(b.as_slice()) {
+                *seed = a;
+            }
+        }
+        florin_crypto::hash("florin/wallet/note-key/v1", &[seed.as_ref()]).into()
     }
 
     /// Whether `u` is locked to this wallet's key `k`.
-    fn is_own(&self, k: Option<u64>, u: &Utxo) -> bool {
+    pub fn is_own(&self, k: Option<u64>, u: &Utxo) -> bool {
         u.encumbrance == Encumbrance::ed25519(&self.ledger_signer(k).public_key())
     }
 
@@ -357,8 +409,12 @@ impl Wallet {
         entries: &[(Option<u64>, Utxo)],
         rng: &mut R,
     ) -> Result<Vec<u8>, String> {
-        florin_crypto::sealed::seal(&self.public_key(), &encode_note(entries), rng)
-            .map_err(|e| format!("sealing a restore note failed ({e})"))
+        florin_crypto::sealed::seal(
+            &self.public_key(),
+            &encode_note(&self.note_key(), entries),
+            rng,
+        )
+        .map_err(|e| format!("sealing a restore note failed ({e})"))
     }
 
     /// Builds and signs a payment of `amount_cents` to `payee` (largest UTXOs first, change to
@@ -511,7 +567,11 @@ impl Wallet {
                 });
             }
         } else {
-            self.online.utxos.extend(p.inputs.iter().cloned());
+            for i in &p.inputs {
+                if !self.online.utxos.iter().any(|o| o.utxo == i.utxo) {
+                    self.online.utxos.push(i.clone());
+                }
+            }
         }
         Some(p)
     }

@@ -104,8 +104,8 @@ pub enum StoreError {
     /// The wallet was exported to another file (moved): it refuses to spend, so the two copies
     /// never spend the same money.
     #[error(
-        "the wallet in {path} was moved to {to} by `florin wallet export`; use that file, or \
-         take it back here with `florin wallet import {to}`"
+        "the wallet in {path} was moved to {to:?} by `florin wallet export`; use that file, or \
+         take it back here with `florin wallet import`"
     )]
     Moved {
         /// The file.
@@ -204,11 +204,11 @@ pub struct Kdf {
 pub const KDF_MEMORY_KIB: u32 = 64 * 1024;
 /// Passes of the KDF for new files.
 pub const KDF_ITERATIONS: u32 = 3;
-/// Largest KDF memory a file may ask for (1 GiB): a hostile file cannot make a load allocate
-/// more.
-pub const KDF_MAX_MEMORY_KIB: u32 = 1024 * 1024;
-const KDF_MAX_ITERATIONS: u32 = 64;
-const KDF_MAX_PARALLELISM: u32 = 16;
+/// Largest KDF memory a file may ask for (256 MiB, four times the default): a hostile file
+/// cannot make a load allocate more, or run for long.
+pub const KDF_MAX_MEMORY_KIB: u32 = 256 * 1024;
+const KDF_MAX_ITERATIONS: u32 = 8;
+const KDF_MAX_PARALLELISM: u32 = 4;
 const ENCRYPTED_FORMAT: u32 = 2;
 const CIPHER: &str = "xchacha20poly1305";
 const AAD_DOMAIN: &[u8] = b"florin/wallet/file/v2\n";
@@ -425,15 +425,16 @@ impl FileStore {
             == Some(ENCRYPTED_FORMAT))
     }
 
-    /// The address an encrypted file declares (readable without its passphrase), or the
-    /// wallet's address for a file in the clear.
-    pub fn address(&self) -> Result<PublicKey, StoreError> {
+    /// The address an encrypted file declares, readable without its passphrase but not
+    /// verified (`false`: whoever can write the file can change it; opening the file checks
+    /// it), or the wallet's own address (`true`) for a file in the clear.
+    pub fn declared_address(&self) -> Result<(PublicKey, bool), StoreError> {
         let bytes = self.read()?;
         let body = self.checked(&bytes)?;
         if let Ok(env) = serde_json::from_slice::<Envelope>(&body) {
-            return Ok(env.address);
+            return Ok((env.address, false));
         }
-        self.load().map(|w| w.public_key())
+        self.load().map(|w| (w.public_key(), true))
     }
 
     fn read(&self) -> Result<Vec<u8>, StoreError> {
@@ -596,9 +597,9 @@ impl WalletStore for FileStore {
             self.open_envelope(&body)?
         } else {
             let w = Wallet::from_json(&body).map_err(|reason| self.corrupt(reason))?;
-            if matches!(self.sealing(), Sealing::Unknown) {
-                self.set_sealing(Sealing::Plain);
-            }
+            // What the file is now decides how it is saved (a passphrase removed by another
+            // process is not put back by a key this one still holds).
+            self.set_sealing(Sealing::Plain);
             w
         };
         if let (Some(to), false) = (wallet.moved_to(), self.read_moved) {
@@ -679,8 +680,11 @@ mod tests {
             opened.backup_words().unwrap().phrase(),
             w.backup_words().unwrap().phrase()
         );
-        // Without the passphrase the address is still readable.
-        assert_eq!(FileStore::new(&path).address().unwrap(), w.public_key());
+        // Without the passphrase the address is still readable (unverified).
+        assert_eq!(
+            FileStore::new(&path).declared_address().unwrap(),
+            (w.public_key(), false)
+        );
 
         let e = FileStore::new(&path)
             .with_passphrase(pass("wrong"))

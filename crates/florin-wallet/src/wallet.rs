@@ -12,6 +12,7 @@ use florin_token::{
 use rand::{CryptoRng, RngCore};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use zeroize::Zeroizing;
 
 use crate::select::select_exact;
 use crate::store::StoreError;
@@ -25,7 +26,11 @@ pub const MAX_HOPS_LIMIT: usize = 1024;
 /// Most tokens sent in one deposit request: a wallet with more deposits them in several
 /// (the node's body limit for a deposit is sized for this many tokens of 64 hops).
 pub const MAX_DEPOSIT_PER_REQUEST: usize = 1_000;
-const FILE_FORMAT: u32 = 1;
+/// The wallet file's format: 3 since backup words, history and moves (format 1 files still
+/// load; 2 is the encrypted envelope around a format-3 wallet, `store.rs`). A version that
+/// knows only format 1 says "unknown wallet format 3" instead of taking the new fields for
+/// damage.
+const FILE_FORMAT: u32 = 3;
 
 /// Why a wallet operation failed. Nothing in the wallet changes when one is returned.
 #[derive(Debug, Error)]
@@ -1072,7 +1077,7 @@ impl Wallet {
 
     /// Serializes the wallet (JSON).
     pub fn to_json(&self) -> Vec<u8> {
-        let file = WalletFile {
+        let mut file = WalletFile {
             format: FILE_FORMAT,
             secret_key: self.signer.secret().to_hex(),
             backup_words: self.words.as_ref().map(|w| w.phrase().to_string()),
@@ -1097,20 +1102,30 @@ impl Wallet {
             received: self.received.clone(),
             online: self.online.clone(),
         };
-        serde_json::to_vec_pretty(&file).unwrap_or_default()
+        let out = serde_json::to_vec_pretty(&file).unwrap_or_default();
+        // The copies of the secrets made for it; the output is the caller's to protect.
+        zeroize::Zeroize::zeroize(&mut file.secret_key);
+        if let Some(w) = file.backup_words.as_mut() {
+            zeroize::Zeroize::zeroize(w);
+        }
+        out
     }
 
     /// Parses a wallet file.
     pub fn from_json(bytes: &[u8]) -> Result<Wallet, String> {
-        let f: WalletFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if f.format != FILE_FORMAT {
+        let mut f: WalletFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let secrets = Zeroizing::new((
+            std::mem::take(&mut f.secret_key),
+            f.backup_words.take().unwrap_or_default(),
+        ));
+        if f.format != FILE_FORMAT && f.format != 1 {
             return Err(format!("unknown wallet format {}", f.format));
         }
-        let secret = SecretKey::from_hex(&f.secret_key).map_err(|e| e.to_string())?;
+        let secret = SecretKey::from_hex(&secrets.0).map_err(|e| e.to_string())?;
         if secret.public_key() != f.public_key {
             return Err("secret key does not match public key".into());
         }
-        let words = match f.backup_words.as_deref() {
+        let words = match Some(secrets.1.as_str()).filter(|t| !t.is_empty()) {
             None => None,
             Some(text) => {
                 let w =

@@ -439,3 +439,96 @@ async fn a_full_mailbox_holds_back_only_its_own_handoff() {
     let b = Flows::new(&bob_store, &node);
     assert_eq!(b.sync(&mut bob).await.unwrap().received, 200);
 }
+
+/// The words alone bring back the ledger funds: the faucet's output, the change of a
+/// payment (a derived key), a payment handed off by someone else; nothing already spent.
+#[tokio::test]
+async fn a_wallet_restored_from_its_words_finds_its_ledger_funds() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node();
+    let (mut alice, store) = wallet(&dir, "alice.json", &node);
+    let (mut bob, bob_store) = wallet(&dir, "bob.json", &node);
+    let a = Flows::new(&store, &node);
+    let b = Flows::new(&bob_store, &node);
+    a.faucet(&mut alice, 500).await.unwrap();
+    a.pay(&mut alice, bob.public_key(), 200).await.unwrap();
+    a.pay(&mut alice, bob.public_key(), 20).await.unwrap();
+    b.faucet(&mut bob, 100).await.unwrap();
+    b.sync(&mut bob).await.unwrap();
+    b.pay(&mut bob, alice.public_key(), 50).await.unwrap();
+    a.sync(&mut alice).await.unwrap();
+    assert_eq!(alice.balance().online_cents, 330);
+
+    // An empty machine: the words, nothing else.
+    let words = alice.backup_words().unwrap().clone();
+    let restored_store = FileStore::new(dir.path().join("restored.json"));
+    let mut restored = Wallet::from_words(words, node.authority);
+    restored_store.create(&restored).unwrap();
+    let r = Flows::new(&restored_store, &node)
+        .restore(&mut restored)
+        .await
+        .unwrap();
+    assert_eq!(restored.public_key(), alice.public_key());
+    assert_eq!(r.received, 330);
+    assert_eq!(restored.balance().online_cents, 330);
+    // No used change key is derived again.
+    let next = |w: &Wallet| {
+        serde_json::from_slice::<serde_json::Value>(&w.to_json()).unwrap()["online"]["next_key"]
+            .as_u64()
+    };
+    assert_eq!(next(&restored), next(&alice));
+    // The restored wallet spends what it found.
+    let paid = Flows::new(&restored_store, &node)
+        .pay(&mut restored, bob.public_key(), 330)
+        .await
+        .unwrap();
+    assert!(paid.settled.confirmed());
+}
+
+/// A sync while a payment is in flight (the ledger has not decided) must not take the
+/// payment's inputs back from the wallet's own restore notes, or count anything twice.
+#[tokio::test]
+async fn a_sync_with_a_payment_in_flight_counts_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node();
+    let (mut alice, store) = wallet(&dir, "alice.json", &node);
+    let (bob, _bob_store) = wallet(&dir, "bob.json", &node);
+    let a = Flows::new(&store, &node);
+    a.faucet(&mut alice, 500).await.unwrap();
+    node.ledger.borrow_mut().force = Some(TxVerdict::Pending);
+    let paid = a.pay(&mut alice, bob.public_key(), 200).await.unwrap();
+    assert!(!paid.settled.confirmed());
+    assert_eq!(alice.balance().online_cents, 500);
+    node.ledger.borrow_mut().force = Some(TxVerdict::Pending);
+    let r = a.sync(&mut alice).await.unwrap();
+    assert_eq!(r.received, 0);
+    assert_eq!(alice.balance().online_cents, 500);
+    assert!(alice.pending_tx().is_some());
+    // The ledger then refuses it for good: the coins come back once.
+    node.ledger.borrow_mut().force = Some(TxVerdict::StaticInvalid);
+    a.sync(&mut alice).await.unwrap();
+    assert!(alice.pending_tx().is_none());
+    assert_eq!(alice.balance().online_cents, 500);
+    assert_eq!(alice.held_utxos().len(), 1);
+}
+
+/// A note sealed to the wallet by someone else (anyone can seal to an address) is not
+/// acted on: notes are authenticated with a key only the wallet's words derive.
+#[test]
+fn a_forged_restore_note_is_ignored() {
+    use florin_wallet::online::{decode_note, encode_note};
+    let w = Wallet::generate(&mut OsRng, None);
+    let u = Utxo {
+        value: 5,
+        encumbrance: Encumbrance::ed25519(&w.public_key()),
+        serial: [7; 32],
+    };
+    let mine = encode_note(&w.note_key(), &[(None, u)]);
+    assert_eq!(decode_note(&w.note_key(), &mine).unwrap().len(), 1);
+    let forged = encode_note(&[9; 32], &[(None, u)]);
+    assert!(decode_note(&w.note_key(), &forged).is_none());
+    let mut flipped = mine.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert!(decode_note(&w.note_key(), &flipped).is_none());
+}

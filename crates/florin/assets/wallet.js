@@ -152,6 +152,13 @@ function stopCamera() {
   $('snap').hidden = true;
 }
 
+// Reads what the code asks for, asks the user, and only then has the wallet sign.
+async function payConfirmed(images) {
+  const q = await call('read_request', { images });
+  if (!window.confirm('Pay ' + euros(q.amount_cents) + ' offline to ' + q.payee + '?')) return 'not paid';
+  return payRequestResult(await call('pay_request', { images, confirm_cents: q.amount_cents, confirm_payee: q.payee }));
+}
+
 function payRequestResult(r) {
   showQr($('payment-qr'), r.qr, 'Show these ' + r.qr.length + ' code(s) to the payee (' + euros(r.amount_cents) + ', ' + r.tokens + ' tokens)');
   return 'signed ' + euros(r.amount_cents) + ' to ' + r.payee.slice(0, 16) + '…: show the code(s) to the payee';
@@ -175,12 +182,12 @@ document.addEventListener('DOMContentLoaded', () => {
     return 'request for ' + euros(r.amount_cents) + ' ready';
   });
   action('accept', async () => { const r = await call('accept', { images: await files('accept-file') }); return 'accepted ' + euros(r.accepted_cents) + ' offline'; });
-  action('payreq', async () => payRequestResult(await call('pay_request', { images: await files('payreq-file') })));
+  action('payreq', async () => payConfirmed(await files('payreq-file')));
   action('camera', startCamera);
   action('snap', async () => {
-    const r = await call('pay_request', { images: [frameB64()] });
+    const images = [frameB64()];
     stopCamera();
-    return payRequestResult(r);
+    return payConfirmed(images);
   });
   action('backup', async () => {
     const r = await call('backup');

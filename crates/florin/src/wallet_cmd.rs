@@ -152,6 +152,8 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
         WalletCommand::Offline { command } if crate::offline_cmd::locks_itself(command) => None,
         // Takes the lock per request, so commands can run beside the page.
         WalletCommand::Serve { .. } => None,
+        // Takes its two files' locks in a fixed order.
+        WalletCommand::Import { .. } => None,
         _ => Some(store.lock()?),
     };
     match args.command {
@@ -278,20 +280,45 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
             }
         }
         WalletCommand::Export { out } => {
-            let mut w = store.load()?;
+            let dest_path = canonical(&out);
+            let mut w = store.clone().reading_moved().load()?;
+            match w.moved_to() {
+                None => {}
+                // An export that marked this file but could not write the copy: again.
+                Some(m) if m == dest_path.display().to_string() && !out.exists() => {}
+                Some(m) => {
+                    return Err(florin_wallet::StoreError::Moved {
+                        path: args.wallet.clone(),
+                        to: m.to_string(),
+                    }
+                    .into())
+                }
+            }
+            if out.exists() || canonical(&args.wallet) == dest_path {
+                return Err(florin_wallet::StoreError::Exists(out.clone()).into());
+            }
+            // This file stops spending first, then the copy is written: at no moment are two
+            // files live (a failure in between leaves one to finish with the same command).
+            w.set_moved_to(Some(dest_path.display().to_string()));
+            store.save(&w)?;
+            w.set_moved_to(None);
             let dest = FileStore::new(&out);
             if store.is_encrypted() {
                 dest.seal_like(&store);
             } else {
                 dest.write_plain();
             }
-            dest.create(&w)?;
-            let to = std::path::absolute(&out).unwrap_or(out.clone());
-            w.set_moved_to(Some(to.display().to_string()));
-            store.save(&w)?;
+            dest.create(&w).with_context(|| {
+                format!(
+                    "{} is marked moved to {}, which could not be written: run the same export \
+                     again",
+                    args.wallet.display(),
+                    dest_path.display()
+                )
+            })?;
             if json {
                 print_json(&json!({
-                    "exported": to.display().to_string(),
+                    "exported": dest_path.display().to_string(),
                     "address": w.public_key().to_address(),
                     "encrypted": store.is_encrypted(),
                 }));
@@ -300,35 +327,65 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
                     "moved the wallet {} to {}; {} now refuses to spend (take it back with \
                      `florin wallet import`)",
                     w.public_key(),
-                    to.display(),
+                    dest_path.display(),
                     args.wallet.display()
                 );
             }
         }
         WalletCommand::Import { file } => {
-            let src = FileStore::new(&file).with_passphrase(crate::passphrase::source(&file));
-            let _src_lock = src.lock()?;
+            let src_path = canonical(&file);
+            let dest_path = canonical(&args.wallet);
+            if src_path == dest_path {
+                bail!(
+                    "{} is the wallet itself: import another file",
+                    file.display()
+                );
+            }
+            let src = FileStore::new(&file)
+                .with_passphrase(crate::passphrase::source(&file))
+                .reading_moved();
+            // Both locks, always in the same order (two imports in opposite directions never
+            // wait on each other).
+            let (_first, _second) = if src_path < dest_path {
+                let a = src.lock()?;
+                (a, store.lock()?)
+            } else {
+                let a = store.lock()?;
+                (a, src.lock()?)
+            };
             let mut w = src.load()?;
+            match w.moved_to() {
+                None => {}
+                // An import that marked the file but did not write here: again.
+                Some(m) if m == dest_path.display().to_string() => {}
+                Some(m) => {
+                    return Err(florin_wallet::StoreError::Moved {
+                        path: file.clone(),
+                        to: m.to_string(),
+                    }
+                    .into())
+                }
+            }
             if args.wallet.exists() {
-                let here = FileStore::new(&args.wallet)
-                    .with_passphrase(crate::passphrase::source(&args.wallet))
-                    .reading_moved()
-                    .load()?;
-                if here.public_key() != w.public_key() || here.moved_to().is_none() {
+                let here = store.clone().reading_moved().load()?;
+                let back_here = here.moved_to() == Some(src_path.display().to_string().as_str());
+                if here.public_key() != w.public_key() || !back_here {
                     bail!(
-                        "{} holds another wallet, or one still in use; import into a new file \
-                         (--wallet)",
-                        args.wallet.display()
+                        "{} holds another wallet, or one that was not moved to {}; import into \
+                         a new file (--wallet)",
+                        args.wallet.display(),
+                        src_path.display()
                     );
                 }
             }
-            store.seal_like(&src);
-            w.set_moved_to(None);
-            store.save(&w)?;
-            let to = std::path::absolute(&args.wallet).unwrap_or(args.wallet.clone());
-            w.set_moved_to(Some(to.display().to_string()));
+            // The file imported stops spending first, then this one is written.
+            w.set_moved_to(Some(dest_path.display().to_string()));
             src.save(&w)?;
             w.set_moved_to(None);
+            if src.is_encrypted() || !args.wallet.exists() {
+                store.seal_like(&src);
+            }
+            store.save(&w)?;
             if json {
                 print_json(&json!({
                     "imported": file.display().to_string(),
@@ -394,10 +451,21 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
             }
         }
         WalletCommand::Address => {
-            // Readable without the passphrase: an encrypted file names its (public) address.
-            let address = store.address()?;
+            // An encrypted file declares its (public) address; opening it verifies that. Without
+            // the passphrase the declared address is printed, marked unverified.
+            let (mut address, mut verified) = store.declared_address()?;
+            if !verified {
+                match store.load() {
+                    Ok(w) => (address, verified) = (w.public_key(), true),
+                    Err(florin_wallet::StoreError::Locked { .. }) => crate::util::warn_user(
+                        "the address is the one the encrypted file declares, unverified: give \
+                         the passphrase to check it before you ask for money",
+                    ),
+                    Err(e) => return Err(e.into()),
+                }
+            }
             if json {
-                print_json(&json!({ "address": address.to_address() }));
+                print_json(&json!({ "address": address.to_address(), "verified": verified }));
             } else {
                 println!("{address}");
             }
@@ -599,6 +667,22 @@ pub fn run(args: WalletArgs, trust: &Trust) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `path` made absolute, with its directory resolved (the file itself may not exist yet): two
+/// spellings of one file compare equal.
+fn canonical(path: &std::path::Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(c) = abs.canonicalize() {
+        return c;
+    }
+    match (abs.parent(), abs.file_name()) {
+        (Some(dir), Some(name)) => dir
+            .canonicalize()
+            .map(|d| d.join(name))
+            .unwrap_or(abs.clone()),
+        _ => abs,
+    }
+}
+
 /// Said when backup words are shown.
 const BACKUP_WARNING: &str = "Write these 12 backup words down and keep them offline: anyone \
      who has them can spend this wallet's ledger funds, and with them alone you can restore \
@@ -684,7 +768,7 @@ fn flows_with<'a>(
         }
         Notice::Step(name) => steps.step(name),
         Notice::Progress { done, total } => steps.progress(*done, *total),
-        Notice::NotesPending(_) => tracing::warn!("{n}"),
+        Notice::NotesPending(_) => crate::util::warn_user(&n.to_string()),
         other => tracing::info!("{other}"),
     })
 }

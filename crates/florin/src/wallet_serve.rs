@@ -77,6 +77,14 @@ pub fn run(
         let _lock = store.lock()?;
         store.load()?;
     }
+    // From now on nothing is asked on the terminal: a request never waits on a prompt while it
+    // holds the wallet's lock (a passphrase changed meanwhile needs the page restarted).
+    let store = store.with_passphrase(Arc::new(|| {
+        Err(
+            "the file's passphrase changed while the page was open: restart `florin wallet serve`"
+                .into(),
+        )
+    }));
     let mut t = [0u8; 32];
     OsRng.fill_bytes(&mut t);
     let token = hex::encode(t);
@@ -267,6 +275,16 @@ struct Images {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PayRequest {
+    images: Vec<String>,
+    /// The amount the user confirmed (cents), from `read_request`.
+    confirm_cents: u64,
+    /// The payee the user confirmed, from `read_request`.
+    confirm_payee: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DepositArgs {
     #[serde(default)]
     reanchor: bool,
@@ -422,10 +440,25 @@ fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
                 "file": b64(&bytes),
             })
         }
-        "pay_request" => {
+        "read_request" => {
+            // What a code asks for, shown before anything is signed.
             let a: Images = parse(input)?;
             let req = PaymentRequest::decode(&from_images(&a.images, Kind::Request)?)
                 .context("not a payment request")?;
+            json!({
+                "amount_cents": req.amount_cents,
+                "payee": req.payee.to_address(),
+                "handshake": hex::encode(req.handshake),
+            })
+        }
+        "pay_request" => {
+            let a: PayRequest = parse(input)?;
+            let req = PaymentRequest::decode(&from_images(&a.images, Kind::Request)?)
+                .context("not a payment request")?;
+            // Signed only for what the user saw and confirmed (read_request).
+            if req.amount_cents != a.confirm_cents || req.payee.to_address() != a.confirm_payee {
+                bail!("the code does not ask for what was confirmed: read it again");
+            }
             let payment = w.pay(&req)?;
             // Saved before the payment leaves, so a crash never signs twice.
             store.save(&w)?;

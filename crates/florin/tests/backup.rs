@@ -84,11 +84,16 @@ fn words_restore_the_ledger_funds_and_files_are_encrypted_moved_and_refused_righ
         .as_str()
         .unwrap()
         .to_string();
-    // The address of an encrypted wallet is readable without its passphrase.
-    let alice = ok(w(None, "alice.json", &["address"]))["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    // The address of an encrypted wallet is readable without its passphrase (unverified),
+    // and verified with it.
+    let declared = ok(w(None, "alice.json", &["address"]));
+    assert_eq!(declared["verified"], false);
+    let alice = declared["address"].as_str().unwrap().to_string();
+    let checked = ok(w(Some(PASS), "alice.json", &["address"]));
+    assert_eq!(
+        (checked["address"].as_str(), checked["verified"].as_bool()),
+        (Some(alice.as_str()), Some(true))
+    );
 
     // Money in every form a restore must find: a faucet output, change to a derived key, and
     // a payment handed off by someone else.
@@ -144,6 +149,10 @@ fn words_restore_the_ledger_funds_and_files_are_encrypted_moved_and_refused_righ
         code(o(Some("wrong"), "alice2.json", &["import", "moved.json"])),
         "wrong_passphrase"
     );
+    // A file imported into itself is refused (it would wait on its own lock).
+    assert!(!o(Some(PASS), "moved.json", &["import", "moved.json"])
+        .status
+        .success());
     let imported = ok(o(Some(PASS), "alice2.json", &["import", "moved.json"]));
     assert_eq!(imported["total_cents"], 4266, "{imported}");
     ok(o(Some(PASS), "alice2.json", &["pay", &bob, "1"]));
@@ -159,11 +168,16 @@ fn words_restore_the_ledger_funds_and_files_are_encrypted_moved_and_refused_righ
     let e = |pass: Option<&str>, name: &str, args: &[&str]| {
         wallet(empty.path(), node, pass, name, args)
     };
-    // Wrong words: a typed refusal, nothing written, the words never echoed.
-    let mut swapped: Vec<&str> = words.split(' ').collect();
-    swapped.swap(0, 1);
-    if swapped.join(" ") != words {
-        std::fs::write(empty.path().join("bad.txt"), swapped.join(" ")).unwrap();
+    // Wrong words: a typed refusal, nothing written, the words never echoed. Twelve listed
+    // words whose checksum fails, and a misspelt word.
+    for (bad, secret) in [
+        ("abandon ".repeat(12), "abandon abandon abandon"),
+        (
+            words.replacen(words.split(' ').next().unwrap(), "zzzsecret", 1),
+            "zzzsecret",
+        ),
+    ] {
+        std::fs::write(empty.path().join("bad.txt"), &bad).unwrap();
         let out = e(
             None,
             "r.json",
@@ -175,7 +189,7 @@ fn words_restore_the_ledger_funds_and_files_are_encrypted_moved_and_refused_righ
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(code(out), "bad_backup_words");
-        assert!(!text.contains(&swapped[..3].join(" ")), "{text}");
+        assert!(!text.contains(secret), "{text}");
         assert!(!empty.path().join("r.json").exists());
     }
     // No words file and no terminal: refused, never read from the command line.
