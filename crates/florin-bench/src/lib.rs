@@ -18,6 +18,7 @@ mod ledger_e2e;
 mod libsodium;
 mod line_child;
 mod offline;
+mod report;
 mod soak;
 mod transfer;
 
@@ -78,6 +79,16 @@ pub struct BenchArgs {
     /// Internal: run one engine of `florin bench soak` (each runs in a process of its own).
     #[arg(long, hide = true)]
     soak_engine: Option<String>,
+    /// `report`: read the suites' JSON files from this directory instead of running them.
+    #[arg(long)]
+    from: Option<std::path::PathBuf>,
+    /// `report`: the HTML page to write.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// `report`: run only these suites (comma-separated; default: offline, ledger, transfer,
+    /// custody, cluster).
+    #[arg(long, value_delimiter = ',')]
+    suites: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -101,6 +112,9 @@ enum Suite {
     /// and CPU share floods bogus batches, oversized bodies and idle connections; the node's
     /// memory (needs root).
     Abuse,
+    /// One HTML page with every seed figure beside Florin's (SVG plots): runs the suites
+    /// (`--quick` for smoke sizes) or reads their JSON from `--from DIR`; writes `--out FILE`.
+    Report,
 }
 
 /// A figure from a source document or a peer measured in the same run.
@@ -227,6 +241,49 @@ fn machine() -> Value {
     json!({ "cores": cores, "cpu": cpu })
 }
 
+/// When and how a suite ran: the sizes, the time it finished (UTC), and the source's commit
+/// when the binary runs inside its git checkout (`git rev-parse`; absent otherwise).
+fn run_info(quick: bool, full: bool) -> Value {
+    let now = florin_ledger::expiry::unix_now();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|c| !c.is_empty());
+    json!({
+        "quick": quick,
+        "full": full,
+        "finished_unix": now,
+        "finished_utc": utc(now),
+        "commit": commit,
+    })
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` of a Unix time (the proleptic Gregorian calendar).
+pub(crate) fn utc(t: u64) -> String {
+    let days = (t / 86_400) as i64;
+    let secs = t % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3_600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 /// Runs a suite.
 pub fn run(args: BenchArgs) -> Result<ExitCode> {
     if cfg!(debug_assertions) {
@@ -241,6 +298,21 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     }
     if let (Suite::Abuse, Some(url)) = (args.suite, args.attack.as_deref()) {
         return abuse::attack(url);
+    }
+    if let Suite::Report = args.suite {
+        let Some(out) = args.out.as_deref() else {
+            anyhow::bail!("`florin bench report` needs --out FILE (the HTML page to write)");
+        };
+        return report::run(
+            args.quick,
+            args.from.as_deref(),
+            &args.suites,
+            out,
+            args.json,
+        );
+    }
+    if args.from.is_some() || args.out.is_some() || !args.suites.is_empty() {
+        anyhow::bail!("--from, --out and --suites belong to `florin bench report`");
     }
     let tokens = args.tokens.unwrap_or(if args.quick {
         2_000
@@ -300,6 +372,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             abuse::run(&mut rec, scale, args.quick)?;
             "abuse"
         }
+        Suite::Report => anyhow::bail!("`florin bench report` is handled before the suites"),
         Suite::Soak => {
             soak::run(
                 &mut rec,
@@ -315,6 +388,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "suite": suite,
             "florin_version": env!("CARGO_PKG_VERSION"),
             "machine": machine(),
+            "run": run_info(args.quick, args.full),
             "results": rec.results,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);

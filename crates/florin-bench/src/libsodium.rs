@@ -8,11 +8,21 @@ use std::os::raw::{c_int, c_uchar, c_ulonglong};
 type SodiumInit = unsafe extern "C" fn() -> c_int;
 type VerifyDetached =
     unsafe extern "C" fn(*const c_uchar, *const c_uchar, c_ulonglong, *const c_uchar) -> c_int;
+type SignDetached = unsafe extern "C" fn(
+    *mut c_uchar,
+    *mut c_ulonglong,
+    *const c_uchar,
+    c_ulonglong,
+    *const c_uchar,
+) -> c_int;
+type SeedKeypair = unsafe extern "C" fn(*mut c_uchar, *mut c_uchar, *const c_uchar) -> c_int;
 
 /// A loaded libsodium.
 pub struct Sodium {
     _lib: libloading::Library,
     verify: VerifyDetached,
+    sign: SignDetached,
+    keypair: SeedKeypair,
 }
 
 impl Sodium {
@@ -29,19 +39,30 @@ impl Sodium {
             match unsafe { libloading::Library::new(name) } {
                 Ok(lib) => {
                     // SAFETY: the symbol types match libsodium's documented C signatures.
-                    let (init, verify) = unsafe {
+                    let (init, verify, sign, keypair) = unsafe {
                         let init: libloading::Symbol<SodiumInit> =
                             lib.get(b"sodium_init\0").map_err(|e| e.to_string())?;
                         let verify: libloading::Symbol<VerifyDetached> = lib
                             .get(b"crypto_sign_verify_detached\0")
                             .map_err(|e| e.to_string())?;
-                        (*init, *verify)
+                        let sign: libloading::Symbol<SignDetached> = lib
+                            .get(b"crypto_sign_detached\0")
+                            .map_err(|e| e.to_string())?;
+                        let keypair: libloading::Symbol<SeedKeypair> = lib
+                            .get(b"crypto_sign_seed_keypair\0")
+                            .map_err(|e| e.to_string())?;
+                        (*init, *verify, *sign, *keypair)
                     };
                     // SAFETY: sodium_init takes no arguments and may be called repeatedly.
                     if unsafe { init() } < 0 {
                         return Err("sodium_init failed".into());
                     }
-                    return Ok(Sodium { _lib: lib, verify });
+                    return Ok(Sodium {
+                        _lib: lib,
+                        verify,
+                        sign,
+                        keypair,
+                    });
                 }
                 Err(e) => last = e.to_string(),
             }
@@ -62,5 +83,32 @@ impl Sodium {
                 key.as_ptr(),
             ) == 0
         }
+    }
+
+    /// libsodium's secret key (seed ‖ public key) and public key for a 32-byte seed.
+    pub fn keypair(&self, seed: &[u8; 32]) -> ([u8; 64], [u8; 32]) {
+        let (mut sk, mut pk) = ([0u8; 64], [0u8; 32]);
+        // SAFETY: the buffers are as large as libsodium's documented sizes.
+        unsafe {
+            (self.keypair)(pk.as_mut_ptr(), sk.as_mut_ptr(), seed.as_ptr());
+        }
+        (sk, pk)
+    }
+
+    /// Signs `msg` (detached Ed25519).
+    pub fn sign(&self, sk: &[u8; 64], msg: &[u8]) -> [u8; 64] {
+        let mut sig = [0u8; 64];
+        let mut len: c_ulonglong = 0;
+        // SAFETY: pointers are valid for the given lengths for the duration of the call.
+        unsafe {
+            (self.sign)(
+                sig.as_mut_ptr(),
+                &mut len,
+                msg.as_ptr(),
+                msg.len() as c_ulonglong,
+                sk.as_ptr(),
+            );
+        }
+        sig
     }
 }

@@ -308,7 +308,100 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         );
     }
 
+    libraries(rec, n)?;
     e2e(rec, n)
+}
+
+/// The thesis's Fig. 4 at the token's message size: Ed25519 signing and verification on one
+/// thread with three libraries in the same run — ed25519-dalek (Florin's), ring, and libsodium
+/// (the prototype's, when installed) — each on the same 147-byte messages.
+fn libraries(rec: &mut Recorder, n: usize) -> Result<()> {
+    const BYTES: usize = 147;
+    let count = n.clamp(1_000, 20_000);
+    let msgs: Vec<[u8; BYTES]> = (0..count)
+        .map(|i| {
+            let mut m = [0u8; BYTES];
+            m[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            m
+        })
+        .collect();
+    let mut seed_bytes = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut OsRng, &mut seed_bytes);
+    let fig4 = |op: &str| match op {
+        "sign" => seed(
+            41_156.0,
+            "VI-A, Fig. 4: libsodium signs 6.05 MB/s at 147 bytes (41,156/s)",
+        ),
+        _ => seed(
+            17_687.0,
+            "VI-A, Fig. 4: libsodium verifies 2.60 MB/s at 147 bytes (= 17,687/s)",
+        ),
+    };
+    let add = |rec: &mut Recorder, library: &str, op: &str, secs: f64| {
+        rec.add(
+            "ed25519_ops_per_s",
+            count as f64 / secs.max(1e-9),
+            "operations/s",
+            json!({ "library": library, "op": op, "bytes": BYTES, "threads": 1 }),
+            fig4(op),
+            None,
+        );
+    };
+
+    // ed25519-dalek, through Florin's key type.
+    let key = SecretKey::from_seed(&seed_bytes);
+    let t = Instant::now();
+    let sigs: Vec<_> = msgs.iter().map(|m| key.sign(m)).collect();
+    add(rec, "ed25519-dalek", "sign", t.elapsed().as_secs_f64());
+    let pk = key.public_key();
+    let t = Instant::now();
+    if !msgs
+        .iter()
+        .zip(&sigs)
+        .all(|(m, s)| florin_crypto::verify(&pk, m, s).is_ok())
+    {
+        return Err(anyhow!("ed25519-dalek rejected its own signature"));
+    }
+    add(rec, "ed25519-dalek", "verify", t.elapsed().as_secs_f64());
+
+    // ring.
+    let ring_key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed_bytes)
+        .map_err(|e| anyhow!("ring key: {e}"))?;
+    let t = Instant::now();
+    let ring_sigs: Vec<_> = msgs.iter().map(|m| ring_key.sign(m)).collect();
+    add(rec, "ring", "sign", t.elapsed().as_secs_f64());
+    let ring_pk = ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ED25519,
+        ring::signature::KeyPair::public_key(&ring_key)
+            .as_ref()
+            .to_vec(),
+    );
+    let t = Instant::now();
+    if !msgs
+        .iter()
+        .zip(&ring_sigs)
+        .all(|(m, s)| ring_pk.verify(m, s.as_ref()).is_ok())
+    {
+        return Err(anyhow!("ring rejected its own signature"));
+    }
+    add(rec, "ring", "verify", t.elapsed().as_secs_f64());
+
+    // libsodium, when installed.
+    match Sodium::load() {
+        Ok(s) => {
+            let (sk, spk) = s.keypair(&seed_bytes);
+            let t = Instant::now();
+            let ss: Vec<[u8; 64]> = msgs.iter().map(|m| s.sign(&sk, m)).collect();
+            add(rec, "libsodium", "sign", t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            if !msgs.iter().zip(&ss).all(|(m, sig)| s.verify(sig, m, &spk)) {
+                return Err(anyhow!("libsodium rejected its own signature"));
+            }
+            add(rec, "libsodium", "verify", t.elapsed().as_secs_f64());
+        }
+        Err(e) => tracing::warn!("{e}; libsodium omitted from the Fig. 4 libraries"),
+    }
+    Ok(())
 }
 
 /// Table I: one token's round trip, authority → #1 → #2 → authority, through the real wallet

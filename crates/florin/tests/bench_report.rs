@@ -1,0 +1,137 @@
+//! `florin bench report`: real suites run as children of the binary (`--quick` sizes), one
+//! HTML page written; every plot of a suite that ran carries both Florin's series and the
+//! source document's where the document's text gives numbers, and says so where it does not;
+//! the same page again from the suites' JSON files (`--from DIR`).
+
+#![allow(clippy::print_stderr, clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Command;
+
+use common::BIN;
+use serde_json::Value;
+
+/// Figures whose source text gives no numbers (the seeds' figures were lost with the PDF).
+const NO_SEED_NUMBERS: &[&str] = &[
+    "hamilton-fig6",
+    "hamilton-fig7",
+    "threshold-fig3-4",
+    "thesis-fig7-8",
+];
+
+#[test]
+fn a_quick_report_plots_florin_beside_every_seed_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("report.html");
+    let out = Command::new(BIN)
+        .current_dir(dir.path())
+        .args([
+            "bench",
+            "report",
+            "--quick",
+            "--suites",
+            "offline,transfer",
+            "--json",
+            "--out",
+        ])
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!doctype html>"));
+    // Self-contained: no script, nothing fetched.
+    assert!(!html.contains("<script") && !html.contains("src=\"http"));
+    let figures = v["figures"].as_array().unwrap();
+    let ran = [
+        "thesis-fig3",
+        "thesis-fig4",
+        "thesis-fig5",
+        "thesis-fig6",
+        "thesis-table1",
+        "eurotoken-bounds",
+    ];
+    for id in ran {
+        let f = figures
+            .iter()
+            .find(|f| f["id"] == id)
+            .unwrap_or_else(|| panic!("{id} missing"));
+        assert!(f["florin_points"].as_u64().unwrap() > 0, "{f}");
+        assert!(f["seed_points"].as_u64().unwrap() > 0, "{f}");
+        // The page's figure: an SVG with both legends, and the run it came from.
+        let at = html.find(&format!("<figure id=\"{id}\"")).unwrap();
+        let fig = &html[at..at + html[at..].find("</figure>").unwrap()];
+        assert!(fig.contains("<svg"), "{id}: no plot");
+        assert!(
+            fig.contains("seed (source document)"),
+            "{id}: no seed series"
+        );
+        assert!(fig.contains("Florin"), "{id}: no Florin series");
+        assert!(fig.contains("cores)"), "{id}: no machine");
+    }
+    // Suites that did not run: their figures say how to produce them, and draw nothing.
+    for id in ["hamilton-fig4", "threshold-fig5"] {
+        let f = figures.iter().find(|f| f["id"] == id).unwrap();
+        assert_eq!(f["florin_points"], 0);
+        let at = html.find(&format!("<figure id=\"{id}\"")).unwrap();
+        assert!(html[at..].starts_with(&format!("<figure id=\"{id}\"")));
+        assert!(html[at..at + 600].contains("Not yet measured"));
+    }
+    for id in NO_SEED_NUMBERS {
+        let at = html.find(&format!("<figure id=\"{id}\"")).unwrap();
+        let end = at + html[at..].find("</figure>").unwrap();
+        assert!(
+            html[at..end].contains("gives no numbers") || html[at..end].contains("gives only"),
+            "{id}"
+        );
+    }
+
+    // The same from saved JSON files, and a directory of nothing is an error.
+    let saved = dir.path().join("runs");
+    std::fs::create_dir(&saved).unwrap();
+    let offline = Command::new(BIN)
+        .args(["bench", "offline", "--quick", "--json"])
+        .output()
+        .unwrap();
+    assert!(offline.status.success());
+    std::fs::write(saved.join("offline.json"), &offline.stdout).unwrap();
+    std::fs::write(saved.join("junk.json"), b"{not json").unwrap();
+    let again = dir.path().join("again.html");
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--from"])
+        .arg(&saved)
+        .arg("--out")
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&again)
+        .unwrap()
+        .contains("<figure id=\"thesis-table1\""));
+    let empty = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--from"])
+        .arg(empty.path())
+        .arg("--out")
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN)
+        .args(["bench", "report", "--suites", "nope", "--out"])
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
