@@ -61,6 +61,99 @@ fn udp(total: usize, size: usize) -> Result<(f64, usize)> {
     Ok((mb(got, secs), count - got / size))
 }
 
+/// Bytes of payload per UDP block (EVA's largest block in the thesis).
+const BLOCK: usize = 1_200;
+/// SHA-256 passes the loss study's receiver makes over each block (its per-packet work).
+const RECEIVER_HASHES: usize = 8;
+
+/// The thesis's Fig. 7–8 on this machine: an EVA-like transfer over raw UDP on loopback —
+/// `window` blocks of 1,200 bytes sent back to back, then the sender waits for the receiver's
+/// acknowledgement of that window before the next (no retransmission: what a full receive
+/// buffer drops is counted as lost). `rcvbuf` is the receiver's `SO_RCVBUF` request (the
+/// kernel doubles it for its own accounting and caps it at `net.core.rmem_max`). Returns
+/// (MB/s delivered, fraction of blocks lost, the receive buffer the kernel granted).
+fn udp_windows(windows: usize, window: usize, rcvbuf: usize) -> Result<(f64, f64, usize)> {
+    let rx = UdpSocket::bind("127.0.0.1:0")?;
+    socket2::SockRef::from(&rx).set_recv_buffer_size(rcvbuf)?;
+    let granted = socket2::SockRef::from(&rx).recv_buffer_size()?;
+    rx.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let to = rx.local_addr()?;
+    let tx = UdpSocket::bind("127.0.0.1:0")?;
+    tx.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let from = tx.local_addr()?;
+    let receiver = std::thread::spawn(move || -> (usize, usize) {
+        // Counts each window's blocks; acknowledges a window when all of it arrived, or when
+        // the line goes quiet (the rest was dropped), then waits for the next.
+        let mut buf = vec![0u8; 2_048];
+        let (mut current, mut count, mut total, mut idle) = (0u32, 0usize, 0usize, 0u32);
+        loop {
+            match rx.recv(&mut buf) {
+                Ok(n) if n >= 4 => {
+                    idle = 0;
+                    // Per-block work, as the prototype's receiver did per packet (decoding,
+                    // decryption): a receiver slower than its sender, whose buffer absorbs
+                    // the difference within a window — or drops it.
+                    let mut d = [0u8; 32];
+                    for _ in 0..RECEIVER_HASHES {
+                        d = florin_crypto::hash("florin/bench/udp-work", &[&d, &buf[..n]]);
+                    }
+                    std::hint::black_box(d);
+                    let w = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+                    if w == u32::MAX {
+                        return (total, count);
+                    }
+                    if w != current {
+                        current = w;
+                        count = 0;
+                    }
+                    count += 1;
+                    total += 1;
+                    if count == window {
+                        let _ = rx.send_to(&current.to_le_bytes(), from);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    idle += 1;
+                    let _ = rx.send_to(&current.to_le_bytes(), from);
+                    if idle > 100 {
+                        return (total, count);
+                    }
+                }
+            }
+        }
+    });
+    let mut block = vec![7u8; BLOCK];
+    let mut ack = [0u8; 4];
+    let t = Instant::now();
+    for w in 0..windows as u32 {
+        block[..4].copy_from_slice(&w.to_le_bytes());
+        for _ in 0..window {
+            // A full buffer is a loss, as in the thesis (no flow control within a window).
+            let _ = tx.send_to(&block, to);
+        }
+        // The window's acknowledgement (an old one, or none within 500 ms, moves on too).
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline {
+            match tx.recv(&mut ack) {
+                Ok(4) if u32::from_le_bytes(ack) >= w => break,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    for _ in 0..3 {
+        let _ = tx.send_to(&u32::MAX.to_le_bytes(), to);
+    }
+    let (got, _) = receiver
+        .join()
+        .map_err(|_| anyhow::anyhow!("receiver panicked"))?;
+    let sent = windows * window;
+    let lost = sent.saturating_sub(got) as f64 / sent.max(1) as f64;
+    Ok((mb(got * BLOCK, secs), lost, granted))
+}
+
 /// TCP: `total` bytes in 64 KiB writes over one connection.
 fn tcp(total: usize) -> Result<f64> {
     let l = TcpListener::bind("127.0.0.1:0")?;
@@ -281,6 +374,41 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         seed(1.0, "EVA with encryption, 8.25 MB/s"),
         None,
     );
+    // Fig. 7: blocks per window at the thesis's 106,496-byte buffer; Fig. 8: buffer sizes at
+    // 256 blocks per window. The device channel (TCP underneath) loses nothing by
+    // construction: its tokens are counted below (`lost_or_duplicated_tokens`).
+    let blocks = if quick { 2_000 } else { 40_000 };
+    let channel_ref = || {
+        Some(Reference {
+            value: 0.0,
+            source: "the device channel (TCP underneath), same run: no token lost or duplicated \
+                     (lost_or_duplicated_tokens)"
+                .into(),
+        })
+    };
+    for window in [16usize, 64, 128, 256] {
+        let (mbs, lost, granted) = udp_windows((blocks / window).max(4), window, 106_496)?;
+        rec.add(
+            "udp_window_loss_fraction",
+            lost,
+            "fraction",
+            json!({ "window": window, "block_bytes": BLOCK, "rcvbuf": 106_496, "rcvbuf_granted": granted, "mb_per_s": mbs, "receiver_work": format!("{RECEIVER_HASHES} SHA-256 passes per block"), "figure": "7" }),
+            None,
+            channel_ref(),
+        );
+    }
+    for buffer in [106_496usize, 212_992, 425_984, 851_968, 1_703_936] {
+        let (mbs, lost, granted) = udp_windows((blocks / 256).max(4), 256, buffer)?;
+        rec.add(
+            "udp_buffer_loss_fraction",
+            lost,
+            "fraction",
+            json!({ "window": 256, "block_bytes": BLOCK, "rcvbuf": buffer, "rcvbuf_granted": granted, "mb_per_s": mbs, "receiver_work": format!("{RECEIVER_HASHES} SHA-256 passes per block"), "figure": "8" }),
+            None,
+            channel_ref(),
+        );
+    }
+
     let (tps, e2e_mb, bad) = e2e(tokens)?;
     rec.add(
         "e2e_tokens_per_s",
