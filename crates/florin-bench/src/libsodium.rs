@@ -86,29 +86,29 @@ impl Sodium {
     }
 
     /// libsodium's secret key (seed ‖ public key) and public key for a 32-byte seed.
-    pub fn keypair(&self, seed: &[u8; 32]) -> ([u8; 64], [u8; 32]) {
+    pub fn keypair(&self, seed: &[u8; 32]) -> Option<([u8; 64], [u8; 32])> {
         let (mut sk, mut pk) = ([0u8; 64], [0u8; 32]);
-        // SAFETY: the buffers are as large as libsodium's documented sizes.
-        unsafe {
-            (self.keypair)(pk.as_mut_ptr(), sk.as_mut_ptr(), seed.as_ptr());
-        }
-        (sk, pk)
+        // SAFETY: the buffers are as large as libsodium's documented sizes
+        // (crypto_sign_PUBLICKEYBYTES = 32, crypto_sign_SECRETKEYBYTES = 64, seed 32).
+        let rc = unsafe { (self.keypair)(pk.as_mut_ptr(), sk.as_mut_ptr(), seed.as_ptr()) };
+        (rc == 0).then_some((sk, pk))
     }
 
-    /// Signs `msg` (detached Ed25519).
-    pub fn sign(&self, sk: &[u8; 64], msg: &[u8]) -> [u8; 64] {
+    /// Signs `msg` (detached Ed25519); `None` if libsodium refuses or writes another length.
+    pub fn sign(&self, sk: &[u8; 64], msg: &[u8]) -> Option<[u8; 64]> {
         let mut sig = [0u8; 64];
         let mut len: c_ulonglong = 0;
-        // SAFETY: pointers are valid for the given lengths for the duration of the call.
-        unsafe {
+        // SAFETY: pointers are valid for the given lengths for the duration of the call; the
+        // signature buffer is crypto_sign_BYTES (64) long.
+        let rc = unsafe {
             (self.sign)(
                 sig.as_mut_ptr(),
                 &mut len,
                 msg.as_ptr(),
                 msg.len() as c_ulonglong,
                 sk.as_ptr(),
-            );
-        }
-        sig
+            )
+        };
+        (rc == 0 && len == 64).then_some(sig)
     }
 }

@@ -308,7 +308,10 @@ pub fn run(rec: &mut Recorder, scale: Scale) -> Result<()> {
         );
     }
 
-    libraries(rec, n)?;
+    // A library that fails here costs only its own rows.
+    if let Err(e) = libraries(rec, n) {
+        tracing::warn!("the Ed25519 libraries' comparison (Fig. 4) failed: {e:#}");
+    }
     e2e(rec, n)
 }
 
@@ -389,9 +392,15 @@ fn libraries(rec: &mut Recorder, n: usize) -> Result<()> {
     // libsodium, when installed.
     match Sodium::load() {
         Ok(s) => {
-            let (sk, spk) = s.keypair(&seed_bytes);
+            let (sk, spk) = s
+                .keypair(&seed_bytes)
+                .ok_or_else(|| anyhow!("libsodium refused the key seed"))?;
             let t = Instant::now();
-            let ss: Vec<[u8; 64]> = msgs.iter().map(|m| s.sign(&sk, m)).collect();
+            let ss: Vec<[u8; 64]> = msgs
+                .iter()
+                .map(|m| s.sign(&sk, m))
+                .collect::<Option<_>>()
+                .ok_or_else(|| anyhow!("libsodium refused to sign"))?;
             add(rec, "libsodium", "sign", t.elapsed().as_secs_f64());
             let t = Instant::now();
             if !msgs.iter().zip(&ss).all(|(m, sig)| s.verify(sig, m, &spk)) {

@@ -70,26 +70,43 @@ enum X {
     Category(&'static str),
     /// The result's name, with a prefix and suffix cut off (Table I's steps).
     Name(&'static str, &'static str),
-    /// The series' own label: one bar group per series (results of different names).
+    /// The series' own label: one bar group per series (results of different names), all of
+    /// Florin's in one colour.
     Series,
 }
 
-/// One of Florin's series: results named `name` whose params match `when`.
+/// One of Florin's series: results named `name` whose params match `when`; `times` multiplies
+/// each value by one of its params (a per-core figure times its threads).
 struct Series {
     label: &'static str,
     name: &'static str,
     when: &'static [(&'static str, &'static str)],
+    times: Option<&'static str>,
 }
 
-/// What the source document says for a figure, beyond each result's own `seed`.
+const fn series(
+    label: &'static str,
+    name: &'static str,
+    when: &'static [(&'static str, &'static str)],
+) -> Series {
+    Series {
+        label,
+        name,
+        when,
+        times: None,
+    }
+}
+
+/// What the source documents say for a figure, beyond each result's own `seed`.
 enum Seed {
-    /// Only the results' own seed figures.
+    /// The results' own seed figures, one point per x (the first where several differ).
     FromResults,
-    /// Points the text gives: (x, y), x a number or a category.
-    Points(&'static str, &'static [(&'static str, f64)]),
-    /// A bound the text states, drawn as a horizontal line.
-    Bound(&'static str, f64),
-    /// A time window the text states after an event at the results' `killed_at_s` (Fig. 5:
+    /// Points a text gives, as a series of their own: (legend, source, [(x, y)]).
+    Points(&'static str, &'static str, &'static [(&'static str, f64)]),
+    /// A figure a text states for the whole range, drawn as a horizontal line: (legend,
+    /// source, value).
+    Bound(&'static str, &'static str, f64),
+    /// A time window a text states after an event at the results' `killed_at_s` (Fig. 5:
     /// throughput back within it), drawn as a band.
     Window(&'static str, f64),
 }
@@ -104,8 +121,8 @@ struct Figure {
     x_label: &'static str,
     y_label: &'static str,
     log_y: bool,
-    series: &'static [Series],
-    seed: &'static [Seed],
+    series: Vec<Series>,
+    seed: Vec<Seed>,
     /// Said under the plot (what differs from the seed's set-up).
     note: &'static str,
 }
@@ -113,33 +130,43 @@ struct Figure {
 const THESIS: &str = "001_… TU Delft thesis (final)";
 const HAMILTON: &str = "003_… Hamilton (NSDI '23)";
 const THRESHOLD: &str = "004_… Threshold signatures for CBDCs (TUM / G+D)";
+const ONE_PHASE: &str = "one-phase where a transaction lies on one shard";
 
 fn figures() -> Vec<Figure> {
     vec![
         Figure {
             id: "thesis-fig3",
-            title: "Thesis Fig. 3: signing and verifying tokens, by threads",
+            title: "Thesis Fig. 3: signing and verifying, by threads",
             doc: THESIS,
             suite: "offline",
             how: "florin bench offline",
             x: X::Param("threads"),
             x_label: "threads",
-            y_label: "per second",
-            log_y: false,
-            series: &[
-                Series { label: "Florin: mint (tokens/s)", name: "mint_tokens_per_s", when: &[] },
-                Series { label: "Florin: client verify (tokens/s)", name: "client_verify_tokens_per_s", when: &[] },
+            y_label: "per second (log; units in the legend)",
+            log_y: true,
+            series: vec![
+                series("Florin: mint (tokens/s)", "mint_tokens_per_s", &[]),
+                series("Florin: client verify (tokens/s)", "client_verify_tokens_per_s", &[]),
                 Series {
-                    label: "Florin: authority verify, 3 links (signatures/s per core)",
+                    label: "Florin: authority verify, all threads (signatures/s)",
                     name: "authority_verify_sigs_per_s_per_core",
                     when: &[("links", "3")],
+                    times: Some("threads"),
                 },
             ],
-            seed: &[Seed::Points(
-                "Fig. 3 (text, VI-A, L660-665): on 1 CPU, signing ≈38,239 tokens/s and verifying ≈5,840 tokens/s (5.62 and 2.47 MB/s); throughput stops rising after 4 CPUs",
-                &[("1", 38_239.0), ("1", 5_840.0)],
-            )],
-            note: "The thesis measured Kotlin with Lazysodium on a laptop (i5 @ 2.11 GHz); Florin is Rust with ed25519-dalek on this machine. Its token verification checks 3 signatures.",
+            seed: vec![
+                Seed::Points(
+                    "thesis: signing, 1 CPU (tokens/s)",
+                    "Fig. 3 (text, VI-A, L660-665): on 1 CPU, signing ≈38,239 tokens/s (5.62 MB/s); throughput stops rising after 4 CPUs",
+                    &[("1", 38_239.0)],
+                ),
+                Seed::Points(
+                    "thesis: verifying, 1 CPU (tokens/s, 3 signatures each)",
+                    "verifying ≈5,840 tokens/s (2.47 MB/s) on 1 CPU (L662-665; the OCR's \"45840\" at L692 is ≈5840)",
+                    &[("1", 5_840.0)],
+                ),
+            ],
+            note: "The thesis measured Kotlin with Lazysodium on a laptop (i5 @ 2.11 GHz); Florin is Rust with ed25519-dalek on this machine. A token's verification checks 3 signatures.",
         },
         Figure {
             id: "thesis-fig4",
@@ -151,12 +178,12 @@ fn figures() -> Vec<Figure> {
             x_label: "operation",
             y_label: "operations/s (1 thread)",
             log_y: false,
-            series: &[
-                Series { label: "Florin: ed25519-dalek", name: "ed25519_ops_per_s", when: &[("library", "ed25519-dalek")] },
-                Series { label: "Florin: ring", name: "ed25519_ops_per_s", when: &[("library", "ring")] },
-                Series { label: "Florin: libsodium (same run)", name: "ed25519_ops_per_s", when: &[("library", "libsodium")] },
+            series: vec![
+                series("Florin (ed25519-dalek; cofactored verification)", "ed25519_ops_per_s", &[("library", "ed25519-dalek")]),
+                series("ring (same run)", "ed25519_ops_per_s", &[("library", "ring")]),
+                series("libsodium (same run)", "ed25519_ops_per_s", &[("library", "libsodium")]),
             ],
-            seed: &[Seed::FromResults],
+            seed: vec![Seed::FromResults],
             note: "Same message size as the thesis (147 bytes, its upper bound per token operation). Its text gives numbers for libsodium only (Bouncy Castle and I2P: none); 17,687 verifications/s is its 2.60 MB/s over 147 bytes.",
         },
         Figure {
@@ -166,15 +193,15 @@ fn figures() -> Vec<Figure> {
             suite: "offline",
             how: "florin bench offline",
             x: X::Param("links"),
-            x_label: "links in the token's chain (2 = online)",
+            x_label: "links in the token's chain (3: minted, paid once, deposited)",
             y_label: "signatures/s (1 thread)",
             log_y: false,
-            series: &[Series {
-                label: "Florin: authority verify",
-                name: "authority_verify_sigs_per_s_per_core",
-                when: &[("threads", "1")],
-            }],
-            seed: &[Seed::FromResults],
+            series: vec![series("Florin: authority verify", "authority_verify_sigs_per_s_per_core", &[("threads", "1")])],
+            seed: vec![Seed::Bound(
+                "thesis: at most ≈17,000 signatures/s per thread",
+                "Table I discussion (L855-859): at most roughly 17,000 signatures per second per thread, whatever the token's size (Fig. 5 itself has no numbers in the text)",
+                17_000.0,
+            )],
             note: "",
         },
         Figure {
@@ -187,9 +214,9 @@ fn figures() -> Vec<Figure> {
             x_label: "layer",
             y_label: "MB/s (log)",
             log_y: true,
-            series: &[Series { label: "Florin", name: "transfer_mb_per_s", when: &[] }],
-            seed: &[Seed::FromResults],
-            note: "Seed beside each layer: UDP (801.16), the native pipeline for TCP (1,652.28), EVA for the channel (8.25), Kotlin-IPv8 with encryption for ChaChaPoly (14.99).",
+            series: vec![series("Florin", "transfer_mb_per_s", &[])],
+            seed: vec![Seed::FromResults],
+            note: "Seed beside each layer: local UDP (801.16), the native pipeline beside TCP (1,652.28; a pipe, the thesis's upper bound), EVA beside the channel (8.25), Kotlin-IPv8 with encryption beside ChaChaPoly (14.99).",
         },
         Figure {
             id: "thesis-table1",
@@ -201,176 +228,9 @@ fn figures() -> Vec<Figure> {
             x_label: "step",
             y_label: "tokens/s (log)",
             log_y: true,
-            series: &[Series { label: "Florin", name: "e2e_*", when: &[] }],
-            seed: &[Seed::FromResults],
+            series: vec![series("Florin", "e2e_*", &[])],
+            seed: vec![Seed::FromResults],
             note: "Receiving here is decoding (the network is Fig. 6); the authority's validation also checks forks, re-anchors and commits durably.",
-        },
-        Figure {
-            id: "hamilton-fig4",
-            title: "Hamilton Fig. 4: throughput by shards",
-            doc: HAMILTON,
-            suite: "cluster",
-            how: "florin bench cluster (one machine); --emulate-hosts for emulated machines",
-            x: X::Param("shards"),
-            x_label: "shards",
-            y_label: "transactions/s (log)",
-            log_y: true,
-            series: &[
-                Series { label: "Florin: replication 1", name: "cluster_tx_per_s", when: &[("replicas", "1")] },
-                Series { label: "Florin: replication 3", name: "cluster_tx_per_s", when: &[("replicas", "3")] },
-            ],
-            seed: &[
-                Seed::Bound("Fig. 4: 1.7 M tx/s peak with many shards on many machines (L87)", 1_700_000.0),
-                Seed::Points(
-                    "§6 baseline: CockroachDB 3.4 K, 5.7 K and 11 K tx/s on 1, 2 and 4 shards (L354)",
-                    &[("1", 3_400.0), ("2", 5_700.0), ("4", 11_000.0)],
-                ),
-            ],
-            note: "All shards share this machine's cores here: Hamilton's scaling needs a machine per shard (--emulate-hosts).",
-        },
-        Figure {
-            id: "hamilton-fig5",
-            title: "Hamilton Fig. 5: throughput around a leader's failure",
-            doc: HAMILTON,
-            suite: "cluster",
-            how: "florin bench cluster",
-            x: X::Param("t_s"),
-            x_label: "seconds (a shard leader killed at the line)",
-            y_label: "transactions/s (0.5 s windows)",
-            log_y: false,
-            series: &[Series { label: "Florin", name: "failover_tx_per_s", when: &[] }],
-            seed: &[Seed::Window(
-                "Fig. 5 (L367): after each data-centre failure throughput was reduced for less than 15 s before recovering, no data loss (its throughput values are not in the text)",
-                15.0,
-            )],
-            note: "Florin's recovery time and lost transactions are results of their own (failover_recovery_s, failover_lost_tx).",
-        },
-        Figure {
-            id: "hamilton-fig6",
-            title: "Hamilton Fig. 6: peak throughput by tolerated failures",
-            doc: HAMILTON,
-            suite: "cluster",
-            how: "florin bench cluster --emulate-hosts --only fig6 (root)",
-            x: X::Param("replicas"),
-            x_label: "replicas per group",
-            y_label: "transactions/s",
-            log_y: false,
-            series: &[Series { label: "Florin", name: "fig6_peak_tx_per_s", when: &[] }],
-            seed: &[Seed::FromResults],
-            note: "Hamilton plots the fall with replication but its text gives no values.",
-        },
-        Figure {
-            id: "hamilton-fig7",
-            title: "Hamilton Fig. 7: valid throughput with double spends and large transactions",
-            doc: HAMILTON,
-            suite: "ledger",
-            how: "florin bench ledger",
-            x: X::Param("pct"),
-            x_label: "% of the workload",
-            y_label: "valid transactions/s",
-            log_y: false,
-            series: &[
-                Series { label: "Florin: double spends", name: "mix_valid_tx_per_s", when: &[("large_pct", "0")] },
-                Series { label: "Florin: large (8-in/8-out)", name: "mix_valid_tx_per_s", when: &[("double_spend_pct", "0")] },
-            ],
-            seed: &[Seed::FromResults],
-            note: "Hamilton's text says only that valid throughput falls as either share grows.",
-        },
-        Figure {
-            id: "hamilton-postgres",
-            title: "Hamilton §6: the UHS swap, Florin's stores beside PostgreSQL",
-            doc: HAMILTON,
-            suite: "ledger",
-            how: "florin bench ledger (PostgreSQL with FLORIN_BENCH_PG)",
-            x: X::Category("store"),
-            x_label: "store",
-            y_label: "swaps/s (log)",
-            log_y: true,
-            series: &[Series { label: "Florin", name: "swap_per_s", when: &[] }],
-            seed: &[
-                Seed::FromResults,
-                Seed::Points(
-                    "§6 (L337): PostgreSQL at most 63.4 K swaps/s on one c5a.8xlarge; Hamilton 26× that",
-                    &[("postgres", 63_400.0)],
-                ),
-            ],
-            note: "",
-        },
-        Figure {
-            id: "threshold-fig2",
-            title: "Threshold document Fig. 2: distributed key generation by nodes",
-            doc: THRESHOLD,
-            suite: "custody",
-            how: "florin bench custody",
-            x: X::Param("n"),
-            x_label: "nodes (n)",
-            y_label: "ms (computation)",
-            log_y: false,
-            series: &[Series {
-                label: "Florin: FROST key generation",
-                name: "dkg_ms",
-                when: &[("part", "compute"), ("scheme", "frost-ed25519")],
-            }],
-            seed: &[Seed::Points(
-                "Fig. 2 (L248): CGGMP21 key generation up to 2,500 ms of computation at n = 52, t = 32, growing quadratically",
-                &[("52", 2_500.0)],
-            )],
-            note: "The document measured up to n = 52 on 64-vCPU nodes; Florin's suite measures n = 3 and 5 here.",
-        },
-        Figure {
-            id: "threshold-fig3-4",
-            title: "Threshold document Fig. 3–4: pre-signing and signing by threshold",
-            doc: THRESHOLD,
-            suite: "custody",
-            how: "florin bench custody",
-            x: X::Param("t"),
-            x_label: "threshold (t)",
-            y_label: "ms (computation)",
-            log_y: false,
-            series: &[
-                Series { label: "Florin: FROST pre-signing", name: "presign_ms", when: &[("part", "compute"), ("scheme", "frost-ed25519")] },
-                Series { label: "Florin: FROST signing", name: "sign_ms", when: &[("part", "compute"), ("scheme", "frost-ed25519")] },
-            ],
-            seed: &[Seed::FromResults],
-            note: "The document's text says only that both grow quadratically with t and differ little.",
-        },
-        Figure {
-            id: "threshold-fig5",
-            title: "Threshold document Fig. 5: payments end to end, single and threshold keys",
-            doc: THRESHOLD,
-            suite: "custody",
-            how: "florin bench custody",
-            x: X::Param("users"),
-            x_label: "concurrent users",
-            y_label: "payments/s",
-            log_y: false,
-            series: &[
-                Series { label: "Florin: single key, same provider", name: "e2e_payments_per_s", when: &[("custody", "single"), ("route", "same_provider")] },
-                Series { label: "Florin: FROST 2-of-3, same provider", name: "e2e_payments_per_s", when: &[("custody", "threshold"), ("route", "same_provider")] },
-                Series { label: "Florin: FROST 2-of-3, across providers", name: "e2e_payments_per_s", when: &[("custody", "threshold"), ("route", "cross_provider")] },
-            ],
-            seed: &[Seed::FromResults],
-            note: "The document's figures (190 → 10.7 payments/s same provider, 60 → 1.2 across, single → threshold) were measured at 100–300 users; each is drawn at Florin's user counts.",
-        },
-        Figure {
-            id: "eurotoken-bounds",
-            title: "Eurotoken draft Fig. 1–2: the LAN and verification bounds beside Florin's rates",
-            doc: "002_… Eurotoken draft",
-            suite: "offline",
-            how: "florin bench offline and florin bench transfer",
-            x: X::Series,
-            x_label: "",
-            y_label: "tokens/s (log)",
-            log_y: true,
-            series: &[
-                Series { label: "verification, 1 core", name: "client_verify_tokens_per_s", when: &[("threads", "1")] },
-                Series { label: "end to end, device channel", name: "e2e_tokens_per_s", when: &[] },
-            ],
-            seed: &[Seed::Points(
-                "Fig. 2: verification ≈90 MB/s, bound ≈630,000 tokens/s; Fig. 1: a 1 GbE LAN ≈125 MB/s (≈796,000 tokens/s of 157 bytes)",
-                &[("verification, 1 core", 630_000.0), ("LAN (1 GbE)", 796_178.0)],
-            )],
-            note: "Florin has no LAN here (loopback only): its channel's rate is Fig. 6's. The draft's verification bound is for all cores of its laptop.",
         },
         Figure {
             id: "thesis-fig7",
@@ -382,8 +242,8 @@ fn figures() -> Vec<Figure> {
             x_label: "1,200-byte blocks per window",
             y_label: "fraction of blocks lost",
             log_y: false,
-            series: &[Series { label: "Florin: raw UDP, EVA-like windows", name: "udp_window_loss_fraction", when: &[] }],
-            seed: &[],
+            series: vec![series("Florin: raw UDP, EVA-like windows", "udp_window_loss_fraction", &[])],
+            seed: vec![],
             note: "The receiver does per-block work (8 SHA-256 passes), as the prototype's did: a receiver slower than its sender. The device channel loses nothing (TCP underneath: lost_or_duplicated_tokens = 0). The thesis's text: loss soars at 256 blocks per window without encryption, none with it.",
         },
         Figure {
@@ -396,9 +256,9 @@ fn figures() -> Vec<Figure> {
             x_label: "SO_RCVBUF requested (bytes; the kernel grants twice)",
             y_label: "fraction of blocks lost",
             log_y: false,
-            series: &[Series { label: "Florin: raw UDP, 256 blocks per window", name: "udp_buffer_loss_fraction", when: &[] }],
-            seed: &[],
-            note: "The thesis's text: packet loss falls as the buffer grows, and near 0 % a larger buffer no longer helps (from 106k bytes up).",
+            series: vec![series("Florin: raw UDP, 256 blocks per window", "udp_buffer_loss_fraction", &[])],
+            seed: vec![],
+            note: "The thesis's text: packet loss falls as the buffer grows from its 106k bytes, and near 0 % a larger buffer no longer helps.",
         },
         Figure {
             id: "thesis-fig9",
@@ -408,11 +268,193 @@ fn figures() -> Vec<Figure> {
             how: "florin bench offline",
             x: X::Category("part"),
             x_label: "part",
-            y_label: "% of CPU",
+            y_label: "% of the time",
             log_y: false,
-            series: &[Series { label: "Florin", name: "deposit_cpu_share_pct", when: &[] }],
-            seed: &[Seed::FromResults],
+            series: vec![series("Florin", "deposit_cpu_share_pct", &[])],
+            seed: vec![Seed::FromResults],
             note: "Not a sampling profile: the deposits' cryptography (batch verification on one thread, one re-anchor signature per token) is timed alone on the same tokens and divided by the deposits' time.",
+        },
+        Figure {
+            id: "eurotoken-bounds",
+            title: "Eurotoken draft Fig. 1–2: the LAN and verification bounds beside Florin's rates",
+            doc: "002_… Eurotoken draft",
+            suite: "offline",
+            how: "florin bench offline and florin bench transfer",
+            x: X::Series,
+            x_label: "",
+            y_label: "tokens/s (log)",
+            log_y: true,
+            series: vec![
+                series("verification, 1 core", "client_verify_tokens_per_s", &[("threads", "1")]),
+                series("device channel, end to end", "e2e_tokens_per_s", &[]),
+            ],
+            seed: vec![
+                Seed::Points(
+                    "draft: verification bound, all cores of its laptop",
+                    "Fig. 2: verification ≈90 MB/s, stated bound ≈630,000 tokens/s (its own 90 MB/s ÷ 157 B would be ≈573,000)",
+                    &[("verification, all cores (draft)", 630_000.0)],
+                ),
+                Seed::Points(
+                    "derived here: a 1 GbE LAN's bound",
+                    "Fig. 1: a LAN ≈125 MB/s; ÷ 157 bytes a token ≈796,000 tokens/s (the division is this report's, not the draft's)",
+                    &[("LAN 1 GbE (derived)", 796_178.0)],
+                ),
+            ],
+            note: "Florin has no LAN here (loopback only): its channel's rate is Fig. 6's.",
+        },
+        Figure {
+            id: "hamilton-fig4",
+            title: "Hamilton Fig. 4: throughput by shards",
+            doc: HAMILTON,
+            suite: "cluster",
+            how: "florin bench cluster (one machine); florin bench cluster --emulate-hosts --only scaling (emulated machines, root)",
+            x: X::Param("shards"),
+            x_label: "shards",
+            y_label: "transactions/s (log)",
+            log_y: true,
+            series: vec![
+                series("Florin, one machine: replication 1", "cluster_tx_per_s", &[("replicas", "1"), ("commit", ONE_PHASE)]),
+                series("Florin, one machine: replication 3", "cluster_tx_per_s", &[("replicas", "3"), ("commit", ONE_PHASE)]),
+                series("Florin, emulated hosts: replication 3", "cluster_hosts_tx_per_s", &[]),
+            ],
+            seed: vec![
+                Seed::Bound(
+                    "Hamilton: 1.7 M tx/s peak (many shards on many machines)",
+                    "Fig. 4 (L87): 1.7 M transactions/s with 2PC at its largest configuration (measured, not a bound: drawn across for comparison)",
+                    1_700_000.0,
+                ),
+                Seed::Points(
+                    "Hamilton's baseline: CockroachDB",
+                    "§6 (L354): CockroachDB 3.4 K, 5.7 K and 11 K tx/s on 1, 2 and 4 shards",
+                    &[("1", 3_400.0), ("2", 5_700.0), ("4", 11_000.0)],
+                ),
+            ],
+            note: "On one machine all shards share its cores: Hamilton's scaling needs a machine per shard (--emulate-hosts).",
+        },
+        Figure {
+            id: "hamilton-fig5",
+            title: "Hamilton Fig. 5: throughput around a leader's failure",
+            doc: HAMILTON,
+            suite: "cluster",
+            how: "florin bench cluster",
+            x: X::Param("t_s"),
+            x_label: "seconds (a shard leader killed at the line)",
+            y_label: "transactions/s (0.5 s windows)",
+            log_y: false,
+            series: vec![series("Florin", "failover_tx_per_s", &[])],
+            seed: vec![Seed::Window(
+                "Fig. 5 (L367): after each data-centre failure throughput was reduced for less than 15 s before recovering, no data loss (its throughput values are not in the text)",
+                15.0,
+            )],
+            note: "Florin's recovery time and lost transactions are results of their own (failover_recovery_s, failover_lost_tx).",
+        },
+        Figure {
+            id: "hamilton-fig6",
+            title: "Hamilton Fig. 6: peak throughput by tolerated failures",
+            doc: HAMILTON,
+            suite: "cluster",
+            how: "florin bench cluster --emulate-hosts --only failures (root)",
+            x: X::Param("tolerated_failures"),
+            x_label: "failures tolerated per group ((replicas − 1) / 2)",
+            y_label: "transactions/s",
+            log_y: false,
+            series: vec![series("Florin, emulated hosts", "cluster_hosts_tx_per_s_by_failures", &[])],
+            seed: vec![],
+            note: "Hamilton's text says only that peak throughput falls as replication grows.",
+        },
+        Figure {
+            id: "hamilton-fig7",
+            title: "Hamilton Fig. 7: valid throughput with double spends and large transactions",
+            doc: HAMILTON,
+            suite: "ledger",
+            how: "florin bench ledger",
+            x: X::Param("pct"),
+            x_label: "% of the workload",
+            y_label: "valid transactions/s",
+            log_y: false,
+            series: vec![
+                series("Florin: double spends", "mix_valid_tx_per_s", &[("large_pct", "0")]),
+                series("Florin: large (8-in/8-out)", "mix_valid_tx_per_s", &[("double_spend_pct", "0")]),
+            ],
+            seed: vec![],
+            note: "Hamilton's text says only that valid throughput falls as either share grows, large transactions most.",
+        },
+        Figure {
+            id: "hamilton-postgres",
+            title: "Hamilton §6: the UHS swap, Florin's stores beside PostgreSQL",
+            doc: HAMILTON,
+            suite: "ledger",
+            how: "florin bench ledger (PostgreSQL with FLORIN_BENCH_PG)",
+            x: X::Category("store"),
+            x_label: "store",
+            y_label: "swaps/s (log)",
+            log_y: true,
+            series: vec![series("Florin", "swap_per_s", &[])],
+            seed: vec![Seed::FromResults],
+            note: "Hamilton's PostgreSQL reached 63.4 K swaps/s at most, 61 K on average, on one c5a.8xlarge (L337); Hamilton's 1.7 M, 26× that (L87), was a geo-distributed cluster, beside which this machine's embedded store is drawn.",
+        },
+        Figure {
+            id: "threshold-fig2",
+            title: "Threshold document Fig. 2: distributed key generation by nodes",
+            doc: THRESHOLD,
+            suite: "custody",
+            how: "florin bench custody",
+            x: X::Param("n"),
+            x_label: "nodes (n)",
+            y_label: "ms (computation)",
+            log_y: false,
+            series: vec![series("Florin: FROST key generation", "dkg_ms", &[("part", "compute"), ("scheme", "frost-ed25519")])],
+            seed: vec![Seed::Points(
+                "document: CGGMP21 key generation",
+                "Fig. 2 (L248): CGGMP21 key generation up to 2,500 ms of computation at n = 52, t = 32, growing quadratically",
+                &[("52", 2_500.0)],
+            )],
+            note: "The document measured up to n = 52 on 64-vCPU nodes; Florin's suite measures fewer nodes on this machine.",
+        },
+        Figure {
+            id: "threshold-fig3-4",
+            title: "Threshold document Fig. 3–4: pre-signing and signing by threshold",
+            doc: THRESHOLD,
+            suite: "custody",
+            how: "florin bench custody",
+            x: X::Param("t"),
+            x_label: "threshold (t)",
+            y_label: "ms (computation)",
+            log_y: false,
+            series: vec![
+                series("Florin: FROST pre-signing", "presign_ms", &[("part", "compute"), ("scheme", "frost-ed25519")]),
+                series("Florin: FROST signing", "sign_ms", &[("part", "compute"), ("scheme", "frost-ed25519")]),
+            ],
+            seed: vec![],
+            note: "The document's text says only that both grow quadratically with t and differ little.",
+        },
+        Figure {
+            id: "threshold-fig5",
+            title: "Threshold document Fig. 5: payments end to end, single and threshold keys",
+            doc: THRESHOLD,
+            suite: "custody",
+            how: "florin bench custody",
+            x: X::Series,
+            x_label: "",
+            y_label: "payments/s (log)",
+            log_y: true,
+            series: vec![
+                series("same provider, single key", "e2e_payments_per_s", &[("custody", "single"), ("route", "same_provider"), ("users", "10")]),
+                series("same provider, threshold", "e2e_payments_per_s", &[("custody", "threshold"), ("route", "same_provider"), ("users", "10")]),
+                series("across providers, single key", "e2e_payments_per_s", &[("custody", "single"), ("route", "cross_provider"), ("users", "10")]),
+                series("across providers, threshold", "e2e_payments_per_s", &[("custody", "threshold"), ("route", "cross_provider"), ("users", "10")]),
+            ],
+            seed: vec![Seed::Points(
+                "document: 100–300 users",
+                "Fig. 5 (L260): 190 → ≈10.7 payments/s within a provider and 60 → ≈1.2 across, single → threshold keys, at 100–300 concurrent users",
+                &[
+                    ("same provider, single key", 190.0),
+                    ("same provider, threshold", 10.7),
+                    ("across providers, single key", 60.0),
+                    ("across providers, threshold", 1.2),
+                ],
+            )],
+            note: "Florin: 10 concurrent users, FROST 2-of-3 as the threshold key.",
         },
     ]
 }
@@ -459,38 +501,66 @@ fn x_of(r: &Value, x: X) -> Option<String> {
     }
 }
 
+/// What a plot draws.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Florin,
+    Seed,
+}
+
 /// A plotted series: (x, y) points.
 struct Plotted {
     label: String,
     points: Vec<(String, f64)>,
-    seed: bool,
+    kind: Kind,
+}
+
+/// Most categories or points a plot draws (a hostile file cannot make one huge).
+const MAX_POINTS: usize = 256;
+
+/// A usable y: finite, not absurd, and positive on a log axis.
+fn usable(y: f64, log: bool) -> bool {
+    y.is_finite() && y.abs() < 1e15 && (!log || y > 0.0)
 }
 
 fn collect(fig: &Figure, results: &[Value]) -> (Vec<Plotted>, Vec<String>) {
-    let mut out = Vec::new();
-    let mut seed_points = Vec::new();
+    let mut out: Vec<Plotted> = Vec::new();
+    let mut from_results: Vec<(String, f64)> = Vec::new();
     let mut sources: Vec<String> = Vec::new();
-    for s in fig.series {
+    let numeric = matches!(fig.x, X::Param(_));
+    let take_seeds = fig.seed.iter().any(|sd| matches!(sd, Seed::FromResults));
+    for s in &fig.series {
         let mut pts = Vec::new();
         for r in results.iter().filter(|r| matches(r, s)) {
             let x = match fig.x {
                 X::Series => Some(s.label.to_string()),
                 other => x_of(r, other),
             };
-            let (Some(x), Some(y)) = (x, r["value"].as_f64()) else {
+            let Some(x) = x.filter(|x| !numeric || x.parse::<f64>().is_ok_and(f64::is_finite))
+            else {
                 continue;
             };
-            pts.push((x.clone(), y));
-            if fig.seed.iter().any(|sd| matches!(sd, Seed::FromResults)) {
+            let factor = s.times.and_then(|k| r["params"][k].as_f64()).unwrap_or(1.0);
+            let Some(y) = r["value"]
+                .as_f64()
+                .map(|v| v * factor)
+                .filter(|y| usable(*y, fig.log_y))
+            else {
+                continue;
+            };
+            if pts.len() < MAX_POINTS {
+                pts.push((x.clone(), y));
+            }
+            if take_seeds {
                 if let (Some(v), Some(src)) =
                     (r["seed"]["value"].as_f64(), r["seed"]["source"].as_str())
                 {
-                    if v > 0.0
-                        && !seed_points
-                            .iter()
-                            .any(|(px, pv): &(String, f64)| *px == x && *pv == v)
+                    // One seed per x: the first (a figure's seed is one number per point).
+                    if usable(v, fig.log_y)
+                        && v != 0.0
+                        && !from_results.iter().any(|(px, _)| *px == x)
                     {
-                        seed_points.push((x, v));
+                        from_results.push((x, v));
                         if !sources.iter().any(|s| s == src) {
                             sources.push(src.to_string());
                         }
@@ -501,27 +571,38 @@ fn collect(fig: &Figure, results: &[Value]) -> (Vec<Plotted>, Vec<String>) {
         out.push(Plotted {
             label: s.label.to_string(),
             points: pts,
-            seed: false,
+            kind: Kind::Florin,
         });
     }
-    for sd in fig.seed {
-        match sd {
-            Seed::Points(src, pts) => {
-                if !pts.is_empty() {
-                    seed_points.extend(pts.iter().map(|(x, y)| (x.to_string(), *y)));
-                }
-                sources.push(src.to_string());
-            }
-            Seed::Bound(src, _) | Seed::Window(src, _) => sources.push(src.to_string()),
-            Seed::FromResults => {}
-        }
+    if matches!(fig.x, X::Series) {
+        // One colour for Florin: the categories are the series.
+        let points: Vec<(String, f64)> = out.drain(..).flat_map(|p| p.points).collect();
+        out.push(Plotted {
+            label: "Florin".into(),
+            points,
+            kind: Kind::Florin,
+        });
     }
-    if !seed_points.is_empty() {
+    if !from_results.is_empty() {
         out.push(Plotted {
             label: "seed (source document)".into(),
-            points: seed_points,
-            seed: true,
+            points: from_results,
+            kind: Kind::Seed,
         });
+    }
+    for sd in &fig.seed {
+        match sd {
+            Seed::Points(label, src, pts) => {
+                out.push(Plotted {
+                    label: label.to_string(),
+                    points: pts.iter().map(|(x, y)| (x.to_string(), *y)).collect(),
+                    kind: Kind::Seed,
+                });
+                sources.push(src.to_string());
+            }
+            Seed::Bound(_, src, _) | Seed::Window(src, _) => sources.push(src.to_string()),
+            Seed::FromResults => {}
+        }
     }
     (out, sources)
 }
@@ -531,27 +612,36 @@ const FLORIN_COLORS: [RGBColor; 3] = [
     RGBColor(21, 128, 61),
     RGBColor(126, 34, 206),
 ];
-const SEED_COLOR: RGBColor = RGBColor(220, 38, 38);
+const SEED_COLORS: [RGBColor; 3] = [
+    RGBColor(220, 38, 38),
+    RGBColor(234, 88, 12),
+    RGBColor(133, 77, 14),
+];
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing: {e:?}")
+}
 
 /// The SVG of one figure.
 fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<String> {
     let numeric = matches!(fig.x, X::Param(_));
     let bound = fig.seed.iter().find_map(|s| match s {
-        Seed::Bound(_, v) => Some(*v),
+        Seed::Bound(label, _, v) => Some((*label, *v)),
         _ => None,
     });
-    let ty = |v: f64| if fig.log_y { v.max(1e-3).log10() } else { v };
-    // Categories in the order they first appear (Florin's first).
+    let log = fig.log_y;
+    let ty = |v: f64| if log { v.log10() } else { v };
+    // Categories in the order they first appear (Florin's first), at most MAX_POINTS.
     let mut cats: Vec<String> = Vec::new();
     for s in series {
         for (x, _) in &s.points {
-            if !cats.contains(x) {
+            if !cats.contains(x) && cats.len() < MAX_POINTS {
                 cats.push(x.clone());
             }
         }
     }
     let window = fig.seed.iter().find_map(|s| match s {
-        Seed::Window(_, w) => event_at.map(|at| (at, at + w)),
+        Seed::Window(_, w) => event_at.filter(|a| a.is_finite()).map(|at| (at, at + w)),
         _ => None,
     });
     let xs: Vec<f64> = if numeric {
@@ -559,47 +649,53 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
             .iter()
             .flat_map(|s| s.points.iter().filter_map(|(x, _)| x.parse::<f64>().ok()))
             .chain(window.iter().flat_map(|(a, b)| [*a, *b]))
+            .filter(|x| x.is_finite())
             .collect()
     } else {
         (0..cats.len()).map(|i| i as f64).collect()
     };
     let ys: Vec<f64> = series
         .iter()
-        .flat_map(|s| s.points.iter().map(|(_, y)| ty(*y)))
-        .chain(bound.map(ty))
+        .flat_map(|s| s.points.iter().map(|(_, y)| *y))
+        .chain(bound.map(|(_, b)| b))
+        .filter(|y| usable(*y, log))
+        .map(ty)
         .collect();
+    if xs.is_empty() || ys.is_empty() {
+        bail!("nothing to plot");
+    }
     let (xmin, xmax) = xs
         .iter()
         .fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
     let (ymin, ymax) = ys
         .iter()
         .fold((f64::MAX, f64::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-    if xs.is_empty() || ys.is_empty() {
-        bail!("nothing to plot");
-    }
     let (x0, x1) = if numeric {
         let pad = ((xmax - xmin) * 0.05).max(0.5);
         (xmin - pad, xmax + pad)
     } else {
         (-0.6, cats.len() as f64 - 0.4)
     };
-    let (y0, y1) = if fig.log_y {
-        (ymin.floor() - 0.1, ymax.ceil() + 0.1)
+    // Log axes span whole decades and bars start at the lowest one; linear axes start at 0.
+    let (y0, y1) = if log {
+        (ymin.floor(), (ymax.ceil()).max(ymin.floor() + 1.0))
     } else {
-        (0.0, ymax * 1.15 + f64::EPSILON)
+        (ymin.min(0.0), (ymax * 1.15).max(f64::EPSILON))
     };
+    if !(x0.is_finite() && x1.is_finite() && y0.is_finite() && y1.is_finite()) {
+        bail!("the values cannot be drawn (not finite)");
+    }
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (860, 400)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let root = SVGBackend::with_string(&mut svg, (860, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
         let mut chart = ChartBuilder::on(&root)
             .margin(12)
             .x_label_area_size(if numeric { 40 } else { 70 })
             .y_label_area_size(80)
             .build_cartesian_2d(x0..x1, y0..y1)
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            .map_err(plot_err)?;
         let cats_fmt = cats.clone();
-        let log = fig.log_y;
         let y_fmt = move |v: &f64| human(if log { 10f64.powf(*v) } else { *v });
         let x_fmt = move |v: &f64| {
             let i = v.round();
@@ -615,21 +711,29 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
             .y_desc(fig.y_label)
             .light_line_style(WHITE.mix(0.0))
             .y_label_formatter(&y_fmt);
+        if log {
+            mesh.y_labels(((y1 - y0) as usize + 1).min(12));
+        }
         if numeric {
             mesh.x_label_formatter(&num_fmt);
         } else {
             mesh.x_labels(cats.len().max(1)).x_label_formatter(&x_fmt);
         }
-        mesh.draw().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let groups = series.len().max(1) as f64;
-        let width = 0.8 / groups;
-        for (j, s) in series.iter().enumerate() {
-            let color = if s.seed {
-                SEED_COLOR
-            } else {
-                FLORIN_COLORS[j % FLORIN_COLORS.len()]
+        mesh.draw().map_err(plot_err)?;
+        let drawn: Vec<&Plotted> = series.iter().filter(|s| !s.points.is_empty()).collect();
+        let width = 0.8 / drawn.len().max(1) as f64;
+        let (mut nf, mut ns) = (0, 0);
+        for (j, s) in drawn.iter().enumerate() {
+            let color = match s.kind {
+                Kind::Florin => {
+                    nf += 1;
+                    FLORIN_COLORS[(nf - 1) % FLORIN_COLORS.len()]
+                }
+                Kind::Seed => {
+                    ns += 1;
+                    SEED_COLORS[(ns - 1) % SEED_COLORS.len()]
+                }
             };
-            let style = color.stroke_width(2);
             if numeric {
                 let mut pts: Vec<(f64, f64)> = s
                     .points
@@ -637,17 +741,19 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
                     .filter_map(|(x, y)| x.parse::<f64>().ok().map(|x| (x, ty(*y))))
                     .collect();
                 pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let anno = if s.seed {
+                let anno = if s.kind == Kind::Seed {
                     chart
                         .draw_series(
                             pts.iter()
                                 .map(|&(x, y)| TriangleMarker::new((x, y), 7, color.filled())),
                         )
-                        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+                        .map_err(plot_err)?
                 } else {
                     chart
-                        .draw_series(LineSeries::new(pts.clone(), style).point_size(3))
-                        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+                        .draw_series(
+                            LineSeries::new(pts.clone(), color.stroke_width(2)).point_size(3),
+                        )
+                        .map_err(plot_err)?
                 };
                 anno.label(s.label.clone()).legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(3))
@@ -662,7 +768,7 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
                             color.filled(),
                         ))
                     }))
-                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                    .map_err(plot_err)?;
                 anno.label(s.label.clone()).legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled())
                 });
@@ -672,33 +778,36 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(from, y0), (to, y1)],
-                    SEED_COLOR.mix(0.12).filled(),
+                    SEED_COLORS[0].mix(0.12).filled(),
                 )))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?
+                .map_err(plot_err)?
                 .label(format!(
-                    "seed: back within {:.0} s of the failure",
+                    "Hamilton: back within {:.0} s of a failure",
                     to - from
                 ))
                 .legend(|(x, y)| {
-                    Rectangle::new([(x, y - 5), (x + 14, y + 5)], SEED_COLOR.mix(0.3).filled())
+                    Rectangle::new(
+                        [(x, y - 5), (x + 14, y + 5)],
+                        SEED_COLORS[0].mix(0.3).filled(),
+                    )
                 });
             chart
                 .draw_series(LineSeries::new(
                     vec![(from, y0), (from, y1)],
                     BLACK.stroke_width(1),
                 ))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+                .map_err(plot_err)?;
         }
-        if let Some(b) = bound {
+        if let Some((label, b)) = bound.filter(|(_, b)| usable(*b, log)) {
             chart
                 .draw_series(LineSeries::new(
                     vec![(x0, ty(b)), (x1, ty(b))],
-                    SEED_COLOR.stroke_width(2),
+                    SEED_COLORS[0].stroke_width(2),
                 ))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?
-                .label(format!("seed bound: {}", human(b)))
+                .map_err(plot_err)?
+                .label(label.to_string())
                 .legend(|(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], SEED_COLOR.stroke_width(3))
+                    PathElement::new(vec![(x, y), (x + 18, y)], SEED_COLORS[0].stroke_width(3))
                 });
         }
         chart
@@ -707,8 +816,8 @@ fn plot(fig: &Figure, series: &[Plotted], event_at: Option<f64>) -> Result<Strin
             .border_style(BLACK.mix(0.3))
             .position(SeriesLabelPosition::UpperRight)
             .draw()
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            .map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
     }
     Ok(svg)
 }
@@ -756,37 +865,57 @@ fn run_suite(suite: &str, quick: bool) -> Run {
     if quick {
         cmd.arg("--quick");
     }
-    cmd.stderr(std::process::Stdio::inherit());
-    match cmd.output() {
-        Ok(out) if out.status.success() => match serde_json::from_slice::<Value>(&out.stdout) {
-            Ok(v) => Run {
-                suite: suite.into(),
-                output: Some(v),
-                error: None,
-            },
-            Err(e) => Run {
-                suite: suite.into(),
-                output: None,
-                error: Some(format!("its output is not JSON: {e}")),
-            },
-        },
-        Ok(out) => {
-            let v: Option<Value> = serde_json::from_slice(&out.stdout).ok();
-            let msg = v
-                .as_ref()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-                .unwrap_or_else(|| format!("exited with {}", out.status));
-            Run {
-                suite: suite.into(),
-                output: None,
-                error: Some(msg),
-            }
+    cmd.stderr(std::process::Stdio::inherit())
+        .stdout(std::process::Stdio::piped());
+    let fail = |e: String| Run {
+        suite: suite.into(),
+        output: None,
+        error: Some(e),
+    };
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail(e.to_string()),
+    };
+    // Read stdout on the side so a chatty child never blocks; stop a suite that hangs.
+    let mut stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(out) = stdout.as_mut() {
+            let _ = std::io::Read::read_to_end(out, &mut buf);
         }
-        Err(e) => Run {
+        buf
+    });
+    let limit = std::time::Duration::from_secs(if quick { 15 * 60 } else { 90 * 60 });
+    let started = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) if started.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return fail(format!(
+                    "stopped after {} s without finishing",
+                    limit.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(200)),
+            Err(e) => return fail(e.to_string()),
+        }
+    };
+    let out = reader.join().unwrap_or_default();
+    let parsed: Option<Value> = serde_json::from_slice(&out).ok();
+    match (status.success(), parsed) {
+        (true, Some(v)) => Run {
             suite: suite.into(),
-            output: None,
-            error: Some(e.to_string()),
+            output: Some(v),
+            error: None,
         },
+        (true, None) => fail("its output is not JSON".into()),
+        (false, v) => fail(
+            v.as_ref()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("exited with {status}")),
+        ),
     }
 }
 
@@ -888,7 +1017,7 @@ fn render(runs: &[Run], quick: bool, out: &Path) -> Result<Vec<Drawn>> {
         let (series, sources) = collect(&fig, results);
         let florin: usize = series
             .iter()
-            .filter(|s| !s.seed)
+            .filter(|s| s.kind == Kind::Florin)
             .map(|s| s.points.len())
             .sum();
         let event_at = results
@@ -896,7 +1025,7 @@ fn render(runs: &[Run], quick: bool, out: &Path) -> Result<Vec<Drawn>> {
             .find_map(|r| r["params"]["killed_at_s"].as_f64());
         let seed_pts = series
             .iter()
-            .filter(|s| s.seed)
+            .filter(|s| s.kind == Kind::Seed)
             .map(|s| s.points.len())
             .sum::<usize>()
             + fig
@@ -985,6 +1114,11 @@ pub fn run(
     if runs.is_empty() {
         bail!("no suite's results to report");
     }
+    // The page says --quick when any run it shows was one (from the files' own record).
+    let quick = quick
+        || runs
+            .iter()
+            .any(|r| r.output.as_ref().is_some_and(|o| o["run"]["quick"] == true));
     let drawn = render(&runs, quick, out)?;
     let missing: Vec<&str> = runs
         .iter()
