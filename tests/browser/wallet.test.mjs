@@ -168,6 +168,35 @@ test('the web wallet funds, pays, requests and pays by QR, withdraws and deposit
   assert.equal(await cents('offline'), 0);
   assert.equal(await cents('online'), before + 500);
 
+  // Nearby wallets over the device channel: the page listens and bob pays it; then bob
+  // listens and the page pays him.
+  await mustClick('listen');
+  const listening = (await page.textContent('#listening')).match(/as (\S+)/)[1];
+  assert.ok(listening.startsWith(address + '@127.0.0.1:'), listening);
+  const paidPeer = bob('offline', 'pay', '1.50', '--peer', listening);
+  assert.equal(paidPeer.amount_cents, 150, JSON.stringify(paidPeer));
+  await page.waitForFunction(() => document.getElementById('offline').textContent === '€1.50', null, { timeout: 30_000 });
+  const bobListen = spawn(BIN, ['wallet', '--wallet', 'bob.json', '--json', 'offline', 'listen', '--listen', '127.0.0.1:0', '--count', '1', '--no-announce'], {
+    cwd: dir,
+    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem') },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const bobAt = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('bob did not listen')), 30_000);
+    bobListen.stdout.on('data', (d) => {
+      out += d;
+      const m = /"at":\s*"([^"]+)"/.exec(out);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+  });
+  const verifiedBefore = await cents('verified');
+  await page.fill('#peer', bobAddress + '@' + bobAt);
+  await page.fill('#peer-amount', '2');
+  await mustClick('pay-peer');
+  assert.equal(await cents('verified'), verifiedBefore - 200);
+  await new Promise((r) => bobListen.once('exit', r));
+
   // The backup words, on request.
   await mustClick('backup');
   const words = (await page.textContent('#words')).trim().split(/\s+/);
@@ -177,6 +206,7 @@ test('the web wallet funds, pays, requests and pays by QR, withdraws and deposit
   // History: every operation, with its status.
   const kinds = await page.$$eval('#history td:nth-child(2)', (tds) => tds.map((t) => t.textContent));
   for (const k of ['faucet', 'pay', 'withdraw', 'offline_pay', 'offline_receive', 'deposit']) assert.ok(kinds.includes(k), k + ' in ' + kinds);
+  assert.ok(kinds.filter((k) => k === 'offline_receive').length >= 2, 'the peer payment is in the history: ' + kinds);
   await page.screenshot({ path: join(OUT, 'wallet.png'), fullPage: true });
 
   // The CLI, beside the running page, sees the same wallet.

@@ -74,6 +74,7 @@ function render(s) {
   if (s.handoffs_pending > 0) notes.push(s.handoffs_pending + ' handoff(s) to payees not delivered yet');
   if (s.open_requests.length) notes.push(s.open_requests.length + ' payment request(s) open');
   $('notes').textContent = notes.join(' · ');
+  $('listening').textContent = s.listening ? 'Listening as ' + s.listening + ' (tell the payer this)' : '';
   const h = [el('tr', {}, ...['When', 'What', 'Amount', 'Status', 'With', 'Reference'].map((x) => el('th', {}, x)))];
   for (const e of s.history) {
     h.push(el('tr', {},
@@ -164,6 +165,22 @@ function payRequestResult(r) {
   return 'signed ' + euros(r.amount_cents) + ' to ' + r.payee.slice(0, 16) + '…: show the code(s) to the payee';
 }
 
+// While a listener runs, the balance and history follow what it receives.
+let polling = null;
+function poll() {
+  if (polling) return;
+  polling = setInterval(async () => {
+    try {
+      const r = await fetch('/api/state', { method: 'POST', cache: 'no-store', headers: { 'content-type': 'application/json', 'x-florin-session': session() }, body: '{}' });
+      const v = await r.json();
+      if (v && v.state) {
+        render(v.state);
+        if (!v.state.listening) { clearInterval(polling); polling = null; }
+      }
+    } catch (_) { /* the next tick tries again */ }
+  }, 1000);
+}
+
 document.addEventListener('DOMContentLoaded', () => {
   session();
   call('state').catch((e) => say((e.code ? e.code + ': ' : '') + e.message, false));
@@ -188,6 +205,15 @@ document.addEventListener('DOMContentLoaded', () => {
     const images = [frameB64()];
     stopCamera();
     return payConfirmed(images);
+  });
+  action('listen', async () => {
+    const r = await call('listen');
+    poll();
+    return 'waiting for a payment at ' + r.peer;
+  });
+  action('pay-peer', async () => {
+    const r = await call('pay_peer', { peer: $('peer').value, amount: $('peer-amount').value });
+    return 'paid ' + euros(r.amount_cents) + ' with ' + r.tokens + ' tokens to ' + r.payee.slice(0, 16) + '…; receipt received';
   });
   action('backup', async () => {
     const r = await call('backup');

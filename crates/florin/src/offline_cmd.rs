@@ -531,18 +531,7 @@ fn pay_peer(
     discover_secs: u64,
 ) -> Result<ExitCode> {
     let cents = positive(amount)?;
-    let (addr, expected) = resolve(peer, Duration::from_secs(discover_secs))?;
-    let mut w = store.load()?;
-    let cfg = ChannelConfig::default();
-    let ch = connect(addr, w.signer(), expected, &cfg)
-        .with_context(|| format!("cannot open a secure channel to {addr}"))?;
-    let payee = ch.peer();
-    if expected.is_none() {
-        confirm_unnamed_peer(addr, &payee, cents)?;
-    }
-    let mut ch = PeerChannel(ch);
-    let r =
-        florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| tracing::info!("{n}"))?;
+    let (payee, r) = pay_a_peer(store, peer, cents, discover_secs, true)?;
     if json {
         let refused: Vec<_> = r
             .refused
@@ -573,6 +562,34 @@ fn pay_peer(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Pays `cents` to the listening wallet `peer` (see `--peer`): the channel, then the exchange.
+/// A peer given without its address is confirmed on the terminal when `ask` (the CLI), and
+/// refused otherwise (the web wallet: the payee's key must be pinned).
+pub(crate) fn pay_a_peer(
+    store: &FileStore,
+    peer: &str,
+    cents: u64,
+    discover_secs: u64,
+    ask: bool,
+) -> Result<(PublicKey, florin_wallet::peer::PeerPaid)> {
+    let (addr, expected) = resolve(peer, Duration::from_secs(discover_secs))?;
+    if expected.is_none() && !ask {
+        bail!("give the payee's address (ADDRESS@HOST:PORT, or ADDRESS to find it nearby), not only where it listens");
+    }
+    let mut w = store.load()?;
+    let cfg = ChannelConfig::default();
+    let ch = connect(addr, w.signer(), expected, &cfg)
+        .with_context(|| format!("cannot open a secure channel to {addr}"))?;
+    let payee = ch.peer();
+    if expected.is_none() {
+        confirm_unnamed_peer(addr, &payee, cents)?;
+    }
+    let mut ch = PeerChannel(ch);
+    let r =
+        florin_wallet::peer::pay_peer(&mut w, store, &mut ch, cents, &|n| tracing::info!("{n}"))?;
+    Ok((payee, r))
 }
 
 /// Prints one event as one line. Each line is written under the stdout lock, so events told by
@@ -670,6 +687,28 @@ fn listen_loop(
         (Arc::new(w.signer().clone()), w.public_key())
     };
     let listener = TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    listen_on(
+        store,
+        json,
+        listener,
+        (signer, key),
+        count,
+        no_announce,
+        None,
+    )
+}
+
+/// [`listen_loop`] on a bound `listener` as the wallet `(signer, key)`, until `count` payments,
+/// or `until` has passed (the web wallet's listener), or the wallet fails.
+pub(crate) fn listen_on(
+    store: &FileStore,
+    json: bool,
+    listener: TcpListener,
+    (signer, key): (Arc<LocalSigner>, PublicKey),
+    count: Option<usize>,
+    no_announce: bool,
+    until: Option<Duration>,
+) -> Result<ExitCode> {
     let at = listener.local_addr()?;
     let _announce = if no_announce {
         None
@@ -703,8 +742,15 @@ fn listen_loop(
             .spawn(move || accept_loop(&shared, &listener, &signer, &store, json))
             .context("cannot start the listener")?;
     }
-    // Until `--count` is reached or the wallet fails (or forever).
-    let _ = rx.recv();
+    // Until `--count` is reached or the wallet fails (or forever, or `until`).
+    match until {
+        Some(d) => {
+            let _ = rx.recv_timeout(d);
+        }
+        None => {
+            let _ = rx.recv();
+        }
+    }
     shared.stop.store(true, Ordering::SeqCst);
     for (_, s) in locked(&shared.handshakes).drain(..) {
         let _ = s.shutdown(Shutdown::Both);

@@ -51,6 +51,8 @@ const BODY_LIMIT: usize = 4 << 20;
 const SESSION_HEADER: &str = "x-florin-session";
 
 struct Ctx {
+    /// The device-channel listener the page started, if one runs: (peer string, until, ended).
+    listening: std::sync::Mutex<Option<Listening>>,
     store: FileStore,
     wallet: PathBuf,
     node: String,
@@ -105,6 +107,7 @@ pub fn run(
         ];
         let url = format!("http://{at}/#{token}");
         let ctx = Arc::new(Ctx {
+            listening: std::sync::Mutex::new(None),
             store,
             wallet,
             node,
@@ -285,6 +288,32 @@ struct PayRequest {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct PeerPay {
+    /// ADDRESS@HOST:PORT, or ADDRESS to find the payee on the local network.
+    peer: String,
+    amount: String,
+}
+
+type Listening = (
+    String,
+    std::time::Instant,
+    Arc<std::sync::atomic::AtomicBool>,
+);
+
+/// The peer string of the listener still running, if one is.
+fn live(l: &Option<Listening>) -> Option<String> {
+    l.as_ref()
+        .filter(|(_, until, ended)| {
+            std::time::Instant::now() < *until && !ended.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .map(|(peer, _, _)| peer.clone())
+}
+
+/// How long a listener the page starts waits for its payer.
+const LISTEN_SECS: u64 = 120;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DepositArgs {
     #[serde(default)]
     reanchor: bool,
@@ -357,6 +386,7 @@ fn state(ctx: &Ctx, w: &Wallet) -> Value {
         "withdrawals_waiting": w.awaiting_tokens().len(),
         "open_requests": requests,
         "history": history,
+        "listening": ctx.listening.lock().ok().and_then(|l| live(&l)),
         "has_backup_words": w.backup_words().is_some(),
     })
 }
@@ -482,6 +512,68 @@ fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
             let got = w.accept(&p, &mut OsRng)?;
             store.save(&w)?;
             json!({ "accepted_cents": got })
+        }
+        "pay_peer" => {
+            let a: PeerPay = parse(input)?;
+            let cents = parse_euros(&a.amount)?;
+            if cents == 0 {
+                bail!("pay more than €0");
+            }
+            // The exchange takes the wallet's lock itself, per change.
+            drop(w);
+            drop(_lock);
+            let (payee, r) = crate::offline_cmd::pay_a_peer(store, a.peer.trim(), cents, 3, false)?;
+            let w = store.load()?;
+            return Ok(json!({
+                "result": { "payee": payee.to_address(), "amount_cents": r.paid_cents, "tokens": r.tokens },
+                "state": state(ctx, &w),
+            }));
+        }
+        "listen" => {
+            // One listener at a time, on loopback, for one payment or LISTEN_SECS.
+            let mut slot = ctx
+                .listening
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(peer) = live(&slot) {
+                return Ok(
+                    json!({ "result": { "peer": peer, "already": true }, "state": state(ctx, &w) }),
+                );
+            }
+            if w.authority().is_none() {
+                online(&mut w)?;
+                store.save(&w)?;
+            }
+            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let at = listener.local_addr()?;
+            let peer = format!("{}@{at}", w.public_key().to_address());
+            let signer = (Arc::new(w.signer().clone()), w.public_key());
+            let until = std::time::Duration::from_secs(LISTEN_SECS);
+            let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            *slot = Some((
+                peer.clone(),
+                std::time::Instant::now() + until,
+                ended.clone(),
+            ));
+            let store = store.clone();
+            std::thread::Builder::new()
+                .name("florin-web-listen".into())
+                .spawn(move || {
+                    if let Err(e) = crate::offline_cmd::listen_on(
+                        &store,
+                        true,
+                        listener,
+                        signer,
+                        Some(1),
+                        true,
+                        Some(until),
+                    ) {
+                        tracing::warn!("the page's listener stopped: {e:#}");
+                    }
+                    ended.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+                .context("cannot start the listener")?;
+            json!({ "peer": peer, "seconds": LISTEN_SECS })
         }
         "backup" => {
             let Some(words) = w.backup_words() else {
