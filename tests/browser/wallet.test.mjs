@@ -23,6 +23,7 @@ let serve;
 let pageUrl;
 let browser;
 let page;
+let bobListen;
 const problems = [];
 const confirmed = [];
 
@@ -109,6 +110,7 @@ before(async () => {
 });
 
 after(async () => {
+  if (bobListen) await stop(bobListen);
   if (browser) await browser.close();
   await stop(serve);
   await stop(devnet);
@@ -168,24 +170,35 @@ test('the web wallet funds, pays, requests and pays by QR, withdraws and deposit
   assert.equal(await cents('offline'), 0);
   assert.equal(await cents('online'), before + 500);
 
-  // Nearby wallets over the device channel: the page listens and bob pays it; then bob
-  // listens and the page pays him.
+  // Nearby wallets over the device channel: the page listens and bob pays it (a second click
+  // shows the same listener); then bob listens and the page pays him.
   await mustClick('listen');
   const listening = (await page.textContent('#listening')).match(/as (\S+)/)[1];
   assert.ok(listening.startsWith(address + '@127.0.0.1:'), listening);
+  assert.match(await mustClick('listen'), /waiting for a payment at/);
+  assert.equal((await page.textContent('#listening')).match(/as (\S+)/)[1], listening);
   const paidPeer = bob('offline', 'pay', '1.50', '--peer', listening);
   assert.equal(paidPeer.amount_cents, 150, JSON.stringify(paidPeer));
-  await page.waitForFunction(() => document.getElementById('offline').textContent === '€1.50', null, { timeout: 30_000 });
-  const bobListen = spawn(BIN, ['wallet', '--wallet', 'bob.json', '--json', 'offline', 'listen', '--listen', '127.0.0.1:0', '--count', '1', '--no-announce'], {
+  await page.waitForFunction(() => document.getElementById('offline').textContent === '€1.50', null, { timeout: 60_000 });
+  await page.waitForFunction(() => document.getElementById('listening').textContent === '', null, { timeout: 90_000 });
+  // A payee given only as HOST:PORT is refused (the page cannot confirm an unpinned key).
+  await page.fill('#peer', '127.0.0.1:9');
+  await page.fill('#peer-amount', '1');
+  const unpinned = await click('pay-peer');
+  assert.ok(!unpinned.ok && /address/.test(unpinned.status), unpinned.status);
+  bobListen = spawn(BIN, ['wallet', '--wallet', 'bob.json', '--json', 'offline', 'listen', '--listen', '127.0.0.1:0', '--count', '1', '--no-announce'], {
     cwd: dir,
     env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem') },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  const bobDone = new Promise((r) => bobListen.once('exit', r));
+  let bobOut = '';
+  const bobOfflineBefore = bob('balance').offline_cents;
   const bobAt = await new Promise((resolve, reject) => {
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('bob did not listen')), 30_000);
+    const timer = setTimeout(() => reject(new Error('bob did not listen')), 60_000);
     bobListen.stdout.on('data', (d) => {
-      out += d;
+      bobOut += d;
+      const out = bobOut;
       const m = /"at":\s*"([^"]+)"/.exec(out);
       if (m) { clearTimeout(timer); resolve(m[1]); }
     });
@@ -195,7 +208,8 @@ test('the web wallet funds, pays, requests and pays by QR, withdraws and deposit
   await page.fill('#peer-amount', '2');
   await mustClick('pay-peer');
   assert.equal(await cents('verified'), verifiedBefore - 200);
-  await new Promise((r) => bobListen.once('exit', r));
+  assert.equal(await bobDone, 0, 'bob took one payment and ended');
+  assert.equal(bob('balance').offline_cents, bobOfflineBefore + 200, 'bob holds what the page paid: ' + bobOut);
 
   // The backup words, on request.
   await mustClick('backup');

@@ -165,25 +165,34 @@ function payRequestResult(r) {
   return 'signed ' + euros(r.amount_cents) + ' to ' + r.payee.slice(0, 16) + '…: show the code(s) to the payee';
 }
 
-// While a listener runs, the balance and history follow what it receives.
-let polling = null;
+// While a listener runs, the balance and history follow what it receives: one request at a
+// time, stopping when the listener ends or after three failures in a row.
+let polling = false;
 function poll() {
   if (polling) return;
-  polling = setInterval(async () => {
+  polling = true;
+  let failures = 0;
+  const tick = async () => {
     try {
       const r = await fetch('/api/state', { method: 'POST', cache: 'no-store', headers: { 'content-type': 'application/json', 'x-florin-session': session() }, body: '{}' });
-      const v = await r.json();
+      const v = r.ok ? await r.json() : null;
       if (v && v.state) {
+        failures = 0;
         render(v.state);
-        if (!v.state.listening) { clearInterval(polling); polling = null; }
-      }
-    } catch (_) { /* the next tick tries again */ }
-  }, 1000);
+        if (!v.state.listening) { polling = false; return; }
+      } else if (++failures >= 3) { polling = false; return; }
+    } catch (_) {
+      if (++failures >= 3) { polling = false; return; }
+    }
+    setTimeout(tick, 1000);
+  };
+  setTimeout(tick, 1000);
 }
 
 document.addEventListener('DOMContentLoaded', () => {
   session();
-  call('state').catch((e) => say((e.code ? e.code + ': ' : '') + e.message, false));
+  call('state').then(() => { if ($('listening').textContent) poll(); })
+    .catch((e) => say((e.code ? e.code + ': ' : '') + e.message, false));
   action('sync', async () => { const r = await call('sync'); return 'received ' + euros(r.received_cents) + ' on the ledger, ' + euros(r.withdrawn_cents) + ' as tokens'; });
   action('faucet-btn', async () => { const r = await call('faucet', { amount: $('faucet-amount').value }); return 'received ' + euros(r.received_cents) + ' from the faucet'; });
   action('pay', async () => {
@@ -213,7 +222,15 @@ document.addEventListener('DOMContentLoaded', () => {
   });
   action('pay-peer', async () => {
     const r = await call('pay_peer', { peer: $('peer').value, amount: $('peer-amount').value });
-    return 'paid ' + euros(r.amount_cents) + ' with ' + r.tokens + ' tokens to ' + r.payee.slice(0, 16) + '…; receipt received';
+    const parts = [];
+    if (r.resumed_cents.length) parts.push('finished ' + r.resumed_cents.length + ' interrupted payment(s)');
+    for (const f of r.refused) parts.push(euros(f.amount_cents) + ' refused: ' + f.reason);
+    if (r.amount_cents > 0) parts.push('paid ' + euros(r.amount_cents) + ' with ' + r.tokens + ' tokens to ' + r.payee.slice(0, 16) + '…; receipt received');
+    return parts.join('; ') || 'nothing paid';
+  });
+  action('cancel-requests', async () => {
+    const r = await call('cancel_requests');
+    return 'cancelled ' + r.cancelled + ' open request(s)';
   });
   action('backup', async () => {
     const r = await call('backup');

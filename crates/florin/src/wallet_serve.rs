@@ -51,6 +51,8 @@ const BODY_LIMIT: usize = 4 << 20;
 const SESSION_HEADER: &str = "x-florin-session";
 
 struct Ctx {
+    /// Print the listener's events as JSON lines (`--json`).
+    json: bool,
     /// The device-channel listener the page started, if one runs: (peer string, until, ended).
     listening: std::sync::Mutex<Option<Listening>>,
     store: FileStore,
@@ -107,6 +109,7 @@ pub fn run(
         ];
         let url = format!("http://{at}/#{token}");
         let ctx = Arc::new(Ctx {
+            json,
             listening: std::sync::Mutex::new(None),
             store,
             wallet,
@@ -300,7 +303,8 @@ type Listening = (
     Arc<std::sync::atomic::AtomicBool>,
 );
 
-/// The peer string of the listener still running, if one is.
+/// The peer string of the listener still running, if one is (its thread has not ended, and
+/// its time with the drain after it has not passed).
 fn live(l: &Option<Listening>) -> Option<String> {
     l.as_ref()
         .filter(|(_, until, ended)| {
@@ -308,6 +312,25 @@ fn live(l: &Option<Listening>) -> Option<String> {
         })
         .map(|(peer, _, _)| peer.clone())
 }
+
+/// The listener slot, whatever a panicking holder left.
+fn lock_listening(ctx: &Ctx) -> std::sync::MutexGuard<'_, Option<Listening>> {
+    ctx.listening
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sets the flag when dropped: a listener thread's end, however it ends.
+struct Ended(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How long a listener may still finish sessions after its time (its drain).
+const LISTEN_DRAIN: std::time::Duration = std::time::Duration::from_secs(40);
 
 /// How long a listener the page starts waits for its payer.
 const LISTEN_SECS: u64 = 120;
@@ -386,7 +409,7 @@ fn state(ctx: &Ctx, w: &Wallet) -> Value {
         "withdrawals_waiting": w.awaiting_tokens().len(),
         "open_requests": requests,
         "history": history,
-        "listening": ctx.listening.lock().ok().and_then(|l| live(&l)),
+        "listening": live(&lock_listening(ctx)),
         "has_backup_words": w.backup_words().is_some(),
     })
 }
@@ -519,61 +542,78 @@ fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
             if cents == 0 {
                 bail!("pay more than €0");
             }
-            // The exchange takes the wallet's lock itself, per change.
+            // Under this request's wallet lock, as `offline pay --peer` holds it: nothing else
+            // (another tab, the CLI, this page's listener) changes the wallet mid-exchange.
             drop(w);
-            drop(_lock);
-            let (payee, r) = crate::offline_cmd::pay_a_peer(store, a.peer.trim(), cents, 3, false)?;
-            let w = store.load()?;
-            return Ok(json!({
-                "result": { "payee": payee.to_address(), "amount_cents": r.paid_cents, "tokens": r.tokens },
-                "state": state(ctx, &w),
-            }));
+            let (payee, r) =
+                crate::offline_cmd::pay_a_peer(store, a.peer.trim(), cents, 3, false)?;
+            let refused: Vec<Value> = r
+                .refused
+                .iter()
+                .map(|(c, why)| json!({ "amount_cents": c, "reason": why }))
+                .collect();
+            json!({
+                "payee": payee.to_address(),
+                "amount_cents": r.paid_cents,
+                "tokens": r.tokens,
+                "resumed_cents": r.resumed,
+                "refused": refused,
+            })
         }
         "listen" => {
             // One listener at a time, on loopback, for one payment or LISTEN_SECS.
-            let mut slot = ctx
-                .listening
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(peer) = live(&slot) {
-                return Ok(
-                    json!({ "result": { "peer": peer, "already": true }, "state": state(ctx, &w) }),
-                );
+            let running = live(&lock_listening(ctx));
+            match running {
+                Some(peer) => json!({ "peer": peer, "already": true }),
+                None => {
+                    if w.authority().is_none() {
+                        online(&mut w)?;
+                        store.save(&w)?;
+                    }
+                    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+                    let at = listener.local_addr()?;
+                    let peer = format!("{}@{at}", w.public_key().to_address());
+                    let signer = (Arc::new(w.signer().clone()), w.public_key());
+                    let until = std::time::Duration::from_secs(LISTEN_SECS);
+                    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let guard = Ended(ended.clone());
+                    let (store, json) = (store.clone(), ctx.json);
+                    std::thread::Builder::new()
+                        .name("florin-web-listen".into())
+                        .spawn(move || {
+                            // Marks the listener ended however the thread ends (a panic too).
+                            let _guard = guard;
+                            if let Err(e) = crate::offline_cmd::listen_on(
+                                &store,
+                                json,
+                                listener,
+                                signer,
+                                Some(1),
+                                true,
+                                Some(until),
+                            ) {
+                                tracing::warn!("the page's listener stopped: {e:#}");
+                            }
+                        })
+                        .context("cannot start the listener")?;
+                    // Shown only once the listener runs.
+                    *lock_listening(ctx) = Some((
+                        peer.clone(),
+                        std::time::Instant::now() + until + LISTEN_DRAIN,
+                        ended,
+                    ));
+                    json!({ "peer": peer, "seconds": LISTEN_SECS })
+                }
             }
-            if w.authority().is_none() {
-                online(&mut w)?;
+        }
+        "cancel_requests" => {
+            // Requests a stranger asked of the page's listener and never paid hold back the
+            // offline limit: the user may cancel them (a payer who signed for one is refused).
+            let n = w.cancel_requests(None);
+            if n > 0 {
                 store.save(&w)?;
             }
-            let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-            let at = listener.local_addr()?;
-            let peer = format!("{}@{at}", w.public_key().to_address());
-            let signer = (Arc::new(w.signer().clone()), w.public_key());
-            let until = std::time::Duration::from_secs(LISTEN_SECS);
-            let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            *slot = Some((
-                peer.clone(),
-                std::time::Instant::now() + until,
-                ended.clone(),
-            ));
-            let store = store.clone();
-            std::thread::Builder::new()
-                .name("florin-web-listen".into())
-                .spawn(move || {
-                    if let Err(e) = crate::offline_cmd::listen_on(
-                        &store,
-                        true,
-                        listener,
-                        signer,
-                        Some(1),
-                        true,
-                        Some(until),
-                    ) {
-                        tracing::warn!("the page's listener stopped: {e:#}");
-                    }
-                    ended.store(true, std::sync::atomic::Ordering::SeqCst);
-                })
-                .context("cannot start the listener")?;
-            json!({ "peer": peer, "seconds": LISTEN_SECS })
+            json!({ "cancelled": n })
         }
         "backup" => {
             let Some(words) = w.backup_words() else {
