@@ -73,12 +73,11 @@ const cents = async (id) => Math.round(parseFloat((await page.textContent('#' + 
 
 before(async () => {
   ({ proc: devnet, url } = await startDevnet(data, []));
-  const created = web('new');
-  assert.equal(created.encrypted, true);
+  // The web wallet is created in the page (below); bob with the CLI.
   bob('new', '--no-passphrase');
   serve = spawn(BIN, ['wallet', '--wallet', 'web.json', '--json', 'serve', '--listen', '127.0.0.1:0'], {
     cwd: dir,
-    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem'), FLORIN_WALLET_PASSPHRASE: PASS },
+    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem') },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let err = '';
@@ -119,7 +118,20 @@ after(async () => {
 
 test('the web wallet funds, pays, requests and pays by QR, withdraws and deposits', async () => {
   await page.goto(pageUrl);
+  // No wallet yet: the page creates it, encrypted under the passphrase typed there.
+  await page.waitForSelector('#setup:not([hidden])');
+  await page.fill('#new-pass', 'short');
+  await page.fill('#new-pass2', 'short');
+  const weak = await click('create');
+  assert.ok(!weak.ok && /8 characters/.test(weak.status), weak.status);
+  await page.fill('#new-pass', PASS);
+  await page.fill('#new-pass2', PASS);
+  await mustClick('create');
+  const shownWords = (await page.textContent('#words')).trim().split(/\s+/);
+  assert.equal(shownWords.length, 12);
+  assert.ok(await page.isHidden('#setup'));
   const address = web('address').address;
+  assert.equal(web('address').verified, true, 'the CLI opens the page-made file with the same passphrase');
   await page.waitForFunction((a) => document.getElementById('who').textContent.startsWith(a), address);
   assert.equal(new URL(page.url()).hash, '', 'the session key leaves the address bar');
 

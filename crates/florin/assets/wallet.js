@@ -57,6 +57,12 @@ async function call(op, body) {
 
 function render(s) {
   if (!s) return;
+  $('setup').hidden = !s.needs_wallet;
+  $('main').hidden = !!s.needs_wallet;
+  if (s.needs_wallet) {
+    $('who').textContent = 'no wallet at ' + s.wallet + ' yet · node ' + s.node;
+    return;
+  }
   $('who').textContent = s.address + ' · ' + s.wallet + (s.encrypted ? ' (encrypted)' : ' (NOT encrypted)') + ' · node ' + s.node;
   const b = s.balance;
   $('online').textContent = euros(b.online_cents);
@@ -231,6 +237,15 @@ document.addEventListener('DOMContentLoaded', () => {
   action('cancel-requests', async () => {
     const r = await call('cancel_requests');
     return 'cancelled ' + r.cancelled + ' open request(s)';
+  });
+  action('create', async () => {
+    const none = $('no-pass').checked;
+    if (!none && $('new-pass').value !== $('new-pass2').value) throw new Error('the two passphrases differ');
+    const r = await call('create', { passphrase: none ? '' : $('new-pass').value, no_passphrase: none });
+    $('new-pass').value = '';
+    $('new-pass2').value = '';
+    $('words').textContent = r.backup_words;
+    return 'created: write down the 12 backup words shown under "Backup words" and keep them offline';
   });
   action('backup', async () => {
     const r = await call('backup');

@@ -888,7 +888,7 @@ fn deposit(
     Ok(ExitCode::SUCCESS)
 }
 
-fn fetch_authority(node: &str, trust: &Trust) -> Result<PublicKey> {
+pub(crate) fn fetch_authority(node: &str, trust: &Trust) -> Result<PublicKey> {
     let client = trust.node(node)?;
     Ok(runtime()?.block_on(florin_wallet::Connector::authority(&client))?)
 }

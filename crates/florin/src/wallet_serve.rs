@@ -76,8 +76,9 @@ pub fn run(
         bail!("the wallet page is served on loopback only (127.0.0.1 or ::1): its keys are in this process");
     }
     // Opened once now: an encrypted file asks for its passphrase here, on the terminal, and
-    // the key stays in this process for the requests that follow.
-    {
+    // the key stays in this process for the requests that follow. Without a file the page
+    // offers to create one (its words shown once, its passphrase typed in the page).
+    if wallet.exists() {
         let _lock = store.lock()?;
         store.load()?;
     }
@@ -411,6 +412,7 @@ fn state(ctx: &Ctx, w: &Wallet) -> Value {
         "history": history,
         "listening": live(&lock_listening(ctx)),
         "has_backup_words": w.backup_words().is_some(),
+        "needs_wallet": false,
     })
 }
 
@@ -418,6 +420,9 @@ fn state(ctx: &Ctx, w: &Wallet) -> Value {
 fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
     let store = &ctx.store;
     let _lock = store.lock()?;
+    if !ctx.wallet.exists() {
+        return create(ctx, op, input);
+    }
     let mut w = store.load()?;
     let online = |w: &mut Wallet| -> Result<()> {
         crate::wallet_cmd::ensure_authority(w, &ctx.node, &ctx.trust)
@@ -545,8 +550,7 @@ fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
             // Under this request's wallet lock, as `offline pay --peer` holds it: nothing else
             // (another tab, the CLI, this page's listener) changes the wallet mid-exchange.
             drop(w);
-            let (payee, r) =
-                crate::offline_cmd::pay_a_peer(store, a.peer.trim(), cents, 3, false)?;
+            let (payee, r) = crate::offline_cmd::pay_a_peer(store, a.peer.trim(), cents, 3, false)?;
             let refused: Vec<Value> = r
                 .refused
                 .iter()
@@ -625,6 +629,55 @@ fn operate(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
     };
     let w = store.load()?;
     Ok(json!({ "result": out, "state": state(ctx, &w) }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Create {
+    /// The file's passphrase (ignored with `no_passphrase`).
+    #[serde(default)]
+    passphrase: String,
+    /// Store the file unencrypted (demos).
+    #[serde(default)]
+    no_passphrase: bool,
+}
+
+/// Shortest passphrase the page accepts for a new file.
+const MIN_PASSPHRASE: usize = 8;
+
+/// Before a wallet exists: `state` says so, `create` makes one (under the request's lock).
+fn create(ctx: &Ctx, op: &str, input: Value) -> Result<Value> {
+    let needs = json!({ "needs_wallet": true, "wallet": ctx.wallet.display().to_string(), "node": ctx.node });
+    match op {
+        "state" => Ok(json!({ "result": {}, "state": needs })),
+        "create" => {
+            let a: Create = parse(input)?;
+            let passphrase = zeroize::Zeroizing::new(a.passphrase);
+            if a.no_passphrase {
+                ctx.store.write_plain();
+            } else {
+                if passphrase.chars().count() < MIN_PASSPHRASE {
+                    bail!("a passphrase of at least {MIN_PASSPHRASE} characters, or no passphrase (demos only)");
+                }
+                ctx.store.encrypt_with(&passphrase)?;
+            }
+            let authority = crate::wallet_cmd::fetch_authority(&ctx.node, &ctx.trust).ok();
+            let w = Wallet::generate(&mut OsRng, authority);
+            ctx.store.create(&w)?;
+            let words = w
+                .backup_words()
+                .map(|b| zeroize::Zeroizing::new(b.phrase().to_string()))
+                .unwrap_or_default();
+            Ok(json!({
+                "result": { "backup_words": words.as_str(), "encrypted": !a.no_passphrase },
+                "state": state(ctx, &w),
+            }))
+        }
+        _ => bail!(
+            "there is no wallet at {} yet: create one first",
+            ctx.wallet.display()
+        ),
+    }
 }
 
 /// An operation the page does not have.
