@@ -1,15 +1,17 @@
 // The console on a small cluster's sentinel, in a real browser: every Raft group with its
-// replicas (state, leader, term, lag, host address), the audit and a payment; then a replica is
-// killed for real and the console shows it down while its group stays healthy.
+// replicas (state, leader, term, lag, host address), the audit and a payment; the web wallet
+// against the cluster; then a replica is killed for real and the console shows it down while
+// its group stays healthy.
 // Run by scripts/browser-test.sh (FLORIN_BIN, OUT_DIR, PLAYWRIGHT_CORE, CHROMIUM set there).
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { OUT, florinAt, openPage } from './helpers.mjs';
+import { BIN, OUT, florinAt, openPage, stop } from './helpers.mjs';
 
 const dir = mkdtempSync(join(tmpdir(), 'florin-cluster-console-'));
 const data = join(dir, 'cluster');
@@ -17,6 +19,7 @@ let url;
 let browser;
 let page;
 let up = false;
+let serve;
 const problems = [];
 
 const florin = (...args) => florinAt(dir, url, join(data, 'tls', 'ca.pem'),
@@ -49,6 +52,7 @@ before(async () => {
 });
 
 after(async () => {
+  if (serve) await stop(serve);
   if (browser) await browser.close();
   if (up) { try { florin('cluster', 'down', '--data', data); } catch (e) { console.error(String(e)); } }
   rmSync(dir, { recursive: true, force: true });
@@ -89,6 +93,44 @@ test('a sentinel\'s console shows every group, each with one leader, and a payme
   await page.waitForFunction((txid) => document.getElementById('recent').textContent.includes(txid), paid.txid, { timeout: 15_000 });
   await page.waitForFunction(() => document.getElementById('balanced').textContent === 'balanced', null, { timeout: 15_000 });
   await page.screenshot({ path: join(OUT, 'cluster-console.png'), fullPage: true });
+});
+
+test('the web wallet works against the cluster: its balance, a payment through the sentinel', async () => {
+  serve = spawn(BIN, ['wallet', '--wallet', 'a', '--json', 'serve', '--listen', '127.0.0.1:0'], {
+    cwd: dir,
+    env: { ...process.env, FLORIN_NODE: url, FLORIN_CA_CERT: join(data, 'tls', 'ca.pem') },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const pageUrl = await new Promise((resolve, reject) => {
+    let out = '';
+    const timer = setTimeout(() => reject(new Error('serve did not start')), 60_000);
+    serve.stdout.on('data', (d) => {
+      out += d;
+      const m = /"url":\s*"([^"]+)"/.exec(out);
+      if (m) { clearTimeout(timer); resolve(m[1]); }
+    });
+  });
+  const wallet = await browser.newPage();
+  wallet.on('pageerror', (e) => problems.push('wallet page error: ' + e.message));
+  await wallet.goto(pageUrl);
+  const online = () => wallet.textContent('#online');
+  await wallet.waitForFunction(() => document.getElementById('online').textContent !== '—');
+  const before = florin('wallet', '--wallet', 'a', '--json', 'balance').online_cents;
+  assert.equal(await online(), '€' + (before / 100).toFixed(2));
+  const b = florin('wallet', '--wallet', 'b', '--json', 'address').address;
+  // b collects the first test's payment first: what it collects next is the page's alone.
+  florin('wallet', '--wallet', 'b', '--json', 'sync');
+  await wallet.fill('#pay-address', b);
+  await wallet.fill('#pay-amount', '0.50');
+  await wallet.click('#pay');
+  await wallet.waitForFunction(() => document.getElementById('status').textContent !== 'working…', null, { timeout: 60_000 });
+  assert.equal(await wallet.getAttribute('#status', 'class'), 'ok', await wallet.textContent('#status'));
+  assert.equal(await online(), '€' + ((before - 50) / 100).toFixed(2));
+  assert.equal(florin('wallet', '--wallet', 'b', '--json', 'sync').received_cents, 50);
+  await wallet.screenshot({ path: join(OUT, 'cluster-wallet.png'), fullPage: true });
+  await wallet.close();
+  await stop(serve);
+  serve = null;
 });
 
 test('a replica killed for real shows down; its group keeps a leader and stays healthy', async () => {
