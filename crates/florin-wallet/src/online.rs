@@ -136,14 +136,12 @@ fn note_body(entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
     out
 }
 
-fn note_tag(key: &[u8; 32], body: &[u8]) -> [u8; 32] {
+/// The note's MAC over `body` (`None` never happens: HMAC takes keys of any length).
+fn note_mac(key: &[u8; 32], body: &[u8]) -> Option<hmac::Hmac<sha2::Sha256>> {
     use hmac::Mac;
-    let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(key) else {
-        // HMAC takes keys of any length.
-        return [0; 32];
-    };
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).ok()?;
     mac.update(body);
-    mac.finalize().into_bytes().into()
+    Some(mac)
 }
 
 /// Encodes a restore note, authenticated under `key` (HMAC-SHA-256 with a key only the
@@ -152,7 +150,10 @@ fn note_tag(key: &[u8; 32], body: &[u8]) -> [u8; 32] {
 pub fn encode_note(key: &[u8; 32], entries: &[(Option<u64>, Utxo)]) -> Vec<u8> {
     let body = note_body(entries);
     let mut out = vec![NOTE_VERSION];
-    out.extend_from_slice(&note_tag(key, &body));
+    let tag: [u8; 32] = note_mac(key, &body)
+        .map(|m| hmac::Mac::finalize(m).into_bytes().into())
+        .unwrap_or_default();
+    out.extend_from_slice(&tag);
     out.extend_from_slice(&body);
     out
 }
@@ -169,10 +170,8 @@ pub fn decode_note(key: &[u8; 32], b: &[u8]) -> Option<NoteEntries> {
     if n > NOTE_MAX_OUTPUTS || body.len() != 2 + n * NOTE_ENTRY {
         return None;
     }
-    let want = note_tag(key, body);
-    if want.iter().zip(tag).fold(0u8, |a, (x, y)| a | (x ^ y)) != 0 {
-        return None;
-    }
+    // The library's constant-time comparison.
+    hmac::Mac::verify_slice(note_mac(key, body)?, tag).ok()?;
     body[2..]
         .chunks(NOTE_ENTRY)
         .map(|c| {
