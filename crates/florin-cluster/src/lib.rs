@@ -11,6 +11,7 @@
 //!
 //! Nothing here opens a socket: the services in `florin-node` carry the commands.
 
+pub mod atomizer;
 pub mod coordinator;
 pub mod raft;
 pub mod route;

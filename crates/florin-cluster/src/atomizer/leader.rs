@@ -1,0 +1,235 @@
+//! What the atomizer group's leader does beside its state machine, as a pure event machine: it
+//! gathers the attestations shards send into [`AtomCmd::Step`]s (one replicated at a time, so
+//! steps commit in the order they were made), seals a block every
+//! [`LeaderConfig::block_every`], and sends every sealed block to every shard until the shard
+//! says it has applied it. Blocks come from the block log (what [`LeaderOutput::SendBlocks`]
+//! names is read there by the caller), so a shard that fell behind, or a new leader that does
+//! not know how far each shard got, catches up by replaying blocks.
+
+use super::machine::AtomCmd;
+use super::{Attestation, Height};
+use crate::route::ShardId;
+
+/// Timing and batching.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderConfig {
+    /// Seal the open block this often (the caller's clock units, e.g. ms).
+    pub block_every: u64,
+    /// Send unacknowledged blocks again after this long.
+    pub resend_after: u64,
+    /// Most attestations in one step.
+    pub max_step: usize,
+    /// Most attestations waiting for a step (more are dropped: their sentinels try again).
+    pub max_buffer: usize,
+    /// Most blocks sent to a shard at once.
+    pub max_send: u64,
+}
+
+impl Default for LeaderConfig {
+    fn default() -> Self {
+        LeaderConfig {
+            block_every: 20,
+            resend_after: 500,
+            max_step: 1 << 16,
+            max_buffer: 1 << 20,
+            max_send: 64,
+        }
+    }
+}
+
+/// An event for the leader.
+#[derive(Debug, Clone)]
+pub enum LeaderInput {
+    /// Attestations from a shard.
+    Attest(Vec<Attestation>),
+    /// The clock: `ms` in the caller's units, `wall` in Unix seconds (for the atomizer's clock).
+    Tick {
+        /// Monotonic time.
+        ms: u64,
+        /// Wall-clock seconds.
+        wall: u64,
+    },
+    /// The last [`LeaderOutput::Replicate`] step is committed and applied: the atomizer's
+    /// height is now this.
+    Replicated(Height),
+    /// The step could not be replicated (this replica no longer leads): nothing more is sent.
+    Failed,
+    /// A shard's height, from its answer to blocks sent.
+    ShardAt {
+        /// The shard.
+        shard: ShardId,
+        /// The last block it has applied.
+        height: Height,
+    },
+}
+
+/// A command from the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderOutput {
+    /// Replicate this step, then feed back [`LeaderInput::Replicated`] with the height after it.
+    Replicate(AtomCmd),
+    /// Send shard `shard` the blocks `from..=to` from the block log, in order; feed its answer
+    /// back as [`LeaderInput::ShardAt`].
+    SendBlocks {
+        /// The shard.
+        shard: ShardId,
+        /// The first block.
+        from: Height,
+        /// The last block.
+        to: Height,
+    },
+}
+
+/// The atomizer group's leader.
+#[derive(Debug)]
+pub struct AtomizerLeader {
+    cfg: LeaderConfig,
+    buffer: Vec<Attestation>,
+    replicating: bool,
+    stopped: bool,
+    /// Attestations stepped since the last seal.
+    dirty: bool,
+    last_seal: u64,
+    height: Height,
+    /// What each shard last said it has applied (`None`: not heard from since this leader
+    /// began), and when blocks were last sent to it.
+    shards: Vec<(Option<Height>, Option<u64>)>,
+    ms: u64,
+    dropped: u64,
+}
+
+impl AtomizerLeader {
+    /// A leader of an atomizer at `height` (its state machine's), sending blocks to `shards`
+    /// shards.
+    pub fn new(cfg: LeaderConfig, height: Height, shards: usize) -> AtomizerLeader {
+        AtomizerLeader {
+            cfg,
+            buffer: Vec::new(),
+            replicating: false,
+            stopped: false,
+            // Anything left open by an earlier leader is sealed at the first tick.
+            dirty: true,
+            last_seal: 0,
+            height,
+            shards: vec![(None, None); shards],
+            ms: 0,
+            dropped: 0,
+        }
+    }
+
+    /// The atomizer's height as this leader knows it.
+    pub fn height(&self) -> Height {
+        self.height
+    }
+
+    /// Attestations waiting for a step, and how many were dropped for want of room.
+    pub fn buffered(&self) -> (usize, u64) {
+        (self.buffer.len(), self.dropped)
+    }
+
+    /// The lowest height a shard has said it applied (`None` until every shard has spoken).
+    pub fn slowest_shard(&self) -> Option<Height> {
+        self.shards.iter().map(|s| s.0).min().flatten()
+    }
+
+    /// Handles one event.
+    pub fn handle(&mut self, input: LeaderInput) -> Vec<LeaderOutput> {
+        let mut out = Vec::new();
+        if self.stopped {
+            return out;
+        }
+        match input {
+            LeaderInput::Attest(a) => {
+                let room = self.cfg.max_buffer.saturating_sub(self.buffer.len());
+                self.dropped += a.len().saturating_sub(room) as u64;
+                self.buffer.extend(a.into_iter().take(room));
+            }
+            LeaderInput::Tick { ms, wall } => {
+                self.ms = self.ms.max(ms);
+                self.step(wall, &mut out);
+                for s in 0..self.shards.len() {
+                    let due = match self.shards[s].1 {
+                        None => true,
+                        Some(at) => self.ms.saturating_sub(at) >= self.cfg.resend_after,
+                    };
+                    if due {
+                        self.send(s, &mut out);
+                    }
+                }
+            }
+            LeaderInput::Replicated(h) => {
+                self.replicating = false;
+                if h > self.height {
+                    self.height = h;
+                    for s in 0..self.shards.len() {
+                        self.send(s, &mut out);
+                    }
+                }
+            }
+            LeaderInput::Failed => {
+                self.stopped = true;
+                self.buffer.clear();
+            }
+            LeaderInput::ShardAt { shard, height } => {
+                let Some(s) = self.shards.get_mut(shard as usize) else {
+                    return out;
+                };
+                s.0 = Some(height.min(self.height));
+                // Behind: the rest at once; caught up: nothing more until a new block.
+                s.1 = None;
+                if height < self.height {
+                    self.send(shard as usize, &mut out);
+                } else {
+                    s.1 = Some(self.ms);
+                }
+            }
+        }
+        out
+    }
+
+    fn step(&mut self, wall: u64, out: &mut Vec<LeaderOutput>) {
+        if self.replicating {
+            return;
+        }
+        let seal_due = self.ms.saturating_sub(self.last_seal) >= self.cfg.block_every;
+        let seal = seal_due && (self.dirty || !self.buffer.is_empty());
+        if self.buffer.is_empty() && !seal {
+            return;
+        }
+        let n = self.buffer.len().min(self.cfg.max_step);
+        let attestations: Vec<Attestation> = self.buffer.drain(..n).collect();
+        self.dirty = if seal { false } else { self.dirty || n > 0 };
+        if seal {
+            self.last_seal = self.ms;
+        }
+        self.replicating = true;
+        out.push(LeaderOutput::Replicate(AtomCmd::Step {
+            attestations,
+            seal,
+            now: wall,
+        }));
+    }
+
+    /// Sends shard `s` what it lacks (the tip alone when its height is unknown: its answer
+    /// says where it is).
+    fn send(&mut self, s: usize, out: &mut Vec<LeaderOutput>) {
+        if self.height == 0 {
+            return;
+        }
+        let Some(entry) = self.shards.get_mut(s) else {
+            return;
+        };
+        let from = match entry.0 {
+            Some(h) if h >= self.height => return,
+            Some(h) => h + 1,
+            None => self.height,
+        };
+        let to = self.height.min(from + self.cfg.max_send - 1);
+        entry.1 = Some(self.ms);
+        out.push(LeaderOutput::SendBlocks {
+            shard: s as ShardId,
+            from,
+            to,
+        });
+    }
+}

@@ -1,0 +1,409 @@
+//! A shard of the atomizer architecture: the UHS ids of its range, correct at a block height.
+//! It applies blocks strictly in order ([`BlockShard::apply`], replicated by the shard's Raft
+//! group), vouches for unspent inputs at its height ([`BlockShard::attest`]), and, as the
+//! watchtower of the txids in its range, answers what became of a transaction
+//! ([`BlockShard::status`]).
+
+use std::collections::{HashMap, VecDeque};
+
+use florin_crypto::Digest;
+use florin_ledger::expiry::{TxMemory, FOR_EVER};
+use florin_ledger::{CompactTx, Supply, TxKind, UhsId};
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+use super::{Attempt, Attestation, Block, Height, Reject, TxKey, GENESIS};
+use crate::route::{ShardId, ShardMap};
+
+/// Rejections a shard remembers for the txids of its range (the oldest are forgotten first):
+/// enough for every sentinel to read its answer long after the block that carried it.
+pub const REJECTIONS_REMEMBERED: usize = 1 << 16;
+
+/// Seconds a transfer's or redeem's confirmation is remembered past its expiry (the clock
+/// skew a sentinel is allowed), so the sentinel that submitted it reads it as confirmed even if
+/// the block holding it moved the clock past the expiry.
+pub const CONFIRMED_GRACE_SECS: u64 = florin_ledger::expiry::CLOCK_SKEW_SECS;
+
+/// What applying a block did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockReply {
+    /// Applied now or before: the shard's height is this.
+    Applied(Height),
+    /// The shard lacks blocks before this one: send the blocks after this height.
+    Behind(Height),
+    /// The block is at the next height but does not follow this shard's last block: a
+    /// different history (nothing changed; the operator must look).
+    Fork {
+        /// The shard's height.
+        height: Height,
+        /// Its last block's hash.
+        #[serde(with = "florin_ledger::bin_serde::id")]
+        tip: Digest,
+    },
+}
+
+/// A shard's answer to a sentinel's request to attest a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// Everything of the transaction on this shard holds at `height`: the attestation goes to
+    /// the atomizer.
+    Attested(Attestation),
+    /// An input this shard owns is not unspent at this height (or named twice).
+    Missing(Height),
+    /// The txid is confirmed (by the block at this height, under this try).
+    Confirmed(Height, Attempt),
+    /// The transaction's expiry is before the shard's clock at this height, and its txid is
+    /// not confirmed here.
+    Expired(Height),
+    /// The shard has not yet applied the height the sentinel reads at: ask again.
+    Behind(Height),
+}
+
+/// What became of a transaction, as its txid's shard knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxStatus {
+    /// In the block at this height, under this try.
+    Confirmed(Height, Attempt),
+    /// Rejected, answering these tries.
+    Rejected(SmallVec<[Attempt; 2]>, Reject),
+    /// Nothing known at this height.
+    Unknown(Height),
+    /// The shard has not yet applied the height asked for.
+    Behind(Height),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Rest {
+    height: Height,
+    #[serde(with = "florin_ledger::bin_serde::id")]
+    tip: Digest,
+    books: Supply,
+    rejected: HashMap<Digest, (SmallVec<[Attempt; 2]>, Reject)>,
+    rejected_order: VecDeque<Digest>,
+}
+
+/// The state of one shard.
+#[derive(Debug, Clone)]
+pub struct BlockShard {
+    map: ShardMap,
+    shard: ShardId,
+    unspent: HashMap<UhsId, u64>,
+    /// Confirmed txids of this range with the height and try that confirmed them: transfers
+    /// and redeems until their expiry, mints for ever (as the locking shard).
+    confirmed: TxMemory<(Height, Attempt)>,
+    rest: Rest,
+}
+
+impl BlockShard {
+    /// Shard `shard` of `map`, before any block.
+    pub fn new(map: ShardMap, shard: ShardId) -> BlockShard {
+        BlockShard {
+            map,
+            shard,
+            unspent: HashMap::new(),
+            confirmed: TxMemory::default(),
+            rest: Rest {
+                tip: GENESIS,
+                ..Rest::default()
+            },
+        }
+    }
+
+    /// The last block applied.
+    pub fn height(&self) -> Height {
+        self.rest.height
+    }
+
+    /// The last block's hash.
+    pub fn tip(&self) -> Digest {
+        self.rest.tip
+    }
+
+    /// The shard's books.
+    pub fn books(&self) -> Supply {
+        self.rest.books
+    }
+
+    /// Whether an id is unspent at the shard's height.
+    pub fn is_unspent(&self, id: &UhsId) -> bool {
+        self.unspent.contains_key(id)
+    }
+
+    /// Whether a txid of this range is confirmed.
+    pub fn is_confirmed(&self, txid: &Digest) -> bool {
+        self.confirmed.contains(txid)
+    }
+
+    /// Every unspent id with its value.
+    pub fn unspent(&self) -> impl Iterator<Item = (&UhsId, &u64)> {
+        self.unspent.iter()
+    }
+
+    /// Every confirmed txid remembered.
+    pub fn confirmed(&self) -> impl Iterator<Item = &Digest> {
+        self.confirmed.iter().map(|(t, _, _)| t)
+    }
+
+    /// Inserts unspent outputs directly (genesis in tests and simulations).
+    pub fn seed(&mut self, outputs: &[(UhsId, u64)]) {
+        for (o, v) in outputs {
+            if self.map.owns(self.shard, o) && self.unspent.insert(*o, *v).is_none() {
+                self.rest.books.unspent_cents += v;
+                self.rest.books.unspent_count += 1;
+                self.rest.books.minted_cents += v;
+            }
+        }
+    }
+
+    /// Applies the next block: its transactions' ids in this range (inputs deleted, outputs
+    /// created, txids recorded) and its rejections of txids in this range.
+    pub fn apply(&mut self, block: &Block) -> BlockReply {
+        let h = self.rest.height;
+        if block.height <= h {
+            return BlockReply::Applied(h);
+        }
+        if block.height > h + 1 {
+            return BlockReply::Behind(h);
+        }
+        if block.prev != self.rest.tip {
+            return BlockReply::Fork {
+                height: h,
+                tip: self.rest.tip,
+            };
+        }
+        self.confirmed.advance(block.now);
+        let b = &mut self.rest.books;
+        for t in &block.txs {
+            let tx = &t.tx;
+            for i in &tx.inputs {
+                if !self.map.owns(self.shard, i) {
+                    continue;
+                }
+                if let Some(v) = self.unspent.remove(i) {
+                    b.unspent_cents = b.unspent_cents.saturating_sub(v);
+                    b.unspent_count = b.unspent_count.saturating_sub(1);
+                    if tx.kind == TxKind::Redeem {
+                        b.redeemed_cents = b.redeemed_cents.saturating_add(v);
+                    }
+                }
+            }
+            for (o, v) in &tx.outputs {
+                if !self.map.owns(self.shard, o) {
+                    continue;
+                }
+                if let std::collections::hash_map::Entry::Vacant(e) = self.unspent.entry(*o) {
+                    e.insert(*v);
+                    b.unspent_cents = b.unspent_cents.saturating_add(*v);
+                    b.unspent_count += 1;
+                    if tx.kind == TxKind::Mint {
+                        b.minted_cents = b.minted_cents.saturating_add(*v);
+                    }
+                }
+            }
+            if self.map.owns(self.shard, &tx.txid) {
+                // Past its expiry by a grace: the sentinel that submitted it reads its status
+                // after the block, whose clock may pass the expiry before it asks.
+                let keep = if tx.kind == TxKind::Mint {
+                    FOR_EVER
+                } else {
+                    tx.expires.saturating_add(CONFIRMED_GRACE_SECS)
+                };
+                self.confirmed
+                    .insert(tx.txid, (block.height, t.attempt), keep);
+            }
+        }
+        for r in &block.rejected {
+            if !self.map.owns(self.shard, &r.txid) {
+                continue;
+            }
+            if self
+                .rest
+                .rejected
+                .insert(r.txid, (r.attempts.clone(), r.reason))
+                .is_none()
+            {
+                self.rest.rejected_order.push_back(r.txid);
+            }
+            while self.rest.rejected_order.len() > REJECTIONS_REMEMBERED {
+                if let Some(old) = self.rest.rejected_order.pop_front() {
+                    self.rest.rejected.remove(&old);
+                }
+            }
+        }
+        self.rest.height = block.height;
+        self.rest.tip = block.hash();
+        BlockReply::Applied(block.height)
+    }
+
+    /// Checks, at the shard's height (at least `min_height`), what of `tx` lies on this shard:
+    /// its inputs here unspent and, if the txid is this shard's, the txid not confirmed. On
+    /// success the attestation to send the atomizer (carrying the body if the txid is this
+    /// shard's).
+    pub fn attest(
+        &self,
+        tx: &CompactTx,
+        key: TxKey,
+        attempt: Attempt,
+        min_height: Height,
+    ) -> Verdict {
+        let h = self.rest.height;
+        if h < min_height {
+            return Verdict::Behind(h);
+        }
+        let owns_txid = self.map.owns(self.shard, &tx.txid);
+        if owns_txid {
+            if let Some((at, a)) = self.confirmed.get(&tx.txid) {
+                return Verdict::Confirmed(*at, *a);
+            }
+        }
+        if tx.expires < self.confirmed.now() {
+            return Verdict::Expired(h);
+        }
+        let mut inputs = SmallVec::new();
+        for (k, i) in tx.inputs.iter().enumerate() {
+            if !self.map.owns(self.shard, i) {
+                continue;
+            }
+            let Ok(k) = u16::try_from(k) else {
+                return Verdict::Missing(h);
+            };
+            if !self.unspent.contains_key(i) || tx.inputs[..k as usize].contains(i) {
+                return Verdict::Missing(h);
+            }
+            inputs.push(k);
+        }
+        Verdict::Attested(Attestation {
+            key,
+            attempt,
+            shard: self.shard,
+            height: h,
+            inputs,
+            tx: owns_txid.then(|| tx.clone()),
+        })
+    }
+
+    /// What became of `txid` (a txid of this shard's range), read at a height at least
+    /// `min_height`.
+    pub fn status(&self, txid: &Digest, min_height: Height) -> TxStatus {
+        let h = self.rest.height;
+        if h < min_height {
+            return TxStatus::Behind(h);
+        }
+        if let Some((at, a)) = self.confirmed.get(txid) {
+            return TxStatus::Confirmed(*at, *a);
+        }
+        match self.rest.rejected.get(txid) {
+            Some((attempts, reason)) => TxStatus::Rejected(attempts.clone(), *reason),
+            None => TxStatus::Unknown(h),
+        }
+    }
+
+    /// The shard's state as bytes: the clock, the unspent ids and the confirmed txids as
+    /// counted flat records, then the rest with postcard.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.unspent.len() * 40 + self.confirmed.len() * 56);
+        out.extend_from_slice(SNAPSHOT_MAGIC);
+        out.extend_from_slice(&self.confirmed.now().to_le_bytes());
+        out.extend_from_slice(&(self.unspent.len() as u64).to_le_bytes());
+        for (id, v) in &self.unspent {
+            out.extend_from_slice(id);
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.confirmed.len() as u64).to_le_bytes());
+        for (txid, (h, a), e) in self.confirmed.iter() {
+            out.extend_from_slice(txid);
+            out.extend_from_slice(&h.to_le_bytes());
+            out.extend_from_slice(&a.to_le_bytes());
+            out.extend_from_slice(&e.to_le_bytes());
+        }
+        if let Ok(v) = postcard::to_extend(&self.rest, out) {
+            return v;
+        }
+        Vec::new()
+    }
+
+    /// Shard `shard` of `map` from [`BlockShard::snapshot`]'s bytes.
+    pub fn from_snapshot(
+        map: ShardMap,
+        shard: ShardId,
+        b: &[u8],
+    ) -> Result<BlockShard, SnapshotError> {
+        let mut r = Reader(b);
+        if r.take(SNAPSHOT_MAGIC.len())? != SNAPSHOT_MAGIC {
+            return Err(SnapshotError::Magic);
+        }
+        let mut confirmed = TxMemory::default();
+        confirmed.advance(r.word()?);
+        let n = r.count(40)?;
+        let mut unspent = HashMap::with_capacity(n);
+        for _ in 0..n {
+            let id = r.id()?;
+            unspent.insert(id, r.word()?);
+        }
+        let n = r.count(56)?;
+        confirmed.reserve(n);
+        for _ in 0..n {
+            let txid = r.id()?;
+            let (h, a, e) = (r.word()?, r.word()?, r.word()?);
+            confirmed.insert(txid, (h, a), e);
+        }
+        let rest =
+            postcard::from_bytes(r.0).map_err(|e| SnapshotError::Undecodable(e.to_string()))?;
+        Ok(BlockShard {
+            map,
+            shard,
+            unspent,
+            confirmed,
+            rest,
+        })
+    }
+}
+
+/// The first bytes of a block shard's snapshot.
+pub const SNAPSHOT_MAGIC: &[u8; 8] = b"FLBSHD01";
+
+/// Why [`BlockShard::from_snapshot`] refused bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// Not a block shard's snapshot.
+    #[error("block shard snapshot: no FLBSHD01 magic")]
+    Magic,
+    /// It ends before what it announces.
+    #[error("block shard snapshot: truncated")]
+    Truncated,
+    /// The rest does not decode.
+    #[error("block shard snapshot: undecodable: {0}")]
+    Undecodable(String),
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        if self.0.len() < n {
+            return Err(SnapshotError::Truncated);
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn word(&mut self) -> Result<u64, SnapshotError> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(w))
+    }
+    fn id(&mut self) -> Result<[u8; 32], SnapshotError> {
+        let mut w = [0u8; 32];
+        w.copy_from_slice(self.take(32)?);
+        Ok(w)
+    }
+    /// A count of records of `size` bytes, refused if the bytes left cannot hold them.
+    fn count(&mut self, size: usize) -> Result<usize, SnapshotError> {
+        let n = usize::try_from(self.word()?).map_err(|_| SnapshotError::Truncated)?;
+        if n.checked_mul(size).is_none_or(|l| l > self.0.len()) {
+            return Err(SnapshotError::Truncated);
+        }
+        Ok(n)
+    }
+}

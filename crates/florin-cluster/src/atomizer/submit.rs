@@ -1,0 +1,548 @@
+//! The sentinel's side of the atomizer architecture, as a pure event machine: it takes
+//! submissions of compact transactions, asks the shards concerned to attest each one, follows
+//! each to its end on the txid's shard, and answers every submission once, in order.
+//!
+//! For each transaction:
+//! 1. **Attest**: every shard owning one of its inputs, and the shard owning its txid, is asked
+//!    to attest it at a height at least the atomizer's height when the submission began (so a
+//!    missing input means missing then or later: reads are linearizable). A shard that answers
+//!    `Confirmed` ends it (confirmed, if the try is this submitter's, else a replay); one that
+//!    answers `Expired` or `Missing` ends it unless the txid turns out confirmed (a missing
+//!    input may have been spent by an earlier try of the same transaction).
+//! 2. **Wait**: once every shard has attested, the txid's shard is asked what became of it
+//!    until it answers: confirmed, or rejected for one of this submitter's tries (a stale
+//!    rejection starts a new try; the others end it). If no answer comes for
+//!    [`SubmitConfig::wait_limit`] (an attestation lost on its way, a leader change), a new try
+//!    starts: tries of the same transaction merge in the atomizer, and an earlier try that gets
+//!    ordered after all is recognised by its try id.
+//!
+//! A transaction that runs out of tries fails its submission as in doubt (as in the two-phase
+//! design: a resubmission is answered by txid).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use florin_ledger::{CompactTx, SwapOutcome};
+use rand::RngCore;
+use smallvec::SmallVec;
+
+use super::shard::{TxStatus, Verdict};
+use super::{tx_key, Attempt, Height, Reject, TxKey};
+use crate::route::{ShardId, ShardMap};
+
+/// The submitter's handle for a submission.
+pub type Ticket = u64;
+
+/// One transaction being followed.
+pub type Job = u64;
+
+/// Timing.
+#[derive(Debug, Clone, Copy)]
+pub struct SubmitConfig {
+    /// Ask a shard again after this long without its answer (the caller's units, e.g. ms).
+    pub resend_after: u64,
+    /// Ask the txid's shard for the status this often while waiting.
+    pub poll_every: u64,
+    /// Start a new try after this long waiting without an answer.
+    pub wait_limit: u64,
+    /// Most tries of one transaction.
+    pub max_tries: u8,
+}
+
+impl Default for SubmitConfig {
+    fn default() -> Self {
+        SubmitConfig {
+            resend_after: 1000,
+            poll_every: 10,
+            wait_limit: 3000,
+            max_tries: 8,
+        }
+    }
+}
+
+/// An event for the submitter.
+#[derive(Debug, Clone)]
+pub enum SubmitInput {
+    /// Transactions to apply; answered once by [`SubmitOutput::Answer`] or
+    /// [`SubmitOutput::Fail`].
+    Submit {
+        /// The caller's handle.
+        ticket: Ticket,
+        /// The transactions.
+        txs: Vec<CompactTx>,
+        /// The atomizer's committed height, read when the submission began.
+        height: Height,
+    },
+    /// A shard's answer to [`SubmitOutput::Attest`].
+    Verdict {
+        /// The transaction.
+        job: Job,
+        /// The try asked about.
+        attempt: Attempt,
+        /// The shard answering.
+        shard: ShardId,
+        /// Its answer.
+        verdict: Verdict,
+    },
+    /// The txid shard's answer to [`SubmitOutput::AskStatus`].
+    Status {
+        /// The transaction.
+        job: Job,
+        /// Its status.
+        status: TxStatus,
+    },
+    /// The clock (the caller's units).
+    Tick(u64),
+}
+
+/// A command from the submitter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutput {
+    /// Ask `shard` to attest `tx` under try `attempt` at a height at least `min_height`, and to
+    /// send the attestation on to the atomizer; feed its answer back as
+    /// [`SubmitInput::Verdict`].
+    Attest {
+        /// The shard.
+        shard: ShardId,
+        /// The transaction's handle.
+        job: Job,
+        /// The try.
+        attempt: Attempt,
+        /// The transaction.
+        tx: CompactTx,
+        /// Its key.
+        key: TxKey,
+        /// The lowest height to check at.
+        min_height: Height,
+    },
+    /// Ask the txid's shard what became of the transaction (at a height at least
+    /// `min_height`); feed its answer back as [`SubmitInput::Status`].
+    AskStatus {
+        /// The shard.
+        shard: ShardId,
+        /// The transaction's handle.
+        job: Job,
+        /// The txid.
+        txid: florin_crypto::Digest,
+        /// The lowest height to read at.
+        min_height: Height,
+    },
+    /// A submission is decided: one outcome per transaction, in order.
+    Answer {
+        /// The caller's handle.
+        ticket: Ticket,
+        /// The outcomes.
+        outcomes: Vec<SwapOutcome>,
+    },
+    /// A submission cannot be decided: a transaction ran out of tries. Some of its
+    /// transactions may be confirmed: in doubt.
+    Fail {
+        /// The caller's handle.
+        ticket: Ticket,
+        /// Why.
+        why: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Stage {
+    /// Waiting for the shards' verdicts on the current try.
+    Attesting {
+        waiting: BTreeSet<ShardId>,
+        missing: Option<Height>,
+        /// The height of a shard that found it expired.
+        expired: Option<Height>,
+    },
+    /// A shard found an input missing (or the transaction expired): is the txid confirmed?
+    Resolving {
+        outcome: SwapOutcome,
+        /// The height the txid's shard is read at.
+        at: Height,
+    },
+    /// Every shard attested: waiting for the txid's shard to know.
+    Waiting { since: u64 },
+}
+
+#[derive(Debug, Clone)]
+struct JobState {
+    ticket: Ticket,
+    pos: usize,
+    tx: CompactTx,
+    key: TxKey,
+    /// Each shard concerned (the txid's first).
+    shards: SmallVec<[ShardId; 3]>,
+    attempts: SmallVec<[Attempt; 2]>,
+    min_height: Height,
+    stage: Stage,
+    /// When the shards or the txid's shard were last asked.
+    asked_at: u64,
+}
+
+impl JobState {
+    fn attempt(&self) -> Attempt {
+        self.attempts.last().copied().unwrap_or_default()
+    }
+}
+
+struct TicketState {
+    outcomes: Vec<Option<SwapOutcome>>,
+    left: usize,
+}
+
+/// The sentinel's submitter.
+pub struct Submitter {
+    map: ShardMap,
+    cfg: SubmitConfig,
+    rng: Box<dyn RngCore + Send>,
+    jobs: BTreeMap<Job, JobState>,
+    tickets: HashMap<Ticket, TicketState>,
+    next_job: Job,
+    now: u64,
+    /// Answers and failures decided while handling an event.
+    done: Vec<SubmitOutput>,
+}
+
+impl Submitter {
+    /// A submitter routing by `map`, drawing try ids from `rng`.
+    pub fn new(map: ShardMap, cfg: SubmitConfig, rng: Box<dyn RngCore + Send>) -> Submitter {
+        Submitter {
+            map,
+            cfg,
+            rng,
+            jobs: BTreeMap::new(),
+            tickets: HashMap::new(),
+            next_job: 0,
+            now: 0,
+            done: Vec::new(),
+        }
+    }
+
+    /// Transactions being followed.
+    pub fn in_flight(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Submissions not yet answered.
+    pub fn open_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Each transaction being followed, as text (for diagnostics).
+    pub fn describe(&self) -> Vec<String> {
+        self.jobs
+            .iter()
+            .map(|(j, s)| {
+                format!(
+                    "job {j} ticket {} tx {} tries {} from height {}: {:?}",
+                    s.ticket,
+                    hex8(&s.tx.txid),
+                    s.attempts.len(),
+                    s.min_height,
+                    s.stage
+                )
+            })
+            .collect()
+    }
+
+    /// Handles one event.
+    pub fn handle(&mut self, input: SubmitInput) -> Vec<SubmitOutput> {
+        let mut out = Vec::new();
+        match input {
+            SubmitInput::Submit {
+                ticket,
+                txs,
+                height,
+            } => {
+                if txs.is_empty() {
+                    out.push(SubmitOutput::Answer {
+                        ticket,
+                        outcomes: vec![],
+                    });
+                    return out;
+                }
+                self.tickets.insert(
+                    ticket,
+                    TicketState {
+                        outcomes: vec![None; txs.len()],
+                        left: txs.len(),
+                    },
+                );
+                for (pos, tx) in txs.into_iter().enumerate() {
+                    let mut shards: SmallVec<[ShardId; 3]> = SmallVec::new();
+                    shards.push(self.map.shard_of(&tx.txid));
+                    for i in &tx.inputs {
+                        let s = self.map.shard_of(i);
+                        if !shards.contains(&s) {
+                            shards.push(s);
+                        }
+                    }
+                    self.next_job += 1;
+                    let job = JobState {
+                        ticket,
+                        pos,
+                        key: tx_key(&tx),
+                        tx,
+                        shards,
+                        attempts: SmallVec::new(),
+                        min_height: height,
+                        stage: Stage::Waiting { since: 0 },
+                        asked_at: self.now,
+                    };
+                    self.jobs.insert(self.next_job, job);
+                    self.new_try(self.next_job, &mut out);
+                }
+            }
+            SubmitInput::Verdict {
+                job,
+                attempt,
+                shard,
+                verdict,
+            } => self.verdict(job, attempt, shard, verdict, &mut out),
+            SubmitInput::Status { job, status } => self.status(job, status, &mut out),
+            SubmitInput::Tick(now) => {
+                self.now = self.now.max(now);
+                let due: Vec<Job> = self.jobs.keys().copied().collect();
+                for j in due {
+                    self.tick(j, &mut out);
+                }
+            }
+        }
+        out.append(&mut self.done);
+        out
+    }
+
+    /// Gives up every submission (this sentinel stops): their tickets, to be failed as in doubt.
+    pub fn abandon(&mut self) -> Vec<Ticket> {
+        self.jobs.clear();
+        let mut t: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
+        t.sort_unstable();
+        t
+    }
+
+    fn new_try(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
+        let max = self.cfg.max_tries;
+        let Some(job) = self.jobs.get_mut(&j) else {
+            return;
+        };
+        if job.attempts.len() >= max as usize {
+            let (ticket, txid) = (job.ticket, job.tx.txid);
+            self.fail(
+                ticket,
+                format!(
+                    "transaction {} was not ordered after {max} tries",
+                    hex8(&txid)
+                ),
+            );
+            return;
+        }
+        let attempt = self.rng.next_u64();
+        job.attempts.push(attempt);
+        job.asked_at = self.now;
+        job.stage = Stage::Attesting {
+            waiting: job.shards.iter().copied().collect(),
+            missing: None,
+            expired: None,
+        };
+        for s in &job.shards {
+            out.push(SubmitOutput::Attest {
+                shard: *s,
+                job: j,
+                attempt,
+                tx: job.tx.clone(),
+                key: job.key,
+                min_height: job.min_height,
+            });
+        }
+    }
+
+    fn ask_status(&mut self, j: Job, min_height: Height, out: &mut Vec<SubmitOutput>) {
+        if let Some(job) = self.jobs.get_mut(&j) {
+            job.asked_at = self.now;
+            out.push(SubmitOutput::AskStatus {
+                shard: job.shards[0],
+                job: j,
+                txid: job.tx.txid,
+                min_height,
+            });
+        }
+    }
+
+    fn verdict(
+        &mut self,
+        j: Job,
+        attempt: Attempt,
+        shard: ShardId,
+        verdict: Verdict,
+        out: &mut Vec<SubmitOutput>,
+    ) {
+        let Some(job) = self.jobs.get_mut(&j) else {
+            return;
+        };
+        if attempt != job.attempt() {
+            return;
+        }
+        let mine = job.attempts.clone();
+        let Stage::Attesting {
+            waiting,
+            missing,
+            expired,
+        } = &mut job.stage
+        else {
+            return;
+        };
+        if !waiting.contains(&shard) {
+            return;
+        }
+        match verdict {
+            Verdict::Confirmed(_, a) => {
+                let o = if mine.contains(&a) {
+                    SwapOutcome::Confirmed
+                } else {
+                    SwapOutcome::AlreadyApplied
+                };
+                self.finish(j, o);
+                return;
+            }
+            // Asked again on the next resend.
+            Verdict::Behind(_) => return,
+            Verdict::Attested(_) => {}
+            Verdict::Missing(h) => *missing = Some(missing.unwrap_or(0).max(h)),
+            Verdict::Expired(h) => *expired = Some(expired.unwrap_or(0).max(h)),
+        }
+        waiting.remove(&shard);
+        if !waiting.is_empty() {
+            return;
+        }
+        let (missing, expired) = (*missing, *expired);
+        if let Some(h) = missing {
+            // Spent, unless by an earlier try of this very transaction: the txid's shard at
+            // that height or later knows.
+            let at = h.max(job.min_height);
+            job.stage = Stage::Resolving {
+                outcome: SwapOutcome::MissingInput,
+                at,
+            };
+            self.ask_status(j, at, out);
+        } else if let Some(h) = expired {
+            // Expired, unless confirmed before: the txid's shard at that height or later knows
+            // (a shard that applied the block holding it may no longer see the transaction).
+            let at = h.max(job.min_height);
+            job.stage = Stage::Resolving {
+                outcome: SwapOutcome::Expired,
+                at,
+            };
+            self.ask_status(j, at, out);
+        } else {
+            job.stage = Stage::Waiting { since: self.now };
+            let at = job.min_height;
+            self.ask_status(j, at, out);
+        }
+    }
+
+    fn status(&mut self, j: Job, status: TxStatus, out: &mut Vec<SubmitOutput>) {
+        let Some(job) = self.jobs.get(&j) else {
+            return;
+        };
+        let current = job.attempt();
+        let mine = job.attempts.clone();
+        let stage = job.stage.clone();
+        match (stage, status) {
+            (Stage::Attesting { .. }, _) => {}
+            (Stage::Resolving { .. } | Stage::Waiting { .. }, TxStatus::Confirmed(_, a)) => {
+                let o = if mine.contains(&a) {
+                    SwapOutcome::Confirmed
+                } else {
+                    SwapOutcome::AlreadyApplied
+                };
+                self.finish(j, o);
+            }
+            // Asked again on the next tick.
+            (_, TxStatus::Behind(_)) => {}
+            (Stage::Resolving { outcome, .. }, _) => self.finish(j, outcome),
+            (Stage::Waiting { .. }, TxStatus::Rejected(attempts, reason))
+                if attempts.contains(&current) =>
+            {
+                match reason {
+                    Reject::Stale => self.new_try(j, out),
+                    Reject::Spent => self.finish(j, SwapOutcome::MissingInput),
+                    // Its txid was ordered before (by another submission, whose confirmation
+                    // this shard would show first, or one old enough to be forgotten).
+                    Reject::Replay => self.finish(j, SwapOutcome::AlreadyApplied),
+                    Reject::Expired => self.finish(j, SwapOutcome::Expired),
+                }
+            }
+            (Stage::Waiting { .. }, _) => {}
+        }
+    }
+
+    fn tick(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
+        let now = self.now;
+        let cfg = self.cfg;
+        let Some(job) = self.jobs.get_mut(&j) else {
+            return;
+        };
+        let idle = now.saturating_sub(job.asked_at);
+        match &job.stage {
+            Stage::Attesting { waiting, .. } => {
+                if idle < cfg.resend_after.min(cfg.poll_every * 4) {
+                    return;
+                }
+                job.asked_at = now;
+                for s in waiting {
+                    out.push(SubmitOutput::Attest {
+                        shard: *s,
+                        job: j,
+                        attempt: job.attempt(),
+                        tx: job.tx.clone(),
+                        key: job.key,
+                        min_height: job.min_height,
+                    });
+                }
+            }
+            Stage::Resolving { at, .. } => {
+                if idle >= cfg.poll_every {
+                    let at = *at;
+                    self.ask_status(j, at, out);
+                }
+            }
+            Stage::Waiting { since } => {
+                if now.saturating_sub(*since) >= cfg.wait_limit {
+                    self.new_try(j, out);
+                } else if idle >= cfg.poll_every {
+                    let at = job.min_height;
+                    self.ask_status(j, at, out);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, j: Job, outcome: SwapOutcome) {
+        let Some(job) = self.jobs.remove(&j) else {
+            return;
+        };
+        let Some(t) = self.tickets.get_mut(&job.ticket) else {
+            return;
+        };
+        if t.outcomes[job.pos].replace(outcome).is_none() {
+            t.left -= 1;
+        }
+        if t.left == 0 {
+            if let Some(t) = self.tickets.remove(&job.ticket) {
+                self.done.push(SubmitOutput::Answer {
+                    ticket: job.ticket,
+                    outcomes: t.outcomes.into_iter().flatten().collect(),
+                });
+            }
+        }
+    }
+
+    fn fail(&mut self, ticket: Ticket, why: String) {
+        self.jobs.retain(|_, j| j.ticket != ticket);
+        if self.tickets.remove(&ticket).is_some() {
+            self.done.push(SubmitOutput::Fail { ticket, why });
+        }
+    }
+}
+
+fn hex8(d: &[u8; 32]) -> String {
+    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,493 @@
+//! Each machine by the commands it takes and emits.
+
+use florin_ledger::{CompactTx, SwapOutcome, TxKind};
+use rand::SeedableRng;
+use smallvec::smallvec;
+
+use super::leader::{AtomizerLeader, LeaderConfig, LeaderInput, LeaderOutput};
+use super::machine::{AtomCmd, AtomizerConfig, AtomizerState};
+use super::shard::{BlockReply, BlockShard, TxStatus, Verdict};
+use super::submit::{SubmitConfig, SubmitInput, SubmitOutput, Submitter};
+use super::*;
+use crate::route::ShardMap;
+
+/// An id whose first byte puts it on shard 0 (`< 0x80`) or 1 of an even two-shard map.
+fn id(shard: u8, n: u8) -> [u8; 32] {
+    let mut x = [n; 32];
+    x[0] = if shard == 0 { 0x10 } else { 0x90 };
+    x
+}
+
+fn tx(txid: [u8; 32], inputs: Vec<[u8; 32]>, outputs: Vec<([u8; 32], u64)>) -> CompactTx {
+    CompactTx {
+        txid,
+        kind: if inputs.is_empty() {
+            TxKind::Mint
+        } else {
+            TxKind::Transfer
+        },
+        inputs,
+        outputs,
+        expires: u64::MAX,
+    }
+}
+
+fn att(t: &CompactTx, shard: ShardId, height: Height, inputs: &[u16], body: bool) -> Attestation {
+    Attestation {
+        key: tx_key(t),
+        attempt: 7,
+        shard,
+        height,
+        inputs: inputs.iter().copied().collect(),
+        tx: body.then(|| t.clone()),
+    }
+}
+
+fn step(a: &mut AtomizerState, attestations: Vec<Attestation>) -> Vec<Block> {
+    a.apply(AtomCmd::Step {
+        attestations,
+        seal: true,
+        now: 100,
+    })
+    .1
+}
+
+fn cfg() -> AtomizerConfig {
+    AtomizerConfig {
+        window: 4,
+        max_block: 100,
+        max_pending: 100,
+    }
+}
+
+#[test]
+fn a_transaction_is_ordered_once_every_shard_has_attested() {
+    let mut a = AtomizerState::new(cfg());
+    let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![(id(1, 4), 5)]);
+    // The txid's shard (0) alone: shard 1's input is not vouched for yet.
+    assert!(step(&mut a, vec![att(&t, 0, 0, &[0], true)]).is_empty());
+    assert_eq!(a.load(), (1, 0));
+    let blocks = step(&mut a, vec![att(&t, 1, 0, &[1], false)]);
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0].txs[0].tx, t);
+    assert_eq!(blocks[0].txs[0].attempt, 7);
+    assert_eq!((blocks[0].height, blocks[0].prev), (1, GENESIS));
+    assert_eq!(a.tip(), blocks[0].hash());
+    assert_eq!(verify_chain((0, GENESIS), &blocks).unwrap().txs, 1);
+    // A step with nothing open seals nothing.
+    assert!(step(&mut a, vec![]).is_empty());
+}
+
+#[test]
+fn double_spends_replays_and_stale_attestations_are_rejected() {
+    let mut a = AtomizerState::new(cfg());
+    let i = id(0, 2);
+    let t1 = tx(id(0, 1), vec![i], vec![(id(0, 4), 5)]);
+    let t2 = tx(id(0, 5), vec![i], vec![(id(0, 6), 5)]);
+    // Both attested at height 0 in the same step: the second spends what the first did.
+    let b = step(
+        &mut a,
+        vec![att(&t1, 0, 0, &[0], true), att(&t2, 0, 0, &[0], true)],
+    );
+    assert_eq!(b[0].txs.len(), 1);
+    assert_eq!(b[0].rejected[0].reason, Reject::Spent);
+    assert_eq!(b[0].rejected[0].txid, t2.txid);
+    // Attested at height 0 again, after block 1 spent it: still a double spend.
+    let t3 = tx(id(0, 7), vec![i], vec![]);
+    let b = step(&mut a, vec![att(&t3, 0, 0, &[0], true)]);
+    assert_eq!(b[0].rejected[0].reason, Reject::Spent);
+    // The same transaction as block 1's, attested before block 1: a replay.
+    let b = step(&mut a, vec![att(&t1, 0, 0, &[0], true)]);
+    assert_eq!(b[0].rejected[0].reason, Reject::Replay);
+    // Past the window: stale.
+    for n in 0..4 {
+        let h = a.height();
+        step(
+            &mut a,
+            vec![att(&tx(id(0, 20 + n), vec![], vec![]), 0, h, &[], true)],
+        );
+    }
+    let t4 = tx(id(0, 30), vec![id(0, 31)], vec![]);
+    let b = step(&mut a, vec![att(&t4, 0, 1, &[0], true)]);
+    assert_eq!(b[0].rejected[0].reason, Reject::Stale);
+    // From beyond the atomizer's height, or naming an input the transaction lacks: dropped.
+    let h = a.height();
+    assert!(step(&mut a, vec![att(&t4, 0, h + 1, &[0], true)]).is_empty());
+    assert!(step(&mut a, vec![att(&t4, 0, h, &[3], true)]).is_empty());
+    assert_eq!(a.load(), (0, 0));
+}
+
+#[test]
+fn incomplete_transactions_go_stale_after_the_window_and_expired_ones_are_refused() {
+    let mut a = AtomizerState::new(cfg());
+    let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![]);
+    assert!(step(&mut a, vec![att(&t, 0, 0, &[0], true)]).is_empty());
+    let mut rejected = vec![];
+    for n in 0..6 {
+        let m = tx(id(0, 40 + n), vec![], vec![(id(0, 50 + n), 1)]);
+        let h = a.height();
+        for b in step(&mut a, vec![att(&m, 0, h, &[], true)]) {
+            rejected.extend(b.rejected);
+        }
+    }
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(
+        (rejected[0].txid, rejected[0].reason),
+        (t.txid, Reject::Stale)
+    );
+    assert_eq!(rejected[0].attempts.as_slice(), &[7]);
+    let mut old = tx(id(0, 60), vec![], vec![]);
+    old.expires = 99;
+    let h = a.height();
+    let b = step(&mut a, vec![att(&old, 0, h, &[], true)]);
+    assert_eq!(b[0].rejected[0].reason, Reject::Expired);
+}
+
+#[test]
+fn replicas_from_a_snapshot_seal_the_same_blocks() {
+    let mut a = AtomizerState::new(cfg());
+    let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![]);
+    step(&mut a, vec![att(&t, 0, 0, &[0], true)]);
+    let mut b = AtomizerState::from_snapshot(&a.snapshot()).unwrap();
+    let next = vec![att(&t, 1, 0, &[1], false)];
+    assert_eq!(step(&mut a, next.clone()), step(&mut b, next));
+    assert!(AtomizerState::from_snapshot(&[1, 2, 3]).is_err());
+}
+
+#[test]
+fn verify_chain_finds_broken_links_and_double_spends() {
+    let mut a = AtomizerState::new(cfg());
+    let mut blocks = vec![];
+    for n in 0..3 {
+        let t = tx(id(0, n), vec![id(0, 100 + n)], vec![]);
+        let h = a.height();
+        blocks.extend(step(&mut a, vec![att(&t, 0, h, &[0], true)]));
+    }
+    assert_eq!(verify_chain((0, GENESIS), &blocks).unwrap().height, 3);
+    assert!(verify_chain((1, blocks[0].hash()), &blocks[1..]).is_ok());
+    let mut bad = blocks.clone();
+    bad[1].now += 1;
+    assert_eq!(
+        verify_chain((0, GENESIS), &bad),
+        Err(ChainError::Link { height: 3 })
+    );
+    let mut dup = blocks.clone();
+    dup[2].txs[0].tx.inputs = dup[0].txs[0].tx.inputs.clone();
+    assert_eq!(
+        verify_chain((0, GENESIS), &dup),
+        Err(ChainError::DoubleSpend {
+            height: 3,
+            first: 1
+        })
+    );
+    assert!(matches!(
+        verify_chain((0, GENESIS), &blocks[1..]),
+        Err(ChainError::Height { .. })
+    ));
+}
+
+#[test]
+fn a_shard_applies_blocks_in_order_and_answers_as_watchtower() {
+    let map = ShardMap::even(2).unwrap();
+    let mut s = BlockShard::new(map.clone(), 0);
+    s.seed(&[(id(0, 2), 10), (id(1, 3), 10)]);
+    assert_eq!(s.books().unspent_cents, 10, "only its own range");
+    let mut a = AtomizerState::new(cfg());
+    let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![(id(0, 4), 20)]);
+    let v = s.attest(&t, tx_key(&t), 7, 0);
+    let Verdict::Attested(mine) = v else {
+        panic!("{v:?}")
+    };
+    assert_eq!(
+        (mine.inputs.as_slice(), mine.tx.is_some()),
+        (&[0u16][..], true)
+    );
+    let b1 = step(&mut a, vec![mine, att(&t, 1, 0, &[1], false)]);
+    let m = tx(id(0, 9), vec![], vec![(id(0, 10), 1)]);
+    let b2 = step(&mut a, vec![att(&m, 0, 1, &[], true)]);
+    assert_eq!(s.apply(&b2[0]), BlockReply::Behind(0));
+    assert_eq!(s.attest(&t, tx_key(&t), 7, 1), Verdict::Behind(0));
+    assert_eq!(s.apply(&b1[0]), BlockReply::Applied(1));
+    assert_eq!(s.apply(&b1[0]), BlockReply::Applied(1), "idempotent");
+    assert!(!s.is_unspent(&id(0, 2)) && s.is_unspent(&id(0, 4)));
+    assert_eq!(s.status(&t.txid, 1), TxStatus::Confirmed(1, 7));
+    assert_eq!(s.attest(&t, tx_key(&t), 8, 0), Verdict::Confirmed(1, 7));
+    let t2 = tx(id(0, 11), vec![id(0, 2)], vec![]);
+    assert_eq!(s.attest(&t2, tx_key(&t2), 1, 0), Verdict::Missing(1));
+    assert_eq!(s.status(&t2.txid, 5), TxStatus::Behind(1));
+    assert_eq!(s.status(&t2.txid, 1), TxStatus::Unknown(1));
+    // A block at the next height from another history changes nothing.
+    let mut fork = b2[0].clone();
+    fork.prev = [9; 32];
+    assert!(matches!(s.apply(&fork), BlockReply::Fork { height: 1, .. }));
+    assert_eq!(s.apply(&b2[0]), BlockReply::Applied(2));
+    // Its own books only: shard 1's input paid for part of the output here (the ledger's
+    // books are the sum over shards).
+    let b = s.books();
+    assert_eq!(
+        (b.minted_cents, b.unspent_cents, b.unspent_count),
+        (11, 21, 2)
+    );
+    // The snapshot holds everything; damaged ones are refused.
+    let snap = s.snapshot();
+    let r = BlockShard::from_snapshot(map.clone(), 0, &snap).unwrap();
+    assert_eq!(
+        (r.height(), r.tip(), r.books()),
+        (s.height(), s.tip(), s.books())
+    );
+    assert_eq!(r.status(&t.txid, 2), TxStatus::Confirmed(1, 7));
+    assert!(BlockShard::from_snapshot(map.clone(), 0, &snap[..snap.len() / 2]).is_err());
+    assert!(BlockShard::from_snapshot(map, 0, b"FLSHRD02").is_err());
+}
+
+#[test]
+fn a_shard_refuses_expired_transactions_and_records_rejections() {
+    let map = ShardMap::even(2).unwrap();
+    let mut s = BlockShard::new(map, 0);
+    let mut a = AtomizerState::new(cfg());
+    let mut t = tx(id(0, 1), vec![], vec![]);
+    t.expires = 50;
+    let b = step(&mut a, vec![att(&t, 0, 0, &[], true)]);
+    s.apply(&b[0]);
+    assert_eq!(s.attest(&t, tx_key(&t), 1, 0), Verdict::Expired(1));
+    assert_eq!(
+        s.status(&t.txid, 0),
+        TxStatus::Rejected(smallvec![7], Reject::Expired)
+    );
+}
+
+#[test]
+fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
+    let cfg = LeaderConfig {
+        block_every: 10,
+        resend_after: 100,
+        max_step: 2,
+        max_buffer: 3,
+        max_send: 2,
+    };
+    let mut l = AtomizerLeader::new(cfg, 5, 2);
+    let t = tx(id(0, 1), vec![], vec![]);
+    l.handle(LeaderInput::Attest(vec![att(&t, 0, 0, &[], true); 4]));
+    assert_eq!(l.buffered(), (3, 1), "one dropped for want of room");
+    let out = l.handle(LeaderInput::Tick { ms: 20, wall: 9 });
+    let replicate: Vec<_> = out
+        .iter()
+        .filter_map(|o| match o {
+            LeaderOutput::Replicate(AtomCmd::Step {
+                attestations,
+                seal,
+                now,
+            }) => Some((attestations.len(), *seal, *now)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replicate, vec![(2, true, 9)]);
+    // Shards of unknown height are sent the tip.
+    assert!(out.contains(&LeaderOutput::SendBlocks {
+        shard: 1,
+        from: 5,
+        to: 5
+    }));
+    // Nothing more is replicated until the step is.
+    let out = l.handle(LeaderInput::Tick { ms: 40, wall: 9 });
+    assert!(!out.iter().any(|o| matches!(o, LeaderOutput::Replicate(_))));
+    let out = l.handle(LeaderInput::Replicated(6));
+    assert_eq!(out.len(), 2, "the new block to each shard: {out:?}");
+    // A shard far behind is sent what it lacks, `max_send` at a time.
+    let out = l.handle(LeaderInput::ShardAt {
+        shard: 0,
+        height: 1,
+    });
+    assert_eq!(
+        out,
+        vec![LeaderOutput::SendBlocks {
+            shard: 0,
+            from: 2,
+            to: 3
+        }]
+    );
+    assert!(l
+        .handle(LeaderInput::ShardAt {
+            shard: 1,
+            height: 6
+        })
+        .is_empty());
+    assert_eq!(l.slowest_shard(), Some(1));
+    // Unanswered sends are repeated.
+    let out = l.handle(LeaderInput::Tick { ms: 200, wall: 9 });
+    assert!(out.contains(&LeaderOutput::SendBlocks {
+        shard: 0,
+        from: 2,
+        to: 3
+    }));
+    l.handle(LeaderInput::Failed);
+    assert!(l.handle(LeaderInput::Tick { ms: 900, wall: 9 }).is_empty());
+}
+
+fn submitter() -> Submitter {
+    Submitter::new(
+        ShardMap::even(2).unwrap(),
+        SubmitConfig {
+            resend_after: 100,
+            poll_every: 10,
+            wait_limit: 50,
+            max_tries: 2,
+        },
+        Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+    )
+}
+
+fn attests(out: &[SubmitOutput]) -> Vec<(ShardId, u64, Height)> {
+    out.iter()
+        .filter_map(|o| match o {
+            SubmitOutput::Attest {
+                shard,
+                attempt,
+                min_height,
+                ..
+            } => Some((*shard, *attempt, *min_height)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_submitter_follows_a_transaction_to_its_block() {
+    let mut s = submitter();
+    let t = tx(id(1, 1), vec![id(0, 2)], vec![]);
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 1,
+        txs: vec![t.clone()],
+        height: 4,
+    });
+    let asked = attests(&out);
+    assert_eq!(asked.len(), 2);
+    assert_eq!(
+        (asked[0].0, asked[1].0, asked[0].2),
+        (1, 0, 4),
+        "txid's shard first"
+    );
+    let attempt = asked[0].1;
+    for shard in [0, 1] {
+        let v = Verdict::Attested(att(&t, shard, 4, &[], shard == 1));
+        let out = s.handle(SubmitInput::Verdict {
+            job: 1,
+            attempt,
+            shard,
+            verdict: v,
+        });
+        if shard == 1 {
+            assert!(matches!(
+                out[..],
+                [SubmitOutput::AskStatus { shard: 1, .. }]
+            ));
+        }
+    }
+    assert!(s
+        .handle(SubmitInput::Status {
+            job: 1,
+            status: TxStatus::Unknown(4)
+        })
+        .is_empty());
+    let out = s.handle(SubmitInput::Status {
+        job: 1,
+        status: TxStatus::Confirmed(5, attempt),
+    });
+    assert_eq!(
+        out,
+        vec![SubmitOutput::Answer {
+            ticket: 1,
+            outcomes: vec![SwapOutcome::Confirmed]
+        }]
+    );
+    assert_eq!((s.in_flight(), s.open_tickets()), (0, 0));
+}
+
+#[test]
+fn the_submitter_tells_missing_inputs_from_its_own_earlier_tries_and_gives_up_in_doubt() {
+    let mut s = submitter();
+    let t = tx(id(1, 1), vec![id(0, 2)], vec![]);
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 1,
+        txs: vec![t.clone(), t.clone()],
+        height: 0,
+    });
+    let a1 = attests(&out)[0].1;
+    let a2 = attests(&out)[2].1;
+    // Job 1: the input shard finds the input spent at height 3; the txid's shard, read at 3
+    // or later, knows nothing: missing.
+    s.handle(SubmitInput::Verdict {
+        job: 1,
+        attempt: a1,
+        shard: 0,
+        verdict: Verdict::Missing(3),
+    });
+    let out = s.handle(SubmitInput::Verdict {
+        job: 1,
+        attempt: a1,
+        shard: 1,
+        verdict: Verdict::Attested(att(&t, 1, 2, &[], true)),
+    });
+    assert!(matches!(
+        out[..],
+        [SubmitOutput::AskStatus { min_height: 3, .. }]
+    ));
+    s.handle(SubmitInput::Status {
+        job: 1,
+        status: TxStatus::Unknown(3),
+    });
+    // Job 2: attested everywhere, then nothing for the wait limit: a second try; then the
+    // txid's shard says another sentinel's try was ordered: a replay.
+    for shard in [0, 1] {
+        s.handle(SubmitInput::Verdict {
+            job: 2,
+            attempt: a2,
+            shard,
+            verdict: Verdict::Attested(att(&t, shard, 0, &[], shard == 1)),
+        });
+    }
+    let out = s.handle(SubmitInput::Tick(60));
+    let again = attests(&out);
+    assert_eq!(again.len(), 2);
+    assert_ne!(again[0].1, a2, "a new try");
+    let out = s.handle(SubmitInput::Verdict {
+        job: 2,
+        attempt: again[0].1,
+        shard: 1,
+        verdict: Verdict::Confirmed(2, 999),
+    });
+    assert_eq!(
+        out,
+        vec![SubmitOutput::Answer {
+            ticket: 1,
+            outcomes: vec![SwapOutcome::MissingInput, SwapOutcome::AlreadyApplied]
+        }]
+    );
+    // Out of tries (two here): the submission fails as in doubt.
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 2,
+        txs: vec![t.clone()],
+        height: 0,
+    });
+    let mut attempt = attests(&out)[0].1;
+    let mut failed = false;
+    for now in [200, 400] {
+        for shard in [0, 1] {
+            s.handle(SubmitInput::Verdict {
+                job: 3,
+                attempt,
+                shard,
+                verdict: Verdict::Attested(att(&t, shard, 0, &[], shard == 1)),
+            });
+        }
+        let out = s.handle(SubmitInput::Tick(now));
+        failed |= out
+            .iter()
+            .any(|o| matches!(o, SubmitOutput::Fail { ticket: 2, .. }));
+        if let Some(a) = attests(&out).first() {
+            attempt = a.1;
+        }
+    }
+    assert!(failed, "{:?}", s.describe());
+    assert_eq!((s.in_flight(), s.open_tickets()), (0, 0));
+}
