@@ -15,7 +15,7 @@ pub mod atomizer;
 pub mod coordinator;
 pub mod raft;
 pub mod route;
-mod seglog;
+pub(crate) mod seglog;
 pub mod shard;
 
 /// A distributed transaction (batch) id: random, never reused.

@@ -40,8 +40,10 @@ use smallvec::SmallVec;
 
 use crate::route::ShardId;
 
+pub mod blocklog;
 pub mod leader;
 pub mod machine;
+pub mod replicated;
 pub mod shard;
 pub mod submit;
 

@@ -1,0 +1,132 @@
+//! The atomizer's and the shards' machines as Raft replicates them ([`crate::raft::Machine`]):
+//! commands and replies postcard-encoded; the atomizer's sealed blocks appended to the replica's
+//! [`BlockLog`] as they are applied.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocklog::BlockLog;
+use super::machine::{AtomCmd, AtomizerConfig, AtomizerState, StepReply};
+use super::shard::{BlockReply, BlockShard, SnapshotError};
+use super::Block;
+use crate::raft::Machine;
+use crate::route::{ShardId, ShardMap};
+use crate::shard::{decode, encode, DecodeError};
+
+/// The atomizer's answer to a replicated step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AtomReply {
+    /// The step was applied.
+    Stepped(StepReply),
+    /// The command does not decode (nothing changed).
+    Refused(String),
+}
+
+/// An atomizer replica's machine: the state and the block log its sealed blocks go to.
+pub struct AtomizerMachine {
+    /// The replicated state.
+    pub state: AtomizerState,
+    log: Arc<BlockLog>,
+    /// Why the block log stopped taking blocks, if it did (the replica must not lead: it
+    /// cannot send the blocks it lacks).
+    failed: Option<String>,
+}
+
+impl AtomizerMachine {
+    /// A machine with the settings every replica of the group shares, writing to `log`.
+    pub fn new(cfg: AtomizerConfig, log: Arc<BlockLog>) -> AtomizerMachine {
+        AtomizerMachine {
+            state: AtomizerState::new(cfg),
+            log,
+            failed: None,
+        }
+    }
+
+    /// The block log.
+    pub fn log(&self) -> &Arc<BlockLog> {
+        &self.log
+    }
+
+    /// Why the block log failed, if it did.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+}
+
+impl Machine for AtomizerMachine {
+    fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+        let cmd = match decode::<AtomCmd>(cmd) {
+            Ok(c) => c,
+            Err(e) => return encode(&AtomReply::Refused(e.to_string())),
+        };
+        let (reply, blocks) = self.state.apply(cmd);
+        for b in &blocks {
+            if self.failed.is_some() {
+                break;
+            }
+            if let Err(e) = self.log.append(b) {
+                tracing::error!("ALERT florin atomizer: {e}; this replica will not lead");
+                self.failed = Some(e.to_string());
+            }
+        }
+        encode(&AtomReply::Stepped(reply))
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        self.state.snapshot()
+    }
+    type Error = DecodeError;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), DecodeError> {
+        self.state = AtomizerState::from_snapshot(snapshot)?;
+        if let Err(e) = self.log.skip_to(self.state.height(), self.state.tip()) {
+            tracing::error!("ALERT florin atomizer: {e}; this replica will not lead");
+            self.failed = Some(e.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// A shard replica's machine in the atomizer architecture: its commands are blocks.
+pub struct BlockShardMachine {
+    /// The replicated state.
+    pub state: BlockShard,
+    map: ShardMap,
+    shard: ShardId,
+}
+
+impl BlockShardMachine {
+    /// Shard `shard` of `map`, before any block.
+    pub fn new(map: ShardMap, shard: ShardId) -> BlockShardMachine {
+        BlockShardMachine {
+            state: BlockShard::new(map.clone(), shard),
+            map,
+            shard,
+        }
+    }
+}
+
+/// What a shard replica answers a block with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShardBlockReply {
+    /// The block's effect.
+    Block(BlockReply),
+    /// The command does not decode (nothing changed).
+    Refused(String),
+}
+
+impl Machine for BlockShardMachine {
+    fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
+        encode(&match decode::<Block>(cmd) {
+            Ok(b) => ShardBlockReply::Block(self.state.apply(&b)),
+            Err(e) => ShardBlockReply::Refused(e.to_string()),
+        })
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        self.state.snapshot()
+    }
+    type Error = SnapshotError;
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), SnapshotError> {
+        self.state = BlockShard::from_snapshot(self.map.clone(), self.shard, snapshot)?;
+        Ok(())
+    }
+}
