@@ -210,6 +210,9 @@ fn deploy_cluster(
         max_inflight: 8,
         one_phase,
         authority: None,
+        architecture: Default::default(),
+        atomizer: None,
+        atomizer_config: Default::default(),
     };
     spec.save(&data.join("cluster.toml"))?;
     let mut members = Vec::new();
@@ -273,6 +276,9 @@ fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
         max_inflight: 8,
         one_phase: true,
         authority: None,
+        architecture: Default::default(),
+        atomizer: None,
+        atomizer_config: Default::default(),
     };
     spec.save(&data.join("cluster.toml"))?;
     let mut cfg = NodeConfig::member(Role::Engine, 0, 1);

@@ -144,6 +144,7 @@ impl Group {
                     height,
                     inputs: Default::default(),
                     tx: Some(tx),
+                    now: 0,
                 }],
                 seal: true,
                 now: 1_000 + n,

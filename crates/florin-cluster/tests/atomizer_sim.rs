@@ -32,7 +32,16 @@ enum Ev {
     Tick,
     Submit,
     /// A sentinel asks a shard to attest.
-    Attest(usize, ShardId, Job, Attempt, CompactTx, [u8; 32], Height),
+    Attest(
+        usize,
+        ShardId,
+        Job,
+        Vec<Attempt>,
+        CompactTx,
+        [u8; 32],
+        Height,
+        u64,
+    ),
     /// A sentinel asks a shard for a status.
     Ask(usize, ShardId, Job, [u8; 32], Height),
     /// A shard's answer reaches a sentinel.
@@ -209,11 +218,24 @@ impl Sim {
                 SubmitOutput::Attest {
                     shard,
                     job,
-                    attempt,
+                    attempts,
                     tx,
                     key,
                     min_height,
-                } => self.send(|| Ev::Attest(s, shard, job, attempt, tx.clone(), key, min_height)),
+                    now,
+                    ..
+                } => self.send(|| {
+                    Ev::Attest(
+                        s,
+                        shard,
+                        job,
+                        attempts.to_vec(),
+                        tx.clone(),
+                        key,
+                        min_height,
+                        now,
+                    )
+                }),
                 SubmitOutput::AskStatus {
                     shard,
                     job,
@@ -374,10 +396,12 @@ impl Sim {
         self.tickets.insert((s, ticket), txs.clone());
         // The atomizer's committed height, read first (a linearizable read of its group).
         let height = self.atomizer.height();
+        let now = self.wall();
         let out = self.sentinels[s].handle(SubmitInput::Submit {
             ticket,
             txs,
             height,
+            now,
         });
         self.run_sentinel(s, out);
     }
@@ -422,11 +446,13 @@ impl Sim {
                     }
                 }
             }
-            Ev::Attest(s, shard, job, attempt, tx, key, min_height) => {
+            Ev::Attest(s, shard, job, attempts, tx, key, min_height, now) => {
                 if self.cut.contains(&shard) {
                     return true;
                 }
-                let verdict = self.shards[shard as usize].attest(&tx, key, attempt, min_height);
+                let attempt = attempts.last().copied().unwrap_or_default();
+                let verdict =
+                    self.shards[shard as usize].attest(&tx, key, &attempts, min_height, now);
                 if let Verdict::Attested(a) = &verdict {
                     let a = a.clone();
                     self.send(|| Ev::ToAtomizer(vec![a.clone()]));

@@ -15,7 +15,7 @@ use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_http::{serve_with, AppState};
 use florin_node::cluster::deploy::{self, NodeConfig};
 use florin_node::cluster::rpc::{Peer, Request, Response};
-use florin_node::cluster::{start_member, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
+use florin_node::cluster::{start_member, ClusterSpec, GroupSpec, MemberSpec, Role};
 use florin_node::hosts::HostNet;
 use florin_node::manifest::{check_dir, DirState, Manifest};
 use florin_node::{load_key, load_or_create_key, Authority, AuthorityConfig, Ledger};
@@ -53,9 +53,14 @@ pub enum ClusterCommand {
         /// Replicas per group (shards and coordinators).
         #[arg(long, default_value_t = 3)]
         replicas: usize,
-        /// Coordinator groups.
+        /// Coordinator groups (two-phase commit only).
         #[arg(long, default_value_t = 1)]
         coordinators: usize,
+        /// Which of Hamilton's designs (first start only): `two-phase` (locking shards and
+        /// two-phase-commit coordinators) or `atomizer` (one Raft group orders every
+        /// transaction into hash-chained blocks; docs/atomizer.md).
+        #[arg(long, value_enum, default_value_t = Arch::TwoPhase)]
+        architecture: Arch,
         /// Sentinels (HTTP API processes, each with a replica of the token authority; three or
         /// five survive the loss of one or two).
         #[arg(long, default_value_t = 1)]
@@ -87,6 +92,23 @@ pub enum ClusterCommand {
         #[arg(long, requires = "emulate_hosts")]
         host_cpu: Option<f64>,
     },
+    /// An atomizer cluster's block log: reads every block from the atomizer's replicas,
+    /// verifies the hash chain (and that no id is spent twice), and prints it. Exit code 0 when
+    /// the chain verifies, 1 when it does not.
+    Blocks {
+        /// The cluster's directory.
+        #[arg(long, default_value = "./florin-cluster")]
+        data: PathBuf,
+        /// The first block to print (all are verified).
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Print only the summary.
+        #[arg(long)]
+        summary: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every group's leader, term, log index and health, and the API URL.
     Status {
         /// The cluster's directory.
@@ -96,8 +118,8 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Kill -9 a process for fault drills: `shard/S`, `coordinator/C` (the group's leader),
-    /// `shard/S/R`, `coordinator/C/R`, `sentinel/N`.
+    /// Kill -9 a process for fault drills: `shard/S`, `coordinator/C`, `atomizer` (the group's
+    /// leader), `shard/S/R`, `coordinator/C/R`, `atomizer/0/R`, `sentinel/N`.
     Kill {
         /// What to kill.
         target: String,
@@ -150,6 +172,15 @@ pub enum ClusterCommand {
     },
 }
 
+/// `--architecture`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arch {
+    /// Locking shards and two-phase-commit coordinators.
+    TwoPhase,
+    /// Block-applying shards and the atomizer.
+    Atomizer,
+}
+
 // ------------------------------------------------------------------------- layout
 
 /// What `cluster up` creates.
@@ -157,6 +188,7 @@ struct Shape<'a> {
     shards: usize,
     replicas: usize,
     coordinators: usize,
+    architecture: Arch,
     sentinels: usize,
     api: SocketAddr,
     max_faucet: &'a str,
@@ -213,17 +245,21 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     if shards == 0 || replicas == 0 || coordinators == 0 || sentinels == 0 {
         bail!("shards, replicas, coordinators and sentinels must each be at least 1");
     }
+    let atomizer = shape.architecture == Arch::Atomizer;
+    // An atomizer cluster has one atomizer group in place of the coordinator groups.
+    let coordinators = if atomizer { 0 } else { coordinators };
+    let extra_groups = if atomizer { 1 } else { coordinators };
     std::fs::create_dir_all(data)?;
     let mut place = match shape.emulate_hosts {
         None => {
             // Each sentinel's authority replica needs a port too (the first sentinel's HTTP
             // port is the one asked for); each shard and coordinator replica one for its
             // metrics.
-            let n = 2 * (shards + coordinators) * replicas + 2 * sentinels - 1;
+            let n = 2 * (shards + extra_groups) * replicas + 2 * sentinels - 1;
             Placement::Loopback(florin_node::custody::free_loopback_addrs(n)?.into_iter())
         }
         Some(share) => {
-            let n = (shards + coordinators) * replicas + sentinels;
+            let n = (shards + extra_groups) * replicas + sentinels;
             if n > florin_node::hosts::MAX_HOSTS {
                 bail!(
                     "{n} processes do not fit one emulated network ({} hosts at most)",
@@ -262,6 +298,11 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
     };
     let shard_groups = groups(Role::Shard, shards, &mut place)?;
     let coord_groups = groups(Role::Coordinator, coordinators, &mut place)?;
+    let atomizer_group = if atomizer {
+        groups(Role::Atomizer, 1, &mut place)?.pop()
+    } else {
+        None
+    };
     let sentinel_keys: Vec<SecretKey> = (0..sentinels)
         .map(|_| SecretKey::generate(&mut rand::rngs::OsRng))
         .collect();
@@ -311,6 +352,13 @@ fn create(data: &Path, shape: &Shape) -> Result<ClusterSpec> {
         max_inflight: 8,
         one_phase: true,
         authority: Some(authority),
+        architecture: if atomizer {
+            florin_node::cluster::Architecture::Atomizer
+        } else {
+            florin_node::cluster::Architecture::TwoPhase
+        },
+        atomizer: atomizer_group,
+        atomizer_config: Default::default(),
     };
     for (role, g, id, key) in keys {
         let mut cfg = NodeConfig::member(role, g, id);
@@ -541,12 +589,16 @@ fn state(data: &Path) -> Result<ClusterState> {
             ));
             continue;
         }
-        let groups = if role == Role::Shard {
-            &spec.shards
-        } else {
-            &spec.coordinators
+        let atomizer: Vec<GroupSpec> = spec.atomizer.iter().cloned().collect();
+        let groups = match role {
+            Role::Shard => &spec.shards,
+            Role::Atomizer => &atomizer,
+            _ => &spec.coordinators,
         };
-        let Some(m) = groups[g as usize].members.iter().find(|m| m.id == id) else {
+        let Some(m) = groups
+            .get(g as usize)
+            .and_then(|gr| gr.members.iter().find(|m| m.id == id))
+        else {
             continue;
         };
         let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
@@ -575,6 +627,7 @@ fn state(data: &Path) -> Result<ClusterState> {
     for (role, n) in [
         (Role::Shard, spec.shards.len()),
         (Role::Coordinator, spec.coordinators.len()),
+        (Role::Atomizer, usize::from(spec.atomizer.is_some())),
     ] {
         for g in 0..n as u16 {
             healthy &= members
@@ -621,6 +674,7 @@ fn print_state(s: &ClusterState) {
             Role::Coordinator => "coordinator",
             Role::Sentinel => "sentinel",
             Role::Engine => "engine",
+            Role::Atomizer => "atomizer",
         };
         let state = if m.up {
             m.state.clone().unwrap_or_else(|| "up".into())
@@ -667,6 +721,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             shards,
             replicas,
             coordinators,
+            architecture,
             sentinels,
             data,
             api,
@@ -700,6 +755,7 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
                     shards,
                     replicas,
                     coordinators,
+                    architecture,
                     sentinels,
                     api,
                     max_faucet: &max_faucet,
@@ -747,9 +803,13 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             };
             drop(wait);
             tracing::info!(
-                "started {started} process(es): {} shard group(s), {} coordinator group(s), {} replica(s) each",
+                "started {started} process(es): {} shard group(s), {}, {} replica(s) each",
                 spec.shards.len(),
-                spec.coordinators.len(),
+                if spec.atomizer.is_some() {
+                    "the atomizer".to_string()
+                } else {
+                    format!("{} coordinator group(s)", spec.coordinators.len())
+                },
                 spec.shards[0].members.len()
             );
             print_state(&st);
@@ -765,6 +825,12 @@ pub fn run(cmd: ClusterCommand) -> Result<ExitCode> {
             println!("listening on {}", st.api);
             Ok(ExitCode::SUCCESS)
         }
+        ClusterCommand::Blocks {
+            data,
+            from,
+            summary,
+            json,
+        } => blocks(&canonical(&data)?, from, summary, json),
         ClusterCommand::Status { data, json } => {
             let st = state(&canonical(&data)?)?;
             if json {
@@ -885,6 +951,138 @@ fn host_drill(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `florin cluster blocks`.
+fn blocks(data: &Path, from: u64, summary: bool, json: bool) -> Result<ExitCode> {
+    use florin_cluster::atomizer::{verify_chain, Block, ChainSummary, GENESIS};
+    let spec = ClusterSpec::load(&data.join("cluster.toml"))?;
+    let group = spec.atomizer.clone().ok_or_else(|| {
+        anyhow!("this cluster runs two-phase commit: only an atomizer cluster has a block log")
+    })?;
+    let me = Arc::new(LocalSigner::new(load_key(&data.join("client.key"))?));
+    let peers: Vec<Peer> = group
+        .members
+        .iter()
+        .map(|m| {
+            Ok(Peer::new(
+                m.addr.clone(),
+                PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?,
+                me.clone(),
+                Duration::from_secs(10),
+            ))
+        })
+        .collect::<Result<_>>()?;
+    // The committed height (the leader's, linearizable), then the blocks up to it in pieces,
+    // from whichever replica holds them (one that restarted may not have caught up yet, one
+    // that received a snapshot starts its log later).
+    let mut last = String::from("no atomizer replica answered");
+    let target = peers
+        .iter()
+        .find_map(|p| match p.call(&Request::AtomHeight) {
+            Ok(Response::Height(h)) => Some(h),
+            Ok(other) => {
+                last = format!("{other:?}");
+                None
+            }
+            Err(e) => {
+                last = e.to_string();
+                None
+            }
+        })
+        .ok_or_else(|| anyhow!("the atomizer's height: {last}"))?;
+    let read = |at: u64| -> Result<Vec<Block>> {
+        let mut last = String::from("no atomizer replica");
+        for p in &peers {
+            match p.call(&Request::AtomReadBlocks(at, at + 999)) {
+                Ok(Response::Blocks(b)) if !b.is_empty() => return Ok(b),
+                Ok(other) => last = format!("{other:?}"),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        bail!("no atomizer replica holds block {at}: {last}")
+    };
+    let mut sum = ChainSummary {
+        tip: GENESIS,
+        ..ChainSummary::default()
+    };
+    let mut shown = Vec::new();
+    let mut broken = None;
+    while sum.height < target {
+        let got = read(sum.height + 1)?;
+        let start = (sum.height, sum.tip);
+        match verify_chain(start, &got) {
+            Ok(s) => {
+                sum = ChainSummary {
+                    height: s.height,
+                    tip: s.tip,
+                    txs: sum.txs + s.txs,
+                    rejected: sum.rejected + s.rejected,
+                };
+            }
+            Err(e) => {
+                broken = Some(e.to_string());
+                break;
+            }
+        }
+        if !summary {
+            shown.extend(got.into_iter().filter(|b| b.height >= from).map(|b| {
+                serde_json::json!({
+                    "height": b.height,
+                    "hash": hex(&b.hash()),
+                    "prev": hex(&b.prev),
+                    "clock": b.now,
+                    "txs": b.txs.len(),
+                    "rejected": b.rejected.len(),
+                })
+            }));
+        }
+    }
+    if json {
+        crate::util::printed_json();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "verified": broken.is_none(),
+                "error": broken,
+                "height": sum.height,
+                "tip": hex(&sum.tip),
+                "txs": sum.txs,
+                "rejected": sum.rejected,
+                "blocks": shown,
+            }))?
+        );
+    } else {
+        for b in &shown {
+            println!(
+                "block {:>8}  {}…  {:>6} tx  {:>4} rejected  clock {}",
+                b["height"].as_u64().unwrap_or(0),
+                b["hash"].as_str().unwrap_or("").get(..16).unwrap_or(""),
+                b["txs"].as_u64().unwrap_or(0),
+                b["rejected"].as_u64().unwrap_or(0),
+                b["clock"].as_u64().unwrap_or(0)
+            );
+        }
+        match &broken {
+            None => println!(
+                "{} block(s) verified: one hash chain, no id spent twice; {} transaction(s), {} rejected; tip {}",
+                sum.height,
+                sum.txs,
+                sum.rejected,
+                hex(&sum.tip)
+            ),
+            Some(e) => println!("NOT verified after block {}: {e}", sum.height),
+        }
+    }
+    Ok(if broken.is_none() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn hex(d: &[u8; 32]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The member a fault drill names: `shard/S[/R]`, `coordinator/C[/R]` (no replica: the
 /// group's leader) or `sentinel/N`.
 fn find_member(st: &ClusterState, target: &str) -> Result<MemberState> {
@@ -892,8 +1090,9 @@ fn find_member(st: &ClusterState, target: &str) -> Result<MemberState> {
     let role = match parts.first().copied() {
         Some("shard") => Role::Shard,
         Some("coordinator") | Some("coord") => Role::Coordinator,
+        Some("atomizer") => Role::Atomizer,
         Some("sentinel") => Role::Sentinel,
-        _ => bail!("which? shard/S[/R], coordinator/C[/R] or sentinel/N"),
+        _ => bail!("which? shard/S[/R], coordinator/C[/R], atomizer[/0/R] or sentinel/N"),
     };
     let group: u16 = parts.get(1).map(|g| g.parse()).transpose()?.unwrap_or(0);
     let id: Option<u64> = parts.get(2).map(|i| i.parse()).transpose()?;
@@ -954,11 +1153,12 @@ pub fn run_node(args: NodeArgs) -> Result<ExitCode> {
         .enable_all()
         .build()?;
     match cfg.role {
-        Role::Shard | Role::Coordinator => rt.block_on(async {
-            let groups = if cfg.role == Role::Shard {
-                &spec.shards
-            } else {
-                &spec.coordinators
+        Role::Shard | Role::Coordinator | Role::Atomizer => rt.block_on(async {
+            let atomizer: Vec<GroupSpec> = spec.atomizer.iter().cloned().collect();
+            let groups = match cfg.role {
+                Role::Shard => &spec.shards,
+                Role::Atomizer => &atomizer,
+                _ => &spec.coordinators,
             };
             let addr = groups
                 .get(cfg.group as usize)
@@ -1039,8 +1239,8 @@ fn run_sentinel(
     let issuer: Arc<dyn Signer> = Arc::new(LocalSigner::new(load_key(&issuer_key)?));
     // A member of the spec's authority group holds a replica of the registry.
     let replica_of = florin_node::cluster::authority::membership(spec, &me.public_key());
-    let store = ClusterStore::new(spec, me.clone())?;
-    let ledger = Ledger::start(Arc::new(store), issuer);
+    let store = florin_node::cluster::open_store(spec, me.clone())?;
+    let ledger = Ledger::start(store, issuer);
     if spec.authority.is_some() && cfg.authority && replica_of.is_none() {
         bail!(
             "this sentinel has `authority = true` but is not a member of the cluster's [authority] \

@@ -1356,6 +1356,106 @@ fn raft_metrics_show_one_leader_per_group(data: &Path, api: &str) {
 /// comes back and catches up, the group's leader is then killed, and the sentinel that was
 /// down serves the fraud proof, every acknowledged payment and balanced books.
 #[test]
+fn atomizer_cluster_pays_through_leader_kills_and_verifies_its_block_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("cluster");
+    let data_s = data.to_str().unwrap().to_string();
+    let _down = Down("cluster", data_s.clone());
+    let api = free_api();
+    run_ok(&[
+        "cluster",
+        "up",
+        "--architecture",
+        "atomizer",
+        "--shards",
+        "2",
+        "--replicas",
+        "3",
+        "--data",
+        &data_s,
+        "--api",
+        &api,
+        "--faucet",
+    ]);
+    let url = format!("https://{api}");
+    common::register_ca(&url, &data.join("tls").join("ca.pem"));
+    let u = User::new(dir.path(), &url);
+    let st = u.ok(&["cluster", "status", "--data", &data_s, "--json"]);
+    assert_eq!(st["healthy"], true, "{st}");
+    let members = st["members"].as_array().unwrap();
+    assert_eq!(members.len(), 10, "{st}");
+    assert_eq!(
+        members.iter().filter(|m| m["role"] == "atomizer").count(),
+        3,
+        "{st}"
+    );
+    assert!(!members.iter().any(|m| m["role"] == "coordinator"), "{st}");
+    let names = ["a0", "a1", "a2"];
+    let operator_key = data.join("operator.key");
+    let operator_key = operator_key.to_str().unwrap();
+    for n in names {
+        u.wallet(n, &["new", "--no-passphrase"]);
+        u.wallet(n, &["faucet", "100", "--operator-key", operator_key]);
+    }
+    let load = PayLoad::start(&u, &names, 200, false);
+    std::thread::sleep(Duration::from_millis(1500));
+    let k1 = u.run(&["cluster", "kill", "atomizer", "--data", &data_s]);
+    assert!(
+        k1.status.success(),
+        "{}",
+        String::from_utf8_lossy(&k1.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(2000));
+    let k2 = u.run(&["cluster", "kill", "shard/1", "--data", &data_s]);
+    assert!(k2.status.success());
+    std::thread::sleep(Duration::from_millis(2000));
+    let (acked, _failures) = load.finish();
+    assert!(
+        acked.len() >= 8,
+        "the load ran ({} acknowledged)",
+        acked.len()
+    );
+    for txid in &acked {
+        let body = http_get(&url, &format!("/v1/ledger/transactions/{txid}"));
+        assert!(
+            body.contains("\"confirmed\""),
+            "acknowledged transaction {txid} lost: {body}"
+        );
+    }
+    // The block log verifies as one chain holding every acknowledged payment.
+    let blocks = u.ok(&["cluster", "blocks", "--data", &data_s, "--json"]);
+    assert_eq!(blocks["verified"], true, "{blocks}");
+    assert!(
+        blocks["txs"].as_u64().unwrap() >= acked.len() as u64 + 3,
+        "{blocks}"
+    );
+    assert_eq!(
+        blocks["blocks"].as_array().unwrap().len() as u64,
+        blocks["height"].as_u64().unwrap()
+    );
+    // The killed processes restart from their disks and the log still verifies.
+    run_ok(&["cluster", "up", "--data", &data_s]);
+    let again = u.ok(&[
+        "cluster",
+        "blocks",
+        "--data",
+        &data_s,
+        "--summary",
+        "--json",
+    ]);
+    assert_eq!(again["verified"], true, "{again}");
+    assert!(again["height"].as_u64() >= blocks["height"].as_u64());
+    // A two-phase cluster has no block log; a missing cluster is an error.
+    let none = u.run(&[
+        "cluster",
+        "blocks",
+        "--data",
+        dir.path().join("nothing").to_str().unwrap(),
+    ]);
+    assert!(!none.status.success());
+}
+
+#[test]
 fn cluster_authority_replicas_keep_tokens_deposits_and_fraud_proofs_through_sentinel_losses() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("cluster");

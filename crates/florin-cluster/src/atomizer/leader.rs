@@ -198,6 +198,10 @@ impl AtomizerLeader {
         }
         let n = self.buffer.len().min(self.cfg.max_step);
         let attestations: Vec<Attestation> = self.buffer.drain(..n).collect();
+        // The sentinels' clocks count, up to the tolerated skew past this leader's.
+        let theirs = attestations.iter().map(|a| a.now).max().unwrap_or(0);
+        let wall =
+            wall.max(theirs.min(wall.saturating_add(florin_ledger::expiry::CLOCK_SKEW_SECS)));
         self.dirty = if seal { false } else { self.dirty || n > 0 };
         if seal {
             self.last_seal = self.ms;

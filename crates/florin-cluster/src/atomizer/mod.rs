@@ -88,6 +88,9 @@ pub struct Attestation {
     pub inputs: SmallVec<[u16; 2]>,
     /// The transaction, from the txid's shard.
     pub tx: Option<CompactTx>,
+    /// The sentinel's clock (Unix seconds): the atomizer's clock is at least the highest its
+    /// attestations carry, up to the tolerated skew past its leader's.
+    pub now: u64,
 }
 
 /// Why the atomizer left a complete transaction out of every block.

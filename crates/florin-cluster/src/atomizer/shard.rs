@@ -238,25 +238,34 @@ impl BlockShard {
     /// Checks, at the shard's height (at least `min_height`), what of `tx` lies on this shard:
     /// its inputs here unspent and, if the txid is this shard's, the txid not confirmed. On
     /// success the attestation to send the atomizer (carrying the body if the txid is this
-    /// shard's).
+    /// shard's), under the last of `attempts` (the sentinel's tries of it, oldest first).
+    /// Expiry is judged at the later of the shard's clock and the sentinel's `now`; a txid
+    /// confirmed under another sentinel's try is answered expired once its expiry has passed
+    /// (a mint's never), as by every store: never applied again either way.
     pub fn attest(
         &self,
         tx: &CompactTx,
         key: TxKey,
-        attempt: Attempt,
+        attempts: &[Attempt],
         min_height: Height,
+        now: u64,
     ) -> Verdict {
         let h = self.rest.height;
         if h < min_height {
             return Verdict::Behind(h);
         }
+        let expired = tx.expires < self.confirmed.now().max(now);
         let owns_txid = self.map.owns(self.shard, &tx.txid);
         if owns_txid {
             if let Some((at, a)) = self.confirmed.get(&tx.txid) {
+                // A mint's confirmation is kept and answered for ever.
+                if expired && tx.kind != TxKind::Mint && !attempts.contains(a) {
+                    return Verdict::Expired(h);
+                }
                 return Verdict::Confirmed(*at, *a);
             }
         }
-        if tx.expires < self.confirmed.now() {
+        if expired {
             return Verdict::Expired(h);
         }
         let mut inputs = SmallVec::new();
@@ -274,11 +283,12 @@ impl BlockShard {
         }
         Verdict::Attested(Attestation {
             key,
-            attempt,
+            attempt: attempts.last().copied().unwrap_or_default(),
             shard: self.shard,
             height: h,
             inputs,
             tx: owns_txid.then(|| tx.clone()),
+            now,
         })
     }
 

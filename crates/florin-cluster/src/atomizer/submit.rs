@@ -71,6 +71,8 @@ pub enum SubmitInput {
         txs: Vec<CompactTx>,
         /// The atomizer's committed height, read when the submission began.
         height: Height,
+        /// The submitter's clock (Unix seconds): expiry is judged at least at it.
+        now: u64,
     },
     /// A shard's answer to [`SubmitOutput::Attest`].
     Verdict {
@@ -105,8 +107,12 @@ pub enum SubmitOutput {
         shard: ShardId,
         /// The transaction's handle.
         job: Job,
-        /// The try.
+        /// The try (the last of `attempts`).
         attempt: Attempt,
+        /// Every try of it so far, oldest first.
+        attempts: SmallVec<[Attempt; 2]>,
+        /// The submitter's clock.
+        now: u64,
         /// The transaction.
         tx: CompactTx,
         /// Its key.
@@ -145,6 +151,9 @@ pub enum SubmitOutput {
 
 #[derive(Debug, Clone)]
 enum Stage {
+    /// Spends an output of a transaction still in flight here (earlier in the same submission,
+    /// or in an earlier one): waits for it, then reads at least at the height it was ordered.
+    Blocked,
     /// Waiting for the shards' verdicts on the current try.
     Attesting {
         waiting: BTreeSet<ShardId>,
@@ -175,6 +184,10 @@ struct JobState {
     stage: Stage,
     /// When the shards or the txid's shard were last asked.
     asked_at: u64,
+    /// Transactions in flight whose outputs it spends.
+    blocked_by: usize,
+    /// The submitter's clock when it was submitted.
+    wall: u64,
 }
 
 impl JobState {
@@ -199,6 +212,10 @@ pub struct Submitter {
     now: u64,
     /// Answers and failures decided while handling an event.
     done: Vec<SubmitOutput>,
+    /// Outputs of transactions in flight, by the job producing them.
+    producing: HashMap<florin_ledger::UhsId, Job>,
+    /// Jobs waiting for a job's end.
+    dependents: HashMap<Job, Vec<Job>>,
 }
 
 impl Submitter {
@@ -213,6 +230,8 @@ impl Submitter {
             next_job: 0,
             now: 0,
             done: Vec::new(),
+            producing: HashMap::new(),
+            dependents: HashMap::new(),
         }
     }
 
@@ -251,6 +270,7 @@ impl Submitter {
                 ticket,
                 txs,
                 height,
+                now: wall,
             } => {
                 if txs.is_empty() {
                     out.push(SubmitOutput::Answer {
@@ -276,6 +296,21 @@ impl Submitter {
                         }
                     }
                     self.next_job += 1;
+                    let j = self.next_job;
+                    let mut blockers: SmallVec<[Job; 2]> = SmallVec::new();
+                    for i in &tx.inputs {
+                        if let Some(b) = self.producing.get(i) {
+                            if !blockers.contains(b) {
+                                blockers.push(*b);
+                            }
+                        }
+                    }
+                    for (o, _) in &tx.outputs {
+                        self.producing.insert(*o, j);
+                    }
+                    for b in &blockers {
+                        self.dependents.entry(*b).or_default().push(j);
+                    }
                     let job = JobState {
                         ticket,
                         pos,
@@ -284,11 +319,15 @@ impl Submitter {
                         shards,
                         attempts: SmallVec::new(),
                         min_height: height,
-                        stage: Stage::Waiting { since: 0 },
+                        stage: Stage::Blocked,
                         asked_at: self.now,
+                        blocked_by: blockers.len(),
+                        wall,
                     };
-                    self.jobs.insert(self.next_job, job);
-                    self.new_try(self.next_job, &mut out);
+                    self.jobs.insert(j, job);
+                    if blockers.is_empty() {
+                        self.new_try(j, &mut out);
+                    }
                 }
             }
             SubmitInput::Verdict {
@@ -313,6 +352,8 @@ impl Submitter {
     /// Gives up every submission (this sentinel stops): their tickets, to be failed as in doubt.
     pub fn abandon(&mut self) -> Vec<Ticket> {
         self.jobs.clear();
+        self.producing.clear();
+        self.dependents.clear();
         let mut t: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
         t.sort_unstable();
         t
@@ -347,6 +388,8 @@ impl Submitter {
                 shard: *s,
                 job: j,
                 attempt,
+                attempts: job.attempts.clone(),
+                now: job.wall,
                 tx: job.tx.clone(),
                 key: job.key,
                 min_height: job.min_height,
@@ -393,13 +436,13 @@ impl Submitter {
             return;
         }
         match verdict {
-            Verdict::Confirmed(_, a) => {
+            Verdict::Confirmed(h, a) => {
                 let o = if mine.contains(&a) {
                     SwapOutcome::Confirmed
                 } else {
                     SwapOutcome::AlreadyApplied
                 };
-                self.finish(j, o);
+                self.finish_at(j, o, h);
                 return;
             }
             // Asked again on the next resend.
@@ -446,14 +489,25 @@ impl Submitter {
         let mine = job.attempts.clone();
         let stage = job.stage.clone();
         match (stage, status) {
-            (Stage::Attesting { .. }, _) => {}
-            (Stage::Resolving { .. } | Stage::Waiting { .. }, TxStatus::Confirmed(_, a)) => {
+            (Stage::Attesting { .. } | Stage::Blocked, _) => {}
+            (
+                ref st @ (Stage::Resolving { .. } | Stage::Waiting { .. }),
+                TxStatus::Confirmed(h, a),
+            ) if mine.contains(&a)
+                || !matches!(
+                    st,
+                    Stage::Resolving {
+                        outcome: SwapOutcome::Expired,
+                        ..
+                    }
+                ) =>
+            {
                 let o = if mine.contains(&a) {
                     SwapOutcome::Confirmed
                 } else {
                     SwapOutcome::AlreadyApplied
                 };
-                self.finish(j, o);
+                self.finish_at(j, o, h);
             }
             // Asked again on the next tick.
             (_, TxStatus::Behind(_)) => {}
@@ -482,6 +536,7 @@ impl Submitter {
         };
         let idle = now.saturating_sub(job.asked_at);
         match &job.stage {
+            Stage::Blocked => {}
             Stage::Attesting { waiting, .. } => {
                 if idle < cfg.resend_after.min(cfg.poll_every * 4) {
                     return;
@@ -492,6 +547,8 @@ impl Submitter {
                         shard: *s,
                         job: j,
                         attempt: job.attempt(),
+                        attempts: job.attempts.clone(),
+                        now: job.wall,
                         tx: job.tx.clone(),
                         key: job.key,
                         min_height: job.min_height,
@@ -516,9 +573,16 @@ impl Submitter {
     }
 
     fn finish(&mut self, j: Job, outcome: SwapOutcome) {
+        self.finish_at(j, outcome, 0);
+    }
+
+    /// Ends job `j` (ordered at `height`, or 0 if that is not known): its dependents read at
+    /// least there.
+    fn finish_at(&mut self, j: Job, outcome: SwapOutcome, height: Height) {
         let Some(job) = self.jobs.remove(&j) else {
             return;
         };
+        self.release(j, &job.tx, height);
         let Some(t) = self.tickets.get_mut(&job.ticket) else {
             return;
         };
@@ -535,8 +599,41 @@ impl Submitter {
         }
     }
 
+    /// Job `j` (spending `tx`) is over: its outputs are no longer in flight and the jobs
+    /// waiting for it go on, at least at `height`.
+    fn release(&mut self, j: Job, tx: &CompactTx, height: Height) {
+        for (o, _) in &tx.outputs {
+            if self.producing.get(o) == Some(&j) {
+                self.producing.remove(o);
+            }
+        }
+        let mut out = Vec::new();
+        for d in self.dependents.remove(&j).unwrap_or_default() {
+            let Some(dj) = self.jobs.get_mut(&d) else {
+                continue;
+            };
+            dj.min_height = dj.min_height.max(height);
+            dj.blocked_by = dj.blocked_by.saturating_sub(1);
+            if dj.blocked_by == 0 {
+                self.new_try(d, &mut out);
+            }
+        }
+        self.done.append(&mut out);
+    }
+
     fn fail(&mut self, ticket: Ticket, why: String) {
-        self.jobs.retain(|_, j| j.ticket != ticket);
+        let gone: Vec<(Job, CompactTx)> = self
+            .jobs
+            .iter()
+            .filter(|(_, s)| s.ticket == ticket)
+            .map(|(j, s)| (*j, s.tx.clone()))
+            .collect();
+        for (j, _) in &gone {
+            self.jobs.remove(j);
+        }
+        for (j, tx) in &gone {
+            self.release(*j, tx, 0);
+        }
         if self.tickets.remove(&ticket).is_some() {
             self.done.push(SubmitOutput::Fail { ticket, why });
         }

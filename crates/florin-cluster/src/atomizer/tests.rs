@@ -40,6 +40,7 @@ fn att(t: &CompactTx, shard: ShardId, height: Height, inputs: &[u16], body: bool
         height,
         inputs: inputs.iter().copied().collect(),
         tx: body.then(|| t.clone()),
+        now: 0,
     }
 }
 
@@ -194,7 +195,7 @@ fn a_shard_applies_blocks_in_order_and_answers_as_watchtower() {
     assert_eq!(s.books().unspent_cents, 10, "only its own range");
     let mut a = AtomizerState::new(cfg());
     let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![(id(0, 4), 20)]);
-    let v = s.attest(&t, tx_key(&t), 7, 0);
+    let v = s.attest(&t, tx_key(&t), &[7], 0, 0);
     let Verdict::Attested(mine) = v else {
         panic!("{v:?}")
     };
@@ -206,14 +207,17 @@ fn a_shard_applies_blocks_in_order_and_answers_as_watchtower() {
     let m = tx(id(0, 9), vec![], vec![(id(0, 10), 1)]);
     let b2 = step(&mut a, vec![att(&m, 0, 1, &[], true)]);
     assert_eq!(s.apply(&b2[0]), BlockReply::Behind(0));
-    assert_eq!(s.attest(&t, tx_key(&t), 7, 1), Verdict::Behind(0));
+    assert_eq!(s.attest(&t, tx_key(&t), &[7], 1, 0), Verdict::Behind(0));
     assert_eq!(s.apply(&b1[0]), BlockReply::Applied(1));
     assert_eq!(s.apply(&b1[0]), BlockReply::Applied(1), "idempotent");
     assert!(!s.is_unspent(&id(0, 2)) && s.is_unspent(&id(0, 4)));
     assert_eq!(s.status(&t.txid, 1), TxStatus::Confirmed(1, 7));
-    assert_eq!(s.attest(&t, tx_key(&t), 8, 0), Verdict::Confirmed(1, 7));
+    assert_eq!(
+        s.attest(&t, tx_key(&t), &[8], 0, 0),
+        Verdict::Confirmed(1, 7)
+    );
     let t2 = tx(id(0, 11), vec![id(0, 2)], vec![]);
-    assert_eq!(s.attest(&t2, tx_key(&t2), 1, 0), Verdict::Missing(1));
+    assert_eq!(s.attest(&t2, tx_key(&t2), &[1], 0, 0), Verdict::Missing(1));
     assert_eq!(s.status(&t2.txid, 5), TxStatus::Behind(1));
     assert_eq!(s.status(&t2.txid, 1), TxStatus::Unknown(1));
     // A block at the next height from another history changes nothing.
@@ -249,7 +253,7 @@ fn a_shard_refuses_expired_transactions_and_records_rejections() {
     t.expires = 50;
     let b = step(&mut a, vec![att(&t, 0, 0, &[], true)]);
     s.apply(&b[0]);
-    assert_eq!(s.attest(&t, tx_key(&t), 1, 0), Verdict::Expired(1));
+    assert_eq!(s.attest(&t, tx_key(&t), &[1], 0, 0), Verdict::Expired(1));
     assert_eq!(
         s.status(&t.txid, 0),
         TxStatus::Rejected(smallvec![7], Reject::Expired)
@@ -359,6 +363,7 @@ fn the_submitter_follows_a_transaction_to_its_block() {
         ticket: 1,
         txs: vec![t.clone()],
         height: 4,
+        now: 0,
     });
     let asked = attests(&out);
     assert_eq!(asked.len(), 2);
@@ -411,6 +416,7 @@ fn the_submitter_tells_missing_inputs_from_its_own_earlier_tries_and_gives_up_in
         ticket: 1,
         txs: vec![t.clone(), t.clone()],
         height: 0,
+        now: 0,
     });
     let a1 = attests(&out)[0].1;
     let a2 = attests(&out)[2].1;
@@ -468,6 +474,7 @@ fn the_submitter_tells_missing_inputs_from_its_own_earlier_tries_and_gives_up_in
         ticket: 2,
         txs: vec![t.clone()],
         height: 0,
+        now: 0,
     });
     let mut attempt = attests(&out)[0].1;
     let mut failed = false;

@@ -90,8 +90,18 @@ impl GroupClient {
             | Request::Confirmed(_)
             | Request::Books
             | Request::Status
-            | Request::RegistryVersion => {
+            | Request::RegistryVersion
+            | Request::AtomAttest(_)
+            | Request::AtomStatus(_)
+            | Request::AtomUnspent(..)
+            | Request::AtomConfirmed(..)
+            | Request::AtomHeight
+            | Request::AtomReadBlocks(..) => {
                 let wait = left.min(READ_WAIT).max(MIN_WAIT).min(peer.timeout());
+                Attempt::Answer(peer.call_within(req, wait))
+            }
+            Request::AtomForward(_) | Request::AtomBlocks(_) => {
+                let wait = left.max(MIN_WAIT).min(peer.timeout());
                 Attempt::Answer(peer.call_within(req, wait))
             }
             Request::Fenced(_) => {

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use florin_crypto::SecretKey;
 use serde::{Deserialize, Serialize};
 
+use super::GroupSpec;
 use super::{ClusterSpec, Role};
 use crate::error::{BadRequest, NodeError};
 use crate::hosts::HostNet;
@@ -184,6 +185,7 @@ pub fn host_name(role: Role, group: u16, id: u64) -> String {
         Role::Coordinator => format!("coord-{group}-{id}"),
         Role::Sentinel => format!("sentinel-{group}"),
         Role::Engine => format!("engine-{group}"),
+        Role::Atomizer => format!("atomizer-{id}"),
     }
 }
 
@@ -191,9 +193,11 @@ pub fn host_name(role: Role, group: u16, id: u64) -> String {
 /// coordinator replicas from the spec, then each sentinel whose `node.toml` is there.
 pub fn processes(data: &Path, spec: &ClusterSpec) -> Vec<(Role, u16, u64, PathBuf)> {
     let mut v = Vec::new();
+    let atomizer: Vec<GroupSpec> = spec.atomizer.iter().cloned().collect();
     for (role, groups) in [
         (Role::Shard, &spec.shards),
         (Role::Coordinator, &spec.coordinators),
+        (Role::Atomizer, &atomizer),
     ] {
         for (g, group) in groups.iter().enumerate() {
             for m in &group.members {

@@ -8,6 +8,7 @@
 //!   ledger service with this store behind it.
 //! - [`LocalCluster`]: every member in one process on loopback sockets (tests, benchmarks).
 
+pub mod atomizer;
 pub mod authority;
 pub mod client;
 pub mod deploy;
@@ -34,6 +35,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{BadRequest, NodeError, StorageError};
 use client::GroupClient;
+use florin_cluster::atomizer::machine::AtomizerConfig;
+use florin_cluster::atomizer::replicated::{AtomizerMachine, BlockShardMachine};
 use rpc::{Peer, Request, Response, Server};
 use service::{CoordMachine, CoordService, ShardMachine, ShardService};
 
@@ -98,6 +101,36 @@ pub struct ClusterSpec {
     /// holds the only registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authority: Option<GroupSpec>,
+    /// Which of Hamilton's two designs the cluster runs (two-phase commit unless named).
+    #[serde(default, skip_serializing_if = "Architecture::is_two_phase")]
+    pub architecture: Architecture,
+    /// The atomizer's group (the atomizer architecture only; it has no coordinators).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atomizer: Option<GroupSpec>,
+    /// The atomizer's settings (every replica must have the same).
+    #[serde(default, skip_serializing_if = "is_default_atomizer")]
+    pub atomizer_config: AtomizerConfig,
+}
+
+/// Hamilton's two architectures (docs/cluster.md, docs/atomizer.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Architecture {
+    /// Locking shards and two-phase-commit coordinators.
+    #[default]
+    TwoPhase,
+    /// Block-applying shards and one atomizer ordering every transaction into blocks.
+    Atomizer,
+}
+
+fn is_default_atomizer(c: &AtomizerConfig) -> bool {
+    *c == AtomizerConfig::default()
+}
+
+impl Architecture {
+    fn is_two_phase(&self) -> bool {
+        *self == Architecture::TwoPhase
+    }
 }
 
 /// Which kind of group.
@@ -113,6 +146,8 @@ pub enum Role {
     /// The single-node engine behind the cluster's RPC ([`engine`]; the reference of the
     /// emulated-hosts benchmark).
     Engine,
+    /// An atomizer replica ([`atomizer`]).
+    Atomizer,
 }
 
 fn key_of(s: &str) -> Result<PublicKey, NodeError> {
@@ -164,12 +199,30 @@ impl ClusterSpec {
                 self.shards.len()
             )));
         }
-        if self.coordinators.is_empty() {
-            return Err(NodeError::bad_request(
-                "a cluster needs a coordinator group",
-            ));
+        match self.architecture {
+            Architecture::TwoPhase if self.coordinators.is_empty() => {
+                return Err(NodeError::bad_request(
+                    "a cluster needs a coordinator group",
+                ));
+            }
+            Architecture::TwoPhase if self.atomizer.is_some() => {
+                return Err(NodeError::bad_request(
+                    "an [atomizer] group is for `architecture = \"atomizer\"` only",
+                ));
+            }
+            Architecture::Atomizer if self.atomizer.is_none() || !self.coordinators.is_empty() => {
+                return Err(NodeError::bad_request(
+                    "an atomizer cluster has one [atomizer] group and no coordinators",
+                ));
+            }
+            _ => {}
         }
-        for g in self.shards.iter().chain(&self.coordinators) {
+        for g in self
+            .shards
+            .iter()
+            .chain(&self.coordinators)
+            .chain(&self.atomizer)
+        {
             if g.members.is_empty() {
                 return Err(NodeError::bad_request("a group has no members"));
             }
@@ -214,6 +267,13 @@ impl ClusterSpec {
         let groups = match role {
             Role::Shard => &self.shards,
             Role::Coordinator => &self.coordinators,
+            Role::Atomizer => {
+                return self
+                    .atomizer
+                    .as_ref()
+                    .filter(|_| group == 0)
+                    .ok_or_else(|| NodeError::bad_request(format!("no atomizer group {group}")));
+            }
             Role::Sentinel | Role::Engine => {
                 return Err(NodeError::bad_request("sentinels and engines are no group"))
             }
@@ -228,6 +288,7 @@ impl ClusterSpec {
         self.shards
             .iter()
             .chain(&self.coordinators)
+            .chain(&self.atomizer)
             .flat_map(|g| g.members.iter().filter_map(|m| key_of(&m.key).ok()))
             .chain(
                 self.clients
@@ -292,6 +353,14 @@ impl ClusterSpec {
     }
 }
 
+/// The keys of a group's members.
+fn keys_of(g: &GroupSpec) -> HashSet<PublicKey> {
+    g.members
+        .iter()
+        .filter_map(|m| key_of(&m.key).ok())
+        .collect()
+}
+
 /// A link to each member of `group` (its Raft id and a pooled, key-pinned peer) whose calls
 /// wait `timeout` for an answer.
 fn peers_of(
@@ -349,6 +418,8 @@ pub struct Member {
 enum MemberReplica {
     Shard(Arc<Replica<ShardMachine>>),
     Coordinator(Arc<Replica<CoordMachine>>),
+    BlockShard(Arc<Replica<BlockShardMachine>>),
+    Atomizer(Arc<Replica<AtomizerMachine>>),
 }
 
 impl Member {
@@ -362,6 +433,8 @@ impl Member {
         match &self.replica {
             MemberReplica::Shard(r) => r.is_leader(),
             MemberReplica::Coordinator(r) => r.is_leader(),
+            MemberReplica::BlockShard(r) => r.is_leader(),
+            MemberReplica::Atomizer(r) => r.is_leader(),
         }
     }
 
@@ -370,7 +443,9 @@ impl Member {
     pub fn remembered(&self) -> u64 {
         match &self.replica {
             MemberReplica::Shard(r) => r.with_machine(|m| m.0.remembered().0 as u64),
-            MemberReplica::Coordinator(_) => 0,
+            MemberReplica::Coordinator(_)
+            | MemberReplica::BlockShard(_)
+            | MemberReplica::Atomizer(_) => 0,
         }
     }
 
@@ -379,6 +454,8 @@ impl Member {
         match &self.replica {
             MemberReplica::Shard(r) => r.status(),
             MemberReplica::Coordinator(r) => r.status(),
+            MemberReplica::BlockShard(r) => r.status(),
+            MemberReplica::Atomizer(r) => r.status(),
         }
     }
 
@@ -388,6 +465,8 @@ impl Member {
         let _ = match &self.replica {
             MemberReplica::Shard(r) => r.shutdown().await,
             MemberReplica::Coordinator(r) => r.shutdown().await,
+            MemberReplica::BlockShard(r) => r.shutdown().await,
+            MemberReplica::Atomizer(r) => r.shutdown().await,
         };
     }
 }
@@ -440,6 +519,76 @@ pub async fn start_member(
     let rt = tokio::runtime::Handle::current();
     let allowed = spec.allowed();
     let (server, replica) = match role {
+        Role::Shard if spec.architecture == Architecture::Atomizer => {
+            let replica = Arc::new(
+                Replica::open(
+                    dir,
+                    id,
+                    addrs,
+                    BlockShardMachine::new(spec.map()?, group),
+                    transport,
+                    spec.raft.clone(),
+                )
+                .await
+                .map_err(raft_err)?,
+            );
+            crate::obs::export_raft(format!("shard-{group}"), id, &replica);
+            let atomizer = spec
+                .atomizer
+                .as_ref()
+                .ok_or_else(|| NodeError::bad_request("no atomizer group"))?;
+            let svc = Arc::new(atomizer::BlockShardService {
+                shard: group,
+                replica: replica.clone(),
+                members,
+                atomizer_keys: keys_of(atomizer),
+                clients: spec.client_keys(),
+                atomizer: spec
+                    .clients_of(std::slice::from_ref(atomizer), &me)
+                    .remove(0),
+                map: spec.map()?,
+            });
+            let server = Server::start(listener, me, allowed, svc, rt)
+                .map_err(|e| StorageError::Server(Box::new(e)))?;
+            (server, MemberReplica::BlockShard(replica))
+        }
+        Role::Atomizer => {
+            let log = Arc::new(
+                florin_cluster::atomizer::blocklog::BlockLog::open(&dir.join("blocks"))
+                    .map_err(|e| NodeError::storage(e.to_string()))?,
+            );
+            let replica = Arc::new(
+                Replica::open(
+                    dir,
+                    id,
+                    addrs,
+                    AtomizerMachine::new(spec.atomizer_config, log.clone()),
+                    transport,
+                    spec.raft.clone(),
+                )
+                .await
+                .map_err(raft_err)?,
+            );
+            crate::obs::export_raft("atomizer".to_string(), id, &replica);
+            let shard_keys: HashSet<PublicKey> = spec.shards.iter().flat_map(keys_of).collect();
+            let readers: HashSet<PublicKey> = spec
+                .client_keys()
+                .into_iter()
+                .chain(spec.observers.iter().filter_map(|k| key_of(k).ok()))
+                .collect();
+            let svc = atomizer::AtomizerService::start(
+                replica.clone(),
+                log,
+                members,
+                shard_keys,
+                readers,
+                spec.clients_of(&spec.shards, &me),
+                florin_cluster::atomizer::leader::LeaderConfig::default(),
+            );
+            let server = Server::start(listener, me, allowed, svc, rt)
+                .map_err(|e| StorageError::Server(Box::new(e)))?;
+            (server, MemberReplica::Atomizer(replica))
+        }
         Role::Shard => {
             let replica = Arc::new(
                 Replica::open(
@@ -666,6 +815,25 @@ impl ClusterStore {
     }
 }
 
+/// The sentinel's store over the cluster in `spec`, authenticating as `me`: the two-phase
+/// [`ClusterStore`], or the atomizer's [`atomizer::AtomizerStore`].
+pub fn open_store(
+    spec: &ClusterSpec,
+    me: Arc<LocalSigner>,
+) -> Result<Arc<dyn SwapStore>, NodeError> {
+    match (&spec.architecture, &spec.atomizer) {
+        (Architecture::Atomizer, Some(a)) => Ok(Arc::new(
+            atomizer::AtomizerStore::new(
+                spec.map()?,
+                spec.clients_of(&spec.shards, &me),
+                spec.clients_of(std::slice::from_ref(a), &me).remove(0),
+            )
+            .map_err(|e| NodeError::storage(e.to_string()))?,
+        )),
+        _ => Ok(Arc::new(ClusterStore::new(spec, me)?)),
+    }
+}
+
 /// Every member of a cluster in this process, on loopback sockets with real disks.
 pub struct LocalCluster {
     /// The topology.
@@ -683,6 +851,7 @@ fn role_code(r: Role) -> u8 {
         Role::Coordinator => 1,
         Role::Sentinel => 2,
         Role::Engine => 3,
+        Role::Atomizer => 4,
     }
 }
 
@@ -711,6 +880,51 @@ impl LocalCluster {
         max_batch: usize,
         one_phase: bool,
     ) -> Result<LocalCluster, NodeError> {
+        Self::start_inner(
+            dir,
+            shards,
+            coordinators,
+            replicas,
+            raft,
+            max_batch,
+            one_phase,
+            Architecture::TwoPhase,
+        )
+        .await
+    }
+
+    /// `shards` block-applying shard groups and one atomizer group of `replicas` each under
+    /// `dir` (the atomizer architecture). Call inside a multi-threaded tokio runtime.
+    pub async fn start_atomizer(
+        dir: &Path,
+        shards: usize,
+        replicas: usize,
+        raft: RaftOptions,
+    ) -> Result<LocalCluster, NodeError> {
+        Self::start_inner(
+            dir,
+            shards,
+            1,
+            replicas,
+            raft,
+            4096,
+            true,
+            Architecture::Atomizer,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_inner(
+        dir: &Path,
+        shards: usize,
+        coordinators: usize,
+        replicas: usize,
+        raft: RaftOptions,
+        max_batch: usize,
+        one_phase: bool,
+        architecture: Architecture,
+    ) -> Result<LocalCluster, NodeError> {
         let mut keys = BTreeMap::new();
         let mut listeners = BTreeMap::new();
         let mut group = |role: Role, g: u16| -> Result<GroupSpec, NodeError> {
@@ -735,9 +949,14 @@ impl LocalCluster {
         let shard_groups = (0..shards as u16)
             .map(|g| group(Role::Shard, g))
             .collect::<Result<Vec<_>, _>>()?;
-        let coord_groups = (0..coordinators as u16)
-            .map(|g| group(Role::Coordinator, g))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (coord_groups, atomizer) = if architecture == Architecture::Atomizer {
+            (vec![], Some(group(Role::Atomizer, 0)?))
+        } else {
+            let c = (0..coordinators as u16)
+                .map(|g| group(Role::Coordinator, g))
+                .collect::<Result<Vec<_>, _>>()?;
+            (c, None)
+        };
         let client = Arc::new(LocalSigner::new(SecretKey::generate(
             &mut rand::rngs::OsRng,
         )));
@@ -752,6 +971,9 @@ impl LocalCluster {
             max_inflight: default_inflight(),
             one_phase,
             authority: None,
+            architecture,
+            atomizer,
+            atomizer_config: AtomizerConfig::default(),
         };
         let mut c = LocalCluster {
             spec,
@@ -761,10 +983,10 @@ impl LocalCluster {
             members: BTreeMap::new(),
         };
         for ((r, g, id), l) in listeners {
-            let role = if r == 0 {
-                Role::Shard
-            } else {
-                Role::Coordinator
+            let role = match r {
+                0 => Role::Shard,
+                4 => Role::Atomizer,
+                _ => Role::Coordinator,
             };
             c.launch(role, g, id, l).await?;
         }
@@ -772,10 +994,10 @@ impl LocalCluster {
     }
 
     fn member_dir(&self, role: Role, g: u16, id: NodeId) -> PathBuf {
-        let r = if role == Role::Shard {
-            "shard"
-        } else {
-            "coord"
+        let r = match role {
+            Role::Shard => "shard",
+            Role::Atomizer => "atomizer",
+            _ => "coord",
         };
         self.dir.join(format!("{r}-{g}-{id}"))
     }
@@ -816,6 +1038,11 @@ impl LocalCluster {
         ClusterStore::new(&self.spec, self.client.clone())
     }
 
+    /// A swap store over this cluster, whichever its architecture.
+    pub fn any_store(&self) -> Result<Arc<dyn SwapStore>, NodeError> {
+        open_store(&self.spec, self.client.clone())
+    }
+
     /// The current leader of a group, if one is known by a running member.
     pub fn leader(&self, role: Role, g: u16) -> Option<NodeId> {
         self.members
@@ -832,7 +1059,8 @@ impl LocalCluster {
             let all = (0..self.spec.shards.len() as u16)
                 .all(|g| self.leader(Role::Shard, g).is_some())
                 && (0..self.spec.coordinators.len() as u16)
-                    .all(|g| self.leader(Role::Coordinator, g).is_some());
+                    .all(|g| self.leader(Role::Coordinator, g).is_some())
+                && (self.spec.atomizer.is_none() || self.leader(Role::Atomizer, 0).is_some());
             if all {
                 return Ok(());
             }

@@ -8,6 +8,8 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
+use florin_cluster::atomizer::shard::{BlockReply, TxStatus, Verdict};
+use florin_cluster::atomizer::{Attempt, Attestation, Block, Height, TxKey};
 use florin_cluster::raft::ReplicaStatus;
 use florin_cluster::shard::{Fenced, ShardReply};
 use florin_crypto::{Digest, LocalSigner, PublicKey};
@@ -51,6 +53,61 @@ pub enum Request {
     /// The registry version the authority group's leader has applied (linearizable; from a
     /// member, as a read barrier).
     RegistryVersion,
+    /// Atomizer architecture: attest these transactions (to a shard, from a sentinel); the
+    /// attestations go on to the atomizer, the verdicts come back.
+    AtomAttest(Vec<AttestAsk>),
+    /// Atomizer architecture: attestations (to the atomizer's leader, from a shard member).
+    AtomForward(Vec<Attestation>),
+    /// Atomizer architecture: blocks to apply, in order (to a shard, from an atomizer member).
+    AtomBlocks(Vec<Block>),
+    /// Atomizer architecture: what became of these txids (to their shard, from a sentinel),
+    /// read at a height at least the given one.
+    AtomStatus(Vec<StatusAsk>),
+    /// Atomizer architecture: which ids are unspent, at a height at least the given one (to a
+    /// shard, from a sentinel).
+    AtomUnspent(
+        #[serde(with = "florin_ledger::bin_serde::ids")] Vec<UhsId>,
+        Height,
+    ),
+    /// Atomizer architecture: which txids are confirmed, at a height at least the given one.
+    AtomConfirmed(
+        #[serde(with = "florin_ledger::bin_serde::ids")] Vec<Digest>,
+        Height,
+    ),
+    /// Atomizer architecture: the atomizer's committed height (its leader; linearizable).
+    AtomHeight,
+    /// Atomizer architecture: blocks `from..=to` from an atomizer member's block log (at most
+    /// [`MAX_BLOCKS_READ`]).
+    AtomReadBlocks(Height, Height),
+}
+
+/// Most blocks one [`Request::AtomReadBlocks`] answers.
+pub const MAX_BLOCKS_READ: u64 = 1024;
+
+/// A transaction to attest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttestAsk {
+    /// The transaction.
+    pub tx: CompactTx,
+    /// Its key.
+    #[serde(with = "florin_ledger::bin_serde::id")]
+    pub key: TxKey,
+    /// The sentinel's tries of it, oldest first (the last is the current one).
+    pub attempts: Vec<Attempt>,
+    /// The lowest height to check at.
+    pub min_height: Height,
+    /// The sentinel's clock (Unix seconds).
+    pub now: u64,
+}
+
+/// A txid whose status is asked, and the lowest height to read it at.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusAsk {
+    /// The txid.
+    #[serde(with = "florin_ledger::bin_serde::id")]
+    pub txid: Digest,
+    /// The lowest height.
+    pub min_height: Height,
 }
 
 /// A cluster node's answer.
@@ -77,6 +134,20 @@ pub enum Response {
     Refused(String),
     /// The authority group's answer to a registry write (an encoded `registry::Applied`).
     Registry(#[serde(with = "florin_ledger::bin_serde::bytes")] Vec<u8>),
+    /// A shard's verdicts, one per transaction asked.
+    Verdicts(Vec<Verdict>),
+    /// A shard's answer to blocks.
+    BlockReply(BlockReply),
+    /// Statuses, one per txid asked.
+    Statuses(Vec<TxStatus>),
+    /// A height.
+    Height(Height),
+    /// Blocks.
+    Blocks(Vec<Block>),
+    /// The shard has not yet applied the height asked for: it is at this one (ask again).
+    NotYet(Height),
+    /// Taken (nothing to answer).
+    Taken,
 }
 
 /// What `Status` reports.

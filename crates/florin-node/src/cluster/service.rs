@@ -168,6 +168,10 @@ impl Handler for ShardService {
             Request::RegistryWrite(_) | Request::RegistryVersion => {
                 Response::Error("a shard holds no registry".into())
             }
+            _ => Response::Error(
+                "a two-phase-commit shard takes no atomizer requests (check the cluster's architecture)"
+                    .into(),
+            ),
         }
     }
 }

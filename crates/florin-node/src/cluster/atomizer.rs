@@ -1,0 +1,660 @@
+//! The atomizer architecture as processes ([`florin_cluster::atomizer`]; docs/atomizer.md): an
+//! atomizer replica ([`AtomizerService`]: the Raft replica of the atomizer's machine with its
+//! block log, and, while it leads, the leader's loop), a shard replica
+//! ([`BlockShardService`]), and the sentinel's store over them ([`AtomizerStore`]: a
+//! [`SwapStore`] driving the submitter machine).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use florin_cluster::atomizer::blocklog::BlockLog;
+use florin_cluster::atomizer::leader::{AtomizerLeader, LeaderConfig, LeaderInput, LeaderOutput};
+use florin_cluster::atomizer::replicated::{
+    AtomReply, AtomizerMachine, BlockShardMachine, ShardBlockReply,
+};
+use florin_cluster::atomizer::shard::{BlockReply, TxStatus, Verdict};
+use florin_cluster::atomizer::submit::{SubmitConfig, SubmitInput, SubmitOutput, Submitter};
+use florin_cluster::atomizer::{Attestation, Height};
+use florin_cluster::raft::Replica;
+use florin_cluster::route::{ShardId, ShardMap};
+use florin_cluster::shard::{decode, encode};
+use florin_crypto::{Digest, PublicKey};
+use florin_ledger::{CompactTx, StoreError, Supply, SwapOutcome, SwapStore, UhsId};
+use tokio::sync::{mpsc, oneshot};
+
+use super::client::GroupClient;
+use super::rpc::{AttestAsk, Handler, NodeStatus, Request, Response, StatusAsk, MAX_BLOCKS_READ};
+use super::service::not_leader;
+
+/// One replica of the atomizer group.
+pub struct AtomizerService {
+    replica: Arc<Replica<AtomizerMachine>>,
+    log: Arc<BlockLog>,
+    /// Keys of the group's members.
+    members: HashSet<PublicKey>,
+    /// Keys of shard replicas (the only ones whose attestations are taken).
+    shards: HashSet<PublicKey>,
+    /// Keys allowed to read the height and the blocks (sentinels and observers).
+    readers: HashSet<PublicKey>,
+    attest: mpsc::UnboundedSender<Vec<Attestation>>,
+    load: Arc<std::sync::Mutex<(u64, u64)>>,
+}
+
+impl AtomizerService {
+    /// Serves `replica` (whose machine writes to `log`) and, while it leads, runs the leader's
+    /// loop, sending blocks to `shard_groups`.
+    pub fn start(
+        replica: Arc<Replica<AtomizerMachine>>,
+        log: Arc<BlockLog>,
+        members: HashSet<PublicKey>,
+        shards: HashSet<PublicKey>,
+        readers: HashSet<PublicKey>,
+        shard_groups: Vec<Arc<GroupClient>>,
+        cfg: LeaderConfig,
+    ) -> Arc<AtomizerService> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let load = Arc::new(std::sync::Mutex::new((0, 0)));
+        tokio::spawn(leader_loop(
+            replica.clone(),
+            log.clone(),
+            shard_groups,
+            cfg,
+            rx,
+            load.clone(),
+        ));
+        Arc::new(AtomizerService {
+            replica,
+            log,
+            members,
+            shards,
+            readers,
+            attest: tx,
+            load,
+        })
+    }
+}
+
+impl Handler for AtomizerService {
+    async fn handle(&self, peer: &PublicKey, req: Request) -> Response {
+        match req {
+            Request::Raft(b) if self.members.contains(peer) => {
+                Response::Raft(self.replica.handle_rpc(&b).await)
+            }
+            Request::AtomForward(a) if self.shards.contains(peer) => {
+                if !self.replica.is_leader() {
+                    return Response::NotLeader(None);
+                }
+                let _ = self.attest.send(a);
+                Response::Taken
+            }
+            Request::AtomHeight if self.readers.contains(peer) => self
+                .replica
+                .read(|m| m.state.height())
+                .await
+                .map_or_else(not_leader, Response::Height),
+            Request::AtomReadBlocks(from, to) if self.readers.contains(peer) => {
+                let to = to.min(from.saturating_add(MAX_BLOCKS_READ - 1));
+                match self.log.read(from.max(1), to) {
+                    Ok(b) => Response::Blocks(b),
+                    Err(e) => Response::Refused(e.to_string()),
+                }
+            }
+            Request::Status => {
+                let (pending, open) = self.replica.with_machine(|m| m.state.load());
+                let failed = self
+                    .replica
+                    .with_machine(|m| m.failed().map(str::to_string));
+                Response::Status(NodeStatus {
+                    role: "atomizer".into(),
+                    group: 0,
+                    raft: self.replica.status(),
+                    load: self
+                        .load
+                        .lock()
+                        .map(|l| *l)
+                        .unwrap_or((pending as u64, open as u64)),
+                    alerts: (u64::from(failed.is_some()), failed),
+                    remembered: self.replica.with_machine(|m| m.state.height()),
+                })
+            }
+            _ => Response::Error(
+                "the atomizer serves Raft, attestations from shards, its height, blocks and Status"
+                    .into(),
+            ),
+        }
+    }
+}
+
+enum LeaderMsg {
+    Replicated(u64, Result<Height, String>),
+    ShardAt(u64, ShardId, Height),
+}
+
+async fn leader_loop(
+    replica: Arc<Replica<AtomizerMachine>>,
+    log: Arc<BlockLog>,
+    shards: Vec<Arc<GroupClient>>,
+    cfg: LeaderConfig,
+    mut attest: mpsc::UnboundedReceiver<Vec<Attestation>>,
+    load: Arc<std::sync::Mutex<(u64, u64)>>,
+) {
+    let start = Instant::now();
+    let (tx, mut rx) = mpsc::unbounded_channel::<LeaderMsg>();
+    let mut leader: Option<(AtomizerLeader, u64)> = None;
+    let mut epoch = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let ms = start.elapsed().as_millis() as u64;
+        let mut outputs = Vec::new();
+        tokio::select! {
+            a = attest.recv() => {
+                let Some(a) = a else { return };
+                if let Some((l, _)) = leader.as_mut() {
+                    outputs = l.handle(LeaderInput::Attest(a));
+                }
+            }
+            m = rx.recv() => {
+                let Some(m) = m else { return };
+                match (m, leader.as_mut()) {
+                    (LeaderMsg::Replicated(e, r), Some((l, _))) if e == epoch => {
+                        outputs = l.handle(match r {
+                            Ok(h) => LeaderInput::Replicated(h),
+                            Err(_) => LeaderInput::Failed,
+                        });
+                    }
+                    (LeaderMsg::ShardAt(e, shard, height), Some((l, _))) if e == epoch => {
+                        outputs = l.handle(LeaderInput::ShardAt { shard, height });
+                    }
+                    _ => {}
+                }
+            }
+            _ = tick.tick() => {
+                let leads = replica.leader_term();
+                let fit = replica.with_machine(|m| m.failed().is_none());
+                match (&leader, leads) {
+                    (None, Some(t)) if fit => {
+                        // Everything committed before this term is applied once a
+                        // linearizable read returns.
+                        if let Ok(h) = replica.read(|m| m.state.height()).await {
+                            if replica.leader_term() == Some(t) {
+                                epoch += 1;
+                                leader = Some((AtomizerLeader::new(cfg, h, shards.len()), t));
+                            }
+                        }
+                    }
+                    (Some((_, t)), now) if now != Some(*t) || !fit => {
+                        leader = None;
+                        epoch += 1;
+                    }
+                    _ => {}
+                }
+                if let Some((l, _)) = leader.as_mut() {
+                    outputs = l.handle(LeaderInput::Tick {
+                        ms,
+                        wall: florin_ledger::expiry::unix_now(),
+                    });
+                    if let Ok(mut x) = load.lock() {
+                        *x = (l.buffered().0 as u64, l.height());
+                    }
+                }
+            }
+        }
+        for o in outputs {
+            match o {
+                LeaderOutput::Replicate(cmd) => {
+                    let (replica, tx, e) = (replica.clone(), tx.clone(), epoch);
+                    tokio::spawn(async move {
+                        let r = match replica.write(encode(&cmd)).await {
+                            Ok(b) => match decode::<AtomReply>(&b) {
+                                Ok(AtomReply::Stepped(r)) => Ok(r.height),
+                                Ok(AtomReply::Refused(why)) => Err(why),
+                                Err(e) => Err(e.to_string()),
+                            },
+                            Err(e) => Err(e.to_string()),
+                        };
+                        let _ = tx.send(LeaderMsg::Replicated(e, r));
+                    });
+                }
+                LeaderOutput::SendBlocks { shard, from, to } => {
+                    let Some(client) = shards.get(shard as usize).cloned() else {
+                        continue;
+                    };
+                    let blocks = match log.read(from, to) {
+                        Ok(b) if !b.is_empty() => b,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::error!("ALERT florin atomizer: cannot send shard {shard} blocks {from}..={to}: {e}");
+                            continue;
+                        }
+                    };
+                    let (tx, e) = (tx.clone(), epoch);
+                    let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
+                    tokio::spawn(async move {
+                        match client
+                            .call_async(Request::AtomBlocks(blocks), patience)
+                            .await
+                        {
+                            Ok(Response::BlockReply(
+                                BlockReply::Applied(h) | BlockReply::Behind(h),
+                            )) => {
+                                let _ = tx.send(LeaderMsg::ShardAt(e, shard, h));
+                            }
+                            Ok(Response::BlockReply(BlockReply::Fork { height, .. })) => {
+                                tracing::error!("ALERT florin atomizer: shard {shard} at block {height} holds another history");
+                            }
+                            _ => {}
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One replica of a shard in the atomizer architecture.
+pub struct BlockShardService {
+    /// The shard's index.
+    pub shard: ShardId,
+    /// Its Raft replica.
+    pub replica: Arc<Replica<BlockShardMachine>>,
+    /// Keys of the shard's members.
+    pub members: HashSet<PublicKey>,
+    /// Keys of the atomizer's members (the only senders of blocks).
+    pub atomizer_keys: HashSet<PublicKey>,
+    /// Keys allowed to ask for attestations and to read (sentinels).
+    pub clients: HashSet<PublicKey>,
+    /// The atomizer group (attestations go to its leader).
+    pub atomizer: Arc<GroupClient>,
+    /// The cluster's shard map.
+    pub map: ShardMap,
+}
+
+impl Handler for BlockShardService {
+    async fn handle(&self, peer: &PublicKey, req: Request) -> Response {
+        match req {
+            Request::Raft(b) if self.members.contains(peer) => {
+                Response::Raft(self.replica.handle_rpc(&b).await)
+            }
+            Request::AtomBlocks(blocks) if self.atomizer_keys.contains(peer) => {
+                let mut last = Response::Error("no block".into());
+                for b in blocks {
+                    last = match self.replica.write(encode(&b)).await {
+                        Ok(r) => match decode::<ShardBlockReply>(&r) {
+                            Ok(ShardBlockReply::Block(r @ BlockReply::Applied(_))) => {
+                                Response::BlockReply(r)
+                            }
+                            Ok(ShardBlockReply::Block(r)) => return Response::BlockReply(r),
+                            Ok(ShardBlockReply::Refused(why)) => return Response::Refused(why),
+                            Err(e) => return Response::Error(e.to_string()),
+                        },
+                        Err(e) => return not_leader(e),
+                    };
+                }
+                last
+            }
+            Request::AtomAttest(asks) if self.clients.contains(peer) => {
+                if let Some(outside) = asks.iter().find(|a| {
+                    !self.map.owns(self.shard, &a.tx.txid)
+                        && !a.tx.inputs.iter().any(|i| self.map.owns(self.shard, i))
+                }) {
+                    return Response::Refused(format!(
+                        "transaction {} has nothing on shard {}",
+                        hex8(&outside.tx.txid),
+                        self.shard
+                    ));
+                }
+                let verdicts: Vec<Verdict> = self.replica.with_machine(|m| {
+                    asks.iter()
+                        .map(|a| {
+                            m.state
+                                .attest(&a.tx, a.key, &a.attempts, a.min_height, a.now)
+                        })
+                        .collect()
+                });
+                let forward: Vec<Attestation> = verdicts
+                    .iter()
+                    .filter_map(|v| match v {
+                        Verdict::Attested(a) => Some(a.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                if !forward.is_empty() {
+                    let atomizer = self.atomizer.clone();
+                    tokio::spawn(async move {
+                        let _ = atomizer
+                            .call_async(Request::AtomForward(forward), Duration::from_secs(2))
+                            .await;
+                    });
+                }
+                Response::Verdicts(verdicts)
+            }
+            Request::AtomStatus(asks) if self.clients.contains(peer) => self
+                .replica
+                .read(|m| {
+                    asks.iter()
+                        .map(|a| m.state.status(&a.txid, a.min_height))
+                        .collect()
+                })
+                .await
+                .map_or_else(not_leader, Response::Statuses),
+            Request::AtomUnspent(ids, h) if self.clients.contains(peer) => self
+                .replica
+                .read(|m| {
+                    if m.state.height() < h {
+                        return Response::NotYet(m.state.height());
+                    }
+                    Response::Bools(ids.iter().map(|i| m.state.is_unspent(i)).collect())
+                })
+                .await
+                .unwrap_or_else(not_leader),
+            Request::AtomConfirmed(ids, h) if self.clients.contains(peer) => self
+                .replica
+                .read(|m| {
+                    if m.state.height() < h {
+                        return Response::NotYet(m.state.height());
+                    }
+                    Response::Bools(ids.iter().map(|i| m.state.is_confirmed(i)).collect())
+                })
+                .await
+                .unwrap_or_else(not_leader),
+            Request::Books if self.clients.contains(peer) => self
+                .replica
+                .read(|m| (m.state.books(), m.state.height()))
+                .await
+                .map_or_else(not_leader, |(b, _)| Response::Books(b)),
+            Request::Status => Response::Status(NodeStatus {
+                role: "shard".into(),
+                group: self.shard,
+                raft: self.replica.status(),
+                load: (self.replica.with_machine(|m| m.state.height()), 0),
+                alerts: (0, None),
+                remembered: 0,
+            }),
+            _ => Response::Error(format!(
+                "shard {} (atomizer architecture) does not take this request from this key",
+                self.shard
+            )),
+        }
+    }
+}
+
+fn hex8(d: &[u8; 32]) -> String {
+    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+type Answer = Result<Vec<SwapOutcome>, String>;
+
+/// Transactions, the atomizer's height and the sentinel's clock, and where the answer goes.
+type Submission = (Vec<CompactTx>, Height, u64, oneshot::Sender<Answer>);
+
+/// The sentinel's [`SwapStore`] over an atomizer cluster: submissions go through the
+/// submitter machine, run on a thread of its own; reads go to shards at a height at least the
+/// atomizer's committed height (linearizable).
+pub struct AtomizerStore {
+    map: ShardMap,
+    shards: Vec<Arc<GroupClient>>,
+    atomizer: Arc<GroupClient>,
+    submit: mpsc::UnboundedSender<Submission>,
+    patience: Duration,
+}
+
+impl AtomizerStore {
+    /// A store over these groups; starts the submitter's thread.
+    pub fn new(
+        map: ShardMap,
+        shards: Vec<Arc<GroupClient>>,
+        atomizer: Arc<GroupClient>,
+    ) -> Result<AtomizerStore, StoreError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Backend(format!("cannot start the submitter: {e}")))?;
+        let (m, s) = (map.clone(), shards.clone());
+        std::thread::Builder::new()
+            .name("florin-submitter".into())
+            .spawn(move || rt.block_on(submit_loop(m, s, rx)))
+            .map_err(|e| StoreError::Backend(format!("cannot start the submitter: {e}")))?;
+        Ok(AtomizerStore {
+            map,
+            shards,
+            atomizer,
+            submit: tx,
+            patience: Duration::from_secs(30),
+        })
+    }
+
+    fn backend(e: impl std::fmt::Display) -> StoreError {
+        StoreError::Backend(format!("atomizer cluster: {e}"))
+    }
+
+    /// The atomizer's committed height.
+    pub fn height(&self) -> Result<Height, StoreError> {
+        match self
+            .atomizer
+            .call(&Request::AtomHeight, self.patience)
+            .map_err(Self::backend)?
+        {
+            Response::Height(h) => Ok(h),
+            other => Err(Self::backend(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Asks the shard owning `id`, at a height at least the atomizer's now, until it has it.
+    fn read_at(&self, id: &[u8; 32], req: impl Fn(Height) -> Request) -> Result<bool, StoreError> {
+        let h = self.height()?;
+        let shard = &self.shards[self.map.shard_of(id) as usize];
+        let start = Instant::now();
+        while start.elapsed() < self.patience {
+            match shard.call(&req(h), self.patience).map_err(Self::backend)? {
+                Response::Bools(v) if v.len() == 1 => return Ok(v[0]),
+                Response::NotYet(_) => std::thread::sleep(Duration::from_millis(5)),
+                other => return Err(Self::backend(format!("unexpected answer {other:?}"))),
+            }
+        }
+        Err(Self::backend(
+            "the shard did not reach the atomizer's height",
+        ))
+    }
+}
+
+impl SwapStore for AtomizerStore {
+    /// `now` (the sentinel's clock) goes with the attestations: shards judge expiry at least at
+    /// it, and the atomizer's clock is at least the highest it was given, up to the tolerated
+    /// skew past its leader's.
+    fn swap_at(&self, now: u64, batch: &[CompactTx]) -> Result<Vec<SwapOutcome>, StoreError> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let h = self.height()?;
+        let (tx, rx) = oneshot::channel();
+        self.submit
+            .send((
+                batch.to_vec(),
+                h,
+                now.min(florin_ledger::expiry::unix_now() + florin_ledger::expiry::CLOCK_SKEW_SECS),
+                tx,
+            ))
+            .map_err(|_| Self::backend("the submitter stopped"))?;
+        match rx.blocking_recv() {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(why)) => Err(Self::backend(format!("the batch is in doubt: {why}"))),
+            Err(_) => Err(Self::backend("the submitter stopped")),
+        }
+    }
+
+    fn is_unspent(&self, id: &UhsId) -> Result<bool, StoreError> {
+        self.read_at(id, |h| Request::AtomUnspent(vec![*id], h))
+    }
+
+    fn is_confirmed(&self, txid: &Digest) -> Result<bool, StoreError> {
+        self.read_at(txid, |h| Request::AtomConfirmed(vec![*txid], h))
+    }
+
+    fn supply(&self) -> Result<Supply, StoreError> {
+        // Shards apply blocks independently: a cut is consistent once every shard reports
+        // books at the same height; read until the sum balances (as the two-phase store).
+        let mut last = Supply::default();
+        for _ in 0..50 {
+            last = Supply::default();
+            for s in &self.shards {
+                match s
+                    .call(&Request::Books, self.patience)
+                    .map_err(Self::backend)?
+                {
+                    Response::Books(b) => {
+                        last.minted_cents += b.minted_cents;
+                        last.redeemed_cents += b.redeemed_cents;
+                        last.unspent_cents += b.unspent_cents;
+                        last.unspent_count += b.unspent_count;
+                    }
+                    other => return Err(Self::backend(format!("unexpected answer {other:?}"))),
+                }
+            }
+            if last.minted_cents.checked_sub(last.redeemed_cents) == Some(last.unspent_cents) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(last)
+    }
+}
+
+/// A shard's share of a round's attestation requests: (job, try) and the ask, in order.
+type AttestBatch = (Vec<(u64, u64)>, Vec<AttestAsk>);
+
+enum Io {
+    Verdicts(ShardId, Vec<(u64, u64)>, Result<Vec<Verdict>, String>),
+    Statuses(Vec<u64>, Result<Vec<TxStatus>, String>),
+}
+
+async fn submit_loop(
+    map: ShardMap,
+    shards: Vec<Arc<GroupClient>>,
+    mut rx: mpsc::UnboundedReceiver<Submission>,
+) {
+    let start = Instant::now();
+    let mut sub = Submitter::new(
+        map,
+        SubmitConfig::default(),
+        Box::new(<rand::rngs::StdRng as rand::SeedableRng>::from_entropy()),
+    );
+    let (io_tx, mut io_rx) = mpsc::unbounded_channel::<Io>();
+    let mut waiters: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
+    let mut next = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let mut out = Vec::new();
+        tokio::select! {
+            s = rx.recv() => {
+                let Some((txs, height, now, reply)) = s else { return };
+                next += 1;
+                waiters.insert(next, reply);
+                out = sub.handle(SubmitInput::Submit { ticket: next, txs, height, now });
+            }
+            io = io_rx.recv() => {
+                let Some(io) = io else { return };
+                match io {
+                    Io::Verdicts(shard, jobs, Ok(v)) if v.len() == jobs.len() => {
+                        for ((job, attempt), verdict) in jobs.into_iter().zip(v) {
+                            out.extend(sub.handle(SubmitInput::Verdict { job, attempt, shard, verdict }));
+                        }
+                    }
+                    Io::Statuses(jobs, Ok(v)) if v.len() == jobs.len() => {
+                        for (job, status) in jobs.into_iter().zip(v) {
+                            out.extend(sub.handle(SubmitInput::Status { job, status }));
+                        }
+                    }
+                    // Unanswered: the submitter asks again on its clock.
+                    _ => {}
+                }
+            }
+            _ = tick.tick() => {
+                out = sub.handle(SubmitInput::Tick(start.elapsed().as_millis() as u64));
+            }
+        }
+        let mut attest: BTreeMap<ShardId, AttestBatch> = BTreeMap::new();
+        let mut status: BTreeMap<ShardId, (Vec<u64>, Vec<StatusAsk>)> = BTreeMap::new();
+        for o in out {
+            match o {
+                SubmitOutput::Attest {
+                    shard,
+                    job,
+                    attempt,
+                    attempts,
+                    now,
+                    tx,
+                    key,
+                    min_height,
+                } => {
+                    let e = attest.entry(shard).or_default();
+                    e.0.push((job, attempt));
+                    e.1.push(AttestAsk {
+                        tx,
+                        key,
+                        attempts: attempts.to_vec(),
+                        min_height,
+                        now,
+                    });
+                }
+                SubmitOutput::AskStatus {
+                    shard,
+                    job,
+                    txid,
+                    min_height,
+                } => {
+                    let e = status.entry(shard).or_default();
+                    e.0.push(job);
+                    e.1.push(StatusAsk { txid, min_height });
+                }
+                SubmitOutput::Answer { ticket, outcomes } => {
+                    if let Some(w) = waiters.remove(&ticket) {
+                        let _ = w.send(Ok(outcomes));
+                    }
+                }
+                SubmitOutput::Fail { ticket, why } => {
+                    if let Some(w) = waiters.remove(&ticket) {
+                        let _ = w.send(Err(why));
+                    }
+                }
+            }
+        }
+        for (shard, (jobs, asks)) in attest {
+            let Some(c) = shards.get(shard as usize).cloned() else {
+                continue;
+            };
+            let io = io_tx.clone();
+            tokio::spawn(async move {
+                let r = match c
+                    .call_async(Request::AtomAttest(asks), Duration::from_secs(2))
+                    .await
+                {
+                    Ok(Response::Verdicts(v)) => Ok(v),
+                    Ok(other) => Err(format!("{other:?}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = io.send(Io::Verdicts(shard, jobs, r));
+            });
+        }
+        for (shard, (jobs, asks)) in status {
+            let Some(c) = shards.get(shard as usize).cloned() else {
+                continue;
+            };
+            let io = io_tx.clone();
+            tokio::spawn(async move {
+                let r = match c
+                    .call_async(Request::AtomStatus(asks), Duration::from_secs(2))
+                    .await
+                {
+                    Ok(Response::Statuses(v)) => Ok(v),
+                    Ok(other) => Err(format!("{other:?}")),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = io.send(Io::Statuses(jobs, r));
+            });
+        }
+    }
+}
