@@ -90,7 +90,11 @@ impl Group {
             &self.dir.path().join(format!("a{id}/raft")),
             id,
             self.members.clone(),
-            AtomizerMachine::new(AtomizerConfig::default(), log),
+            AtomizerMachine::new(
+                AtomizerConfig::default(),
+                florin_cluster::route::ShardMap::even(1).unwrap(),
+                log,
+            ),
             Arc::new(Transport {
                 net: self.net.clone(),
                 from: id,

@@ -12,9 +12,10 @@
 //! state (and so its snapshot) moves past it. Applying the same step again (a restart replays
 //! the Raft log after the last snapshot) finds the block already there and checks it is the same
 //! block. A replica that receives a snapshot instead of the steps (it was down while the group
-//! compacted its log) has no copy of the blocks in between: its log then starts after the gap,
-//! the start is recorded in `meta.bin` with the hash the next block must follow, and reads
-//! before it are refused with where the log starts (another replica serves them).
+//! compacted its log) has no copy of the blocks in between: its log then starts after the gap
+//! (the blocks it held before are dropped with the gap: the log is one contiguous run), the
+//! start is recorded in `meta.bin` with the hash the next block must follow, and reads before
+//! it are refused with where the log starts (another replica serves them).
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
@@ -239,8 +240,9 @@ impl BlockLog {
 
     /// Marks the log as starting after `height`, whose block's hash is `tip`, when it ends
     /// before it: the replica's state was replaced by a snapshot holding blocks this log never
-    /// received (they are on the replicas that applied them). Logged as a warning; nothing held
-    /// is dropped unless it is before the gap's end.
+    /// received (they are on the replicas that applied them). Logged as a warning. The log
+    /// holds one contiguous run of blocks, so every block it held (all before `height`) is
+    /// dropped with it: this replica then serves only the blocks after `height`.
     pub fn skip_to(&self, height: Height, tip: Digest) -> Result<(), BlockLogError> {
         let mut at = lock(&self.at);
         if at.1 >= height {

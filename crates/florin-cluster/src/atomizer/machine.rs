@@ -10,6 +10,8 @@ use florin_ledger::{CompactTx, UhsId};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 
+use crate::route::{ShardId, ShardMap};
+
 use super::{
     Attempt, Attestation, Block, BlockTx, Height, Reject, Rejection, TxKey, GENESIS, MAX_INPUTS,
 };
@@ -67,8 +69,8 @@ struct Pending {
     /// The try that brought the body.
     attempt: Attempt,
     attempts: SmallVec<[Attempt; 2]>,
-    /// Attested input indices (sorted, unique).
-    inputs: SmallVec<[u16; 4]>,
+    /// Attested input indices (sorted, unique), each with the shard that vouched for it.
+    inputs: SmallVec<[(u16, ShardId); 4]>,
     /// The lowest height an attestation was made at.
     min_height: Height,
     /// The height when the first attestation arrived.
@@ -87,6 +89,9 @@ struct Spent {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AtomizerState {
     cfg: AtomizerConfig,
+    /// Which shard owns which ids: an input counts as attested only by its own shard, a body
+    /// only from the txid's.
+    map: ShardMap,
     height: Height,
     #[serde(with = "florin_ledger::bin_serde::id")]
     tip: Digest,
@@ -109,10 +114,11 @@ pub struct AtomizerState {
 }
 
 impl AtomizerState {
-    /// An atomizer before any block.
-    pub fn new(cfg: AtomizerConfig) -> AtomizerState {
+    /// An atomizer before any block, for shards routed by `map`.
+    pub fn new(cfg: AtomizerConfig, map: ShardMap) -> AtomizerState {
         AtomizerState {
             cfg,
+            map,
             height: 0,
             tip: GENESIS,
             now: 0,
@@ -197,7 +203,11 @@ impl AtomizerState {
                 t.inputs.len() > MAX_INPUTS
                     || a.inputs.iter().any(|i| *i as usize >= t.inputs.len())
             });
-        if a.height > self.height || bad_index {
+        // A body only from the txid's shard (what vouches that the txid is not confirmed).
+        let wrong_body =
+            a.tx.as_ref()
+                .is_some_and(|t| self.map.shard_of(&t.txid) != a.shard);
+        if a.height > self.height || bad_index || wrong_body {
             return;
         }
         if self.height - a.height > self.cfg.window {
@@ -234,8 +244,8 @@ impl AtomizerState {
             p.attempts.push(a.attempt);
         }
         for i in &a.inputs {
-            if let Err(at) = p.inputs.binary_search(i) {
-                p.inputs.insert(at, *i);
+            if let Err(at) = p.inputs.binary_search_by_key(i, |(k, _)| *k) {
+                p.inputs.insert(at, (*i, a.shard));
             }
         }
         if p.tx.is_none() {
@@ -261,7 +271,16 @@ impl AtomizerState {
 
     fn decide(&mut self, p: Pending) {
         let Some(tx) = p.tx else { return };
-        let reason = if tx.expires < self.now {
+        // Each input vouched for by the shard that owns it; anything else is not to be trusted
+        // (a member routing by another map, or a faulty one): never ordered.
+        let misrouted = p.inputs.iter().any(|(i, s)| {
+            tx.inputs
+                .get(*i as usize)
+                .is_none_or(|id| self.map.shard_of(id) != *s)
+        });
+        let reason = if misrouted {
+            Some(Reject::Stale)
+        } else if tx.expires < self.now {
             Some(Reject::Expired)
         } else if self.height - p.min_height > self.cfg.window {
             Some(Reject::Stale)

@@ -198,23 +198,37 @@ pub struct ChainSummary {
     pub rejected: u64,
 }
 
-/// Checks that `blocks` continue a chain at `from` (its height and tip; `(0, GENESIS)` for the
-/// whole chain): consecutive heights, each `prev` the hash of the block before, and no id spent
-/// twice within the blocks checked.
-pub fn verify_chain<'a>(
-    from: (Height, Digest),
-    blocks: impl IntoIterator<Item = &'a Block>,
-) -> Result<ChainSummary, ChainError> {
-    let mut spent = std::collections::HashMap::new();
-    let mut s = ChainSummary {
-        height: from.0,
-        tip: from.1,
-        ..ChainSummary::default()
-    };
-    for (position, b) in blocks.into_iter().enumerate() {
+/// Checks blocks one at a time as one chain: consecutive heights, each `prev` the hash of the
+/// block before, and no id spent twice anywhere in what it has checked (so a history read in
+/// pieces is checked as a whole).
+#[derive(Debug, Clone)]
+pub struct ChainVerifier {
+    spent: std::collections::HashMap<florin_ledger::UhsId, Height>,
+    summary: ChainSummary,
+    checked: usize,
+}
+
+impl ChainVerifier {
+    /// A verifier continuing a chain at `from` (its height and tip; `(0, GENESIS)` for the
+    /// whole chain).
+    pub fn new(from: (Height, Digest)) -> ChainVerifier {
+        ChainVerifier {
+            spent: std::collections::HashMap::new(),
+            summary: ChainSummary {
+                height: from.0,
+                tip: from.1,
+                ..ChainSummary::default()
+            },
+            checked: 0,
+        }
+    }
+
+    /// Checks the next block.
+    pub fn push(&mut self, b: &Block) -> Result<(), ChainError> {
+        let s = &mut self.summary;
         if b.height != s.height + 1 {
             return Err(ChainError::Height {
-                position,
+                position: self.checked,
                 height: b.height,
                 expected: s.height + 1,
             });
@@ -224,7 +238,7 @@ pub fn verify_chain<'a>(
         }
         for t in &b.txs {
             for i in &t.tx.inputs {
-                if let Some(first) = spent.insert(*i, b.height) {
+                if let Some(first) = self.spent.insert(*i, b.height) {
                     return Err(ChainError::DoubleSpend {
                         height: b.height,
                         first,
@@ -236,8 +250,28 @@ pub fn verify_chain<'a>(
         s.tip = b.hash();
         s.txs += b.txs.len() as u64;
         s.rejected += b.rejected.len() as u64;
+        self.checked += 1;
+        Ok(())
     }
-    Ok(s)
+
+    /// What has been checked so far.
+    pub fn summary(&self) -> ChainSummary {
+        self.summary
+    }
+}
+
+/// Checks that `blocks` continue a chain at `from` (its height and tip; `(0, GENESIS)` for the
+/// whole chain): consecutive heights, each `prev` the hash of the block before, and no id spent
+/// twice within the blocks checked.
+pub fn verify_chain<'a>(
+    from: (Height, Digest),
+    blocks: impl IntoIterator<Item = &'a Block>,
+) -> Result<ChainSummary, ChainError> {
+    let mut v = ChainVerifier::new(from);
+    for b in blocks {
+        v.push(b)?;
+    }
+    Ok(v.summary())
 }
 
 #[cfg(test)]

@@ -34,10 +34,11 @@ pub struct AtomizerMachine {
 }
 
 impl AtomizerMachine {
-    /// A machine with the settings every replica of the group shares, writing to `log`.
-    pub fn new(cfg: AtomizerConfig, log: Arc<BlockLog>) -> AtomizerMachine {
+    /// A machine with the settings and shard map every replica of the group shares, writing
+    /// to `log`.
+    pub fn new(cfg: AtomizerConfig, map: ShardMap, log: Arc<BlockLog>) -> AtomizerMachine {
         AtomizerMachine {
-            state: AtomizerState::new(cfg),
+            state: AtomizerState::new(cfg, map),
             log,
             failed: None,
         }

@@ -19,10 +19,10 @@ use crate::route::{ShardId, ShardMap};
 /// enough for every sentinel to read its answer long after the block that carried it.
 pub const REJECTIONS_REMEMBERED: usize = 1 << 16;
 
-/// Seconds a transfer's or redeem's confirmation is remembered past its expiry (the clock
-/// skew a sentinel is allowed), so the sentinel that submitted it reads it as confirmed even if
+/// Seconds a transfer's or redeem's confirmation is remembered past its expiry (twice the
+/// clock skew a sentinel is allowed, as `florin_ledger::expiry::expired_for_good`), so the sentinel that submitted it reads it as confirmed even if
 /// the block holding it moved the clock past the expiry.
-pub const CONFIRMED_GRACE_SECS: u64 = florin_ledger::expiry::CLOCK_SKEW_SECS;
+pub const CONFIRMED_GRACE_SECS: u64 = 2 * florin_ledger::expiry::CLOCK_SKEW_SECS;
 
 /// What applying a block did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,8 +64,8 @@ pub enum Verdict {
 pub enum TxStatus {
     /// In the block at this height, under this try.
     Confirmed(Height, Attempt),
-    /// Rejected, answering these tries.
-    Rejected(SmallVec<[Attempt; 2]>, Reject),
+    /// Rejected: each try rejected, with why.
+    Rejected(SmallVec<[(Attempt, Reject); 2]>),
     /// Nothing known at this height.
     Unknown(Height),
     /// The shard has not yet applied the height asked for.
@@ -78,7 +78,7 @@ struct Rest {
     #[serde(with = "florin_ledger::bin_serde::id")]
     tip: Digest,
     books: Supply,
-    rejected: HashMap<Digest, (SmallVec<[Attempt; 2]>, Reject)>,
+    rejected: HashMap<Digest, SmallVec<[(Attempt, Reject); 2]>>,
     rejected_order: VecDeque<Digest>,
 }
 
@@ -216,13 +216,19 @@ impl BlockShard {
             if !self.map.owns(self.shard, &r.txid) {
                 continue;
             }
-            if self
-                .rest
-                .rejected
-                .insert(r.txid, (r.attempts.clone(), r.reason))
-                .is_none()
-            {
-                self.rest.rejected_order.push_back(r.txid);
+            // Each try's rejection is kept with its own reason: a late rejection of an older
+            // try never hides the current try's.
+            let tries = match self.rest.rejected.entry(r.txid) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    self.rest.rejected_order.push_back(r.txid);
+                    e.insert(SmallVec::new())
+                }
+            };
+            for a in &r.attempts {
+                if !tries.iter().any(|(x, _)| x == a) && tries.len() < 16 {
+                    tries.push((*a, r.reason));
+                }
             }
             while self.rest.rejected_order.len() > REJECTIONS_REMEMBERED {
                 if let Some(old) = self.rest.rejected_order.pop_front() {
@@ -303,7 +309,7 @@ impl BlockShard {
             return TxStatus::Confirmed(*at, *a);
         }
         match self.rest.rejected.get(txid) {
-            Some((attempts, reason)) => TxStatus::Rejected(attempts.clone(), *reason),
+            Some(tries) => TxStatus::Rejected(tries.clone()),
             None => TxStatus::Unknown(h),
         }
     }

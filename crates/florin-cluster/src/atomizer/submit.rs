@@ -46,15 +46,21 @@ pub struct SubmitConfig {
     pub wait_limit: u64,
     /// Most tries of one transaction.
     pub max_tries: u8,
+    /// A transaction not decided this long after its submission fails the submission as in
+    /// doubt (an unreachable shard group must not hold a sentinel for ever; and it is well
+    /// inside the time a shard remembers a confirmation past its expiry, so a confirmation is
+    /// never taken for a missing input).
+    pub deadline: u64,
 }
 
 impl Default for SubmitConfig {
     fn default() -> Self {
         SubmitConfig {
-            resend_after: 1000,
+            resend_after: 200,
             poll_every: 10,
             wait_limit: 3000,
             max_tries: 8,
+            deadline: 60_000,
         }
     }
 }
@@ -188,6 +194,8 @@ struct JobState {
     blocked_by: usize,
     /// The submitter's clock when it was submitted.
     wall: u64,
+    /// When it was submitted (the caller's units).
+    started: u64,
 }
 
 impl JobState {
@@ -323,6 +331,7 @@ impl Submitter {
                         asked_at: self.now,
                         blocked_by: blockers.len(),
                         wall,
+                        started: self.now,
                     };
                     self.jobs.insert(j, job);
                     if blockers.is_empty() {
@@ -512,9 +521,13 @@ impl Submitter {
             // Asked again on the next tick.
             (_, TxStatus::Behind(_)) => {}
             (Stage::Resolving { outcome, .. }, _) => self.finish(j, outcome),
-            (Stage::Waiting { .. }, TxStatus::Rejected(attempts, reason))
-                if attempts.contains(&current) =>
+            (Stage::Waiting { .. }, TxStatus::Rejected(tries))
+                if tries.iter().any(|(a, _)| *a == current) =>
             {
+                let reason = tries
+                    .iter()
+                    .find(|(a, _)| *a == current)
+                    .map_or(Reject::Stale, |(_, r)| *r);
                 match reason {
                     Reject::Stale => self.new_try(j, out),
                     Reject::Spent => self.finish(j, SwapOutcome::MissingInput),
@@ -535,10 +548,22 @@ impl Submitter {
             return;
         };
         let idle = now.saturating_sub(job.asked_at);
+        if now.saturating_sub(job.started) >= cfg.deadline {
+            let (ticket, txid) = (job.ticket, job.tx.txid);
+            self.fail(
+                ticket,
+                format!(
+                    "transaction {} was not decided within {} ms",
+                    hex8(&txid),
+                    cfg.deadline
+                ),
+            );
+            return;
+        }
         match &job.stage {
             Stage::Blocked => {}
             Stage::Attesting { waiting, .. } => {
-                if idle < cfg.resend_after.min(cfg.poll_every * 4) {
+                if idle < cfg.resend_after {
                     return;
                 }
                 job.asked_at = now;

@@ -63,7 +63,7 @@ fn cfg() -> AtomizerConfig {
 
 #[test]
 fn a_transaction_is_ordered_once_every_shard_has_attested() {
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![(id(1, 4), 5)]);
     // The txid's shard (0) alone: shard 1's input is not vouched for yet.
     assert!(step(&mut a, vec![att(&t, 0, 0, &[0], true)]).is_empty());
@@ -81,7 +81,7 @@ fn a_transaction_is_ordered_once_every_shard_has_attested() {
 
 #[test]
 fn double_spends_replays_and_stale_attestations_are_rejected() {
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let i = id(0, 2);
     let t1 = tx(id(0, 1), vec![i], vec![(id(0, 4), 5)]);
     let t2 = tx(id(0, 5), vec![i], vec![(id(0, 6), 5)]);
@@ -120,7 +120,7 @@ fn double_spends_replays_and_stale_attestations_are_rejected() {
 
 #[test]
 fn incomplete_transactions_go_stale_after_the_window_and_expired_ones_are_refused() {
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![]);
     assert!(step(&mut a, vec![att(&t, 0, 0, &[0], true)]).is_empty());
     let mut rejected = vec![];
@@ -146,7 +146,7 @@ fn incomplete_transactions_go_stale_after_the_window_and_expired_ones_are_refuse
 
 #[test]
 fn replicas_from_a_snapshot_seal_the_same_blocks() {
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![]);
     step(&mut a, vec![att(&t, 0, 0, &[0], true)]);
     let mut b = AtomizerState::from_snapshot(&a.snapshot()).unwrap();
@@ -157,7 +157,7 @@ fn replicas_from_a_snapshot_seal_the_same_blocks() {
 
 #[test]
 fn verify_chain_finds_broken_links_and_double_spends() {
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let mut blocks = vec![];
     for n in 0..3 {
         let t = tx(id(0, n), vec![id(0, 100 + n)], vec![]);
@@ -193,7 +193,7 @@ fn a_shard_applies_blocks_in_order_and_answers_as_watchtower() {
     let mut s = BlockShard::new(map.clone(), 0);
     s.seed(&[(id(0, 2), 10), (id(1, 3), 10)]);
     assert_eq!(s.books().unspent_cents, 10, "only its own range");
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![(id(0, 4), 20)]);
     let v = s.attest(&t, tx_key(&t), &[7], 0, 0);
     let Verdict::Attested(mine) = v else {
@@ -248,7 +248,7 @@ fn a_shard_applies_blocks_in_order_and_answers_as_watchtower() {
 fn a_shard_refuses_expired_transactions_and_records_rejections() {
     let map = ShardMap::even(2).unwrap();
     let mut s = BlockShard::new(map, 0);
-    let mut a = AtomizerState::new(cfg());
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let mut t = tx(id(0, 1), vec![], vec![]);
     t.expires = 50;
     let b = step(&mut a, vec![att(&t, 0, 0, &[], true)]);
@@ -256,7 +256,7 @@ fn a_shard_refuses_expired_transactions_and_records_rejections() {
     assert_eq!(s.attest(&t, tx_key(&t), &[1], 0, 0), Verdict::Expired(1));
     assert_eq!(
         s.status(&t.txid, 0),
-        TxStatus::Rejected(smallvec![7], Reject::Expired)
+        TxStatus::Rejected(smallvec![(7, Reject::Expired)])
     );
 }
 
@@ -336,6 +336,7 @@ fn submitter() -> Submitter {
             poll_every: 10,
             wait_limit: 50,
             max_tries: 2,
+            deadline: 100_000,
         },
         Box::new(rand::rngs::StdRng::seed_from_u64(1)),
     )
@@ -497,4 +498,49 @@ fn the_submitter_tells_missing_inputs_from_its_own_earlier_tries_and_gives_up_in
     }
     assert!(failed, "{:?}", s.describe());
     assert_eq!((s.in_flight(), s.open_tickets()), (0, 0));
+}
+
+#[test]
+fn only_the_owning_shards_attestations_count() {
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
+    let t = tx(id(0, 1), vec![id(0, 2), id(1, 3)], vec![]);
+    // A body from a shard that does not own the txid is dropped.
+    assert!(step(&mut a, vec![att(&t, 1, 0, &[1], true)]).is_empty());
+    assert_eq!(a.load(), (0, 0), "the whole attestation is dropped");
+    // Shard 0 vouching for shard 1's input as well: never ordered.
+    let b = step(&mut a, vec![att(&t, 0, 0, &[0], true)]);
+    assert!(
+        b.is_empty(),
+        "input 1 is only vouched for by shard 1 so far"
+    );
+    let t2 = tx(id(0, 5), vec![id(0, 6), id(1, 7)], vec![]);
+    let b = step(&mut a, vec![att(&t2, 0, 0, &[0, 1], true)]);
+    assert_eq!(b[0].rejected[0].txid, t2.txid);
+    assert_eq!(b[0].rejected[0].reason, Reject::Stale);
+    assert!(b[0].txs.is_empty());
+}
+
+#[test]
+fn a_chain_checked_in_pieces_is_checked_as_a_whole() {
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
+    let mut blocks = vec![];
+    for n in 0..4 {
+        let h = a.height();
+        let t = tx(id(0, n), vec![id(0, 100 + n)], vec![]);
+        blocks.extend(step(&mut a, vec![att(&t, 0, h, &[0], true)]));
+    }
+    // Block 4 spends block 1's input again: found even when read in two pieces.
+    blocks[3].txs[0].tx.inputs = blocks[0].txs[0].tx.inputs.clone();
+    let mut v = ChainVerifier::new((0, GENESIS));
+    for b in &blocks[..2] {
+        v.push(b).unwrap();
+    }
+    assert!(v.push(&blocks[2]).is_ok());
+    assert_eq!(
+        v.push(&blocks[3]),
+        Err(ChainError::DoubleSpend {
+            height: 4,
+            first: 1
+        })
+    );
 }

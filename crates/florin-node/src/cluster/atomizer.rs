@@ -21,11 +21,43 @@ use florin_cluster::route::{ShardId, ShardMap};
 use florin_cluster::shard::{decode, encode};
 use florin_crypto::{Digest, PublicKey};
 use florin_ledger::{CompactTx, StoreError, Supply, SwapOutcome, SwapStore, UhsId};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::client::GroupClient;
 use super::rpc::{AttestAsk, Handler, NodeStatus, Request, Response, StatusAsk, MAX_BLOCKS_READ};
 use super::service::not_leader;
+
+/// Attestation batches queued for the leader's loop at most.
+const ATTEST_QUEUE: usize = 1024;
+
+/// About how many bytes a block takes on the wire (to keep a message of blocks under the RPC
+/// limit).
+fn block_bytes(b: &florin_cluster::atomizer::Block) -> usize {
+    128 + b
+        .txs
+        .iter()
+        .map(|t| 96 + 40 * (t.tx.inputs.len() + t.tx.outputs.len()))
+        .sum::<usize>()
+        + 64 * b.rejected.len()
+}
+
+/// Keeps the first blocks of `v` that fit `limit` bytes (at least one).
+fn fit(
+    mut v: Vec<florin_cluster::atomizer::Block>,
+    limit: usize,
+) -> Vec<florin_cluster::atomizer::Block> {
+    let mut total = 0;
+    let keep = v
+        .iter()
+        .position(|b| {
+            total += block_bytes(b);
+            total > limit
+        })
+        .unwrap_or(v.len())
+        .max(1);
+    v.truncate(keep);
+    v
+}
 
 /// One replica of the atomizer group.
 pub struct AtomizerService {
@@ -33,11 +65,12 @@ pub struct AtomizerService {
     log: Arc<BlockLog>,
     /// Keys of the group's members.
     members: HashSet<PublicKey>,
-    /// Keys of shard replicas (the only ones whose attestations are taken).
-    shards: HashSet<PublicKey>,
+    /// Keys of shard replicas with their shard (the only ones whose attestations are taken,
+    /// each only for its own shard).
+    shards: HashMap<PublicKey, ShardId>,
     /// Keys allowed to read the height and the blocks (sentinels and observers).
     readers: HashSet<PublicKey>,
-    attest: mpsc::UnboundedSender<Vec<Attestation>>,
+    attest: mpsc::Sender<Vec<Attestation>>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
 }
 
@@ -48,12 +81,14 @@ impl AtomizerService {
         replica: Arc<Replica<AtomizerMachine>>,
         log: Arc<BlockLog>,
         members: HashSet<PublicKey>,
-        shards: HashSet<PublicKey>,
+        shards: HashMap<PublicKey, ShardId>,
         readers: HashSet<PublicKey>,
         shard_groups: Vec<Arc<GroupClient>>,
         cfg: LeaderConfig,
     ) -> Arc<AtomizerService> {
-        let (tx, rx) = mpsc::unbounded_channel();
+        // Bounded: while the leader's loop is busy, more batches are refused (their sentinels
+        // try again), never queued without end.
+        let (tx, rx) = mpsc::channel(ATTEST_QUEUE);
         let load = Arc::new(std::sync::Mutex::new((0, 0)));
         tokio::spawn(leader_loop(
             replica.clone(),
@@ -81,12 +116,20 @@ impl Handler for AtomizerService {
             Request::Raft(b) if self.members.contains(peer) => {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
-            Request::AtomForward(a) if self.shards.contains(peer) => {
+            Request::AtomForward(a) if self.shards.contains_key(peer) => {
                 if !self.replica.is_leader() {
                     return Response::NotLeader(None);
                 }
-                let _ = self.attest.send(a);
-                Response::Taken
+                if self.replica.with_machine(|m| m.failed().is_some()) {
+                    return Response::Error("this atomizer replica's block log failed".into());
+                }
+                // A shard member vouches only for its own shard.
+                let mine = self.shards.get(peer).copied();
+                let a: Vec<Attestation> = a.into_iter().filter(|x| Some(x.shard) == mine).collect();
+                match self.attest.try_send(a) {
+                    Ok(()) => Response::Taken,
+                    Err(_) => Response::Error("the atomizer is busy; try again".into()),
+                }
             }
             Request::AtomHeight if self.readers.contains(peer) => self
                 .replica
@@ -96,7 +139,7 @@ impl Handler for AtomizerService {
             Request::AtomReadBlocks(from, to) if self.readers.contains(peer) => {
                 let to = to.min(from.saturating_add(MAX_BLOCKS_READ - 1));
                 match self.log.read(from.max(1), to) {
-                    Ok(b) => Response::Blocks(b),
+                    Ok(b) => Response::Blocks(fit(b, super::rpc::MAX_RPC / 4)),
                     Err(e) => Response::Refused(e.to_string()),
                 }
             }
@@ -136,13 +179,14 @@ async fn leader_loop(
     log: Arc<BlockLog>,
     shards: Vec<Arc<GroupClient>>,
     cfg: LeaderConfig,
-    mut attest: mpsc::UnboundedReceiver<Vec<Attestation>>,
+    mut attest: mpsc::Receiver<Vec<Attestation>>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
 ) {
     let start = Instant::now();
     let (tx, mut rx) = mpsc::unbounded_channel::<LeaderMsg>();
     let mut leader: Option<(AtomizerLeader, u64)> = None;
     let mut epoch = 0u64;
+    let mut stopping = false;
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -173,6 +217,16 @@ async fn leader_loop(
             _ = tick.tick() => {
                 let leads = replica.leader_term();
                 let fit = replica.with_machine(|m| m.failed().is_none());
+                if leads.is_some() && !fit && !stopping {
+                    // A leader that cannot write blocks stops its replica, so that the group
+                    // elects one that can (the operator must replace the disk).
+                    stopping = true;
+                    tracing::error!("ALERT florin atomizer: this replica's block log failed while it leads: stopping the replica");
+                    let r = replica.clone();
+                    tokio::spawn(async move {
+                        let _ = r.shutdown().await;
+                    });
+                }
                 match (&leader, leads) {
                     (None, Some(t)) if fit => {
                         // Everything committed before this term is applied once a
@@ -222,7 +276,7 @@ async fn leader_loop(
                         continue;
                     };
                     let blocks = match log.read(from, to) {
-                        Ok(b) if !b.is_empty() => b,
+                        Ok(b) if !b.is_empty() => fit(b, super::rpc::MAX_RPC / 4),
                         Ok(_) => continue,
                         Err(e) => {
                             tracing::error!("ALERT florin atomizer: cannot send shard {shard} blocks {from}..={to}: {e}");
@@ -230,7 +284,10 @@ async fn leader_loop(
                         }
                     };
                     let (tx, e) = (tx.clone(), epoch);
-                    let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
+                    // Each block is one write on the shard's group.
+                    let patience = Duration::from_millis(
+                        (cfg.resend_after * 3 / 4).max(50 * blocks.len() as u64),
+                    );
                     tokio::spawn(async move {
                         match client
                             .call_async(Request::AtomBlocks(blocks), patience)
@@ -278,8 +335,10 @@ impl Handler for BlockShardService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::AtomBlocks(blocks) if self.atomizer_keys.contains(peer) => {
-                let mut last = Response::Error("no block".into());
-                for b in blocks {
+                // Blocks already applied are not written again.
+                let have = self.replica.with_machine(|m| m.state.height());
+                let mut last = Response::BlockReply(BlockReply::Applied(have));
+                for b in blocks.into_iter().filter(|b| b.height > have) {
                     last = match self.replica.write(encode(&b)).await {
                         Ok(r) => match decode::<ShardBlockReply>(&r) {
                             Ok(ShardBlockReply::Block(r @ BlockReply::Applied(_))) => {
@@ -293,6 +352,11 @@ impl Handler for BlockShardService {
                     };
                 }
                 last
+            }
+            Request::AtomAttest(_) if !self.replica.is_leader() => {
+                // Attested at the leader's state: a deposed or lagging replica would answer
+                // `Behind` for ever.
+                Response::NotLeader(None)
             }
             Request::AtomAttest(asks) if self.clients.contains(peer) => {
                 if let Some(outside) = asks.iter().find(|a| {
@@ -308,8 +372,9 @@ impl Handler for BlockShardService {
                 let verdicts: Vec<Verdict> = self.replica.with_machine(|m| {
                     asks.iter()
                         .map(|a| {
-                            m.state
-                                .attest(&a.tx, a.key, &a.attempts, a.min_height, a.now)
+                            // The key is this shard's own hash of the body, not the asker's.
+                            let key = florin_cluster::atomizer::tx_key(&a.tx);
+                            m.state.attest(&a.tx, key, &a.attempts, a.min_height, a.now)
                         })
                         .collect()
                 });
@@ -387,7 +452,12 @@ fn hex8(d: &[u8; 32]) -> String {
 type Answer = Result<Vec<SwapOutcome>, String>;
 
 /// Transactions, the atomizer's height and the sentinel's clock, and where the answer goes.
-type Submission = (Vec<CompactTx>, Height, u64, oneshot::Sender<Answer>);
+type Submission = (
+    Vec<CompactTx>,
+    Height,
+    u64,
+    std::sync::mpsc::SyncSender<Answer>,
+);
 
 /// The sentinel's [`SwapStore`] over an atomizer cluster: submissions go through the
 /// submitter machine, run on a thread of its own; reads go to shards at a height at least the
@@ -469,7 +539,7 @@ impl SwapStore for AtomizerStore {
             return Ok(vec![]);
         }
         let h = self.height()?;
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.submit
             .send((
                 batch.to_vec(),
@@ -478,10 +548,16 @@ impl SwapStore for AtomizerStore {
                 tx,
             ))
             .map_err(|_| Self::backend("the submitter stopped"))?;
-        match rx.blocking_recv() {
+        // The submitter fails a transaction not decided within its deadline; this is the
+        // backstop should its thread stall.
+        match rx
+            .recv_timeout(Duration::from_millis(SubmitConfig::default().deadline) + self.patience)
+        {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(why)) => Err(Self::backend(format!("the batch is in doubt: {why}"))),
-            Err(_) => Err(Self::backend("the submitter stopped")),
+            Err(_) => Err(Self::backend(
+                "the submitter gave no answer: the batch is in doubt",
+            )),
         }
     }
 
@@ -542,7 +618,7 @@ async fn submit_loop(
         Box::new(<rand::rngs::StdRng as rand::SeedableRng>::from_entropy()),
     );
     let (io_tx, mut io_rx) = mpsc::unbounded_channel::<Io>();
-    let mut waiters: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
+    let mut waiters: HashMap<u64, std::sync::mpsc::SyncSender<Answer>> = HashMap::new();
     let mut next = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -562,7 +562,7 @@ pub async fn start_member(
                     dir,
                     id,
                     addrs,
-                    AtomizerMachine::new(spec.atomizer_config, log.clone()),
+                    AtomizerMachine::new(spec.atomizer_config, spec.map()?, log.clone()),
                     transport,
                     spec.raft.clone(),
                 )
@@ -570,7 +570,12 @@ pub async fn start_member(
                 .map_err(raft_err)?,
             );
             crate::obs::export_raft("atomizer".to_string(), id, &replica);
-            let shard_keys: HashSet<PublicKey> = spec.shards.iter().flat_map(keys_of).collect();
+            let shard_keys: HashMap<PublicKey, u16> = spec
+                .shards
+                .iter()
+                .enumerate()
+                .flat_map(|(g, group)| keys_of(group).into_iter().map(move |k| (k, g as u16)))
+                .collect();
             let readers: HashSet<PublicKey> = spec
                 .client_keys()
                 .into_iter()
