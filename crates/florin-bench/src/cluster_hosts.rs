@@ -27,9 +27,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use florin_cluster::raft::RaftOptions;
 use florin_crypto::{LocalSigner, PublicKey, SecretKey, Signer};
 use florin_ledger::{SwapOutcome, SwapStore};
+use florin_node::cluster::atomizer::AtomizerStore;
 use florin_node::cluster::deploy::{self, NodeConfig};
 use florin_node::cluster::rpc::{Peer, Request, Response};
-use florin_node::cluster::{ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
+use florin_node::cluster::{Architecture, ClusterSpec, ClusterStore, GroupSpec, MemberSpec, Role};
 use florin_node::hosts::{HostNet, HostNetGuard};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -50,6 +51,57 @@ const REPLICAS: usize = 3;
 /// The size the default CPU share is chosen for: 4 shards (4 × 3 shard replicas, 4 × 3
 /// coordinator replicas and 4 load generators) fill the machine's cores exactly.
 const FIT_SHARDS: usize = 4;
+
+/// How a deployed cluster commits: Hamilton's two architectures, and Florin's one-phase
+/// shortcut of the first.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Design {
+    /// Shards and coordinator groups, every transaction through two-phase commit.
+    TwoPhase,
+    /// Shards and coordinator groups, one-phase commit where a transaction lies on one shard.
+    OnePhase,
+    /// Block-applying shards and one atomizer group ordering every transaction into blocks.
+    Atomizer,
+}
+
+impl Design {
+    /// The `commit` parameter of its rows.
+    fn commit(self) -> &'static str {
+        match self {
+            Design::TwoPhase => "two-phase for every transaction",
+            Design::OnePhase => "one-phase where a transaction lies on one shard",
+            Design::Atomizer => "atomizer: every transaction ordered into one block stream",
+        }
+    }
+
+    /// The `architecture` parameter of its rows.
+    fn architecture(self) -> &'static str {
+        match self {
+            Design::TwoPhase | Design::OnePhase => "two-phase",
+            Design::Atomizer => "atomizer",
+        }
+    }
+
+    /// Emulated hosts of a cluster of `shards` groups of `replicas` and `loadgens` load
+    /// generators.
+    fn hosts(self, shards: usize, replicas: usize, loadgens: usize) -> usize {
+        match self {
+            Design::Atomizer => (shards + 1) * replicas + loadgens,
+            _ => 2 * shards * replicas + loadgens,
+        }
+    }
+}
+
+/// Which architectures `florin bench cluster --emulate-hosts` measures.
+#[derive(Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Arch {
+    /// Shards and two-phase-commit coordinators (two-phase and one-phase rows).
+    #[default]
+    TwoPhase,
+    /// Hamilton's atomizer, each size run beside two-phase commit on the same hosts in the
+    /// same run (scaling and tolerated failures).
+    Atomizer,
+}
 
 /// What a load generator is told (`loadgen.json` in its directory).
 #[derive(Serialize, Deserialize)]
@@ -111,6 +163,9 @@ struct LoadgenResult {
     double_spends: u64,
     #[serde(default)]
     errors: u64,
+    /// The atomizer: tries begun (preload included) and transactions submitted, all told.
+    #[serde(default)]
+    tries: Option<(u64, u64)>,
 }
 
 /// One configuration deployed on its own emulated network.
@@ -148,6 +203,20 @@ impl Deployed {
     }
 }
 
+/// A deployed cluster's directory: removed after its run, unless `FLORIN_BENCH_KEEP` is set
+/// (each member's log and data stay for a post-mortem; the path is logged).
+fn run_dir() -> Result<tempfile::TempDir> {
+    let keep = std::env::var_os("FLORIN_BENCH_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .prefix("florin-bench-")
+        .disable_cleanup(keep)
+        .tempdir()?;
+    if keep {
+        tracing::info!("  keeping {}", dir.path().display());
+    }
+    Ok(dir)
+}
+
 fn raft() -> RaftOptions {
     RaftOptions {
         snapshot_every: 200,
@@ -163,17 +232,17 @@ fn deploy_cluster(
     shards: usize,
     replicas: usize,
     loadgens: usize,
-    one_phase: bool,
+    design: Design,
     share: f64,
 ) -> Result<Deployed> {
-    let dir = tempfile::tempdir()?;
+    let dir = run_dir()?;
     let data = dir.path();
     let net = HostNetGuard::new(HostNet::claim(Some(share))?);
     let mut net = net;
     let mut keys = Vec::new();
-    let mut groups = |role: Role, net: &mut HostNet| -> Result<Vec<GroupSpec>> {
+    let mut groups = |role: Role, count: usize, net: &mut HostNet| -> Result<Vec<GroupSpec>> {
         let mut v = Vec::new();
-        for g in 0..shards as u16 {
+        for g in 0..count as u16 {
             let mut members = Vec::new();
             for id in 1..=replicas as u64 {
                 let key = SecretKey::generate(&mut rand::rngs::OsRng);
@@ -189,8 +258,12 @@ fn deploy_cluster(
         }
         Ok(v)
     };
-    let shard_groups = groups(Role::Shard, &mut net.0)?;
-    let coord_groups = groups(Role::Coordinator, &mut net.0)?;
+    let shard_groups = groups(Role::Shard, shards, &mut net.0)?;
+    let (coord_groups, atomizer) = if design == Design::Atomizer {
+        (Vec::new(), groups(Role::Atomizer, 1, &mut net.0)?.pop())
+    } else {
+        (groups(Role::Coordinator, shards, &mut net.0)?, None)
+    };
     let observer = SecretKey::generate(&mut rand::rngs::OsRng);
     let lg_keys: Vec<SecretKey> = (0..loadgens)
         .map(|_| SecretKey::generate(&mut rand::rngs::OsRng))
@@ -208,10 +281,14 @@ fn deploy_cluster(
         raft: raft(),
         max_batch: 4096,
         max_inflight: 8,
-        one_phase,
+        one_phase: design == Design::OnePhase,
         authority: None,
-        architecture: Default::default(),
-        atomizer: None,
+        architecture: if design == Design::Atomizer {
+            Architecture::Atomizer
+        } else {
+            Architecture::TwoPhase
+        },
+        atomizer,
         atomizer_config: Default::default(),
     };
     spec.save(&data.join("cluster.toml"))?;
@@ -250,7 +327,7 @@ fn deploy_cluster(
 /// The single-node embedded engine as one process on its own host (`florin node` with
 /// `role = "engine"`), and one load-generator host, for the equal-hosts reference.
 fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
-    let dir = tempfile::tempdir()?;
+    let dir = run_dir()?;
     let data = dir.path();
     let mut net = HostNetGuard::new(HostNet::claim(Some(share))?);
     let name = deploy::host_name(Role::Engine, 0, 1);
@@ -303,20 +380,49 @@ fn deploy_engine(exe: &Path, share: f64) -> Result<Deployed> {
 
 /// A client of every shard and coordinator replica (role, group, peer), as the observer.
 fn member_peers(d: &Deployed, timeout: Duration) -> Result<Vec<(Role, u16, Peer)>> {
+    Ok(member_peers_with_ids(d, timeout)?
+        .into_iter()
+        .map(|(r, g, _, p)| (r, g, p))
+        .collect())
+}
+
+/// A client of every shard, coordinator and atomizer replica: (role, group, member id, peer).
+fn member_peers_with_ids(d: &Deployed, timeout: Duration) -> Result<Vec<(Role, u16, u64, Peer)>> {
     let mut peers = Vec::new();
+    let atomizer: Vec<GroupSpec> = d.spec.atomizer.iter().cloned().collect();
     for (role, groups) in [
         (Role::Shard, &d.spec.shards),
         (Role::Coordinator, &d.spec.coordinators),
+        (Role::Atomizer, &atomizer),
     ] {
         for (g, grp) in groups.iter().enumerate() {
             for m in &grp.members {
                 let key = PublicKey::parse(&m.key).map_err(|e| anyhow!("{e}"))?;
                 let peer = Peer::new(m.addr.clone(), key, d.observer.clone(), timeout);
-                peers.push((role, g as u16, peer));
+                peers.push((role, g as u16, m.id, peer));
             }
         }
     }
     Ok(peers)
+}
+
+/// Every replicated group of the cluster: shards, coordinators, the atomizer.
+fn group_count(d: &Deployed) -> usize {
+    d.spec.shards.len() + d.spec.coordinators.len() + d.spec.atomizer.iter().count()
+}
+
+/// The emulated host of the atomizer's leader now, if it has one.
+fn atomizer_leader(d: &Deployed) -> Option<String> {
+    member_peers_with_ids(d, Duration::from_millis(500))
+        .ok()?
+        .into_iter()
+        .filter(|(r, ..)| *r == Role::Atomizer)
+        .find_map(|(_, g, id, p)| match p.call(&Request::Status) {
+            Ok(Response::Status(s)) if s.raft.state == "leader" => {
+                Some(deploy::host_name(Role::Atomizer, g, id))
+            }
+            _ => None,
+        })
 }
 
 /// Waits until every group has a leader, asking each member for its state.
@@ -332,7 +438,7 @@ fn wait_for_leaders(d: &Deployed, within: Duration) -> Result<()> {
                 }
             }
         }
-        if leaders.len() == d.spec.shards.len() + d.spec.coordinators.len() {
+        if leaders.len() == group_count(d) {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -358,6 +464,8 @@ struct Load {
     /// Leader elections during the run, all groups together (terms begun; a fault-free run
     /// should have none); `None` when some group's term could not be read before or after.
     elections: Option<u64>,
+    /// The atomizer architecture: its leader's CPU, when one host led throughout.
+    atomizer: Option<LeaderCpu>,
 }
 
 fn run_load(d: &Deployed, exe: &Path, chunks: u64, secs: f64) -> Result<Load> {
@@ -408,8 +516,23 @@ fn run_load_with(
         g.expect("ready")?;
     }
     // The engine tier: shard and coordinator replicas, or the single-node engine.
-    let engine_cpu =
-        |d: &Deployed| d.host_cpu("shard-") + d.host_cpu("coord-") + d.host_cpu("engine-");
+    let engine_cpu = |d: &Deployed| {
+        d.host_cpu("shard-")
+            + d.host_cpu("coord-")
+            + d.host_cpu("engine-")
+            + d.host_cpu("atomizer-")
+    };
+    // The atomizer's leader: its host's CPU over the window (it must lead throughout).
+    let leader = atomizer_leader(d);
+    let host_cpu = |name: &str| {
+        d.net
+            .0
+            .hosts
+            .iter()
+            .find(|h| h.name == name)
+            .and_then(|h| h.cpu_seconds())
+    };
+    let leader_cpu0 = leader.as_deref().and_then(host_cpu);
     let terms0 = group_terms(d);
     let (e0, l0, s0) = (
         engine_cpu(d),
@@ -457,8 +580,25 @@ fn run_load_with(
         .collect();
     busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
     busiest.truncate(4);
+    let leader_cpu1 = leader.as_deref().and_then(host_cpu);
+    let atomizer = match (leader, leader_cpu0, leader_cpu1) {
+        (Some(host), Some(c0), Some(c1)) if atomizer_leader(d).as_deref() == Some(&host) => {
+            Some(LeaderCpu {
+                host,
+                cpu_s: c1 - c0,
+                share_used: (c1 - c0) / window / share,
+            })
+        }
+        (Some(_), ..) => {
+            tracing::info!(
+                "  note: the atomizer's leader changed during the run: its CPU is not reported"
+            );
+            None
+        }
+        _ => None,
+    };
     let terms1 = group_terms(d);
-    let groups = d.spec.shards.len() + d.spec.coordinators.len();
+    let groups = group_count(d);
     let elections = (terms0.len() == groups && terms1.len() == groups).then(|| {
         terms1
             .iter()
@@ -487,7 +627,26 @@ fn run_load_with(
         results,
         busiest,
         elections,
+        atomizer,
     })
+}
+
+/// The atomizer: tries begun per transaction submitted, over every load generator (1 when no
+/// try went stale; preloads included).
+fn tries_per_tx(results: &[LoadgenResult]) -> Option<f64> {
+    let (tries, txs) = results
+        .iter()
+        .filter_map(|r| r.tries)
+        .fold((0, 0), |(a, b), (t, n)| (a + t, b + n));
+    (txs > 0).then(|| tries as f64 / txs as f64)
+}
+
+/// The atomizer leader's CPU over a run.
+struct LeaderCpu {
+    host: String,
+    cpu_s: f64,
+    /// Of its host's CPU share over the window.
+    share_used: f64,
 }
 
 /// Each shard and coordinator group's highest Raft term among the members that answer.
@@ -551,15 +710,26 @@ pub(super) fn run(
     quick: bool,
     share: Option<f64>,
     only: Option<Part>,
+    arch: Arch,
 ) -> Result<()> {
+    if arch == Arch::Atomizer && only.is_some_and(|p| !matches!(p, Part::Scaling | Part::Failures))
+    {
+        bail!("--architecture atomizer measures the scaling and failures parts (Hamilton's Fig. 4 and 6)");
+    }
     florin_node::hosts::check_supported()?;
     // Interrupted (Ctrl-C), the run removes its hosts and their processes before exiting.
     florin_node::hosts::remove_on_signal();
     let exe = std::env::current_exe().context("cannot find the florin binary")?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let runs = |p: Part| only.is_none_or(|o| o == p);
+    // The atomizer is measured where Hamilton measured it: Fig. 4 and Fig. 6.
+    let runs = |p: Part| {
+        only.map_or(
+            arch == Arch::TwoPhase || matches!(p, Part::Scaling | Part::Failures),
+            |o| o == p,
+        )
+    };
     if runs(Part::Scaling) {
-        scaling(rec, &exe, cores, scale, quick, share)?;
+        scaling(rec, &exe, cores, scale, quick, share, arch)?;
     }
     if runs(Part::Replication) {
         let pairs = if quick {
@@ -584,7 +754,7 @@ pub(super) fn run(
         dc_failover(rec, &exe, cores, quick)?;
     }
     if runs(Part::Failures) {
-        failures_vs_throughput(rec, &exe, cores, scale, quick)?;
+        failures_vs_throughput(rec, &exe, cores, scale, quick, arch)?;
     }
     if runs(Part::Sentinels) {
         sentinels_e2e(rec, &exe, cores, scale, quick, share)?;
@@ -592,8 +762,9 @@ pub(super) fn run(
     Ok(())
 }
 
-/// Hamilton's Fig. 4: throughput and latency versus shards at replication 3, two-phase and
-/// one-phase, each replica, coordinator replica and load generator on its own host.
+/// Hamilton's Fig. 4: throughput and latency versus shards at replication 3, each replica,
+/// coordinator or atomizer replica and load generator on its own host: two-phase and one-phase
+/// commit, or (`arch` atomizer) two-phase commit and the atomizer, size by size in one run.
 fn scaling(
     rec: &mut Recorder,
     exe: &Path,
@@ -601,6 +772,7 @@ fn scaling(
     scale: Scale,
     quick: bool,
     share: Option<f64>,
+    arch: Arch,
 ) -> Result<()> {
     let fit_hosts = FIT_SHARDS * (2 * REPLICAS + 1);
     let share = share.unwrap_or(cores as f64 / fit_hosts as f64);
@@ -612,17 +784,22 @@ fn scaling(
     } else {
         (10.0, 400)
     };
+    let designs: &[Design] = match arch {
+        Arch::TwoPhase => &[Design::TwoPhase, Design::OnePhase],
+        Arch::Atomizer => &[Design::TwoPhase, Design::Atomizer],
+    };
     tracing::info!(
         "emulated hosts: {share:.3} core(s) each ({cores} cores / {fit_hosts} hosts at {FIT_SHARDS} shards); \
-         replication {REPLICAS}; coordinator groups = shards = load generators; \
+         replication {REPLICAS}; {designs:?}; coordinator groups (or one atomizer group) = shards = load generators; \
          {CLIENTS} clients x {BATCH} transactions per generator; {secs} s per run"
     );
-    let mut two_phase = Vec::new();
+    // Each design's rate by size (its scaling is judged against its own one-shard rate).
+    let mut rates: BTreeMap<&str, Vec<(usize, f64)>> = BTreeMap::new();
     for &shards in sizes {
-        for one_phase in [false, true] {
-            let hosts = shards * (2 * REPLICAS + 1);
+        for &design in designs {
+            let hosts = design.hosts(shards, REPLICAS, shards);
             let fits = hosts as f64 * share <= cores as f64 + 1e-9;
-            let d = deploy_cluster(exe, shards, REPLICAS, shards, one_phase, share)?;
+            let d = deploy_cluster(exe, shards, REPLICAS, shards, design, share)?;
             let measured = wait_for_leaders(&d, Duration::from_secs(60))
                 .and_then(|_| run_load(&d, exe, chunks, secs));
             d.stop();
@@ -635,34 +812,46 @@ fn scaling(
                 secs: window,
                 busiest,
                 elections,
+                atomizer,
+                results,
                 ..
             } = measured?;
-            let commit = if one_phase {
-                "one-phase where a transaction lies on one shard"
-            } else {
-                "two-phase for every transaction"
-            };
+            let commit = design.commit();
+            let architecture = design.architecture();
+            tracing::info!("  {shards} shard(s), {commit}: {rate:.0} transactions/s");
             let params = json!({
-                "shards": shards, "replicas": REPLICAS, "coordinators": shards,
+                "shards": shards, "replicas": REPLICAS, "architecture": architecture,
+                "coordinators": if design == Design::Atomizer { 0 } else { shards },
+                "atomizer_replicas": if design == Design::Atomizer { REPLICAS } else { 0 },
                 "load_generators": shards, "commit": commit, "emulated_hosts": hosts,
                 "host_cpu_cores": share, "hosts_fit_machine": fits,
                 "clients_per_generator": CLIENTS, "batch": BATCH,
                 "transactions": count, "window_s": window,
                 "shards_per_tx": shards_per_tx(shards), "elections_during_run": elections,
                 "busiest_hosts": busiest.iter().map(|(h, u)| json!({ "host": h, "share_used": (u * 100.0).round() / 100.0 })).collect::<Vec<_>>(),
+                "atomizer_tries_per_tx": tries_per_tx(&results),
+                "batches_in_doubt": results.iter().map(|r| r.errors).sum::<u64>(),
             });
-            if !one_phase {
-                two_phase.push((shards, rate));
+            if design != Design::OnePhase {
+                rates.entry(architecture).or_default().push((shards, rate));
             }
+            let reference = if design == Design::Atomizer {
+                Reference {
+                    value: 170_000.0,
+                    source: format!("{HAMILTON} Fig. 4: the atomizer's peak, bound by its leader"),
+                }
+            } else {
+                Reference {
+                    value: 1_700_000.0,
+                    source: format!("{HAMILTON} Fig. 4: peak, 2PC, many shards on many machines"),
+                }
+            };
             rec.add(
                 "cluster_hosts_tx_per_s",
                 rate,
                 "transactions/s",
                 params.clone(),
-                Some(Reference {
-                    value: 1_700_000.0,
-                    source: format!("{HAMILTON} Fig. 4: peak, 2PC, many shards on many machines"),
-                }),
+                Some(reference),
                 None,
             );
             for (p, seed) in [(0.5, 500.0), (0.99, 1000.0)] {
@@ -670,7 +859,7 @@ fn scaling(
                     "cluster_hosts_batch_latency_ms",
                     percentile(&mut latencies, p),
                     "ms",
-                    json!({ "shards": shards, "replicas": REPLICAS, "percentile": (p * 100.0) as u32, "batch": BATCH, "commit": commit }),
+                    json!({ "shards": shards, "replicas": REPLICAS, "percentile": (p * 100.0) as u32, "batch": BATCH, "commit": commit, "architecture": architecture }),
                     Some(Reference {
                         value: seed,
                         source: format!("{HAMILTON} Fig. 4: p50 under 500 ms, p99 under 1 s per transaction at peak"),
@@ -683,7 +872,7 @@ fn scaling(
                     "cluster_hosts_engine_cpu_us_per_tx",
                     engine_cpu_s * 1e6 / count as f64,
                     "µs",
-                    json!({ "shards": shards, "replicas": REPLICAS, "commit": commit, "what": "CPU of every shard and coordinator host (cpuacct) per transaction" }),
+                    json!({ "shards": shards, "replicas": REPLICAS, "commit": commit, "architecture": architecture, "what": "CPU of every shard, coordinator and atomizer host (cpuacct) per transaction" }),
                     None,
                     None,
                 );
@@ -691,42 +880,135 @@ fn scaling(
                     "cluster_hosts_loadgen_cpu_us_per_tx",
                     loadgen_cpu_s * 1e6 / count as f64,
                     "µs",
-                    json!({ "shards": shards, "commit": commit }),
+                    json!({ "shards": shards, "commit": commit, "architecture": architecture }),
                     None,
                     None,
                 );
             }
+            // Nothing confirmed: no CPU per transaction to speak of (the rate row says 0).
+            if let (Design::Atomizer, Some(l), true) = (design, &atomizer, count > 0) {
+                atomizer_leader_rows(rec, shards, REPLICAS, share, count, l);
+            }
         }
     }
-    let one = two_phase.iter().find(|(s, _)| *s == 1).map(|(_, r)| *r);
-    if let Some(one) = one.filter(|r| *r > 0.0) {
-        for (shards, rate) in two_phase.iter().filter(|(s, _)| *s > 1) {
-            let target = if *shards == 4 {
+    for (architecture, by_size) in &rates {
+        let Some(one) = by_size
+            .iter()
+            .find(|(s, _)| *s == 1)
+            .map(|(_, r)| *r)
+            .filter(|r| *r > 0.0)
+        else {
+            continue;
+        };
+        let atomizer = *architecture == "atomizer";
+        for (shards, rate) in by_size.iter().filter(|(s, _)| *s > 1) {
+            let target = if *shards == 4 && !atomizer {
                 json!(3.5)
             } else {
                 json!(null)
+            };
+            let commit = if atomizer {
+                Design::Atomizer.commit()
+            } else {
+                Design::TwoPhase.commit()
             };
             rec.add(
                 "cluster_scaling_vs_one_shard",
                 rate / one,
                 "ratio",
                 json!({
-                    "shards": shards, "commit": "two-phase for every transaction", "target": target, "linear": shards,
+                    "shards": shards, "commit": commit, "architecture": architecture,
+                    "target": target, "linear": shards,
+                    "hamilton": if atomizer { "Fig. 4: the atomizer's line grows, then stays flat once its leader saturates (170 K tx/s)" } else { "Fig. 4: linear in shards" },
                     "shards_per_tx": shards_per_tx(*shards),
                     "parts_per_s_vs_one_shard": rate / one * shards_per_tx(*shards) / shards_per_tx(1),
                 }),
-                Some(Reference {
+                (!atomizer).then(|| Reference {
                     value: *shards as f64,
                     source: format!("{HAMILTON} Fig. 4: throughput linear in shards"),
                 }),
                 Some(Reference {
                     value: one,
-                    source: "one shard (3 replicas, 1 coordinator group, 1 load generator), same hosts, same run".into(),
+                    source: "one shard (3 replicas, the same design, 1 load generator), same hosts, same run".into(),
                 }),
             );
         }
+        // Hamilton's finding, as ratios of one run: how much the last doubling of shards
+        // added, per architecture.
+        if let [.., (s0, r0), (s1, r1)] = by_size.as_slice() {
+            if *r0 > 0.0 {
+                rec.add(
+                    "cluster_last_doubling_growth",
+                    r1 / r0,
+                    "ratio",
+                    json!({
+                        "architecture": architecture, "from_shards": s0, "to_shards": s1,
+                        "what": "throughput at the largest size over the size before it, same hosts, same run",
+                    }),
+                    None,
+                    None,
+                );
+            }
+        }
+    }
+    if let (Some(a), Some(t)) = (rates.get("atomizer"), rates.get("two-phase")) {
+        for ((shards, ra), (_, rt)) in a.iter().zip(t) {
+            if *rt > 0.0 {
+                rec.add(
+                    "atomizer_vs_two_phase_ratio",
+                    ra / rt,
+                    "ratio",
+                    json!({ "shards": shards, "replicas": REPLICAS, "host_cpu_cores": share }),
+                    None,
+                    Some(Reference {
+                        value: *rt,
+                        source: "two-phase commit at the same size, same hosts, same run".into(),
+                    }),
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// The atomizer leader's rows of one run: its CPU per transaction (the 1 µs target at 2 shards)
+/// and how much of its host it used (where it saturates).
+fn atomizer_leader_rows(
+    rec: &mut Recorder,
+    shards: usize,
+    replicas: usize,
+    share: f64,
+    count: u64,
+    l: &LeaderCpu,
+) {
+    let us = l.cpu_s * 1e6 / count.max(1) as f64;
+    rec.add(
+        "atomizer_leader_cpu_us_per_tx",
+        us,
+        "µs",
+        json!({
+            "shards": shards, "replicas": replicas, "host": l.host, "host_cpu_cores": share,
+            "target": if shards == 2 { json!(1.0) } else { json!(null) },
+            "one_core_orders_tx_per_s": if us > 0.0 { 1e6 / us } else { 0.0 },
+            "what": "CPU of the atomizer leader's host (cpuacct) over the run, per transaction confirmed",
+        }),
+        Some(Reference {
+            value: 1e6 / 170_000.0,
+            source: format!("{HAMILTON}: 170 K tx/s for the whole atomizer, i.e. ≥ 5.9 µs per transaction on its leader's core"),
+        }),
+        None,
+    );
+    rec.add(
+        "atomizer_leader_cpu_share",
+        l.share_used,
+        "fraction",
+        json!({
+            "shards": shards, "replicas": replicas, "host": l.host, "host_cpu_cores": share,
+            "what": "the leader host's CPU over the run / its share: near 1, the leader is the bottleneck",
+        }),
+        None,
+        None,
+    );
 }
 
 /// Hamilton's Fig. 6: peak throughput versus the failures each replicated service tolerates.
@@ -742,6 +1024,7 @@ fn failures_vs_throughput(
     cores: usize,
     scale: Scale,
     quick: bool,
+    arch: Arch,
 ) -> Result<()> {
     let sizes: &[usize] = if quick { &[1, 3] } else { &[1, 3, 5, 7, 9] };
     let largest = sizes.iter().copied().max().unwrap_or(1);
@@ -753,8 +1036,12 @@ fn failures_vs_throughput(
     } else {
         (10.0, 800, 2)
     };
+    let designs: &[Design] = match arch {
+        Arch::TwoPhase => &[Design::TwoPhase],
+        Arch::Atomizer => &[Design::TwoPhase, Design::Atomizer],
+    };
     tracing::info!(
-        "Fig. 6: replication {sizes:?}, one shard and one coordinator group, {share:.3} core(s) \
+        "Fig. 6: replication {sizes:?}, {designs:?}, one shard and one coordinator (or atomizer) group, {share:.3} core(s) \
          per host ({cores} cores / {} hosts at replication {largest}); {secs} s per run, \
          {passes} pass(es)",
         2 * largest + 1
@@ -768,27 +1055,37 @@ fn failures_vs_throughput(
         busiest: Vec<(String, f64)>,
         ran_out: bool,
         elections: Vec<Option<u64>>,
+        /// The atomizer's leader: CPU per transaction and share used, per run.
+        leader: Vec<(f64, f64)>,
     }
-    let mut runs: BTreeMap<usize, Runs> = BTreeMap::new();
+    let mut runs: BTreeMap<(&str, usize), Runs> = BTreeMap::new();
     for pass in 0..passes {
         let order: Vec<usize> = if pass % 2 == 0 {
             sizes.to_vec()
         } else {
             sizes.iter().rev().copied().collect()
         };
-        for r in order {
-            let d = deploy_cluster(exe, 1, r, 1, false, share)?;
+        for (r, &design) in order
+            .into_iter()
+            .flat_map(|r| designs.iter().map(move |d| (r, d)))
+        {
+            let d = deploy_cluster(exe, 1, r, 1, design, share)?;
             let measured = wait_for_leaders(&d, Duration::from_secs(60))
                 .and_then(|_| run_load(&d, exe, chunks, secs));
             d.stop();
             let l = measured?;
             tracing::info!(
-                "  pass {}, replication {r} (f = {}): {:.0} transactions/s",
+                "  pass {}, replication {r} (f = {}), {}: {:.0} transactions/s",
                 pass + 1,
                 (r - 1) / 2,
+                design.architecture(),
                 l.rate
             );
-            let e = runs.entry(r).or_default();
+            let e = runs.entry((design.architecture(), r)).or_default();
+            if let (Some(a), true) = (&l.atomizer, l.count > 0) {
+                e.leader
+                    .push((a.cpu_s * 1e6 / l.count.max(1) as f64, a.share_used));
+            }
             e.rates.push(l.rate);
             e.cpu.push(l.engine_cpu_s * 1e6 / l.count.max(1) as f64);
             if e.busiest.is_empty() {
@@ -798,32 +1095,52 @@ fn failures_vs_throughput(
             e.elections.push(l.elections);
         }
     }
-    let none = runs.get(&1).map(|r| median(&r.rates)).filter(|v| *v > 0.0);
     for (
-        r,
+        (architecture, r),
         Runs {
             rates,
             cpu,
             busiest,
             ran_out,
             elections,
+            leader,
         },
     ) in &runs
     {
+        let none = runs
+            .get(&(*architecture, 1))
+            .map(|r| median(&r.rates))
+            .filter(|v| *v > 0.0);
+        let atomizer = *architecture == "atomizer";
+        let commit = if atomizer {
+            Design::Atomizer.commit()
+        } else {
+            Design::TwoPhase.commit()
+        };
         let f = (r - 1) / 2;
         let rate = median(rates);
+        let leader_us: Vec<f64> = leader.iter().map(|l| l.0).collect();
+        let leader_share: Vec<f64> = leader.iter().map(|l| l.1).collect();
         rec.add(
             "cluster_hosts_tx_per_s_by_failures",
             rate,
             "transactions/s",
             json!({
-                "replicas": r, "tolerated_failures": f, "shards": 1, "coordinators": 1,
+                "replicas": r, "tolerated_failures": f, "shards": 1,
+                "coordinators": if atomizer { 0 } else { 1 }, "atomizer_groups": if atomizer { 1 } else { 0 },
+                "architecture": architecture,
                 "load_generators": 1, "emulated_hosts": 2 * r + 1, "host_cpu_cores": share,
-                "commit": "two-phase for every transaction", "window_s": secs,
+                "commit": commit, "window_s": secs,
+                "atomizer_leader_cpu_us_per_tx": (!leader_us.is_empty()).then(|| median(&leader_us)),
+                "atomizer_leader_cpu_share": (!leader_share.is_empty()).then(|| median(&leader_share)),
                 "passes": passes, "runs_tx_per_s": rates, "ran_out_of_ids": ran_out,
                 "engine_cpu_us_per_tx": median(cpu), "elections_during_runs": elections,
                 "busiest_hosts": busiest.iter().map(|(h, u)| json!({ "host": h, "share_used": (u * 100.0).round() / 100.0 })).collect::<Vec<_>>(),
-                "hamilton": "Fig. 6 plots peak throughput falling as replication grows (the leader's bandwidth to its followers); the text gives no values",
+                "hamilton": if atomizer {
+                    "Fig. 6: the atomizer's peak falls as replication grows, more steeply than 2PC's (every transaction passes its one leader); the text gives no values"
+                } else {
+                    "Fig. 6 plots peak throughput falling as replication grows (the leader's bandwidth to its followers); the text gives no values"
+                },
             }),
             None,
             None,
@@ -833,11 +1150,11 @@ fn failures_vs_throughput(
                 "cluster_failures_vs_none_ratio",
                 rate / one,
                 "ratio",
-                json!({ "replicas": r, "tolerated_failures": f, "host_cpu_cores": share, "passes": passes }),
+                json!({ "replicas": r, "tolerated_failures": f, "host_cpu_cores": share, "passes": passes, "architecture": architecture }),
                 None,
                 Some(Reference {
                     value: one,
-                    source: "replication 1 (no failure tolerated), same hosts, same run".into(),
+                    source: "replication 1 (no failure tolerated), the same design, same hosts, same run".into(),
                 }),
             );
         }
@@ -860,7 +1177,7 @@ fn dc_failover(rec: &mut Recorder, exe: &Path, cores: usize, quick: bool) -> Res
     let secs: f64 = if quick { 12.0 } else { 24.0 };
     let chunks = if quick { 400 } else { 800 };
     let (first_at, second_at) = (secs / 4.0, secs / 2.0);
-    let d = deploy_cluster(exe, SHARDS, CENTRES, SHARDS, true, share)?;
+    let d = deploy_cluster(exe, SHARDS, CENTRES, SHARDS, Design::OnePhase, share)?;
     // Centre k: every member with replica id k.
     let centre = |k: usize| -> Vec<String> {
         d.net
@@ -1096,7 +1413,7 @@ fn replication_vs_single(
         let d = if engine {
             deploy_engine(exe, share)?
         } else {
-            deploy_cluster(exe, 1, REPLICAS, 1, true, share)?
+            deploy_cluster(exe, 1, REPLICAS, 1, Design::OnePhase, share)?
         };
         let measured = wait_for_leaders(&d, Duration::from_secs(60))
             .and_then(|_| run_load(&d, exe, chunks, secs));
@@ -1502,7 +1819,7 @@ pub(super) fn soak_on_hosts(rec: &mut Recorder, quick: bool) -> Result<()> {
         "soak on emulated hosts: 1 shard and 1 coordinator group x {REPLICAS}, 1 load generator: \
          {hosts} hosts of {share:.3} core(s); {slots} coins, transfers valid {ttl} s; readings after {marks:?}"
     );
-    let d = deploy_cluster(&exe, 1, REPLICAS, 1, true, share)?;
+    let d = deploy_cluster(&exe, 1, REPLICAS, 1, Design::OnePhase, share)?;
     let measured = wait_for_leaders(&d, Duration::from_secs(60))
         .and_then(|_| soak_readings(&d, &exe, &marks, slots, ttl));
     d.stop();
@@ -1743,6 +2060,7 @@ fn http_loadgen(cfg: &LoadgenConfig, h: &HttpLoad) -> Result<ExitCode> {
         lost: 0,
         double_spends: 0,
         errors: 0,
+        tries: None,
     };
     writeln!(out, "{}", serde_json::to_string(&result)?)?;
     out.flush()?;
@@ -1760,10 +2078,30 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     }
     let spec = ClusterSpec::load(&cfg.cluster)?;
     let me = Arc::new(LocalSigner::new(florin_node::load_key(&cfg.key)?));
-    let store = Arc::new(ClusterStore::new(&spec, me)?);
+    // The two-phase store keeps its batched lookup for the failover check; the atomizer's is
+    // the sentinel's store over blocks.
+    let two_phase = match spec.architecture {
+        Architecture::TwoPhase => Some(Arc::new(ClusterStore::new(&spec, me.clone())?)),
+        Architecture::Atomizer => None,
+    };
+    let atomizer = match (&spec.architecture, &spec.atomizer) {
+        (Architecture::Atomizer, Some(a)) => Some(Arc::new(AtomizerStore::new(
+            spec.map()?,
+            spec.clients_of(&spec.shards, &me),
+            spec.clients_of(std::slice::from_ref(a), &me).remove(0),
+        )?)),
+        _ => None,
+    };
+    let store: Arc<dyn SwapStore> = match (&two_phase, &atomizer) {
+        (Some(c), _) => c.clone(),
+        (None, Some(a)) => a.clone(),
+        (None, None) => bail!("an atomizer cluster without an [atomizer] group"),
+    };
     // Two mints (2,000 outputs over every shard) per submission: at a small CPU share a
     // larger one can outlast the cluster client's patience.
+    let submitted = Arc::new(AtomicU64::new(0));
     for chunk in preload_range(cfg.first_chunk, cfg.chunks).chunks(2) {
+        submitted.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         let out = store.swap(chunk)?;
         if out.iter().any(|o| *o != SwapOutcome::Confirmed) {
             bail!("a preload mint was refused: {out:?}");
@@ -1786,15 +2124,17 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let stop_at = began + Duration::from_secs_f64(cfg.secs);
     let mut threads = Vec::new();
     for _ in 0..cfg.clients {
-        let (store, next, ran_out, count, lat, tally) = (
+        let (store, next, ran_out, count, lat, tally, submitted) = (
             store.clone(),
             next.clone(),
             ran_out.clone(),
             count.clone(),
             lat.clone(),
             tally.clone(),
+            submitted.clone(),
         );
         let (batch, failover) = (cfg.batch as u64, cfg.failover);
+        let in_doubt_counts = failover || atomizer.is_some();
         threads.push(std::thread::spawn(move || -> Result<()> {
             while Instant::now() < stop_at {
                 let k = next.fetch_add(batch, Ordering::Relaxed);
@@ -1812,11 +2152,13 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
                     txs.push(evil);
                 }
                 let t = Instant::now();
+                submitted.fetch_add(txs.len() as u64, Ordering::Relaxed);
                 let out = match store.swap(&txs) {
                     Ok(out) => out,
                     // Under faults a batch may find no coordinator within the client's
-                    // patience: in doubt, counted, and not acknowledged.
-                    Err(_) if failover => {
+                    // patience, and an overloaded atomizer may not decide one within the
+                    // sentinel's deadline: in doubt, counted, and not acknowledged.
+                    Err(_) if in_doubt_counts => {
                         if let Ok(mut t) = tally.lock() {
                             t.errors += 1;
                         }
@@ -1869,7 +2211,14 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
     let tally = tally.lock().map(|t| t.clone()).unwrap_or_default();
     // After the faults: is every acknowledged transaction there?
     let lost = if cfg.failover {
-        let found = store.confirmed_many(&tally.acked)?;
+        let found = match &two_phase {
+            Some(c) => c.confirmed_many(&tally.acked)?,
+            None => tally
+                .acked
+                .iter()
+                .map(|t| store.is_confirmed(t))
+                .collect::<Result<Vec<bool>, _>>()?,
+        };
         found.iter().filter(|f| !**f).count() as u64
     } else {
         0
@@ -1884,6 +2233,9 @@ pub(super) fn loadgen(path: &Path) -> Result<ExitCode> {
         lost,
         double_spends: tally.double_spends,
         errors: tally.errors,
+        tries: atomizer
+            .as_ref()
+            .map(|a| (a.tries(), submitted.load(Ordering::Relaxed))),
     };
     writeln!(out, "{}", serde_json::to_string(&result)?)?;
     out.flush()?;

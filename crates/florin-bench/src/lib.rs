@@ -69,6 +69,15 @@ pub struct BenchArgs {
     /// With `--emulate-hosts`: run only this part of the suite.
     #[arg(long, requires = "emulate_hosts", value_enum)]
     only: Option<cluster_hosts::Part>,
+    /// `cluster --emulate-hosts`: `atomizer` measures Hamilton's atomizer beside two-phase
+    /// commit, size by size in the same run (the scaling and failures parts).
+    #[arg(
+        long,
+        requires = "emulate_hosts",
+        value_enum,
+        default_value = "two-phase"
+    )]
+    architecture: cluster_hosts::Arch,
     /// Internal: run as one of the load generators of `florin bench cluster --emulate-hosts`,
     /// or as one of the payment providers of `florin bench custody --emulate-hosts`.
     #[arg(long, hide = true)]
@@ -361,7 +370,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             "custody"
         }
         Suite::Cluster if args.emulate_hosts => {
-            cluster_hosts::run(&mut rec, scale, args.quick, args.host_cpu, args.only)?;
+            cluster_hosts::run(
+                &mut rec,
+                scale,
+                args.quick,
+                args.host_cpu,
+                args.only,
+                args.architecture,
+            )?;
             "cluster"
         }
         Suite::Cluster => {

@@ -46,7 +46,9 @@ enum Ev {
     Ask(usize, ShardId, Job, [u8; 32], Height),
     /// A shard's answer reaches a sentinel.
     Verdict(usize, Job, Attempt, ShardId, Verdict),
-    Status(usize, Job, TxStatus),
+    Status(usize, Job, TxStatus, Height),
+    /// A shard's decision feed reaches a sentinel.
+    Feed(usize, Vec<([u8; 32], TxStatus)>),
     /// Attestations reach the atomizer's leader.
     ToAtomizer(Vec<Attestation>),
     /// A step's replication finishes (for the given epoch).
@@ -74,6 +76,8 @@ struct Sim {
     epoch: u64,
     replicating: Option<(AtomCmd, u64)>,
     sentinels: Vec<Submitter>,
+    /// Each sentinel's place in each shard's decision feed.
+    feeds: Vec<Vec<Height>>,
     faults: bool,
     cut: HashSet<ShardId>,
     // Workload.
@@ -123,6 +127,8 @@ impl Sim {
                     SubmitConfig {
                         resend_after: 60,
                         poll_every: 10,
+                        // Outcomes mostly from the feed; asking is the fallback.
+                        waiting_poll: 150,
                         wait_limit: 400,
                         max_tries: 6,
                         deadline: 5_000,
@@ -144,6 +150,7 @@ impl Sim {
             leader: None,
             epoch: 0,
             replicating: None,
+            feeds: vec![vec![0; shards]; 2],
             sentinels,
             faults: true,
             cut: HashSet::new(),
@@ -419,6 +426,19 @@ impl Sim {
                 for s in 0..self.sentinels.len() {
                     let out = self.sentinels[s].handle(SubmitInput::Tick(now));
                     self.run_sentinel(s, out);
+                    // Each shard's decision feed, read on and off, through the lossy network
+                    // (what it drops, the sentinel learns by asking).
+                    for shard in 0..self.shards.len() {
+                        if self.cut.contains(&(shard as ShardId)) || self.rng.gen_bool(0.5) {
+                            continue;
+                        }
+                        let (reached, _, decisions) =
+                            self.shards[shard].decided_since(self.feeds[s][shard]);
+                        self.feeds[s][shard] = self.feeds[s][shard].max(reached);
+                        if !decisions.is_empty() {
+                            self.send(|| Ev::Feed(s, decisions.clone()));
+                        }
+                    }
                 }
                 let wall = self.wall();
                 self.feed_leader(LeaderInput::Tick { ms: now, wall });
@@ -465,7 +485,7 @@ impl Sim {
                     return true;
                 }
                 let status = self.shards[shard as usize].status(&txid, min_height);
-                self.send(|| Ev::Status(s, job, status.clone()));
+                self.send(|| Ev::Status(s, job, status.clone(), min_height));
             }
             Ev::Verdict(s, job, attempt, shard, verdict) => {
                 let out = self.sentinels[s].handle(SubmitInput::Verdict {
@@ -476,8 +496,12 @@ impl Sim {
                 });
                 self.run_sentinel(s, out);
             }
-            Ev::Status(s, job, status) => {
-                let out = self.sentinels[s].handle(SubmitInput::Status { job, status });
+            Ev::Status(s, job, status, asked) => {
+                let out = self.sentinels[s].handle(SubmitInput::Status { job, status, asked });
+                self.run_sentinel(s, out);
+            }
+            Ev::Feed(s, decisions) => {
+                let out = self.sentinels[s].handle(SubmitInput::Decided(decisions));
                 self.run_sentinel(s, out);
             }
             Ev::ToAtomizer(a) => self.feed_leader(LeaderInput::Attest(a)),

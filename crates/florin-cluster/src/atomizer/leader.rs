@@ -32,7 +32,7 @@ impl Default for LeaderConfig {
             resend_after: 500,
             max_step: 1 << 16,
             max_buffer: 1 << 20,
-            max_send: 64,
+            max_send: 256,
         }
     }
 }
@@ -92,7 +92,9 @@ pub struct AtomizerLeader {
     last_seal: u64,
     height: Height,
     /// What each shard last said it has applied (`None`: not heard from since this leader
-    /// began), and when blocks were last sent to it.
+    /// began), and since when blocks sent to it are unanswered (one delivery in flight per
+    /// shard: blocks sealed meanwhile go in the next one, so a slow shard is not sent the same
+    /// blocks again and again).
     shards: Vec<(Option<Height>, Option<u64>)>,
     ms: u64,
     dropped: u64,
@@ -148,9 +150,11 @@ impl AtomizerLeader {
                 self.ms = self.ms.max(ms);
                 self.step(wall, &mut out);
                 for s in 0..self.shards.len() {
-                    let due = match self.shards[s].1 {
-                        None => true,
-                        Some(at) => self.ms.saturating_sub(at) >= self.cfg.resend_after,
+                    let due = match self.shards[s] {
+                        // Unanswered for too long: sent again.
+                        (_, Some(at)) => self.ms.saturating_sub(at) >= self.cfg.resend_after,
+                        (Some(h), None) => h < self.height,
+                        (None, None) => true,
                     };
                     if due {
                         self.send(s, &mut out);
@@ -162,7 +166,9 @@ impl AtomizerLeader {
                 if h > self.height {
                     self.height = h;
                     for s in 0..self.shards.len() {
-                        self.send(s, &mut out);
+                        if self.shards[s].1.is_none() {
+                            self.send(s, &mut out);
+                        }
                     }
                 }
             }
@@ -175,12 +181,10 @@ impl AtomizerLeader {
                     return out;
                 };
                 s.0 = Some(height.min(self.height));
-                // Behind: the rest at once; caught up: nothing more until a new block.
+                // Answered. Behind: the rest at once; caught up: nothing more until a new block.
                 s.1 = None;
                 if height < self.height {
                     self.send(shard as usize, &mut out);
-                } else {
-                    s.1 = Some(self.ms);
                 }
             }
         }
@@ -193,7 +197,10 @@ impl AtomizerLeader {
         }
         let seal_due = self.ms.saturating_sub(self.last_seal) >= self.cfg.block_every;
         let seal = seal_due && (self.dirty || !self.buffer.is_empty());
-        if self.buffer.is_empty() && !seal {
+        // Attestations wait for the block's time unless a full step is waiting: each step is a
+        // Raft round (an entry, a sync, a message to every follower), so steps are made as
+        // seldom as blocks, not as often as attestations arrive.
+        if !seal && self.buffer.len() < self.cfg.max_step {
             return;
         }
         let n = self.buffer.len().min(self.cfg.max_step);

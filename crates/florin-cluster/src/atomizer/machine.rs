@@ -31,7 +31,7 @@ pub struct AtomizerConfig {
 impl Default for AtomizerConfig {
     fn default() -> Self {
         AtomizerConfig {
-            window: 64,
+            window: 256,
             max_block: 1 << 16,
             max_pending: 1 << 20,
         }
@@ -111,6 +111,13 @@ pub struct AtomizerState {
     recent: VecDeque<Spent>,
     /// Transactions ordered and rejected since the atomizer began.
     totals: (u64, u64),
+    /// Index of `recent`: each input spent and each txid ordered in it, with the (latest)
+    /// height of the block that holds it. A check is one lookup, not one per block in the
+    /// window. Derived: rebuilt from `recent` when a snapshot is read.
+    #[serde(skip)]
+    spent_at: HashMap<UhsId, Height>,
+    #[serde(skip)]
+    ordered_at: HashMap<Digest, Height>,
 }
 
 impl AtomizerState {
@@ -130,6 +137,32 @@ impl AtomizerState {
             open_rejected: Vec::new(),
             recent: VecDeque::new(),
             totals: (0, 0),
+            spent_at: HashMap::new(),
+            ordered_at: HashMap::new(),
+        }
+    }
+
+    fn index(&mut self, s: &Spent) {
+        for i in &s.inputs {
+            let e = self.spent_at.entry(*i).or_default();
+            *e = (*e).max(s.height);
+        }
+        for t in &s.txids {
+            let e = self.ordered_at.entry(*t).or_default();
+            *e = (*e).max(s.height);
+        }
+    }
+
+    fn unindex(&mut self, s: &Spent) {
+        for i in &s.inputs {
+            if self.spent_at.get(i) == Some(&s.height) {
+                self.spent_at.remove(i);
+            }
+        }
+        for t in &s.txids {
+            if self.ordered_at.get(t) == Some(&s.height) {
+                self.ordered_at.remove(t);
+            }
         }
     }
 
@@ -264,11 +297,6 @@ impl AtomizerState {
         }
     }
 
-    /// Blocks after `h` whose spent sets are kept (all of them, if `h` is within the window).
-    fn since(&self, h: Height) -> impl Iterator<Item = &Spent> {
-        self.recent.iter().filter(move |s| s.height > h)
-    }
-
     fn decide(&mut self, p: Pending) {
         let Some(tx) = p.tx else { return };
         // Each input vouched for by the shard that owns it; anything else is not to be trusted
@@ -285,11 +313,14 @@ impl AtomizerState {
         } else if self.height - p.min_height > self.cfg.window {
             Some(Reject::Stale)
         } else if self.open.txids.contains(&tx.txid)
-            || self.since(p.min_height).any(|s| s.txids.contains(&tx.txid))
+            || self
+                .ordered_at
+                .get(&tx.txid)
+                .is_some_and(|h| *h > p.min_height)
         {
             Some(Reject::Replay)
         } else if tx.inputs.iter().any(|i| {
-            self.open.inputs.contains(i) || self.since(p.min_height).any(|s| s.inputs.contains(i))
+            self.open.inputs.contains(i) || self.spent_at.get(i).is_some_and(|h| *h > p.min_height)
         }) || has_duplicate(&tx.inputs)
         {
             Some(Reject::Spent)
@@ -336,9 +367,12 @@ impl AtomizerState {
         self.now = self.next_now;
         let mut spent = std::mem::take(&mut self.open);
         spent.height = self.height;
+        self.index(&spent);
         self.recent.push_back(spent);
         while self.recent.len() as u64 > self.cfg.window {
-            self.recent.pop_front();
+            if let Some(old) = self.recent.pop_front() {
+                self.unindex(&old);
+            }
         }
         block
     }
@@ -350,7 +384,13 @@ impl AtomizerState {
 
     /// A state from [`AtomizerState::snapshot`]'s bytes.
     pub fn from_snapshot(b: &[u8]) -> Result<AtomizerState, crate::shard::DecodeError> {
-        crate::shard::decode(b)
+        let mut s: AtomizerState = crate::shard::decode(b)?;
+        let recent = std::mem::take(&mut s.recent);
+        for r in &recent {
+            s.index(r);
+        }
+        s.recent = recent;
+        Ok(s)
     }
 }
 

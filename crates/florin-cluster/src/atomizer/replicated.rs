@@ -87,7 +87,7 @@ impl Machine for AtomizerMachine {
     }
 }
 
-/// A shard replica's machine in the atomizer architecture: its commands are blocks.
+/// A shard replica's machine in the atomizer architecture: its commands are runs of blocks.
 pub struct BlockShardMachine {
     /// The replicated state.
     pub state: BlockShard,
@@ -116,9 +116,20 @@ pub enum ShardBlockReply {
 }
 
 impl Machine for BlockShardMachine {
+    /// A command is a run of blocks, applied in order up to the first that does not apply
+    /// (one Raft entry for all the blocks of one delivery, not one per block).
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
-        encode(&match decode::<Block>(cmd) {
-            Ok(b) => ShardBlockReply::Block(self.state.apply(&b)),
+        encode(&match decode::<Vec<Block>>(cmd) {
+            Ok(blocks) => {
+                let mut last = BlockReply::Applied(self.state.height());
+                for b in &blocks {
+                    last = self.state.apply(b);
+                    if !matches!(last, BlockReply::Applied(_)) {
+                        break;
+                    }
+                }
+                ShardBlockReply::Block(last)
+            }
             Err(e) => ShardBlockReply::Refused(e.to_string()),
         })
     }

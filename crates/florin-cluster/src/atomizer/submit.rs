@@ -19,8 +19,10 @@
 //! A transaction that runs out of tries fails its submission as in doubt (as in the two-phase
 //! design: a resubmission is answered by txid).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
+use florin_crypto::Digest;
 use florin_ledger::{CompactTx, SwapOutcome};
 use rand::RngCore;
 use smallvec::SmallVec;
@@ -40,9 +42,16 @@ pub type Job = u64;
 pub struct SubmitConfig {
     /// Ask a shard again after this long without its answer (the caller's units, e.g. ms).
     pub resend_after: u64,
-    /// Ask the txid's shard for the status this often while waiting.
+    /// Ask the txid's shard for the status this long after its last answer while waiting
+    /// (one question in flight per transaction: a slow shard is not asked faster than it
+    /// answers).
     pub poll_every: u64,
-    /// Start a new try after this long waiting without an answer.
+    /// While waiting for the outcome of a try every shard attested, ask for it this often:
+    /// the decision feed ([`SubmitInput::Decided`]) brings outcomes without asking, so this is
+    /// the fallback for what the feed missed.
+    pub waiting_poll: u64,
+    /// Start a new try after this long waiting without an answer (doubled with each try: see
+    /// [`SubmitConfig::wait_for`]).
     pub wait_limit: u64,
     /// Most tries of one transaction.
     pub max_tries: u8,
@@ -53,12 +62,23 @@ pub struct SubmitConfig {
     pub deadline: u64,
 }
 
+impl SubmitConfig {
+    /// How long the `tries`-th try waits for an outcome before another: `wait_limit`, doubled
+    /// with each try up to 8 times it. An overloaded atomizer is slow, not lossy: tries made
+    /// on a fixed clock would multiply its load just when it has least to spare.
+    pub fn wait_for(&self, tries: usize) -> u64 {
+        self.wait_limit
+            .saturating_mul(1 << tries.saturating_sub(1).min(3))
+    }
+}
+
 impl Default for SubmitConfig {
     fn default() -> Self {
         SubmitConfig {
-            resend_after: 200,
-            poll_every: 10,
-            wait_limit: 3000,
+            resend_after: 1000,
+            poll_every: 20,
+            waiting_poll: 1000,
+            wait_limit: 5000,
             max_tries: 8,
             deadline: 60_000,
         }
@@ -97,7 +117,13 @@ pub enum SubmitInput {
         job: Job,
         /// Its status.
         status: TxStatus,
+        /// The height the question asked for (its `min_height`): an answer to an earlier,
+        /// lower question says nothing about a later one.
+        asked: Height,
     },
+    /// Decisions from a shard's feed (its txids confirmed or rejected, with their status):
+    /// each applies to the transactions with that txid waiting for their outcome.
+    Decided(Vec<(Digest, TxStatus)>),
     /// The clock (the caller's units).
     Tick(u64),
 }
@@ -190,12 +216,16 @@ struct JobState {
     stage: Stage,
     /// When the shards or the txid's shard were last asked.
     asked_at: u64,
+    /// A status question is in flight (unanswered since `asked_at`).
+    polling: bool,
     /// Transactions in flight whose outputs it spends.
     blocked_by: usize,
     /// The submitter's clock when it was submitted.
     wall: u64,
     /// When it was submitted (the caller's units).
     started: u64,
+    /// The time of its live entry in the submitter's wake-up queue.
+    wake: Option<u64>,
 }
 
 impl JobState {
@@ -224,6 +254,13 @@ pub struct Submitter {
     producing: HashMap<florin_ledger::UhsId, Job>,
     /// Jobs waiting for a job's end.
     dependents: HashMap<Job, Vec<Job>>,
+    /// When each job next needs the clock (resend, poll, new try, deadline): a tick visits
+    /// only the jobs due, not every job in flight. Entries no longer a job's `wake` are stale.
+    due: BinaryHeap<Reverse<(u64, Job)>>,
+    /// Tries begun, all transactions together (one each when nothing goes stale).
+    tries: u64,
+    /// The jobs following each txid (for the decision feed).
+    by_txid: HashMap<Digest, SmallVec<[Job; 1]>>,
 }
 
 impl Submitter {
@@ -240,12 +277,21 @@ impl Submitter {
             done: Vec::new(),
             producing: HashMap::new(),
             dependents: HashMap::new(),
+            due: BinaryHeap::new(),
+            tries: 0,
+            by_txid: HashMap::new(),
         }
     }
 
     /// Transactions being followed.
     pub fn in_flight(&self) -> usize {
         self.jobs.len()
+    }
+
+    /// Tries begun so far, all transactions together: over the transactions submitted, how
+    /// often a try had to be made again.
+    pub fn tries(&self) -> u64 {
+        self.tries
     }
 
     /// Submissions not yet answered.
@@ -329,14 +375,18 @@ impl Submitter {
                         min_height: height,
                         stage: Stage::Blocked,
                         asked_at: self.now,
+                        polling: false,
+                        wake: None,
                         blocked_by: blockers.len(),
                         wall,
                         started: self.now,
                     };
+                    self.by_txid.entry(job.tx.txid).or_default().push(j);
                     self.jobs.insert(j, job);
                     if blockers.is_empty() {
                         self.new_try(j, &mut out);
                     }
+                    self.schedule(j);
                 }
             }
             SubmitInput::Verdict {
@@ -344,13 +394,48 @@ impl Submitter {
                 attempt,
                 shard,
                 verdict,
-            } => self.verdict(job, attempt, shard, verdict, &mut out),
-            SubmitInput::Status { job, status } => self.status(job, status, &mut out),
+            } => {
+                self.verdict(job, attempt, shard, verdict, &mut out);
+                self.schedule(job);
+            }
+            SubmitInput::Status { job, status, asked } => {
+                self.status(job, status, asked, &mut out);
+                self.schedule(job);
+            }
+            SubmitInput::Decided(decisions) => {
+                for (txid, status) in decisions {
+                    let Some(jobs) = self.by_txid.get(&txid) else {
+                        continue;
+                    };
+                    let waiting: SmallVec<[Job; 1]> = jobs
+                        .iter()
+                        .copied()
+                        .filter(|j| {
+                            self.jobs
+                                .get(j)
+                                .is_some_and(|s| matches!(s.stage, Stage::Waiting { .. }))
+                        })
+                        .collect();
+                    for j in waiting {
+                        // Waiting jobs take any outcome the feed brings.
+                        self.status(j, status.clone(), Height::MAX, &mut out);
+                        self.schedule(j);
+                    }
+                }
+            }
             SubmitInput::Tick(now) => {
                 self.now = self.now.max(now);
-                let due: Vec<Job> = self.jobs.keys().copied().collect();
-                for j in due {
+                while let Some(Reverse((at, j))) = self.due.peek().copied() {
+                    if at > self.now {
+                        break;
+                    }
+                    self.due.pop();
+                    match self.jobs.get_mut(&j) {
+                        Some(job) if job.wake == Some(at) => job.wake = None,
+                        _ => continue,
+                    }
                     self.tick(j, &mut out);
+                    self.schedule(j);
                 }
             }
         }
@@ -366,6 +451,32 @@ impl Submitter {
         let mut t: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
         t.sort_unstable();
         t
+    }
+
+    /// Puts job `j` in the wake-up queue at the next time its state needs the clock, unless
+    /// it is there for an earlier time already (an early wake-up finds nothing due and
+    /// schedules it again).
+    fn schedule(&mut self, j: Job) {
+        let cfg = self.cfg;
+        let Some(job) = self.jobs.get_mut(&j) else {
+            return;
+        };
+        let every = match job.stage {
+            Stage::Waiting { .. } => cfg.waiting_poll,
+            _ => cfg.poll_every,
+        };
+        let poll = job.asked_at + if job.polling { cfg.resend_after } else { every };
+        let next = match job.stage {
+            Stage::Blocked => u64::MAX,
+            Stage::Attesting { .. } => job.asked_at + cfg.resend_after,
+            Stage::Resolving { .. } => poll,
+            Stage::Waiting { since } => poll.min(since + cfg.wait_for(job.attempts.len())),
+        }
+        .min(job.started + cfg.deadline);
+        if job.wake.is_none_or(|w| next < w) {
+            job.wake = Some(next);
+            self.due.push(Reverse((next, j)));
+        }
     }
 
     fn new_try(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
@@ -385,8 +496,10 @@ impl Submitter {
             return;
         }
         let attempt = self.rng.next_u64();
+        self.tries += 1;
         job.attempts.push(attempt);
         job.asked_at = self.now;
+        job.polling = false;
         job.stage = Stage::Attesting {
             waiting: job.shards.iter().copied().collect(),
             missing: None,
@@ -404,11 +517,13 @@ impl Submitter {
                 min_height: job.min_height,
             });
         }
+        self.schedule(j);
     }
 
     fn ask_status(&mut self, j: Job, min_height: Height, out: &mut Vec<SubmitOutput>) {
         if let Some(job) = self.jobs.get_mut(&j) {
             job.asked_at = self.now;
+            job.polling = true;
             out.push(SubmitOutput::AskStatus {
                 shard: job.shards[0],
                 job: j,
@@ -490,10 +605,24 @@ impl Submitter {
         }
     }
 
-    fn status(&mut self, j: Job, status: TxStatus, out: &mut Vec<SubmitOutput>) {
-        let Some(job) = self.jobs.get(&j) else {
+    fn status(&mut self, j: Job, status: TxStatus, asked: Height, out: &mut Vec<SubmitOutput>) {
+        let now = self.now;
+        let Some(job) = self.jobs.get_mut(&j) else {
             return;
         };
+        if job.polling {
+            // The next question waits `poll_every` from this answer.
+            job.polling = false;
+            job.asked_at = now;
+        }
+        // Resolving at height `at` needs an answer at least there (a confirmation is final at
+        // any height): an answer to a question asked lower, still on its way when the job
+        // began resolving, is not taken for the txid's absence.
+        if let Stage::Resolving { at, .. } = job.stage {
+            if asked < at && !matches!(status, TxStatus::Confirmed(..)) {
+                return;
+            }
+        }
         let current = job.attempt();
         let mine = job.attempts.clone();
         let stage = job.stage.clone();
@@ -548,6 +677,16 @@ impl Submitter {
             return;
         };
         let idle = now.saturating_sub(job.asked_at);
+        // A question in flight is asked again only once it is overdue.
+        let every = match job.stage {
+            Stage::Waiting { .. } => cfg.waiting_poll,
+            _ => cfg.poll_every,
+        };
+        let poll_due = if job.polling {
+            idle >= cfg.resend_after
+        } else {
+            idle >= every
+        };
         if now.saturating_sub(job.started) >= cfg.deadline {
             let (ticket, txid) = (job.ticket, job.tx.txid);
             self.fail(
@@ -581,15 +720,15 @@ impl Submitter {
                 }
             }
             Stage::Resolving { at, .. } => {
-                if idle >= cfg.poll_every {
+                if poll_due {
                     let at = *at;
                     self.ask_status(j, at, out);
                 }
             }
             Stage::Waiting { since } => {
-                if now.saturating_sub(*since) >= cfg.wait_limit {
+                if now.saturating_sub(*since) >= cfg.wait_for(job.attempts.len()) {
                     self.new_try(j, out);
-                } else if idle >= cfg.poll_every {
+                } else if poll_due {
                     let at = job.min_height;
                     self.ask_status(j, at, out);
                 }
@@ -607,6 +746,7 @@ impl Submitter {
         let Some(job) = self.jobs.remove(&j) else {
             return;
         };
+        self.unindex(j, &job.tx.txid);
         self.release(j, &job.tx, height);
         let Some(t) = self.tickets.get_mut(&job.ticket) else {
             return;
@@ -646,6 +786,15 @@ impl Submitter {
         self.done.append(&mut out);
     }
 
+    fn unindex(&mut self, j: Job, txid: &Digest) {
+        if let Some(v) = self.by_txid.get_mut(txid) {
+            v.retain(|x| *x != j);
+            if v.is_empty() {
+                self.by_txid.remove(txid);
+            }
+        }
+    }
+
     fn fail(&mut self, ticket: Ticket, why: String) {
         let gone: Vec<(Job, CompactTx)> = self
             .jobs
@@ -653,8 +802,9 @@ impl Submitter {
             .filter(|(_, s)| s.ticket == ticket)
             .map(|(j, s)| (*j, s.tx.clone()))
             .collect();
-        for (j, _) in &gone {
+        for (j, tx) in &gone {
             self.jobs.remove(j);
+            self.unindex(*j, &tx.txid);
         }
         for (j, tx) in &gone {
             self.release(*j, tx, 0);

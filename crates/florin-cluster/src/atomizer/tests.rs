@@ -296,7 +296,10 @@ fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
     let out = l.handle(LeaderInput::Tick { ms: 40, wall: 9 });
     assert!(!out.iter().any(|o| matches!(o, LeaderOutput::Replicate(_))));
     let out = l.handle(LeaderInput::Replicated(6));
-    assert_eq!(out.len(), 2, "the new block to each shard: {out:?}");
+    assert!(
+        out.is_empty(),
+        "both shards have a delivery in flight: the new block waits for their answers: {out:?}"
+    );
     // A shard far behind is sent what it lacks, `max_send` at a time.
     let out = l.handle(LeaderInput::ShardAt {
         shard: 0,
@@ -317,6 +320,16 @@ fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
         })
         .is_empty());
     assert_eq!(l.slowest_shard(), Some(1));
+    // A shard that answered is sent the next block at once; one still answering is not.
+    let out = l.handle(LeaderInput::Replicated(7));
+    assert_eq!(
+        out,
+        vec![LeaderOutput::SendBlocks {
+            shard: 1,
+            from: 7,
+            to: 7
+        }]
+    );
     // Unanswered sends are repeated.
     let out = l.handle(LeaderInput::Tick { ms: 200, wall: 9 });
     assert!(out.contains(&LeaderOutput::SendBlocks {
@@ -334,6 +347,7 @@ fn submitter() -> Submitter {
         SubmitConfig {
             resend_after: 100,
             poll_every: 10,
+            waiting_poll: 10,
             wait_limit: 50,
             max_tries: 2,
             deadline: 100_000,
@@ -392,12 +406,14 @@ fn the_submitter_follows_a_transaction_to_its_block() {
     assert!(s
         .handle(SubmitInput::Status {
             job: 1,
-            status: TxStatus::Unknown(4)
+            status: TxStatus::Unknown(4),
+            asked: 4,
         })
         .is_empty());
     let out = s.handle(SubmitInput::Status {
         job: 1,
         status: TxStatus::Confirmed(5, attempt),
+        asked: 4,
     });
     assert_eq!(
         out,
@@ -407,6 +423,88 @@ fn the_submitter_follows_a_transaction_to_its_block() {
         }]
     );
     assert_eq!((s.in_flight(), s.open_tickets()), (0, 0));
+}
+
+#[test]
+fn the_submitter_learns_outcomes_from_the_decision_feed() {
+    let mut s = submitter();
+    let t = tx(id(1, 1), vec![id(0, 2)], vec![]);
+    let u = tx(id(1, 3), vec![id(0, 4)], vec![]);
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 1,
+        txs: vec![t.clone(), u.clone()],
+        height: 4,
+        now: 0,
+    });
+    let tries: Vec<u64> = attests(&out).iter().map(|a| a.1).collect();
+    for (job, tx, attempt) in [(1, &t, tries[0]), (2, &u, tries[2])] {
+        for shard in [0, 1] {
+            s.handle(SubmitInput::Verdict {
+                job,
+                attempt,
+                shard,
+                verdict: Verdict::Attested(att(tx, shard, 4, &[], shard == 1)),
+            });
+        }
+    }
+    // Waiting: the feed says one was ordered under its try and the other's try was spent;
+    // unrelated txids and foreign tries change nothing.
+    let out = s.handle(SubmitInput::Decided(vec![
+        (id(1, 9), TxStatus::Confirmed(5, 1)),
+        (u.txid, TxStatus::Rejected(smallvec![(777, Reject::Stale)])),
+    ]));
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(s.in_flight(), 2);
+    let out = s.handle(SubmitInput::Decided(vec![
+        (t.txid, TxStatus::Confirmed(5, tries[0])),
+        (
+            u.txid,
+            TxStatus::Rejected(smallvec![(tries[2], Reject::Spent)]),
+        ),
+    ]));
+    assert_eq!(
+        out,
+        vec![SubmitOutput::Answer {
+            ticket: 1,
+            outcomes: vec![SwapOutcome::Confirmed, SwapOutcome::MissingInput]
+        }]
+    );
+    assert_eq!((s.in_flight(), s.open_tickets()), (0, 0));
+}
+
+#[test]
+fn a_shards_decision_feed_gives_whole_blocks_after_a_height() {
+    let map = ShardMap::even(1).unwrap();
+    let mut sh = BlockShard::new(map, 0);
+    let mut prev = GENESIS;
+    let mut txids = Vec::new();
+    for h in 1..=3u8 {
+        let t = tx(id(0, 100 + h), vec![], vec![(id(0, 200 + h), 5)]);
+        txids.push(t.txid);
+        let b = Block {
+            height: h as u64,
+            prev,
+            now: 1,
+            txs: vec![BlockTx { tx: t, attempt: 7 }],
+            rejected: vec![],
+        };
+        prev = b.hash();
+        assert_eq!(sh.apply(&b), BlockReply::Applied(h as u64));
+    }
+    let (reached, from, d) = sh.decided_since(1);
+    assert_eq!((reached, from), (3, 0));
+    assert_eq!(
+        d,
+        vec![
+            (txids[1], TxStatus::Confirmed(2, 7)),
+            (txids[2], TxStatus::Confirmed(3, 7))
+        ]
+    );
+    assert!(sh.decided_since(3).2.is_empty());
+    // A replica restored from a snapshot starts its feed afresh: a reader below it has a gap.
+    let restored =
+        BlockShard::from_snapshot(ShardMap::even(1).unwrap(), 0, &sh.snapshot()).unwrap();
+    assert_eq!(restored.decided_since(1), (3, 3, vec![]));
 }
 
 #[test]
@@ -439,9 +537,18 @@ fn the_submitter_tells_missing_inputs_from_its_own_earlier_tries_and_gives_up_in
         out[..],
         [SubmitOutput::AskStatus { min_height: 3, .. }]
     ));
+    // An answer to a lower question (asked before the input was found spent, still on its
+    // way) does not say the txid is absent at 3: the job waits for the answer at 3.
+    s.handle(SubmitInput::Status {
+        job: 1,
+        status: TxStatus::Unknown(2),
+        asked: 0,
+    });
+    assert_eq!(s.in_flight(), 2, "{:?}", s.describe());
     s.handle(SubmitInput::Status {
         job: 1,
         status: TxStatus::Unknown(3),
+        asked: 3,
     });
     // Job 2: attested everywhere, then nothing for the wait limit: a second try; then the
     // txid's shard says another sentinel's try was ordered: a replay.

@@ -335,23 +335,20 @@ impl Handler for BlockShardService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::AtomBlocks(blocks) if self.atomizer_keys.contains(peer) => {
-                // Blocks already applied are not written again.
+                // Blocks already applied are not written again; the rest are one Raft write.
                 let have = self.replica.with_machine(|m| m.state.height());
-                let mut last = Response::BlockReply(BlockReply::Applied(have));
-                for b in blocks.into_iter().filter(|b| b.height > have) {
-                    last = match self.replica.write(encode(&b)).await {
-                        Ok(r) => match decode::<ShardBlockReply>(&r) {
-                            Ok(ShardBlockReply::Block(r @ BlockReply::Applied(_))) => {
-                                Response::BlockReply(r)
-                            }
-                            Ok(ShardBlockReply::Block(r)) => return Response::BlockReply(r),
-                            Ok(ShardBlockReply::Refused(why)) => return Response::Refused(why),
-                            Err(e) => return Response::Error(e.to_string()),
-                        },
-                        Err(e) => return not_leader(e),
-                    };
+                let blocks: Vec<_> = blocks.into_iter().filter(|b| b.height > have).collect();
+                if blocks.is_empty() {
+                    return Response::BlockReply(BlockReply::Applied(have));
                 }
-                last
+                match self.replica.write(encode(&blocks)).await {
+                    Ok(r) => match decode::<ShardBlockReply>(&r) {
+                        Ok(ShardBlockReply::Block(r)) => Response::BlockReply(r),
+                        Ok(ShardBlockReply::Refused(why)) => Response::Refused(why),
+                        Err(e) => Response::Error(e.to_string()),
+                    },
+                    Err(e) => not_leader(e),
+                }
             }
             Request::AtomAttest(_) if !self.replica.is_leader() => {
                 // Attested at the leader's state: a deposed or lagging replica would answer
@@ -395,35 +392,47 @@ impl Handler for BlockShardService {
                 }
                 Response::Verdicts(verdicts)
             }
-            Request::AtomStatus(asks) if self.clients.contains(peer) => self
-                .replica
-                .read(|m| {
+            // Reads at a height: the asker read the atomizer's committed height first (the
+            // linearization point), and a shard's state at that height or later holds every
+            // block up to it, each one final once applied. So any replica that has applied that
+            // far answers from its state, without a Raft round of its own (these are the
+            // sentinels' polls, the hottest requests a shard serves).
+            Request::AtomStatus(asks) if self.clients.contains(peer) => {
+                Response::Statuses(self.replica.with_machine(|m| {
                     asks.iter()
                         .map(|a| m.state.status(&a.txid, a.min_height))
                         .collect()
+                }))
+            }
+            Request::AtomDecided(from) if self.clients.contains(peer) => {
+                self.replica.with_machine(|m| {
+                    let (reached, feed_from, decisions) = match from {
+                        Some(f) => m.state.decided_since(f),
+                        None => (m.state.height(), m.state.height(), Vec::new()),
+                    };
+                    Response::Decided {
+                        reached,
+                        feed_from,
+                        decisions,
+                    }
                 })
-                .await
-                .map_or_else(not_leader, Response::Statuses),
-            Request::AtomUnspent(ids, h) if self.clients.contains(peer) => self
-                .replica
-                .read(|m| {
+            }
+            Request::AtomUnspent(ids, h) if self.clients.contains(peer) => {
+                self.replica.with_machine(|m| {
                     if m.state.height() < h {
                         return Response::NotYet(m.state.height());
                     }
                     Response::Bools(ids.iter().map(|i| m.state.is_unspent(i)).collect())
                 })
-                .await
-                .unwrap_or_else(not_leader),
-            Request::AtomConfirmed(ids, h) if self.clients.contains(peer) => self
-                .replica
-                .read(|m| {
+            }
+            Request::AtomConfirmed(ids, h) if self.clients.contains(peer) => {
+                self.replica.with_machine(|m| {
                     if m.state.height() < h {
                         return Response::NotYet(m.state.height());
                     }
                     Response::Bools(ids.iter().map(|i| m.state.is_confirmed(i)).collect())
                 })
-                .await
-                .unwrap_or_else(not_leader),
+            }
             Request::Books if self.clients.contains(peer) => self
                 .replica
                 .read(|m| (m.state.books(), m.state.height()))
@@ -468,6 +477,7 @@ pub struct AtomizerStore {
     atomizer: Arc<GroupClient>,
     submit: mpsc::UnboundedSender<Submission>,
     patience: Duration,
+    tries: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AtomizerStore {
@@ -483,9 +493,11 @@ impl AtomizerStore {
             .build()
             .map_err(|e| StoreError::Backend(format!("cannot start the submitter: {e}")))?;
         let (m, s) = (map.clone(), shards.clone());
+        let tries = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let t = tries.clone();
         std::thread::Builder::new()
             .name("florin-submitter".into())
-            .spawn(move || rt.block_on(submit_loop(m, s, rx)))
+            .spawn(move || rt.block_on(submit_loop(m, s, rx, t)))
             .map_err(|e| StoreError::Backend(format!("cannot start the submitter: {e}")))?;
         Ok(AtomizerStore {
             map,
@@ -493,7 +505,14 @@ impl AtomizerStore {
             atomizer,
             submit: tx,
             patience: Duration::from_secs(30),
+            tries,
         })
+    }
+
+    /// Tries begun so far by this store's submitter, all transactions together (one per
+    /// transaction when none went stale).
+    pub fn tries(&self) -> u64 {
+        self.tries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn backend(e: impl std::fmt::Display) -> StoreError {
@@ -598,18 +617,38 @@ impl SwapStore for AtomizerStore {
     }
 }
 
+/// A shard's share of a round's status questions: (job, height asked) and the ask, in order.
+type StatusBatch = (Vec<(u64, Height)>, Vec<StatusAsk>);
+
 /// A shard's share of a round's attestation requests: (job, try) and the ask, in order.
 type AttestBatch = (Vec<(u64, u64)>, Vec<AttestAsk>);
 
 enum Io {
     Verdicts(ShardId, Vec<(u64, u64)>, Result<Vec<Verdict>, String>),
-    Statuses(Vec<u64>, Result<Vec<TxStatus>, String>),
+    /// Answers to status questions: each job with the height it asked at.
+    Statuses(Vec<(u64, Height)>, Result<Vec<TxStatus>, String>),
+    /// A shard's decision feed: how far it is complete, and the decisions.
+    Decided(ShardId, Option<(Height, Vec<(Digest, TxStatus)>)>),
+}
+
+/// How often the submitter reads each shard's decision feed while it follows transactions
+/// (one read in flight per shard).
+const FEED_EVERY: Duration = Duration::from_millis(20);
+
+/// The submitter's place in one shard's decision feed.
+#[derive(Default)]
+struct Feed {
+    /// Decisions up to this height have been read (`None`: not yet asked).
+    cursor: Option<Height>,
+    busy: bool,
+    last: Option<Instant>,
 }
 
 async fn submit_loop(
     map: ShardMap,
     shards: Vec<Arc<GroupClient>>,
     mut rx: mpsc::UnboundedReceiver<Submission>,
+    tries: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let start = Instant::now();
     let mut sub = Submitter::new(
@@ -622,6 +661,7 @@ async fn submit_loop(
     let mut next = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut feeds: Vec<Feed> = shards.iter().map(|_| Feed::default()).collect();
     loop {
         let mut out = Vec::new();
         tokio::select! {
@@ -640,8 +680,20 @@ async fn submit_loop(
                         }
                     }
                     Io::Statuses(jobs, Ok(v)) if v.len() == jobs.len() => {
-                        for (job, status) in jobs.into_iter().zip(v) {
-                            out.extend(sub.handle(SubmitInput::Status { job, status }));
+                        for ((job, asked), status) in jobs.into_iter().zip(v) {
+                            out.extend(sub.handle(SubmitInput::Status { job, status, asked }));
+                        }
+                    }
+                    Io::Decided(shard, answer) => {
+                        if let Some(f) = feeds.get_mut(shard as usize) {
+                            f.busy = false;
+                            f.last = Some(Instant::now());
+                            if let Some((reached, decisions)) = answer {
+                                f.cursor = Some(f.cursor.map_or(reached, |c| c.max(reached)));
+                                if !decisions.is_empty() {
+                                    out.extend(sub.handle(SubmitInput::Decided(decisions)));
+                                }
+                            }
                         }
                     }
                     // Unanswered: the submitter asks again on its clock.
@@ -650,10 +702,39 @@ async fn submit_loop(
             }
             _ = tick.tick() => {
                 out = sub.handle(SubmitInput::Tick(start.elapsed().as_millis() as u64));
+                // Outcomes come from each shard's decision feed, one read in flight per shard.
+                if sub.in_flight() > 0 {
+                    for (shard, f) in feeds.iter_mut().enumerate() {
+                        if f.busy || f.last.is_some_and(|t| t.elapsed() < FEED_EVERY) {
+                            continue;
+                        }
+                        let Some(c) = shards.get(shard).cloned() else {
+                            continue;
+                        };
+                        f.busy = true;
+                        let (io, from) = (io_tx.clone(), f.cursor);
+                        tokio::spawn(async move {
+                            let r = match c
+                                .call_async(Request::AtomDecided(from), Duration::from_secs(2))
+                                .await
+                            {
+                                Ok(Response::Decided { reached, feed_from, decisions }) => {
+                                    if from.is_some_and(|f| f < feed_from) {
+                                        tracing::debug!("shard {shard}'s decision feed starts after {feed_from}: outcomes before it come from asking");
+                                    }
+                                    Some((reached, decisions))
+                                }
+                                _ => None,
+                            };
+                            let _ = io.send(Io::Decided(shard as ShardId, r));
+                        });
+                    }
+                }
             }
         }
+        tries.store(sub.tries(), std::sync::atomic::Ordering::Relaxed);
         let mut attest: BTreeMap<ShardId, AttestBatch> = BTreeMap::new();
-        let mut status: BTreeMap<ShardId, (Vec<u64>, Vec<StatusAsk>)> = BTreeMap::new();
+        let mut status: BTreeMap<ShardId, StatusBatch> = BTreeMap::new();
         for o in out {
             match o {
                 SubmitOutput::Attest {
@@ -683,7 +764,7 @@ async fn submit_loop(
                     min_height,
                 } => {
                     let e = status.entry(shard).or_default();
-                    e.0.push(job);
+                    e.0.push((job, min_height));
                     e.1.push(StatusAsk { txid, min_height });
                 }
                 SubmitOutput::Answer { ticket, outcomes } => {

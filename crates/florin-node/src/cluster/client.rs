@@ -93,6 +93,7 @@ impl GroupClient {
             | Request::RegistryVersion
             | Request::AtomAttest(_)
             | Request::AtomStatus(_)
+            | Request::AtomDecided(_)
             | Request::AtomUnspent(..)
             | Request::AtomConfirmed(..)
             | Request::AtomHeight

@@ -327,7 +327,8 @@ impl ClusterSpec {
         self.clients.iter().filter_map(|k| key_of(k).ok()).collect()
     }
 
-    fn clients_of(&self, groups: &[GroupSpec], me: &Arc<LocalSigner>) -> Vec<Arc<GroupClient>> {
+    /// A client of each of these groups, signing as `me`.
+    pub fn clients_of(&self, groups: &[GroupSpec], me: &Arc<LocalSigner>) -> Vec<Arc<GroupClient>> {
         groups
             .iter()
             .map(|g| {

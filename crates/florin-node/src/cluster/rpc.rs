@@ -79,6 +79,9 @@ pub enum Request {
     /// Atomizer architecture: blocks `from..=to` from an atomizer member's block log (at most
     /// [`MAX_BLOCKS_READ`]).
     AtomReadBlocks(Height, Height),
+    /// Atomizer architecture: the shard's decision feed after this height (`None`: its height
+    /// alone), to a shard from a sentinel.
+    AtomDecided(Option<Height>),
 }
 
 /// Most blocks one [`Request::AtomReadBlocks`] answers.
@@ -148,6 +151,15 @@ pub enum Response {
     NotYet(Height),
     /// Taken (nothing to answer).
     Taken,
+    /// A shard's decisions: complete up to `reached`, its feed whole after `feed_from`.
+    Decided {
+        /// The height the decisions are complete to.
+        reached: Height,
+        /// Every decision after this height is in the feed.
+        feed_from: Height,
+        /// Txids decided, with their status.
+        decisions: Vec<(Digest, TxStatus)>,
+    },
 }
 
 /// What `Status` reports.
