@@ -816,6 +816,9 @@ pub enum DecodeError {
     /// The bytes are not a postcard encoding of the expected type.
     #[error("undecodable: {0}")]
     Undecodable(#[from] postcard::Error),
+    /// The bytes decode, but to a state this replica must not take.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 /// Decodes a postcard value.

@@ -273,3 +273,29 @@ async fn blocks_survive_leader_crashes_and_every_replica_logs_the_same_chain() {
     );
     assert_eq!(std::fs::read(&seg).unwrap(), bytes, "nothing changed");
 }
+
+/// A snapshot made under other atomizer settings (a spec that changed them, or a release whose
+/// defaults differ) is refused, and the replica keeps its state: taking it would make the
+/// replica seal other blocks from the same steps.
+#[test]
+fn a_snapshot_under_other_settings_is_refused() {
+    use florin_cluster::raft::Machine;
+    let dir = TempDir::new().unwrap();
+    let map = florin_cluster::route::ShardMap::even(1).unwrap();
+    let open = |name: &str| Arc::new(BlockLog::open(&dir.path().join(name)).unwrap());
+    let other = AtomizerMachine::new(
+        AtomizerConfig {
+            window: 64,
+            ..AtomizerConfig::default()
+        },
+        map.clone(),
+        open("other"),
+    );
+    let mut mine = AtomizerMachine::new(AtomizerConfig::default(), map.clone(), open("mine"));
+    let err = mine.restore(&other.snapshot()).unwrap_err();
+    assert!(err.to_string().contains("differ"), "{err}");
+    assert_eq!(mine.state.config(), AtomizerConfig::default());
+    // The same settings are taken.
+    let same = AtomizerMachine::new(AtomizerConfig::default(), map, open("same"));
+    mine.restore(&same.snapshot()).unwrap();
+}

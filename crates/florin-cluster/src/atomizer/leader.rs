@@ -29,7 +29,7 @@ impl Default for LeaderConfig {
     fn default() -> Self {
         LeaderConfig {
             block_every: 20,
-            resend_after: 500,
+            resend_after: 2000,
             max_step: 1 << 16,
             max_buffer: 1 << 20,
             max_send: 256,

@@ -142,6 +142,11 @@ impl AtomizerState {
         }
     }
 
+    /// Its fixed settings.
+    pub fn config(&self) -> AtomizerConfig {
+        self.cfg
+    }
+
     fn index(&mut self, s: &Spent) {
         for i in &s.inputs {
             let e = self.spent_at.entry(*i).or_default();

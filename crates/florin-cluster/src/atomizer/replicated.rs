@@ -78,7 +78,23 @@ impl Machine for AtomizerMachine {
     }
     type Error = DecodeError;
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), DecodeError> {
-        self.state = AtomizerState::from_snapshot(snapshot)?;
+        let state = AtomizerState::from_snapshot(snapshot)?;
+        // The settings decide what is ordered: a replica taking another's would seal other
+        // blocks from the same steps (a cluster spec that changed them, or a version whose
+        // defaults differ). Refused, loudly, rather than diverging.
+        if state.config() != self.state.config() {
+            tracing::error!(
+                "ALERT florin atomizer: a snapshot with settings {:?} where this replica has {:?}: refused",
+                state.config(),
+                self.state.config()
+            );
+            return Err(DecodeError::Refused(format!(
+                "atomizer settings {:?} differ from this replica's {:?}",
+                state.config(),
+                self.state.config()
+            )));
+        }
+        self.state = state;
         if let Err(e) = self.log.skip_to(self.state.height(), self.state.tip()) {
             tracing::error!("ALERT florin atomizer: {e}; this replica will not lead");
             self.failed = Some(e.to_string());
@@ -119,7 +135,10 @@ impl Machine for BlockShardMachine {
     /// A command is a run of blocks, applied in order up to the first that does not apply
     /// (one Raft entry for all the blocks of one delivery, not one per block).
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
-        encode(&match decode::<Vec<Block>>(cmd) {
+        // A single block: the command of the first release (one entry per block).
+        let blocks = decode::<Vec<Block>>(cmd)
+            .or_else(|e| decode::<Block>(cmd).map(|b| vec![b]).map_err(|_| e));
+        encode(&match blocks {
             Ok(blocks) => {
                 let mut last = BlockReply::Applied(self.state.height());
                 for b in &blocks {

@@ -610,18 +610,20 @@ impl Submitter {
         let Some(job) = self.jobs.get_mut(&j) else {
             return;
         };
-        if job.polling {
-            // The next question waits `poll_every` from this answer.
-            job.polling = false;
-            job.asked_at = now;
-        }
         // Resolving at height `at` needs an answer at least there (a confirmation is final at
         // any height): an answer to a question asked lower, still on its way when the job
-        // began resolving, is not taken for the txid's absence.
+        // began resolving, is not taken for the txid's absence (nor for the answer to the
+        // question in flight).
         if let Stage::Resolving { at, .. } = job.stage {
             if asked < at && !matches!(status, TxStatus::Confirmed(..)) {
                 return;
             }
+        }
+        if job.polling && asked != Height::MAX {
+            // The next question waits `poll_every` from this answer (the feed's deliveries,
+            // `asked` MAX, leave the question in flight alone).
+            job.polling = false;
+            job.asked_at = now;
         }
         let current = job.attempt();
         let mine = job.attempts.clone();

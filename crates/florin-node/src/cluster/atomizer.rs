@@ -285,9 +285,9 @@ async fn leader_loop(
                     };
                     let (tx, e) = (tx.clone(), epoch);
                     // Each block is one write on the shard's group.
-                    let patience = Duration::from_millis(
-                        (cfg.resend_after * 3 / 4).max(50 * blocks.len() as u64),
-                    );
+                    // Answered before the leader would send again: deliveries to one shard
+                    // do not overlap.
+                    let patience = Duration::from_millis(cfg.resend_after * 3 / 4);
                     tokio::spawn(async move {
                         match client
                             .call_async(Request::AtomBlocks(blocks), patience)
