@@ -193,6 +193,16 @@ impl Deployed {
             .sum()
     }
 
+    /// CPU seconds of the one host named `name` (`None`: no such host, or unreadable).
+    fn cpu_of(&self, name: &str) -> Option<f64> {
+        self.net
+            .0
+            .hosts
+            .iter()
+            .find(|h| h.name == name)
+            .and_then(|h| h.cpu_seconds())
+    }
+
     fn stop(self) {
         for (_, _, _, dir) in &self.members {
             if let Some(pid) = deploy::pid_of(dir) {
@@ -524,15 +534,7 @@ fn run_load_with(
     };
     // The atomizer's leader: its host's CPU over the window (it must lead throughout).
     let leader = atomizer_leader(d);
-    let host_cpu = |name: &str| {
-        d.net
-            .0
-            .hosts
-            .iter()
-            .find(|h| h.name == name)
-            .and_then(|h| h.cpu_seconds())
-    };
-    let leader_cpu0 = leader.as_deref().and_then(host_cpu);
+    let leader_cpu0 = leader.as_deref().and_then(|n| d.cpu_of(n));
     let terms0 = group_terms(d);
     let (e0, l0, s0) = (
         engine_cpu(d),
@@ -580,7 +582,7 @@ fn run_load_with(
         .collect();
     busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
     busiest.truncate(4);
-    let leader_cpu1 = leader.as_deref().and_then(host_cpu);
+    let leader_cpu1 = leader.as_deref().and_then(|n| d.cpu_of(n));
     let atomizer = match (leader, leader_cpu0, leader_cpu1) {
         (Some(host), Some(c0), Some(c1)) if atomizer_leader(d).as_deref() == Some(&host) => {
             Some(LeaderCpu {

@@ -89,8 +89,9 @@ struct Sim {
     acked: Vec<CompactTx>,
     refused: HashMap<UhsId, SwapOutcome>,
     answered: u64,
-    /// (crashes, cuts, missing-input answers, replay answers, expired answers)
-    seen: [u64; 5],
+    /// (crashes, cuts, missing-input answers, replay answers, expired answers, attestations
+    /// refused as busy)
+    seen: [u64; 6],
     next_id: u64,
 }
 
@@ -131,6 +132,9 @@ impl Sim {
                         waiting_poll: 150,
                         wait_limit: 400,
                         max_tries: 6,
+                        // Narrow enough that the window fills and tries queue.
+                        max_attesting: 48,
+                        min_attesting: 4,
                         deadline: 5_000,
                     },
                     Box::new(StdRng::seed_from_u64(seed)),
@@ -162,7 +166,7 @@ impl Sim {
             acked: Vec::new(),
             refused: HashMap::new(),
             answered: 0,
-            seen: [0; 5],
+            seen: [0; 6],
             next_id: 0,
         };
         s.leader = Some(s.new_leader());
@@ -179,6 +183,8 @@ impl Sim {
                 max_step: 32,
                 max_buffer: 10_000,
                 max_send: 4,
+                step_target: 20,
+                min_admit: 8,
             },
             self.atomizer.height(),
             self.shards.len(),
@@ -303,8 +309,11 @@ impl Sim {
             match o {
                 LeaderOutput::Replicate(cmd) => {
                     assert!(self.replicating.is_none(), "one step at a time");
+                    // A step takes longer the more it carries (the leader's admission
+                    // control halves what it takes when steps are slow).
+                    let AtomCmd::Step { attestations, .. } = &cmd;
+                    let d = self.net_delay() + attestations.len() as u64 / 4;
                     self.replicating = Some((cmd, self.epoch));
-                    let d = self.net_delay();
                     let e = self.epoch;
                     self.at(d, Ev::Replicated(e));
                 }
@@ -472,11 +481,18 @@ impl Sim {
                     return true;
                 }
                 let attempt = attempts.last().copied().unwrap_or_default();
-                let verdict =
+                let mut verdict =
                     self.shards[shard as usize].attest(&tx, key, &attempts, min_height, now);
                 if let Verdict::Attested(a) = &verdict {
-                    let a = a.clone();
-                    self.send(|| Ev::ToAtomizer(vec![a.clone()]));
+                    // The shard forwards and waits for the leader's word: no room, and the
+                    // sentinel is told to ask again later.
+                    if self.leader.as_ref().is_some_and(|l| l.room() == 0) {
+                        verdict = Verdict::Busy;
+                        self.seen[5] += 1;
+                    } else {
+                        let a = a.clone();
+                        self.send(|| Ev::ToAtomizer(vec![a.clone()]));
+                    }
                 }
                 self.send(|| Ev::Verdict(s, job, attempt, shard, verdict.clone()));
             }
@@ -510,7 +526,8 @@ impl Sim {
                     if let Some((cmd, _)) = self.replicating.take() {
                         self.commit(cmd);
                         let h = self.atomizer.height();
-                        self.feed_leader(LeaderInput::Replicated(h));
+                        let ms = self.now;
+                        self.feed_leader(LeaderInput::Replicated { height: h, ms });
                     }
                 }
             }
@@ -676,7 +693,7 @@ impl Sim {
     }
 }
 
-fn run(seed: u64, shards: usize) -> (u64, u64, [u64; 5], (u64, u64)) {
+fn run(seed: u64, shards: usize) -> (u64, u64, [u64; 6], (u64, u64)) {
     let mut sim = Sim::new(seed, shards);
     while sim.now < 3_000 && sim.step() {}
     sim.faults = false;
@@ -719,7 +736,7 @@ fn run(seed: u64, shards: usize) -> (u64, u64, [u64; 5], (u64, u64)) {
 #[test]
 fn seeded_faults_then_recovery_keep_every_invariant() {
     let mut acked = 0;
-    let mut seen = [0u64; 5];
+    let mut seen = [0u64; 6];
     let mut rejected = 0;
     for seed in 0..24 {
         let shards = 1 + (seed % 4) as usize;
@@ -727,14 +744,18 @@ fn seeded_faults_then_recovery_keep_every_invariant() {
         assert!(answered > 10, "seed {seed}: too little load ({answered})");
         acked += a;
         rejected += totals.1;
-        for i in 0..5 {
+        for i in 0..6 {
             seen[i] += s[i];
         }
     }
     println!("acknowledged {acked}, atomizer rejections {rejected}, seen {seen:?}");
     assert!(acked > 1000, "the workload commits something ({acked})");
-    let [crashes, cuts, missing, replays, expired] = seen;
+    let [crashes, cuts, missing, replays, expired, busy] = seen;
     assert!(crashes >= 5 && cuts >= 10, "faults: {seen:?}");
+    assert!(
+        busy >= 10,
+        "the leader's admission control refused nothing: {seen:?}"
+    );
     assert!(
         missing >= 50 && replays >= 10 && expired >= 1 && rejected >= 10,
         "conflicts, replays, expiries and rejections: {seen:?}, {rejected} rejected"

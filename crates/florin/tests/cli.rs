@@ -1382,13 +1382,7 @@ fn atomizer_cluster_pays_through_leader_kills_and_verifies_its_block_log() {
         up.extend(["--api", &api]);
     }
     run_ok(&up);
-    let st = {
-        let out = Command::new(BIN)
-            .args(["cluster", "status", "--data", &data_s, "--json"])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let st = cluster_status_json(&data_s);
     assert_eq!(st["healthy"], true, "{st}");
     let url = st["api"].as_str().unwrap().to_string();
     if hosts {
@@ -1680,13 +1674,7 @@ fn cluster_on_emulated_hosts_survives_a_cut_link_a_kill_and_a_freeze() {
         .unwrap()
         .trim_matches('"')
         .to_string();
-    let st = {
-        let out = Command::new(BIN)
-            .args(["cluster", "status", "--data", &data_s, "--json"])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let st = cluster_status_json(&data_s);
     assert_eq!(st["healthy"], true, "{st}");
     let apis: Vec<String> = st["apis"]
         .as_array()
@@ -2712,4 +2700,14 @@ fn usage_errors_under_json_print_the_envelope() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("no wallet at --json"));
+}
+
+/// `florin cluster status --json` of the cluster in `data`, whatever its exit code (a test
+/// asserts on what it says).
+fn cluster_status_json(data: &str) -> Value {
+    let out = Command::new(BIN)
+        .args(["cluster", "status", "--data", data, "--json"])
+        .output()
+        .unwrap();
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()
 }

@@ -19,10 +19,17 @@ pub struct LeaderConfig {
     pub resend_after: u64,
     /// Most attestations in one step.
     pub max_step: usize,
-    /// Most attestations waiting for a step (more are dropped: their sentinels try again).
+    /// Most attestations waiting for a step, whatever was admitted (more are dropped: their
+    /// sentinels try again).
     pub max_buffer: usize,
     /// Most blocks sent to a shard at once.
     pub max_send: u64,
+    /// Admission control: steps should be committed within this long (a moving average).
+    /// Slower, and the leader admits a quarter fewer attestations; faster after its buffer
+    /// reached the limit, a quarter more (see [`AtomizerLeader::room`]).
+    pub step_target: u64,
+    /// The fewest attestations admitted between steps, however slow they are.
+    pub min_admit: usize,
 }
 
 impl Default for LeaderConfig {
@@ -33,6 +40,8 @@ impl Default for LeaderConfig {
             max_step: 1 << 16,
             max_buffer: 1 << 20,
             max_send: 256,
+            step_target: 150,
+            min_admit: 4096,
         }
     }
 }
@@ -49,9 +58,14 @@ pub enum LeaderInput {
         /// Wall-clock seconds.
         wall: u64,
     },
-    /// The last [`LeaderOutput::Replicate`] step is committed and applied: the atomizer's
-    /// height is now this.
-    Replicated(Height),
+    /// The last [`LeaderOutput::Replicate`] step is committed and applied.
+    Replicated {
+        /// The atomizer's height now.
+        height: Height,
+        /// The clock when the answer came (as [`LeaderInput::Tick`]'s `ms`): how long the
+        /// step took decides admission.
+        ms: u64,
+    },
     /// The step could not be replicated (this replica no longer leads): nothing more is sent.
     Failed,
     /// A shard's height, from its answer to blocks sent.
@@ -98,6 +112,14 @@ pub struct AtomizerLeader {
     shards: Vec<(Option<Height>, Option<u64>)>,
     ms: u64,
     dropped: u64,
+    /// Attestations admitted to the buffer at most (between `min_admit` and `max_buffer`).
+    cap: usize,
+    /// When the step being replicated was made.
+    step_at: u64,
+    /// Whether the buffer reached the admission limit since the last step committed.
+    refused: bool,
+    /// Steps' commit time, a moving average (each step a quarter of it; `None` before one).
+    step_ms: Option<u64>,
 }
 
 impl AtomizerLeader {
@@ -116,7 +138,29 @@ impl AtomizerLeader {
             shards: vec![(None, None); shards],
             ms: 0,
             dropped: 0,
+            cap: cfg.min_admit.saturating_mul(4).min(cfg.max_buffer),
+            step_at: 0,
+            refused: false,
+            step_ms: None,
         }
+    }
+
+    /// How many more attestations this leader admits now (0 once it stopped): a caller
+    /// admits a batch of attestations while this is positive (a batch may overshoot it) and
+    /// answers "busy" otherwise. The atomizer saturates before it fails: steps that take
+    /// longer than [`LeaderConfig::step_target`] to commit shrink what is admitted, so
+    /// sentinels are told "busy" and back off, instead of the leader's host falling so far
+    /// behind that it misses its heartbeats and the group spends its time electing leaders.
+    pub fn room(&self) -> usize {
+        if self.stopped {
+            return 0;
+        }
+        self.cap.saturating_sub(self.buffer.len())
+    }
+
+    /// The admission limit and the steps' average commit time.
+    pub fn admission(&self) -> (usize, u64) {
+        (self.cap, self.step_ms.unwrap_or(0))
     }
 
     /// The atomizer's height as this leader knows it.
@@ -142,9 +186,15 @@ impl AtomizerLeader {
         }
         match input {
             LeaderInput::Attest(a) => {
+                // Admitted by the caller (while `room` was positive): taken whole, up to the
+                // hard bound.
                 let room = self.cfg.max_buffer.saturating_sub(self.buffer.len());
                 self.dropped += a.len().saturating_sub(room) as u64;
                 self.buffer.extend(a.into_iter().take(room));
+                if self.buffer.len() >= self.cap {
+                    // Admission is the limit now: callers are refused until the next step.
+                    self.refused = true;
+                }
             }
             LeaderInput::Tick { ms, wall } => {
                 self.ms = self.ms.max(ms);
@@ -161,8 +211,24 @@ impl AtomizerLeader {
                     }
                 }
             }
-            LeaderInput::Replicated(h) => {
+            LeaderInput::Replicated { height: h, ms } => {
+                self.ms = self.ms.max(ms);
                 self.replicating = false;
+                // Raised only while admission was the limit; lowered while the group falls
+                // behind (on the average: one slow step, a disk's hiccup, is not a trend).
+                let took = self.ms.saturating_sub(self.step_at);
+                let avg = self.step_ms.map_or(took, |a| (3 * a + took) / 4);
+                self.step_ms = Some(avg);
+                let (lo, hi) = (
+                    self.cfg.min_admit.min(self.cfg.max_buffer),
+                    self.cfg.max_buffer,
+                );
+                if avg > self.cfg.step_target {
+                    self.cap = (self.cap - (self.cap / 4).max(1)).clamp(lo, hi);
+                } else if self.refused {
+                    self.cap = self.cap.saturating_add(self.cap / 4 + 1).clamp(lo, hi);
+                }
+                self.refused = false;
                 if h > self.height {
                     self.height = h;
                     for s in 0..self.shards.len() {
@@ -214,6 +280,7 @@ impl AtomizerLeader {
             self.last_seal = self.ms;
         }
         self.replicating = true;
+        self.step_at = self.ms;
         out.push(LeaderOutput::Replicate(AtomCmd::Step {
             attestations,
             seal,

@@ -12,6 +12,10 @@ use smallvec::SmallVec;
 
 use crate::route::{ShardId, ShardMap};
 
+/// Ids are hashes already: a fast hasher (the ones std uses by default cost a third of a
+/// replica's time here).
+type Fast = foldhash::fast::RandomState;
+
 use super::{
     Attempt, Attestation, Block, BlockTx, Height, Reject, Rejection, TxKey, GENESIS, MAX_INPUTS,
 };
@@ -77,12 +81,14 @@ struct Pending {
     since: Height,
 }
 
-/// The spent inputs and txids of one sealed block.
+/// The spent inputs and txids of one block (each at most once: a transaction spending an id
+/// already spent in the window is rejected). The lookups go through the state's index; these
+/// lists are what leaves it when the block leaves the window.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Spent {
     height: Height,
-    inputs: HashSet<UhsId>,
-    txids: HashSet<Digest>,
+    inputs: Vec<UhsId>,
+    txids: Vec<Digest>,
 }
 
 /// The atomizer's state.
@@ -100,24 +106,26 @@ pub struct AtomizerState {
     now: u64,
     /// The highest clock a step gave since: the next block's.
     next_now: u64,
-    pending: HashMap<TxKey, Pending>,
+    pending: HashMap<TxKey, Pending, Fast>,
     /// Pending keys by arrival (for eviction; a key no longer pending, or pending since
     /// another height, is skipped).
     pending_order: VecDeque<(Height, TxKey)>,
     open_txs: Vec<BlockTx>,
+    /// What the open block spends (indexed at the open block's height, one past `height`).
     open: Spent,
     open_rejected: Vec<Rejection>,
     /// The last `window` sealed blocks, oldest first.
     recent: VecDeque<Spent>,
     /// Transactions ordered and rejected since the atomizer began.
     totals: (u64, u64),
-    /// Index of `recent`: each input spent and each txid ordered in it, with the (latest)
-    /// height of the block that holds it. A check is one lookup, not one per block in the
-    /// window. Derived: rebuilt from `recent` when a snapshot is read.
+    /// Index of `recent` and `open`: each input spent and each txid ordered there, with the
+    /// (latest) height of the block that holds it (the open block's: `height + 1`). A check
+    /// is one lookup, not one per block in the window. Derived: rebuilt when a snapshot is
+    /// read.
     #[serde(skip)]
-    spent_at: HashMap<UhsId, Height>,
+    spent_at: HashMap<UhsId, Height, Fast>,
     #[serde(skip)]
-    ordered_at: HashMap<Digest, Height>,
+    ordered_at: HashMap<Digest, Height, Fast>,
 }
 
 impl AtomizerState {
@@ -130,15 +138,15 @@ impl AtomizerState {
             tip: GENESIS,
             now: 0,
             next_now: 0,
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             pending_order: VecDeque::new(),
             open_txs: Vec::new(),
             open: Spent::default(),
             open_rejected: Vec::new(),
             recent: VecDeque::new(),
             totals: (0, 0),
-            spent_at: HashMap::new(),
-            ordered_at: HashMap::new(),
+            spent_at: HashMap::default(),
+            ordered_at: HashMap::default(),
         }
     }
 
@@ -149,13 +157,21 @@ impl AtomizerState {
 
     fn index(&mut self, s: &Spent) {
         for i in &s.inputs {
-            let e = self.spent_at.entry(*i).or_default();
-            *e = (*e).max(s.height);
+            self.index_input(*i, s.height);
         }
         for t in &s.txids {
-            let e = self.ordered_at.entry(*t).or_default();
-            *e = (*e).max(s.height);
+            self.index_txid(*t, s.height);
         }
+    }
+
+    fn index_input(&mut self, id: UhsId, height: Height) {
+        let e = self.spent_at.entry(id).or_default();
+        *e = (*e).max(height);
+    }
+
+    fn index_txid(&mut self, txid: Digest, height: Height) {
+        let e = self.ordered_at.entry(txid).or_default();
+        *e = (*e).max(height);
     }
 
     fn unindex(&mut self, s: &Spent) {
@@ -317,16 +333,18 @@ impl AtomizerState {
             Some(Reject::Expired)
         } else if self.height - p.min_height > self.cfg.window {
             Some(Reject::Stale)
-        } else if self.open.txids.contains(&tx.txid)
-            || self
-                .ordered_at
-                .get(&tx.txid)
-                .is_some_and(|h| *h > p.min_height)
+        // The open block's ids are indexed at its height, above any attestation's.
+        } else if self
+            .ordered_at
+            .get(&tx.txid)
+            .is_some_and(|h| *h > p.min_height)
         {
             Some(Reject::Replay)
-        } else if tx.inputs.iter().any(|i| {
-            self.open.inputs.contains(i) || self.spent_at.get(i).is_some_and(|h| *h > p.min_height)
-        }) || has_duplicate(&tx.inputs)
+        } else if tx
+            .inputs
+            .iter()
+            .any(|i| self.spent_at.get(i).is_some_and(|h| *h > p.min_height))
+            || has_duplicate(&tx.inputs)
         {
             Some(Reject::Spent)
         } else {
@@ -337,8 +355,13 @@ impl AtomizerState {
             return;
         }
         self.totals.0 += 1;
+        let open = self.height + 1;
+        for i in &tx.inputs {
+            self.index_input(*i, open);
+        }
+        self.index_txid(tx.txid, open);
         self.open.inputs.extend(tx.inputs.iter().copied());
-        self.open.txids.insert(tx.txid);
+        self.open.txids.push(tx.txid);
         self.open_txs.push(BlockTx {
             tx,
             attempt: p.attempt,
@@ -371,8 +394,8 @@ impl AtomizerState {
         self.tip = block.hash();
         self.now = self.next_now;
         let mut spent = std::mem::take(&mut self.open);
+        // Indexed at this height when decided.
         spent.height = self.height;
-        self.index(&spent);
         self.recent.push_back(spent);
         while self.recent.len() as u64 > self.cfg.window {
             if let Some(old) = self.recent.pop_front() {
@@ -395,11 +418,23 @@ impl AtomizerState {
             s.index(r);
         }
         s.recent = recent;
+        let mut open = std::mem::take(&mut s.open);
+        open.height = s.height + 1;
+        s.index(&open);
+        open.height = 0;
+        s.open = open;
         Ok(s)
     }
 }
 
 fn has_duplicate(ids: &[UhsId]) -> bool {
+    if ids.len() <= 16 {
+        // The common case (a handful of inputs): no allocation.
+        return ids
+            .iter()
+            .enumerate()
+            .any(|(n, i)| ids[n + 1..].contains(i));
+    }
     let mut seen = HashSet::with_capacity(ids.len());
     !ids.iter().all(|i| seen.insert(i))
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blocklog::BlockLog;
 use super::machine::{AtomCmd, AtomizerConfig, AtomizerState, StepReply};
-use super::shard::{BlockReply, BlockShard, SnapshotError};
+use super::shard::{BlockReply, BlockShard, ShardBlock, SnapshotError};
 use super::Block;
 use crate::raft::Machine;
 use crate::route::{ShardId, ShardMap};
@@ -122,6 +122,17 @@ impl BlockShardMachine {
     }
 }
 
+/// What starts a shard command of [`ShardBlock`]s (the commands of earlier releases, runs of
+/// whole blocks or one block, have no prefix).
+const PARTS: &[u8] = b"florin/atomizer/shard-parts/v1";
+
+/// A shard command: these blocks' parts, applied in order.
+pub fn shard_parts_command(parts: &[ShardBlock]) -> Vec<u8> {
+    let mut cmd = PARTS.to_vec();
+    cmd.extend_from_slice(&encode(&parts));
+    cmd
+}
+
 /// What a shard replica answers a block with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ShardBlockReply {
@@ -135,14 +146,27 @@ impl Machine for BlockShardMachine {
     /// A command is a run of blocks, applied in order up to the first that does not apply
     /// (one Raft entry for all the blocks of one delivery, not one per block).
     fn apply(&mut self, cmd: &[u8]) -> Vec<u8> {
-        // A single block: the command of the first release (one entry per block).
-        let blocks = decode::<Vec<Block>>(cmd)
-            .or_else(|e| decode::<Block>(cmd).map(|b| vec![b]).map_err(|_| e));
-        encode(&match blocks {
-            Ok(blocks) => {
+        // Each block's part for this shard (`shard_parts_command`); or whole blocks, the
+        // commands of earlier releases: a run of them, or a single one (the first release's).
+        let parts = match cmd.strip_prefix(PARTS) {
+            Some(rest) => decode::<Vec<ShardBlock>>(rest),
+            None => decode::<Vec<Block>>(cmd)
+                .or_else(|e| decode::<Block>(cmd).map(|b| vec![b]).map_err(|_| e))
+                .map(|blocks| {
+                    blocks
+                        .iter()
+                        .map(|b| ShardBlock {
+                            block: b.clone(),
+                            hash: b.hash(),
+                        })
+                        .collect()
+                }),
+        };
+        encode(&match parts {
+            Ok(parts) => {
                 let mut last = BlockReply::Applied(self.state.height());
-                for b in &blocks {
-                    last = self.state.apply(b);
+                for p in &parts {
+                    last = self.state.apply_part(p);
                     if !matches!(last, BlockReply::Applied(_)) {
                         break;
                     }

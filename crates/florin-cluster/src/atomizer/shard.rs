@@ -57,6 +57,54 @@ pub enum Verdict {
     Expired(Height),
     /// The shard has not yet applied the height the sentinel reads at: ask again.
     Behind(Height),
+    /// Everything held, but the atomizer's leader is busy (its admission control refused the
+    /// attestation) or could not be reached: ask again later.
+    Busy,
+}
+
+/// A block as one shard's Raft group keeps it: only the transactions and rejections that touch
+/// the shard (an input, an output or the txid it owns), with the whole block's hash. A shard
+/// group so replicates its share of the history, not all of it (each shard applies only what it
+/// owns anyway); the leader that received the whole block from the atomizer computed the
+/// hash, which chains the next block as the whole block's would.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardBlock {
+    /// The block, filtered (height, `prev` and clock unchanged).
+    pub block: Block,
+    /// The whole block's hash.
+    #[serde(with = "florin_ledger::bin_serde::id")]
+    pub hash: Digest,
+}
+
+impl ShardBlock {
+    /// The part of `block` shard `shard` of `map` keeps.
+    pub fn of(block: &Block, map: &ShardMap, shard: ShardId) -> ShardBlock {
+        let mine = |id: &[u8; 32]| map.owns(shard, id);
+        ShardBlock {
+            block: Block {
+                height: block.height,
+                prev: block.prev,
+                now: block.now,
+                txs: block
+                    .txs
+                    .iter()
+                    .filter(|t| {
+                        mine(&t.tx.txid)
+                            || t.tx.inputs.iter().any(mine)
+                            || t.tx.outputs.iter().any(|(o, _)| mine(o))
+                    })
+                    .cloned()
+                    .collect(),
+                rejected: block
+                    .rejected
+                    .iter()
+                    .filter(|r| mine(&r.txid))
+                    .cloned()
+                    .collect(),
+            },
+            hash: block.hash(),
+        }
+    }
 }
 
 /// What became of a transaction, as its txid's shard knows it.
@@ -194,6 +242,16 @@ impl BlockShard {
     /// Applies the next block: its transactions' ids in this range (inputs deleted, outputs
     /// created, txids recorded) and its rejections of txids in this range.
     pub fn apply(&mut self, block: &Block) -> BlockReply {
+        self.apply_hashed(block, None)
+    }
+
+    /// Applies a [`ShardBlock`]: the block's part for this shard, whose hash (the shard's
+    /// next tip) came with it. The same state results as from the whole block.
+    pub fn apply_part(&mut self, part: &ShardBlock) -> BlockReply {
+        self.apply_hashed(&part.block, Some(part.hash))
+    }
+
+    fn apply_hashed(&mut self, block: &Block, hash: Option<Digest>) -> BlockReply {
         let h = self.rest.height;
         if block.height <= h {
             return BlockReply::Applied(h);
@@ -281,7 +339,7 @@ impl BlockShard {
             }
         }
         self.rest.height = block.height;
-        self.rest.tip = block.hash();
+        self.rest.tip = hash.unwrap_or_else(|| block.hash());
         BlockReply::Applied(block.height)
     }
 

@@ -55,6 +55,14 @@ pub struct SubmitConfig {
     pub wait_limit: u64,
     /// Most tries of one transaction.
     pub max_tries: u8,
+    /// Most transactions being attested at once, and the first such window: a `Busy` verdict
+    /// (the atomizer's leader refused for want of room) narrows the window by a quarter, at
+    /// most once per `resend_after`; each try attested everywhere without one widens it by one. Tries beyond
+    /// it wait their turn unasked, so an overloaded atomizer is not also flooded with asks
+    /// again.
+    pub max_attesting: usize,
+    /// The narrowest that window gets.
+    pub min_attesting: usize,
     /// A transaction not decided this long after its submission fails the submission as in
     /// doubt (an unreachable shard group must not hold a sentinel for ever; and it is well
     /// inside the time a shard remembers a confirmation past its expiry, so a confirmation is
@@ -80,6 +88,8 @@ impl Default for SubmitConfig {
             waiting_poll: 1000,
             wait_limit: 5000,
             max_tries: 8,
+            max_attesting: 16_384,
+            min_attesting: 1024,
             deadline: 60_000,
         }
     }
@@ -201,6 +211,8 @@ enum Stage {
     },
     /// Every shard attested: waiting for the txid's shard to know.
     Waiting { since: u64 },
+    /// A try is due, but the window of transactions being attested is full: waiting its turn.
+    Queued,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +244,21 @@ impl JobState {
     fn attempt(&self) -> Attempt {
         self.attempts.last().copied().unwrap_or_default()
     }
+
+    /// When the status is next asked: a question in flight is asked again only once overdue
+    /// (`resend_after`); otherwise `waiting_poll` after the last answer while waiting (the
+    /// feed brings outcomes), `poll_every` while resolving.
+    fn poll_at(&self, cfg: &SubmitConfig) -> u64 {
+        let every = match self.stage {
+            Stage::Waiting { .. } => cfg.waiting_poll,
+            _ => cfg.poll_every,
+        };
+        self.asked_at.saturating_add(if self.polling {
+            cfg.resend_after
+        } else {
+            every
+        })
+    }
 }
 
 struct TicketState {
@@ -259,6 +286,15 @@ pub struct Submitter {
     due: BinaryHeap<Reverse<(u64, Job)>>,
     /// Tries begun, all transactions together (one each when nothing goes stale).
     tries: u64,
+    /// Jobs in [`Stage::Attesting`], and how many may be (the window).
+    attesting: usize,
+    window: usize,
+    /// When a `Busy` verdict last narrowed the window.
+    narrowed_at: Option<u64>,
+    /// Jobs in [`Stage::Queued`], in turn (a job no longer queued is skipped).
+    queued: std::collections::VecDeque<Job>,
+    /// Whether the current try of a job met a `Busy` verdict.
+    busy_jobs: std::collections::HashSet<Job>,
     /// The jobs following each txid (for the decision feed).
     by_txid: HashMap<Digest, SmallVec<[Job; 1]>>,
 }
@@ -279,7 +315,42 @@ impl Submitter {
             dependents: HashMap::new(),
             due: BinaryHeap::new(),
             tries: 0,
+            attesting: 0,
+            window: cfg.max_attesting.max(1),
+            narrowed_at: None,
+            queued: std::collections::VecDeque::new(),
+            busy_jobs: std::collections::HashSet::new(),
             by_txid: HashMap::new(),
+        }
+    }
+
+    /// Transactions being attested, and how many may be at once now.
+    pub fn attesting(&self) -> (usize, usize) {
+        (self.attesting, self.window)
+    }
+
+    /// Job `j` leaves `stage` (for another, or for good).
+    fn left(&mut self, j: Job, stage: &Stage) {
+        if matches!(stage, Stage::Attesting { .. }) {
+            self.attesting = self.attesting.saturating_sub(1);
+            self.busy_jobs.remove(&j);
+        }
+    }
+
+    /// Starts the tries waiting their turn, while the window has room.
+    fn pump(&mut self, out: &mut Vec<SubmitOutput>) {
+        while self.attesting < self.window {
+            let Some(j) = self.queued.pop_front() else {
+                break;
+            };
+            if self
+                .jobs
+                .get(&j)
+                .is_some_and(|job| matches!(job.stage, Stage::Queued))
+            {
+                self.start_try(j, out);
+                self.schedule(j);
+            }
         }
     }
 
@@ -439,6 +510,7 @@ impl Submitter {
                 }
             }
         }
+        self.pump(&mut out);
         out.append(&mut self.done);
         out
     }
@@ -446,6 +518,9 @@ impl Submitter {
     /// Gives up every submission (this sentinel stops): their tickets, to be failed as in doubt.
     pub fn abandon(&mut self) -> Vec<Ticket> {
         self.jobs.clear();
+        self.attesting = 0;
+        self.queued.clear();
+        self.busy_jobs.clear();
         self.producing.clear();
         self.dependents.clear();
         let mut t: Vec<Ticket> = self.tickets.drain().map(|(t, _)| t).collect();
@@ -461,13 +536,9 @@ impl Submitter {
         let Some(job) = self.jobs.get_mut(&j) else {
             return;
         };
-        let every = match job.stage {
-            Stage::Waiting { .. } => cfg.waiting_poll,
-            _ => cfg.poll_every,
-        };
-        let poll = job.asked_at + if job.polling { cfg.resend_after } else { every };
+        let poll = job.poll_at(&cfg);
         let next = match job.stage {
-            Stage::Blocked => u64::MAX,
+            Stage::Blocked | Stage::Queued => u64::MAX,
             Stage::Attesting { .. } => job.asked_at + cfg.resend_after,
             Stage::Resolving { .. } => poll,
             Stage::Waiting { since } => poll.min(since + cfg.wait_for(job.attempts.len())),
@@ -479,7 +550,21 @@ impl Submitter {
         }
     }
 
+    /// Job `j` needs a new try: started now if the window has room, else queued.
     fn new_try(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
+        let full = self.attesting >= self.window;
+        let Some(job) = self.jobs.get_mut(&j) else {
+            return;
+        };
+        if full && !matches!(job.stage, Stage::Attesting { .. }) {
+            job.stage = Stage::Queued;
+            self.queued.push_back(j);
+            return;
+        }
+        self.start_try(j, out);
+    }
+
+    fn start_try(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
         let max = self.cfg.max_tries;
         let Some(job) = self.jobs.get_mut(&j) else {
             return;
@@ -497,6 +582,10 @@ impl Submitter {
         }
         let attempt = self.rng.next_u64();
         self.tries += 1;
+        if !matches!(job.stage, Stage::Attesting { .. }) {
+            self.attesting += 1;
+        }
+        self.busy_jobs.remove(&j);
         job.attempts.push(attempt);
         job.asked_at = self.now;
         job.polling = false;
@@ -571,6 +660,20 @@ impl Submitter {
             }
             // Asked again on the next resend.
             Verdict::Behind(_) => return,
+            // The atomizer's leader refused for want of room: asked again after
+            // `resend_after`, and fewer transactions are attested at once.
+            Verdict::Busy => {
+                self.busy_jobs.insert(j);
+                if self
+                    .narrowed_at
+                    .is_none_or(|t| self.now.saturating_sub(t) >= self.cfg.resend_after)
+                {
+                    self.narrowed_at = Some(self.now);
+                    self.window =
+                        (self.window - (self.window / 4).max(1)).max(self.cfg.min_attesting.max(1));
+                }
+                return;
+            }
             Verdict::Attested(_) => {}
             Verdict::Missing(h) => *missing = Some(missing.unwrap_or(0).max(h)),
             Verdict::Expired(h) => *expired = Some(expired.unwrap_or(0).max(h)),
@@ -578,6 +681,11 @@ impl Submitter {
         waiting.remove(&shard);
         if !waiting.is_empty() {
             return;
+        }
+        // Attested everywhere: out of the window, which widens unless this try met `Busy`.
+        self.attesting = self.attesting.saturating_sub(1);
+        if !self.busy_jobs.remove(&j) {
+            self.window = (self.window + 1).min(self.cfg.max_attesting.max(1));
         }
         let (missing, expired) = (*missing, *expired);
         if let Some(h) = missing {
@@ -629,7 +737,7 @@ impl Submitter {
         let mine = job.attempts.clone();
         let stage = job.stage.clone();
         match (stage, status) {
-            (Stage::Attesting { .. } | Stage::Blocked, _) => {}
+            (Stage::Attesting { .. } | Stage::Blocked | Stage::Queued, _) => {}
             (
                 ref st @ (Stage::Resolving { .. } | Stage::Waiting { .. }),
                 TxStatus::Confirmed(h, a),
@@ -679,16 +787,7 @@ impl Submitter {
             return;
         };
         let idle = now.saturating_sub(job.asked_at);
-        // A question in flight is asked again only once it is overdue.
-        let every = match job.stage {
-            Stage::Waiting { .. } => cfg.waiting_poll,
-            _ => cfg.poll_every,
-        };
-        let poll_due = if job.polling {
-            idle >= cfg.resend_after
-        } else {
-            idle >= every
-        };
+        let poll_due = now >= job.poll_at(&cfg);
         if now.saturating_sub(job.started) >= cfg.deadline {
             let (ticket, txid) = (job.ticket, job.tx.txid);
             self.fail(
@@ -702,7 +801,7 @@ impl Submitter {
             return;
         }
         match &job.stage {
-            Stage::Blocked => {}
+            Stage::Blocked | Stage::Queued => {}
             Stage::Attesting { waiting, .. } => {
                 if idle < cfg.resend_after {
                     return;
@@ -748,6 +847,7 @@ impl Submitter {
         let Some(job) = self.jobs.remove(&j) else {
             return;
         };
+        self.left(j, &job.stage);
         self.unindex(j, &job.tx.txid);
         self.release(j, &job.tx, height);
         let Some(t) = self.tickets.get_mut(&job.ticket) else {
@@ -805,7 +905,9 @@ impl Submitter {
             .map(|(j, s)| (*j, s.tx.clone()))
             .collect();
         for (j, tx) in &gone {
-            self.jobs.remove(j);
+            if let Some(job) = self.jobs.remove(j) {
+                self.left(*j, &job.stage);
+            }
             self.unindex(*j, &tx.txid);
         }
         for (j, tx) in &gone {

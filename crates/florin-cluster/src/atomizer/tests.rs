@@ -156,6 +156,152 @@ fn replicas_from_a_snapshot_seal_the_same_blocks() {
 }
 
 #[test]
+fn a_snapshot_with_an_open_block_keeps_its_spends() {
+    let mut a = AtomizerState::new(cfg(), ShardMap::even(1).unwrap());
+    let t = tx(id(0, 1), vec![id(0, 2)], vec![]);
+    let (_, sealed) = a.apply(AtomCmd::Step {
+        attestations: vec![att(&t, 0, 0, &[0], true)],
+        seal: false,
+        now: 100,
+    });
+    assert!(
+        sealed.is_empty() && a.load() == (0, 1),
+        "t is in the open block"
+    );
+    let mut b = AtomizerState::from_snapshot(&a.snapshot()).unwrap();
+    // Spending t's input again, attested before t: rejected by both, in the same block.
+    let again = tx(id(0, 3), vec![id(0, 2)], vec![]);
+    let next = vec![att(&again, 0, 0, &[0], true)];
+    let (x, y) = (step(&mut a, next.clone()), step(&mut b, next));
+    assert_eq!(x, y);
+    assert_eq!(x[0].txs.len(), 1);
+    assert_eq!(x[0].rejected[0].reason, Reject::Spent);
+    // And t's txid stays ordered once its block leaves the open state.
+    let replay = vec![att(&t, 0, 0, &[0], true)];
+    assert_eq!(step(&mut a, replay.clone()), step(&mut b, replay));
+}
+
+#[test]
+fn the_leader_admits_less_when_steps_are_slow_and_more_when_it_had_to_refuse() {
+    let cfg = LeaderConfig {
+        block_every: 10,
+        resend_after: 100,
+        max_step: 1_000,
+        max_buffer: 100,
+        max_send: 2,
+        step_target: 50,
+        min_admit: 2,
+    };
+    let mut l = AtomizerLeader::new(cfg, 0, 1);
+    let t = tx(id(0, 1), vec![], vec![]);
+    let a = |n: usize| vec![att(&t, 0, 0, &[], true); n];
+    assert_eq!(l.room(), 8, "four times the least at first");
+    // An admitted batch is taken whole, past the limit: nothing more is admitted.
+    l.handle(LeaderInput::Attest(a(10)));
+    assert_eq!((l.buffered(), l.room()), ((10, 0), 0));
+    let steps = |out: Vec<LeaderOutput>| {
+        out.iter()
+            .filter(|o| matches!(o, LeaderOutput::Replicate(_)))
+            .count()
+    };
+    assert_eq!(steps(l.handle(LeaderInput::Tick { ms: 10, wall: 9 })), 1);
+    // Committed in 20 ms, after reaching the limit: a quarter more admitted.
+    l.handle(LeaderInput::Replicated { height: 1, ms: 30 });
+    assert_eq!((l.room(), l.admission()), (11, (11, 20)));
+    l.handle(LeaderInput::Attest(a(4)));
+    assert_eq!(steps(l.handle(LeaderInput::Tick { ms: 40, wall: 9 })), 1);
+    // Fast, but under the limit: admission stays (the average: (3 × 20 + 5) / 4).
+    l.handle(LeaderInput::Replicated { height: 2, ms: 45 });
+    assert_eq!(l.admission(), (11, 16));
+    // Slow steps bring the average over 50 ms: a quarter less each, down to the least.
+    let mut at = 60;
+    let mut seen = vec![];
+    for h in 3..20 {
+        l.handle(LeaderInput::Attest(a(1)));
+        assert_eq!(steps(l.handle(LeaderInput::Tick { ms: at, wall: 9 })), 1);
+        at += 140;
+        l.handle(LeaderInput::Replicated { height: h, ms: at });
+        seen.push(l.admission());
+    }
+    assert_eq!(&seen[..4], &[(11, 47), (9, 70), (7, 87), (6, 100)]);
+    assert_eq!(l.admission().0, 2);
+    // A leader that lost its place admits nothing.
+    l.handle(LeaderInput::Failed);
+    assert_eq!(l.room(), 0);
+}
+
+#[test]
+fn a_shard_group_keeping_its_part_of_each_block_ends_where_whole_blocks_lead() {
+    use super::replicated::{shard_parts_command, BlockShardMachine};
+    use super::shard::ShardBlock;
+    use crate::raft::Machine;
+    let map = ShardMap::even(2).unwrap();
+    let mut a = AtomizerState::new(cfg(), map.clone());
+    // Mints on both shards, then a transfer between them and one within shard 1.
+    let m0 = tx(id(0, 1), vec![], vec![(id(0, 2), 5)]);
+    let m1 = tx(id(1, 3), vec![], vec![(id(1, 4), 7)]);
+    let mut blocks = step(
+        &mut a,
+        vec![att(&m0, 0, 0, &[], true), att(&m1, 1, 0, &[], true)],
+    );
+    let cross = tx(id(1, 5), vec![id(0, 2)], vec![(id(1, 6), 5)]);
+    let within = tx(id(1, 7), vec![id(1, 4)], vec![(id(1, 8), 7)]);
+    let h = a.height();
+    blocks.extend(step(
+        &mut a,
+        vec![
+            att(&cross, 1, h, &[], true),
+            att(&cross, 0, h, &[0], false),
+            att(&within, 1, h, &[0], true),
+        ],
+    ));
+    assert_eq!(blocks.iter().map(|b| b.txs.len()).sum::<usize>(), 4);
+    for shard in [0, 1] {
+        let mut whole = BlockShard::new(map.clone(), shard);
+        let mut parts = BlockShardMachine::new(map.clone(), shard);
+        let mut old = BlockShardMachine::new(map.clone(), shard);
+        for b in &blocks {
+            assert_eq!(whole.apply(b), BlockReply::Applied(b.height));
+        }
+        let p: Vec<ShardBlock> = blocks
+            .iter()
+            .map(|b| ShardBlock::of(b, &map, shard))
+            .collect();
+        parts.apply(&shard_parts_command(&p));
+        // A run of whole blocks: the command of the earlier releases.
+        old.apply(&crate::shard::encode(&blocks));
+        // The same state (compared by what it answers: maps iterate in their own orders).
+        let ids: Vec<[u8; 32]> = blocks
+            .iter()
+            .flat_map(|b| &b.txs)
+            .flat_map(|t| {
+                let mut v = t.tx.inputs.clone();
+                v.extend(t.tx.outputs.iter().map(|(o, _)| *o));
+                v.push(t.tx.txid);
+                v
+            })
+            .collect();
+        let seen = |m: &BlockShard| {
+            (
+                m.height(),
+                m.tip(),
+                m.books(),
+                ids.iter()
+                    .map(|i| (m.is_unspent(i), m.status(i, 0)))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(seen(&parts.state), seen(&whole), "shard {shard}");
+        assert_eq!(seen(&old.state), seen(&whole), "shard {shard}");
+        assert_eq!(parts.state.tip(), a.tip());
+        // Each keeps what touches it: shard 0 leaves out shard 1's mint and the transfer
+        // within shard 1, shard 1 shard 0's mint.
+        let kept: usize = p.iter().map(|x| x.block.txs.len()).sum();
+        assert_eq!(kept, if shard == 0 { 2 } else { 3 });
+    }
+}
+
+#[test]
 fn verify_chain_finds_broken_links_and_double_spends() {
     let mut a = AtomizerState::new(cfg(), ShardMap::even(2).unwrap());
     let mut blocks = vec![];
@@ -268,6 +414,8 @@ fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
         max_step: 2,
         max_buffer: 3,
         max_send: 2,
+        step_target: 1_000,
+        min_admit: 3,
     };
     let mut l = AtomizerLeader::new(cfg, 5, 2);
     let t = tx(id(0, 1), vec![], vec![]);
@@ -295,7 +443,7 @@ fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
     // Nothing more is replicated until the step is.
     let out = l.handle(LeaderInput::Tick { ms: 40, wall: 9 });
     assert!(!out.iter().any(|o| matches!(o, LeaderOutput::Replicate(_))));
-    let out = l.handle(LeaderInput::Replicated(6));
+    let out = l.handle(LeaderInput::Replicated { height: 6, ms: 0 });
     assert!(
         out.is_empty(),
         "both shards have a delivery in flight: the new block waits for their answers: {out:?}"
@@ -321,7 +469,7 @@ fn the_leader_replicates_one_step_at_a_time_and_brings_shards_up_to_date() {
         .is_empty());
     assert_eq!(l.slowest_shard(), Some(1));
     // A shard that answered is sent the next block at once; one still answering is not.
-    let out = l.handle(LeaderInput::Replicated(7));
+    let out = l.handle(LeaderInput::Replicated { height: 7, ms: 0 });
     assert_eq!(
         out,
         vec![LeaderOutput::SendBlocks {
@@ -350,10 +498,91 @@ fn submitter() -> Submitter {
             waiting_poll: 10,
             wait_limit: 50,
             max_tries: 2,
+            max_attesting: 1_000,
+            min_attesting: 1,
             deadline: 100_000,
         },
         Box::new(rand::rngs::StdRng::seed_from_u64(1)),
     )
+}
+
+#[test]
+fn a_busy_atomizer_narrows_the_submitters_window_and_queued_tries_wait_their_turn() {
+    let mut s = Submitter::new(
+        ShardMap::even(1).unwrap(),
+        SubmitConfig {
+            resend_after: 100,
+            poll_every: 10,
+            waiting_poll: 10,
+            wait_limit: 50,
+            max_tries: 2,
+            max_attesting: 2,
+            min_attesting: 1,
+            deadline: 1_000,
+        },
+        Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+    );
+    let txs: Vec<CompactTx> = (1..=4)
+        .map(|n| tx(id(0, n), vec![id(0, 10 + n)], vec![]))
+        .collect();
+    let jobs = |out: &[SubmitOutput]| -> Vec<(u64, u64)> {
+        out.iter()
+            .filter_map(|o| match o {
+                SubmitOutput::Attest { job, attempt, .. } => Some((*job, *attempt)),
+                _ => None,
+            })
+            .collect()
+    };
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 1,
+        txs: txs.clone(),
+        height: 0,
+        now: 0,
+    });
+    let asked = jobs(&out);
+    assert_eq!(
+        asked.iter().map(|a| a.0).collect::<Vec<_>>(),
+        vec![1, 2],
+        "two at once"
+    );
+    assert_eq!(s.attesting(), (2, 2));
+    // Job 1 is refused as busy: the window narrows (by a quarter, at least one) to one, job 1
+    // stays in it.
+    let out = s.handle(SubmitInput::Verdict {
+        job: 1,
+        attempt: asked[0].1,
+        shard: 0,
+        verdict: Verdict::Busy,
+    });
+    assert!(jobs(&out).is_empty());
+    assert_eq!(s.attesting(), (2, 1));
+    // Job 2 attested: out of the window, which widens by one: job 3 comes in.
+    let out = s.handle(SubmitInput::Verdict {
+        job: 2,
+        attempt: asked[1].1,
+        shard: 0,
+        verdict: Verdict::Attested(att(&txs[1], 0, 0, &[0], true)),
+    });
+    assert_eq!(jobs(&out).iter().map(|a| a.0).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(s.attesting(), (2, 2));
+    // Job 4 waits unasked; job 1 is asked again after `resend_after`.
+    assert!(jobs(&s.handle(SubmitInput::Tick(50))).is_empty());
+    let out = s.handle(SubmitInput::Tick(100));
+    let again = jobs(&out);
+    assert!(
+        again.contains(&asked[0]),
+        "the refused try is asked again, unchanged"
+    );
+    assert!(
+        !again.iter().any(|a| a.0 == 4),
+        "job 4 still waits: {again:?}"
+    );
+    // Job 4 waited unasked; past the deadline every one fails, the queued one too.
+    let out = s.handle(SubmitInput::Tick(1_000));
+    assert!(out
+        .iter()
+        .any(|o| matches!(o, SubmitOutput::Fail { ticket: 1, .. })));
+    assert_eq!((s.in_flight(), s.attesting().0), (0, 0));
 }
 
 fn attests(out: &[SubmitOutput]) -> Vec<(ShardId, u64, Height)> {

@@ -5,15 +5,16 @@
 //! [`SwapStore`] driving the submitter machine).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use florin_cluster::atomizer::blocklog::BlockLog;
 use florin_cluster::atomizer::leader::{AtomizerLeader, LeaderConfig, LeaderInput, LeaderOutput};
 use florin_cluster::atomizer::replicated::{
-    AtomReply, AtomizerMachine, BlockShardMachine, ShardBlockReply,
+    shard_parts_command, AtomReply, AtomizerMachine, BlockShardMachine, ShardBlockReply,
 };
-use florin_cluster::atomizer::shard::{BlockReply, TxStatus, Verdict};
+use florin_cluster::atomizer::shard::{BlockReply, ShardBlock, TxStatus, Verdict};
 use florin_cluster::atomizer::submit::{SubmitConfig, SubmitInput, SubmitOutput, Submitter};
 use florin_cluster::atomizer::{Attestation, Height};
 use florin_cluster::raft::Replica;
@@ -29,6 +30,17 @@ use super::service::not_leader;
 
 /// Attestation batches queued for the leader's loop at most.
 const ATTEST_QUEUE: usize = 1024;
+
+/// How long a shard answers `Busy` without asking again, once the atomizer's leader said it
+/// admits no more (so refused sentinels cost the leader nothing): doubled with each refusal in
+/// a row up to [`BUSY_MAX`], and back to this once the leader takes a batch.
+const BUSY_FOR: Duration = Duration::from_millis(50);
+/// The longest a shard answers `Busy` without asking the atomizer's leader.
+const BUSY_MAX: Duration = Duration::from_millis(800);
+
+/// How long a shard waits for the atomizer's leader to take attestations (inside the
+/// sentinel's 2 s patience for the shard's answer).
+const FORWARD_WAIT: Duration = Duration::from_millis(1000);
 
 /// About how many bytes a block takes on the wire (to keep a message of blocks under the RPC
 /// limit).
@@ -71,6 +83,12 @@ pub struct AtomizerService {
     /// Keys allowed to read the height and the blocks (sentinels and observers).
     readers: HashSet<PublicKey>,
     attest: mpsc::Sender<Vec<Attestation>>,
+    /// Attestations the leader admits now (its admission control; 0 while not leading).
+    room: Arc<std::sync::atomic::AtomicUsize>,
+    /// Attestations admitted and queued for the leader's loop, not yet in its buffer.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// Attestations answered `Busy` since this replica started.
+    busy: Arc<AtomicU64>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
 }
 
@@ -90,6 +108,9 @@ impl AtomizerService {
         // try again), never queued without end.
         let (tx, rx) = mpsc::channel(ATTEST_QUEUE);
         let load = Arc::new(std::sync::Mutex::new((0, 0)));
+        let room = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let busy = Arc::new(AtomicU64::new(0));
         tokio::spawn(leader_loop(
             replica.clone(),
             log.clone(),
@@ -97,6 +118,11 @@ impl AtomizerService {
             cfg,
             rx,
             load.clone(),
+            Admission {
+                room: room.clone(),
+                queued: queued.clone(),
+                busy: busy.clone(),
+            },
         ));
         Arc::new(AtomizerService {
             replica,
@@ -105,6 +131,9 @@ impl AtomizerService {
             shards,
             readers,
             attest: tx,
+            room,
+            queued,
+            busy,
             load,
         })
     }
@@ -126,10 +155,24 @@ impl Handler for AtomizerService {
                 // A shard member vouches only for its own shard.
                 let mine = self.shards.get(peer).copied();
                 let a: Vec<Attestation> = a.into_iter().filter(|x| Some(x.shard) == mine).collect();
-                match self.attest.try_send(a) {
-                    Ok(()) => Response::Taken,
-                    Err(_) => Response::Error("the atomizer is busy; try again".into()),
+                // Admission control: a batch is taken while the leader has room (it may
+                // overshoot it), reserved here (the loop sets the room again after each event).
+                let n = a.len();
+                let admitted = self
+                    .room
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                        (r > 0).then(|| r.saturating_sub(n))
+                    })
+                    .is_ok();
+                if admitted {
+                    self.queued.fetch_add(n, Ordering::AcqRel);
+                    if self.attest.try_send(a).is_ok() {
+                        return Response::Taken;
+                    }
+                    self.queued.fetch_sub(n, Ordering::AcqRel);
                 }
+                self.busy.fetch_add(n as u64, Ordering::Relaxed);
+                Response::Busy
             }
             Request::AtomHeight if self.readers.contains(peer) => self
                 .replica
@@ -169,6 +212,16 @@ impl Handler for AtomizerService {
     }
 }
 
+/// What the leader's loop shares with the request handlers for admission control.
+struct Admission {
+    /// Attestations the handlers may admit until the loop's next event.
+    room: Arc<std::sync::atomic::AtomicUsize>,
+    /// Attestations admitted but not yet taken from the queue by the loop.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// Attestations answered `Busy`.
+    busy: Arc<AtomicU64>,
+}
+
 enum LeaderMsg {
     Replicated(u64, Result<Height, String>),
     ShardAt(u64, ShardId, Height),
@@ -181,12 +234,15 @@ async fn leader_loop(
     cfg: LeaderConfig,
     mut attest: mpsc::Receiver<Vec<Attestation>>,
     load: Arc<std::sync::Mutex<(u64, u64)>>,
+    admission: Admission,
 ) {
+    let Admission { room, queued, busy } = admission;
     let start = Instant::now();
     let (tx, mut rx) = mpsc::unbounded_channel::<LeaderMsg>();
     let mut leader: Option<(AtomizerLeader, u64)> = None;
     let mut epoch = 0u64;
     let mut stopping = false;
+    let mut reported = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -195,6 +251,7 @@ async fn leader_loop(
         tokio::select! {
             a = attest.recv() => {
                 let Some(a) = a else { return };
+                queued.fetch_sub(a.len().min(queued.load(Ordering::Acquire)), Ordering::AcqRel);
                 if let Some((l, _)) = leader.as_mut() {
                     outputs = l.handle(LeaderInput::Attest(a));
                 }
@@ -204,7 +261,10 @@ async fn leader_loop(
                 match (m, leader.as_mut()) {
                     (LeaderMsg::Replicated(e, r), Some((l, _))) if e == epoch => {
                         outputs = l.handle(match r {
-                            Ok(h) => LeaderInput::Replicated(h),
+                            Ok(height) => LeaderInput::Replicated {
+                                height,
+                                ms: start.elapsed().as_millis() as u64,
+                            },
                             Err(_) => LeaderInput::Failed,
                         });
                     }
@@ -252,9 +312,30 @@ async fn leader_loop(
                     if let Ok(mut x) = load.lock() {
                         *x = (l.buffered().0 as u64, l.height());
                     }
+                    if ms.saturating_sub(reported) >= 5_000 {
+                        reported = ms;
+                        let ((cap, step_ms), (buffered, refused)) = (l.admission(), l.buffered());
+                        tracing::info!(
+                            height = l.height(),
+                            admitting = cap,
+                            last_step_ms = step_ms,
+                            buffered,
+                            dropped = refused,
+                            refused = busy.load(Ordering::Relaxed),
+                            "atomizer leader"
+                        );
+                    }
                 }
             }
         }
+        // What the handlers may admit until the next event (less what they admitted that
+        // is still queued).
+        room.store(
+            leader.as_ref().map_or(0, |(l, _)| {
+                l.room().saturating_sub(queued.load(Ordering::Acquire))
+            }),
+            Ordering::Release,
+        );
         for o in outputs {
             match o {
                 LeaderOutput::Replicate(cmd) => {
@@ -326,6 +407,54 @@ pub struct BlockShardService {
     pub atomizer: Arc<GroupClient>,
     /// The cluster's shard map.
     pub map: ShardMap,
+    /// Set when the atomizer's leader refused attestations.
+    pub busy_until: BusyUntil,
+}
+
+/// Until when a shard answers `Busy` for what it would attest, without asking the atomizer.
+#[derive(Debug)]
+pub struct BusyUntil {
+    start: Instant,
+    /// Milliseconds since `start`.
+    until: AtomicU64,
+    /// Refusals in a row.
+    refusals: AtomicU64,
+}
+
+impl Default for BusyUntil {
+    fn default() -> Self {
+        BusyUntil {
+            start: Instant::now(),
+            until: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+        }
+    }
+}
+
+impl BusyUntil {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Whether the atomizer said it is busy less than [`BUSY_FOR`] ago.
+    pub fn busy(&self) -> bool {
+        self.now() < self.until.load(Ordering::Acquire)
+    }
+
+    /// The atomizer refused: busy for [`BUSY_FOR`], doubled for each refusal in a row (up to
+    /// [`BUSY_MAX`]).
+    pub fn set(&self) {
+        let n = self.refusals.fetch_add(1, Ordering::AcqRel).min(8);
+        let ms = (BUSY_FOR.as_millis() as u64)
+            .saturating_mul(1 << n)
+            .min(BUSY_MAX.as_millis() as u64);
+        self.until.store(self.now() + ms, Ordering::Release);
+    }
+
+    /// The atomizer took a batch: the next refusal starts from [`BUSY_FOR`] again.
+    pub fn clear(&self) {
+        self.refusals.store(0, Ordering::Release);
+    }
 }
 
 impl Handler for BlockShardService {
@@ -335,13 +464,19 @@ impl Handler for BlockShardService {
                 Response::Raft(self.replica.handle_rpc(&b).await)
             }
             Request::AtomBlocks(blocks) if self.atomizer_keys.contains(peer) => {
-                // Blocks already applied are not written again; the rest are one Raft write.
+                // Blocks already applied are not written again; the rest are one Raft write of
+                // each block's part for this shard (the group replicates its share of the
+                // history, not all of it).
                 let have = self.replica.with_machine(|m| m.state.height());
-                let blocks: Vec<_> = blocks.into_iter().filter(|b| b.height > have).collect();
-                if blocks.is_empty() {
+                let parts: Vec<ShardBlock> = blocks
+                    .iter()
+                    .filter(|b| b.height > have)
+                    .map(|b| ShardBlock::of(b, &self.map, self.shard))
+                    .collect();
+                if parts.is_empty() {
                     return Response::BlockReply(BlockReply::Applied(have));
                 }
-                match self.replica.write(encode(&blocks)).await {
+                match self.replica.write(shard_parts_command(&parts)).await {
                     Ok(r) => match decode::<ShardBlockReply>(&r) {
                         Ok(ShardBlockReply::Block(r)) => Response::BlockReply(r),
                         Ok(ShardBlockReply::Refused(why)) => Response::Refused(why),
@@ -366,7 +501,7 @@ impl Handler for BlockShardService {
                         self.shard
                     ));
                 }
-                let verdicts: Vec<Verdict> = self.replica.with_machine(|m| {
+                let mut verdicts: Vec<Verdict> = self.replica.with_machine(|m| {
                     asks.iter()
                         .map(|a| {
                             // The key is this shard's own hash of the body, not the asker's.
@@ -382,13 +517,32 @@ impl Handler for BlockShardService {
                         _ => None,
                     })
                     .collect();
+                // Forwarded before the sentinel is answered, so that a busy atomizer's
+                // refusal reaches the sentinel (which asks again later: admission control
+                // ends at the sentinels, not in queues). Not taken for sure (refused, or no
+                // answer): `Busy`; should the leader have taken them after all, the
+                // sentinel's next ask merges with them.
                 if !forward.is_empty() {
-                    let atomizer = self.atomizer.clone();
-                    tokio::spawn(async move {
-                        let _ = atomizer
-                            .call_async(Request::AtomForward(forward), Duration::from_secs(2))
-                            .await;
-                    });
+                    let ask = !self.busy_until.busy();
+                    let taken = ask
+                        && matches!(
+                            self.atomizer
+                                .call_async(Request::AtomForward(forward), FORWARD_WAIT)
+                                .await,
+                            Ok(Response::Taken)
+                        );
+                    if taken {
+                        self.busy_until.clear();
+                    } else {
+                        if ask {
+                            self.busy_until.set();
+                        }
+                        for v in &mut verdicts {
+                            if matches!(v, Verdict::Attested(_)) {
+                                *v = Verdict::Busy;
+                            }
+                        }
+                    }
                 }
                 Response::Verdicts(verdicts)
             }

@@ -548,6 +548,7 @@ pub async fn start_member(
                     .clients_of(std::slice::from_ref(atomizer), &me)
                     .remove(0),
                 map: spec.map()?,
+                busy_until: atomizer::BusyUntil::default(),
             });
             let server = Server::start(listener, me, allowed, svc, rt)
                 .map_err(|e| StorageError::Server(Box::new(e)))?;

@@ -160,6 +160,8 @@ pub enum Response {
         /// Txids decided, with their status.
         decisions: Vec<(Digest, TxStatus)>,
     },
+    /// Not taken: the atomizer's leader admits no more for now (ask again later).
+    Busy,
 }
 
 /// What `Status` reports.
