@@ -310,7 +310,7 @@ impl Sim {
                 LeaderOutput::Replicate(cmd) => {
                     assert!(self.replicating.is_none(), "one step at a time");
                     // A step takes longer the more it carries (the leader's admission
-                    // control halves what it takes when steps are slow).
+                    // control takes a quarter less while steps are slow).
                     let AtomCmd::Step { attestations, .. } = &cmd;
                     let d = self.net_delay() + attestations.len() as u64 / 4;
                     self.replicating = Some((cmd, self.epoch));

@@ -28,8 +28,24 @@ pub struct LeaderConfig {
     /// Slower, and the leader admits a quarter fewer attestations; faster after its buffer
     /// reached the limit, a quarter more (see [`AtomizerLeader::room`]).
     pub step_target: u64,
-    /// The fewest attestations admitted between steps, however slow they are.
+    /// The fewest attestations admitted between steps, however slow they are (at least 1).
+    /// The most is half of `max_buffer`: batches admitted while there was room may overshoot
+    /// the limit, and the other half keeps them whole (an admitted batch is never cut).
     pub min_admit: usize,
+}
+
+impl LeaderConfig {
+    /// The lowest admission limit: `min_admit`, at least 1 (a limit of 0 would refuse every
+    /// attestation for ever).
+    fn admit_lo(&self) -> usize {
+        self.min_admit.max(1).min(self.admit_hi())
+    }
+
+    /// The highest admission limit: half the hard bound, so that batches admitted while there
+    /// was room fit whole however far they overshoot it.
+    fn admit_hi(&self) -> usize {
+        (self.max_buffer / 2).max(1)
+    }
 }
 
 impl Default for LeaderConfig {
@@ -138,7 +154,10 @@ impl AtomizerLeader {
             shards: vec![(None, None); shards],
             ms: 0,
             dropped: 0,
-            cap: cfg.min_admit.saturating_mul(4).min(cfg.max_buffer),
+            cap: cfg
+                .admit_lo()
+                .saturating_mul(4)
+                .clamp(cfg.admit_lo(), cfg.admit_hi()),
             step_at: 0,
             refused: false,
             step_ms: None,
@@ -219,10 +238,7 @@ impl AtomizerLeader {
                 let took = self.ms.saturating_sub(self.step_at);
                 let avg = self.step_ms.map_or(took, |a| (3 * a + took) / 4);
                 self.step_ms = Some(avg);
-                let (lo, hi) = (
-                    self.cfg.min_admit.min(self.cfg.max_buffer),
-                    self.cfg.max_buffer,
-                );
+                let (lo, hi) = (self.cfg.admit_lo(), self.cfg.admit_hi());
                 if avg > self.cfg.step_target {
                     self.cap = (self.cap - (self.cap / 4).max(1)).clamp(lo, hi);
                 } else if self.refused {

@@ -482,13 +482,15 @@ impl Submitter {
                         .iter()
                         .copied()
                         .filter(|j| {
-                            self.jobs
-                                .get(j)
-                                .is_some_and(|s| matches!(s.stage, Stage::Waiting { .. }))
+                            self.jobs.get(j).is_some_and(|s| {
+                                matches!(s.stage, Stage::Waiting { .. } | Stage::Queued)
+                            })
                         })
                         .collect();
                     for j in waiting {
-                        // Waiting jobs take any outcome the feed brings.
+                        // Waiting jobs take any outcome the feed brings; jobs queued for a
+                        // new try, a confirmation (of an earlier try, or of another
+                        // submission of the same transaction).
                         self.status(j, status.clone(), Height::MAX, &mut out);
                         self.schedule(j);
                     }
@@ -552,7 +554,9 @@ impl Submitter {
 
     /// Job `j` needs a new try: started now if the window has room, else queued.
     fn new_try(&mut self, j: Job, out: &mut Vec<SubmitOutput>) {
-        let full = self.attesting >= self.window;
+        // Behind the jobs already waiting their turn (a slot freed during this event goes to
+        // them first: `pump` at the event's end starts this one too if there is room).
+        let full = self.attesting >= self.window || !self.queued.is_empty();
         let Some(job) = self.jobs.get_mut(&j) else {
             return;
         };
@@ -737,9 +741,9 @@ impl Submitter {
         let mine = job.attempts.clone();
         let stage = job.stage.clone();
         match (stage, status) {
-            (Stage::Attesting { .. } | Stage::Blocked | Stage::Queued, _) => {}
+            (Stage::Attesting { .. } | Stage::Blocked, _) => {}
             (
-                ref st @ (Stage::Resolving { .. } | Stage::Waiting { .. }),
+                ref st @ (Stage::Resolving { .. } | Stage::Waiting { .. } | Stage::Queued),
                 TxStatus::Confirmed(h, a),
             ) if mine.contains(&a)
                 || !matches!(
@@ -757,8 +761,8 @@ impl Submitter {
                 };
                 self.finish_at(j, o, h);
             }
-            // Asked again on the next tick.
-            (_, TxStatus::Behind(_)) => {}
+            // Asked again on the next tick; a queued job waits its try.
+            (_, TxStatus::Behind(_)) | (Stage::Queued, _) => {}
             (Stage::Resolving { outcome, .. }, _) => self.finish(j, outcome),
             (Stage::Waiting { .. }, TxStatus::Rejected(tries))
                 if tries.iter().any(|(a, _)| *a == current) =>

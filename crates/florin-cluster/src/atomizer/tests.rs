@@ -231,6 +231,49 @@ fn the_leader_admits_less_when_steps_are_slow_and_more_when_it_had_to_refuse() {
 }
 
 #[test]
+fn the_admission_limit_stays_within_half_the_hard_bound_and_above_zero() {
+    let cfg = LeaderConfig {
+        block_every: 10,
+        resend_after: 100,
+        max_step: 1_000,
+        max_buffer: 100,
+        max_send: 2,
+        step_target: 50,
+        min_admit: 0,
+    };
+    let mut l = AtomizerLeader::new(cfg, 0, 1);
+    let t = tx(id(0, 1), vec![], vec![]);
+    // A least of 0 is taken as 1: the first limit is 4 × 1, not 0.
+    assert_eq!(l.room(), 4);
+    // Fast steps after reaching the limit raise it, but never past half of `max_buffer`.
+    let mut at = 0;
+    for h in 1..40 {
+        let room = l.room();
+        l.handle(LeaderInput::Attest(vec![
+            att(&t, 0, 0, &[], true);
+            room.max(1)
+        ]));
+        l.handle(LeaderInput::Tick { ms: at, wall: 9 });
+        at += 10;
+        l.handle(LeaderInput::Replicated { height: h, ms: at });
+    }
+    assert_eq!(l.admission().0, 50);
+    // So a batch admitted at the limit's last unit fits whole: nothing dropped.
+    l.handle(LeaderInput::Attest(vec![att(&t, 0, 0, &[], true); 49]));
+    assert_eq!(l.room(), 1);
+    l.handle(LeaderInput::Attest(vec![att(&t, 0, 0, &[], true); 50]));
+    assert_eq!((l.buffered(), l.room()), ((99, 0), 0));
+    // Slow steps bring it down to the least, 1, never 0.
+    for h in 40..80 {
+        l.handle(LeaderInput::Tick { ms: at, wall: 9 });
+        at += 500;
+        l.handle(LeaderInput::Replicated { height: h, ms: at });
+    }
+    assert_eq!(l.admission().0, 1);
+    assert_eq!(l.room(), 1);
+}
+
+#[test]
 fn a_shard_group_keeping_its_part_of_each_block_ends_where_whole_blocks_lead() {
     use super::replicated::{shard_parts_command, BlockShardMachine};
     use super::shard::ShardBlock;
@@ -255,7 +298,24 @@ fn a_shard_group_keeping_its_part_of_each_block_ends_where_whole_blocks_lead() {
             att(&within, 1, h, &[0], true),
         ],
     ));
-    assert_eq!(blocks.iter().map(|b| b.txs.len()).sum::<usize>(), 4);
+    // Then a double spend of `cross`'s input (rejected; its txid on shard 0) and a redeem of
+    // `within`'s output (its txid on shard 0, its input on shard 1).
+    let again = tx(id(0, 9), vec![id(0, 2)], vec![(id(0, 10), 5)]);
+    let mut redeem = tx(id(0, 11), vec![id(1, 8)], vec![]);
+    redeem.kind = TxKind::Redeem;
+    // (attested at the height before `cross`'s block, when the input was unspent)
+    let before = h;
+    let h = a.height();
+    blocks.extend(step(
+        &mut a,
+        vec![
+            att(&again, 0, before, &[0], true),
+            att(&redeem, 1, h, &[0], false),
+            att(&redeem, 0, h, &[], true),
+        ],
+    ));
+    assert_eq!(blocks.iter().map(|b| b.txs.len()).sum::<usize>(), 5);
+    assert_eq!(blocks.iter().map(|b| b.rejected.len()).sum::<usize>(), 1);
     for shard in [0, 1] {
         let mut whole = BlockShard::new(map.clone(), shard);
         let mut parts = BlockShardMachine::new(map.clone(), shard);
@@ -295,9 +355,21 @@ fn a_shard_group_keeping_its_part_of_each_block_ends_where_whole_blocks_lead() {
         assert_eq!(seen(&old.state), seen(&whole), "shard {shard}");
         assert_eq!(parts.state.tip(), a.tip());
         // Each keeps what touches it: shard 0 leaves out shard 1's mint and the transfer
-        // within shard 1, shard 1 shard 0's mint.
+        // within shard 1, shard 1 shard 0's mint; both keep the redeem; the rejection is
+        // shard 0's (its txid's).
         let kept: usize = p.iter().map(|x| x.block.txs.len()).sum();
-        assert_eq!(kept, if shard == 0 { 2 } else { 3 });
+        assert_eq!(kept, if shard == 0 { 3 } else { 4 });
+        let rejected: usize = p.iter().map(|x| x.block.rejected.len()).sum();
+        assert_eq!(rejected, if shard == 0 { 1 } else { 0 });
+        // The redeem shows in shard 1's books, the rejection in shard 0's answers.
+        if shard == 1 {
+            assert_eq!(parts.state.books().redeemed_cents, 7);
+        } else {
+            assert!(matches!(
+                parts.state.status(&again.txid, 0),
+                TxStatus::Rejected(_)
+            ));
+        }
     }
 }
 
@@ -583,6 +655,61 @@ fn a_busy_atomizer_narrows_the_submitters_window_and_queued_tries_wait_their_tur
         .iter()
         .any(|o| matches!(o, SubmitOutput::Fail { ticket: 1, .. })));
     assert_eq!((s.in_flight(), s.attesting().0), (0, 0));
+}
+
+#[test]
+fn a_queued_try_takes_a_confirmation_from_the_feed_without_being_asked() {
+    let mut s = Submitter::new(
+        ShardMap::even(1).unwrap(),
+        SubmitConfig {
+            max_attesting: 1,
+            ..SubmitConfig::default()
+        },
+        Box::new(rand::rngs::StdRng::seed_from_u64(1)),
+    );
+    let a = tx(id(0, 1), vec![id(0, 11)], vec![]);
+    let b = tx(id(0, 2), vec![id(0, 12)], vec![]);
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 1,
+        txs: vec![a],
+        height: 0,
+        now: 0,
+    });
+    assert_eq!(attests(&out).len(), 1);
+    let out = s.handle(SubmitInput::Submit {
+        ticket: 2,
+        txs: vec![b.clone()],
+        height: 0,
+        now: 0,
+    });
+    assert!(attests(&out).is_empty(), "the window is full: b is queued");
+    assert_eq!((s.in_flight(), s.attesting()), (2, (1, 1)));
+    // Another sentinel's submission of b was ordered: b's job ends as already applied, and
+    // never asks the shards.
+    let out = s.handle(SubmitInput::Decided(vec![(
+        b.txid,
+        TxStatus::Confirmed(4, 99),
+    )]));
+    assert!(attests(&out).is_empty());
+    assert!(out.iter().any(|o| matches!(
+        o,
+        SubmitOutput::Answer { ticket: 2, outcomes } if outcomes == &[SwapOutcome::AlreadyApplied]
+    )));
+    assert_eq!((s.in_flight(), s.attesting()), (1, (1, 1)));
+    // A status answer other than a confirmation leaves a queued job queued.
+    let c = tx(id(0, 3), vec![id(0, 13)], vec![]);
+    s.handle(SubmitInput::Submit {
+        ticket: 3,
+        txs: vec![c.clone()],
+        height: 0,
+        now: 0,
+    });
+    let out = s.handle(SubmitInput::Decided(vec![(
+        c.txid,
+        TxStatus::Rejected(smallvec![(5, Reject::Spent)]),
+    )]));
+    assert!(out.is_empty());
+    assert_eq!(s.in_flight(), 2);
 }
 
 fn attests(out: &[SubmitOutput]) -> Vec<(ShardId, u64, Height)> {

@@ -38,9 +38,10 @@ const BUSY_FOR: Duration = Duration::from_millis(50);
 /// The longest a shard answers `Busy` without asking the atomizer's leader.
 const BUSY_MAX: Duration = Duration::from_millis(800);
 
-/// How long a shard waits for the atomizer's leader to take attestations (inside the
-/// sentinel's 2 s patience for the shard's answer).
-const FORWARD_WAIT: Duration = Duration::from_millis(1000);
+/// How long a shard waits for the atomizer's leader to take attestations: half the
+/// sentinel's `resend_after` (1 s), so that the shard answers (`Busy` when the leader did not)
+/// before the sentinel asks again, and a slow leader is not sent every attestation twice.
+const FORWARD_WAIT: Duration = Duration::from_millis(500);
 
 /// About how many bytes a block takes on the wire (to keep a message of blocks under the RPC
 /// limit).
@@ -259,15 +260,24 @@ async fn leader_loop(
             m = rx.recv() => {
                 let Some(m) = m else { return };
                 match (m, leader.as_mut()) {
-                    (LeaderMsg::Replicated(e, r), Some((l, _))) if e == epoch => {
-                        outputs = l.handle(match r {
-                            Ok(height) => LeaderInput::Replicated {
+                    (LeaderMsg::Replicated(e, r), Some((l, _))) if e == epoch => match r {
+                        Ok(height) => {
+                            outputs = l.handle(LeaderInput::Replicated {
                                 height,
                                 ms: start.elapsed().as_millis() as u64,
-                            },
-                            Err(_) => LeaderInput::Failed,
-                        });
-                    }
+                            });
+                        }
+                        Err(why) => {
+                            // This leader's state is done with (what it buffered is dropped:
+                            // the sentinels try again). Still leading, the next tick begins a
+                            // new one from the committed height, instead of answering `Busy`
+                            // for the rest of the term.
+                            tracing::warn!("atomizer leader: a step was not replicated ({why}): starting again from the committed height");
+                            l.handle(LeaderInput::Failed);
+                            leader = None;
+                            epoch += 1;
+                        }
+                    },
                     (LeaderMsg::ShardAt(e, shard, height), Some((l, _))) if e == epoch => {
                         outputs = l.handle(LeaderInput::ShardAt { shard, height });
                     }
@@ -451,9 +461,11 @@ impl BusyUntil {
         self.until.store(self.now() + ms, Ordering::Release);
     }
 
-    /// The atomizer took a batch: the next refusal starts from [`BUSY_FOR`] again.
+    /// The atomizer took a batch: not busy (a refusal of a batch sent meanwhile is out of
+    /// date), and the next refusal starts from [`BUSY_FOR`] again.
     pub fn clear(&self) {
         self.refusals.store(0, Ordering::Release);
+        self.until.store(0, Ordering::Release);
     }
 }
 
