@@ -203,6 +203,14 @@ impl Deployed {
             .and_then(|h| h.cpu_seconds())
     }
 
+    /// The process of the member on host `name`, if it runs.
+    fn pid_of_host(&self, name: &str) -> Option<u32> {
+        self.members
+            .iter()
+            .find(|(role, g, id, _)| deploy::host_name(*role, *g, *id) == name)
+            .and_then(|(_, _, _, dir)| deploy::pid_of(dir))
+    }
+
     fn stop(self) {
         for (_, _, _, dir) in &self.members {
             if let Some(pid) = deploy::pid_of(dir) {
@@ -535,6 +543,9 @@ fn run_load_with(
     // The atomizer's leader: its host's CPU over the window (it must lead throughout).
     let leader = atomizer_leader(d);
     let leader_cpu0 = leader.as_deref().and_then(|n| d.cpu_of(n));
+    let leader_pid = leader.as_deref().and_then(|n| d.pid_of_host(n));
+    let leader_net0 = leader_pid.and_then(netns_bytes);
+    let leader_ticks0 = leader_pid.and_then(proc_ticks);
     let terms0 = group_terms(d);
     let (e0, l0, s0) = (
         engine_cpu(d),
@@ -583,12 +594,29 @@ fn run_load_with(
     busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
     busiest.truncate(4);
     let leader_cpu1 = leader.as_deref().and_then(|n| d.cpu_of(n));
+    let leader_net1 = leader_pid.and_then(netns_bytes);
+    let leader_ticks1 = leader_pid.and_then(proc_ticks);
     let atomizer = match (leader, leader_cpu0, leader_cpu1) {
         (Some(host), Some(c0), Some(c1)) if atomizer_leader(d).as_deref() == Some(&host) => {
             Some(LeaderCpu {
                 host,
                 cpu_s: c1 - c0,
                 share_used: (c1 - c0) / window / share,
+                net: leader_net0.zip(leader_net1).map(|(a, b)| {
+                    // Payload: each packet's Ethernet (14), IPv4 (20) and TCP (32, with
+                    // timestamps) headers taken off.
+                    let payload = |bytes: u64, packets: u64| bytes.saturating_sub(66 * packets);
+                    (
+                        payload(b.0.saturating_sub(a.0), b.1.saturating_sub(a.1)),
+                        payload(b.2.saturating_sub(a.2), b.3.saturating_sub(a.3)),
+                    )
+                }),
+                kernel_share: leader_ticks0
+                    .zip(leader_ticks1)
+                    .and_then(|((u0, k0), (u1, k1))| {
+                        let (u, k) = (u1.saturating_sub(u0), k1.saturating_sub(k0));
+                        (u + k > 0).then(|| (k as f64 / (u + k) as f64, u + k))
+                    }),
             })
         }
         (Some(_), ..) => {
@@ -649,6 +677,188 @@ struct LeaderCpu {
     cpu_s: f64,
     /// Of its host's CPU share over the window.
     share_used: f64,
+    /// TCP payload bytes its host received and sent over the window (the interface's bytes
+    /// less 66 bytes of Ethernet, IP and TCP headers a packet; `None`: unreadable).
+    net: Option<(u64, u64)>,
+    /// The part of its process's CPU spent in the kernel over the window, and the clock ticks
+    /// (10 ms) it was measured over.
+    kernel_share: Option<(f64, u64)>,
+}
+
+/// Bytes and packets received and sent by the network namespace of process `pid`, loopback
+/// excepted (`/proc/<pid>/net/dev`): `(rx bytes, rx packets, tx bytes, tx packets)`.
+fn netns_bytes(pid: u32) -> Option<(u64, u64, u64, u64)> {
+    parse_net_dev(&std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?)
+}
+
+/// [`netns_bytes`] from the text of a `net/dev` file.
+fn parse_net_dev(text: &str) -> Option<(u64, u64, u64, u64)> {
+    let (mut rx, mut rxp, mut tx, mut txp) = (0u64, 0u64, 0u64, 0u64);
+    for line in text.lines().skip(2) {
+        let (name, rest) = line.split_once(':')?;
+        if name.trim() == "lo" {
+            continue;
+        }
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        rx += f.first()?;
+        rxp += f.get(1)?;
+        tx += f.get(8)?;
+        txp += f.get(9)?;
+    }
+    Some((rx, rxp, tx, txp))
+}
+
+/// User and kernel CPU ticks of process `pid` (`/proc/<pid>/stat`).
+fn proc_ticks(pid: u32) -> Option<(u64, u64)> {
+    parse_stat_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`proc_ticks`] from the text of a `stat` file.
+fn parse_stat_ticks(text: &str) -> Option<(u64, u64)> {
+    // Fields after the command (which may hold spaces), from the 3rd: utime is the 14th.
+    let rest = text.get(text.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
+}
+
+/// CPU nanoseconds the calling thread used so far (`/proc/thread-self/schedstat`).
+fn thread_cpu_ns() -> Result<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")?
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .context("/proc/thread-self/schedstat")
+}
+
+/// The cluster's transport (Noise with AES-GCM over TCP, as every cluster RPC) between two
+/// threads on loopback, in the benchmark's own process before any cluster runs (no CPU quota,
+/// no bridge): CPU nanoseconds per payload byte to send, and to receive, in 60,000-byte
+/// messages (one Noise record each; an atomizer step or a delivery of blocks under load is
+/// larger). Bulk transfer is the cheapest a byte gets, so the leader's payload bytes times this
+/// is a floor on what its traffic costs (the per-message cost of small RPCs is left out).
+fn transport_ns_per_byte() -> Result<(f64, f64)> {
+    use florin_net::channel::{self, ChannelConfig, Listener};
+    const MSG: usize = 60_000;
+    const COUNT: usize = 1024;
+    let bytes = (MSG * COUNT) as f64;
+    let listener = Listener::bind("127.0.0.1:0", ChannelConfig::default())?;
+    let addr = listener.local_addr()?;
+    let server = std::thread::spawn(move || -> Result<f64> {
+        let signer = LocalSigner::new(SecretKey::generate(&mut rand::rngs::OsRng));
+        let mut ch = listener.accept(&signer)?;
+        let c0 = thread_cpu_ns()?;
+        for _ in 0..COUNT {
+            let m = ch.recv(MSG)?;
+            if m.len() != MSG {
+                bail!(
+                    "the transport calibration received {} bytes, not {MSG}",
+                    m.len()
+                );
+            }
+        }
+        let c1 = thread_cpu_ns()?;
+        ch.send(b"done")?;
+        Ok(c1.saturating_sub(c0) as f64 / bytes)
+    });
+    let signer = LocalSigner::new(SecretKey::generate(&mut rand::rngs::OsRng));
+    let mut ch = channel::connect(addr, &signer, None, &ChannelConfig::default())?;
+    let msg = vec![0x5au8; MSG];
+    let c0 = thread_cpu_ns()?;
+    for _ in 0..COUNT {
+        ch.send(&msg)?;
+    }
+    let c1 = thread_cpu_ns()?;
+    ch.recv(16)?;
+    let recv = server
+        .join()
+        .map_err(|_| anyhow!("the transport calibration's receiver panicked"))??;
+    Ok((c1.saturating_sub(c0) as f64 / bytes, recv))
+}
+
+/// The atomizer leader's own work per transaction, without transport, storage or scheduling,
+/// in this process: decoding the attestations shards send, encoding the step it replicates,
+/// applying the step (ordering, conflict checks, sealing, block hashes) and encoding each block
+/// once (its log record and deliveries). Transfers of 2 inputs and 2 outputs with random ids
+/// over `shards` shards (the load generators' mix), 4,096 a step, each step sealed; CPU of
+/// this thread per transaction ordered.
+fn atomizer_compute_us_per_tx(shards: usize) -> Result<f64> {
+    use florin_cluster::atomizer::machine::{AtomCmd, AtomizerConfig, AtomizerState};
+    use florin_cluster::atomizer::{tx_key, Attestation};
+    use florin_ledger::{CompactTx, TxKind};
+    use rand::{RngCore, SeedableRng};
+    const STEP: usize = 4096;
+    const STEPS: usize = 24;
+    let map = florin_cluster::route::ShardMap::even(shards).map_err(|e| anyhow!("{e}"))?;
+    let mut state = AtomizerState::new(AtomizerConfig::default(), map.clone());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut id = || {
+        let mut x = [0u8; 32];
+        rng.fill_bytes(&mut x);
+        x
+    };
+    let now = florin_ledger::expiry::unix_now();
+    let (mut cpu_ns, mut ordered) = (0u64, 0usize);
+    for _ in 0..STEPS {
+        // The shards' requests (made outside the measured part: the shards' work).
+        let height = state.height();
+        let mut attestations: Vec<Attestation> = Vec::with_capacity(STEP * 2);
+        for _ in 0..STEP {
+            let tx = CompactTx {
+                txid: id(),
+                kind: TxKind::Transfer,
+                inputs: vec![id(), id()],
+                outputs: vec![(id(), 500), (id(), 700)],
+                expires: now + 3600,
+            };
+            let key = tx_key(&tx);
+            let owner = map.shard_of(&tx.txid);
+            let mut concerned: Vec<u16> = tx.inputs.iter().map(|i| map.shard_of(i)).collect();
+            concerned.push(owner);
+            concerned.sort_unstable();
+            concerned.dedup();
+            for shard in concerned {
+                attestations.push(Attestation {
+                    key,
+                    attempt: 1,
+                    shard,
+                    height,
+                    inputs: (0..tx.inputs.len() as u16)
+                        .filter(|k| map.shard_of(&tx.inputs[*k as usize]) == shard)
+                        .collect(),
+                    tx: (shard == owner).then(|| tx.clone()),
+                    now,
+                });
+            }
+        }
+        let wire = florin_cluster::shard::encode(&attestations);
+        let c0 = thread_cpu_ns()?;
+        let attestations: Vec<Attestation> =
+            florin_cluster::shard::decode(&wire).map_err(|e| anyhow!("{e}"))?;
+        let cmd = AtomCmd::Step {
+            attestations,
+            seal: true,
+            now,
+        };
+        let entry = florin_cluster::shard::encode(&cmd);
+        let (_, blocks) = state.apply(cmd);
+        let mut encoded = 0usize;
+        for b in &blocks {
+            encoded += florin_cluster::shard::encode(b).len();
+            ordered += b.txs.len();
+        }
+        cpu_ns += thread_cpu_ns()?.saturating_sub(c0);
+        std::hint::black_box((entry.len(), encoded));
+    }
+    if ordered < STEP * STEPS {
+        bail!(
+            "the atomizer ordered {ordered} of {} transactions in its compute measurement",
+            STEP * STEPS
+        );
+    }
+    Ok(cpu_ns as f64 / 1000.0 / ordered as f64)
 }
 
 /// Each shard and coordinator group's highest Raft term among the members that answer.
@@ -795,6 +1005,51 @@ fn scaling(
          replication {REPLICAS}; {designs:?}; coordinator groups (or one atomizer group) = shards = load generators; \
          {CLIENTS} clients x {BATCH} transactions per generator; {secs} s per run"
     );
+    // What the cluster's transport costs per byte on this machine, before any cluster runs:
+    // the atomizer leader's bytes per transaction times this is what its traffic alone costs.
+    let transport = match arch {
+        Arch::Atomizer => match transport_ns_per_byte() {
+            Ok((send, recv)) => {
+                for (direction, ns) in [("send", send), ("receive", recv)] {
+                    rec.add(
+                        "cluster_transport_cpu_ns_per_byte",
+                        ns,
+                        "ns",
+                        json!({ "direction": direction, "message_bytes": 60_000, "what": "CPU per payload byte of the cluster's transport (Noise AES-GCM over TCP, florin-net's channel) between two threads of the benchmark on loopback, before any cluster runs, one side" }),
+                        None,
+                        None,
+                    );
+                }
+                Some((send, recv))
+            }
+            Err(e) => {
+                tracing::info!("  note: the transport calibration failed: {e:#}");
+                None
+            }
+        },
+        Arch::TwoPhase => None,
+    };
+    // The leader's own work per transaction at each size, measured here before any cluster
+    // runs (pure CPU, no quota).
+    let mut compute: BTreeMap<usize, f64> = BTreeMap::new();
+    if arch == Arch::Atomizer {
+        for &shards in sizes {
+            match atomizer_compute_us_per_tx(shards) {
+                Ok(us) => {
+                    rec.add(
+                        "atomizer_leader_compute_us_per_tx",
+                        us,
+                        "µs",
+                        json!({ "shards": shards, "what": "the leader's own work per transaction in the benchmark's process (decode the shards' attestations, encode the replicated step, apply it: order, check, seal, hash; encode each block once), without transport, storage or scheduling" }),
+                        None,
+                        None,
+                    );
+                    compute.insert(shards, us);
+                }
+                Err(e) => tracing::info!("  note: the atomizer compute measurement failed: {e:#}"),
+            }
+        }
+    }
     // Each design's rate by size (its scaling is judged against its own one-shard rate).
     let mut rates: BTreeMap<&str, Vec<(usize, f64)>> = BTreeMap::new();
     for &shards in sizes {
@@ -889,7 +1144,8 @@ fn scaling(
             }
             // Nothing confirmed: no CPU per transaction to speak of (the rate row says 0).
             if let (Design::Atomizer, Some(l), true) = (design, &atomizer, count > 0) {
-                atomizer_leader_rows(rec, shards, REPLICAS, share, count, l);
+                let floor = (transport, compute.get(&shards).copied());
+                atomizer_leader_rows(rec, shards, REPLICAS, share, count, l, floor);
             }
         }
     }
@@ -982,8 +1238,68 @@ fn atomizer_leader_rows(
     share: f64,
     count: u64,
     l: &LeaderCpu,
+    (transport, compute): (Option<(f64, f64)>, Option<f64>),
 ) {
     let us = l.cpu_s * 1e6 / count.max(1) as f64;
+    let n = count.max(1) as f64;
+    if let Some((rx, tx)) = l.net {
+        rec.add(
+            "atomizer_leader_net_bytes_per_tx",
+            (rx + tx) as f64 / n,
+            "bytes",
+            json!({
+                "shards": shards, "replicas": replicas, "host": l.host,
+                "received_per_tx": rx as f64 / n, "sent_per_tx": tx as f64 / n,
+                "what": "TCP payload bytes through the leader host's network interface over the run (its namespace's counters less 66 bytes of headers a packet), per transaction confirmed",
+            }),
+            None,
+            None,
+        );
+        if let Some((send, recv)) = transport {
+            let floor = (rx as f64 * recv + tx as f64 * send) / n / 1000.0;
+            rec.add(
+                "atomizer_leader_transport_floor_us_per_tx",
+                floor,
+                "µs",
+                json!({
+                    "shards": shards, "replicas": replicas, "host": l.host,
+                    "of_leader_cpu": if us > 0.0 { floor / us } else { 0.0 },
+                    "what": "the leader's payload bytes per transaction times the transport's bulk CPU per byte (cluster_transport_cpu_ns_per_byte, same run): a floor on what its traffic alone costs, before ordering, storage, scheduling or any per-message cost",
+                }),
+                None,
+                None,
+            );
+            if let Some(c) = compute {
+                rec.add(
+                    "atomizer_leader_floor_us_per_tx",
+                    floor + c,
+                    "µs",
+                    json!({
+                        "shards": shards, "replicas": replicas, "host": l.host,
+                        "transport_us": floor, "compute_us": c,
+                        "target": if shards == 2 { json!(1.0) } else { json!(null) },
+                        "of_leader_cpu": if us > 0.0 { (floor + c) / us } else { 0.0 },
+                        "what": "atomizer_leader_transport_floor_us_per_tx + atomizer_leader_compute_us_per_tx: the least this design's leader spends per transaction on this machine, before storage (fsync), scheduling and per-message costs",
+                    }),
+                    None,
+                    None,
+                );
+            }
+        }
+    }
+    if let Some((k, ticks)) = l.kernel_share {
+        rec.add(
+            "atomizer_leader_kernel_share",
+            k,
+            "fraction",
+            json!({
+                "shards": shards, "replicas": replicas, "host": l.host, "ticks": ticks,
+                "what": "the part of the leader process's CPU spent in the kernel over the run (/proc/<pid>/stat, in 10 ms ticks): sockets, fsync, scheduling (softirq time for arriving packets may not be charged to it)",
+            }),
+            None,
+            None,
+        );
+    }
     rec.add(
         "atomizer_leader_cpu_us_per_tx",
         us,
@@ -2256,3 +2572,35 @@ struct Tally {
 
 /// The failover run's throughput window.
 const SERIES_S: f64 = 0.5;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_dev_counts_every_interface_but_loopback() {
+        let text = "Inter-|   Receive                                                |  Transmit\n \
+             face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
+             lo:     500       5    0    0    0     0          0         0      500       5    0    0    0     0       0          0\n  \
+             eth0:   10000      20    0    0    0     0          0         0    30000      40    0    0    0     0       0          0\n  \
+             veth1:    100       1    0    0    0     0          0         0      300       3    0    0    0     0       0          0\n";
+        assert_eq!(parse_net_dev(text), Some((10_100, 21, 30_300, 43)));
+        // A cut line is refused, not read as zeros.
+        assert_eq!(parse_net_dev("h\nh\n  eth0: 1 2 3\n"), None);
+        assert_eq!(parse_net_dev("h\nh\n  eth0 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn stat_ticks_are_read_after_a_command_with_spaces_and_parentheses() {
+        let text =
+            "42 (flo rin) (x)) S 1 42 42 0 -1 4194560 100 0 0 0 1234 567 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_stat_ticks(text), Some((1234, 567)));
+        assert_eq!(parse_stat_ticks("42 (florin) S 1 2"), None);
+        assert_eq!(parse_stat_ticks("42 (florin)"), None);
+        assert_eq!(parse_stat_ticks(""), None);
+        // This process's own files parse.
+        assert!(proc_ticks(std::process::id()).is_some());
+        assert!(netns_bytes(std::process::id()).is_some());
+        assert!(thread_cpu_ns().is_ok());
+    }
+}

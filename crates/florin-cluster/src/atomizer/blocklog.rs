@@ -218,9 +218,14 @@ impl BlockLog {
                 height: block.height,
             });
         }
+        // Encoded once: the framed record and the block's hash (the log's new tip).
+        let mut hash = GENESIS;
         let mut buf = Vec::new();
         frame_with(&mut buf, block.height, |b| {
-            postcard::to_allocvec(block).map(|v| b.extend_from_slice(&v))
+            postcard::to_allocvec(block).map(|v| {
+                hash = Block::hash_of_encoding(&v);
+                b.extend_from_slice(&v)
+            })
         })
         .map_err(|_| BlockLogError::Undecodable {
             dir: self.dir.clone(),
@@ -234,7 +239,7 @@ impl BlockLog {
         })
         .map_err(|e| self.err(e))?;
         let (first, _, _) = *at;
-        *at = (first, block.height, block.hash());
+        *at = (first, block.height, hash);
         Ok(())
     }
 

@@ -128,7 +128,8 @@ pub struct AtomizerLeader {
     shards: Vec<(Option<Height>, Option<u64>)>,
     ms: u64,
     dropped: u64,
-    /// Attestations admitted to the buffer at most (between `min_admit` and `max_buffer`).
+    /// Attestations admitted to the buffer at most (between `max(min_admit, 1)` and half of
+    /// `max_buffer`).
     cap: usize,
     /// When the step being replicated was made.
     step_at: u64,

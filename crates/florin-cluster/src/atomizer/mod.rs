@@ -151,7 +151,13 @@ pub struct Block {
 impl Block {
     /// The block's hash: what the next block's `prev` holds.
     pub fn hash(&self) -> Digest {
-        florin_crypto::hash("florin/atomizer/block/v1", &[&crate::shard::encode(self)])
+        Block::hash_of_encoding(&crate::shard::encode(self))
+    }
+
+    /// The hash of a block from its encoding (postcard, as [`crate::shard::encode`] makes
+    /// it): for a caller that encodes the block anyway.
+    pub fn hash_of_encoding(bytes: &[u8]) -> Digest {
+        florin_crypto::hash("florin/atomizer/block/v1", &[bytes])
     }
 }
 

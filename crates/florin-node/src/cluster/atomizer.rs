@@ -39,8 +39,10 @@ const BUSY_FOR: Duration = Duration::from_millis(50);
 const BUSY_MAX: Duration = Duration::from_millis(800);
 
 /// How long a shard waits for the atomizer's leader to take attestations: half the
-/// sentinel's `resend_after` (1 s), so that the shard answers (`Busy` when the leader did not)
-/// before the sentinel asks again, and a slow leader is not sent every attestation twice.
+/// sentinel's `resend_after` (1 s), so that the sentinel has the shard's answer (`Busy` when the
+/// leader did not take them in time) before it would ask again. A forward that timed out may
+/// still have been taken: the sentinel's next ask forwards the same attestations again, and the
+/// atomizer counts them once.
 const FORWARD_WAIT: Duration = Duration::from_millis(500);
 
 /// About how many bytes a block takes on the wire (to keep a message of blocks under the RPC
