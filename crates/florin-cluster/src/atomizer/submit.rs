@@ -482,15 +482,21 @@ impl Submitter {
                         .iter()
                         .copied()
                         .filter(|j| {
-                            self.jobs.get(j).is_some_and(|s| {
-                                matches!(s.stage, Stage::Waiting { .. } | Stage::Queued)
+                            self.jobs.get(j).is_some_and(|s| match s.stage {
+                                Stage::Waiting { .. } | Stage::Queued => true,
+                                Stage::Attesting { .. } => {
+                                    matches!(status, TxStatus::Confirmed(..))
+                                }
+                                _ => false,
                             })
                         })
                         .collect();
                     for j in waiting {
                         // Waiting jobs take any outcome the feed brings; jobs queued for a
-                        // new try, a confirmation (of an earlier try, or of another
-                        // submission of the same transaction).
+                        // new try or still being attested, a confirmation (of this or an
+                        // earlier try, or of another submission of the same transaction):
+                        // a shard that answered `Busy` for attestations the atomizer took
+                        // after all does not hold the job until it is asked again.
                         self.status(j, status.clone(), Height::MAX, &mut out);
                         self.schedule(j);
                     }
@@ -673,8 +679,11 @@ impl Submitter {
                     .is_none_or(|t| self.now.saturating_sub(t) >= self.cfg.resend_after)
                 {
                     self.narrowed_at = Some(self.now);
-                    self.window =
-                        (self.window - (self.window / 4).max(1)).max(self.cfg.min_attesting.max(1));
+                    // Never under `min_attesting`, nor over `max_attesting` (a config whose
+                    // least is above its most keeps the most).
+                    let most = self.cfg.max_attesting.max(1);
+                    let least = self.cfg.min_attesting.clamp(1, most);
+                    self.window = (self.window - (self.window / 4).max(1)).max(least);
                 }
                 return;
             }
@@ -741,7 +750,17 @@ impl Submitter {
         let mine = job.attempts.clone();
         let stage = job.stage.clone();
         match (stage, status) {
-            (Stage::Attesting { .. } | Stage::Blocked, _) => {}
+            (Stage::Blocked, _) => {}
+            (Stage::Attesting { .. }, TxStatus::Confirmed(h, a)) => {
+                // As a shard's `Confirmed` verdict: final, whichever try it names.
+                let o = if mine.contains(&a) {
+                    SwapOutcome::Confirmed
+                } else {
+                    SwapOutcome::AlreadyApplied
+                };
+                self.finish_at(j, o, h);
+            }
+            (Stage::Attesting { .. }, _) => {}
             (
                 ref st @ (Stage::Resolving { .. } | Stage::Waiting { .. } | Stage::Queued),
                 TxStatus::Confirmed(h, a),

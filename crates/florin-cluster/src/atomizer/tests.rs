@@ -658,7 +658,7 @@ fn a_busy_atomizer_narrows_the_submitters_window_and_queued_tries_wait_their_tur
 }
 
 #[test]
-fn a_queued_try_takes_a_confirmation_from_the_feed_without_being_asked() {
+fn queued_and_attesting_tries_take_a_confirmation_from_the_feed_without_being_asked() {
     let mut s = Submitter::new(
         ShardMap::even(1).unwrap(),
         SubmitConfig {
@@ -671,11 +671,12 @@ fn a_queued_try_takes_a_confirmation_from_the_feed_without_being_asked() {
     let b = tx(id(0, 2), vec![id(0, 12)], vec![]);
     let out = s.handle(SubmitInput::Submit {
         ticket: 1,
-        txs: vec![a],
+        txs: vec![a.clone()],
         height: 0,
         now: 0,
     });
     assert_eq!(attests(&out).len(), 1);
+    let a_try = attests(&out)[0].1;
     let out = s.handle(SubmitInput::Submit {
         ticket: 2,
         txs: vec![b.clone()],
@@ -710,6 +711,24 @@ fn a_queued_try_takes_a_confirmation_from_the_feed_without_being_asked() {
     )]));
     assert!(out.is_empty());
     assert_eq!(s.in_flight(), 2);
+    // a, still being attested (its shard said `Busy`, but the atomizer had taken it), is
+    // confirmed by the feed: answered at once, and c takes its place in the window.
+    s.handle(SubmitInput::Verdict {
+        job: 1,
+        attempt: a_try,
+        shard: 0,
+        verdict: Verdict::Busy,
+    });
+    let out = s.handle(SubmitInput::Decided(vec![(
+        a.txid,
+        TxStatus::Confirmed(5, a_try),
+    )]));
+    assert!(out.iter().any(|o| matches!(
+        o,
+        SubmitOutput::Answer { ticket: 1, outcomes } if outcomes == &[SwapOutcome::Confirmed]
+    )));
+    assert_eq!(attests(&out).len(), 1, "c is asked now");
+    assert_eq!((s.in_flight(), s.attesting().0), (1, 1));
 }
 
 fn attests(out: &[SubmitOutput]) -> Vec<(ShardId, u64, Height)> {

@@ -38,12 +38,13 @@ const BUSY_FOR: Duration = Duration::from_millis(50);
 /// The longest a shard answers `Busy` without asking the atomizer's leader.
 const BUSY_MAX: Duration = Duration::from_millis(800);
 
-/// How long a shard waits for the atomizer's leader to take attestations: half the
-/// sentinel's `resend_after` (1 s), so that the sentinel has the shard's answer (`Busy` when the
-/// leader did not take them in time) before it would ask again. A forward that timed out may
-/// still have been taken: the sentinel's next ask forwards the same attestations again, and the
-/// atomizer counts them once.
-const FORWARD_WAIT: Duration = Duration::from_millis(500);
+/// How long a shard waits for the atomizer's leader to take attestations (the sentinel's
+/// `resend_after`, 1 s). A forward that timed out may still have been taken: the shard answers
+/// `Busy`, the sentinel's next ask forwards the same attestations again (the atomizer counts
+/// them once), and the decision feed ends the job as soon as it is ordered. A shorter wait
+/// (500 ms) turned a slow leader's takes into more `Busy` answers, each narrowing the
+/// sentinels' window, on a machine loaded by the test suite.
+const FORWARD_WAIT: Duration = Duration::from_millis(1000);
 
 /// About how many bytes a block takes on the wire (to keep a message of blocks under the RPC
 /// limit).
