@@ -726,11 +726,7 @@ fn parse_stat_ticks(text: &str) -> Option<(u64, u64)> {
 
 /// CPU nanoseconds the calling thread used so far (`/proc/thread-self/schedstat`).
 fn thread_cpu_ns() -> Result<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat")?
-        .split_whitespace()
-        .next()
-        .and_then(|x| x.parse().ok())
-        .context("/proc/thread-self/schedstat")
+    super::ledger_e2e::schedstat_ns(Path::new("/proc/thread-self/schedstat"))
 }
 
 /// The cluster's transport (Noise with AES-GCM over TCP, as every cluster RPC) between two

@@ -722,18 +722,22 @@ pub fn run(
     Ok(())
 }
 
+/// The CPU time, in nanoseconds, a `schedstat` file (`/proc/.../schedstat`) says its thread
+/// has run.
+pub(crate) fn schedstat_ns(p: &std::path::Path) -> Result<u64> {
+    let s = std::fs::read_to_string(p)?;
+    s.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow!("unexpected {}", p.display()))
+}
+
 /// CPU time spent so far by every thread of this process but the calling one (the load
 /// generator runs on the calling thread: what is left is the node's), in nanoseconds, from
 /// `/proc/self/task/*/schedstat`. The node's threads do not exit during a run (its runtime keeps
 /// idle threads; the ledger's are long-lived), so nothing is lost between two readings.
 fn node_cpu_ns() -> Result<u64> {
-    let read = |p: &std::path::Path| -> Result<u64> {
-        let s = std::fs::read_to_string(p)?;
-        s.split_whitespace()
-            .next()
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| anyhow!("unexpected {}", p.display()))
-    };
+    let read = schedstat_ns;
     let me = std::fs::read_link("/proc/thread-self")?;
     let me = me
         .file_name()

@@ -181,17 +181,23 @@ fn a_snapshot_with_an_open_block_keeps_its_spends() {
     assert_eq!(step(&mut a, replay.clone()), step(&mut b, replay));
 }
 
-#[test]
-fn the_leader_admits_less_when_steps_are_slow_and_more_when_it_had_to_refuse() {
-    let cfg = LeaderConfig {
+/// A leader's settings for the admission tests: steps that should commit within 50 ms, a hard
+/// bound of 100 attestations, at least `min_admit` admitted.
+fn admission_cfg(min_admit: usize) -> LeaderConfig {
+    LeaderConfig {
         block_every: 10,
         resend_after: 100,
         max_step: 1_000,
         max_buffer: 100,
         max_send: 2,
         step_target: 50,
-        min_admit: 2,
-    };
+        min_admit,
+    }
+}
+
+#[test]
+fn the_leader_admits_less_when_steps_are_slow_and_more_when_it_had_to_refuse() {
+    let cfg = admission_cfg(2);
     let mut l = AtomizerLeader::new(cfg, 0, 1);
     let t = tx(id(0, 1), vec![], vec![]);
     let a = |n: usize| vec![att(&t, 0, 0, &[], true); n];
@@ -232,15 +238,7 @@ fn the_leader_admits_less_when_steps_are_slow_and_more_when_it_had_to_refuse() {
 
 #[test]
 fn the_admission_limit_stays_within_half_the_hard_bound_and_above_zero() {
-    let cfg = LeaderConfig {
-        block_every: 10,
-        resend_after: 100,
-        max_step: 1_000,
-        max_buffer: 100,
-        max_send: 2,
-        step_target: 50,
-        min_admit: 0,
-    };
+    let cfg = admission_cfg(0);
     let mut l = AtomizerLeader::new(cfg, 0, 1);
     let t = tx(id(0, 1), vec![], vec![]);
     // A least of 0 is taken as 1: the first limit is 4 × 1, not 0.
